@@ -1,0 +1,38 @@
+"""memlens: see what PyTorch memory does, block by block, and what it would do under another plan.
+
+The package import is light: torch, plotly and the analyses load only when first used.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from memlens.errors import InputError, MemlensError
+from memlens.trace import Trace
+
+# name -> (module, attribute), resolved on first access so that `import memlens` stays cheap
+_LAZY = {
+    "load": ("memlens.io.detect", "load"),
+    "record": ("memlens.record", "record"),
+    "step": ("memlens.record", "step"),
+    "report": ("memlens.report", "report"),
+    "diff": ("memlens.diff", "diff"),
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'memlens' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython):
+    """`%load_ext memlens`: register the %memlens / %%memlens magics."""
+    from memlens.magics import load_ipython_extension as _load
+    _load(ipython)
+
+
+__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from memlens.cli import main
+
+sys.exit(main())

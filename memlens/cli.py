@@ -1,0 +1,77 @@
+"""The `memlens` command line: a thin layer over the Python API.
+
+Each verb lives in its own module under `memlens.commands` with two functions:
+``register(subparsers)`` adds its parser (set ``func=run`` via ``set_defaults``) and ``run(args)`` does
+the work, returning an exit code. Modules are discovered, so a new verb needs no edit here.
+Command modules must import heavy libraries (torch, plotly) inside ``run``, not at module level.
+
+Exit codes: 0 success, 2 bad input (one-line error on stderr), 1 internal error.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import pkgutil
+import sys
+
+from memlens import __version__
+from memlens.errors import InputError
+
+EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's default prints usage; keep the one-line contract + usage
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_INPUT, f"memlens: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser with every verb found under `memlens.commands`."""
+    parser = _Parser(prog="memlens", description="See what PyTorch memory does, block by block.")
+    parser.add_argument("--version", action="version", version=f"memlens {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    import memlens.commands as pkg
+    for info in sorted(pkgutil.iter_modules(pkg.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"memlens.commands.{info.name}")
+        module.register(sub)
+    return parser
+
+
+def print_json(obj) -> None:
+    """Print `obj` as one JSON document on stdout."""
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def main(argv=None) -> int:
+    """Entry point of the `memlens` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_INPUT
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"memlens: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("memlens: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # internal error: one line, traceback only with --debug
+        if args.debug:
+            raise
+        print(f"memlens: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

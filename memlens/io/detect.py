@@ -1,0 +1,87 @@
+"""Detect a file's format from its content and dispatch to the matching importer."""
+from __future__ import annotations
+
+import gzip
+import importlib
+from pathlib import Path
+
+from memlens.errors import InputError
+
+# format name -> (module, function) of its importer; each takes (path) and returns a Trace
+IMPORTERS = {
+    "memlens": ("memlens.io.store", "load_trace"),
+    "cuda_snapshot": ("memlens.io.snapshot", "import_snapshot"),
+    "kineto": ("memlens.io.kineto", "import_kineto"),
+    "memory_timeline": ("memlens.io.memory_timeline", "import_memory_timeline"),
+    "lifetimes_csv": ("memlens.io.lifetimes_csv", "import_lifetimes_csv"),
+}
+
+_SNIFF_BYTES = 4096
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of the file, decompressed when it is gzip."""
+    with open(path, "rb") as f:
+        raw = f.read(_SNIFF_BYTES)
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.open(path, "rb") as g:
+                return g.read(_SNIFF_BYTES)
+        except (OSError, EOFError) as exc:
+            raise InputError(f"gzip file is corrupt or truncated ({exc})", path) from None
+    return raw
+
+
+def detect_format(path) -> str:
+    """Name of the format of `path` (a key of `IMPORTERS`), judged by content.
+
+    Raises `InputError` when the path is missing, empty or of no known format.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such file or directory", path)
+    if path.is_dir():
+        if (path / "manifest.json").is_file():
+            return "memlens"
+        raise InputError("is a directory but not a memlens trace (no manifest.json)", path)
+    try:
+        head = _head(path)
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    if not head:
+        raise InputError("file is empty", path)
+    if head[:1] == b"\x80" or head[:1] in (b"}", b"(") and path.suffix in (".pickle", ".pkl"):
+        return "cuda_snapshot"
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text[:1] == b"{":
+        if b"traceEvents" in head or b'"ph"' in head or b"schemaVersion" in head \
+                or b"deviceProperties" in head or b"distributedInfo" in head:
+            return "kineto"
+        raise InputError("JSON object is neither a Kineto/Chrome trace nor a memlens manifest", path)
+    if text[:1] == b"[":
+        # export_memory_timeline: raw rows [t, action, bytes, category] or {"...": [[times],[sizes]]}
+        return "memory_timeline"
+    first_line = text.split(b"\n", 1)[0].decode("utf-8", "replace").strip().lower()
+    cols = [c.strip() for c in first_line.split(",")]
+    if {"id", "lower", "upper", "size"} <= set(cols):
+        return "lifetimes_csv"
+    raise InputError("unrecognised format (expected a memlens trace directory, a CUDA memory snapshot "
+                     "pickle, a Kineto/Chrome trace JSON, a memory-timeline export or a buffer-lifetime CSV)",
+                     path)
+
+
+def load(path, format: str | None = None):
+    """Load any supported file as a `memlens.Trace`.
+
+    `format` forces a format (a key of `IMPORTERS`); otherwise it is detected from the content.
+    """
+    fmt = format or detect_format(path)
+    if fmt not in IMPORTERS:
+        raise InputError(f"unknown format '{fmt}' (known: {', '.join(IMPORTERS)})", path)
+    module, func = IMPORTERS[fmt]
+    try:
+        importer = getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError):
+        raise InputError(f"format '{fmt}' is recognised but its importer is not available in this "
+                         "version of memlens", path) from None
+    return importer(path)

@@ -1,0 +1,299 @@
+"""The Trace: memlens's one data model.
+
+Recorders and importers produce a `Trace`; analyses, simulators, figures, reports and the CLI consume it.
+A Trace is a handful of pandas DataFrames plus a metadata dict. Units: bytes and nanoseconds everywhere.
+Times are relative to the start of the trace (``t = 0`` is the first event); ``metadata["t0_unix_ns"]``
+holds the absolute start when the source knows it.
+
+Tables (required columns and dtypes in `SCHEMA`; extra columns are allowed and kept):
+
+``blocks``: one row per allocation (an address reused is a new block)
+    block_id (int64), device (str, "cpu", "cuda:0"), addr (Int64, missing when the source has none),
+    size (int64, bytes requested), alloc_ns / free_ns (Int64; alloc_ns missing when allocated before
+    recording, free_ns missing when still alive at the end), alloc_seq / free_seq (Int64: position in the
+    trace's global event order, the tie-break for equal timestamps), category (str), op (str, the op that
+    allocated it), alloc_op_id (Int64), module (str), stack_id (Int64), stream (int64),
+    allocated_before (bool: alive before recording began), free_without_alloc (bool: the source saw the
+    free but not the alloc, e.g. a snapshot's ring buffer overflowed), source (str: which instrument saw it).
+``accesses``: block_id (int64), t_ns (int64), op_id (int64), is_write (bool)
+``ops``: op_id (int64), name (str), start_ns / end_ns (int64), module (str), iteration (Int64)
+``segments`` (optional): allocator segments at the end of the recording (snapshot imports)
+``segment_blocks`` (optional): the blocks inside those segments, with their state
+``events`` (optional): raw allocator events (segment_alloc, segment_free, oom, ...), in order
+``stacks`` (optional): deduplicated frames, one row per (stack_id, depth); depth 0 is the innermost frame
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from memlens.errors import InputError
+
+SCHEMA_VERSION = 1
+
+CATEGORIES = (
+    "parameter", "buffer", "gradient", "activation", "optimizer_state", "input", "temporary",
+    "autograd_detail", "unknown",
+)
+
+# table -> ordered {column: pandas dtype}
+SCHEMA: dict[str, dict[str, str]] = {
+    "blocks": {
+        "block_id": "int64", "device": "object", "addr": "Int64", "size": "int64",
+        "alloc_ns": "Int64", "free_ns": "Int64", "alloc_seq": "Int64", "free_seq": "Int64",
+        "category": "object", "op": "object", "alloc_op_id": "Int64", "module": "object",
+        "stack_id": "Int64", "stream": "int64", "allocated_before": "bool",
+        "free_without_alloc": "bool", "source": "object",
+    },
+    "accesses": {"block_id": "int64", "t_ns": "int64", "op_id": "int64", "is_write": "bool"},
+    "ops": {"op_id": "int64", "name": "object", "start_ns": "int64", "end_ns": "int64",
+            "module": "object", "iteration": "Int64"},
+    "segments": {"device": "object", "addr": "int64", "total_size": "int64", "allocated_size": "int64",
+                 "active_size": "int64", "requested_size": "int64", "stream": "int64", "pool": "object",
+                 "is_expandable": "bool"},
+    "segment_blocks": {"device": "object", "segment_addr": "int64", "addr": "int64", "size": "int64",
+                       "requested_size": "int64", "state": "object"},
+    "events": {"seq": "int64", "t_ns": "int64", "device": "object", "action": "object", "addr": "Int64",
+               "size": "int64", "stream": "int64"},
+    "stacks": {"stack_id": "int64", "depth": "int64", "name": "object", "filename": "object",
+               "line": "int64"},
+}
+REQUIRED_TABLES = ("blocks", "accesses", "ops")
+OPTIONAL_TABLES = ("segments", "segment_blocks", "events", "stacks")
+
+# defaults used to fill a column a producer did not supply
+_FILL: dict[str, Any] = {
+    "category": "unknown", "op": "", "module": "", "stream": 0, "allocated_before": False,
+    "free_without_alloc": False, "source": "unknown", "name": "", "filename": "", "line": 0,
+    "pool": "", "state": "", "is_expandable": False, "allocated_size": 0, "active_size": 0,
+    "requested_size": 0,
+}
+
+
+def empty_table(table: str) -> pd.DataFrame:
+    """An empty DataFrame with the columns and dtypes of `table`."""
+    return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCHEMA[table].items()})
+
+
+def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.DataFrame:
+    """Return `df` with every schema column of `table` present and cast to its dtype.
+
+    Missing columns are filled with defaults (or NA for nullable ones) unless `strict`, in which case a
+    missing column raises `InputError`. Extra columns are kept after the schema's columns.
+    """
+    if df is None:
+        return empty_table(table)
+    schema = SCHEMA[table]
+    n = len(df)
+    out = {}
+    for col, dtype in schema.items():
+        if col in df.columns:
+            series = df[col]
+        elif strict:
+            raise InputError(f"table '{table}' lacks column '{col}'")
+        elif dtype == "Int64":
+            series = pd.Series(pd.NA, index=df.index, dtype="Int64")
+        elif col not in _FILL:
+            raise InputError(f"table '{table}' lacks required column '{col}'")
+        else:
+            series = pd.Series([_FILL[col]] * n, index=df.index)
+        try:
+            if dtype == "object":
+                series = series.astype(object).where(series.notna(), "") if col != "device" else series.astype(str)
+            elif dtype == "bool":
+                series = series.fillna(False).astype(bool)
+            else:
+                series = series.astype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"table '{table}' column '{col}' cannot be read as {dtype}: {exc}") from None
+        out[col] = series
+    extra = [c for c in df.columns if c not in schema]
+    result = pd.DataFrame(out, index=df.index)
+    for c in extra:
+        result[c] = df[c]
+    return result.reset_index(drop=True)
+
+
+def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Give every block an alloc_seq/free_seq when the producer left them out.
+
+    Order: by time; at equal times frees come before allocs (half-open lifetimes), then block_id.
+    """
+    if len(blocks) == 0 or (blocks["alloc_seq"].notna().all() and
+                            (blocks["free_seq"].notna() | blocks["free_ns"].isna()).all()):
+        return blocks
+    n = len(blocks)
+    t = np.concatenate([
+        blocks["alloc_ns"].to_numpy(dtype="float64", na_value=-np.inf),
+        blocks["free_ns"].to_numpy(dtype="float64", na_value=np.inf),
+    ])
+    kind = np.concatenate([np.ones(n), np.zeros(n)])  # free (0) before alloc (1) at the same time
+    bid = np.concatenate([blocks["block_id"].to_numpy(), blocks["block_id"].to_numpy()])
+    order = np.lexsort((bid, kind, t))
+    rank = np.empty(2 * n, dtype=np.int64)
+    rank[order] = np.arange(2 * n)
+    blocks = blocks.copy()
+    blocks["alloc_seq"] = pd.array(rank[:n], dtype="Int64")
+    free_seq = pd.array(rank[n:], dtype="Int64")
+    free_seq[blocks["free_ns"].isna().to_numpy()] = pd.NA
+    blocks["free_seq"] = free_seq
+    return blocks
+
+
+@dataclass
+class Trace:
+    """A memory trace: blocks, their accesses, the ops that made them, and metadata.
+
+    Build one with `Trace.from_tables` (which fills and casts columns) rather than the constructor.
+    """
+
+    blocks: pd.DataFrame
+    accesses: pd.DataFrame
+    ops: pd.DataFrame
+    metadata: dict[str, Any] = field(default_factory=dict)
+    segments: pd.DataFrame | None = None
+    segment_blocks: pd.DataFrame | None = None
+    events: pd.DataFrame | None = None
+    stacks: pd.DataFrame | None = None
+
+    # ---- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_tables(cls, blocks: pd.DataFrame, accesses: pd.DataFrame | None = None,
+                    ops: pd.DataFrame | None = None, metadata: dict | None = None, **optional) -> "Trace":
+        """Build a Trace, filling defaults and casting every column to the schema's dtype."""
+        unknown = set(optional) - set(OPTIONAL_TABLES)
+        if unknown:
+            raise TypeError(f"unknown tables: {sorted(unknown)}")
+        blocks = _fill_seq(conform("blocks", blocks))
+        meta = {"schema_version": SCHEMA_VERSION, "source_kind": "unknown", "notes": []}
+        meta.update(metadata or {})
+        meta.setdefault("devices", sorted(blocks["device"].unique().tolist()))
+        tables = {k: (conform(k, v) if v is not None else None) for k, v in optional.items()}
+        return cls(blocks=blocks, accesses=conform("accesses", accesses), ops=conform("ops", ops),
+                   metadata=meta, **tables)
+
+    # ---- basic facts --------------------------------------------------------------------------
+    @property
+    def has_accesses(self) -> bool:
+        """True when the trace records which op read or wrote each block."""
+        return len(self.accesses) > 0
+
+    @property
+    def devices(self) -> list[str]:
+        """Devices that have blocks, sorted."""
+        return sorted(self.blocks["device"].unique().tolist())
+
+    def table(self, name: str) -> pd.DataFrame | None:
+        """The table called `name` (None for an absent optional table)."""
+        if name not in SCHEMA:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def time_span_ns(self) -> tuple[int, int]:
+        """(first, last) timestamp in the trace over all tables, in ns; (0, 0) when empty."""
+        values = []
+        for name, cols in (("blocks", ("alloc_ns", "free_ns")), ("accesses", ("t_ns",)),
+                           ("ops", ("start_ns", "end_ns")), ("events", ("t_ns",))):
+            df = self.table(name)
+            if df is None or len(df) == 0:
+                continue
+            for c in cols:
+                s = df[c].dropna()
+                if len(s):
+                    values += [int(s.min()), int(s.max())]
+        return (min(values), max(values)) if values else (0, 0)
+
+    @property
+    def duration_ns(self) -> int:
+        """Last minus first timestamp, in ns."""
+        lo, hi = self.time_span_ns()
+        return hi - lo
+
+    def lifetimes(self, device: str | None = None) -> pd.DataFrame:
+        """Blocks with concrete `start_ns`/`end_ns` (trace start/end filled in for unknown ends).
+
+        Also `start_seq`/`end_seq` on the global event order. Rows of other devices are dropped when
+        `device` is given.
+        """
+        b = self.blocks if device is None else self.blocks[self.blocks["device"] == device]
+        lo, hi = self.time_span_ns()
+        out = b.copy()
+        out["start_ns"] = b["alloc_ns"].fillna(lo).astype("int64")
+        out["end_ns"] = b["free_ns"].fillna(hi).astype("int64")
+        big = np.iinfo(np.int64).max
+        out["start_seq"] = b["alloc_seq"].fillna(-1).astype("int64")
+        out["end_seq"] = b["free_seq"].fillna(big).astype("int64")
+        return out
+
+    def live_bytes(self, device: str) -> pd.DataFrame:
+        """Live bytes on `device` after every alloc/free, in event order.
+
+        Returns a DataFrame with `t_ns`, `seq`, `delta` (bytes, + alloc / - free), `live` (bytes live
+        after the event) and `block_id`. Blocks allocated before recording count from the start.
+        """
+        b = self.blocks[self.blocks["device"] == device]
+        size = b["size"].to_numpy(dtype=np.int64)
+        lo, _ = self.time_span_ns()
+        a_t = b["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
+        a_s = b["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64)
+        freed = b["free_ns"].notna().to_numpy()
+        f_t = b["free_ns"].to_numpy(dtype="float64", na_value=0)[freed].astype(np.int64)
+        f_s = b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)[freed]
+        t = np.concatenate([a_t, f_t])
+        seq = np.concatenate([a_s, f_s])
+        delta = np.concatenate([size, -size[freed]])
+        bid = np.concatenate([b["block_id"].to_numpy(), b["block_id"].to_numpy()[freed]])
+        order = np.lexsort((seq, t))
+        delta = delta[order]
+        return pd.DataFrame({"t_ns": t[order], "seq": seq[order], "delta": delta,
+                             "live": np.cumsum(delta), "block_id": bid[order]})
+
+    def peak_live_bytes(self) -> dict[str, int]:
+        """Max over time of the sum of live block sizes, per device, in bytes."""
+        out = {}
+        for dev in self.devices:
+            live = self.live_bytes(dev)["live"]
+            out[dev] = int(max(live.max(), 0)) if len(live) else 0
+        return out
+
+    # ---- persistence --------------------------------------------------------------------------
+    def save(self, path, *, overwrite: bool = False):
+        """Write the trace as a ``NAME.memlens/`` directory of Parquet tables and a manifest.
+
+        The write is atomic: a sibling temporary directory is filled and then renamed into place.
+        Returns the path written.
+        """
+        from memlens.io.store import save_trace
+        return save_trace(self, path, overwrite=overwrite)
+
+    def validate(self) -> "Trace":
+        """Check internal consistency; raise `InputError` naming the first problem found."""
+        from memlens.io.store import validate_trace
+        validate_trace(self)
+        return self
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers `memlens info` prints: counts, devices, duration and peak live bytes."""
+        return {
+            "blocks": int(len(self.blocks)),
+            "accesses": int(len(self.accesses)),
+            "ops": int(len(self.ops)),
+            "devices": self.devices,
+            "duration_ns": int(self.duration_ns),
+            "peak_live_bytes": self.peak_live_bytes(),
+            "source_kind": self.metadata.get("source_kind", "unknown"),
+            "has_accesses": self.has_accesses,
+            "allocated_before": int(self.blocks["allocated_before"].sum()),
+            "free_without_alloc": int(self.blocks["free_without_alloc"].sum()),
+            "alive_at_end": int(self.blocks["free_ns"].isna().sum()),
+            "notes": list(self.metadata.get("notes", [])),
+        }
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<memlens.Trace {s['source_kind']}: {s['blocks']} blocks, {s['accesses']} accesses, "
+                f"{s['ops']} ops on {', '.join(s['devices']) or 'no device'}, "
+                f"{s['duration_ns'] / 1e6:.1f} ms>")

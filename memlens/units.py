@@ -1,0 +1,57 @@
+"""Parsing and formatting of bytes, bandwidths and durations, the way people write them."""
+from __future__ import annotations
+
+import re
+
+from memlens.errors import InputError
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """'80GB' -> 80e9, '1.5GiB' -> 1.5 * 2**30, 1024 -> 1024. Raises InputError on nonsense."""
+    if isinstance(text, (int, float)):
+        return int(text)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _BYTE_UNITS:
+        raise InputError(f"cannot read '{text}' as a size (examples: 512MB, 80GB, 1.5GiB)")
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2).lower()])
+
+
+def parse_bandwidth(text: str | int | float) -> float:
+    """'25GB/s' -> 25e9 bytes per second. A bare number is bytes per second."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    s = str(text).strip()
+    if s.lower().endswith("/s"):
+        s = s[:-2]
+    value = parse_bytes(s) if not re.fullmatch(r"[0-9.]+", s) else float(s)
+    if value <= 0:
+        raise InputError(f"bandwidth must be positive, got '{text}'")
+    return float(value)
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB' (binary units, as PyTorch's allocator reports)."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def format_ns(ns: float) -> str:
+    """Human duration from nanoseconds: '850 ns', '12.3 us', '4.56 ms', '1.23 s'."""
+    ns = float(ns)
+    if abs(ns) < 1e3:
+        return f"{ns:.0f} ns"
+    if abs(ns) < 1e6:
+        return f"{ns / 1e3:.1f} us"
+    if abs(ns) < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.2f} s"
