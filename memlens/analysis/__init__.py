@@ -1,0 +1,11 @@
+"""Analyses of a Trace: one module per question.
+
+- `bandwidth`: host<->device transfer cost model (`BandwidthModel`, presets)
+- `ati`: access time intervals per block and their statistics
+- `distributions`: quantiles, log histograms, ECDFs, size classes
+- `outliers`: the bandwidth filter (swappable intervals) and ranked idle blocks (size x idle, DOA/AOA/WDOA)
+- `iterations`: iteration boundaries (markers, optimizer steps or detected period) and stability
+- `peak`: what is live at the peak, per device
+- `fragmentation`: reserved vs allocated vs requested bytes where the trace has allocator segments
+- `findings`: the results stated in sentences with numbers
+"""

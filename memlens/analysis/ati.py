@@ -1,0 +1,238 @@
+"""Access time intervals (ATI): how long each block sits between the events that touch it.
+
+Definition (REFERENCE.md section 2, after Li et al., "Pinpointing the Memory Behaviors of DNN Training"):
+the ATIs of a block are the gaps between consecutive events of ``(alloc, access, ..., access, free)``. The
+first interval runs from alloc to the first access (kind ``alloc_to_first``), the middle ones between
+accesses (``access_to_access``), the last from the last access to free (``last_to_free``). A block that no
+op ever touched has one interval, alloc to free (``alloc_to_free``: e.g. a temporary inside an op that the
+allocator saw but no op argument exposed).
+
+Bounds: a block allocated before recording began starts at the trace start, and one still alive when
+recording stopped ends at the trace end (`Trace.time_span_ns`); its first/last interval is then marked
+``truncated`` because its true length is unknown (at least the value given). Several accesses by the same op
+at the same time count once (an in-place op reads and writes the same bytes in one event). An access that
+falls outside its block's recorded lifetime (a recorder's clock skew) widens the lifetime to include it
+rather than producing a negative interval; how many did so is in ``attrs["accesses_outside_lifetime"]``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.analysis.distributions import quantiles, size_class
+from memlens.errors import NeedsAccessesError
+
+KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")
+INTERVAL_COLUMNS = ("block_id", "device", "size", "start_ns", "end_ns", "length_ns", "kind", "ordinal",
+                    "truncated")
+
+
+def require_accesses(trace, what: str = "this analysis") -> None:
+    """Raise `NeedsAccessesError` explaining why `what` cannot run on a trace without accesses."""
+    if not trace.has_accesses:
+        source = trace.metadata.get("source_kind", "unknown")
+        raise NeedsAccessesError(
+            f"{what} needs per-access data (which op read or wrote each block), and this trace "
+            f"(source: {source}) has none: CUDA memory snapshots, Kineto traces and memory timelines record "
+            "only allocations and frees. Record the run with memlens.record (or `memlens record`) to get "
+            "accesses; lifetime-based analyses (peak, iterations, fragmentation) still work on this trace.")
+
+
+def access_intervals(trace, device: str | None = None) -> pd.DataFrame:
+    """Every access time interval of every block, one row per interval.
+
+    Columns: ``block_id``, ``device`` (categorical), ``size`` (bytes), ``start_ns``, ``end_ns``,
+    ``length_ns`` (ns, trace-relative), ``kind`` (categorical, one of `KINDS`), ``ordinal`` (0-based position
+    of the interval within its block) and ``truncated`` (bool: bounded by the trace start/end, not by a real
+    alloc/free). Rows are ordered by block (blocks table order) then time. Only blocks of `device` when
+    given. Raises `memlens.errors.NeedsAccessesError` when the trace records no accesses.
+    """
+    require_accesses(trace, "access time interval (ATI) analysis")
+    blocks = trace.blocks if device is None else trace.blocks[trace.blocks["device"] == device]
+    lo, hi = trace.time_span_ns()
+
+    block_ids = blocks["block_id"].to_numpy(dtype=np.int64)
+    order = np.argsort(block_ids, kind="stable")
+    sorted_ids = block_ids[order]
+
+    acc = trace.accesses
+    acc_block = acc["block_id"].to_numpy(dtype=np.int64)
+    acc_t = acc["t_ns"].to_numpy(dtype=np.int64)
+    acc_op = acc["op_id"].to_numpy(dtype=np.int64)
+    # map each access to its block's row in `blocks`; drop accesses of other devices / unknown blocks
+    pos = np.searchsorted(sorted_ids, acc_block)
+    pos_clipped = np.minimum(pos, max(len(sorted_ids) - 1, 0))
+    known = (pos < len(sorted_ids)) & (sorted_ids[pos_clipped] == acc_block) if len(sorted_ids) else \
+        np.zeros(len(acc_block), dtype=bool)
+    row = order[pos_clipped[known]]
+    acc_t, acc_op = acc_t[known], acc_op[known]
+    # sort by (row, time, op) and keep one event per (row, time, op)
+    srt = np.lexsort((acc_op, acc_t, row))
+    row, acc_t, acc_op = row[srt], acc_t[srt], acc_op[srt]
+    if len(row):
+        keep = np.ones(len(row), dtype=bool)
+        keep[1:] = (row[1:] != row[:-1]) | (acc_t[1:] != acc_t[:-1]) | (acc_op[1:] != acc_op[:-1])
+        row, acc_t = row[keep], acc_t[keep]
+
+    n_blocks = len(blocks)
+    counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
+    alloc_known = blocks["alloc_ns"].notna().to_numpy()
+    free_known = blocks["free_ns"].notna().to_numpy()
+    start = blocks["alloc_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    end = blocks["free_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    start = np.where(alloc_known, start, lo).astype(np.int64)
+    end = np.where(free_known, end, hi).astype(np.int64)
+
+    # widen lifetimes to cover their accesses (first/last access of each row, accesses sorted by row)
+    acc_offset = np.concatenate([[0], np.cumsum(counts)])
+    has_acc = counts > 0
+    first_acc = np.full(n_blocks, np.iinfo(np.int64).max)
+    last_acc = np.full(n_blocks, np.iinfo(np.int64).min)
+    first_acc[has_acc] = acc_t[acc_offset[:-1][has_acc]]
+    last_acc[has_acc] = acc_t[acc_offset[1:][has_acc] - 1]
+    outside = int(((first_acc < start) & has_acc).sum() + ((last_acc > end) & has_acc).sum())
+    start = np.minimum(start, first_acc)
+    end = np.maximum(end, last_acc)
+
+    # event times per row: [start, accesses..., end], laid out contiguously
+    n_events = counts + 2
+    ev_offset = np.concatenate([[0], np.cumsum(n_events)])
+    events = np.empty(int(ev_offset[-1]), dtype=np.int64)
+    events[ev_offset[:-1]] = start
+    events[ev_offset[1:] - 1] = end
+    if len(row):
+        rank = np.arange(len(row), dtype=np.int64) - acc_offset[row]
+        events[ev_offset[row] + 1 + rank] = acc_t
+
+    valid = np.ones(max(len(events) - 1, 0), dtype=bool)
+    valid[(ev_offset[1:] - 1)[:-1]] = False  # the gap from one block's end to the next block's start
+    iv_start = events[:-1][valid]
+    iv_end = events[1:][valid]
+    n_iv = counts + 1
+    iv_row = np.repeat(np.arange(n_blocks, dtype=np.int64), n_iv)
+    iv_offset = np.concatenate([[0], np.cumsum(n_iv)])
+    ordinal = np.arange(len(iv_row), dtype=np.int64) - iv_offset[iv_row]
+    last = ordinal == counts[iv_row]
+    first = ordinal == 0
+    kind_code = np.where(first & last, 3, np.where(first, 0, np.where(last, 2, 1))).astype(np.int8)
+    truncated = (first & ~alloc_known[iv_row]) | (last & ~free_known[iv_row])
+
+    devices = blocks["device"].astype("category")
+    out = pd.DataFrame({
+        "block_id": block_ids[iv_row],
+        "device": pd.Categorical.from_codes(devices.cat.codes.to_numpy()[iv_row], devices.cat.categories),
+        "size": blocks["size"].to_numpy(dtype=np.int64)[iv_row],
+        "start_ns": iv_start,
+        "end_ns": iv_end,
+        "length_ns": iv_end - iv_start,
+        "kind": pd.Categorical.from_codes(kind_code, KINDS),
+        "ordinal": ordinal,
+        "truncated": truncated,
+    })
+    out.attrs["accesses_outside_lifetime"] = outside
+    out.attrs["accesses_of_unknown_blocks"] = int((~known).sum()) if device is None else 0
+    out.attrs["trace_span_ns"] = (lo, hi)
+    return out
+
+
+def ati_stats(intervals: pd.DataFrame, *, exclude_truncated: bool = False) -> dict:
+    """Summary numbers of a set of access time intervals (a frame from `access_intervals`).
+
+    Returns ``count``, ``blocks``, ``total_ns``, ``mean_ns``, ``std_ns``, ``min_ns``, ``max_ns``,
+    ``p50_ns``, ``p90_ns``, ``p99_ns`` (linear-interpolated quantiles), ``zero_count`` (intervals of length
+    0, accesses at the same timestamp), ``truncated`` (intervals bounded by the trace start/end),
+    ``fraction_below`` ({"1us","10us","100us","1ms","10ms"}: share of intervals shorter than that) and
+    ``by_kind`` (count per kind). Times are ns. Empty input gives count 0 and None for the statistics.
+    """
+    iv = intervals[~intervals["truncated"]] if exclude_truncated else intervals
+    lengths = iv["length_ns"].to_numpy(dtype=np.float64)
+    n = len(lengths)
+    q = quantiles(lengths, (0.5, 0.9, 0.99))
+    thresholds = {"1us": 1e3, "10us": 1e4, "100us": 1e5, "1ms": 1e6, "10ms": 1e7}
+    kinds = iv["kind"].value_counts()
+    return {
+        "count": int(n),
+        "blocks": int(iv["block_id"].nunique()),
+        "total_ns": float(lengths.sum()),
+        "mean_ns": float(lengths.mean()) if n else None,
+        "std_ns": float(lengths.std()) if n else None,
+        "min_ns": float(lengths.min()) if n else None,
+        "max_ns": float(lengths.max()) if n else None,
+        "p50_ns": q[0.5], "p90_ns": q[0.9], "p99_ns": q[0.99],
+        "zero_count": int((lengths == 0).sum()),
+        "truncated": int(iv["truncated"].sum()),
+        "fraction_below": {k: (float((lengths < v).mean()) if n else None) for k, v in thresholds.items()},
+        "by_kind": {k: int(kinds.get(k, 0)) for k in KINDS},
+    }
+
+
+GROUPINGS = ("kind", "category", "module", "op", "size_class", "iteration", "device")
+
+
+def ati_by(trace, by: str, intervals: pd.DataFrame | None = None, iterations: pd.DataFrame | None = None,
+           ) -> pd.DataFrame:
+    """ATI statistics per group: one row per value of `by` (one of `GROUPINGS`).
+
+    ``category``/``module``/``op`` come from the block that owns the interval; ``size_class`` from its
+    size (`distributions.size_class`); ``iteration`` is the iteration in which the interval starts (from
+    `iterations.split_iterations`, or the frame given; intervals before the first iteration get -1).
+    Columns: the group, ``count``, ``blocks``, ``bytes`` (sum of distinct block sizes), ``mean_ns``,
+    ``p50_ns``, ``p90_ns``, ``p99_ns``, ``max_ns``, ``total_ns``.
+    """
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+    iv = access_intervals(trace) if intervals is None else intervals
+    key = group_key(trace, iv, by, iterations)
+    frame = pd.DataFrame({by: key, "block_id": iv["block_id"].to_numpy(),
+                          "size": iv["size"].to_numpy(), "length_ns": iv["length_ns"].to_numpy()})
+    grouped = frame.groupby(by, observed=True, sort=True)
+    lengths = grouped["length_ns"]
+    out = pd.DataFrame({
+        "count": lengths.size(),
+        "blocks": grouped["block_id"].nunique(),
+        "mean_ns": lengths.mean(),
+        "p50_ns": lengths.quantile(0.5),
+        "p90_ns": lengths.quantile(0.9),
+        "p99_ns": lengths.quantile(0.99),
+        "max_ns": lengths.max(),
+        "total_ns": lengths.sum(),
+    })
+    distinct = frame.drop_duplicates("block_id")
+    out.insert(2, "bytes", distinct.groupby(by, observed=True)["size"].sum().reindex(out.index).fillna(0)
+               .astype(np.int64))
+    return out.reset_index()
+
+
+def group_key(trace, intervals: pd.DataFrame, by: str, iterations: pd.DataFrame | None = None) -> np.ndarray:
+    """The group label of each interval for `ati_by` (array aligned with `intervals`)."""
+    if by in ("kind", "device"):
+        return intervals[by].to_numpy()
+    if by == "size_class":
+        return size_class(intervals["size"].to_numpy())
+    if by == "iteration":
+        if iterations is None:
+            from memlens.analysis.iterations import split_iterations
+            iterations = split_iterations(trace)
+        return iteration_of(intervals["start_ns"].to_numpy(), iterations)
+    attrs = trace.blocks[["block_id", by]].drop_duplicates("block_id")
+    ids = attrs["block_id"].to_numpy(dtype=np.int64)
+    order = np.argsort(ids)
+    pos = np.searchsorted(ids[order], intervals["block_id"].to_numpy(dtype=np.int64))
+    values = attrs[by].to_numpy(dtype=object)[order][np.minimum(pos, len(ids) - 1)]
+    return np.where(values == "", "(unknown)", values)
+
+
+def iteration_of(t_ns: np.ndarray, iterations: pd.DataFrame) -> np.ndarray:
+    """Iteration number containing each time in `t_ns` (-1 before the first or when there are none).
+
+    `iterations` is a frame with ``iteration``, ``start_ns``, ``end_ns`` sorted by start; a time at or past
+    an iteration's start belongs to it until the next one starts (the last runs to its end_ns).
+    """
+    if iterations is None or len(iterations) == 0:
+        return np.full(len(t_ns), -1, dtype=np.int64)
+    starts = iterations["start_ns"].to_numpy(dtype=np.int64)
+    idx = np.searchsorted(starts, np.asarray(t_ns, dtype=np.int64), side="right") - 1
+    labels = iterations["iteration"].to_numpy(dtype=np.int64)
+    out = np.where(idx >= 0, labels[np.maximum(idx, 0)], -1)
+    last_end = int(iterations["end_ns"].iloc[-1])
+    return np.where(np.asarray(t_ns) > last_end, -1, out)
