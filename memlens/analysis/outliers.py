@@ -1,0 +1,241 @@
+"""The bandwidth filter and the outlier blocks: which idle intervals could be swapped, and which blocks matter.
+
+An access interval is *swappable* when it lasts at least the round trip of its block over the link
+(`BandwidthModel.round_trip_ns`: ``size/bw_out + size/bw_in`` plus latencies; REFERENCE.md section 2).
+Swapping it frees ``size`` bytes over ``[start + swap_out_ns, end - swap_in_ns]``, so it holds
+``size * (length - round_trip)`` swappable byte-nanoseconds. The transfer times include the fixed latency
+because the bytes are free only once the copy has completed.
+
+Outliers are blocks ranked by how much idle memory they hold:
+
+- ``size_x_idle`` (Li et al.): size x longest idle interval.
+- ``doa`` / ``aoa`` / ``wdoa`` (Zhang et al., arXiv 1903.06631): for the interval of the block that spans
+  the device's memory peak, DOA (duration of absence) is its length minus the transfer times; AOA is DOA x
+  size; WDOA weights each instant of the swapped-out window by how far the load then is over a memory limit,
+  ``clip((load - limit) / (peak - limit), 0, 1)``, so absence during the peak counts fully and absence while
+  under the limit not at all. The limit defaults to the device's time-weighted mean live bytes. As in the
+  paper, only blocks of at least 1 MiB idle across the peak are candidates for these three.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.analysis.ati import access_intervals
+from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
+from memlens.analysis.distributions import time_weighted_mean
+
+PRIORITIES = ("size_x_idle", "doa", "aoa", "wdoa")
+ZHANG_MIN_SIZE = 1 << 20  # Zhang et al. consider blocks >= 1 MB for swapping
+ATTRIBUTION = ("category", "op", "module", "stack_id", "alloc_ns", "free_ns")
+
+
+def _as_intervals(trace_or_intervals, device=None) -> pd.DataFrame:
+    if isinstance(trace_or_intervals, pd.DataFrame):
+        iv = trace_or_intervals
+        return iv if device is None else iv[iv["device"].astype(str) == device]
+    return access_intervals(trace_or_intervals, device=device)
+
+
+def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
+                     device: str | None = None) -> pd.DataFrame:
+    """All access intervals with the bandwidth filter applied.
+
+    Adds ``round_trip_ns`` (ns to move the block out and back in), ``swappable`` (bool: length >= round
+    trip), ``saved_ns`` (length - round trip, 0 when not swappable), ``swap_out_done_ns`` /
+    ``swap_in_start_ns`` (the window in which the bytes are free; empty, both at start, when not swappable)
+    and ``swappable_bytes_ns`` (size x saved_ns). Accepts a Trace or a frame from `access_intervals`.
+    """
+    bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
+    iv = _as_intervals(trace_or_intervals, device).copy()
+    size = iv["size"].to_numpy(dtype=np.float64)
+    length = iv["length_ns"].to_numpy(dtype=np.float64)
+    out_ns = bw.swap_out_ns(size)
+    in_ns = bw.swap_in_ns(size)
+    round_trip = out_ns + in_ns
+    swappable = length >= round_trip
+    saved = np.where(swappable, length - round_trip, 0.0)
+    iv["round_trip_ns"] = round_trip
+    iv["swappable"] = swappable
+    iv["saved_ns"] = saved
+    start = iv["start_ns"].to_numpy(dtype=np.float64)
+    end = iv["end_ns"].to_numpy(dtype=np.float64)
+    iv["swap_out_done_ns"] = np.where(swappable, start + out_ns, start)
+    iv["swap_in_start_ns"] = np.where(swappable, end - in_ns, start)
+    iv["swappable_bytes_ns"] = size * saved
+    iv.attrs["bandwidth"] = bw.to_dict()
+    return iv
+
+
+def swappable_intervals(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
+                        device: str | None = None) -> pd.DataFrame:
+    """Only the intervals long enough to swap at `bandwidth` (default PCIe 4.0 x16); see `bandwidth_filter`."""
+    iv = bandwidth_filter(trace_or_intervals, bandwidth, device)
+    return iv[iv["swappable"].to_numpy()].reset_index(drop=True)
+
+
+def filter_summary(filtered: pd.DataFrame) -> dict:
+    """What the bandwidth filter did to a frame from `bandwidth_filter`.
+
+    ``intervals``, ``swappable``, ``filtered_out_fraction`` (share of intervals too short to swap),
+    ``idle_bytes_ns`` (sum of size x length over all intervals: the infinite-bandwidth bound),
+    ``swappable_bytes_ns`` and ``swappable_share`` (swappable / idle byte-ns), ``blocks_with_swappable``.
+    """
+    n = len(filtered)
+    swappable = filtered["swappable"].to_numpy()
+    idle = float((filtered["size"].to_numpy(dtype=np.float64) * filtered["length_ns"].to_numpy(np.float64)).sum())
+    saved = float(filtered["swappable_bytes_ns"].sum())
+    return {
+        "intervals": int(n),
+        "swappable": int(swappable.sum()),
+        "filtered_out_fraction": float(1 - swappable.mean()) if n else None,
+        "idle_bytes_ns": idle,
+        "swappable_bytes_ns": saved,
+        "swappable_share": saved / idle if idle > 0 else None,
+        "blocks_with_swappable": int(filtered.loc[swappable, "block_id"].nunique()),
+        "bandwidth": filtered.attrs.get("bandwidth"),
+    }
+
+
+def _first_in_runs(run_id: np.ndarray, mask: np.ndarray, n_runs: int) -> np.ndarray:
+    """Index of the first True of `mask` in each run (-1 when none); `run_id` is sorted."""
+    first = np.full(n_runs, -1, dtype=np.int64)
+    idx = np.flatnonzero(mask)
+    runs, pos = np.unique(run_id[idx], return_index=True)
+    first[runs] = idx[pos]
+    return first
+
+
+def load_weight(trace, device: str, limit_bytes: float | None):
+    """(times, cumulative weight integral, limit, peak) for WDOA on `device`.
+
+    The weight at time t is ``clip((live(t) - limit) / (peak - limit), 0, 1)``; the cumulative integral is
+    piecewise linear with breakpoints at the alloc/free events, so ``np.interp`` evaluates it anywhere.
+    """
+    live = trace.live_bytes(device)
+    t = live["t_ns"].to_numpy(dtype=np.float64)
+    load = live["live"].to_numpy(dtype=np.float64)
+    if len(t) == 0:
+        return np.zeros(1), np.zeros(1), 0.0, 0.0
+    _, hi = trace.time_span_ns()
+    peak = float(load.max())
+    limit = time_weighted_mean(t, load, hi) if limit_bytes is None else float(limit_bytes)
+    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
+    dt = np.diff(np.append(t, max(float(hi), t[-1])))
+    cum = np.concatenate([[0.0], np.cumsum(weight * dt)])
+    times = np.append(t, max(float(hi), t[-1]))
+    return times, cum, limit, peak
+
+
+def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
+             priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
+             limit_bytes: float | None = None, intervals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
+
+    Columns: ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest interval),
+    ``max_idle_start_ns`` / ``max_idle_end_ns`` / ``max_idle_kind`` (that interval), ``lifetime_ns``,
+    ``idle_fraction`` (max_idle / lifetime), ``accesses``, ``swappable_intervals``, ``swappable_bytes_ns``
+    (sum over its swappable intervals), ``crosses_peak`` (an idle interval spans the device's peak),
+    ``doa_ns`` / ``aoa`` / ``wdoa_ns`` (Zhang et al.'s measures of that interval; NaN when not idle across the
+    peak), ``score`` (the `priority` value ranked on) and the block's attribution ``category``, ``op``,
+    ``module``, ``stack_id``, ``alloc_ns``, ``free_ns``. `min_size` (bytes) drops smaller blocks; by
+    default 0 for size_x_idle and 1 MiB for doa/aoa/wdoa. `limit_bytes` is WDOA's memory limit.
+    """
+    if priority not in PRIORITIES:
+        raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+    bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
+    iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device)
+    if min_size is None:
+        min_size = 0 if priority == "size_x_idle" else ZHANG_MIN_SIZE
+
+    block = iv["block_id"].to_numpy(dtype=np.int64)
+    n = len(block)
+    new_run = np.ones(n, dtype=bool)
+    new_run[1:] = block[1:] != block[:-1]
+    run_start = np.flatnonzero(new_run)
+    run_id = np.cumsum(new_run) - 1
+    n_runs = len(run_start)
+    length = iv["length_ns"].to_numpy(dtype=np.int64)
+    start = iv["start_ns"].to_numpy(dtype=np.int64)
+    end = iv["end_ns"].to_numpy(dtype=np.int64)
+    size = iv["size"].to_numpy(dtype=np.int64)
+    if n_runs == 0:
+        return _empty_outliers()
+
+    max_len = np.maximum.reduceat(length, run_start)
+    arg = _first_in_runs(run_id, length == max_len[run_id], n_runs)
+    counts = np.diff(np.append(run_start, n))
+    lifetime = np.add.reduceat(length, run_start)
+    swappable = iv["swappable"].to_numpy()
+
+    # the interval of each block that spans its device's peak (Zhang et al.'s swap candidates)
+    dev_codes, dev_names = pd.factorize(iv["device"], sort=True)
+    round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
+    wdoa_iv = np.zeros(n)
+    spans_peak = np.zeros(n, dtype=bool)
+    for code, dev in enumerate(np.asarray(dev_names, dtype=object).astype(str)):
+        on_dev = dev_codes == code
+        live = trace.live_bytes(dev)
+        if len(live) == 0:
+            continue
+        t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
+        spans_peak |= on_dev & (start <= t_peak) & (end > t_peak)
+        times, cum, _, _ = load_weight(trace, dev, limit_bytes)
+        lo_w = iv["swap_out_done_ns"].to_numpy(dtype=np.float64)[on_dev]
+        hi_w = iv["swap_in_start_ns"].to_numpy(dtype=np.float64)[on_dev]
+        wdoa_iv[on_dev] = np.where(swappable[on_dev], np.interp(hi_w, times, cum) - np.interp(lo_w, times, cum),
+                                   0.0)
+    peak_idx = _first_in_runs(run_id, spans_peak, n_runs)
+    has_peak = peak_idx >= 0
+    doa = np.full(n_runs, np.nan)
+    doa[has_peak] = length[peak_idx[has_peak]] - round_trip[peak_idx[has_peak]]
+    wdoa = np.full(n_runs, np.nan)
+    wdoa[has_peak] = wdoa_iv[peak_idx[has_peak]]
+
+    first = run_start
+    out = pd.DataFrame({
+        "block_id": block[first],
+        "device": np.asarray(dev_names, dtype=object).astype(str)[dev_codes[first]],
+        "size": size[first],
+        "max_idle_ns": max_len,
+        "max_idle_start_ns": start[arg],
+        "max_idle_end_ns": end[arg],
+        "max_idle_kind": iv["kind"].astype(str).to_numpy()[arg],
+        "lifetime_ns": lifetime,
+        "idle_fraction": np.where(lifetime > 0, max_len / np.maximum(lifetime, 1), 0.0),
+        "accesses": counts - 1,
+        "swappable_intervals": np.add.reduceat(swappable.astype(np.int64), run_start),
+        "swappable_bytes_ns": np.add.reduceat(iv["swappable_bytes_ns"].to_numpy(dtype=np.float64), run_start),
+        "crosses_peak": has_peak,
+        "doa_ns": doa,
+        "aoa": doa * size[first],
+        "wdoa_ns": wdoa,
+    })
+    score = {"size_x_idle": out["size"].to_numpy(np.float64) * out["max_idle_ns"].to_numpy(np.float64),
+             "doa": out["doa_ns"].to_numpy(), "aoa": out["aoa"].to_numpy(), "wdoa": out["wdoa_ns"].to_numpy()}
+    out["score"] = score[priority]
+    out = out[out["size"].to_numpy() >= min_size]
+    if priority != "size_x_idle":
+        out = out[out["crosses_peak"].to_numpy()]
+    out = _attach_attribution(out, trace)
+    ranked = out.sort_values(["score", "size", "block_id"], ascending=[False, False, True], na_position="last",
+                             kind="stable")
+    if top is not None:
+        ranked = ranked.head(int(top))
+    ranked = ranked.reset_index(drop=True)
+    ranked.attrs["bandwidth"] = bw.to_dict()
+    ranked.attrs["priority"] = priority
+    return ranked
+
+
+def _attach_attribution(out: pd.DataFrame, trace) -> pd.DataFrame:
+    cols = [c for c in ATTRIBUTION if c in trace.blocks.columns]
+    attrs = trace.blocks[["block_id", *cols]].drop_duplicates("block_id")
+    return out.merge(attrs, on="block_id", how="left")
+
+
+def _empty_outliers() -> pd.DataFrame:
+    cols = ["block_id", "device", "size", "max_idle_ns", "max_idle_start_ns", "max_idle_end_ns", "max_idle_kind",
+            "lifetime_ns", "idle_fraction", "accesses", "swappable_intervals", "swappable_bytes_ns",
+            "crosses_peak", "doa_ns", "aoa", "wdoa_ns", "score", *ATTRIBUTION]
+    return pd.DataFrame({c: pd.Series(dtype=object) for c in cols})
