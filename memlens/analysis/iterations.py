@@ -1,0 +1,169 @@
+"""Iteration boundaries: from explicit markers, from optimizer steps, or detected from the repeating pattern.
+
+Training repeats the same sequence of allocations every step (Li et al.; Zhang et al. build their pool plan
+on it). `split_iterations` takes the most explicit evidence the trace has:
+
+1. ``marker``: ops carry an ``iteration`` number (``memlens.step()`` or the recorder's optimizer hook; a
+   recorder that knows it used optimizer steps says so with ``metadata["iteration_source"] = "optimizer"``).
+2. ``optimizer``: ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration ends where an
+   optimizer step ends.
+3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``
+   (`memlens.analysis.period`). Boundaries sit where the live bytes are lowest within the period (the end of
+   a step), then every occurrence of the shortest allocation pattern that starts there marks an iteration
+   start, so iterations of slightly different length (a warm-up step that also creates optimizer state) are
+   still found.
+4. ``none``: no evidence of repetition: one row covering the whole trace.
+
+Iteration ``k`` covers ``[start_ns, end_ns)``; each ends where the next begins (the last at the trace
+end). Anything before the first start (setup, a partial first step) belongs to no iteration (-1).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.analysis.period import detect_period, occurrences
+
+OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
+SOURCES = ("marker", "optimizer", "detected", "none")
+ITERATION_COLUMNS = ("iteration", "start_ns", "end_ns", "source")
+
+
+def _frame(starts: np.ndarray, end_of_trace: int, source: str, **extra) -> pd.DataFrame:
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.append(starts[1:], max(int(end_of_trace), int(starts[-1]) if len(starts) else 0))
+    out = pd.DataFrame({"iteration": np.arange(len(starts), dtype=np.int64), "start_ns": starts,
+                        "end_ns": ends.astype(np.int64), "source": source})
+    for key, value in extra.items():
+        out[key] = value
+    return out
+
+
+def _from_markers(trace) -> pd.DataFrame | None:
+    ops = trace.ops
+    if len(ops) == 0 or not ops["iteration"].notna().any():
+        return None
+    marked = ops[ops["iteration"].notna()]
+    first = marked.groupby("iteration", sort=True)["start_ns"].min()
+    _, hi = trace.time_span_ns()
+    source = trace.metadata.get("iteration_source", "marker")
+    out = _frame(first.to_numpy(dtype=np.int64), hi, source if source in SOURCES else "marker")
+    out["iteration"] = first.index.to_numpy(dtype=np.int64)
+    return out
+
+
+def _from_optimizer_ops(trace) -> pd.DataFrame | None:
+    ops = trace.ops
+    if len(ops) == 0:
+        return None
+    is_step = ops["name"].astype(str).str.contains(OPTIMIZER_PATTERN, regex=True).to_numpy()
+    if is_step.sum() < 2:
+        return None
+    ends = np.sort(ops.loc[is_step, "end_ns"].to_numpy(dtype=np.int64))
+    # nested records of one step (e.g. Optimizer.step#Adam.step around _foreach ops) end close together;
+    # keep one end per step: an end that no op start separates from the previous one is the same step
+    op_starts = np.sort(ops["start_ns"].to_numpy(dtype=np.int64))
+    between = np.searchsorted(op_starts, ends[1:], side="left") - np.searchsorted(op_starts, ends[:-1], side="right")
+    ends = ends[np.concatenate([[True], between > 0])]
+    lo, hi = trace.time_span_ns()
+    starts = np.concatenate([[lo], ends[:-1]])
+    if ends[-1] < hi:  # the work after the last step is a partial iteration
+        starts = np.append(starts, ends[-1])
+    return _frame(starts, hi, "optimizer")
+
+
+def allocation_sequence(trace) -> pd.DataFrame:
+    """Allocations recorded during the trace in event order: ``block_id``, ``alloc_ns``, ``size``, ``op``,
+    ``symbol`` (int code of (op, size)) and ``live_before`` (bytes live on all devices just before it)."""
+    b = trace.blocks
+    live_after = live_after_alloc(trace)
+    seen = b["alloc_ns"].notna().to_numpy()
+    rows = np.flatnonzero(seen)
+    order = np.lexsort((b["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64)[rows],
+                        b["alloc_ns"].to_numpy(dtype="float64", na_value=0)[rows]))
+    rows = rows[order]
+    seq = b.iloc[rows]
+    symbol, _ = pd.factorize(pd.MultiIndex.from_arrays([seq["op"].astype(str), seq["size"]]))
+    size = seq["size"].to_numpy(np.int64)
+    return pd.DataFrame({"block_id": seq["block_id"].to_numpy(), "alloc_ns": seq["alloc_ns"].to_numpy(np.int64),
+                         "size": size, "op": seq["op"].to_numpy(), "symbol": symbol.astype(np.int64),
+                         "live_before": live_after[rows] - size})
+
+
+def combined_live(trace) -> tuple[pd.DataFrame, np.ndarray]:
+    """Live bytes summed over every device after each alloc/free, in event order.
+
+    Returns (frame with ``t_ns``, ``seq``, ``live``; position in that frame of each block's alloc event,
+    aligned with the blocks table). Blocks allocated before recording count from the trace start.
+    """
+    b = trace.blocks
+    n = len(b)
+    lo, _ = trace.time_span_ns()
+    size = b["size"].to_numpy(dtype=np.int64)
+    freed = b["free_ns"].notna().to_numpy()
+    t = np.concatenate([b["alloc_ns"].fillna(lo).to_numpy(np.int64), b["free_ns"].to_numpy("float64", na_value=0)
+                        [freed].astype(np.int64)])
+    seq = np.concatenate([b["alloc_seq"].fillna(-1).to_numpy(np.int64),
+                          b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(np.int64)[freed]])
+    delta = np.concatenate([size, -size[freed]])
+    order = np.lexsort((seq, t))
+    where = np.empty(len(order), dtype=np.int64)
+    where[order] = np.arange(len(order))
+    frame = pd.DataFrame({"t_ns": t[order], "seq": seq[order], "live": np.cumsum(delta[order])})
+    return frame, where[:n]
+
+
+def live_after_alloc(trace) -> np.ndarray:
+    """Bytes live on all devices right after each block's allocation (aligned with the blocks table)."""
+    frame, alloc_pos = combined_live(trace)
+    return frame["live"].to_numpy()[alloc_pos] if len(frame) else np.zeros(0, dtype=np.int64)
+
+
+def _detected(trace) -> pd.DataFrame | None:
+    allocs = allocation_sequence(trace)
+    symbols = allocs["symbol"].to_numpy()
+    found = detect_period(symbols)
+    if found is None:
+        return None
+    period = found.period
+    n = len(symbols)
+    # an iteration starts at the live-bytes trough (the end of a step); look for the trough in each of the
+    # last few whole periods and keep the pattern starting there that recurs most often (a perturbed step,
+    # e.g. one extra allocation, then costs one anchor, not the split)
+    live_before = allocs["live_before"].to_numpy(dtype=np.float64)
+    best = np.array([], dtype=np.int64)
+    for back in range(2, min(n // period, 6) + 1):
+        lo = n - back * period
+        anchor = lo + int(np.argmin(live_before[lo:lo + period]))
+        found_at = occurrences(symbols, anchor, period)
+        if len(found_at) > len(best):
+            best = found_at
+    starts_idx = best
+    if len(starts_idx) < 2:
+        return None
+    _, hi = trace.time_span_ns()
+    alloc_t = allocs["alloc_ns"].to_numpy()
+    counts = np.diff(np.append(starts_idx, n))
+    out = _frame(alloc_t[starts_idx], hi, "detected", allocations=counts.astype(np.int64))
+    out.attrs.update({"period_allocations": int(period), "period_match": found.match,
+                      "chance_match": found.chance, "z_score": found.z_score})
+    return out
+
+
+def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
+    """Iteration boundaries of `trace`: columns ``iteration``, ``start_ns``, ``end_ns`` (ns), ``source``
+    (one of `SOURCES`), plus ``allocations`` (alloc events in each) for detected ones.
+
+    `method` forces one source ("marker", "optimizer", "detected") or takes the first that applies
+    ("auto"). Works on traces without accesses: detection uses only the allocation sequence.
+    """
+    if method not in ("auto", "marker", "optimizer", "detected"):
+        raise ValueError(f"method must be auto, marker, optimizer or detected, got {method!r}")
+    finders = {"marker": _from_markers, "optimizer": _from_optimizer_ops, "detected": _detected}
+    order = list(finders) if method == "auto" else [method]
+    for name in order:
+        found = finders[name](trace)
+        if found is not None and len(found):
+            return found
+    lo, hi = trace.time_span_ns()
+    return _frame(np.array([lo]), hi, "none")
