@@ -1,0 +1,53 @@
+"""`memlens import SRC -o DST.memlens`: convert any supported file into memlens's own trace format."""
+from __future__ import annotations
+
+from pathlib import Path
+
+_SUFFIXES = (".pickle", ".pkl", ".json.gz", ".json", ".raw.gz", ".gz", ".csv", ".memlens")
+
+
+def default_output(src: str) -> Path:
+    """`SRC`'s name without its format suffixes plus ".memlens", in the current directory."""
+    name = Path(src.rstrip("/\\")).name
+    for suffix in (".pt.trace.json.gz", ".pt.trace.json", ".raw.json.gz") + _SUFFIXES:
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+            break
+    return Path(f"{name}.memlens")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("import", help="convert a snapshot / profiler trace / CSV into a .memlens trace",
+                       description="Read a CUDA memory snapshot pickle, a Kineto/Chrome trace, a torch.profiler "
+                                   "memory-timeline export or a buffer-lifetime CSV (detected from the content) "
+                                   "and save it as a .memlens trace directory.")
+    p.add_argument("src", help="the file to import")
+    p.add_argument("-o", "--output", help="destination NAME.memlens (default: SRC's name + .memlens here)")
+    p.add_argument("--format", help="force a format instead of detecting it "
+                                    "(cuda_snapshot, kineto, memory_timeline, lifetimes_csv, memlens)")
+    p.add_argument("--overwrite", action="store_true", help="replace DST if it is already a memlens trace")
+    p.add_argument("--json", action="store_true", help="print the summary of the imported trace as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memlens.cli import print_json
+    from memlens.errors import InputError
+    from memlens.io import load
+    from memlens.units import format_bytes, format_ns
+
+    dst = Path(args.output) if args.output else default_output(args.src)
+    if dst.exists() and not args.overwrite:
+        raise InputError("already exists (pass --overwrite to replace it)", dst)
+    trace = load(args.src, format=args.format)
+    written = trace.save(dst, overwrite=args.overwrite)
+    s = trace.summary()
+    if args.json:
+        print_json({"output": str(written), **s})
+        return 0
+    peaks = ", ".join(f"{dev} {format_bytes(peak)}" for dev, peak in s["peak_live_bytes"].items())
+    print(f"imported {args.src} ({s['source_kind']}) -> {written}: {s['blocks']:,} blocks, {s['ops']:,} ops, "
+          f"{format_ns(s['duration_ns'])}, peak live {peaks or 'n/a'}")
+    for note in s["notes"]:
+        print(f"note: {note}")
+    return 0

@@ -1,0 +1,215 @@
+"""Import CUDA memory snapshots (``torch.cuda.memory._dump_snapshot`` pickles or ``_snapshot()`` dicts).
+
+Tables produced (see `memlens.trace` for the schema):
+
+- ``events``: every device-trace entry in order, verbatim action, with ``seq`` (global, increasing within a
+  device), ``t_ns`` (from ``time_us``, or the entry index when entries carry no ``time_us``), and extra
+  columns ``block_id`` (alloc/free rows), ``device_free`` (oom rows) and ``stack_id``.
+- ``blocks``: one per ``alloc`` entry, timed by the alloc and by ``free_completed`` (the moment the allocator
+  can reuse the bytes). ``size`` is the entry's size; torch records the caller's requested (unrounded) bytes
+  there, so ``size`` = ``requested_size``. The allocator's rounded block size is in ``block_size`` when the
+  final state tells it (blocks live at the end); elsewhere an allocator replay derives it by rounding. ``free_requested_seq`` / ``free_requested_ns`` keep the request when one
+  was seen. A block whose ``free_requested`` was seen but never its ``free_completed`` is still live at the end
+  (``free_ns`` missing): the allocator still holds its bytes, and the final state lists it as pending free.
+  Blocks freed without an alloc in the trace (ring buffer overflow, or allocated before recording) get
+  ``free_without_alloc`` and ``allocated_before``. Blocks live in the final ``segments`` that the trace never
+  allocated are added with ``allocated_before``, no times, ``size`` = their requested size. Blocks allocated
+  before recording have ``alloc_seq`` -1 (before every event) and ``alloc_ns`` missing.
+- ``segments`` / ``segment_blocks``: the allocator's final state (what an allocator replay starts from or
+  ends at); ``segment_blocks.block_id`` links live blocks to ``blocks``.
+- ``stacks``: deduplicated frames; ``blocks.op`` is the outermost ATen operator on the alloc stack and the
+  extra column ``location`` the innermost user (non-torch) Python frame.
+- ``ops``: the ``external_annotations`` START/END ranges (record_function names) when the file has them.
+
+Snapshots record no accesses; ``metadata["notes"]`` says so and lists everything else the file could not tell.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.errors import InputError
+from memlens.io.safe_pickle import load_pickle
+from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
+from memlens.io.snapshot_frames import StackInterner
+from memlens.io.snapshot_meta import annotation_ops, describe
+from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
+from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
+
+SOURCE = "cuda_snapshot"
+_KIND = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}
+_DEVICE_BITS = 52  # (device, addr) -> one int64 key; CUDA virtual addresses stay below 2**49
+
+
+def import_snapshot(path):
+    """Read a CUDA memory snapshot pickle (plain or gzip) safely and return a `memlens.Trace`."""
+    return snapshot_to_trace(load_pickle(path), source=str(path), path=path)
+
+
+def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None):
+    """Convert a snapshot object (the dict ``torch.cuda.memory._snapshot()`` returns, or an old-style list
+    of segments) into a `memlens.Trace`. `source` names it in metadata and error messages."""
+    where = path if path is not None else source
+    segments, device_traces, extras = _normalize(snapshot, where)
+    try:
+        return _convert(segments, device_traces, extras, source)
+    except InputError as exc:
+        raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
+        raise InputError(f"malformed CUDA memory snapshot ({type(exc).__name__}: {str(exc)[:160]})",
+                         where) from None
+
+
+def _normalize(snapshot, where) -> tuple[list, list, dict]:
+    """(segments, device_traces, other top-level keys) of any era, or `InputError`."""
+    if isinstance(snapshot, list):  # torch < 2.0 memory_snapshot(): just the segments
+        if all(isinstance(s, dict) and "blocks" in s for s in snapshot):
+            return snapshot, [], {}
+        raise InputError("pickle holds a list that is not a list of allocator segments", where)
+    if not isinstance(snapshot, dict):
+        raise InputError(f"pickle holds a {type(snapshot).__name__}, not a CUDA memory snapshot dict", where)
+    if "segments" not in snapshot and "device_traces" not in snapshot:
+        keys = ", ".join(sorted(map(str, snapshot))[:6])
+        raise InputError(f"dict has no 'segments' or 'device_traces' (keys: {keys}); not a CUDA memory "
+                         "snapshot", where)
+    segments = snapshot.get("segments") or []
+    traces = snapshot.get("device_traces") or []
+    if not isinstance(segments, list) or not isinstance(traces, list):
+        raise InputError("'segments' and 'device_traces' must be lists", where)
+    extras = {k: v for k, v in snapshot.items() if k not in ("segments", "device_traces")}
+    return segments, traces, extras
+
+
+def _nullable(values: np.ndarray, rows: np.ndarray) -> pd.arrays.IntegerArray:
+    """values[rows] as Int64, NA where rows < 0."""
+    missing = rows < 0
+    return pd.arrays.IntegerArray(values[np.where(missing, 0, rows)].astype(np.int64), missing)
+
+
+def _key(device_code: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    return (device_code.astype(np.int64) << _DEVICE_BITS) + addr.astype(np.int64)
+
+
+def _trace_blocks(ev: EventColumns, pairing: Pairing) -> pd.DataFrame:
+    """Blocks seen in the device traces (see module docstring for the rules)."""
+    has_alloc = pairing.alloc_row >= 0
+    alloc_stack = np.where(has_alloc, ev.stack_id[pairing.alloc_row.clip(0)], -1) if len(pairing) \
+        else np.empty(0, dtype=np.int64)
+    # size/stream from the alloc when seen, else from the free entry
+    from_row = np.where(has_alloc, pairing.alloc_row, pairing.first_row)
+    return pd.DataFrame({
+        "block_id": np.arange(len(pairing), dtype=np.int64),
+        "device_code": ev.device_code[pairing.first_row],
+        "addr": ev.addr[pairing.first_row],
+        "size": ev.size[from_row], "stream": ev.stream[from_row],
+        "alloc_ns": _nullable(ev.t_ns, pairing.alloc_row),
+        "alloc_seq": pd.array(np.where(has_alloc, ev.seq[pairing.alloc_row.clip(0)], -1)
+                              if len(pairing) else [], dtype="Int64"),
+        "free_ns": _nullable(ev.t_ns, pairing.completed_row),
+        "free_seq": _nullable(ev.seq, pairing.completed_row),
+        "free_requested_ns": _nullable(ev.t_ns, pairing.requested_row),
+        "free_requested_seq": _nullable(ev.seq, pairing.requested_row),
+        "stack_id": pd.arrays.IntegerArray(alloc_stack.clip(0), alloc_stack < 0),
+        "allocated_before": ~has_alloc, "free_without_alloc": ~has_alloc,
+    })
+
+
+def _match_final_state(blocks: pd.DataFrame, final: FinalState, dev_index: dict[str, int]):
+    """Link blocks live at the end of the trace with the final state's live blocks; add the live blocks
+    the trace never allocated (allocated before recording). Returns (blocks, facts for notes)."""
+    sb = final.segment_blocks
+    live = sb["state"].isin(LIVE_STATES).to_numpy()
+    for dev in sb["device"].unique():
+        dev_index.setdefault(dev, len(dev_index))
+    sb_codes = sb["device"].map(dev_index).to_numpy(dtype=np.int64)
+    sb_key = _key(sb_codes, sb["addr"].to_numpy())
+    open_mask = blocks["free_ns"].isna().to_numpy()
+    blk_key = _key(blocks["device_code"].to_numpy(), blocks["addr"].to_numpy())
+    live_keys = sb_key[live]
+    open_keys = blk_key[open_mask]
+
+    # blocks the trace leaves live must be live in the final state (when the file has one)
+    facts = {"has_final_state": len(sb) > 0,
+             "open_not_live": int((~np.isin(open_keys, live_keys)).sum()) if len(sb) else 0}
+    # torch records the requested (unrounded) size in trace entries; the final state adds the
+    # allocator's rounded block size for the blocks live at the end
+    live_idx = np.flatnonzero(live)
+    pos = pd.Index(live_keys).get_indexer(blk_key)  # -1 when not live at the end
+    is_open_live = open_mask & (pos >= 0)
+    matched_sb = live_idx[pos[is_open_live]]
+    block_size = np.zeros(len(blocks), dtype=np.int64)
+    block_size[is_open_live] = sb["size"].to_numpy()[matched_sb]
+    blocks["block_size"] = pd.arrays.IntegerArray(block_size, ~is_open_live)
+    blocks["requested_size"] = blocks["size"].astype("Int64")
+    facts["size_mismatch"] = int((sb["requested_size"].to_numpy()[matched_sb]
+                                  != blocks["size"].to_numpy()[is_open_live]).sum())
+
+    block_id_of_sb = np.full(len(sb), -1, dtype=np.int64)
+    block_id_of_sb[matched_sb] = blocks["block_id"].to_numpy()[is_open_live]
+    before = live & ~np.isin(sb_key, open_keys)
+    new_ids = np.arange(len(blocks), len(blocks) + int(before.sum()), dtype=np.int64)
+    block_id_of_sb[before] = new_ids
+    added = pd.DataFrame({
+        "block_id": new_ids, "device_code": sb_codes[before], "addr": sb["addr"].to_numpy()[before],
+        "size": sb["requested_size"].to_numpy()[before], "block_size": sb["size"].to_numpy()[before],
+        "stream": _segment_stream(final, sb)[before],
+        "stack_id": sb["stack_id"].to_numpy()[before] if before.any() else pd.array([], dtype="Int64"),
+        "requested_size": sb["requested_size"].to_numpy()[before],
+        "allocated_before": True, "free_without_alloc": False,
+    })
+    facts["allocated_before_live"] = len(added)
+    final.segment_blocks = sb.assign(block_id=pd.arrays.IntegerArray(block_id_of_sb.clip(0),
+                                                                     block_id_of_sb < 0))
+    if len(added):
+        added["stack_id"] = added["stack_id"].astype("Int64")
+        added["requested_size"] = added["requested_size"].astype("Int64")
+        added["block_size"] = added["block_size"].astype("Int64")
+        added["alloc_seq"] = pd.array(np.full(len(added), -1), dtype="Int64")
+        blocks = pd.concat([blocks, added], ignore_index=True)
+    return blocks, facts
+
+
+def _segment_stream(final: FinalState, sb: pd.DataFrame) -> np.ndarray:
+    """Stream of each segment block's segment (blocks carry no stream of their own)."""
+    seg = final.segments
+    idx = pd.MultiIndex.from_arrays([seg["device"], seg["addr"]]).get_indexer(
+        pd.MultiIndex.from_arrays([sb["device"], sb["segment_addr"]]))
+    streams = seg["stream"].to_numpy()
+    return np.where(idx >= 0, streams[idx.clip(0)] if len(streams) else 0, 0).astype(np.int64)
+
+
+def _convert(segments: list, device_traces: list, extras: dict, source: str):
+    from memlens.trace import Trace
+
+    interner = StackInterner()
+    ev = read_device_traces(device_traces, interner)
+    kind = np.array([_KIND.get(a, -1) for a in ev.action], dtype=np.int64) if len(ev) else np.empty(0, np.int64)
+    pairing = pair_blocks(ev.device_code, kind, ev.addr, ev.seq)
+    blocks = _trace_blocks(ev, pairing)
+    final = read_segments(segments, interner)
+
+    dev_index = {d: i for i, d in enumerate(ev.devices)}
+    blocks, facts = _match_final_state(blocks, final, dev_index)
+    devices = [None] * len(dev_index)
+    for name, i in dev_index.items():
+        devices[i] = name
+    blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(dtype=np.int64)] \
+        if len(blocks) else np.empty(0, dtype=object)
+
+    hints = interner.hints()
+    sid = blocks["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
+    has = sid >= 0
+    for col in ("op", "location"):
+        values = np.full(len(blocks), "", dtype=object)
+        values[has] = hints[col].to_numpy()[sid[has]]
+        blocks[col] = values
+    blocks["category"] = "unknown"
+    blocks["source"] = SOURCE
+
+    events = events_table(ev, pairing.block_of_row)
+    metadata = describe(ev, kind, blocks, final, facts, extras, source)
+    ops = annotation_ops(extras.get("external_annotations"), ev.t0_unix_ns,
+                         int(ev.t_ns.max()) if len(ev) else None)
+    return Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
+                             segment_blocks=final.segment_blocks, stacks=interner.table())
+

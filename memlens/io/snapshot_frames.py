@@ -1,0 +1,103 @@
+"""Stack frames of CUDA memory snapshots: deduplicated into the `stacks` table, with per-stack hints.
+
+Snapshots repeat the same stacks thousands of times (torch shares the frame dicts, so the unpickled
+objects are shared too). `StackInterner` turns each entry's ``frames`` list into a small integer id, first
+by object identity (C-speed ``map(id, ...)``), and only for new identities by content, so a 100 MB
+snapshot's millions of frame references cost one tuple and one dict lookup per entry.
+
+Frame order follows the snapshot: ``frames[0]`` is the innermost frame (the allocator itself, or the
+innermost Python function for Python-only stacks), which becomes depth 0 in `stacks`.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+NO_STACK = -1
+
+# `at::_ops::zeros_like::call(...)` -> the ATen operator the user called (outermost such frame)
+_ATEN_OP = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
+
+
+class StackInterner:
+    """Maps frame lists to dense stack ids (0, 1, ...); identical content gets the same id."""
+
+    def __init__(self) -> None:
+        self._by_list: dict[int, tuple[list, int]] = {}
+        self._by_ids: dict[tuple, int] = {}
+        self._by_content: dict[tuple, int] = {}
+        self._keepalive: list = []  # frames whose ids are keys above must stay alive
+        self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
+
+    def __len__(self) -> int:
+        return len(self._content)
+
+    def intern(self, frames) -> int:
+        """Stack id of `frames` (a list of {"name", "filename", "line"} dicts); `NO_STACK` when empty."""
+        if not frames:
+            return NO_STACK
+        hit = self._by_list.get(id(frames))
+        if hit is not None and hit[0] is frames:
+            return hit[1]
+        ids = tuple(map(id, frames))
+        sid = self._by_ids.get(ids)
+        if sid is None:
+            content = tuple((str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line") or 0))
+                            for f in frames)
+            sid = self._by_content.get(content)
+            if sid is None:
+                sid = len(self._content)
+                self._by_content[content] = sid
+                self._content.append(content)
+            self._by_ids[ids] = sid
+            self._keepalive.append(frames)
+        self._by_list[id(frames)] = (frames, sid)
+        return sid
+
+    def intern_many(self, frame_lists) -> np.ndarray:
+        """Stack ids (int64, `NO_STACK` for none) of an iterable of frame lists."""
+        intern = self.intern
+        return np.fromiter((intern(f) for f in frame_lists), dtype=np.int64)
+
+    def table(self) -> pd.DataFrame:
+        """The `stacks` table: one row per (stack_id, depth), depth 0 innermost."""
+        lengths = np.fromiter((len(c) for c in self._content), dtype=np.int64, count=len(self._content))
+        flat = [frame for c in self._content for frame in c]
+        names, files, lines = (zip(*flat) if flat else ((), (), ()))
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return pd.DataFrame({
+            "stack_id": np.repeat(np.arange(len(self._content), dtype=np.int64), lengths),
+            "depth": np.arange(int(lengths.sum()), dtype=np.int64) - starts,
+            "name": list(names), "filename": list(files), "line": np.asarray(lines, dtype=np.int64),
+        })
+
+    def hints(self) -> pd.DataFrame:
+        """Per stack: `op` (the outermost ATen operator on the stack, e.g. "zeros_like"; "" when the stack
+        has no C++ frames) and `location` ("file.py:line function" of the innermost Python frame outside
+        torch itself, i.e. the user's code; "" when none)."""
+        ops, locations = [], []
+        for content in self._content:
+            op = ""
+            for name, _, _ in content:  # innermost first: keep the last (outermost) match
+                m = _ATEN_OP.match(name)
+                if m:
+                    op = m.group(1)
+            ops.append(op)
+            locations.append(_user_location(content))
+        return pd.DataFrame({"stack_id": np.arange(len(self._content), dtype=np.int64),
+                             "op": ops, "location": locations})
+
+
+def _is_torch_internal(filename: str) -> bool:
+    f = filename.replace("\\", "/")
+    return "/torch/" in f or f.startswith("torch/") or "/site-packages/" in f and "/torch" in f
+
+
+def _user_location(content: tuple) -> str:
+    for name, filename, line in content:
+        if filename.endswith(".py") and not _is_torch_internal(filename):
+            base = filename.replace("\\", "/").rsplit("/", 1)[-1]
+            return f"{base}:{line} {name}"
+    return ""
