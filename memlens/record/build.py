@@ -1,0 +1,209 @@
+"""Turn a finished Session's int64 streams into the Trace tables (all vectorised numpy/pandas).
+
+What is decided here, and how (the `category_rule` column says which rule gave each category):
+- Backward ops get the module of the forward op that created their autograd node (matched by the
+  autograd sequence number), so ``model.layers.3.attn`` shows up in backward too.
+- Iterations come from `memlens.step()` markers; without them from optimizer steps; else missing.
+- Categories: parameter/buffer (known modules), optimizer_state (`optimizer.state`), gradient
+  (``param.grad`` at an optimizer step, `memlens.step()` or the end), input (tensor argument of a root
+  module not made inside a module), activation (made by a forward op inside a module, or one that
+  recorded autograd history), temporary (made in backward or in the optimizer and none of the above),
+  unknown otherwise (e.g. made before recording and never identified).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.record.session import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
+                                    MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER, Session)
+
+_MARK_CATEGORY = {
+    MARK_PARAMETER: ("parameter", "tensor of a module's parameters (or an optimizer's params)"),
+    MARK_BUFFER: ("buffer", "tensor of a module's buffers"),
+    MARK_OPTIMIZER_STATE: ("optimizer_state", "value in optimizer.state"),
+    MARK_GRADIENT: ("gradient", "a parameter's .grad"),
+    MARK_INPUT: ("input", "tensor argument of a root module, made outside any module"),
+}
+# lower wins when one block got several marks
+_MARK_PRIORITY = [MARK_PARAMETER, MARK_BUFFER, MARK_OPTIMIZER_STATE, MARK_GRADIENT, MARK_INPUT]
+
+
+def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
+    """The ops table, each op's module index (backward mapped to forward), and the iteration source."""
+    raw = session.buf.ops.to_numpy()
+    n = len(raw)
+    name_idx, ctx, start, end, aseq = raw[:, 0], raw[:, 1], raw[:, 2], raw[:, 3], raw[:, 4]
+    module_idx = ctx >> 2
+    backward = aseq < 0
+    module_idx = _backward_modules(module_idx, aseq, backward)
+    phase = np.where(backward, "backward",
+                     np.where((ctx & PHASE_OPTIMIZER) != 0, "optimizer",
+                              np.where(module_idx > 0, "forward", "other")))
+    iteration, source = _iterations(session, n)
+    names = np.asarray(session.op_names, dtype=object)
+    paths = np.asarray(session.module_paths, dtype=object)
+    ops = pd.DataFrame({
+        "op_id": np.arange(n, dtype=np.int64),
+        "name": names[name_idx] if n else np.empty(0, object),
+        "start_ns": start - session.t_start,
+        "end_ns": end - session.t_start,
+        "module": paths[module_idx] if n else np.empty(0, object),
+        "iteration": iteration,
+        "phase": phase,
+        # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
+        "autograd_seq": aseq,
+    })
+    if session.stack_table is not None:
+        stack = session.buf.op_stacks.to_numpy()[:, 0] if n else np.empty(0, np.int64)
+        ops["stack_id"] = pd.array(np.resize(stack, n) if len(stack) >= n else
+                                   np.concatenate([stack, -np.ones(n - len(stack), np.int64)]), dtype="Int64")
+    return ops, module_idx, source
+
+
+def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.ndarray) -> np.ndarray:
+    """Give each backward op the module of the forward op that created its autograd node.
+
+    A forward op sees the sequence counter *after* its node was created, so node `s` belongs to the
+    first forward op whose counter reads `s + 1`.
+    """
+    out = module_idx.copy()
+    fwd = np.flatnonzero(~backward)
+    bwd = np.flatnonzero(backward)
+    if len(fwd) == 0 or len(bwd) == 0:
+        return out
+    values, first = np.unique(aseq[fwd], return_index=True)
+    node = -2 - aseq[bwd]
+    pos = np.searchsorted(values, node + 1)
+    pos_ok = pos < len(values)
+    hit = np.zeros(len(bwd), dtype=bool)
+    hit[pos_ok] = values[pos[pos_ok]] == node[pos_ok] + 1
+    out[bwd[hit]] = module_idx[fwd[first[pos[hit]]]]
+    return out
+
+
+def _iterations(session: Session, n: int) -> tuple[pd.array, str]:
+    marks = session.buf.iter_marks.to_numpy()
+    for kind, source in ((ITER_STEP, "memlens.step"), (ITER_OPTIMIZER, "optimizer.step")):
+        at = np.sort(marks[marks[:, 1] == kind, 0]) if len(marks) else np.empty(0, np.int64)
+        if len(at):
+            it = np.searchsorted(at, np.arange(n), side="right").astype(np.int64)
+            return pd.array(it, dtype="Int64"), source
+    return pd.array(np.full(n, pd.NA), dtype="Int64"), "none"
+
+
+def build_accesses(session: Session, ops: pd.DataFrame) -> pd.DataFrame:
+    """One row per (op, block) the op touched; reads at the op's start, writes at its end."""
+    raw = session.buf.ops.to_numpy()
+    acc_end = raw[:, 5] if len(raw) else np.empty(0, np.int64)
+    packed = session.buf.accesses.to_numpy()[:, 0]
+    total = int(acc_end[-1]) if len(acc_end) else 0
+    packed = packed[:total]                        # drop accesses of an op cut short by a failure
+    counts = np.diff(np.concatenate([[0], acc_end]))
+    op_id = np.repeat(np.arange(len(raw), dtype=np.int64), counts)
+    block_id = packed >> 1
+    is_write = (packed & 1).astype(bool)
+    # one row per (op, block): a block passed twice (x * x) is one access; write wins over read
+    order = np.lexsort((~is_write, block_id, op_id))
+    op_id, block_id, is_write = op_id[order], block_id[order], is_write[order]
+    keep = np.ones(len(op_id), dtype=bool)
+    keep[1:] = (op_id[1:] != op_id[:-1]) | (block_id[1:] != block_id[:-1])
+    op_id, block_id, is_write = op_id[keep], block_id[keep], is_write[keep]
+    start = ops["start_ns"].to_numpy()
+    end = ops["end_ns"].to_numpy()
+    t = np.where(is_write, end[op_id], start[op_id]) if len(op_id) else np.empty(0, np.int64)
+    return pd.DataFrame({"block_id": block_id, "t_ns": t, "op_id": op_id, "is_write": is_write})
+
+
+def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray) -> pd.DataFrame:
+    """The blocks the dispatch mode saw, with frees, attribution and categories."""
+    raw = session.buf.blocks.to_numpy()
+    raw = raw[np.argsort(raw[:, 0], kind="stable")]
+    n = len(raw)
+    bid, dev, addr, size, alloc_t, alloc_op, before = (raw[:, i] for i in range(7))
+    before = before.astype(bool)
+    frees = session.buf.frees.to_numpy()
+    free_t = np.full(n, -1, dtype=np.int64)
+    if len(frees):
+        free_t[frees[:, 0]] = frees[:, 1]
+    t0 = session.t_start
+    alloc_ns = pd.array(np.where(before, 0, alloc_t - t0), dtype="Int64")
+    alloc_ns[before] = pd.NA
+    free_ns = pd.array(np.where(free_t >= 0, free_t - t0, 0), dtype="Int64")
+    free_ns[free_t < 0] = pd.NA
+    n_ops = len(ops)
+    made_here = ~before & (alloc_op < n_ops)
+    safe_op = np.clip(alloc_op, 0, max(n_ops - 1, 0))
+    names = ops["name"].to_numpy(dtype=object) if n_ops else np.empty(0, object)
+    phases = ops["phase"].to_numpy(dtype=object) if n_ops else np.empty(0, object)
+    op_name = np.where(made_here, names[safe_op] if n_ops else "", "")
+    module_idx = np.where(made_here, op_module_idx[safe_op] if n_ops else 0, 0)
+    phase = np.where(made_here, phases[safe_op] if n_ops else "", "")
+    category, rule, module_idx = _categories(session, n, before, made_here, phase, module_idx, ops, safe_op)
+    paths = np.asarray(session.module_paths, dtype=object)
+    devices = np.asarray(session.devices, dtype=object)
+    blocks = pd.DataFrame({
+        "block_id": bid, "device": devices[dev] if n else np.empty(0, object),
+        "addr": pd.array(addr, dtype="Int64"), "size": size,
+        "alloc_ns": alloc_ns, "free_ns": free_ns,
+        "category": category, "op": op_name,
+        "alloc_op_id": pd.array(np.where(made_here, alloc_op, 0), dtype="Int64"),
+        "module": paths[module_idx] if n else np.empty(0, object),
+        "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": "dispatch",
+        "category_rule": rule,
+    })
+    blocks.loc[~made_here, "alloc_op_id"] = pd.NA
+    if "stack_id" in ops.columns:
+        stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)
+        sid = pd.array(np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64),
+                       dtype="Int64") if n_ops else pd.array(np.full(n, -1), dtype="Int64")
+        sid[sid < 0] = pd.NA
+        blocks["stack_id"] = sid
+    return blocks
+
+
+def _categories(session, n, before, made_here, phase, module_idx, ops, safe_op):
+    """Resolve each block's category from the hook marks and how it was made; also its rule."""
+    category = np.full(n, "unknown", dtype=object)
+    rule = np.full(n, "allocated before recording and never identified", dtype=object)
+    rule[~before] = "allocated outside any module, no autograd history"
+    marks = session.buf.marks.to_numpy()
+    marked = np.zeros(n, dtype=bool)
+    if len(marks):
+        prio = np.asarray([_MARK_PRIORITY.index(c) for c in range(len(_MARK_PRIORITY))])
+        m = marks[np.lexsort((prio[marks[:, 1]], marks[:, 0]))]
+        first = np.ones(len(m), dtype=bool)
+        first[1:] = m[1:, 0] != m[:-1, 0]
+        m = m[first]
+        for code, (cat, why) in _MARK_CATEGORY.items():
+            sel = m[m[:, 1] == code]
+            if code == MARK_INPUT:   # an input made by an op inside a module is that module's activation
+                sel = sel[(~made_here[sel[:, 0]]) | (module_idx[sel[:, 0]] == 0)]
+            category[sel[:, 0]] = cat
+            rule[sel[:, 0]] = why
+            marked[sel[:, 0]] = True
+            owner = sel[sel[:, 3] > 0]
+            module_idx[owner[:, 0]] = owner[:, 3]
+    free = ~marked & made_here
+    autograd = _records_history(ops, safe_op)
+    act = free & (phase == "forward")
+    category[act], rule[act] = "activation", "made by a forward op inside a module"
+    act2 = free & (phase == "other") & autograd
+    category[act2], rule[act2] = "activation", "made by a forward op that recorded autograd history"
+    tmp = free & (phase == "backward")
+    category[tmp], rule[tmp] = "temporary", "made in backward and not a parameter's .grad"
+    tmp = free & (phase == "optimizer")
+    category[tmp], rule[tmp] = "temporary", "made in the optimizer step and not optimizer state"
+    return category, rule, module_idx
+
+
+def _records_history(ops: pd.DataFrame, safe_op: np.ndarray) -> np.ndarray:
+    """Per block: did its allocating op create an autograd node (i.e. is it part of the graph)?"""
+    if "autograd_seq" not in ops.columns or len(ops) == 0:
+        return np.zeros(len(safe_op), dtype=bool)
+    seq = ops["autograd_seq"].to_numpy()
+    seen = np.maximum.accumulate(np.where(seq >= 0, seq, -1))
+    prev = np.concatenate([[seq[0] if seq[0] >= 0 else -1], seen[:-1]])
+    created = (seq >= 0) & (seq > prev)
+    return created[safe_op]

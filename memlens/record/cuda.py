@@ -1,0 +1,76 @@
+"""CUDA pieces of the recorder: read the caching allocator's snapshot into allocator events, segments
+and segment blocks (the snapshot layout is described in REFERENCE.md section 3).
+
+Only `alloc` and `free_completed` change what is allocated (`free_requested` is the deferred free of
+a block used on another stream: its memory stays taken until `free_completed`). Entries carry
+`time_us` (unix microseconds) since 2024; older snapshots have no clock and cannot be joined by time.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+_DELTA_SIGN = {"alloc": 1, "free_completed": -1}
+
+
+def snapshot_events(snapshot: dict) -> pd.DataFrame:
+    """Allocation events of a snapshot's `device_traces`: t_ns (unix ns), device, addr, delta (bytes)."""
+    t, dev, addr, delta = [], [], [], []
+    for index, entries in enumerate(snapshot.get("device_traces") or []):
+        device = f"cuda:{index}"
+        for e in entries or []:
+            sign = _DELTA_SIGN.get(e.get("action"))
+            if sign is None or "time_us" not in e:
+                continue
+            t.append(int(e["time_us"]) * 1000)
+            dev.append(device)
+            addr.append(int(e["addr"]))
+            delta.append(sign * int(e["size"]))
+    return pd.DataFrame({"t_ns": np.asarray(t, dtype=np.int64), "device": np.asarray(dev, dtype=object),
+                         "addr": np.asarray(addr, dtype=np.int64), "delta": np.asarray(delta, dtype=np.int64)})
+
+
+def snapshot_segments(snapshot: dict) -> dict[str, pd.DataFrame]:
+    """The `segments` and `segment_blocks` tables of a snapshot (the allocator state at its end)."""
+    seg_rows, blk_rows = [], []
+    for seg in snapshot.get("segments") or []:
+        device = f"cuda:{int(seg.get('device', 0))}"
+        base = int(seg["address"])
+        seg_rows.append({
+            "device": device, "addr": base, "total_size": int(seg.get("total_size", 0)),
+            "allocated_size": int(seg.get("allocated_size", 0)), "active_size": int(seg.get("active_size", 0)),
+            "requested_size": int(seg.get("requested_size", 0)), "stream": int(seg.get("stream", 0)),
+            "pool": str(seg.get("segment_type", "")), "is_expandable": bool(seg.get("is_expandable", False))})
+        addr = base
+        for blk in seg.get("blocks") or []:
+            size = int(blk.get("size", 0))
+            blk_rows.append({"device": device, "segment_addr": base, "addr": int(blk.get("address", addr)),
+                             "size": size, "requested_size": int(blk.get("requested_size", size)),
+                             "state": str(blk.get("state", ""))})
+            addr += size
+    from memlens.trace import empty_table
+    return {"segments": pd.DataFrame(seg_rows) if seg_rows else empty_table("segments"),
+            "segment_blocks": pd.DataFrame(blk_rows) if blk_rows else empty_table("segment_blocks")}
+
+
+def kernel_times_per_op(kernels: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Per op: first kernel start and last kernel end (trace ns) of the kernels it launched.
+
+    `kernels` has launch_ns, start_ns, end_ns on the trace clock; a kernel belongs to the op whose
+    host interval contains its launch. Returns op_id, kernel_start_ns, kernel_end_ns, kernels.
+    """
+    empty = pd.DataFrame({"op_id": pd.Series(dtype=np.int64), "kernel_start_ns": pd.Series(dtype=np.int64),
+                          "kernel_end_ns": pd.Series(dtype=np.int64), "kernels": pd.Series(dtype=np.int64)})
+    if kernels is None or len(kernels) == 0 or len(ops) == 0:
+        return empty
+    starts = ops["start_ns"].to_numpy()
+    ends = ops["end_ns"].to_numpy()
+    launch = kernels["launch_ns"].to_numpy(dtype=np.int64)
+    idx = np.searchsorted(starts, launch, side="right") - 1
+    ok = (idx >= 0) & (launch <= ends[np.clip(idx, 0, None)])
+    if not ok.any():
+        return empty
+    k = pd.DataFrame({"op_id": ops["op_id"].to_numpy()[idx[ok]], "s": kernels["start_ns"].to_numpy()[ok],
+                      "e": kernels["end_ns"].to_numpy()[ok]})
+    g = k.groupby("op_id").agg(kernel_start_ns=("s", "min"), kernel_end_ns=("e", "max"), kernels=("s", "size"))
+    return g.reset_index()

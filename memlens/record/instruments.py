@@ -1,0 +1,144 @@
+"""Allocator-level instruments run beside the dispatch mode, so that blocks no tensor ever shows
+(temporaries inside an op) are seen too.
+
+- CPU (any build): the PyTorch profiler with ``profile_memory=True`` reports every allocator call
+  (pointer, signed size, time) from `experimental_event_tree()`.
+- CUDA: the caching allocator's memory history (`torch.cuda.memory._record_memory_history`, then
+  `_snapshot()`), which also gives segments and streams; kernel times come from the profiler's CUDA
+  activity (linked to the launching op by correlation id).
+Only one profiler can run at a time: when one is already running (a user's, or an outer recorder's),
+the allocator view is skipped and the trace's notes say so.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class AllocatorData:
+    """What the instruments saw, on the wall clock (unix ns); `assemble` moves it to trace time."""
+
+    events: pd.DataFrame | None = None      # t_unix_ns, device, addr, delta (+alloc / -free bytes)
+    snapshot: dict | None = None            # CUDA memory snapshot (torch.cuda.memory._snapshot())
+    kernels: pd.DataFrame | None = None     # launch_unix_ns, start_unix_ns, end_unix_ns (CUDA)
+    sources: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+
+
+def allocation_events_from_tree(roots) -> pd.DataFrame:
+    """Every `Allocation` event under the profiler's event tree roots, in one DataFrame.
+
+    Columns: t_unix_ns (int64), device (str), addr (int64), delta (int64 bytes; negative = free).
+    """
+    import torch
+    alloc_type = torch._C._profiler._EventType.Allocation
+    t, dev, ptr, delta = [], [], [], []
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        kind, fields = node.typed
+        if kind == alloc_type:
+            t.append(node.start_time_ns)
+            dev.append(str(fields.device))
+            ptr.append(fields.ptr)
+            delta.append(fields.alloc_size)
+        else:
+            stack.extend(node.children)
+    df = pd.DataFrame({"t_unix_ns": np.asarray(t, dtype=np.int64), "device": np.asarray(dev, dtype=object),
+                       "addr": np.asarray(ptr, dtype=np.int64), "delta": np.asarray(delta, dtype=np.int64)})
+    return df.sort_values("t_unix_ns", kind="stable").reset_index(drop=True)
+
+
+def kernel_events(kineto_events) -> pd.DataFrame:
+    """CUDA kernels with the host time of their launch, from the profiler's kineto events."""
+    launches, kernels = {}, []
+    for e in kineto_events:
+        dtype = str(e.device_type())
+        if dtype.endswith("CUDA"):
+            kernels.append((e.correlation_id(), e.start_ns(), e.start_ns() + e.duration_ns()))
+        elif e.name() in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
+                          "cudaMemsetAsync"):
+            launches[e.correlation_id()] = e.start_ns()
+    rows = [(launches[c], s, f) for c, s, f in kernels if c in launches]
+    return pd.DataFrame(rows, columns=["launch_unix_ns", "start_unix_ns", "end_unix_ns"], dtype=np.int64)
+
+
+class Instruments:
+    """Starts and stops the allocator-level instruments for one recording."""
+
+    def __init__(self, mode: str = "auto", *, nested: bool = False, kernel_times: bool = True):
+        self.mode = mode
+        self.nested = nested
+        self.kernel_times = kernel_times
+        self._profiler = None
+        self._cuda_history = False
+        self.data = AllocatorData()
+
+    def start(self) -> None:
+        if self.mode == "none":
+            self.data.notes.append("allocator-level events off (allocator='none'): temporaries inside ops "
+                                   "are not seen")
+            return
+        import torch
+        self._start_cuda_history(torch)
+        self._start_profiler(torch)
+
+    def _start_profiler(self, torch) -> None:
+        from torch.autograd.profiler import _is_profiler_enabled
+        if _is_profiler_enabled:
+            why = "an outer memlens recorder" if self.nested else "another profiler"
+            self.data.notes.append(f"allocator-level events unavailable: {why} is already profiling this "
+                                   "thread (only one profiler can run)")
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.kernel_times and torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        try:
+            prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False,
+                                          with_stack=False)
+            prof.__enter__()
+        except Exception as exc:  # a profiler that cannot start must not stop the recording
+            self.data.notes.append(f"allocator-level events unavailable: profiler failed to start ({exc})")
+            return
+        self._profiler = prof
+
+    def _start_cuda_history(self, torch) -> None:
+        if not torch.cuda.is_available():
+            return
+        try:
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
+                                                     max_entries=1_000_000)
+            self._cuda_history = True
+        except Exception as exc:  # e.g. a CUDAPluggableAllocator is installed: no snapshots
+            self.data.notes.append(f"CUDA memory history unavailable ({type(exc).__name__}: {exc}); CUDA "
+                                   "blocks come from the profiler's allocation events")
+
+    def stop(self) -> AllocatorData:
+        """Stop everything started; never raises (problems become notes)."""
+        import torch
+        if self._cuda_history:
+            try:
+                self.data.snapshot = torch.cuda.memory._snapshot()
+                self.data.sources.append("cuda_snapshot")
+            except Exception as exc:
+                self.data.notes.append(f"CUDA snapshot failed ({type(exc).__name__}: {exc})")
+            finally:
+                try:
+                    torch.cuda.memory._record_memory_history(enabled=None)
+                except Exception as exc:
+                    self.data.notes.append(f"could not stop CUDA memory history ({exc})")
+        if self._profiler is not None:
+            prof, self._profiler = self._profiler, None
+            try:
+                prof.__exit__(None, None, None)
+                results = prof.profiler.kineto_results
+                self.data.events = allocation_events_from_tree(results.experimental_event_tree())
+                self.data.sources.append("profiler")
+                if torch.cuda.is_available() and self.kernel_times:
+                    self.data.kernels = kernel_events(results.events())
+            except Exception as exc:
+                self.data.notes.append(f"profiler allocation events unavailable ({type(exc).__name__}: {exc})")
+        return self.data

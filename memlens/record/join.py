@@ -1,0 +1,229 @@
+"""Join allocator-level events with the dispatch mode's tensor-level blocks.
+
+Each allocator event stream (the profiler's CPU/CUDA allocation events, or a CUDA snapshot's
+``device_traces``) is first paired into allocator blocks (alloc -> next free of the same address).
+A dispatch block matches the allocator block on the same device and address, of the same size, whose
+lifetime contains the moment the dispatch mode first saw it. Then:
+
+- matched blocks keep the dispatch view (accesses, attribution) and take the allocator's alloc time
+  (clamped into the allocating op); `source` = "dispatch+<instrument>";
+- allocator blocks no tensor showed (temporaries inside ops, workspace buffers) are added with the op
+  whose interval contains them; `source` = "<instrument>"; category "temporary" when freed inside the
+  op that made them, else "unknown";
+- dispatch blocks no allocator saw keep `source` = "dispatch" (e.g. allocated before recording).
+The two instruments run on different clocks (wall vs perf counter); a residual offset is estimated
+from the matched blocks (the allocation must fall inside its op) and removed.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.record.instruments import AllocatorData
+
+MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
+
+
+def pair_events(events: pd.DataFrame) -> pd.DataFrame:
+    """Allocator events (t_ns, device, addr, delta) -> blocks (device, addr, size, alloc_t, free_t).
+
+    A free with no alloc before it (allocated before the instrument started) gives a row with
+    alloc_t missing; an alloc never freed has free_t missing. Times stay in the events' unit.
+    """
+    if events is None or len(events) == 0:
+        return pd.DataFrame({"device": pd.Series(dtype=object), "addr": pd.Series(dtype=np.int64),
+                             "size": pd.Series(dtype=np.int64), "alloc_t": pd.Series(dtype="Int64"),
+                             "free_t": pd.Series(dtype="Int64")})
+    ev = events.reset_index(drop=True)
+    dev_code, dev_names = pd.factorize(ev["device"])
+    order = np.lexsort((np.arange(len(ev)), ev["t_ns"].to_numpy(), ev["addr"].to_numpy(), dev_code))
+    t = ev["t_ns"].to_numpy()[order]
+    addr = ev["addr"].to_numpy()[order]
+    delta = ev["delta"].to_numpy()[order]
+    dev = dev_code[order]
+    same_next = np.zeros(len(t), dtype=bool)
+    same_next[:-1] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
+    is_alloc = delta > 0
+    next_is_free = np.zeros(len(t), dtype=bool)
+    next_is_free[:-1] = delta[1:] < 0
+    paired = is_alloc & same_next & next_is_free
+    prev_paired = np.zeros(len(t), dtype=bool)
+    prev_paired[1:] = paired[:-1]
+    orphan_free = (delta < 0) & ~prev_paired
+    alloc_rows = np.flatnonzero(is_alloc)
+    free_rows = np.flatnonzero(orphan_free)
+    free_t = np.full(len(alloc_rows), -1, dtype=np.int64)
+    has = paired[alloc_rows]
+    free_t[has] = t[alloc_rows[has] + 1]
+    out_alloc = pd.DataFrame({
+        "device": np.asarray(dev_names, dtype=object)[dev[alloc_rows]], "addr": addr[alloc_rows],
+        "size": delta[alloc_rows], "alloc_t": pd.array(t[alloc_rows], dtype="Int64"),
+        "free_t": pd.array(np.where(has, free_t, 0), dtype="Int64")})
+    out_alloc.loc[~has, "free_t"] = pd.NA
+    out_free = pd.DataFrame({
+        "device": np.asarray(dev_names, dtype=object)[dev[free_rows]], "addr": addr[free_rows],
+        "size": -delta[free_rows], "alloc_t": pd.array([pd.NA] * len(free_rows), dtype="Int64"),
+        "free_t": pd.array(t[free_rows], dtype="Int64")})
+    return pd.concat([out_alloc, out_free], ignore_index=True)
+
+
+def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+    """When the dispatch mode knew each block existed: its op's end, or its first access (-1: never)."""
+    seen = np.full(len(blocks), -1, dtype=np.int64)
+    made = blocks["alloc_op_id"].notna().to_numpy()
+    if len(ops) and made.any():
+        seen[made] = ops["end_ns"].to_numpy()[blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)]
+    if len(accesses):
+        first = accesses.groupby("block_id")["t_ns"].min()
+        pos = pd.Index(blocks["block_id"]).get_indexer(first.index)
+        ok = pos >= 0
+        rows = pos[ok]
+        vals = first.to_numpy()[ok]
+        fill = seen[rows] < 0
+        seen[rows[fill]] = vals[fill]
+    return seen
+
+
+def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFrame,
+                 tolerance_ns: int) -> np.ndarray:
+    """For each dispatch block, the row of `alloc_blocks` that is the same allocation (-1: none)."""
+    result = np.full(len(blocks), -1, dtype=np.int64)
+    if len(alloc_blocks) == 0 or len(blocks) == 0:
+        return result
+    left = pd.DataFrame({"row": np.arange(len(blocks)), "device": blocks["device"].to_numpy(dtype=object),
+                         "addr": blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64),
+                         "size": blocks["size"].to_numpy(), "key": seen + tolerance_ns})
+    left = left[seen >= 0].sort_values("key", kind="stable")
+    right = alloc_blocks.reset_index(drop=True)
+    right = pd.DataFrame({"arow": np.arange(len(right)), "device": right["device"].to_numpy(dtype=object),
+                          "addr": right["addr"].to_numpy(), "size": right["size"].to_numpy(),
+                          "key": right["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf),
+                          "free_t": right["free_t"].to_numpy(dtype="float64", na_value=np.inf)})
+    right["key"] = right["key"].clip(lower=-2.0 ** 62).astype(np.int64)
+    right = right.sort_values("key", kind="stable")
+    merged = pd.merge_asof(left, right, on="key", by=["device", "addr", "size"], direction="backward")
+    ok = merged["arow"].notna().to_numpy().copy()
+    seen_t = merged["key"].to_numpy() - tolerance_ns
+    ok &= merged["free_t"].to_numpy(dtype="float64", na_value=np.inf) >= seen_t - tolerance_ns
+    m = merged[ok]
+    m = m[~m["arow"].duplicated(keep="first")]
+    result[m["row"].to_numpy(dtype=np.int64)] = m["arow"].to_numpy(dtype=np.int64)
+    return result
+
+
+def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray, rows: np.ndarray) -> int:
+    """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
+    matched allocations fall outside their op's interval (0 when most already fall inside)."""
+    made = blocks["alloc_op_id"].notna().to_numpy() & (rows >= 0)
+    if not made.any():
+        return 0
+    op = blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)
+    t = alloc_t[rows[made]]
+    lo = ops["start_ns"].to_numpy()[op]
+    hi = ops["end_ns"].to_numpy()[op]
+    return int(np.median(t - np.clip(t, lo, hi))) if len(t) else 0
+
+
+def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame,
+                   allocator: AllocatorData, to_trace_ns: int, notes: list) -> tuple[pd.DataFrame, dict]:
+    """Join every allocator stream into `blocks`; returns the new blocks table and join statistics."""
+    from memlens.record.cuda import snapshot_events
+    streams = []
+    if allocator.events is not None and len(allocator.events):
+        ev = allocator.events.rename(columns={"t_unix_ns": "t_ns"})
+        if allocator.snapshot is not None:       # CUDA blocks come from the snapshot then
+            ev = ev[~ev["device"].astype(str).str.startswith("cuda")]
+        streams.append(("profiler", ev))
+    if allocator.snapshot is not None:
+        streams.append(("cuda_snapshot", snapshot_events(allocator.snapshot)))
+    stats = {}
+    for name, ev in streams:
+        ev = ev.copy()
+        ev["t_ns"] = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
+        if stats[name]["clock_offset_ns"]:
+            notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
+    return blocks, stats
+
+
+def _join_stream(blocks, accesses, ops, alloc_blocks, name):
+    seen = _first_seen(blocks, accesses, ops)
+    rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
+    alloc_t = alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=np.nan)
+    free_t = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.nan)
+    offset = estimate_offset(blocks, ops, np.nan_to_num(alloc_t, nan=0).astype(np.int64), rows)
+    if abs(offset) > 1000:
+        alloc_t, free_t = alloc_t - offset, free_t - offset
+        alloc_blocks = alloc_blocks.assign(alloc_t=pd.array(np.where(np.isnan(alloc_t), 0, alloc_t), dtype="Int64"),
+                                           free_t=pd.array(np.where(np.isnan(free_t), 0, free_t), dtype="Int64"))
+        alloc_blocks.loc[np.isnan(alloc_t), "alloc_t"] = pd.NA
+        alloc_blocks.loc[np.isnan(free_t), "free_t"] = pd.NA
+        rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
+    blocks = blocks.copy()
+    matched = rows >= 0
+    starts = ops["start_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
+    ends = ops["end_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
+    # matched: the allocator's alloc time, kept inside the allocating op; before-recording flags fixed
+    a_t = alloc_t[np.where(matched, rows, 0)] if len(alloc_t) else np.full(len(rows), np.nan)
+    seen_during = matched & ~np.isnan(a_t)
+    made = blocks["alloc_op_id"].notna().to_numpy()
+    op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=0).astype(np.int64)
+    lo = np.where(made, starts[np.clip(op, 0, len(starts) - 1)], 0)
+    hi = np.where(made, ends[np.clip(op, 0, len(ends) - 1)], np.iinfo(np.int64).max)
+    new_alloc = np.clip(np.nan_to_num(a_t, nan=0), lo, hi).astype(np.int64)
+    free_cur = blocks["free_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, np.nan_to_num(free_cur)))
+    upd = seen_during & (made | blocks["allocated_before"].to_numpy())
+    alloc_col = blocks["alloc_ns"].copy()
+    alloc_col[upd] = new_alloc[upd]
+    blocks["alloc_ns"] = alloc_col
+    fixed_before = upd & blocks["allocated_before"].to_numpy()
+    blocks.loc[fixed_before, "allocated_before"] = False
+    blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
+        blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
+    f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
+    fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
+    free_col = blocks["free_ns"].copy()
+    free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
+    blocks["free_ns"] = free_col
+    blocks.loc[matched, "source"] = "dispatch+" + name
+    extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
+    stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
+             "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
+             "clock_offset_ns": int(offset) if abs(offset) > 1000 else 0}
+    return pd.concat([blocks, extra], ignore_index=True), stats
+
+
+def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
+    """Rows for allocations no tensor showed, attributed to the op whose interval contains them."""
+    used = np.zeros(len(alloc_blocks), dtype=bool)
+    used[rows[rows >= 0]] = True
+    rest = alloc_blocks[~used & alloc_blocks["alloc_t"].notna().to_numpy()].reset_index(drop=True)
+    n = len(rest)
+    a_t = rest["alloc_t"].to_numpy(dtype=np.int64)
+    f_nan = rest["free_t"].to_numpy(dtype="float64", na_value=np.nan)
+    starts, ends = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
+    inside = (idx >= 0) & (a_t <= ends[np.clip(idx, 0, None)] if len(ops) else np.zeros(n, bool))
+    safe = np.clip(idx, 0, max(len(ops) - 1, 0))
+    a_t = np.where(inside, np.clip(a_t, starts[safe] if len(ops) else a_t, ends[safe] if len(ops) else a_t), a_t)
+    freed_inside = inside & ~np.isnan(f_nan) & (f_nan <= (ends[safe] if len(ops) else 0) + MATCH_TOLERANCE_NS)
+    f_t = np.where(np.isnan(f_nan), 0, np.maximum(np.nan_to_num(f_nan), a_t)).astype(np.int64)
+    f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
+    first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
+    out = pd.DataFrame({
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": rest["device"].to_numpy(),
+        "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
+        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": pd.array(f_t, dtype="Int64"),
+        "category": np.where(freed_inside, "temporary", "unknown"),
+        "op": np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
+        "alloc_op_id": pd.array(np.where(inside, idx, 0), dtype="Int64"),
+        "module": np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
+        "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": name,
+        "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
+                                  "seen only by the allocator"),
+    })
+    out.loc[np.isnan(f_nan), "free_ns"] = pd.NA
+    out.loc[~inside, "alloc_op_id"] = pd.NA
+    return out

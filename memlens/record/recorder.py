@@ -1,0 +1,133 @@
+"""The public recorder: ``with memlens.record(model) as rec: ...`` then ``rec.trace``.
+
+Behaviour that users can rely on:
+- Exceptions inside the block propagate unchanged; the trace of everything up to them is kept.
+- An internal failure of the recorder never reaches user code: it warns, stops recording and keeps
+  the trace so far (`trace.metadata["stop_reason"]` says why).
+- Nested recorders each record every op of their own block (the inner one's ops appear in both);
+  only the outermost one can run the allocator-level instrument, the inner ones say so in their notes.
+- Recording is per thread: a recorder sees the ops of the thread that entered it (and autograd's
+  backward, which runs on behalf of that thread). Several threads may record at the same time.
+  Frees are caught whichever thread drops the last reference.
+- Used as a decorator, each call is recorded separately; `recorder.trace` is the latest call's.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from time import perf_counter_ns, time_ns
+
+from memlens.record import hooks
+
+DEFAULT_MAX_BUFFER_BYTES = 512 << 20
+
+
+class Recorder:
+    """Records blocks, accesses and ops of the PyTorch code run inside it. See `record`."""
+
+    def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
+                 max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
+                 kernel_times: bool = True):
+        if allocator not in ("auto", True, False, "profiler", "none"):
+            raise ValueError(f"allocator must be 'auto', 'profiler', 'none', True or False, not {allocator!r}")
+        self.model = model
+        self.stacks = bool(stacks)
+        self.allocator = {"auto": "auto", True: "auto", "profiler": "auto", False: "none"}.get(allocator, allocator)
+        self.max_buffer_bytes = int(max_buffer_bytes)
+        self.module_prefix = module_prefix
+        self.kernel_times = bool(kernel_times)
+        self.trace = None
+        self._session = None
+        self._instruments = None
+        self._clock = None
+
+    @property
+    def recording(self) -> bool:
+        """True between enter and exit."""
+        return self._session is not None
+
+    # ---- context manager --------------------------------------------------------------------
+    def __enter__(self) -> "Recorder":
+        if self._session is not None:
+            raise RuntimeError("this memlens recorder is already recording; create a new one to nest")
+        from memlens.record.instruments import Instruments
+        from memlens.record.session import Session
+        self.trace = None
+        session = Session(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
+                          module_prefix=self.module_prefix)
+        nested = bool(hooks.thread_sessions())
+        self._instruments = Instruments(self.allocator, nested=nested, kernel_times=self.kernel_times)
+        self._instruments.start()
+        # wall clock <-> perf_counter at the start, to place allocator events on our clock
+        self._clock = (time_ns(), perf_counter_ns())
+        hooks.activate(session)
+        try:
+            session.start()
+        except BaseException:
+            hooks.deactivate(session)
+            self._instruments.stop()
+            raise
+        self._session = session
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        session, self._session = self._session, None
+        if session is None:
+            return False
+        try:
+            session.mark_model_gradients()
+            session.stop()
+        finally:
+            hooks.deactivate(session)
+            allocator_data = self._instruments.stop()
+        try:
+            self.trace = self._build(session, allocator_data, exc)
+        except Exception as build_error:   # never raise into user code from the recorder itself
+            warnings.warn(f"memlens: could not build the trace ({type(build_error).__name__}: {build_error})",
+                          RuntimeWarning, stacklevel=2)
+            self.trace = None
+        return False
+
+    def _build(self, session, allocator_data, exc):
+        from memlens.record.assemble import assemble_trace
+        settings = {"stacks": self.stacks, "allocator": self.allocator,
+                    "max_buffer_bytes": self.max_buffer_bytes, "module_prefix": self.module_prefix,
+                    "model": type(self.model).__name__ if self.model is not None else None}
+        return assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
+                              exception=None if exc is None else f"{type(exc).__name__}: {exc}")
+
+    # ---- decorator --------------------------------------------------------------------------
+    def __call__(self, fn):
+        """Use as ``@memlens.record(...)``: each call of `fn` is recorded; `.trace` is the last one."""
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        wrapper.recorder = self
+        return wrapper
+
+
+def record(model=None, stacks: bool = False, **options) -> Recorder:
+    """Record what PyTorch memory does inside a ``with`` block (or a decorated function).
+
+    Args:
+        model: optional `nn.Module`; its parameters and buffers are categorised from the start and its
+            submodules named ``model.<path>`` (modules met without it are named by class).
+        stacks: also record the Python stack of every op (deduplicated in the `stacks` table; slower).
+        allocator: ``"auto"`` (default) joins allocator-level events (CPU: the PyTorch profiler's
+            allocation events; CUDA: the caching allocator's memory history) so that temporaries inside
+            ops are seen; ``"none"`` records the tensor-level view only (fastest).
+        max_buffer_bytes: bound on the recorder's own event memory (default 512 MiB); recording stops
+            with a warning when reached, keeping the trace so far.
+        module_prefix: name of the root module in paths (default ``"model"``).
+        kernel_times: on CUDA, also collect kernel start/end times per op (when CUDA activity is available).
+
+    Returns a `Recorder`; after the block, ``recorder.trace`` is a `memlens.Trace` (times in ns from the
+    start of recording, sizes in bytes).
+    """
+    return Recorder(model, stacks=stacks, **options)
+
+
+def step() -> None:
+    """Mark an iteration boundary in the active recordings; a no-op when nothing is recording."""
+    hooks.step()

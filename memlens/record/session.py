@@ -1,0 +1,346 @@
+"""One recording: the dispatch-mode hot path that logs ops, accesses, allocations and frees.
+
+Tensors map to blocks through their storage: `tensor.untyped_storage()` is one Python object per
+storage (PyTorch preserves it while the storage lives), so `id(storage)` identifies the block and a
+weak reference with a callback on it fires exactly when the storage is freed, also for frees that
+run no op (``zero_grad(set_to_none=True)``, stolen gradients). Only weak references are kept: the
+recorder never extends a tensor's life. Everything is appended to compact int64 streams
+(`EventBuffers`); the builder turns them into a Trace afterwards.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from time import perf_counter_ns
+from weakref import KeyedRef
+
+import torch
+from torch._C import _current_autograd_node
+from torch._C._autograd import _get_sequence_nr
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memlens.record.buffers import EventBuffers
+from memlens.record.opinfo import METADATA, VIEW, classify
+from memlens.record.stacks import StackTable
+
+Tensor = torch.Tensor
+PHASE_OPTIMIZER = 2            # ctx bit: inside optimizer.step()
+_SEQ_CAP = (1 << 62)           # AccumulateGrad nodes carry UINT64_MAX as sequence number
+
+# category codes used in the `marks` stream (resolved by the builder)
+MARK_PARAMETER, MARK_BUFFER, MARK_OPTIMIZER_STATE, MARK_GRADIENT, MARK_INPUT = range(5)
+ITER_STEP, ITER_OPTIMIZER = 0, 1
+
+
+class _RecordingMode(TorchDispatchMode):
+    """Sees every ATen op below autograd (forward, backward, optimizer) and reports it to the session."""
+
+    def __init__(self, session: "Session"):
+        super().__init__()
+        self.session = session
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        session = self.session
+        if not session.active:
+            return func(*args, **kwargs)
+        start = perf_counter_ns()
+        out = func(*args, **kwargs)
+        end = perf_counter_ns()
+        try:
+            session.on_op(func, args, kwargs, out, start, end)
+        except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
+            session.fail(exc)
+        return out
+
+
+class Session:
+    """State of one recording (the public `Recorder` creates one per `with` block or decorated call)."""
+
+    def __init__(self, *, model=None, stacks: bool = False, max_buffer_bytes: int = 512 << 20,
+                 module_prefix: str = "model"):
+        self.buf = EventBuffers(max_buffer_bytes)
+        self.model = model
+        self.module_prefix = module_prefix
+        self.op_names: list[str] = []
+        self._op_cache: dict = {}
+        self.module_paths: list[str] = [""]
+        self._module_idx: dict[int, int] = {}
+        self._module_stack: list[tuple[int, int, object]] = []  # (id, caller ctx, module) in forward
+        self._ctx = 0                       # (module_idx << 2) | phase bits
+        self._live: dict[int, int] = {}     # id(storage) -> block_id
+        self._refs: dict[int, KeyedRef] = {}
+        self.devices: list[str] = []
+        self._device_idx: dict = {}
+        self.n_ops = 0
+        self.n_blocks = 0
+        self.active = False
+        self.stop_reason: str | None = None
+        self.thread_id = threading.get_ident()
+        self.stack_table = StackTable() if stacks else None
+        self.t_start = self.t_stop = 0
+        self.peak_buffer_bytes = 0
+        self._mode = _RecordingMode(self)
+        b = self.buf
+        self._ops_extend = b.ops.data.extend
+        self._acc_data = b.accesses.data
+        self._acc_append = b.accesses.data.append
+        self._blocks_extend = b.blocks.data.extend
+        self._frees_extend = b.frees.data.extend
+
+    # ---- start / stop -----------------------------------------------------------------------
+    def start(self) -> None:
+        """Begin recording in the calling thread (pushes the dispatch mode)."""
+        self.t_start = perf_counter_ns()
+        self.active = True
+        self._mode.__enter__()
+        if self.model is not None:
+            self._register_modules(self.model, self.module_prefix)
+
+    def stop(self) -> None:
+        """Stop recording: pop the mode and drop every weak reference (no callbacks after this)."""
+        if self.active:
+            self.t_stop = perf_counter_ns()
+        self.active = False
+        try:
+            self._mode.__exit__(None, None, None)
+        finally:
+            self._release_refs()
+
+    def _release_refs(self) -> None:
+        self.peak_buffer_bytes = max(self.peak_buffer_bytes, self.buf.nbytes)
+        if not self.t_stop:
+            self.t_stop = perf_counter_ns()
+        self._refs.clear()
+        self._live.clear()
+
+    def fail(self, exc: BaseException) -> None:
+        """An internal error: warn, stop recording, keep what was recorded so far."""
+        if self.active:
+            self.active = False
+            self.t_stop = perf_counter_ns()
+            self.stop_reason = f"internal error after {self.n_ops} ops: {type(exc).__name__}: {exc}"
+            warnings.warn(f"memlens: recording stopped ({self.stop_reason}); the trace so far is kept",
+                          RuntimeWarning, stacklevel=3)
+            self._release_refs()
+
+    def _stop_on_budget(self) -> None:
+        self.active = False
+        self.t_stop = perf_counter_ns()
+        self.stop_reason = (f"buffer budget of {self.buf.max_bytes} bytes reached after {self.n_ops} ops; "
+                            "raise max_buffer_bytes to record longer")
+        warnings.warn(f"memlens: recording stopped ({self.stop_reason}); the trace so far is kept",
+                      RuntimeWarning, stacklevel=4)
+        self._release_refs()
+
+    # ---- the hot path -----------------------------------------------------------------------
+    def on_op(self, func, args, kwargs, out, start, end) -> None:
+        """Log one ATen op: its reads, its writes, the blocks it created; called after it ran."""
+        info = self._op_cache.get(func)
+        if info is None:
+            info = self._learn_op(func)
+        name_idx, kind, pos_writes, kw_writes, write_if = info
+        op = self.n_ops
+        self.n_ops = op + 1
+        live_get = self._live.get
+        acc = self._acc_append
+        discover = self._discover
+        if kind != VIEW and kind != METADATA:
+            if pos_writes and (write_if < 0 or (len(args) > write_if and args[write_if])):
+                for a, w in zip(args, pos_writes):
+                    self._touch(a, int(w), op, start)
+            else:
+                for a in args:
+                    if isinstance(a, Tensor):
+                        st = a.untyped_storage()
+                        b = live_get(id(st))
+                        if b is None:
+                            b = discover(st, op, start, True)
+                        if b >= 0:
+                            acc(b << 1)
+                    elif type(a) is list or type(a) is tuple:
+                        self._touch(a, 0, op, start)
+            if kwargs:
+                for k, v in kwargs.items():
+                    self._touch(v, 1 if k in kw_writes else 0, op, start)
+        written = 0 if kind == VIEW else 1
+        if isinstance(out, Tensor):
+            st = out.untyped_storage()
+            b = live_get(id(st))
+            if b is None:
+                b = discover(st, op, start, kind == VIEW)
+            if b >= 0 and written:
+                acc((b << 1) | 1)
+        elif type(out) is tuple or type(out) is list:
+            for o in out:
+                if isinstance(o, Tensor):
+                    st = o.untyped_storage()
+                    b = live_get(id(st))
+                    if b is None:
+                        b = discover(st, op, start, kind == VIEW)
+                    if b >= 0 and written:
+                        acc((b << 1) | 1)
+        node = _current_autograd_node()
+        aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
+        self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        if self.stack_table is not None:
+            self.buf.op_stacks.data.append(self.stack_table.capture())
+        if not (op & 4095) and self.buf.over_budget():
+            self._stop_on_budget()
+
+    def _touch(self, value, write: int, op: int, t: int) -> None:
+        """Log an access to every tensor in `value` (a tensor or a list/tuple of them)."""
+        if isinstance(value, Tensor):
+            st = value.untyped_storage()
+            b = self._live.get(id(st))
+            if b is None:
+                b = self._discover(st, op, t, True)
+            if b >= 0:
+                self._acc_append((b << 1) | write)
+        elif type(value) is list or type(value) is tuple:
+            for x in value:
+                if isinstance(x, Tensor):
+                    self._touch(x, write, op, t)
+
+    def _learn_op(self, func):
+        info = classify(func)
+        self.op_names.append(info.name)
+        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg)
+        self._op_cache[func] = entry
+        return entry
+
+    def _discover(self, st, op: int, t: int, before: bool) -> int:
+        """A storage seen for the first time: give it a block id and watch for its free.
+
+        `before`: first seen as an input (it existed before this op, possibly before recording);
+        otherwise it is a fresh output allocated by op `op`. Returns -1 for storages with no bytes.
+        """
+        size = st.nbytes()
+        device = st.device
+        if size == 0 or device.type == "meta":
+            return -1
+        di = self._device_idx.get(device)
+        if di is None:
+            di = self._device_idx[device] = len(self.devices)
+            self.devices.append(str(device))
+        bid = self.n_blocks
+        self.n_blocks = bid + 1
+        key = id(st)
+        self._live[key] = bid
+        self._refs[bid] = KeyedRef(st, self._on_free, (bid, key))
+        self._blocks_extend((bid, di, st.data_ptr(), size, -1 if before else t, op, 1 if before else 0))
+        return bid
+
+    def _on_free(self, ref) -> None:
+        """Weak-reference callback: the storage died (runs in whichever thread dropped it)."""
+        bid, key = ref.key
+        t = perf_counter_ns()
+        self._live.pop(key, None)
+        self._refs.pop(bid, None)
+        self._frees_extend((bid, t))
+
+    # ---- categories and attribution (called from global hooks) -------------------------------
+    def mark(self, tensor, category: int, module_idx: int = 0) -> None:
+        """Record that `tensor`'s block has `category` (and, for parameters/buffers, its owning module)."""
+        if not self.active or not isinstance(tensor, Tensor):
+            return
+        try:
+            st = tensor.untyped_storage()
+            b = self._live.get(id(st))
+            if b is None:
+                b = self._discover(st, self.n_ops, perf_counter_ns(), True)
+            if b >= 0:
+                self.buf.marks.data.extend((b, category, self.n_ops, module_idx))
+        except Exception as exc:
+            self.fail(exc)
+
+    def _register_modules(self, root, prefix: str) -> None:
+        """Name every module under `root` ("model.layers.3.attn") and mark its parameters and buffers."""
+        for name, module in root.named_modules():
+            idx = self._module_idx.get(id(module))
+            if idx is None:
+                path = f"{prefix}.{name}" if name and prefix else (name or prefix)
+                self.module_paths.append(path)
+                idx = self._module_idx[id(module)] = len(self.module_paths) - 1
+            for p in module.parameters(recurse=False):
+                self.mark(p, MARK_PARAMETER, idx)
+                if p.grad is not None:
+                    self.mark(p.grad, MARK_GRADIENT, idx)
+            for b in module.buffers(recurse=False):
+                self.mark(b, MARK_BUFFER, idx)
+
+    def enter_module(self, module, args) -> None:
+        """Forward pre-hook: push the module; a root module's tensor arguments are inputs."""
+        if not self.active:
+            return
+        try:
+            idx = self._module_idx.get(id(module))
+            if idx is None:
+                idx = self._name_unknown_module(module)
+            is_root = not self._module_stack
+            self._module_stack.append((id(module), self._ctx, module))
+            self._ctx = (idx << 2) | (self._ctx & 3)
+            if is_root:
+                for a in args:
+                    self.mark(a, MARK_INPUT)
+        except Exception as exc:
+            self.fail(exc)
+
+    def exit_module(self, module) -> None:
+        """Forward post-hook (also after an exception): pop back to the caller's module."""
+        stack = self._module_stack
+        key = id(module)
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == key:
+                self._ctx = stack[i][1]
+                del stack[i:]
+                return
+
+    def _name_unknown_module(self, module) -> int:
+        """A module not under `model=`: name it inside its parent, or as a new root by class name."""
+        if self._module_stack:
+            parent_id, _, parent = self._module_stack[-1]
+            parent_path = self.module_paths[self._module_idx[parent_id]]
+            child = next((n for n, m in parent.named_children() if m is module), type(module).__name__)
+            self._register_modules(module, f"{parent_path}.{child}")
+        else:
+            self._register_modules(module, type(module).__name__)
+        return self._module_idx[id(module)]
+
+    def optimizer_pre(self, optimizer) -> None:
+        """Optimizer step begins: parameters and their gradients are known for certain here."""
+        if not self.active:
+            return
+        self._ctx |= PHASE_OPTIMIZER
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self.mark(p, MARK_PARAMETER)
+                if p.grad is not None:
+                    self.mark(p.grad, MARK_GRADIENT)
+
+    def optimizer_post(self, optimizer) -> None:
+        """Optimizer step ended: its state tensors are optimizer state; one optimizer iteration done."""
+        self._ctx &= ~PHASE_OPTIMIZER
+        if not self.active:
+            return
+        for state in list(optimizer.state.values()):
+            for value in state.values():
+                self.mark(value, MARK_OPTIMIZER_STATE)
+        self.buf.iter_marks.data.extend((self.n_ops, ITER_OPTIMIZER))
+
+    def mark_step(self) -> None:
+        """`memlens.step()`: a new iteration starts at the next op."""
+        if not self.active:
+            return
+        self.buf.iter_marks.data.extend((self.n_ops, ITER_STEP))
+        self.mark_model_gradients()
+
+    def mark_model_gradients(self) -> None:
+        """The `.grad` of every parameter of `model=` is a gradient (at a step marker and at the end)."""
+        if self.model is None or not self.active:
+            return
+        for p in self.model.parameters():
+            if p.grad is not None:
+                self.mark(p.grad, MARK_GRADIENT)
+
