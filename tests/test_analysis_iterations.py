@@ -143,7 +143,7 @@ def test_period_detection_statistics():
     assert detect_period(np.zeros(100, dtype=np.int64)) is None  # one symbol: no information
     assert detect_period(rng.integers(0, 50, 2000)) is None
     assert detect_period(np.array([1, 2, 3])) is None
-    starts = occurrences(np.tile(step, 8), anchor=40, period=40)
+    starts = occurrences(np.tile(step, 8), anchors=[40], period=40)
     assert starts.tolist() == list(range(0, 320, 40))
 
 

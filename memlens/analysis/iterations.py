@@ -25,6 +25,7 @@ import pandas as pd
 from memlens.analysis.period import detect_period, occurrences
 
 OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
+ANCHOR_WINDOWS = 8  # candidate iteration starts tried, spread evenly over the trace
 SOURCES = ("marker", "optimizer", "detected", "none")
 ITERATION_COLUMNS = ("iteration", "start_ns", "end_ns", "source")
 
@@ -127,25 +128,22 @@ def _detected(trace) -> pd.DataFrame | None:
         return None
     period = found.period
     n = len(symbols)
-    # an iteration starts at the live-bytes trough (the end of a step); look for the trough in each of the
-    # last few whole periods and keep the pattern starting there that recurs most often (a perturbed step,
-    # e.g. one extra allocation, then costs one anchor, not the split)
+    # an iteration starts at the live-bytes trough (the end of a step). Take the trough of period-long
+    # windows spread over the whole sequence as candidate starts and keep the pattern that recurs most
+    # often: a perturbed step (one extra allocation) or a phase that does not repeat (setup, evaluation)
+    # then costs one candidate, not the split
     live_before = allocs["live_before"].to_numpy(dtype=np.float64)
-    best = np.array([], dtype=np.int64)
-    for back in range(2, min(n // period, 6) + 1):
-        lo = n - back * period
-        anchor = lo + int(np.argmin(live_before[lo:lo + period]))
-        found_at = occurrences(symbols, anchor, period)
-        if len(found_at) > len(best):
-            best = found_at
-    starts_idx = best
+    window_starts = np.unique(np.linspace(0, n - period, ANCHOR_WINDOWS).astype(np.int64))
+    anchors = [int(lo) + int(np.argmin(live_before[lo:lo + period])) for lo in window_starts]
+    starts_idx = occurrences(symbols, anchors, period, cost=live_before)
     if len(starts_idx) < 2:
         return None
     _, hi = trace.time_span_ns()
     alloc_t = allocs["alloc_ns"].to_numpy()
     counts = np.diff(np.append(starts_idx, n))
     out = _frame(alloc_t[starts_idx], hi, "detected", allocations=counts.astype(np.int64))
-    out.attrs.update({"period_allocations": int(period), "period_match": found.match,
+    out.attrs.update({"period_lag": int(period), "period_allocations": int(np.median(counts[:-1])),
+                      "period_match": found.match,
                       "chance_match": found.chance, "z_score": found.z_score})
     return out
 

@@ -113,24 +113,39 @@ def _window_hashes(symbols: np.ndarray, width: int, seed: int = 1) -> np.ndarray
         return (prefix[width:width + count] - prefix[:count]) * inv_powers[:count]
 
 
-def occurrences(symbols, anchor: int, period: int) -> np.ndarray:
-    """Start positions of the iteration pattern that begins at `anchor`, one per repetition.
+def occurrences(symbols, anchors, period: int, cost=None) -> np.ndarray:
+    """Start positions of the iteration pattern, one per repetition, from the best of `anchors`.
 
-    The pattern is the shortest window starting at `anchor` (doubling from 8 symbols up to `period`) that
-    occurs at most once per period; its occurrences closer than half a period to the previous one are
-    dropped. Positions are indices into `symbols`, sorted.
+    For each anchor the pattern is the shortest window starting there (doubling from 8 symbols up to
+    `period`) that occurs at most once per period; occurrences closer than half a period to the previous
+    one are dropped. The anchor whose pattern recurs most often wins; ties go to the lowest mean `cost` at
+    the occurrences (e.g. live bytes, so that iterations start at the trough), then the first. Positions are
+    indices into `symbols`, sorted. Each width's window hashes are computed once for all anchors.
     """
     symbols = np.asarray(symbols, dtype=np.int64)
+    anchors = np.atleast_1d(np.asarray(anchors, dtype=np.int64))
     n = len(symbols)
     expected = n / period + 1
     width = min(8, period)
-    while True:
+    pending = list(dict.fromkeys(int(a) for a in anchors if 0 <= a < n))
+    best = np.array([], dtype=np.int64)
+    best_cost = np.inf
+    cost = np.zeros(n) if cost is None else np.asarray(cost, dtype=np.float64)
+    while pending:
         hashes = _window_hashes(symbols, width)
-        found = np.flatnonzero(hashes == hashes[anchor])
-        if len(found) <= expected or width >= period or anchor + 2 * width > n:
-            break
+        still = []
+        for anchor in pending:
+            if anchor >= len(hashes):
+                continue
+            found = np.flatnonzero(hashes == hashes[anchor])
+            if len(found) > expected and width < period and anchor + 2 * width <= n:
+                still.append(anchor)  # not yet specific to one place per period: widen
+                continue
+            keep = np.concatenate([[True], np.diff(found) >= max(period // 2, 1)])
+            found = found[keep]
+            found_cost = float(cost[found].mean()) if len(found) else np.inf
+            if len(found) > len(best) or (len(found) == len(best) and found_cost < best_cost):
+                best, best_cost = found, found_cost
+        pending = still
         width = min(2 * width, period)
-    if len(found) == 0:
-        return found
-    keep = np.concatenate([[True], np.diff(found) >= max(period // 2, 1)])
-    return found[keep]
+    return best

@@ -1,0 +1,114 @@
+"""What the memory consists of at its peak, per device.
+
+The peak is the max over time of the sum of live block sizes (max-live, REFERENCE.md section 2: the lower
+bound of any static plan), taken after the alloc/free event that reaches it first. The blocks live then are
+grouped by category, module and allocating op, and the largest are listed. Works on every trace (it needs
+lifetimes only, not accesses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memlens.units import format_bytes, format_ns
+
+LARGEST_COLUMNS = ("block_id", "size", "category", "op", "module", "stack_id", "alloc_ns", "free_ns")
+
+
+@dataclass
+class PeakBreakdown:
+    """The peak of one device: ``peak_bytes`` (bytes), ``peak_ns`` (trace-relative ns), ``peak_seq`` (event
+    order), ``peak_block_id`` (the allocation that reached it), ``live_blocks`` (count at the peak), the
+    live bytes grouped ``by_category`` / ``by_module`` / ``by_op`` (DataFrames with ``bytes``, ``blocks``,
+    ``share`` of the peak, largest first), the ``largest`` live blocks, and ``op_at_peak`` / ``iteration``
+    when the trace knows them."""
+
+    device: str
+    peak_bytes: int
+    peak_ns: int
+    peak_seq: int
+    peak_block_id: int | None
+    live_blocks: int
+    by_category: pd.DataFrame
+    by_module: pd.DataFrame
+    by_op: pd.DataFrame
+    largest: pd.DataFrame
+    op_at_peak: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self, top: int = 10) -> dict:
+        """JSON-ready form (groups and largest blocks cut to `top` rows)."""
+        def rows(df):
+            return df.head(top).to_dict(orient="records")
+        return {"device": self.device, "peak_bytes": self.peak_bytes, "peak_ns": self.peak_ns,
+                "peak_seq": self.peak_seq, "peak_block_id": self.peak_block_id, "live_blocks": self.live_blocks,
+                "op_at_peak": self.op_at_peak, "by_category": rows(self.by_category),
+                "by_module": rows(self.by_module), "by_op": rows(self.by_op), "largest": rows(self.largest),
+                "notes": list(self.notes)}
+
+    def describe(self) -> str:
+        """One sentence: when the peak happens and what dominates it."""
+        if self.peak_bytes <= 0:
+            return f"{self.device}: nothing is live at any time."
+        top = self.by_category.iloc[0]
+        return (f"{self.device} peaks at {format_bytes(self.peak_bytes)} at {format_ns(self.peak_ns)} with "
+                f"{self.live_blocks:,} live blocks; {top['category']} holds {format_bytes(top['bytes'])} "
+                f"({top['share']:.0%}) of it.")
+
+
+def _group(live: pd.DataFrame, key: str, peak: int) -> pd.DataFrame:
+    labels = live[key].astype(str).replace("", "(unknown)")
+    grouped = live.groupby(labels.to_numpy())["size"]
+    out = pd.DataFrame({"bytes": grouped.sum(), "blocks": grouped.size()})
+    out.index.name = key
+    out = out.sort_values(["bytes", "blocks"], ascending=False).reset_index()
+    out["share"] = out["bytes"] / peak if peak > 0 else 0.0
+    return out
+
+
+def live_at(trace, device: str, seq: int, t_ns: int) -> pd.DataFrame:
+    """Blocks of `device` live right after the event (`t_ns`, `seq`): allocated at or before it and not
+    yet freed (blocks alive before recording count from the start, those never freed until the end)."""
+    lt = trace.lifetimes(device)
+    started = (lt["start_ns"].to_numpy() < t_ns) | ((lt["start_ns"].to_numpy() == t_ns) &
+                                                     (lt["start_seq"].to_numpy() <= seq))
+    freed_known = lt["free_ns"].notna().to_numpy()
+    ended = freed_known & ((lt["end_ns"].to_numpy() < t_ns) | ((lt["end_ns"].to_numpy() == t_ns) &
+                                                              (lt["end_seq"].to_numpy() <= seq)))
+    return lt[started & ~ended]
+
+
+def peak_breakdown(trace, device: str | None = None, largest: int = 20) -> dict[str, PeakBreakdown]:
+    """{device: PeakBreakdown} for every device of `trace` (only `device` when given); see `PeakBreakdown`.
+
+    `largest` is how many of the biggest live blocks to list.
+    """
+    devices = trace.devices if device is None else [device]
+    result = {}
+    for dev in devices:
+        curve = trace.live_bytes(dev)
+        if len(curve) == 0:
+            continue
+        i = int(np.argmax(curve["live"].to_numpy()))
+        peak = int(curve["live"].iloc[i])
+        t_peak, seq_peak = int(curve["t_ns"].iloc[i]), int(curve["seq"].iloc[i])
+        live = live_at(trace, dev, seq_peak, t_peak)
+        notes = []
+        if int(live["size"].sum()) != peak:
+            notes.append(f"live blocks sum to {int(live['size'].sum())} bytes, the curve to {peak}: "
+                         "the trace's event order and timestamps disagree")
+        cols = [c for c in LARGEST_COLUMNS if c in live.columns]
+        big = live.sort_values(["size", "block_id"], ascending=[False, True])[cols].head(largest)
+        block_id = int(curve["block_id"].iloc[i]) if curve["delta"].iloc[i] > 0 else None
+        op = ""
+        if block_id is not None:
+            match = trace.blocks.loc[trace.blocks["block_id"] == block_id, "op"]
+            op = str(match.iloc[0]) if len(match) else ""
+        result[dev] = PeakBreakdown(
+            device=dev, peak_bytes=peak, peak_ns=t_peak, peak_seq=seq_peak, peak_block_id=block_id,
+            live_blocks=int(len(live)), by_category=_group(live, "category", peak),
+            by_module=_group(live, "module", peak), by_op=_group(live, "op", peak),
+            largest=big.reset_index(drop=True), op_at_peak=op, notes=notes)
+    return result
