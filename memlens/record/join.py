@@ -205,6 +205,14 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     starts, ends = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
     inside = (idx >= 0) & (a_t <= ends[np.clip(idx, 0, None)] if len(ops) else np.zeros(n, bool))
+    # made between two ops and freed inside the next one: an argument the next op's binding converted
+    # (a Python number wrapped as a tensor) before the op reached the dispatch mode
+    nxt = np.clip(idx + 1, 0, max(len(ops) - 1, 0))
+    before_next = ~inside & (idx + 1 < len(ops)) & ~np.isnan(f_nan)
+    if len(ops):
+        before_next &= (f_nan >= starts[nxt]) & (f_nan <= ends[nxt] + MATCH_TOLERANCE_NS)
+    idx = np.where(before_next, idx + 1, idx)
+    inside |= before_next
     safe = np.clip(idx, 0, max(len(ops) - 1, 0))
     a_t = np.where(inside, np.clip(a_t, starts[safe] if len(ops) else a_t, ends[safe] if len(ops) else a_t), a_t)
     freed_inside = inside & ~np.isnan(f_nan) & (f_nan <= (ends[safe] if len(ops) else 0) + MATCH_TOLERANCE_NS)

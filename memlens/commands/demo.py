@@ -1,0 +1,34 @@
+"""`memlens demo [-o DIR]`: record a small transformer trained for a few steps on CPU, save the trace
+and write the HTML report, printing where they are."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("demo", help="record a built-in small transformer training run and write its report",
+                       description="Train a small transformer LM for a few steps on CPU under memlens.record, "
+                                   "save DIR/demo.memlens and write DIR/report.html.")
+    p.add_argument("-o", "--output", default="memlens-demo", help="output directory (default: memlens-demo)")
+    p.add_argument("--steps", type=int, default=4, help="training steps to record (default 4)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memlens.demo import run_demo
+    from memlens.errors import InputError
+    from memlens.units import format_bytes, format_ns
+
+    if args.steps < 1:
+        raise InputError(f"--steps must be at least 1, not {args.steps}")
+    result = run_demo(args.output, steps=args.steps)
+    s = result["summary"]
+    print(f"recorded a small transformer LM, {args.steps} AdamW training steps on CPU: {s['blocks']:,} blocks, "
+          f"{s['accesses']:,} accesses, {s['ops']:,} ops in {format_ns(s['duration_ns'])}")
+    for dev, peak in s["peak_live_bytes"].items():
+        print(f"peak live bytes on {dev}: {format_bytes(peak)}")
+    print(f"trace:  {result['trace']}")
+    if result["report"] is not None:
+        print(f"report: {result['report']}")
+    else:
+        print(f"report: not written: {result['report_error']}")
+    print(f"next:   memlens info {result['trace']}")
+    return 0
