@@ -91,11 +91,11 @@ class BandwidthModel:
         return replace(self, latency_ns=float(latency_ns), h2d_latency_ns=None, d2h_latency_ns=None)
 
     def describe(self) -> str:
-        """One line for people, e.g. 'pcie4_x16: out 25.0 GB/s + 10.0 us, in 25.0 GB/s + 10.0 us'."""
+        """One phrase for people, e.g. 'pcie4_x16 (out 25.0 GB/s + 10.0 us, in 25.0 GB/s + 10.0 us)'."""
         def rate(bps):
             return "inf" if math.isinf(bps) else f"{bps / 1e9:.1f} GB/s"
-        return (f"{self.name}: out {rate(self.d2h_bytes_per_s)} + {format_ns(self.out_latency_ns)}, "
-                f"in {rate(self.h2d_bytes_per_s)} + {format_ns(self.in_latency_ns)}")
+        return (f"{self.name} (out {rate(self.d2h_bytes_per_s)} + {format_ns(self.out_latency_ns)}, "
+                f"in {rate(self.h2d_bytes_per_s)} + {format_ns(self.in_latency_ns)})")
 
     def to_dict(self) -> dict:
         """JSON-ready description (bytes per second and ns)."""

@@ -52,10 +52,13 @@ class PeakBreakdown:
         """One sentence: when the peak happens and what dominates it."""
         if self.peak_bytes <= 0:
             return f"{self.device}: nothing is live at any time."
-        top = self.by_category.iloc[0]
-        return (f"{self.device} peaks at {format_bytes(self.peak_bytes)} at {format_ns(self.peak_ns)} with "
-                f"{self.live_blocks:,} live blocks; {top['category']} holds {format_bytes(top['bytes'])} "
-                f"({top['share']:.0%}) of it.")
+        head = (f"{self.device} peaks at {format_bytes(self.peak_bytes)} at {format_ns(self.peak_ns)} with "
+                f"{self.live_blocks:,} live blocks")
+        known = self.by_category[self.by_category["category"] != "unknown"]
+        if len(known) == 0:
+            return head + " (the source does not say what the blocks hold)."
+        top = known.iloc[0]
+        return head + f"; {top['category']} holds {format_bytes(top['bytes'])} ({top['share']:.0%}) of it."
 
 
 def _group(live: pd.DataFrame, key: str, peak: int) -> pd.DataFrame:

@@ -1,0 +1,83 @@
+"""`memlens outliers TRACE [--bandwidth 25GB/s] [--top N] [--json]`: the blocks idle longest, and what of
+that idle time a host link could reclaim by swapping."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("outliers", help="blocks ranked by idle memory, with what swapping could reclaim",
+                       description="Rank blocks by size x longest idle interval (or Zhang et al.'s DOA/AOA/WDOA) "
+                                   "and show which idle intervals are long enough to swap over the given link. "
+                                   "Needs a trace with accesses (recorded by memlens).")
+    p.add_argument("trace", help="a .memlens directory or any importable file")
+    p.add_argument("--bandwidth", default="pcie4",
+                   help="host link: a rate for both directions (25GB/s), OUT,IN rates (13.2GB/s,12.2GB/s) or a "
+                        "preset (pcie3, pcie4, pcie5, zhang, nvlink2, nvlink_c2c, inf); default pcie4 (25 GB/s)")
+    p.add_argument("--latency-us", type=float, default=None,
+                   help="fixed cost of one transfer in microseconds (default: the preset's, or 10)")
+    p.add_argument("--top", type=int, default=20, help="how many blocks to list (default 20)")
+    p.add_argument("--priority", choices=["size_x_idle", "doa", "aoa", "wdoa"], default="size_x_idle",
+                   help="ranking (default size_x_idle; doa/aoa/wdoa consider blocks >= 1 MiB idle across the peak)")
+    p.add_argument("--device", help="only blocks of this device")
+    p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
+    p.set_defaults(func=run)
+
+
+JSON_COLUMNS = ("block_id", "device", "size", "max_idle_ns", "max_idle_start_ns", "max_idle_end_ns",
+                "max_idle_kind", "idle_fraction", "accesses", "swappable_intervals", "swappable_bytes_ns",
+                "crosses_peak", "doa_ns", "aoa", "wdoa_ns", "score", "category", "op", "module", "stack_id")
+
+
+def _plain(value):
+    """numpy/pandas scalars -> JSON-ready Python values (NaN/NA -> None)."""
+    import math
+
+    import pandas as pd
+    if value is None or value is pd.NA:
+        return None
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def run(args) -> int:
+    from memlens.analysis.ati import access_intervals
+    from memlens.analysis.bandwidth import BandwidthModel
+    from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
+    from memlens.cli import print_json
+    from memlens.errors import InputError, NeedsAccessesError
+    from memlens.io import load
+    from memlens.units import format_bytes, format_ns
+
+    if args.top is not None and args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    latency = None if args.latency_us is None else args.latency_us * 1e3
+    bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
+    trace = load(args.trace)
+    try:
+        iv = access_intervals(trace, device=args.device)
+    except NeedsAccessesError as exc:
+        raise NeedsAccessesError(exc.message, args.trace) from None
+    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv)
+    if args.json:
+        cols = [c for c in JSON_COLUMNS if c in ranked.columns]
+        print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
+        return 0
+    summary = filter_summary(bandwidth_filter(iv, bw))
+    print(f"link: {bw.describe()}")
+    if summary["intervals"]:
+        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "
+              f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
+              f"idle byte-time")
+    if len(ranked) == 0:
+        print("no blocks qualify" + (" (doa/aoa/wdoa need blocks >= 1 MiB idle across the peak)"
+                                     if args.priority != "size_x_idle" else ""))
+        return 0
+    print(f"{'block':>8} {'size':>11} {'max idle':>11} {'kind':<17} {'swappable':>12} {'category':<16} op / module")
+    for row in ranked.itertuples(index=False):
+        where = " ".join(x for x in (str(row.op or ""), str(row.module or "")) if x)
+        print(f"{row.block_id:>8} {format_bytes(row.size):>11} {format_ns(row.max_idle_ns):>11} "
+              f"{row.max_idle_kind:<17} {format_bytes(row.swappable_bytes_ns / 1e9) + '*s':>12} "
+              f"{str(row.category or 'unknown'):<16} {where}")
+    return 0
