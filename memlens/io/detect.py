@@ -17,16 +17,20 @@ IMPORTERS = {
 }
 
 _SNIFF_BYTES = 4096
+# Kineto traces may open with a long "metadata" object before "traceEvents"; look this far for it
+_DEEP_SNIFF_BYTES = 16 << 20
+_KINETO_KEYS = (b'"traceEvents"', b'"ph"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"',
+                b'"baseTimeNanoseconds"')
 
 
-def _head(path: Path) -> bytes:
-    """The first bytes of the file, decompressed when it is gzip."""
+def _head(path: Path, nbytes: int = _SNIFF_BYTES) -> bytes:
+    """The first `nbytes` of the file, decompressed when it is gzip."""
     with open(path, "rb") as f:
-        raw = f.read(_SNIFF_BYTES)
+        raw = f.read(nbytes)
     if raw[:2] == b"\x1f\x8b":
         try:
             with gzip.open(path, "rb") as g:
-                return g.read(_SNIFF_BYTES)
+                return g.read(nbytes)
         except (OSError, EOFError) as exc:
             raise InputError(f"gzip file is corrupt or truncated ({exc})", path) from None
     return raw
@@ -54,8 +58,10 @@ def detect_format(path) -> str:
         return "cuda_snapshot"
     text = head.lstrip(b"\xef\xbb\xbf").lstrip()
     if text[:1] == b"{":
-        if b"traceEvents" in head or b'"ph"' in head or b"schemaVersion" in head \
-                or b"deviceProperties" in head or b"distributedInfo" in head:
+        if any(key in head for key in _KINETO_KEYS):
+            return "kineto"
+        deeper = _head(path, _DEEP_SNIFF_BYTES) if len(head) == _SNIFF_BYTES else head
+        if any(key in deeper for key in _KINETO_KEYS[:2]):
             return "kineto"
         raise InputError("JSON object is neither a Kineto/Chrome trace nor a memlens manifest", path)
     if text[:1] == b"[":

@@ -1,0 +1,46 @@
+"""Attribute instants to the innermost enclosing interval on the same thread, vectorised.
+
+Ops recorded on one thread nest properly. With half-open intervals ``[start, end)`` the number of ops open
+at time t is D(t) = #(start <= t) - #(end <= t), and the innermost open op is the latest-starting op whose
+nesting depth is D(t) - 1 (ops at one depth never overlap, so the latest one started before t at that depth
+is the open one). Depths come from the same two counts at each op's start, with ops ordered by
+(start, longest first) so that a child sharing its parent's start sits one level deeper.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def innermost_enclosing(op_thread: np.ndarray, op_start: np.ndarray, op_end: np.ndarray,
+                        q_thread: np.ndarray, q_time: np.ndarray) -> np.ndarray:
+    """Index (into the op arrays) of the innermost op containing each query on the same thread, or -1.
+
+    Threads are integer codes; times are int64 ns. Zero-length ops are widened to 1 ns.
+    """
+    result = np.full(len(q_time), -1, dtype=np.int64)
+    if len(op_start) == 0 or len(q_time) == 0:
+        return result
+    op_end = np.maximum(op_end, op_start + 1)
+    for thread in np.intersect1d(np.unique(op_thread), np.unique(q_thread)):
+        ops = np.flatnonzero(op_thread == thread)
+        ops = ops[np.lexsort((-op_end[ops], op_start[ops]))]
+        starts, ends = op_start[ops], op_end[ops]
+        ends_sorted = np.sort(ends)
+        depth = np.arange(len(ops)) - np.searchsorted(ends_sorted, starts, side="right")
+        span = int(max(ends.max(), q_time.max()) - min(starts.min(), q_time.min())) + 2
+        base = int(min(starts.min(), q_time.min()))
+        keys = depth.astype(np.int64) * span + (starts - base)
+        by_key = np.argsort(keys, kind="stable")
+        keys_sorted = keys[by_key]
+
+        queries = np.flatnonzero(q_thread == thread)
+        t = q_time[queries]
+        open_now = np.searchsorted(starts, t, side="right") - np.searchsorted(ends_sorted, t, side="right")
+        target = open_now - 1
+        pos = np.searchsorted(keys_sorted, target.astype(np.int64) * span + (t - base), side="right") - 1
+        found = (target >= 0) & (pos >= 0)
+        cand = by_key[pos.clip(0)]
+        found &= depth[cand] == target
+        found &= (starts[cand] <= t) & (t < ends[cand])
+        result[queries[found]] = ops[cand[found]]
+    return result

@@ -1,0 +1,78 @@
+"""The ops of a Kineto/Chrome trace: ``cpu_op`` events (``Operator`` in 2021 traces), with the module and
+profiler step around each one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from memlens.errors import InputError
+from memlens.io.kineto_attrib import innermost_enclosing
+
+OP_CATEGORIES = ("cpu_op", "Operator", "operator")
+_MODULE_PREFIX = "nn.Module: "
+_STEP_PREFIX = "ProfilerStep#"
+
+
+@dataclass
+class OpTable:
+    """Ops as arrays (times in the trace's microseconds) until the trace start is known."""
+
+    names: list[str]
+    thread: list[str]          # "pid/tid"
+    start_us: np.ndarray
+    end_us: np.ndarray
+    external_id: np.ndarray    # -1 when absent
+    modules: list[str]
+    iteration: np.ndarray      # -1 when the op lies in no ProfilerStep#N
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def table(self, start_ns: np.ndarray, end_ns: np.ndarray, thread_code: np.ndarray) -> pd.DataFrame:
+        """The `ops` table with ns times relative to the trace start."""
+        return pd.DataFrame({
+            "op_id": np.arange(len(self), dtype=np.int64), "name": self.names,
+            "start_ns": start_ns, "end_ns": np.maximum(end_ns, start_ns), "module": self.modules,
+            "iteration": pd.arrays.IntegerArray(self.iteration.clip(0), self.iteration < 0),
+            "thread": self.thread,
+            "external_id": pd.arrays.IntegerArray(self.external_id.clip(0), self.external_id < 0),
+        })
+
+
+def _spans(events: list, keep) -> tuple[list[dict], np.ndarray, np.ndarray, list[str]]:
+    chosen = [e for e in events if type(e) is dict and e.get("ph") == "X" and keep(e)]
+    start = np.array([e["ts"] for e in chosen], dtype=np.float64)
+    end = start + np.array([e.get("dur", 0) or 0 for e in chosen], dtype=np.float64)
+    thread = [f"{e.get('pid')}/{e.get('tid')}" for e in chosen]
+    return chosen, start, end, thread
+
+
+def read_ops(events: list, where) -> OpTable:
+    """Ops, modules and profiler steps of the trace's complete ("X") events."""
+    try:
+        ops, start, end, thread = _spans(events, lambda e: e.get("cat") in OP_CATEGORIES)
+        names = [str(e.get("name", "")) for e in ops]
+        ext = np.array([(e.get("args") or {}).get("External id", -1) for e in ops], dtype=np.int64)
+        mods, m_start, m_end, m_thread = _spans(
+            events, lambda e: str(e.get("name", "")).startswith(_MODULE_PREFIX))
+        steps, s_start, s_end, _ = _spans(events, lambda e: str(e.get("name", "")).startswith(_STEP_PREFIX))
+        step_numbers = np.array([int(str(e["name"])[len(_STEP_PREFIX):] or -1) for e in steps], dtype=np.int64)
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise InputError(f"malformed trace event ({type(exc).__name__}: {str(exc)[:120]})", where) from None
+
+    modules = [""] * len(ops)
+    if mods and ops:
+        codes, _ = pd.factorize(pd.Series(m_thread + thread, dtype=object))
+        ns = lambda a: np.rint(a * 1000 - start.min() * 1000).astype(np.int64)  # noqa: E731
+        inner = innermost_enclosing(codes[:len(mods)], ns(m_start), ns(m_end), codes[len(mods):], ns(start))
+        mod_names = [str(m["name"])[len(_MODULE_PREFIX):] for m in mods]
+        modules = [mod_names[i] if i >= 0 else "" for i in inner]
+    iteration = np.full(len(ops), -1, dtype=np.int64)
+    if steps and ops:
+        order = np.argsort(s_start)
+        pos = np.searchsorted(s_start[order], start, side="right") - 1
+        inside = (pos >= 0) & (start <= s_end[order][pos.clip(0)])
+        iteration[inside] = step_numbers[order][pos[inside]]
+    return OpTable(names, thread, start, end, ext, modules, iteration)
