@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+import pandas as pd
+
 from memlens.record.build import build_accesses, build_blocks, build_ops
 from memlens.record.instruments import AllocatorData
 from memlens.record.session import Session
@@ -54,6 +56,8 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         },
         "join": stats,
     }
+    if allocator.kernels is not None and len(allocator.kernels):
+        ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
     extra = {}
     if session.stack_table is not None:
         extra["stacks"] = session.stack_table.to_frame()
@@ -62,3 +66,16 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         extra.update(snapshot_segments(allocator.snapshot))
     trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
     return trace
+
+
+def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: int) -> pd.DataFrame:
+    """Add kernel_start_ns / kernel_end_ns (CUDA kernel times of each op's launches) to the ops table."""
+    from memlens.record.cuda import kernel_times_per_op
+    k = pd.DataFrame({"launch_ns": kernels["launch_unix_ns"] + to_trace_ns,
+                      "start_ns": kernels["start_unix_ns"] + to_trace_ns,
+                      "end_ns": kernels["end_unix_ns"] + to_trace_ns})
+    per_op = kernel_times_per_op(k, ops)
+    out = ops.merge(per_op, on="op_id", how="left")
+    for col in ("kernel_start_ns", "kernel_end_ns", "kernels"):
+        out[col] = out[col].astype("Int64")
+    return out

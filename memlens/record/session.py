@@ -81,6 +81,7 @@ class Session:
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
         self.peak_buffer_bytes = 0
+        self._next_budget_check = 0
         self._mode = _RecordingMode(self)
         b = self.buf
         self._ops_extend = b.ops.data.extend
@@ -124,6 +125,15 @@ class Session:
             warnings.warn(f"memlens: recording stopped ({self.stop_reason}); the trace so far is kept",
                           RuntimeWarning, stacklevel=3)
             self._release_refs()
+
+    def _check_budget(self, op: int) -> None:
+        """Stop when over budget; else schedule the next check assuming <= 1 KiB of events per op, so
+        the budget is overshot by at most what the ops since the last check really used."""
+        used = self.buf.nbytes
+        if used > self.buf.max_bytes:
+            self._stop_on_budget()
+        else:
+            self._next_budget_check = op + max(1, (self.buf.max_bytes - used) // 1024)
 
     def _stop_on_budget(self) -> None:
         self.active = False
@@ -186,8 +196,8 @@ class Session:
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
         if self.stack_table is not None:
             self.buf.op_stacks.data.append(self.stack_table.capture())
-        if not (op & 4095) and self.buf.over_budget():
-            self._stop_on_budget()
+        if op >= self._next_budget_check:
+            self._check_budget(op)
 
     def _touch(self, value, write: int, op: int, t: int) -> None:
         """Log an access to every tensor in `value` (a tensor or a list/tuple of them)."""

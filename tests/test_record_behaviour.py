@@ -1,0 +1,196 @@
+"""Defined behaviour of the recorder around the edges: exceptions, internal failures, the memory
+budget, nesting, threads, the decorator, step markers, stacks and the `memlens record` command."""
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import memlens  # noqa: E402
+from memlens.cli import main  # noqa: E402
+
+
+def test_exception_inside_block_keeps_partial_trace():
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(KeyError):
+        with memlens.record(model, allocator="none") as rec:
+            model(torch.randn(2, 4))
+            raise KeyError("boom")
+    trace = rec.trace
+    assert trace is not None and "aten::addmm" in set(trace.ops["name"])
+    assert "KeyError" in trace.metadata["exception"]
+    assert any("raised KeyError" in n for n in trace.metadata["notes"])
+
+
+def test_internal_failure_warns_stops_and_keeps_trace(monkeypatch):
+    from memlens.record import session as session_mod
+    real = session_mod.classify
+
+    def broken(func):
+        if func._schema.name == "aten::relu":
+            raise RuntimeError("simulated recorder bug")
+        return real(func)
+
+    monkeypatch.setattr(session_mod, "classify", broken)
+    x = torch.randn(8)
+    with pytest.warns(RuntimeWarning, match="recording stopped"):
+        with memlens.record(allocator="none") as rec:
+            y = x * 2
+            z = y.relu()          # the recorder fails here; the user's op still runs and returns
+            w = z + 1
+    assert torch.equal(w, (x * 2).relu() + 1)
+    trace = rec.trace
+    assert list(trace.ops["name"]) == ["aten::mul"]
+    assert "simulated recorder bug" in trace.metadata["stop_reason"]
+
+
+def test_buffer_budget_stops_recording_with_bounded_memory():
+    x = torch.ones(4)
+    with pytest.warns(RuntimeWarning, match="budget"):
+        with memlens.record(allocator="none", max_buffer_bytes=64 * 1024) as rec:
+            for _ in range(6000):
+                x = x + 1
+    trace = rec.trace
+    assert float(x[0]) == 6001.0
+    assert 100 < len(trace.ops) < 6000
+    over = trace.metadata["recorder_overhead"]
+    assert 64 * 1024 < over["peak_event_buffer_bytes"] <= 64 * 1024 + 1024
+    assert "budget" in trace.metadata["stop_reason"]
+
+
+def test_nested_recorders_both_record():
+    a = torch.randn(8)
+    with memlens.record() as outer:
+        b = a * 2
+        with memlens.record() as inner:
+            c = b + 1
+        d = c - 1
+    assert list(inner.trace.ops["name"]) == ["aten::add"]
+    assert list(outer.trace.ops["name"]) == ["aten::mul", "aten::add", "aten::sub"]
+    assert any("outer memlens recorder" in n for n in inner.trace.metadata["notes"])
+    assert d.shape == (8,)
+    rec = memlens.record(allocator="none")
+    with rec:
+        with pytest.raises(RuntimeError, match="already recording"):
+            rec.__enter__()
+
+
+def test_threads_record_their_own_ops_and_frees_from_other_threads():
+    results, errors = {}, []
+    barrier = threading.Barrier(2)
+
+    def worker(name, op):
+        try:
+            x = torch.randn(64)
+            with memlens.record(allocator="none") as rec:
+                barrier.wait()
+                for _ in range(50):
+                    x = op(x)
+                barrier.wait()
+            results[name] = rec.trace
+        except Exception as exc:  # surfaced by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=("mul", lambda t: t * 1.0)),
+               threading.Thread(target=worker, args=("add", lambda t: t + 1.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert set(results["mul"].ops["name"]) == {"aten::mul"}
+    assert set(results["add"].ops["name"]) == {"aten::add"}
+    # a tensor made while recording and dropped in another thread: the free is still seen
+    holder = {}
+    with memlens.record(allocator="none") as rec:
+        holder["t"] = torch.randn(256) * 3
+        ptr = holder["t"].data_ptr()
+        t = threading.Thread(target=holder.clear)
+        t.start()
+        t.join()
+    b = rec.trace.blocks
+    assert b.loc[b["addr"] == ptr, "free_ns"].notna().all()
+
+
+def test_step_is_noop_outside_recording_and_numbers_iterations():
+    memlens.step()  # nothing recording: no error, no effect
+    x = torch.ones(3)
+    with memlens.record(allocator="none") as rec:
+        for _ in range(3):
+            x = x * 2
+            memlens.step()
+    it = rec.trace.ops["iteration"].tolist()
+    assert it == [0, 1, 2]
+    assert rec.trace.metadata["iteration_source"] == "memlens.step"
+
+
+def test_decorator_records_each_call():
+    @memlens.record(allocator="none")
+    def work(n):
+        return (torch.ones(n) * 2).sum()
+
+    assert float(work(4)) == 8.0
+    first = work.recorder.trace
+    work(5)
+    second = work.recorder.trace
+    assert first is not second
+    assert list(second.ops["name"]) == ["aten::ones", "aten::mul", "aten::sum"]
+    assert 20 in set(second.blocks["size"])
+
+
+def test_stacks_are_deduplicated_user_frames():
+    def inner_fn(t):
+        return t * 3
+
+    with memlens.record(stacks=True, allocator="none") as rec:
+        x = torch.ones(4)
+        for _ in range(3):
+            inner_fn(x)
+    trace = rec.trace
+    stacks = trace.stacks
+    assert stacks is not None and len(stacks)
+    assert not stacks["filename"].str.contains("/torch/").any()
+    muls = trace.ops[trace.ops["name"] == "aten::mul"]
+    assert muls["stack_id"].nunique() == 1          # three calls from one line: one stack
+    sid = int(muls["stack_id"].iloc[0])
+    top = stacks[(stacks["stack_id"] == sid) & (stacks["depth"] == 0)].iloc[0]
+    assert top["name"] == "inner_fn" and top["filename"] == __file__
+
+
+SCRIPT = """
+import sys, torch, memlens
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step(); opt.zero_grad()
+    memlens.step()
+print("args", sys.argv[1:])
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_cli_record_runs_script_and_saves_trace(tmp_path, capsys):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "run.memlens"
+    code = main(["record", "-o", str(out), "--allocator", "none", "--", "python", str(script), "0"])
+    assert code == 0
+    assert "args ['0']" in capsys.readouterr().out
+    trace = memlens.load(out)
+    assert set(trace.ops["iteration"].dropna()) == {0, 1}
+    assert (trace.ops["phase"] == "optimizer").any()
+    # the script's exit status is ours, and the trace is saved anyway
+    out2 = tmp_path / "run2.memlens"
+    assert main(["record", "-o", str(out2), "--allocator", "none", "--", sys.executable, str(script), "3"]) == 3
+    assert memlens.load(out2).summary()["ops"] > 0
+    # an existing output without --force, or a missing script: one-line error, exit 2
+    assert main(["record", "-o", str(out), "--", "python", str(script), "0"]) == 2
+    assert main(["record", "-o", str(tmp_path / "x.memlens"), "--", "python", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert "already exists" in err and "no such script" in err
