@@ -1,0 +1,64 @@
+"""`memlens simulate TRACE [--allocator ...] [--conf ...] [--capacity 80GB] [--json]`: what an allocator
+(PyTorch's caching allocator under given settings, or a baseline) would reserve for the trace's requests."""
+from __future__ import annotations
+
+ALLOCATOR_CHOICES = ("caching", "malloc", "bestfit", "bump")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "simulate", help="replay a trace through an allocator model (what-if settings)",
+        description="Replay the trace's allocations through PyTorch's CUDACachingAllocator policy (or a "
+                    "baseline) and print peak reserved/allocated bytes, segment reservations and OOMs.")
+    p.add_argument("trace", help="a .memlens directory or any importable file (CUDA snapshot, ...)")
+    p.add_argument("--allocator", choices=ALLOCATOR_CHOICES, default="caching",
+                   help="allocator model (default: caching)")
+    p.add_argument("--conf", default=None,
+                   help="PYTORCH_CUDA_ALLOC_CONF string, e.g. 'expandable_segments:True' "
+                        "(default: the settings recorded in the trace)")
+    p.add_argument("--capacity", default=None, help="device memory the allocator may use, e.g. 80GB")
+    p.add_argument("--device", default=None, help="only this device (e.g. cuda:0)")
+    p.add_argument("--initial-state", choices=("auto", "warm", "empty"), default="auto",
+                   help="start from the state rebuilt from the recording (warm) or empty (default: auto)")
+    p.add_argument("--json", action="store_true", help="print one JSON object: device -> results")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from memlens.cli import print_json
+    from memlens.io import load
+    from memlens.simulate import simulate
+    from memlens.units import format_bytes
+
+    trace = load(args.trace)
+    result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
+                      device=args.device, initial_state=args.initial_state)
+    if args.json:
+        print_json(result.to_json())
+        return 0
+    conf = result.conf or "(defaults)" if args.allocator == "caching" else "-"
+    print(f"trace:      {args.trace}")
+    print(f"allocator:  {args.allocator}  conf: {conf}"
+          + (f"  capacity: {format_bytes(result.capacity)}" if result.capacity else ""))
+    for dev, r in result.devices.items():
+        sizes = r.segment_allocs
+        print(f"{dev}: ({r.initial_state} start, {len(r.timeline) - 1:,} requests)")
+        print(f"  peak reserved:   {format_bytes(r.peak_reserved)} ({r.peak_reserved:,} bytes)")
+        print(f"  peak allocated:  {format_bytes(r.peak_allocated)} ({r.peak_allocated:,} bytes)")
+        print(f"  final reserved:  {format_bytes(r.final_reserved)}")
+        print(f"  peak reserved - allocated: {format_bytes(r.peak_fragmentation)}")
+        print(f"  segment allocs:  {len(sizes):,} ({format_bytes(sum(sizes))}); frees: {len(r.segment_frees):,}")
+        if r.recorded is not None:
+            rec = r.recorded
+            diff = r.peak_reserved - rec["peak_reserved"]
+            print(f"  recorded peak reserved: {format_bytes(rec['peak_reserved'])} "
+                  f"(simulated {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}), "
+                  f"{len(rec['segment_allocs']):,} recorded segment allocs")
+        for oom in r.ooms[:5]:
+            print(f"  OOM at seq {oom['seq']}: {format_bytes(oom['requested'])} requested with "
+                  f"{format_bytes(oom['reserved'])} reserved, {format_bytes(oom['allocated'])} allocated")
+        if len(r.ooms) > 5:
+            print(f"  ... {len(r.ooms) - 5} more OOMs")
+        for note in r.notes:
+            print(f"  note: {note}")
+    return 0

@@ -1,0 +1,241 @@
+"""Turn a `memlens.Trace` into what an allocator replay needs, per device: the request stream, the state
+the allocator was in when recording began, and what the recording says the real allocator did.
+
+Request stream. A snapshot import has ``events``: its ``alloc`` rows are requests (size = the caller's
+bytes; the replay rounds them), ``free_requested`` / ``free_completed`` rows drop and return blocks
+(different rows when ``record_stream`` deferred the return, otherwise merged into one immediate free), and a
+run of ``segment_free`` / ``segment_unmap`` rows that no ``segment_alloc`` / ``segment_map`` follows is an
+``empty_cache()`` call, replayed at the same point. (Runs followed by a new reservation are the allocator's
+own OOM-retry or GC releases: the replay makes its own.) Other traces give requests from ``blocks``:
+``alloc_seq`` / ``free_seq``, size = requested bytes, ``stream``.
+
+Initial state. When recording began warm, the segments reserved at the start are the final ``segments``
+walked backwards through the recorded segment events, and the blocks live at the start are those freed
+without an alloc in the trace plus those live at the end that the trace never allocated, at their recorded
+addresses. A live block's allocator size is the final state's when known, else its rounded request plus
+any gap of at most 1 MiB up to the next known block start (a large-pool block keeps a remainder that small
+rather than splitting it off, so such a gap cannot be a block of its own).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memlens.simulate.config import K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, round_size
+
+ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = 0, 1, 2, 3, 4
+_RESERVE = ("segment_alloc", "segment_map")
+_RELEASE = ("segment_free", "segment_unmap")
+
+
+@dataclass
+class Recorded:
+    """What the recording says the real allocator reserved on one device (bytes)."""
+
+    initial_reserved: int
+    final_reserved: int
+    peak_reserved: int
+    segment_allocs: list[int]  # sizes of segment_alloc / segment_map events, in order
+    segment_alloc_seqs: list[int]
+    segment_frees: list[int]
+
+
+@dataclass
+class InitialSegment:
+    addr: int
+    size: int
+    is_small: bool
+    stream: int
+    live: list[tuple[int, int, int, int, bool]] = field(default_factory=list)  # (id, addr, size, req, pending)
+
+
+@dataclass
+class DeviceRequests:
+    """Everything a replay of one device needs; arrays are aligned, one row per request."""
+
+    device: str
+    kind: np.ndarray
+    block_id: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    t_ns: np.ndarray
+    seq: np.ndarray
+    live_at_start: pd.DataFrame  # block_id, addr, size (requested), block_size, stream, pending
+    warm_segments: list[InitialSegment]
+    address_hints: dict[int, list[int]]
+    recorded: Recorded | None
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+def _int_col(df: pd.DataFrame, col: str, fill: int) -> np.ndarray:
+    if col not in df.columns:
+        return np.full(len(df), fill, dtype=np.int64)
+    return pd.array(df[col], dtype="Int64").to_numpy(dtype=np.int64, na_value=fill)
+
+
+def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """(kind, block_id, size, stream, t_ns, seq) from one device's event rows, in order."""
+    action = ev["action"].to_numpy(dtype=object)
+    block = _int_col(ev, "block_id", -1)
+    n = len(ev)
+    kind = np.full(n, -1, dtype=np.int8)
+    kind[action == "alloc"] = ALLOC
+    kind[action == "free_requested"] = FREE_REQUESTED
+    kind[action == "free_completed"] = FREE_COMPLETED
+    # a completion right after its own request is an ordinary free: one step instead of two
+    if n > 1:
+        pair = (kind[:-1] == FREE_REQUESTED) & (kind[1:] == FREE_COMPLETED) & (block[:-1] == block[1:])
+        kind[:-1][pair] = FREE
+        kind[1:][pair] = -1
+    # empty_cache: a run of releases not followed by a new reservation
+    release = np.isin(action, _RELEASE)
+    if release.any():
+        starts = np.flatnonzero(release & ~np.concatenate([[False], release[:-1]]))
+        ends = np.flatnonzero(release & ~np.concatenate([release[1:], [False]])) + 1  # one past each run
+        for s, e in zip(starts, ends):
+            following = action[e] if e < n else None
+            if following not in _RESERVE and following != "oom":
+                kind[s] = EMPTY_CACHE
+    keep = kind >= 0
+    return (kind[keep], block[keep], ev["size"].to_numpy(dtype=np.int64)[keep],
+            ev["stream"].to_numpy(dtype=np.int64)[keep], ev["t_ns"].to_numpy(dtype=np.int64)[keep],
+            ev["seq"].to_numpy(dtype=np.int64)[keep])
+
+
+def _requests_from_blocks(b: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """Requests from block lifetimes (alloc at alloc_seq, immediate free at free_seq)."""
+    a_seq = _int_col(b, "alloc_seq", -1)
+    f_seq = _int_col(b, "free_seq", -1)
+    a_t = _int_col(b, "alloc_ns", 0)
+    f_t = _int_col(b, "free_ns", 0)
+    has_alloc = a_seq >= 0
+    has_free = f_seq >= 0
+    bid = b["block_id"].to_numpy(dtype=np.int64)
+    size = b["size"].to_numpy(dtype=np.int64)
+    stream = b["stream"].to_numpy(dtype=np.int64)
+    kind = np.concatenate([np.full(has_alloc.sum(), ALLOC, np.int8), np.full(has_free.sum(), FREE, np.int8)])
+    seq = np.concatenate([a_seq[has_alloc], f_seq[has_free]])
+    order = np.lexsort((-kind, seq))  # at an equal seq, the free goes first (half-open lifetimes)
+    cat = lambda x: np.concatenate([x[has_alloc], x[has_free]])[order]  # noqa: E731
+    return (kind[order], cat(bid), cat(size), cat(stream),
+            np.concatenate([a_t[has_alloc], f_t[has_free]])[order], seq[order])
+
+
+def _recorded(ev: pd.DataFrame, segs: pd.DataFrame | None) -> Recorded | None:
+    """Reserved bytes over the recording: final segments minus the net of the segment events."""
+    if segs is None:
+        return None
+    final = int(segs["total_size"].sum())
+    action = ev["action"].to_numpy(dtype=object)
+    size = ev["size"].to_numpy(dtype=np.int64)
+    delta = np.where(np.isin(action, _RESERVE), size, np.where(np.isin(action, _RELEASE), -size, 0))
+    running = np.cumsum(delta)
+    initial = final - (int(running[-1]) if len(running) else 0)
+    peak = initial + max(0, int(running.max()) if len(running) else 0)
+    allocs = np.isin(action, _RESERVE)
+    return Recorded(initial, final, peak, size[allocs].tolist(), ev["seq"].to_numpy()[allocs].tolist(),
+                    size[np.isin(action, _RELEASE)].tolist())
+
+
+def _initial_segments(ev: pd.DataFrame, segs: pd.DataFrame) -> dict[int, InitialSegment]:
+    """Segments reserved when recording began: final ones, with the segment events undone in reverse."""
+    current = {int(r.addr): InitialSegment(int(r.addr), int(r.total_size), r.pool == "small", int(r.stream))
+               for r in segs.itertuples(index=False) if not r.is_expandable}
+    seg_ev = ev[ev["action"].isin(["segment_alloc", "segment_free"])]
+    for r in seg_ev.iloc[::-1].itertuples(index=False):
+        if r.action == "segment_alloc":
+            current.pop(int(r.addr), None)
+        else:
+            size = int(r.size)
+            current[int(r.addr)] = InitialSegment(int(r.addr), size, size == K_SMALL_BUFFER, int(r.stream))
+    return current
+
+
+def _live_at_start(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Blocks the allocator held when recording began."""
+    b = blocks[blocks["allocated_before"].to_numpy(dtype=bool)]
+    has_req = "free_requested_seq" in b.columns
+    pending = (b["free_requested_seq"].isna() & b["free_seq"].notna()).to_numpy(dtype=bool) if has_req \
+        else np.zeros(len(b), dtype=bool)
+    out = pd.DataFrame({
+        "block_id": b["block_id"].to_numpy(dtype=np.int64),
+        "addr": _int_col(b, "addr", -1),
+        "size": b["size"].to_numpy(dtype=np.int64),
+        "block_size": _int_col(b, "block_size", 0),
+        "stream": b["stream"].to_numpy(dtype=np.int64),
+        "pending": pending,
+    })
+    return out.sort_values(["addr", "block_id"], kind="stable").reset_index(drop=True)
+
+
+def _place_live_blocks(segments: dict[int, InitialSegment], live: pd.DataFrame, boundaries: np.ndarray,
+                       config: AllocatorConfig, notes: list[str]) -> None:
+    """Put each block live at the start into the initial segment that contains its address."""
+    if not segments or not len(live):
+        return
+    starts = np.array(sorted(segments), dtype=np.int64)
+    bounds = np.unique(np.concatenate([boundaries, live["addr"].to_numpy(),
+                                       starts + np.array([segments[s].size for s in starts])]))
+    lost = 0
+    for r in live.itertuples(index=False):
+        i = int(np.searchsorted(starts, r.addr, side="right")) - 1
+        seg = segments[int(starts[i])] if i >= 0 else None
+        if seg is None or r.addr < 0 or r.addr >= seg.addr + seg.size:
+            lost += 1
+            continue
+        size = int(r.block_size) if r.block_size > 0 else round_size(int(r.size), config)
+        if r.block_size <= 0 and not seg.is_small and not config.expandable_segments:
+            j = int(np.searchsorted(bounds, r.addr + size, side="left"))
+            nxt = min(int(bounds[j]) if j < len(bounds) else seg.addr + seg.size, seg.addr + seg.size)
+            if 0 < nxt - (r.addr + size) <= K_SMALL_SIZE:
+                size = nxt - int(r.addr)
+        size = min(size, seg.addr + seg.size - int(r.addr))
+        seg.live.append((int(r.block_id), int(r.addr), size, int(r.size), bool(r.pending)))
+    for seg in segments.values():  # a block overlapping the next one (a bad estimate) is cut short
+        seg.live.sort(key=lambda x: x[1])
+        for k in range(len(seg.live) - 1):
+            bid, addr, size, req, pend = seg.live[k]
+            if addr + size > seg.live[k + 1][1]:
+                seg.live[k] = (bid, addr, seg.live[k + 1][1] - addr, req, pend)
+    if lost:
+        notes.append(f"{lost} block(s) live at the start lie outside every initial segment; left out")
+
+
+def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceRequests:
+    """Build the replay input of `device` (see the module docstring); `config` rounds estimated sizes."""
+    ev_all = trace.events
+    blocks = trace.blocks[trace.blocks["device"] == device]
+    segs = None
+    if trace.segments is not None and len(trace.segments):
+        segs = trace.segments[trace.segments["device"] == device]
+    notes: list[str] = []
+    has_events = ev_all is not None and len(ev_all) and (ev_all["device"] == device).any()
+    if has_events:
+        ev = ev_all[ev_all["device"] == device].sort_values("seq", kind="stable")
+        kind, bid, size, stream, t_ns, seq = _requests_from_events(ev)
+    else:
+        ev = pd.DataFrame({"seq": [], "t_ns": [], "action": [], "addr": [], "size": [], "stream": []})
+        kind, bid, size, stream, t_ns, seq = _requests_from_blocks(blocks)
+    live = _live_at_start(blocks)
+    recorded = _recorded(ev, segs) if segs is not None else None
+    warm: list[InitialSegment] = []
+    if segs is not None:
+        if segs["is_expandable"].any():
+            notes.append("expandable segments in the recording: the warm start rebuilds ordinary segments "
+                         "only; expandable ones start empty")
+        segments = _initial_segments(ev, segs)
+        alloc_addrs = ev.loc[ev["action"] == "alloc", "addr"].dropna().to_numpy(dtype=np.int64) \
+            if len(ev) else np.empty(0, np.int64)
+        _place_live_blocks(segments, live, alloc_addrs, config, notes)
+        warm = [segments[a] for a in sorted(segments)]
+    hints: dict[int, list[int]] = {}
+    if len(ev):
+        sa = ev[ev["action"] == "segment_alloc"]
+        for s, a in zip(sa["size"].to_numpy(dtype=np.int64), sa["addr"].to_numpy(dtype=np.int64)):
+            hints.setdefault(int(s), []).append(int(a))
+    return DeviceRequests(device, kind, bid, size, stream, t_ns, seq, live, warm, hints, recorded, notes)
