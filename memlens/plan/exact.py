@@ -1,0 +1,272 @@
+"""Exact static planning by depth-first search over canonical solutions (after MiniMalloc, Moffitt 2023).
+
+The search answers "do all buffers fit under `capacity` bytes?" and builds solutions bottom-up:
+
+- canonical solutions only: every buffer sits at its *minimum offset* (the highest top of the placed
+  buffers it conflicts with), and buffers are placed in non-decreasing offset order; ties are broken by a
+  static preorder, so each canonical solution is reached once;
+- dominance: a buffer is never placed at or above the top of another unplaced buffer (that one could go
+  underneath first, so the gap would be wasted);
+- section inference: the time axis is cut into sections at every start/end; in each section, the floor
+  (highest placed top, or the lowest minimum offset of its unplaced buffers) plus the unplaced bytes must
+  fit under the capacity;
+- hatless pruning: when the buffer just placed conflicts with no unplaced buffer, no sibling choice can do
+  better, so a failure below it fails the node;
+- temporal decomposition: when no unplaced buffer spans a section boundary, the two sides are solved
+  independently.
+
+Preorders are tried round-robin with a doubling node budget, as MiniMalloc does. Implemented from the
+paper's description; the state updates are vectorised with numpy over sections and conflict lists.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from memlens.plan.problem import PlanProblem
+
+FOUND, INFEASIBLE, ABORTED, TIMEOUT = "found", "infeasible", "aborted", "timeout"
+_INF = np.iinfo(np.int64).max // 4
+
+
+@dataclass
+class ExactResult:
+    """Outcome of one decision search: `status` is found / infeasible / timeout; `offsets` when found."""
+
+    status: str
+    offsets: np.ndarray | None
+    nodes: int
+    seconds: float
+
+
+class _Timeout(Exception):
+    pass
+
+
+class _NodeLimit(Exception):
+    pass
+
+
+class _Search:
+    """The state of one decision search; see the module docstring for the rules."""
+
+    def __init__(self, problem: PlanProblem, capacity: int, deadline: float):
+        self.p = problem
+        self.capacity = int(capacity)
+        self.deadline = deadline
+        act = problem.active
+        self.buffers = np.flatnonzero(act)
+        times = np.unique(np.concatenate([problem.start[act], problem.end[act]]))
+        self.sec_lo = np.searchsorted(times, problem.start)
+        self.sec_hi = np.searchsorted(times, problem.end)
+        n_sec = max(len(times) - 1, 0)
+        self.size = problem.size
+        self.align = problem.alignment
+        total = np.zeros(n_sec + 1, np.int64)
+        np.add.at(total, self.sec_lo[act], problem.size[act])
+        np.add.at(total, self.sec_hi[act], -problem.size[act])
+        self.total = np.cumsum(total)[:n_sec]
+        self.floor = np.zeros(n_sec, np.int64)
+        cuts = np.zeros(n_sec + 1, np.int64)
+        np.add.at(cuts, self.sec_lo[act] + 1, 1)
+        np.add.at(cuts, self.sec_hi[act], -1)
+        self.cuts = np.cumsum(cuts)[:n_sec]  # cuts[k]: buffers spanning the boundary before section k
+        self.indptr, self.indices = problem.conflicts()
+        self.min_off = np.zeros(problem.n, np.int64)
+        self.left_min = np.where(act, 0, _INF)  # min offset of each unplaced buffer, _INF once placed
+        self.off = np.full(problem.n, -1, np.int64)
+        self.solution = np.zeros(problem.n, np.int64)
+        # membership of buffers in sections, for the unallocated-floor bound (dense when small enough)
+        self.members = None
+        if n_sec * problem.n <= 4_000_000:
+            ks = np.arange(n_sec)[:, None]
+            self.members = (ks >= self.sec_lo[None, :]) & (ks < self.sec_hi[None, :]) & act[None, :]
+        self.nodes = 0
+        self.node_budget = _INF
+        self.keys: dict[str, np.ndarray] = {}
+        self._initial = (self.total.copy(), self.cuts.copy())
+
+    def reset(self) -> None:
+        """Back to the empty assignment (an aborted search leaves its state half-updated)."""
+        self.total, self.cuts = self._initial[0].copy(), self._initial[1].copy()
+        self.floor[:] = 0
+        self.min_off[:] = 0
+        self.left_min = np.where(self.p.active, 0, _INF)
+        self.off[:] = -1
+        self.nodes = 0
+
+    def solve_all(self, heuristic: str) -> bool:
+        """Solve every initially independent time partition; True when all fit."""
+        n_sec = len(self.floor)
+        zero = (np.flatnonzero(self.cuts[1:] == 0) + 1).tolist()
+        bounds = [0] + zero + [n_sec]
+        for a, c in zip(bounds[:-1], bounds[1:]):
+            b = self.buffers
+            part = b[(self.sec_lo[b] < c) & (self.sec_hi[b] > a)]
+            if len(part) and not self.solve_partition(part, a, c, heuristic):
+                return False
+        return True
+
+    # ---- preorders ------------------------------------------------------------------------------
+    def preorder(self, buffers: np.ndarray, heuristic: str) -> np.ndarray:
+        """`buffers` sorted by a MiniMalloc-style key string: W width (sections), A area, T section total."""
+        p = self.p
+        if "T" not in self.keys:
+            sec_total = self.total
+            # largest section total over each buffer's span (sparse table range max)
+            table = [sec_total]
+            span = 1
+            while 2 * span <= len(sec_total):
+                table.append(np.maximum(table[-1][:-span], table[-1][span:]))
+                span *= 2
+            lo, hi = self.sec_lo, np.maximum(self.sec_hi - 1, self.sec_lo)
+            lv = np.floor(np.log2(np.maximum(hi - lo + 1, 1))).astype(np.int64)
+            tmax = np.zeros(p.n, np.int64)
+            for level in np.unique(lv[self.buffers]):
+                sel = (lv == level) & p.active
+                tmax[sel] = np.maximum(table[level][lo[sel]], table[level][hi[sel] - (1 << level) + 1])
+            self.keys["T"] = tmax
+            self.keys["W"] = (self.sec_hi - self.sec_lo).astype(np.int64)
+            self.keys["A"] = p.size * (p.end - p.start)
+            self.keys["Z"] = p.size
+        cols = [-self.keys[c][buffers] for c in reversed(heuristic)]
+        return buffers[np.lexsort([buffers] + cols)]
+
+    # ---- search -----------------------------------------------------------------------------------
+    def solve_partition(self, buffers: np.ndarray, sec_a: int, sec_b: int, heuristic: str) -> bool:
+        order = self.preorder(buffers, heuristic)
+        rank = np.empty(self.p.n, np.int64)
+        rank[order] = np.arange(len(order))
+        return self._dfs(order, rank, sec_a, sec_b, 0, -1, heuristic)
+
+    def _check(self, a: int, b: int, offset: int) -> bool:
+        return bool((np.maximum(self.floor[a:b], offset) + self.total[a:b]).max(initial=0) <= self.capacity)
+
+    def _dfs(self, order, rank, sec_a, sec_b, last_off, last_rank, heuristic) -> bool:
+        self.nodes += 1
+        if self.nodes > self.node_budget:
+            raise _NodeLimit
+        if (self.nodes & 255) == 0 and time.perf_counter() > self.deadline:
+            raise _Timeout
+        left = order[self.off[order] < 0]
+        if len(left) == 0:
+            self.solution[order] = self.off[order]
+            return True
+        mo = self.min_off[left]
+        srt = np.lexsort((rank[left], mo))
+        left, mo = left[srt], mo[srt]
+        min_height = int((mo + self.size[left]).min())
+        for b, o in zip(left.tolist(), mo.tolist()):
+            if o >= min_height:
+                break  # dominance: sorted by offset, so every later candidate leaves a gap too
+            if o < last_off or (o == last_off and rank[b] < last_rank):
+                continue  # not canonical
+            found, hatless = self._try(b, o, order, rank, sec_a, sec_b, heuristic)
+            if found:
+                return True
+            if hatless:
+                return False
+        return False
+
+    def _try(self, b, o, order, rank, sec_a, sec_b, heuristic) -> tuple[bool, bool]:
+        z = int(self.size[b])
+        top = o + z
+        lo, hi = int(self.sec_lo[b]), int(self.sec_hi[b])
+        self.off[b] = o
+        nb = self.indices[self.indptr[b]:self.indptr[b + 1]]
+        nb = nb[self.off[nb] < 0]
+        hatless = len(nb) == 0
+        old_min = self.min_off[nb]
+        a = self.align[nb]
+        raised = np.maximum(old_min, -(-top // a) * a)
+        self.min_off[nb] = raised
+        old_floor = self.floor[lo:hi].copy()
+        self.floor[lo:hi] = top
+        self.total[lo:hi] -= z
+        left_min = self.left_min
+        old_left_b = left_min[b]
+        left_min[b] = _INF
+        left_min[nb] = raised
+        saved = []
+        changed = nb[raised > old_min]
+        if self.members is not None and len(changed):
+            # sections outside b's span whose unplaced buffers all sit higher now get a higher floor
+            for ra, rb in ((int(self.sec_lo[changed].min()), lo), (hi, int(self.sec_hi[changed].max()))):
+                if ra >= rb:
+                    continue
+                sec_min = np.where(self.members[ra:rb], left_min, _INF).min(axis=1)
+                sec_min[sec_min == _INF] = 0
+                seg = self.floor[ra:rb]
+                saved.append((ra, rb, seg.copy()))
+                np.maximum(seg, sec_min, out=seg)
+        found = False
+        if self._check(sec_a, sec_b, o):
+            found = self._descend(b, lo, hi, order, rank, sec_a, sec_b, o, heuristic)
+        for ra, rb, seg in reversed(saved):
+            self.floor[ra:rb] = seg
+        self.floor[lo:hi] = old_floor
+        left_min[nb] = old_min
+        left_min[b] = old_left_b
+        self.total[lo:hi] += z
+        self.min_off[nb] = old_min
+        self.off[b] = -1
+        return found, hatless
+
+    def _descend(self, b, lo, hi, order, rank, sec_a, sec_b, o, heuristic) -> bool:
+        """Recurse after placing b, splitting into independent partitions where no cut remains."""
+        self.cuts[lo + 1:hi] -= 1
+        try:
+            zero = np.flatnonzero(self.cuts[lo + 1:hi] == 0) + lo + 1
+            if len(zero) == 0:
+                return self._dfs(order, rank, sec_a, sec_b, o, int(rank[b]), heuristic)
+            bounds = [sec_a] + zero.tolist() + [sec_b]
+            left = order[self.off[order] < 0]
+            for a, c in zip(bounds[:-1], bounds[1:]):
+                part = left[(self.sec_lo[left] < c) & (self.sec_hi[left] > a)]
+                if len(part) and not self.solve_partition(part, a, c, heuristic):
+                    return False
+            self.solution[order] = np.where(self.off[order] >= 0, self.off[order], self.solution[order])
+            return True
+        finally:
+            self.cuts[lo + 1:hi] += 1
+
+
+PREORDERS = ("WAT", "TAW", "TWA")
+
+
+def solve_exact(problem: PlanProblem, capacity: int, time_limit_s: float = 10.0,
+                preorders: tuple[str, ...] = PREORDERS) -> ExactResult:
+    """Decide whether every buffer fits below `capacity` bytes; return offsets when it does.
+
+    `status` is "found", "infeasible" (proven: no plan fits) or "timeout".
+    """
+    t0 = time.perf_counter()
+    search = _Search(problem, capacity, t0 + time_limit_s)
+    n_sec = len(search.floor)
+    if problem.n == 0 or len(search.buffers) == 0:
+        return ExactResult(FOUND, np.zeros(problem.n, np.int64), 0, 0.0)
+    if (search.total > capacity).any() or (problem.size > capacity).any():
+        return ExactResult(INFEASIBLE, None, 0, time.perf_counter() - t0)
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 20 * problem.n + 1000))
+    budget = max(problem.n, 64)
+    try:
+        while True:
+            budget *= 2
+            for heuristic in preorders:
+                search.reset()
+                search.node_budget = budget
+                try:
+                    ok = search.solve_all(heuristic)
+                except _NodeLimit:
+                    continue
+                status = FOUND if ok else INFEASIBLE
+                return ExactResult(status, search.solution.copy() if ok else None, search.nodes,
+                                   time.perf_counter() - t0)
+    except _Timeout:
+        return ExactResult(TIMEOUT, None, search.nodes, time.perf_counter() - t0)
+    finally:
+        sys.setrecursionlimit(old_limit)

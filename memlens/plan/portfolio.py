@@ -1,0 +1,153 @@
+"""`memlens.plan.plan`: the best static offset plan found within a time limit, validated.
+
+Stages, each keeping the best plan so far:
+1. every published heuristic (greedy by size best/first gap, by lifetime, area, breadth, conflicts,
+   online best-fit in time order, Zhang's cross-iteration-first when it applies);
+2. the exact canonical search (`exact.py`) asked for a plan at max-live, then — when that is not found —
+   a bisection of the capacity between the proven lower bound and the best height: each "found" lowers
+   the best height, each "infeasible" raises the proven lower bound (so `optimal` can be proven above
+   max-live too);
+3. the local search (`improve.py`) on the best heuristic order with the time left.
+Problems above `EXACT_MAX_BUFFERS` skip stage 2.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memlens.plan import exact
+from memlens.plan.heuristics import HEURISTICS, heuristic_names, order_by, plan_height, run_heuristic
+from memlens.plan.improve import improve
+from memlens.plan.problem import PlanProblem, as_problem
+from memlens.plan.validate import validate_plan
+
+EXACT_MAX_BUFFERS = 5000
+
+
+@dataclass
+class PlanResult:
+    """A validated static plan.
+
+    `offsets`: one row per buffer (id, lower, upper, size, offset and attribution columns when the source
+    has them); `height` (bytes): the arena size the plan needs; `lower_bound` (bytes): max-live, or higher
+    when the exact search proved that no plan fits below it; `ratio` = height / max-live; `algorithm`:
+    the method that produced the plan; `optimal`: height proven minimal; `seconds`: wall time.
+    """
+
+    offsets: pd.DataFrame
+    height: int
+    lower_bound: int
+    max_live: int
+    algorithm: str
+    optimal: bool
+    seconds: float
+    device: str | None = None
+    heuristics: dict[str, int] = field(default_factory=dict)
+    problem: PlanProblem | None = field(default=None, repr=False)
+
+    @property
+    def ratio(self) -> float:
+        """Plan height over max-live (1.0 = at the lower bound)."""
+        return self.height / self.max_live if self.max_live else 1.0
+
+    @property
+    def best_heuristic(self) -> tuple[str, int]:
+        """(name, height in bytes) of the best single published heuristic."""
+        name = min(self.heuristics, key=lambda k: (self.heuristics[k], k))
+        return name, self.heuristics[name]
+
+    def summary(self) -> dict:
+        """The JSON-able facts of the plan (no per-buffer table)."""
+        name, h = self.best_heuristic if self.heuristics else ("", self.height)
+        return {"buffers": int(len(self.offsets)), "device": self.device, "lower_bound": int(self.lower_bound),
+                "max_live": int(self.max_live), "height": int(self.height), "ratio": round(self.ratio, 6),
+                "algorithm": self.algorithm, "optimal": bool(self.optimal), "seconds": round(self.seconds, 4),
+                "best_heuristic": name, "best_heuristic_height": int(h),
+                "heuristics": {k: int(v) for k, v in self.heuristics.items()}}
+
+    def to_csv(self, path) -> None:
+        """Write the plan in MiniMalloc's format: ``id,lower,upper,size,offset``."""
+        self.offsets[["id", "lower", "upper", "size", "offset"]].to_csv(path, index=False)
+
+
+class _Best:
+    def __init__(self, problem: PlanProblem):
+        self.problem = problem
+        self.offsets: np.ndarray | None = None
+        self.height = np.iinfo(np.int64).max
+        self.algorithm = ""
+
+    def offer(self, offsets: np.ndarray, algorithm: str) -> int:
+        height = plan_height(self.problem, offsets)
+        if height < self.height:
+            self.offsets, self.height, self.algorithm = offsets, height, algorithm
+        return height
+
+
+def _exact_stage(problem: PlanProblem, best: _Best, lower: int, deadline: float) -> int:
+    """Capacity search with the exact solver until `deadline`; returns the proven lower bound (bytes).
+
+    Half the time goes to max-live itself (the optimum of most real and benchmark instances); then the
+    capacity is bisected between the smallest value not yet tried and the best height minus one.
+    """
+    res = exact.solve_exact(problem, lower, time_limit_s=0.5 * max(deadline - time.perf_counter(), 0))
+    if res.status == exact.FOUND:
+        best.offer(res.offsets, "exact_search")
+        return lower
+    if res.status == exact.INFEASIBLE:
+        lower += 1
+    try_from = lower  # capacities below this were proven infeasible or timed out
+    while try_from < best.height:
+        left = deadline - time.perf_counter()
+        if left <= 0.02:
+            break
+        target = (try_from + best.height - 1) // 2
+        res = exact.solve_exact(problem, target, time_limit_s=max(left / 3, min(left, 0.5)))
+        if res.status == exact.FOUND:
+            best.offer(res.offsets, "exact_search")
+        elif res.status == exact.INFEASIBLE:
+            lower = try_from = target + 1
+        else:
+            try_from = target + 1
+    return lower
+
+
+def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int | None = None,
+         device: str | None = None, exact_search: bool = True) -> PlanResult:
+    """Plan static offsets for a Trace, a buffer DataFrame/CSV path or a PlanProblem.
+
+    `time_limit_s` bounds the search after the heuristics (which always run); `alignment` (bytes) applies
+    to every offset; `iteration` plans one iteration of a trace with iteration marks; `device` picks the
+    device of a multi-device trace (default: the one with the largest peak). The result is validated.
+    """
+    t0 = time.perf_counter()
+    problem = as_problem(source, device=device, iteration=iteration, alignment=alignment)
+    max_live = problem.max_live()
+    best = _Best(problem)
+    scores: dict[str, int] = {}
+    for name in heuristic_names(problem):
+        scores[name] = best.offer(run_heuristic(problem, name), name)
+    # an empty-lifetime buffer conflicts with nothing but still needs its bytes
+    lower = max(max_live, int(problem.size.max(initial=0)))
+    deadline = t0 + time_limit_s
+    if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and time_limit_s > 0:
+        lower = _exact_stage(problem, best, lower, t0 + 0.6 * time_limit_s)
+    if best.height > lower and time.perf_counter() < deadline:
+        key = {"greedy_size_best_fit": "size", "online_best_fit": "online", "greedy_area_best_fit": "area",
+               "greedy_breadth_best_fit": "breadth", "greedy_size_first_fit": "size",
+               "greedy_lifetime_best_fit": "lifetime", "greedy_conflicts_best_fit": "conflicts"}
+        name = min(scores, key=lambda k: (scores[k], k))
+        fit = dict((h[0], h[2]) for h in HEURISTICS).get(name, "best")
+        res = improve(problem, order_by(problem, key.get(name, "size")), fit,
+                      time_limit_s=deadline - time.perf_counter(), target=lower)
+        best.offer(res.offsets, f"local_search({name})")
+    validate_plan(problem, best.offsets)
+    table = problem.table.copy()
+    table["offset"] = best.offsets
+    return PlanResult(offsets=table, height=int(best.height), lower_bound=int(lower), max_live=int(max_live),
+                      algorithm=best.algorithm, optimal=bool(best.height <= lower),
+                      seconds=time.perf_counter() - t0, device=problem.device, heuristics=scores,
+                      problem=problem)
