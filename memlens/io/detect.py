@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import zlib
 from pathlib import Path
 
 from memlens.errors import InputError
@@ -31,7 +32,7 @@ def _head(path: Path, nbytes: int = _SNIFF_BYTES) -> bytes:
         try:
             with gzip.open(path, "rb") as g:
                 return g.read(nbytes)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise InputError(f"gzip file is corrupt or truncated ({exc})", path) from None
     return raw
 
