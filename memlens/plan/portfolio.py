@@ -56,7 +56,7 @@ class PlanResult:
     @property
     def best_heuristic(self) -> tuple[str, int]:
         """(name, height in bytes) of the best single published heuristic."""
-        name = min(self.heuristics, key=lambda k: (self.heuristics[k], k))
+        name = min(self.heuristics, key=self.heuristics.__getitem__)  # first listed on ties
         return name, self.heuristics[name]
 
     def summary(self) -> dict:
