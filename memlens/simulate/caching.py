@@ -270,12 +270,12 @@ class CachingAllocator:
         i = pool.index_at_least(target)
         if i < len(pool.keys):
             block = pool.at(i)
-            if block.is_split or block.expandable is not None:
-                return False
-            self._release_block(block)
-            return True
+            if block.expandable is None and not block.is_split:
+                self._release_block(block)
+                return True
+        # no single cached block is large enough: release oversize blocks, largest first
         released = 0
-        i -= 1  # the largest block on this stream; walk down while blocks are oversize
+        i -= 1
         while released < target and i >= 0:
             block = pool.at(i)
             if block.size < max_split:
@@ -312,6 +312,27 @@ class CachingAllocator:
                 total_age -= clock - block.gc_base
                 count -= 1
                 self._release_block(block)
+
+    # ---- state -----------------------------------------------------------------------------------
+    def blocks_table(self) -> list[dict]:
+        """Every block of every segment, in address order: segment_addr, addr, size, requested, state
+        ("allocated", "pending_free", "inactive" or "unmapped"), pool ("small"/"large"), stream, expandable.
+        The same picture as a snapshot's ``segments[*].blocks``."""
+        every = list(self.live.values())
+        every += [b for pool in self.pools.values() for b in pool.blocks.values()]
+        every += [b for pool in self.unmapped.values() for b in pool.blocks.values()]
+        rows = []
+        for block in sorted(every, key=lambda b: b.addr):
+            head = block
+            while head.prev is not None and (head.prev.mapped or head.expandable is None):
+                head = head.prev
+            state = "allocated" if block.allocated else "pending_free" if block.pending else \
+                "inactive" if block.mapped else "unmapped"
+            rows.append({"segment_addr": head.addr, "addr": block.addr, "size": block.size,
+                         "requested": block.requested if block.allocated or block.pending else 0,
+                         "state": state, "pool": "small" if block.is_small else "large",
+                         "stream": block.stream, "expandable": block.expandable is not None})
+        return rows
 
     # ---- state built from a recording -----------------------------------------------------------
     def add_segment(self, addr: int, size: int, is_small: bool, stream: int,

@@ -91,8 +91,8 @@ def _parse_divisions(tokens: list[str], i: int, where: str) -> tuple[tuple[int, 
         value = _int(tokens[i + 2], "roundup_power2_divisions", where)
         if value != 0 and not _is_power_of_two(value):
             raise InputError(f"{where}: roundup_power2_divisions values must be 0 or a power of two")
-        if key == ">":
-            table[last_index:] = [value] * (N_DIVISION_INTERVALS - last_index)
+        if key == ">":  # every interval above the last one named (torch >= 2.6; older ones included it)
+            table[last_index + 1:] = [value] * (N_DIVISION_INTERVALS - last_index - 1)
         else:
             start_mb = _int(key, "roundup_power2_divisions interval", where)
             if not _is_power_of_two(start_mb):

@@ -47,10 +47,12 @@ def _parse_capacity(capacity) -> int | None:
     return value
 
 
-def _run(alloc, req: DeviceRequests) -> tuple[list[int], list[int], list[int]]:
-    """The replay loop: one step per request; returns reserved / allocated / inactive-split after each."""
-    reserved, allocated, inactive = [], [], []
-    res_add, all_add, ina_add = reserved.append, allocated.append, inactive.append
+def _run(alloc, req: DeviceRequests) -> tuple[list[int], ...]:
+    """The replay loop: one step per request; returns reserved / allocated / inactive-split bytes after
+    each, and the address each request got (-1: not an allocation, or an OOM)."""
+    reserved, allocated, inactive, addrs = [], [], [], []
+    res_add, all_add, ina_add, addr_add = reserved.append, allocated.append, inactive.append, addrs.append
+    returns_block = isinstance(alloc, CachingAllocator)
     malloc, free, free_req, free_done = alloc.malloc, alloc.free, alloc.free_requested, alloc.free_completed
     for kind, block_id, size, stream, t_ns, seq in zip(req.kind.tolist(), req.block_id.tolist(),
                                                        req.size.tolist(), req.stream.tolist(),
@@ -58,19 +60,22 @@ def _run(alloc, req: DeviceRequests) -> tuple[list[int], list[int], list[int]]:
         alloc.seq = seq
         alloc.t_ns = t_ns
         if kind == ALLOC:
-            malloc(block_id, size, stream)
-        elif kind == FREE:
-            free(block_id)
-        elif kind == FREE_REQUESTED:
-            free_req(block_id)
-        elif kind == FREE_COMPLETED:
-            free_done(block_id)
-        elif kind == EMPTY_CACHE:
-            alloc.empty_cache()
+            got = malloc(block_id, size, stream)
+            addr_add(-1 if got is None else (got.addr if returns_block else got))
+        else:
+            if kind == FREE:
+                free(block_id)
+            elif kind == FREE_REQUESTED:
+                free_req(block_id)
+            elif kind == FREE_COMPLETED:
+                free_done(block_id)
+            elif kind == EMPTY_CACHE:
+                alloc.empty_cache()
+            addr_add(-1)
         res_add(alloc.reserved)
         all_add(alloc.allocated)
         ina_add(alloc.inactive_split)
-    return reserved, allocated, inactive
+    return reserved, allocated, inactive, addrs
 
 
 def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig, capacity: int | None,
@@ -95,13 +100,14 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
             notes.append(f"started empty: {len(req.live_at_start)} block(s) live before recording were "
                          "allocated first")
     start = (alloc.reserved, alloc.allocated, alloc.inactive_split)
-    reserved, allocated, inactive = _run(alloc, req)
+    reserved, allocated, inactive, addrs = _run(alloc, req)
     timeline = pd.DataFrame({
         "t_ns": np.concatenate([[first_t], req.t_ns]).astype(np.int64),
         "seq": np.concatenate([[-1], req.seq]).astype(np.int64),
         "reserved": np.array([start[0]] + reserved, dtype=np.int64),
         "allocated": np.array([start[1]] + allocated, dtype=np.int64),
         "inactive_split_bytes": np.array([start[2]] + inactive, dtype=np.int64),
+        "addr": np.array([-1] + addrs, dtype=np.int64),
     })
     timeline["fragmentation"] = timeline["reserved"] - timeline["allocated"]
     seg_ev = pd.DataFrame(alloc.segment_events, columns=["seq", "t_ns", "action", "addr", "size"])
@@ -111,8 +117,9 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
         recorded = {"initial_reserved": r.initial_reserved, "peak_reserved": r.peak_reserved,
                     "final_reserved": r.final_reserved, "segment_allocs": r.segment_allocs}
     conf = config.to_conf_string() if allocator == "caching" else ""
+    final = pd.DataFrame(alloc.blocks_table()) if isinstance(alloc, CachingAllocator) else None
     return DeviceResult(req.device, allocator, conf, timeline, seg_ev, alloc.ooms,
-                        "warm" if warm else "empty", recorded, notes)
+                        "warm" if warm else "empty", recorded, notes, final)
 
 
 def simulate(trace, allocator: str = "caching", conf: str | Mapping[str, Any] | AllocatorConfig | None = None,

@@ -15,7 +15,8 @@ class DeviceResult:
 
     ``timeline`` has one row for the start state (``seq`` -1) and one per replayed request: ``t_ns``,
     ``seq``, ``reserved``, ``allocated``, ``inactive_split_bytes`` (cached bytes in split segments, the
-    fragmentation torch reports) and ``fragmentation`` (reserved - allocated).
+    fragmentation torch reports), ``addr`` (the simulated address an allocation got; -1 for other
+    requests and OOMs) and ``fragmentation`` (reserved - allocated).
     """
 
     device: str
@@ -27,6 +28,7 @@ class DeviceResult:
     initial_state: str  # "warm" (rebuilt from the recording) or "empty"
     recorded: dict | None = None  # what the recording says (initial/peak/final reserved, segment sizes)
     notes: list[str] = field(default_factory=list)
+    final_blocks: pd.DataFrame | None = None  # caching allocator: every block at the end (blocks_table)
 
     @property
     def peak_reserved(self) -> int:
