@@ -1,0 +1,337 @@
+"""The explorer widget: linked views of one trace (plotly FigureWidget + ipywidgets).
+
+Every control changes an immutable `ExplorerState`; `Explorer.refresh` recomputes the screen-sized figure
+data for that state (`memlens.widgets.timeline`) and the ATI panel, so zooming the timeline (a relayout
+event), filtering, picking an iteration or recolouring updates everything together. The handlers are public
+methods (`update`, `zoom`, `click`, `select_iteration`, `run_whatif`) so tests drive the widget without a
+browser; the browser only adds the plotly events that call them.
+"""
+from __future__ import annotations
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+
+from memlens.errors import InputError
+from memlens.trace import CATEGORIES
+from memlens.units import format_bytes, format_ns, parse_bytes
+from memlens.viz.labels import safe
+from memlens.widgets.details import block_details, details_html, hit_test, live_at, live_html
+from memlens.widgets.geometry import block_geometry
+from memlens.widgets.state import AXES, COLOUR_BY, VIEWS, ExplorerState, colour_groups, iteration_window, \
+    selection_mask
+from memlens.widgets.timeline import PLOT_HEIGHT_PX, PLOT_WIDTH_PX, AccessMarks, blocks_view, stacked_view
+
+MARGIN = dict(l=70, r=20, t=50, b=45)
+
+
+def _default_device(trace) -> str:
+    peaks = trace.peak_live_bytes()
+    return max(peaks, key=lambda d: (peaks[d], d)) if peaks else "cpu"
+
+
+class Explorer(W.VBox):
+    """Interactive view of a Trace; see the module docstring. Build with `memlens.widgets.explore`."""
+
+    def __init__(self, trace, device: str | None = None):
+        self.trace = trace
+        self._geometry, self._marks, self._intervals = {}, {}, {}
+        self._iterations = None
+        self._busy = False
+        self.selected_block: int | None = None
+        self.state = ExplorerState(device=device or _default_device(trace))
+        self.view_data = None
+        self._build_controls()
+        self.timeline = go.FigureWidget(layout=dict(
+            width=PLOT_WIDTH_PX + MARGIN["l"] + MARGIN["r"], height=PLOT_HEIGHT_PX + MARGIN["t"] + MARGIN["b"],
+            margin=MARGIN, template="plotly_white", dragmode="zoom", hovermode="closest",
+            legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0)))
+        self.timeline.layout.on_change(self._on_relayout, "xaxis.range", "yaxis.range")
+        self.timeline.layout.on_change(self._on_autorange, "xaxis.autorange")
+        self.ati_figure = go.FigureWidget(layout=dict(width=620, height=300, margin=dict(l=60, r=10, t=30, b=45),
+                                                      template="plotly_white"))
+        self.whatif_figure = go.FigureWidget(layout=dict(width=620, height=260, margin=dict(l=170, r=10, t=20,
+                                                                                           b=40),
+                                                         template="plotly_white"))
+        self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
+                              layout=W.Layout(width="330px", max_height=f"{PLOT_HEIGHT_PX + 95}px",
+                                              overflow="auto"))
+        super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details]), self._panels])
+        self.add_class("memlens-explorer")
+        self.refresh()
+
+    # ---- controls --------------------------------------------------------------------------------
+    def _build_controls(self):
+        present = set(self.trace.blocks["category"].unique())
+        categories = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
+        self.status = W.HTML()
+        self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
+                                   description="device", layout=W.Layout(width="180px"))
+        self.w_view = W.ToggleButtons(options=VIEWS, value="blocks", description="view",
+                                      style={"button_width": "70px"})
+        self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
+                                      style={"button_width": "60px"})
+        self.w_colour = W.Dropdown(options=COLOUR_BY, value="category", description="colour by",
+                                   layout=W.Layout(width="190px"))
+        self.w_iteration = W.Dropdown(options=[("all", None)], value=None, description="iteration",
+                                      layout=W.Layout(width="170px"))
+        self.w_reset = W.Button(description="reset zoom", layout=W.Layout(width="100px"))
+        self.w_categories = W.SelectMultiple(options=categories, value=tuple(categories), rows=4,
+                                             description="category", layout=W.Layout(width="260px"))
+        modules = sorted(m for m in self.trace.blocks["module"].unique() if m)
+        self.w_module = W.Combobox(options=modules[:2000], placeholder="module prefix, e.g. model.layers.0",
+                                   description="module", ensure_option=False, layout=W.Layout(width="330px"))
+        self.w_min_size = W.Text(value="0", description="min size", placeholder="e.g. 1MiB",
+                                 layout=W.Layout(width="180px"))
+        self.w_bandwidth = W.FloatLogSlider(value=25.0, base=10, min=-1, max=3, step=0.05,
+                                            description="link GB/s", continuous_update=False,
+                                            layout=W.Layout(width="420px"))
+        self.w_ecdf = W.Checkbox(value=False, description="ECDF")
+        self.ati_summary = W.HTML()
+        self.w_allocator = W.Dropdown(options=["caching", "malloc", "bestfit", "bump"], value="caching",
+                                      description="allocator", layout=W.Layout(width="200px"))
+        self.w_conf = W.Text(value="expandable_segments:True", description="ALLOC_CONF",
+                             layout=W.Layout(width="360px"))
+        self.w_run_whatif = W.Button(description="compare", button_style="primary")
+        self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration and "
+                                    "a static plan.</i>")
+        self._controls = W.VBox([
+            W.HBox([self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_iteration, self.w_reset]),
+            W.HBox([self.w_categories, W.VBox([self.w_module, self.w_min_size])])])
+        for w in (self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_categories, self.w_bandwidth,
+                  self.w_ecdf):
+            w.observe(self._on_control, names="value")
+        self.w_module.observe(self._on_control, names="value")
+        self.w_min_size.observe(self._on_control, names="value")
+        self.w_iteration.observe(lambda ch: self.select_iteration(ch["new"]), names="value")
+        self.w_reset.on_click(lambda _: self.zoom(None, None))
+        self.w_run_whatif.on_click(lambda _: self.run_whatif())
+
+    @property
+    def _panels(self):
+        if not hasattr(self, "_panel_tabs"):
+            ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_figure])
+            whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
+                             self.whatif_figure])
+            self._panel_tabs = W.Tab([ati, whatif])
+            self._panel_tabs.set_title(0, "access intervals (ATI)")
+            self._panel_tabs.set_title(1, "what-if")
+        return self._panel_tabs
+
+    def _on_control(self, _change):
+        try:
+            min_size = parse_bytes(self.w_min_size.value or "0")
+        except (InputError, ValueError) as exc:
+            self.status.value = f"<span style='color:#b00'>min size: {safe(exc)}</span>"
+            return
+        self.update(device=self.w_device.value, view=self.w_view.value, axis=self.w_axis.value,
+                    colour_by=self.w_colour.value, categories=tuple(self.w_categories.value),
+                    module=self.w_module.value or "", min_size=min_size,
+                    bandwidth=f"{self.w_bandwidth.value:.4g}GB/s")
+
+    # ---- cached per-device data ------------------------------------------------------------------
+    def geometry(self, device: str | None = None):
+        """`BlockGeometry` of `device` (default: the current one), computed once."""
+        device = device or self.state.device
+        if device not in self._geometry:
+            self._geometry[device] = block_geometry(self.trace, device)
+        return self._geometry[device]
+
+    def access_marks(self):
+        """`AccessMarks` of the current device (None when the trace records no accesses)."""
+        if not self.trace.has_accesses:
+            return None
+        if self.state.device not in self._marks:
+            self._marks[self.state.device] = AccessMarks.of(self.trace, self.geometry())
+        return self._marks[self.state.device]
+
+    def intervals(self):
+        """`access_intervals` of the current device, computed once (None without accesses)."""
+        if not self.trace.has_accesses:
+            return None
+        if self.state.device not in self._intervals:
+            from memlens.analysis.ati import access_intervals
+            self._intervals[self.state.device] = access_intervals(self.trace, self.state.device)
+        return self._intervals[self.state.device]
+
+    def iterations(self):
+        """`split_iterations` of the trace, computed once."""
+        if self._iterations is None:
+            from memlens.analysis.iterations import split_iterations
+            self._iterations = split_iterations(self.trace)
+        return self._iterations
+
+    # ---- handlers (public: tests call them) ------------------------------------------------------
+    def update(self, **changes):
+        """Apply control changes to the state and redraw. Changing device or axis resets the zoom."""
+        if ("device" in changes and changes["device"] != self.state.device) or \
+                ("axis" in changes and changes["axis"] != self.state.axis):
+            changes.update(x_range=None, y_range=None, iteration=None)
+        self.state = self.state.with_(**changes)
+        self.refresh()
+
+    def zoom(self, x_range, y_range=None):
+        """Show raw-axis ranges (ns or event index; y in compacted bytes); None resets to everything."""
+        self.state = self.state.with_(x_range=None if x_range is None else (float(x_range[0]), float(x_range[1])),
+                                      y_range=None if y_range is None else (float(y_range[0]), float(y_range[1])))
+        self.refresh()
+
+    def select_iteration(self, iteration: int | None):
+        """Zoom the time range to one iteration (None: the whole trace)."""
+        if iteration is None:
+            self.state = self.state.with_(iteration=None, x_range=None)
+        else:
+            lo, hi = iteration_window(self.iterations(), int(iteration))
+            geom = self.geometry()
+            x = geom.from_time(np.array([lo, hi], dtype=np.float64), self.state.axis)
+            self.state = self.state.with_(iteration=int(iteration), x_range=(float(x[0]), float(x[1])))
+        self.refresh()
+
+    def click(self, x_fig: float, y_fig: float) -> str:
+        """Handle a click at figure coordinates (x in ms or event index): show the block (or what is live)."""
+        data = self.view_data
+        x = float(x_fig) * data.scale
+        geom = self.geometry()
+        mask = selection_mask(geom, self.state.with_(x_range=None))
+        if self.state.view == "stacked":
+            self.selected_block = None
+            label = format_ns(geom.to_time([x], self.state.axis)[0])
+            self.details.value = live_html(live_at(geom, mask, self.state.axis, x), label)
+            return self.details.value
+        pos = hit_test(geom, mask, self.state.axis, x, float(y_fig), data.cell)
+        if pos is None:
+            self.selected_block = None
+            self.details.value = "<i>No selected block there.</i>"
+        else:
+            self.selected_block = int(geom.block_id[pos])
+            self.details.value = details_html(block_details(self.trace, geom, pos, self.intervals()))
+        return self.details.value
+
+    def run_whatif(self):
+        """Run the what-if comparison for the current device with the panel's allocator settings."""
+        from memlens.widgets.whatif_panel import whatif_table, whatif_traces, whatif_html
+        configs = {"caching (recorded settings)": ("caching", None),
+                   f"{self.w_allocator.value} {self.w_conf.value}".strip(): (self.w_allocator.value,
+                                                                            self.w_conf.value or None)}
+        try:
+            table = whatif_table(self.trace, self.state.device, configs)
+        except InputError as exc:
+            self.whatif_result.value = f"<span style='color:#b00'>{safe(exc)}</span>"
+            return None
+        self.whatif_result.value = whatif_html(table)
+        with self.whatif_figure.batch_update():
+            self.whatif_figure.data = ()
+        self.whatif_figure.add_traces(whatif_traces(table))
+        self.whatif_figure.update_layout(xaxis_title="peak bytes")
+        return table
+
+    # ---- plotly events ---------------------------------------------------------------------------
+    def _on_relayout(self, layout, x_range, y_range):
+        if self._busy or x_range is None:
+            return
+        scale = self.view_data.scale
+        new_x = (x_range[0] * scale, x_range[1] * scale)
+        new_y = tuple(y_range) if (y_range is not None and self.state.view == "blocks") else None
+        if self.state.x_range is not None and np.allclose(new_x, self.state.x_range) and \
+                (new_y is None or self.state.y_range is not None and np.allclose(new_y, self.state.y_range)):
+            return
+        self.zoom(new_x, new_y)
+
+    def _on_autorange(self, layout, autorange):
+        if not self._busy and autorange:
+            self.zoom(None, None)
+
+    def _on_timeline_click(self, trace, points, selector):
+        if points.xs:
+            self.click(points.xs[0], points.ys[0] if points.ys else 0.0)
+
+    # ---- rendering -------------------------------------------------------------------------------
+    def _sync_iteration_options(self):
+        its = self.iterations()
+        options = [("all", None)] + [(f"{int(k)}", int(k)) for k in its["iteration"] if k >= 0]
+        if list(self.w_iteration.options) != options and its["source"].iloc[0] != "none":
+            self.w_iteration.options = options
+
+    def refresh(self):
+        """Recompute and redraw the timeline, status line and ATI panel for the current state."""
+        self._busy = True
+        try:
+            geom = self.geometry()
+            state = self.state
+            mask = selection_mask(geom, state)                      # in the time range: status, ATI
+            full = selection_mask(geom, state.with_(x_range=None))  # drawing: LOD decides what is in view
+            group, names, colours = colour_groups(geom, state.colour_by, full)
+            if state.view == "blocks":
+                data = blocks_view(geom, self.access_marks(), state, full, group, names, colours)
+            else:
+                data = stacked_view(geom, state, full, group, names, colours)
+            self.view_data = data
+            self._draw_timeline(data)
+            self._sync_iteration_options()
+            self._status(geom, mask, data)
+            self._draw_ati(geom, mask)
+        finally:
+            self._busy = False
+
+    def _draw_timeline(self, data):
+        fig = self.timeline
+        same_shape = [(t.type, t.name) for t in fig.data] == [(t["type"], t["name"]) for t in data.traces]
+        with fig.batch_update():
+            if same_shape:
+                for existing, new in zip(fig.data, data.traces):
+                    existing.update(new, overwrite=True)
+            else:
+                fig.data = ()
+        if not same_shape:
+            fig.add_traces(data.traces)
+            for t in fig.data:
+                t.on_click(self._on_timeline_click)
+        with fig.batch_update():
+            fig.layout.xaxis.update(title_text=data.x_title,
+                                    range=[data.x_range[0] / data.scale, data.x_range[1] / data.scale])
+            if data.y_range is not None:
+                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickformat=".3s",
+                                        ticksuffix="B", autorange=False)
+            else:
+                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickformat=".3s",
+                                        ticksuffix="B")
+
+    def _status(self, geom, mask, data):
+        lo, hi = geom.to_time(np.array(data.x_range), self.state.axis)
+        text = (f"<b>{safe(self.state.device)}</b>: {int(mask.sum()):,} of {geom.n:,} blocks selected "
+                f"({safe(format_bytes(float(geom.size[mask].sum())))} allocated in total), "
+                f"{safe(format_ns(lo))} to {safe(format_ns(hi))}")
+        if self.state.view == "blocks":
+            text += (f"; {data.drawn:,} drawn one by one, {data.rastered:,} aggregated below pixel size, "
+                     f"{data.accesses_shown:,} access marks")
+            missing = int(np.isnan(geom.y0).sum())
+            if missing:
+                text += f"; {missing:,} blocks have no address (see the stacked view)"
+        self.status.value = text
+
+    def _draw_ati(self, geom, mask):
+        from memlens.widgets.ati_panel import ati_layout, ati_summary_html, ati_traces, filtered_intervals, \
+            selection_intervals
+        intervals = self.intervals()
+        if intervals is None:
+            self.ati_summary.value = ("<i>This trace records no accesses (its source sees only allocations and "
+                                      "frees), so there are no access time intervals to show.</i>")
+            return
+        t_range = None if self.state.x_range is None else tuple(geom.to_time(np.array(self.state.x_range),
+                                                                             self.state.axis))
+        filtered = filtered_intervals(selection_intervals(intervals, geom, mask, t_range), self.state.bandwidth)
+        self.ati_summary.value = ati_summary_html(filtered)
+        traces = ati_traces(filtered, as_ecdf=self.w_ecdf.value)
+        with self.ati_figure.batch_update():
+            self.ati_figure.data = ()
+        self.ati_figure.add_traces(traces)
+        self.ati_figure.update_layout(**ati_layout(self.w_ecdf.value))
+
+
+def explore(trace, device: str | None = None) -> Explorer:
+    """The explorer widget for `trace` (a Trace or anything `memlens.load` reads), on `device` (default:
+    the device with the highest peak of live bytes)."""
+    if not hasattr(trace, "blocks"):
+        from memlens.io.detect import load
+        trace = load(trace)
+    return Explorer(trace, device=device)
