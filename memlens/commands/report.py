@@ -1,0 +1,66 @@
+"""`memlens report TRACE -o report.html`: one self-contained HTML report (opens offline)."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML report of a trace",
+                       description="Write one HTML file (plotly.js inlined, no network needed) with the summary, "
+                                   "live memory, the peak, largest blocks, ATI and outliers, iterations, what-if "
+                                   "comparisons and the trace metadata.")
+    p.add_argument("trace", help="a .memlens directory or any importable file")
+    p.add_argument("-o", "--output", default=None, help="HTML file to write (default: TRACE name + .html)")
+    p.add_argument("--title", default=None, help="page title")
+    p.add_argument("--bandwidth", default=None,
+                   help="host<->device link for ATI/swapping (e.g. 25GB/s or a preset such as pcie4_x16)")
+    p.add_argument("--x", choices=("time", "event"), default="time",
+                   help="x axis of time plots: wall-clock time or event index")
+    p.add_argument("--sections", default=None,
+                   help="comma-separated subset of sections (summary,live,peak,largest,timeline,ati,outliers,"
+                        "iterations,whatif,metadata)")
+    p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
+    p.add_argument("--memory-limit", default=None, help="memory limit for the swapping what-if (e.g. 2GB)")
+    p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
+    p.set_defaults(func=run)
+
+
+def _default_output(trace_path: str) -> str:
+    import os
+    base = os.path.basename(os.path.normpath(trace_path))
+    for suffix in (".memlens", ".pickle", ".json.gz", ".json", ".csv", ".gz"):
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return f"{base or 'trace'}.html"
+
+
+def run(args) -> int:
+    import sys
+
+    from memlens.cli import print_json
+    from memlens.io import load
+    from memlens.report import build_report
+    from memlens.units import parse_bytes
+
+    progress = sys.stderr.isatty()
+    if progress:
+        print(f"loading {args.trace} ...", file=sys.stderr)
+    trace = load(args.trace)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else None
+    options = {"x": args.x, "whatif": not args.no_whatif}
+    if args.bandwidth:
+        from memlens.analysis.bandwidth import BandwidthModel
+        options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
+    if args.memory_limit:
+        options["memory_limit"] = parse_bytes(args.memory_limit)
+    built = build_report(trace, title=args.title, sections=sections, progress=progress,
+                         source_name=args.trace, **options)
+    out = built.write(args.output or _default_output(args.trace))
+    if args.json:
+        print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
+                    "sections": [s.to_dict() for s in built.sections]})
+        return 0
+    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {built.seconds:.1f} s)")
+    for s in built.sections:
+        if s.status != "ok":
+            print(f"  {s.key}: {s.status}: {s.message}")
+    return 0

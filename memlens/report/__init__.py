@@ -1,0 +1,145 @@
+"""The HTML report: one self-contained file to attach to a bug or a pull request.
+
+``memlens.report(trace, "report.html")`` writes it (plotly.js inlined, works offline); `build_report`
+returns the `Report` with every `Section` and its status for programmatic checks.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memlens.report.sections import ReportContext, ReportOptions, Section, run_section
+
+# (key, title, builder "module:function"), in page order
+SECTIONS = (
+    ("summary", "Summary", "memlens.report.sections_memory:summary"),
+    ("live", "Live memory over time", "memlens.report.sections_memory:live_memory"),
+    ("peak", "What is live at the peak", "memlens.report.sections_memory:peak"),
+    ("largest", "Largest blocks", "memlens.report.sections_memory:largest"),
+    ("timeline", "Block timeline", "memlens.report.sections_memory:timeline"),
+    ("iterations", "Iterations", "memlens.report.sections_runs:iterations"),
+    ("metadata", "Trace metadata", "memlens.report.sections_runs:metadata"),
+)
+
+
+@dataclass
+class Report:
+    """A built report: its `sections` (with status ok / unavailable / error) and the HTML text."""
+
+    title: str
+    subtitle: str
+    sections: list[Section] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> list[Section]:
+        """Sections whose builder raised an unexpected error."""
+        return [s for s in self.sections if s.status == "error"]
+
+    def status(self) -> dict[str, str]:
+        """{section key: status}."""
+        return {s.key: s.status for s in self.sections}
+
+    def write(self, path) -> Path:
+        """Write the HTML to `path` atomically (a temporary sibling renamed into place); returns the path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+        try:
+            tmp.write_text(self.html(), encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return out
+
+    def html(self) -> str:
+        """The complete self-contained HTML document."""
+        from memlens.report.page import document, figure_block
+        from memlens.report.markup import Safe
+
+        rendered = []
+        n_fig = 0
+        for s in self.sections:
+            body = []
+            for part in s.parts:
+                if isinstance(part, str):
+                    body.append(part if isinstance(part, Safe) else Safe(_escape(part)))
+                else:
+                    n_fig += 1
+                    body.append(figure_block(part, f"memlens-fig-{n_fig}"))
+            rendered.append((s.key, s.title, Safe("".join(body))))
+        return document(self.title, self.subtitle, rendered, [s.to_dict() for s in self.sections])
+
+
+def _escape(text: str) -> str:
+    from memlens.report.markup import esc
+    return esc(text)
+
+
+def _builder(spec: str):
+    import importlib
+    module, func = spec.split(":")
+    return getattr(importlib.import_module(module), func)
+
+
+def build_report(trace, *, title: str | None = None, sections: list[str] | None = None, progress: bool = False,
+                 source_name: str | None = None, **options) -> Report:
+    """Build every section of the report for `trace` (a Trace or a path `memlens.load` reads).
+
+    `sections` limits it to those keys (see `SECTIONS`); `progress` shows a tqdm bar on stderr;
+    `source_name` is the name shown in the header. Other keyword options are `ReportOptions` fields
+    (bandwidth, max_points, top, x, timeline_blocks, whatif, memory_limit).
+    """
+    from memlens.errors import InputError
+    from memlens.units import format_ns
+
+    if isinstance(trace, (str, os.PathLike)):
+        from memlens.io import load
+        source_name = source_name or os.fspath(trace)
+        trace = load(trace)
+    elif source_name is None:
+        source_name = str(trace.metadata.get("source_path", "") or trace.metadata.get("name", "") or "trace")
+    unknown = set(sections or ()) - {k for k, _, _ in SECTIONS}
+    if unknown:
+        raise InputError(f"unknown report sections {sorted(unknown)}; known: {[k for k, _, _ in SECTIONS]}")
+    try:
+        opts = ReportOptions(**options)
+    except TypeError as exc:
+        raise InputError(f"bad report option: {exc}") from None
+    start = time.perf_counter()
+    ctx = ReportContext(trace, opts)
+    chosen = [s for s in SECTIONS if sections is None or s[0] in sections]
+    if progress:
+        from tqdm import tqdm
+        chosen = tqdm(chosen, desc="report sections", unit="section", leave=False)
+    built = [run_section(key, heading, _builder(spec), ctx) for key, heading, spec in chosen]
+    s = trace.summary()
+    subtitle = (f"{source_name} - {s['source_kind']}, {s['blocks']:,} blocks, {s['accesses']:,} accesses, "
+                f"{format_ns(s['duration_ns'])}")
+    return Report(title=title or f"memlens report: {os.path.basename(source_name.rstrip('/')) or 'trace'}",
+                  subtitle=subtitle, sections=built, seconds=time.perf_counter() - start)
+
+
+def report(trace, path, *, title: str | None = None, sections: list[str] | None = None, **options) -> Path:
+    """Write the HTML report of `trace` (a Trace or a path) to `path`; returns the path written.
+
+    The file is self-contained (plotly.js inlined, no network needed). A section that cannot run on this
+    trace says why; a section that fails shows its error without stopping the others.
+    """
+    return build_report(trace, title=title, sections=sections, **options).write(path)
+
+
+class _CallableModule(type(os)):
+    """Importing the package `memlens.report` rebinds the attribute `memlens.report` from the function to
+    this module; making the module callable keeps ``memlens.report(trace, path)`` working either way."""
+
+    def __call__(self, trace, path, **options) -> Path:
+        return report(trace, path, **options)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["report", "build_report", "Report", "Section", "SECTIONS"]

@@ -1,0 +1,93 @@
+"""Small HTML builders that escape every piece of text they are given.
+
+Everything a section produces goes through these helpers, so trace text (names of modules, ops, frames,
+files, user metadata) can never become markup. Values already made safe are wrapped in `Safe`.
+"""
+from __future__ import annotations
+
+import html
+import json
+from typing import Callable, Iterable
+
+import pandas as pd
+
+
+class Safe(str):
+    """A string that is already valid, escaped HTML."""
+
+
+def esc(value) -> Safe:
+    """`value` as escaped text (a `Safe` value passes through unchanged)."""
+    if isinstance(value, Safe):
+        return value
+    return Safe(html.escape("" if value is None else str(value), quote=True))
+
+
+def tag(name: str, *children, cls: str | None = None, **attrs) -> Safe:
+    """``<name class=cls attrs>children</name>`` with attribute values and text children escaped."""
+    attr = "".join(f' {k.rstrip("_").replace("_", "-")}="{esc(v)}"' for k, v in attrs.items() if v is not None)
+    if cls:
+        attr = f' class="{esc(cls)}"' + attr
+    return Safe(f"<{name}{attr}>{''.join(esc(c) for c in children)}</{name}>")
+
+
+def paragraph(*parts) -> Safe:
+    """A paragraph of text (each part escaped unless `Safe`)."""
+    return tag("p", *parts)
+
+
+def note(text, kind: str = "note") -> Safe:
+    """A highlighted box: kind 'note' (information), 'unavailable' or 'error'."""
+    return tag("div", text, cls=f"memlens-{kind}")
+
+
+def bullet_list(items: Iterable) -> Safe:
+    """An unordered list, one escaped item per entry."""
+    return tag("ul", *[tag("li", item) for item in items])
+
+
+def table(df: pd.DataFrame, formats: dict[str, Callable] | None = None, headers: dict[str, str] | None = None,
+          cls: str = "memlens-table") -> Safe:
+    """An HTML table of `df`; `formats` maps a column to a function turning a value into text."""
+    formats = formats or {}
+    headers = headers or {}
+    head = tag("tr", *[tag("th", headers.get(c, c)) for c in df.columns])
+    columns = []
+    for c in df.columns:
+        fmt = formats.get(c, _default_format)
+        columns.append([esc(fmt(v)) for v in df[c].tolist()])
+    rows = [Safe("<tr>" + "".join(f"<td>{col[i]}</td>" for col in columns) + "</tr>") for i in range(len(df))]
+    return Safe(f'<table class="{esc(cls)}"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def key_values(pairs: Iterable[tuple[str, object]]) -> Safe:
+    """A two-column table of (name, value) pairs; dict/list values are shown as JSON."""
+    rows = []
+    for key, value in pairs:
+        if isinstance(value, (dict, list, tuple)):
+            value = json.dumps(value, default=str, indent=1)
+            rows.append(tag("tr", tag("th", key), tag("td", tag("pre", value))))
+        else:
+            rows.append(tag("tr", tag("th", key), tag("td", _default_format(value))))
+    return Safe(f'<table class="memlens-kv"><tbody>{"".join(rows)}</tbody></table>')
+
+
+def script_json(obj_json: str) -> str:
+    """JSON text made safe to sit inside a ``<script>`` element.
+
+    ``<``, ``>`` and ``&`` can occur in JSON only inside strings, where ``\\u003c`` etc. mean the same
+    characters, so no ``</script>`` or ``<!--`` can end or confuse the element; U+2028/2029 are escaped for
+    old JavaScript parsers.
+    """
+    return (obj_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _default_format(value) -> str:
+    if value is None or (not isinstance(value, (list, dict, tuple)) and pd.isna(value)):
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,92 @@
+"""Report sections about memory over time: summary, live memory, what is live at the peak, largest blocks."""
+from __future__ import annotations
+
+import pandas as pd
+
+from memlens.report.markup import bullet_list, note, paragraph, table, tag
+from memlens.report.sections import ReportContext, SectionUnavailable
+from memlens.units import format_bytes, format_ns
+
+
+def _bytes(v) -> str:
+    return "" if pd.isna(v) else f"{format_bytes(v)}"
+
+
+def _ns(v) -> str:
+    return "" if pd.isna(v) else format_ns(v)
+
+
+def _share(v) -> str:
+    return "" if pd.isna(v) else f"{v:.1%}"
+
+
+def summary(ctx: ReportContext) -> list:
+    """Summary: the trace's findings in sentences with numbers (`memlens.analysis.findings`)."""
+    from memlens.analysis.findings import findings
+
+    return [bullet_list(findings(ctx.trace, bandwidth=ctx.options.bandwidth))]
+
+
+def live_memory(ctx: ReportContext) -> list:
+    """Live memory over time per device, stacked by category and by module, peak marked."""
+    from memlens.viz.live import live_memory as live_figure
+
+    trace = ctx.trace
+    if len(trace.blocks) == 0:
+        raise SectionUnavailable("the trace has no blocks, so there is no live memory to plot")
+    parts = [paragraph("Live bytes (the sum of the sizes of blocks allocated and not yet freed) after every "
+                       "allocation and free; each pixel column keeps its minimum and maximum, so the peak "
+                       "(triangle) is exact.")]
+    parts.append(live_figure(trace, by="category", x=ctx.options.x, max_points=ctx.options.max_points))
+    if (trace.blocks["module"].astype(str) != "").any():
+        parts.append(tag("h3", "By module"))
+        parts.append(live_figure(trace, by="module", x=ctx.options.x, max_points=ctx.options.max_points))
+    else:
+        parts.append(note("The trace attributes no block to a module (its source does not record modules), "
+                          "so only the split by category is shown."))
+    return parts
+
+
+def timeline(ctx: ReportContext) -> list:
+    """Blocks as bars in time x address, small ones aggregated, accesses as marks."""
+    from memlens.viz.timeline import timeline as timeline_figure
+
+    if len(ctx.trace.blocks) == 0:
+        raise SectionUnavailable("the trace has no blocks to draw")
+    fig = timeline_figure(ctx.trace, x=ctx.options.x, max_blocks=ctx.options.timeline_blocks)
+    return [paragraph("Each block is a bar from its allocation to its free at its address (gaps between "
+                      "address regions shrunk). Blocks too small to see are painted as a density layer; "
+                      "dots mark accesses."), fig]
+
+
+def peak(ctx: ReportContext) -> list:
+    """What is live at the peak of each device, by category / module / allocating op, and the largest."""
+    if not ctx.peaks:
+        raise SectionUnavailable("the trace has no allocation events, so it has no peak")
+    fmt = {"bytes": _bytes, "share": _share, "size": _bytes, "alloc_ns": _ns, "free_ns": _ns}
+    parts = []
+    for dev, pb in ctx.peaks.items():
+        parts.append(tag("h3", f"{dev}: peak {format_bytes(pb.peak_bytes)} at {format_ns(pb.peak_ns)}"))
+        parts.append(paragraph(pb.describe() + (f" The allocation that reached it came from {pb.op_at_peak}."
+                                                if pb.op_at_peak else "")))
+        for note_text in pb.notes:
+            parts.append(note(note_text))
+        for key, frame in (("category", pb.by_category), ("module", pb.by_module), ("op", pb.by_op)):
+            parts.append(tag("h4", f"by {key}"))
+            parts.append(table(frame.head(ctx.options.top), fmt))
+        parts.append(tag("h4", "largest blocks live at the peak"))
+        parts.append(table(pb.largest, fmt))
+    return parts
+
+
+def largest(ctx: ReportContext) -> list:
+    """The largest blocks of the whole trace."""
+    from memlens.viz.tables import largest_blocks
+
+    df = largest_blocks(ctx.trace, n=ctx.options.top)
+    if len(df) == 0:
+        raise SectionUnavailable("the trace has no blocks")
+    fmt = {"size": _bytes, "alloc_ns": lambda v: "before recording" if pd.isna(v) else format_ns(v),
+           "free_ns": lambda v: "still alive" if pd.isna(v) else format_ns(v), "lifetime_ns": _ns}
+    headers = {"alloc_ns": "allocated", "free_ns": "freed", "lifetime_ns": "lifetime", "block_id": "block"}
+    return [table(df, fmt, headers)]

@@ -1,0 +1,65 @@
+"""Report sections about the run as a whole: iterations and trace metadata."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.report.markup import key_values, note, paragraph, table, tag
+from memlens.report.sections import ReportContext, SectionUnavailable
+from memlens.units import format_bytes, format_ns
+
+
+def iterations(ctx: ReportContext) -> list:
+    """Iteration boundaries, per-iteration statistics and how stable they are."""
+    import plotly.graph_objects as go
+
+    from memlens.analysis.stability import iteration_stability, iteration_stats
+
+    its = ctx.iterations
+    source = str(its["source"].iloc[0]) if len(its) else "none"
+    if source == "none":
+        raise SectionUnavailable("no iterations found: the trace has no step markers or optimizer steps, and "
+                                 "its allocation sequence does not repeat")
+    stats = iteration_stats(ctx.trace, its)
+    parts = [paragraph(f"{len(its):,} iterations found (from {source}).")]
+    stability = iteration_stability(ctx.trace, its)
+    summary = stability.get("summary") if isinstance(stability, dict) else None
+    if summary:
+        parts.append(paragraph(str(summary)))
+    peak_cols = [c for c in stats.columns if "peak" in c and not c.endswith("ratio")]
+    if peak_cols:
+        fig = go.Figure()
+        for c in peak_cols[:3]:
+            fig.add_trace(go.Bar(x=stats["iteration"], y=stats[c], name=c))
+        fig.update_layout(barmode="group", height=320, xaxis_title="iteration", yaxis_title="bytes",
+                          yaxis=dict(tickformat=".3s", ticksuffix="B"), margin=dict(l=60, r=20, t=30, b=50))
+        parts.append(fig)
+    fmt = {c: (lambda v: "" if pd.isna(v) else format_bytes(v)) for c in stats.columns
+           if c.endswith("bytes") or c.startswith("peak")}
+    fmt.update({c: (lambda v: "" if pd.isna(v) else format_ns(v)) for c in stats.columns if c.endswith("_ns")})
+    parts.append(table(stats, fmt))
+    return parts
+
+
+def metadata(ctx: ReportContext) -> list:
+    """Everything the trace says about itself: source, settings, notes, table sizes."""
+    trace = ctx.trace
+    meta = dict(trace.metadata)
+    notes = meta.pop("notes", []) or []
+    tables = [("blocks", len(trace.blocks)), ("accesses", len(trace.accesses)), ("ops", len(trace.ops))]
+    for name in ("segments", "segment_blocks", "events", "stacks"):
+        df = trace.table(name)
+        tables.append((name, "absent" if df is None else len(df)))
+    parts = [tag("h3", "tables"), key_values(tables)]
+    if notes:
+        parts.append(tag("h3", "notes from the source"))
+        parts.extend(note(n) for n in notes)
+    parts.append(tag("h3", "metadata"))
+    parts.append(key_values(sorted(meta.items())))
+    counts = trace.blocks["category"].value_counts()
+    sizes = trace.blocks.groupby("category")["size"].sum()
+    cat = pd.DataFrame({"category": counts.index, "blocks": counts.to_numpy(),
+                        "bytes allocated": sizes.reindex(counts.index).to_numpy(np.int64)})
+    parts.append(tag("h3", "blocks by category"))
+    parts.append(table(cat, {"bytes allocated": format_bytes}))
+    return parts

@@ -1,0 +1,50 @@
+"""Text and colour helpers shared by the figures.
+
+Plotly renders trace names, hover text and annotations as a small HTML dialect (``<b>``, ``<br>``, ``<a>``),
+so any text that comes from a trace (module, op, file and frame names, user metadata) is HTML-escaped here
+before it reaches a figure: a module called ``<img src=x onerror=...>`` shows as text and runs nothing.
+"""
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+
+# a qualitative palette with enough distinct hues for categories plus "other"
+PALETTE = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
+           "#9D755D", "#BAB0AC", "#1F77B4", "#2CA02C")
+CATEGORY_COLORS = {
+    "parameter": "#4C78A8", "buffer": "#72B7B2", "gradient": "#F58518", "activation": "#54A24B",
+    "optimizer_state": "#B279A2", "input": "#EECA3B", "temporary": "#E45756", "autograd_detail": "#FF9DA6",
+    "unknown": "#BAB0AC", "other": "#9D755D",
+}
+NONE_LABEL = "(none)"
+
+
+def safe(text) -> str:
+    """`text` as a string with HTML special characters escaped (quotes included)."""
+    return html.escape("" if text is None else str(text), quote=True)
+
+
+def safe_labels(values) -> np.ndarray:
+    """Escape every label of an array-like; empty labels become ``(none)``."""
+    s = pd.Series(values, dtype=object).fillna("").astype(str).replace("", NONE_LABEL)
+    return np.array([html.escape(v, quote=True) for v in s.unique()], dtype=object)[
+        pd.factorize(s)[0]] if len(s) else np.array([], dtype=object)
+
+
+def color_for(group: str, i: int, by: str) -> str:
+    """A stable colour: the category's own when `by` is category, otherwise the palette's i-th."""
+    if by == "category" and group in CATEGORY_COLORS:
+        return CATEGORY_COLORS[group]
+    return PALETTE[i % len(PALETTE)]
+
+
+def time_axis(x: str) -> tuple[float, str]:
+    """(divisor from ns, axis title) for an x mode: 'time' plots milliseconds, 'event' the event index."""
+    if x == "time":
+        return 1e6, "time since trace start (ms)"
+    if x == "event":
+        return 1.0, "event index (allocs and frees, in order)"
+    raise ValueError(f"x must be 'time' or 'event', got {x!r}")

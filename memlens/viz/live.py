@@ -1,0 +1,122 @@
+"""Live memory over time, stacked by category / module / op, with the peak marked.
+
+The curve is exact at every kept point: points are whole events of the trace (`Trace.live_bytes`), reduced
+per pixel column by `lod.extrema_indices`, so the peak is never lost however many events there are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from memlens.viz.labels import color_for, safe, time_axis
+from memlens.viz.lod import extrema_indices
+
+GROUPINGS = ("category", "module", "op", "none")
+
+
+@dataclass
+class LiveSeries:
+    """Live bytes of one device at the kept events.
+
+    ``x`` (ns since trace start, or event index), ``total`` (bytes), ``groups`` ({label: bytes array},
+    bottom of the stack first), ``peak_x`` / ``peak_bytes`` (exact), ``events`` (events before reduction).
+    Labels are raw trace text (escape before display).
+    """
+
+    device: str
+    x: np.ndarray
+    total: np.ndarray
+    groups: dict[str, np.ndarray] = field(default_factory=dict)
+    peak_x: float = 0.0
+    peak_bytes: int = 0
+    events: int = 0
+
+
+def live_series(trace, device: str, by: str = "category", x: str = "time", max_points: int = 4000,
+                top_groups: int = 8) -> LiveSeries:
+    """Live bytes of `device` after each event, reduced to about `max_points` points, split by `by`.
+
+    `by` is a block column (category, module, op) or "none"; the `top_groups` groups holding the most bytes
+    at the peak are kept and the rest summed as "other". `x` is "time" (ns) or "event" (event index).
+    """
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
+    time_axis(x)
+    curve = trace.live_bytes(device)
+    n = len(curve)
+    if n == 0:
+        return LiveSeries(device=device, x=np.zeros(0), total=np.zeros(0, dtype=np.int64))
+    live = curve["live"].to_numpy(dtype=np.int64)
+    xs = curve["t_ns"].to_numpy(dtype=np.float64) if x == "time" else np.arange(n, dtype=np.float64)
+    keep = extrema_indices(xs, live, max(max_points // 4, 1))
+    i_peak = int(np.argmax(live))
+    series = LiveSeries(device=device, x=xs[keep], total=live[keep], peak_x=float(xs[i_peak]),
+                        peak_bytes=int(live[i_peak]), events=n)
+    if by == "none":
+        series.groups = {"live": live[keep]}
+        return series
+    blocks = trace.blocks[trace.blocks["device"] == device]
+    labels = blocks[by].astype(str).replace("", "(none)").to_numpy()
+    row = pd.Index(blocks["block_id"].to_numpy()).get_indexer(curve["block_id"].to_numpy())
+    event_label = labels[row]
+    delta = curve["delta"].to_numpy(dtype=np.int64)
+    codes, names = pd.factorize(event_label)
+    # bytes per group at the peak decide which groups get their own band
+    at_peak = np.bincount(codes[: i_peak + 1], weights=delta[: i_peak + 1], minlength=len(names))
+    ranked = np.argsort(-at_peak, kind="stable")
+    own = ranked[:top_groups] if len(names) > top_groups + 1 else ranked
+    groups: dict[str, np.ndarray] = {}
+    covered = np.zeros(len(keep), dtype=np.int64)
+    for code in own:
+        band = np.cumsum(np.where(codes == code, delta, 0))[keep]
+        groups[str(names[code])] = band
+        covered += band
+    if len(own) < len(names):
+        groups["other"] = live[keep] - covered
+    series.groups = groups
+    return series
+
+
+def live_memory(trace, device: str | None = None, by: str = "category", x: str = "time",
+                max_points: int = 4000, top_groups: int = 8, height: int | None = None):
+    """Figure: live bytes over time per device (one row each), stacked by `by`, the peak marked.
+
+    `device` limits it to one device. `x` is "time" (ms since the trace start, idle gaps visible) or
+    "event" (event index, as PyTorch's memory_viz). See `live_series` for `by`, `max_points`, `top_groups`.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from memlens.units import format_bytes
+
+    devices = trace.devices if device is None else [device]
+    scale, x_title = time_axis(x)
+    fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=[safe(d) for d in devices] or None)
+    seen_legend: set[str] = set()
+    for row, dev in enumerate(devices, start=1):
+        s = live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups)
+        xs = s.x / scale
+        for i, (label, values) in enumerate(s.groups.items()):
+            name = safe(label)
+            fig.add_trace(go.Scatter(
+                x=xs, y=values, name=name, legendgroup=name, showlegend=name not in seen_legend,
+                mode="lines", line=dict(width=0.5, shape="hv", color=color_for(label, i, by)),
+                stackgroup=f"live{row}", hovertemplate=f"{name}: %{{y:,.0f}} B<extra></extra>"), row=row, col=1)
+            seen_legend.add(name)
+        if s.events:
+            label = f"peak {format_bytes(s.peak_bytes)}"
+            fig.add_trace(go.Scatter(
+                x=[s.peak_x / scale], y=[s.peak_bytes], mode="markers+text", name="peak",
+                legendgroup="peak", showlegend="peak" not in seen_legend, text=[label],
+                textposition="top center", marker=dict(symbol="triangle-down", size=12, color="black"),
+                hovertemplate=f"{safe(dev)} {label} (%{{y:,.0f}} B)<extra></extra>"), row=row, col=1)
+            seen_legend.add("peak")
+        fig.update_yaxes(title_text="live bytes", tickformat=".3s", ticksuffix="B", rangemode="tozero",
+                         row=row, col=1)
+    fig.update_xaxes(title_text=x_title, row=max(len(devices), 1), col=1)
+    fig.update_layout(height=height or 260 + 220 * max(len(devices), 1), margin=dict(l=60, r=20, t=40, b=50),
+                      hovermode="x unified", legend=dict(title_text=safe(by)))
+    return fig

@@ -1,0 +1,132 @@
+"""The HTML report: self-contained, escaped, sections isolated, no section failing on real traces."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import memlens
+from memlens.report import SECTIONS, build_report, report
+from test_report_support import XSS_NAMES, constructed_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = sorted((ROOT / "sample_traces").glob("*.memlens"))
+
+
+def _status(html: str) -> dict:
+    m = re.search(r'<script type="application/json" id="memlens-report-status">(.*?)</script>', html, re.S)
+    return {s["key"]: s for s in json.loads(m.group(1))["sections"]}
+
+
+def test_report_is_one_offline_file(tmp_path):
+    out = memlens.report(constructed_trace(), tmp_path / "sub" / "r.html")
+    html = out.read_text()
+    assert out == tmp_path / "sub" / "r.html"
+    assert html.startswith("<!DOCTYPE html>")
+    # plotly.js is inlined, nothing is fetched: no src/href to any URL
+    assert "Plotly" in html and len(html) > 3_000_000
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", html)
+    status = _status(html)
+    assert list(status) == [k for k, _, _ in SECTIONS]
+    assert {s["status"] for s in status.values()} <= {"ok", "unavailable"}
+    assert not [k for k, s in status.items() if s["status"] == "error"]
+
+
+def test_sections_show_numbers_of_the_trace(tmp_path):
+    built = build_report(constructed_trace(), sections=["peak", "largest", "metadata"])
+    html = built.html()
+    assert built.status() == {"peak": "ok", "largest": "ok", "metadata": "ok"}
+    assert "cuda:0: peak 5.2 KiB at 20 ns" in html  # 4000 + 1000 + 300 bytes, first reached at t=20
+    assert "cpu: peak 50 B at 5 ns" in html
+
+
+def test_a_failing_section_is_shown_and_recorded_without_killing_the_rest(monkeypatch, tmp_path):
+    import memlens.report.sections_memory as mem
+
+    def broken(ctx):
+        raise RuntimeError("boom in largest")
+
+    monkeypatch.setattr(mem, "largest", broken)
+    built = build_report(constructed_trace())
+    assert [s.key for s in built.failed] == ["largest"]
+    assert built.failed[0].message == "RuntimeError: boom in largest"
+    assert all(s.status == "ok" for s in built.sections if s.key != "largest")
+    html = built.html()
+    assert "This section failed: RuntimeError: boom in largest" in html
+    assert _status(html)["largest"]["status"] == "error"
+
+
+def test_sections_that_need_accesses_say_why():
+    built = build_report(constructed_trace(with_accesses=False))
+    unavailable = {s.key: s.message for s in built.sections if s.status == "unavailable"}
+    assert not built.failed
+    for key in ("ati", "outliers"):
+        if key in unavailable:
+            assert "per-access data" in unavailable[key]
+
+
+def test_trace_text_is_escaped_everywhere(tmp_path):
+    html = build_report(constructed_trace(names=XSS_NAMES)).html()
+    for payload in XSS_NAMES:
+        assert payload not in html
+    lowered = html.lower()
+    assert "<img" not in lowered and "<svg onload" not in lowered and "<!--<script" not in lowered
+    # exactly our own script elements: plotly.js, the boot script, the status and one per figure
+    scripts = re.findall(r"<script\b[^>]*>", html)
+    own = [s for s in scripts if s == "<script>" or 'type="application/json"' in s]
+    assert scripts == own and scripts.count("<script>") == 2
+    assert "&lt;script&gt;window.__pwned" in html
+
+
+@pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_no_section_fails_on_sample_traces(path):
+    built = build_report(path)
+    assert not built.failed, [(s.key, s.message) for s in built.failed]
+    assert built.status()["live"] == "ok" and built.status()["peak"] == "ok"
+
+
+@pytest.mark.shared
+def test_no_section_fails_on_real_snapshots(shared):
+    for name in ("snapshots/cs336_wedsonlin_medium_128_training.pickle", "snapshots/decomfl_memory.pickle"):
+        built = build_report(shared(name))
+        assert not built.failed, (name, [(s.key, s.message) for s in built.failed])
+        assert built.status()["live"] == "ok"
+
+
+def test_unknown_section_or_option_is_an_input_error():
+    with pytest.raises(memlens.InputError, match="unknown report sections"):
+        build_report(constructed_trace(), sections=["nope"])
+    with pytest.raises(memlens.InputError, match="bad report option"):
+        build_report(constructed_trace(), colour="red")
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "memlens", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
+
+
+def test_cli_report_writes_the_file_and_reports_statuses(tmp_path):
+    trace_dir = constructed_trace().save(tmp_path / "t.memlens")
+    out = tmp_path / "out.html"
+    res = _cli("report", str(trace_dir), "-o", str(out), "--json", "--sections", "live,peak,metadata")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["path"] == str(out) and out.stat().st_size == info["bytes"]
+    assert [s["key"] for s in info["sections"]] == ["live", "peak", "metadata"]
+    assert res.stderr == ""  # no progress bar when stderr is not a terminal
+    res = _cli("report", str(trace_dir), cwd=tmp_path)
+    assert res.returncode == 0 and (tmp_path / "t.html").exists()
+
+
+@pytest.mark.parametrize("args", [("report", "/no/such/trace"), ("report", "{trace}", "--sections", "bogus"),
+                                  ("report", "{trace}", "--memory-limit", "lots")])
+def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, args):
+    trace_dir = constructed_trace().save(tmp_path / "t.memlens")
+    res = _cli(*[a.format(trace=trace_dir) for a in args], "-o", str(tmp_path / "x.html"))
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("memlens: error:")
+    assert not (tmp_path / "x.html").exists()

@@ -1,0 +1,151 @@
+"""Open a local HTML file in headless Chromium with the network cut off, for the report tests."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-quic"]
+
+# per figure: traces and points as plotly computed them (gd._fullData decodes typed arrays; heatmaps count
+# rows of z), and the SVG layers drawn
+PLOT_DATA_JS = """() => Array.from(document.querySelectorAll('.memlens-figure')).map(gd => ({
+  id: gd.id,
+  traces: (gd._fullData || []).length,
+  points: (gd._fullData || []).reduce((n, t, i) => n + (t._length || (t.z && t.z.length) ||
+      ((gd.calcdata && gd.calcdata[i]) ? gd.calcdata[i].length : 0)), 0),
+  svg: gd.querySelectorAll('.main-svg').length
+}))"""
+
+
+def require_chromium():
+    if CHROMIUM is None:
+        pytest.skip("needs Debian's chromium (/usr/bin/chromium) for the headless browser test")
+    pytest.importorskip("playwright.sync_api", reason="needs the playwright python package")
+
+
+def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
+    """Load `path` (file://) with every non-file request aborted; returns what the page did.
+
+    Keys: ``console_errors``, ``page_errors``, ``blocked`` (URLs the page tried to fetch), ``dialogs``
+    (alert/confirm/prompt messages), ``plots`` (per figure div: traces, points, svg count),
+    ``status`` (the report's section status JSON), ``pwned`` (value of ``window.__pwned``).
+    """
+    from playwright.sync_api import sync_playwright
+
+    result = {"console_errors": [], "page_errors": [], "blocked": [], "dialogs": []}
+    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
+        # a persistent context on a fresh temporary directory is Playwright's way to pass --user-data-dir
+        browser = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                                        headless=True, viewport={"width": 1400, "height": 1000})
+        try:
+            page = browser.new_page()
+
+            def route(r):
+                if r.request.url.startswith("file://"):
+                    r.continue_()
+                else:
+                    result["blocked"].append(r.request.url)
+                    r.abort()
+
+            page.route("**/*", route)
+            page.on("console", lambda m: m.type == "error" and result["console_errors"].append(m.text))
+            page.on("pageerror", lambda e: result["page_errors"].append(str(e)))
+
+            def on_dialog(d):
+                result["dialogs"].append(d.message)
+                d.dismiss()
+
+            page.on("dialog", on_dialog)
+            page.goto(Path(path).resolve().as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("document.body.hasAttribute('data-figures-drawn')", timeout=120_000)
+            page.wait_for_timeout(settle_ms)
+            result["plots"] = page.evaluate(PLOT_DATA_JS)
+            result["status"] = page.evaluate(
+                "() => JSON.parse(document.getElementById('memlens-report-status').textContent)")
+            result["pwned"] = page.evaluate("() => window.__pwned === undefined ? null : window.__pwned")
+            result["injected_nodes"] = page.evaluate(
+                "() => document.querySelectorAll('main img, main iframe, main svg script, main object').length")
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    return result
+
+
+# ---- constructed traces ---------------------------------------------------------------------------------
+XSS_NAMES = ('<script>window.__pwned="script";alert(1)</script>',
+             '"><img src=x onerror="window.__pwned=\'img\';alert(2)">',
+             "</script><script>window.__pwned='json'</script>",
+             "<!--<script>window.__pwned='comment'</script>",
+             "javascript:alert(3)//<svg onload=alert(4)>")
+
+
+def constructed_trace(n_iter: int = 4, names=None, with_accesses: bool = True):
+    """A small two-device training-like trace whose numbers are easy to compute by hand.
+
+    Per iteration on cuda:0: an activation of 1000 B (alloc at +10, free at +60) and a temporary of 300 B
+    (+20..+30); on cpu a 50 B input (+5..+15). A 4000 B parameter lives from before recording to the end.
+    Iteration k spans [100k, 100k+100) ns. Names come from `names` (cycled) so tests can inject markup.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from memlens import Trace
+
+    names = list(names or ["model.layer1", "model.layer2"])
+    rows, acc, ops = [], [], []
+    rows.append(dict(block_id=0, device="cuda:0", addr=1 << 20, size=4000, alloc_ns=None, free_ns=None,
+                     category="parameter", op="", module=names[0], allocated_before=True))
+    bid, op_id = 1, 0
+    for k in range(n_iter):
+        base = 100 * k
+        ops.append(dict(op_id=op_id, name=names[k % len(names)] + "::forward", start_ns=base + 10,
+                        end_ns=base + 20, module=names[k % len(names)], iteration=k))
+        ops.append(dict(op_id=op_id + 1, name="aten::mm", start_ns=base + 20, end_ns=base + 50,
+                        module=names[(k + 1) % len(names)], iteration=k))
+        rows.append(dict(block_id=bid, device="cuda:0", addr=(1 << 20) + 4096, size=1000, alloc_ns=base + 10,
+                         free_ns=base + 60, category="activation", op=names[k % len(names)], module=names[0]))
+        rows.append(dict(block_id=bid + 1, device="cuda:0", addr=(1 << 20) + 8192, size=300, alloc_ns=base + 20,
+                         free_ns=base + 30, category="temporary", op="aten::mm", module=names[-1]))
+        rows.append(dict(block_id=bid + 2, device="cpu", addr=4096, size=50, alloc_ns=base + 5,
+                         free_ns=base + 15, category="input", op="aten::empty", module=""))
+        if with_accesses:
+            acc += [dict(block_id=0, t_ns=base + 20, op_id=op_id + 1, is_write=False),
+                    dict(block_id=bid, t_ns=base + 10, op_id=op_id, is_write=True),
+                    dict(block_id=bid, t_ns=base + 50, op_id=op_id + 1, is_write=False),
+                    dict(block_id=bid + 1, t_ns=base + 20, op_id=op_id + 1, is_write=True),
+                    dict(block_id=bid + 2, t_ns=base + 10, op_id=op_id, is_write=False)]
+        bid += 3
+        op_id += 2
+    blocks = pd.DataFrame(rows)
+    blocks["alloc_ns"] = pd.array(blocks["alloc_ns"], dtype="Int64")
+    blocks["free_ns"] = pd.array(blocks["free_ns"], dtype="Int64")
+    meta = {"source_kind": "constructed", "iteration_source": "memlens.step",
+            "user_metadata": {names[0]: names[-1]}, "notes": [f"note about {names[0]}"]}
+    stacks = pd.DataFrame({"stack_id": [0], "depth": [0], "name": [names[0]], "filename": [names[-1]],
+                           "line": [7]})
+    blocks["stack_id"] = pd.array([0] + [None] * (len(blocks) - 1), dtype="Int64")
+    return Trace.from_tables(blocks, pd.DataFrame(acc) if acc else None, pd.DataFrame(ops), meta, stacks=stacks)
+
+
+def brute_force_live(trace, device):
+    """(peak bytes, live bytes after each event) by walking events one by one in Python."""
+    lo, hi = trace.time_span_ns()
+    events = []
+    for b in trace.blocks[trace.blocks["device"] == device].itertuples():
+        a = lo if b.alloc_ns is None or str(b.alloc_ns) == "<NA>" else int(b.alloc_ns)
+        events.append((a, int(b.alloc_seq) if str(b.alloc_seq) != "<NA>" else -1, b.size))
+        if str(b.free_ns) != "<NA>":
+            events.append((int(b.free_ns), int(b.free_seq), -b.size))
+    events.sort()
+    live, curve = 0, []
+    for _, _, d in events:
+        live += d
+        curve.append(live)
+    return (max(curve) if curve else 0), curve

@@ -1,0 +1,140 @@
+"""Figure functions and level-of-detail reductions, checked against brute-force computations."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from memlens import Trace
+from memlens.viz import lod
+from memlens.viz.live import live_memory, live_series
+from memlens.viz.tables import largest_blocks, largest_blocks_table
+from memlens.viz.timeline import block_rects, timeline
+from test_report_support import XSS_NAMES, brute_force_live, constructed_trace
+
+
+def test_extrema_indices_keep_every_bins_min_max_and_the_peak():
+    rng = np.random.default_rng(0)
+    x = np.cumsum(rng.exponential(1.0, 200_000))
+    y = np.cumsum(rng.normal(0, 1, 200_000))
+    bins = 500
+    keep = lod.extrema_indices(x, y, bins)
+    assert len(keep) <= 4 * bins + 1
+    assert int(np.argmax(y)) in set(keep.tolist())
+    assert np.all(np.diff(keep) > 0)
+    # per bin, the kept points hold the true min and max of that bin
+    b = np.minimum(((x - x[0]) / ((x[-1] - x[0]) / bins)).astype(int), bins - 1)
+    true = pd.DataFrame({"b": b, "y": y}).groupby("b")["y"].agg(["min", "max"])
+    kept = pd.DataFrame({"b": b[keep], "y": y[keep]}).groupby("b")["y"].agg(["min", "max"])
+    pd.testing.assert_frame_equal(true, kept)
+
+
+def test_extrema_indices_small_input_is_untouched():
+    assert lod.extrema_indices(np.arange(10.0), np.arange(10.0), 100).tolist() == list(range(10))
+
+
+def test_rasterize_conserves_area_and_places_it():
+    edges = np.linspace(0, 10, 11)
+    # one rectangle covering cells x 2..4, y 1..2 exactly, one tiny inside cell (7, 8)
+    grid = lod.rasterize([2, 7.2], [5, 7.3], [1, 8.1], [3, 8.2], edges, edges)
+    assert grid.shape == (10, 10)
+    assert grid.sum() == pytest.approx(3 * 2 + 0.1 * 0.1)
+    assert grid[1:3, 2:5] == pytest.approx(np.ones((2, 3)))
+    assert grid[8, 7] == pytest.approx(0.01)
+    assert grid[0].sum() == 0
+
+
+def test_compress_gaps_shrinks_empty_ranges_and_keeps_overlaps():
+    start = np.array([10**12, 100, 150, 10**12 + 50, 5000])
+    size = np.array([100, 100, 10, 10, 20])
+    y, info = lod.compress_gaps(start, size, gap=7)
+    # regions: [100,200) (two blocks), [5000,5020), [1e12, 1e12+100)
+    assert info["regions"] == 3
+    assert y[1] == 0 and y[2] == 50
+    assert y[4] == 100 + 7
+    assert y[0] == 100 + 7 + 20 + 7 and y[3] == y[0] + 50
+    assert info["span"] == 100 + 7 + 20 + 7 + 100
+
+
+def test_live_series_matches_brute_force_and_stacks_to_total():
+    trace = constructed_trace()
+    for device in trace.devices:
+        peak, curve = brute_force_live(trace, device)
+        s = live_series(trace, device, by="category")
+        assert s.peak_bytes == peak
+        assert s.events == len(curve)
+        assert s.total.tolist() == curve  # small trace: nothing is reduced
+        stacked = np.sum(list(s.groups.values()), axis=0)
+        assert stacked.tolist() == s.total.tolist()
+    s = live_series(trace, "cuda:0", by="category")
+    # at the peak: parameter 4000 + activation 1000 + temporary 300
+    i = int(np.argmax(s.total))
+    assert {k: int(v[i]) for k, v in s.groups.items()} == {"parameter": 4000, "activation": 1000, "temporary": 300}
+
+
+def test_live_series_reduces_big_curve_but_keeps_exact_peak():
+    rng = np.random.default_rng(1)
+    n = 50_000
+    alloc = np.sort(rng.integers(0, 10**9, n))
+    life = rng.integers(1, 10**7, n)
+    blocks = pd.DataFrame({"block_id": np.arange(n), "device": "cuda:0", "size": rng.integers(1, 1 << 20, n),
+                           "alloc_ns": alloc, "free_ns": alloc + life,
+                           "category": rng.choice(["activation", "gradient", "temporary"], n)})
+    trace = Trace.from_tables(blocks)
+    s = live_series(trace, "cuda:0", max_points=2000, top_groups=2)
+    assert len(s.x) <= 2001
+    assert s.peak_bytes == trace.peak_live_bytes()["cuda:0"]
+    assert s.total.max() == s.peak_bytes
+    assert set(s.groups) == {"activation", "gradient", "temporary"} or "other" in s.groups
+    assert np.array_equal(np.sum(list(s.groups.values()), axis=0), s.total)
+
+
+def test_live_memory_figure_has_one_row_per_device_and_a_peak_marker():
+    trace = constructed_trace()
+    fig = live_memory(trace, by="module", x="event")
+    peaks = [t for t in fig.data if t.name == "peak"]
+    assert len(peaks) == 2
+    assert sorted(int(p.y[0]) for p in peaks) == [50, 5300]
+    assert fig.layout.xaxis2.title.text.startswith("event index")
+
+
+def test_figure_text_from_the_trace_is_escaped():
+    trace = constructed_trace(names=XSS_NAMES)
+    for fig in (live_memory(trace, by="module"), timeline(trace), largest_blocks_table(trace)):
+        text = fig.to_json()
+        assert "<script" not in text and "<img" not in text and "<svg" not in text
+        assert "&lt;script&gt;" in text or "\\u0026lt;script" in text
+
+
+def test_largest_blocks_agree_with_a_plain_sort():
+    trace = constructed_trace()
+    df = largest_blocks(trace, n=5)
+    expected = sorted(((-r.size, r.block_id) for r in trace.blocks.itertuples()))[:5]
+    assert list(zip(-df["size"], df["block_id"])) == expected
+    assert df.loc[0, "location"] == "model.layer2:7 model.layer1"  # stack 0 is on the parameter, block 0
+    lifetime = df.set_index("block_id")["lifetime_ns"]
+    assert lifetime[1] == 50  # activation of iteration 0: 10 -> 60
+
+
+def test_timeline_draws_the_largest_blocks_and_aggregates_the_rest():
+    trace = constructed_trace(n_iter=30)
+    fig = timeline(trace, device="cuda:0", max_blocks=10)
+    bars = [t for t in fig.data if t.type == "bar"]
+    heat = [t for t in fig.data if t.type == "heatmap"]
+    assert sum(len(b.x) for b in bars) == 10
+    assert len(heat) == 1 and "51 small blocks" in heat[0].name  # 61 cuda blocks - 10 drawn
+    assert any(t.name == "accesses" for t in fig.data)
+    rects = block_rects(trace, "cuda:0", x="event")
+    assert rects.attrs["y_mode"] == "address"
+    assert (rects["x1"] >= rects["x0"]).all()
+    # the parameter lives from before the first event to past the last (61 allocs + 60 frees on cuda:0)
+    param = rects[rects["block_id"] == 0].iloc[0]
+    assert param["x0"] == 0 and param["x1"] == 121
+
+
+def test_timeline_without_addresses_stacks_on_live_bytes():
+    blocks = pd.DataFrame({"block_id": [0, 1, 2], "device": "cpu", "size": [10, 20, 30],
+                           "alloc_ns": [0, 5, 6], "free_ns": [10, 7, 20]})
+    rects = block_rects(Trace.from_tables(blocks), "cpu")
+    assert rects.attrs["y_mode"] == "stacked"
+    assert rects["y0"].tolist() == [0, 10, 30]
