@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 import warnings
 from time import perf_counter_ns
-from weakref import KeyedRef
+from weakref import ref as _weakref
 
 import torch
 from torch._C import _current_autograd_node
 from torch._C._autograd import _get_sequence_nr
+from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.record.buffers import EventBuffers
@@ -35,6 +36,12 @@ ITER_STEP, ITER_OPTIMIZER = 0, 1
 class _RecordingMode(TorchDispatchMode):
     """Sees every ATen op below autograd (forward, backward, optimizer) and reports it to the session."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # PyTorch would wrap __torch_dispatch__ in torch._disable_dynamo (~1 us per op); we switch
+        # Dynamo's frame evaluation off around our own frames directly, which is what it does.
+        return False
+
     def __init__(self, session: "Session"):
         super().__init__()
         self.session = session
@@ -45,14 +52,18 @@ class _RecordingMode(TorchDispatchMode):
         session = self.session
         if not session.active:
             return func(*args, **kwargs)
-        start = perf_counter_ns()
-        out = func(*args, **kwargs)
-        end = perf_counter_ns()
+        prior = _set_eval_frame(None)
         try:
-            session.on_op(func, args, kwargs, out, start, end)
-        except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
-            session.fail(exc)
-        return out
+            start = perf_counter_ns()
+            out = func(*args, **kwargs)
+            end = perf_counter_ns()
+            try:
+                session.on_op(func, args, kwargs, out, start, end)
+            except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
+                session.fail(exc)
+            return out
+        finally:
+            _set_eval_frame(prior)
 
 
 class Session:
@@ -70,7 +81,7 @@ class Session:
         self._module_stack: list[tuple[int, int, object]] = []  # (id, caller ctx, module) in forward
         self._ctx = 0                       # (module_idx << 2) | phase bits
         self._live: dict[int, int] = {}     # id(storage) -> block_id
-        self._refs: dict[int, KeyedRef] = {}
+        self._refs: dict[int, tuple] = {}   # id(weakref) -> (weakref, block_id, id(storage))
         self.devices: list[str] = []
         self._device_idx: dict = {}
         self.n_ops = 0
@@ -238,16 +249,19 @@ class Session:
         self.n_blocks = bid + 1
         key = id(st)
         self._live[key] = bid
-        self._refs[bid] = KeyedRef(st, self._on_free, (bid, key))
+        ref = _weakref(st, self._on_free)      # a plain C weakref: ~4x cheaper than a KeyedRef
+        self._refs[id(ref)] = (ref, bid, key)
         self._blocks_extend((bid, di, st.data_ptr(), size, -1 if before else t, op, 1 if before else 0))
         return bid
 
     def _on_free(self, ref) -> None:
         """Weak-reference callback: the storage died (runs in whichever thread dropped it)."""
-        bid, key = ref.key
         t = perf_counter_ns()
+        entry = self._refs.pop(id(ref), None)
+        if entry is None:          # recording already stopped and released its references
+            return
+        _, bid, key = entry
         self._live.pop(key, None)
-        self._refs.pop(bid, None)
         self._frees_extend((bid, t))
 
     # ---- categories and attribution (called from global hooks) -------------------------------
