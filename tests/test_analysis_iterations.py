@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from memlens.analysis.iterations import allocation_sequence, split_iterations
-from memlens.analysis.period import detect_period, exact_match_rate, occurrences
+from memlens.analysis.period import detect_period, exact_match_rate, iteration_starts, template_match
 from memlens.analysis.stability import iteration_stability, iteration_stats
 from memlens.trace import Trace
 
@@ -143,7 +143,7 @@ def test_period_detection_statistics():
     assert detect_period(np.zeros(100, dtype=np.int64)) is None  # one symbol: no information
     assert detect_period(rng.integers(0, 50, 2000)) is None
     assert detect_period(np.array([1, 2, 3])) is None
-    starts = occurrences(np.tile(step, 8), anchors=[40], period=40)
+    starts = iteration_starts(np.tile(step, 8), anchors=[40], period=40)
     assert starts.tolist() == list(range(0, 320, 40))
 
 

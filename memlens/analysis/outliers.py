@@ -47,7 +47,7 @@ def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None 
     and ``swappable_bytes_ns`` (size x saved_ns). Accepts a Trace or a frame from `access_intervals`.
     """
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
-    iv = _as_intervals(trace_or_intervals, device).copy()
+    iv = _as_intervals(trace_or_intervals, device)
     size = iv["size"].to_numpy(dtype=np.float64)
     length = iv["length_ns"].to_numpy(dtype=np.float64)
     out_ns = bw.swap_out_ns(size)
@@ -55,14 +55,19 @@ def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None 
     round_trip = out_ns + in_ns
     swappable = length >= round_trip
     saved = np.where(swappable, length - round_trip, 0.0)
-    iv["round_trip_ns"] = round_trip
-    iv["swappable"] = swappable
-    iv["saved_ns"] = saved
     start = iv["start_ns"].to_numpy(dtype=np.float64)
     end = iv["end_ns"].to_numpy(dtype=np.float64)
-    iv["swap_out_done_ns"] = np.where(swappable, start + out_ns, start)
-    iv["swap_in_start_ns"] = np.where(swappable, end - in_ns, start)
-    iv["swappable_bytes_ns"] = size * saved
+    # a new frame over the same column arrays: setting columns on a copy would copy 10M-row arrays
+    columns = {c: iv[c] for c in iv.columns}
+    columns.update({
+        "round_trip_ns": round_trip, "swappable": swappable, "saved_ns": saved,
+        "swap_out_done_ns": np.where(swappable, start + out_ns, start),
+        "swap_in_start_ns": np.where(swappable, end - in_ns, start),
+        "swappable_bytes_ns": size * saved,
+    })
+    attrs = dict(iv.attrs)
+    iv = pd.DataFrame(columns, copy=False)
+    iv.attrs.update(attrs)
     iv.attrs["bandwidth"] = bw.to_dict()
     return iv
 
@@ -101,8 +106,10 @@ def _first_in_runs(run_id: np.ndarray, mask: np.ndarray, n_runs: int) -> np.ndar
     """Index of the first True of `mask` in each run (-1 when none); `run_id` is sorted."""
     first = np.full(n_runs, -1, dtype=np.int64)
     idx = np.flatnonzero(mask)
-    runs, pos = np.unique(run_id[idx], return_index=True)
-    first[runs] = idx[pos]
+    runs = run_id[idx]
+    new = np.ones(len(idx), dtype=bool)
+    new[1:] = runs[1:] != runs[:-1]
+    first[runs[new]] = idx[new]
     return first
 
 
@@ -144,7 +151,10 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
-    iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device)
+    if intervals is not None and "swappable" in intervals.columns:
+        iv = intervals if device is None else intervals[intervals["device"].astype(str) == device]
+    else:
+        iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device)
     if min_size is None:
         min_size = 0 if priority == "size_x_idle" else ZHANG_MIN_SIZE
 
@@ -170,37 +180,41 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
 
     # the interval of each block that spans its device's peak (Zhang et al.'s swap candidates)
     dev_codes, dev_names = pd.factorize(iv["device"], sort=True)
+    dev_names = np.asarray(dev_names, dtype=object).astype(str)
     round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
-    wdoa_iv = np.zeros(n)
     spans_peak = np.zeros(n, dtype=bool)
-    for code, dev in enumerate(np.asarray(dev_names, dtype=object).astype(str)):
-        on_dev = dev_codes == code
+    for code, dev in enumerate(dev_names):
         live = trace.live_bytes(dev)
         if len(live) == 0:
             continue
         t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
-        spans_peak |= on_dev & (start <= t_peak) & (end > t_peak)
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes)
-        lo_w = iv["swap_out_done_ns"].to_numpy(dtype=np.float64)[on_dev]
-        hi_w = iv["swap_in_start_ns"].to_numpy(dtype=np.float64)[on_dev]
-        wdoa_iv[on_dev] = np.where(swappable[on_dev], np.interp(hi_w, times, cum) - np.interp(lo_w, times, cum),
-                                   0.0)
+        spans_peak |= (dev_codes == code) & (start <= t_peak) & (end > t_peak)
     peak_idx = _first_in_runs(run_id, spans_peak, n_runs)
     has_peak = peak_idx >= 0
+    at_peak = peak_idx[has_peak]
     doa = np.full(n_runs, np.nan)
-    doa[has_peak] = length[peak_idx[has_peak]] - round_trip[peak_idx[has_peak]]
+    doa[has_peak] = length[at_peak] - round_trip[at_peak]
+    # WDOA only for the intervals that span a peak (the candidates), in their swapped-out window
     wdoa = np.full(n_runs, np.nan)
-    wdoa[has_peak] = wdoa_iv[peak_idx[has_peak]]
+    swappable_at = swappable[at_peak]
+    lo_w = iv["swap_out_done_ns"].to_numpy(dtype=np.float64)[at_peak]
+    hi_w = iv["swap_in_start_ns"].to_numpy(dtype=np.float64)[at_peak]
+    weighted = np.zeros(len(at_peak))
+    for code, dev in enumerate(dev_names):
+        on_dev = dev_codes[at_peak] == code
+        if not on_dev.any():
+            continue
+        times, cum, _, _ = load_weight(trace, dev, limit_bytes)
+        weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
+    wdoa[has_peak] = np.where(swappable_at, weighted, 0.0)
 
     first = run_start
     out = pd.DataFrame({
         "block_id": block[first],
-        "device": np.asarray(dev_names, dtype=object).astype(str)[dev_codes[first]],
         "size": size[first],
         "max_idle_ns": max_len,
         "max_idle_start_ns": start[arg],
         "max_idle_end_ns": end[arg],
-        "max_idle_kind": iv["kind"].astype(str).to_numpy()[arg],
         "lifetime_ns": lifetime,
         "idle_fraction": np.where(lifetime > 0, max_len / np.maximum(lifetime, 1), 0.0),
         "accesses": counts - 1,
@@ -210,28 +224,47 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         "doa_ns": doa,
         "aoa": doa * size[first],
         "wdoa_ns": wdoa,
-    })
+        "_run": np.arange(n_runs),
+    }, copy=False)
     score = {"size_x_idle": out["size"].to_numpy(np.float64) * out["max_idle_ns"].to_numpy(np.float64),
-             "doa": out["doa_ns"].to_numpy(), "aoa": out["aoa"].to_numpy(), "wdoa": out["wdoa_ns"].to_numpy()}
+             "doa": doa, "aoa": out["aoa"].to_numpy(), "wdoa": wdoa}
     out["score"] = score[priority]
-    out = out[out["size"].to_numpy() >= min_size]
+    keep = out["size"].to_numpy() >= min_size
     if priority != "size_x_idle":
-        out = out[out["crosses_peak"].to_numpy()]
-    out = _attach_attribution(out, trace)
-    ranked = out.sort_values(["score", "size", "block_id"], ascending=[False, False, True], na_position="last",
-                             kind="stable")
+        keep &= has_peak
+    ranked = out[keep].sort_values(["score", "size", "block_id"], ascending=[False, False, True],
+                                   na_position="last", kind="stable")
     if top is not None:
         ranked = ranked.head(int(top))
-    ranked = ranked.reset_index(drop=True)
+    # labels only for the rows kept (strings for 1M blocks would cost more than the ranking)
+    runs = ranked.pop("_run").to_numpy()
+    ranked.insert(1, "device", dev_names[dev_codes[first[runs]]])
+    ranked.insert(6, "max_idle_kind", _labels_at(iv["kind"], arg[runs]))
+    ranked = _attach_attribution(ranked.reset_index(drop=True), trace)
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     return ranked
 
 
+def _labels_at(labels: pd.Series, idx: np.ndarray) -> np.ndarray:
+    """String labels of the rows `idx`, through the categorical codes when there are some (cheap on 10M
+    rows, where astype(str) of the whole column is not)."""
+    if isinstance(labels.dtype, pd.CategoricalDtype):
+        categories = np.asarray(labels.cat.categories, dtype=object)
+        return categories[labels.cat.codes.to_numpy()[idx]]
+    return labels.to_numpy()[idx].astype(str)
+
+
 def _attach_attribution(out: pd.DataFrame, trace) -> pd.DataFrame:
+    """Add the blocks' attribution columns to the (few) ranked rows, looked up by block_id."""
+    from memlens.analysis.ati import block_rows
     cols = [c for c in ATTRIBUTION if c in trace.blocks.columns]
-    attrs = trace.blocks[["block_id", *cols]].drop_duplicates("block_id")
-    return out.merge(attrs, on="block_id", how="left")
+    rows = block_rows(trace.blocks["block_id"].to_numpy(dtype=np.int64), out["block_id"].to_numpy(dtype=np.int64))
+    picked = trace.blocks.iloc[np.maximum(rows, 0)][cols].reset_index(drop=True)
+    picked[rows < 0] = None
+    for c in cols:
+        out[c] = picked[c].to_numpy()
+    return out
 
 
 def _empty_outliers() -> pd.DataFrame:

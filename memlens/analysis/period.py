@@ -8,16 +8,18 @@ average to zero. A few independent embeddings are averaged, and the best lags ar
 Decisions are statistical, not tuned: two symbols drawn at random agree with probability
 ``chance = sum(freq**2)``, so a lag is repetition, not coincidence, when its exact match rate stands
 ``Z_MIN`` binomial standard errors above chance; among lags whose match rate is within the sampling error
-of the best, the smallest is the period (a multiple of a period matches as well as the period itself).
+of the best (two standard errors of the difference), the smallest is the period (a multiple of a period matches as well as the period itself).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import fft
 
 Z_MIN = 5.0  # standard errors above chance: false detection probability ~3e-7 per lag
 EMBEDDINGS = 3
+MAX_ANCHORS = 3  # candidate iteration starts matched against the whole sequence
 CANDIDATES = 32
 
 
@@ -36,14 +38,17 @@ def approximate_match_rates(symbols: np.ndarray, embeddings: int = EMBEDDINGS, s
     """Estimated match rate m(L) for L = 0 .. n-1 (index L), by FFT autocorrelation of random phases."""
     n = len(symbols)
     k = int(symbols.max()) + 1 if n else 0
-    nfft = 1 << int(np.ceil(np.log2(max(2 * n, 2))))
+    nfft = fft.next_fast_len(max(2 * n, 2))
     rng = np.random.default_rng(seed)
     total = np.zeros(n)
+    if n >= 20_000:  # noise per lag ~ 1/sqrt(2 * (n - lag)): one embedding is precise enough
+        embeddings = 1
     for _ in range(embeddings):
         phase = rng.uniform(0.0, 2 * np.pi, size=k)
         z = np.exp(1j * phase[symbols])
-        spectrum = np.fft.fft(z, nfft)
-        total += np.fft.ifft(spectrum * np.conj(spectrum))[:n].real
+        spectrum = fft.fft(z, nfft, workers=-1)
+        spectrum *= np.conj(spectrum)
+        total += fft.ifft(spectrum, workers=-1)[:n].real
     overlap = n - np.arange(n)
     return total / embeddings / np.maximum(overlap, 1)
 
@@ -77,11 +82,15 @@ def detect_period(symbols, min_repeats: int = 2) -> Period | None:
     divisors = np.array([best_lag // d for d in range(2, best_lag + 1) if best_lag % d == 0], dtype=np.int64)
     candidates = np.unique(np.concatenate([top, divisors]))
     exact = np.array([exact_match_rate(symbols, int(lag)) for lag in candidates])
-    best = float(exact.max())
+    best_at = int(np.argmax(exact))
+    best = float(exact[best_at])
     overlap = n - candidates
     z = (exact - chance) / np.sqrt(chance * (1 - chance) / overlap)
-    best_se = np.sqrt(max(best * (1 - best), 1.0 / overlap.min()) / overlap)
-    good = (exact >= best - 2 * best_se) & (z >= Z_MIN)
+    # a lag matches "as well as the best" when the difference is within two standard errors of the
+    # difference of two binomial rates (the best's own error counts: a long lag has few pairs and is noisy)
+    var = max(best * (1 - best), 1.0 / overlap.min())
+    diff_se = np.sqrt(var / overlap + var / overlap[best_at])
+    good = (exact >= best - 2 * diff_se) & (z >= Z_MIN)
     if not good.any():
         return None
     pick = int(np.flatnonzero(good)[0])  # candidates are sorted: the smallest qualifying lag
@@ -89,63 +98,94 @@ def detect_period(symbols, min_repeats: int = 2) -> Period | None:
                   z_score=float(z[pick]))
 
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
+EXACT_WORK = 20_000_000  # n * width below which template matches are counted exactly
 
 
-def _window_hashes(symbols: np.ndarray, width: int, seed: int = 1) -> np.ndarray:
-    """Polynomial hash (mod 2**64) of every window of `width` symbols, by prefix sums.
+class TemplateMatcher:
+    """Match rates of templates (windows of the sequence itself) against every position.
 
-    h(i) = sum_j v[s[i+j]] * B**(i+j); dividing by B**i (B odd, so invertible mod 2**64) makes windows
-    at different positions comparable. numpy's uint64 arithmetic wraps, which is the modulus.
+    ``match(start, width)[i] = mean(symbols[i + j] == symbols[start + j])`` for j < width (positions past the
+    end disagree). Exact by sliding windows when ``n * width`` is small; otherwise by FFT cross-correlation of
+    random-phase embeddings (the expectation argument of `approximate_match_rates`), with the sequence's
+    spectrum computed once for all templates. One embedding suffices for templates of 1,000+ symbols
+    (noise ~ 1/sqrt(2 * width)); shorter ones average `EMBEDDINGS`.
     """
-    rng = np.random.default_rng(seed)
-    values = rng.integers(1, 2**63, size=int(symbols.max()) + 1, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    base = int(rng.integers(1, 2**62)) * 2 + 1
-    n = len(symbols)
-    with np.errstate(over="ignore"):
-        powers = np.cumprod(np.full(n, base, dtype=np.uint64), dtype=np.uint64)
-        powers = np.concatenate([[np.uint64(1)], powers[:-1]])
-        inverse = pow(base, -1, 2**64)
-        inv_powers = np.cumprod(np.full(n, inverse, dtype=np.uint64), dtype=np.uint64)
-        inv_powers = np.concatenate([[np.uint64(1)], inv_powers[:-1]])
-        prefix = np.concatenate([[np.uint64(0)], np.cumsum(values[symbols] * powers, dtype=np.uint64)])
-        count = n - width + 1
-        return (prefix[width:width + count] - prefix[:count]) * inv_powers[:count]
+
+    def __init__(self, symbols: np.ndarray, seed: int = 2):
+        self.symbols = np.asarray(symbols, dtype=np.int64)
+        self.seed = seed
+        self._spectra: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _spectrum(self, embedding: int, nfft: int):
+        key = (embedding, nfft)
+        if key not in self._spectra:
+            rng = np.random.default_rng(self.seed + embedding)
+            phase = rng.uniform(0.0, 2 * np.pi, size=int(self.symbols.max()) + 1)
+            self._spectra[key] = (phase, fft.fft(np.exp(1j * phase[self.symbols]), nfft, workers=-1))
+        return self._spectra[key]
+
+    def match(self, start: int, width: int) -> np.ndarray:
+        symbols = self.symbols
+        n = len(symbols)
+        template = symbols[start:start + width]
+        width = len(template)
+        if n * width <= EXACT_WORK:
+            padded = np.concatenate([symbols, np.full(width - 1, -1, dtype=symbols.dtype)])
+            windows = np.lib.stride_tricks.sliding_window_view(padded, width)
+            return (windows == template).mean(axis=1)
+        embeddings = 1 if width >= 1000 else EMBEDDINGS
+        nfft = fft.next_fast_len(n + width)
+        total = np.zeros(n)
+        for e in range(embeddings):
+            phase, spectrum = self._spectrum(e, nfft)
+            # corr[i] = sum_j z[i + j] * conj(t[j]): a convolution with the reversed conjugate template
+            kernel = fft.fft(np.exp(-1j * phase[template[::-1]]), nfft, workers=-1)
+            kernel *= spectrum
+            total += fft.ifft(kernel, workers=-1).real[width - 1:width - 1 + n]
+        return total / embeddings / width
 
 
-def occurrences(symbols, anchors, period: int, cost=None) -> np.ndarray:
-    """Start positions of the iteration pattern, one per repetition, from the best of `anchors`.
+def template_match(symbols: np.ndarray, start: int, width: int) -> np.ndarray:
+    """`TemplateMatcher(symbols).match(start, width)` for a single template."""
+    return TemplateMatcher(symbols).match(start, width)
 
-    For each anchor the pattern is the shortest window starting there (doubling from 8 symbols up to
-    `period`) that occurs at most once per period; occurrences closer than half a period to the previous
-    one are dropped. The anchor whose pattern recurs most often wins; ties go to the lowest mean `cost` at
-    the occurrences (e.g. live bytes, so that iterations start at the trough), then the first. Positions are
-    indices into `symbols`, sorted. Each width's window hashes are computed once for all anchors.
+
+def iteration_starts(symbols, anchors, period: int, cost=None, expected_match: float | None = None) -> np.ndarray:
+    """Start positions of the repetitions of the period-long pattern beginning at one of `anchors`.
+
+    Each anchor's pattern is matched at every position (`template_match`); a position starts a repetition
+    where its match is the best within half a period on either side, stands `Z_MIN` standard errors above
+    chance and, given the period's `expected_match` rate, is nearer to it than to chance (a nearest-mean
+    decision between "a repetition" and "unrelated symbols"), so a step with an inserted or reordered
+    allocation is still found while a different phase of the program (setup, evaluation) is not. The anchor whose
+    starts add up to the most matched symbols wins (many repetitions, each close to the pattern); ties go to
+    the lowest mean `cost` at the starts (e.g. live bytes, so that iterations begin at the trough), then
+    the first. Positions are indices into `symbols`, sorted.
     """
+    from scipy.ndimage import maximum_filter1d
+
     symbols = np.asarray(symbols, dtype=np.int64)
-    anchors = np.atleast_1d(np.asarray(anchors, dtype=np.int64))
     n = len(symbols)
-    expected = n / period + 1
-    width = min(8, period)
-    pending = list(dict.fromkeys(int(a) for a in anchors if 0 <= a < n))
-    best = np.array([], dtype=np.int64)
-    best_cost = np.inf
     cost = np.zeros(n) if cost is None else np.asarray(cost, dtype=np.float64)
-    while pending:
-        hashes = _window_hashes(symbols, width)
-        still = []
-        for anchor in pending:
-            if anchor >= len(hashes):
-                continue
-            found = np.flatnonzero(hashes == hashes[anchor])
-            if len(found) > expected and width < period and anchor + 2 * width <= n:
-                still.append(anchor)  # not yet specific to one place per period: widen
-                continue
-            keep = np.concatenate([[True], np.diff(found) >= max(period // 2, 1)])
-            found = found[keep]
-            found_cost = float(cost[found].mean()) if len(found) else np.inf
-            if len(found) > len(best) or (len(found) == len(best) and found_cost < best_cost):
-                best, best_cost = found, found_cost
-        pending = still
-        width = min(2 * width, period)
+    freq = np.bincount(symbols) / max(n, 1)
+    chance = float((freq ** 2).sum())
+    need = chance + Z_MIN * np.sqrt(chance * (1 - chance) / period)
+    if expected_match is not None:
+        need = max(need, (chance + expected_match) / 2)
+    best, best_score, best_cost = np.array([], dtype=np.int64), 0.0, np.inf
+    matcher = TemplateMatcher(symbols)
+    candidates = [int(a) for a in dict.fromkeys(np.atleast_1d(anchors).tolist()) if 0 <= a <= n - period]
+    # full matching costs an FFT per anchor: try first those whose pattern recurs one period later
+    local = [exact_match_rate(symbols[a:a + 2 * period], period) for a in candidates]
+    candidates = [candidates[i] for i in np.argsort(local, kind="stable")[::-1][:MAX_ANCHORS]]
+    for anchor in candidates:
+        match = matcher.match(anchor, period)
+        local_best = maximum_filter1d(match, size=period, mode="constant", cval=-1.0)
+        found = np.flatnonzero((match >= local_best) & (match > need))
+        if len(found):  # plateaus: keep the first of starts closer than half a period
+            found = found[np.concatenate([[True], np.diff(found) >= max(period // 2, 1)])]
+        score = float(match[found].sum())
+        found_cost = float(cost[found].mean()) if len(found) else np.inf
+        if score > best_score or (score == best_score and found_cost < best_cost):
+            best, best_score, best_cost = found, score, found_cost
     return best
