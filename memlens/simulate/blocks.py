@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 
-_ADDR_BITS = 64  # free-pool keys are (size << 64) | address: one int orders by (size, address)
+ADDR_BITS = 64  # free-pool keys are (size << 64) | address: one int orders by (size, address)
 
 
 class Block:
@@ -59,12 +59,12 @@ class FreePool:
         return len(self.keys)
 
     def add(self, block: Block) -> None:
-        key = (block.size << _ADDR_BITS) | block.addr
+        key = (block.size << ADDR_BITS) | block.addr
         insort(self.keys, key)
         self.blocks[key] = block
 
     def remove(self, block: Block) -> None:
-        key = (block.size << _ADDR_BITS) | block.addr
+        key = (block.size << ADDR_BITS) | block.addr
         keys = self.keys
         i = bisect_left(keys, key)
         if i < len(keys) and keys[i] == key:
@@ -73,7 +73,7 @@ class FreePool:
 
     def index_at_least(self, size: int) -> int:
         """Index of the smallest cached block with at least `size` bytes (len when none)."""
-        return bisect_left(self.keys, size << _ADDR_BITS)
+        return bisect_left(self.keys, size << ADDR_BITS)
 
     def at(self, index: int) -> Block:
         return self.blocks[self.keys[index]]

@@ -14,8 +14,10 @@ carry the position of the request that caused them.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 from memlens.simulate import expandable
-from memlens.simulate.blocks import AddressSpace, Block, FreePool, UnmappedPool
+from memlens.simulate.blocks import ADDR_BITS, AddressSpace, Block, FreePool, UnmappedPool
 from memlens.simulate.config import (
     K_MIN_BLOCK, K_SMALL_SIZE, UNLIMITED, AllocatorConfig, allocation_size, round_size,
 )
@@ -135,11 +137,12 @@ class CachingAllocator:
         pool = self.pools.get((is_small, stream))
         if not pool:
             return None
-        n = len(pool.keys)
-        i = pool.index_at_least(size)
+        keys = pool.keys
+        n = len(keys)
+        i = bisect_left(keys, size << ADDR_BITS)
         if i == n:
             return None
-        block = pool.at(i)
+        block = pool.blocks[keys[i]]
         if block.expandable is not None:
             if self.config.expandable_segments:
                 i, block = expandable.best_fit_by_expandable_size(pool, i, block)
@@ -150,11 +153,13 @@ class CachingAllocator:
                     return None
                 block = pool.at(i)
         max_split = self._max_split
-        if size < max_split and block.size >= max_split:
-            return None  # never hand out an oversize block for a request that could be split
-        if size >= max_split and block.size >= size + self.config.max_non_split_rounding_size:
-            return None  # an oversize block may be rounded up only by a bounded amount
-        pool.remove(block)
+        if max_split != UNLIMITED:
+            if size < max_split and block.size >= max_split:
+                return None  # never hand out an oversize block for a request that could be split
+            if size >= max_split and block.size >= size + self.config.max_non_split_rounding_size:
+                return None  # an oversize block may be rounded up only by a bounded amount
+        del pool.blocks[keys[i]]
+        del keys[i]
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -176,7 +181,11 @@ class CachingAllocator:
             remaining.prev = block
             remaining.addr += size
             remaining.size -= size
-            self._cache(remaining)
+            remaining.gc_base = self.free_block_calls[is_small]
+            pool = self.pools.get((is_small, stream)) or self._pool(is_small, stream)
+            key = (remaining.size << ADDR_BITS) | remaining.addr
+            insort(pool.keys, key)
+            pool.blocks[key] = remaining
             if remaining.expandable is None:
                 self.inactive_split += -size if already_split else remaining.size
         elif already_split and block.expandable is None:
@@ -201,13 +210,42 @@ class CachingAllocator:
 
     # ---- returning blocks -----------------------------------------------------------------------
     def _free_block(self, block: Block) -> None:
+        pool = self.pools.get((block.is_small, block.stream))
+        if pool is None:
+            pool = self._pool(block.is_small, block.stream)
+        keys, blocks = pool.keys, pool.blocks
         net_size = 0
-        for neighbour in (block.prev, block.next):
-            subsumed = self._try_merge(block, neighbour)
-            if subsumed:
-                net_size -= subsumed
-        self._cache(block)
-        if block.is_split:
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated and not prev.pending and prev.mapped == block.mapped:
+            if prev.mapped:  # inline of _try_merge(block, prev) for the common case
+                key = (prev.size << ADDR_BITS) | prev.addr
+                del keys[bisect_left(keys, key)]
+                del blocks[key]
+                block.addr = prev.addr
+                block.prev = prev.prev
+                if block.prev is not None:
+                    block.prev.next = block
+                block.size += prev.size
+                net_size -= prev.size
+            else:
+                net_size -= self._try_merge(block, prev)
+        if nxt is not None and not nxt.allocated and not nxt.pending and nxt.mapped == block.mapped:
+            if nxt.mapped:
+                key = (nxt.size << ADDR_BITS) | nxt.addr
+                del keys[bisect_left(keys, key)]
+                del blocks[key]
+                block.next = nxt.next
+                if block.next is not None:
+                    block.next.prev = block
+                block.size += nxt.size
+                net_size -= nxt.size
+            else:
+                net_size -= self._try_merge(block, nxt)
+        block.gc_base = self.free_block_calls[block.is_small]
+        key = (block.size << ADDR_BITS) | block.addr
+        insort(keys, key)
+        blocks[key] = block
+        if block.prev is not None or block.next is not None:
             net_size += block.size
         if block.expandable is None:
             self.inactive_split += net_size

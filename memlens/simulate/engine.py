@@ -13,7 +13,8 @@ from memlens.simulate.blocks import AddressSpace
 from memlens.simulate.caching import CachingAllocator
 from memlens.simulate.config import AllocatorConfig, parse_conf
 from memlens.simulate.replay import (
-    ALLOC, EMPTY_CACHE, FREE, FREE_COMPLETED, FREE_REQUESTED, DeviceRequests, device_requests,
+    ALLOC, EMPTY_CACHE, FREE, FREE_COMPLETED, FREE_REQUESTED, RELEASE_BEFORE_RESERVE, DeviceRequests,
+    device_requests,
 )
 from memlens.simulate.result import DeviceResult, SimulationResult
 
@@ -53,23 +54,31 @@ def _run(alloc, req: DeviceRequests) -> tuple[list[int], ...]:
     reserved, allocated, inactive, addrs = [], [], [], []
     res_add, all_add, ina_add, addr_add = reserved.append, allocated.append, inactive.append, addrs.append
     returns_block = isinstance(alloc, CachingAllocator)
+    # a recorded release before a reservation may be the OOM retry of a full device; with a capacity the
+    # simulated OOM path decides instead (see memlens.simulate.replay)
+    release_kinds = (EMPTY_CACHE,) if alloc.capacity is not None else (EMPTY_CACHE, RELEASE_BEFORE_RESERVE)
     malloc, free, free_req, free_done = alloc.malloc, alloc.free, alloc.free_requested, alloc.free_completed
     for kind, block_id, size, stream, t_ns, seq in zip(req.kind.tolist(), req.block_id.tolist(),
                                                        req.size.tolist(), req.stream.tolist(),
                                                        req.t_ns.tolist(), req.seq.tolist()):
-        alloc.seq = seq
-        alloc.t_ns = t_ns
         if kind == ALLOC:
+            alloc.seq = seq  # stamps the segment events and OOMs this request may cause
+            alloc.t_ns = t_ns
             got = malloc(block_id, size, stream)
             addr_add(-1 if got is None else (got.addr if returns_block else got))
         else:
+            if not returns_block:  # baselines release device memory on frees
+                alloc.seq = seq
+                alloc.t_ns = t_ns
             if kind == FREE:
                 free(block_id)
             elif kind == FREE_REQUESTED:
                 free_req(block_id)
             elif kind == FREE_COMPLETED:
                 free_done(block_id)
-            elif kind == EMPTY_CACHE:
+            elif kind in release_kinds:
+                alloc.seq = seq
+                alloc.t_ns = t_ns
                 alloc.empty_cache()
             addr_add(-1)
         res_add(alloc.reserved)

@@ -3,11 +3,14 @@ the allocator was in when recording began, and what the recording says the real 
 
 Request stream. A snapshot import has ``events``: its ``alloc`` rows are requests (size = the caller's
 bytes; the replay rounds them), ``free_requested`` / ``free_completed`` rows drop and return blocks
-(different rows when ``record_stream`` deferred the return, otherwise merged into one immediate free), and a
-run of ``segment_free`` / ``segment_unmap`` rows that no ``segment_alloc`` / ``segment_map`` follows is an
-``empty_cache()`` call, replayed at the same point. (Runs followed by a new reservation are the allocator's
-own OOM-retry or GC releases: the replay makes its own.) Other traces give requests from ``blocks``:
-``alloc_seq`` / ``free_seq``, size = requested bytes, ``stream``.
+(different rows when ``record_stream`` deferred the return, otherwise merged into one immediate free).
+Releases: a run of ``segment_free`` / ``segment_unmap`` rows that no ``segment_alloc`` / ``segment_map``
+follows is an ``empty_cache()`` call (`EMPTY_CACHE`), replayed at the same point. A run followed by a new
+reservation (`RELEASE_BEFORE_RESERVE`) is either ``empty_cache()`` then a request, or the allocator's OOM
+retry (a full device: cudaMalloc failed, every cached segment released, retried) — the entries are the same.
+Both release every unsplit cached segment, so without a capacity the replay applies it at that point; with a
+capacity the simulated OOM path decides. A run followed by an ``oom`` entry is the failed OOM path itself.
+Other traces give requests from ``blocks``: ``alloc_seq`` / ``free_seq``, size = requested bytes, ``stream``.
 
 Initial state. When recording began warm, the segments reserved at the start are the final ``segments``
 walked backwards through the recorded segment events, and the blocks live at the start are those freed
@@ -25,7 +28,7 @@ import pandas as pd
 
 from memlens.simulate.config import K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, round_size
 
-ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE = 0, 1, 2, 3, 4
+ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE, RELEASE_BEFORE_RESERVE = 0, 1, 2, 3, 4, 5
 _RESERVE = ("segment_alloc", "segment_map")
 _RELEASE = ("segment_free", "segment_unmap")
 
@@ -99,7 +102,9 @@ def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
         ends = np.flatnonzero(release & ~np.concatenate([release[1:], [False]])) + 1  # one past each run
         for s, e in zip(starts, ends):
             following = action[e] if e < n else None
-            if following not in _RESERVE and following != "oom":
+            if following in _RESERVE:
+                kind[s] = RELEASE_BEFORE_RESERVE
+            elif following != "oom":
                 kind[s] = EMPTY_CACHE
     keep = kind >= 0
     return (kind[keep], block[keep], ev["size"].to_numpy(dtype=np.int64)[keep],

@@ -1,0 +1,182 @@
+"""From a trace to the request stream: recorded releases, record_stream, warm starts, requests from blocks.
+
+Snapshots are built by hand as the dicts torch's ``_snapshot()`` returns and read by the real importer;
+the expected allocator behaviour is worked out by hand in each test.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from memlens.errors import InputError
+from memlens.io.snapshot import snapshot_to_trace
+from memlens.simulate import simulate
+from memlens.simulate.replay import EMPTY_CACHE, FREE, FREE_COMPLETED, FREE_REQUESTED, RELEASE_BEFORE_RESERVE
+from memlens.simulate.replay import device_requests
+from memlens.simulate.config import AllocatorConfig
+from memlens.trace import Trace
+
+MiB = 1 << 20
+S_SMALL, S_LARGE, S_NEW = 0x7F0000000000, 0x7F0010000000, 0x7F0020000000
+
+
+def entry(action, addr, size, t):
+    return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": 1_000_000 + t, "frames": []}
+
+
+def seg(addr, total, blocks, small=False):
+    """A final-state segment; blocks: (offset, size, requested, state)."""
+    return {"device": 0, "address": addr, "total_size": total, "stream": 0,
+            "segment_type": "small" if small else "large", "is_expandable": False,
+            "allocated_size": sum(b[1] for b in blocks if b[3] == "active_allocated"),
+            "active_size": sum(b[1] for b in blocks if b[3] != "inactive"),
+            "requested_size": sum(b[2] for b in blocks if b[3] != "inactive"),
+            "blocks": [{"address": addr + off, "size": size, "requested_size": req, "state": state, "frames": []}
+                       for off, size, req, state in blocks]}
+
+
+def trace_of(entries, segments):
+    for t, e in enumerate(entries):
+        e["time_us"] = 1_000_000 + t
+    return snapshot_to_trace({"segments": segments, "device_traces": [entries],
+                              "allocator_settings": {"expandable_segments": False}})
+
+
+def _release_scenario(release_then_reserve: bool):
+    """c (512 B, small segment) stays live; a (5 MiB) is freed; its 20 MiB segment goes back."""
+    entries = [
+        entry("segment_alloc", S_SMALL, 2 * MiB, 0), entry("alloc", S_SMALL, 512, 0),
+        entry("segment_alloc", S_LARGE, 20 * MiB, 0), entry("alloc", S_LARGE, 5 * MiB, 0),
+        entry("free_requested", S_LARGE, 5 * MiB, 0), entry("free_completed", S_LARGE, 5 * MiB, 0),
+        entry("segment_free", S_LARGE, 20 * MiB, 0),
+    ]
+    small_blocks = [(0, 512, 512, "active_allocated")]
+    if not release_then_reserve:  # the next request is served from cache: an unambiguous empty_cache
+        entries.append(entry("alloc", S_SMALL + 512, 512, 0))
+        small_blocks.append((512, 512, 512, "active_allocated"))
+    used = sum(b[1] for b in small_blocks)
+    small_blocks.append((used, 2 * MiB - used, 0, "inactive"))
+    # 25 MiB: too big for the cached 20 MiB segment, so the allocator reserves 26 MiB either way
+    entries += [entry("segment_alloc", S_NEW, 26 * MiB, 0), entry("alloc", S_NEW, 25 * MiB, 0)]
+    segments = [seg(S_SMALL, 2 * MiB, small_blocks, small=True),
+                seg(S_NEW, 26 * MiB, [(0, 26 * MiB, 25 * MiB, "active_allocated")])]
+    return trace_of(entries, segments)
+
+
+def test_empty_cache_in_the_recording_is_replayed_at_the_same_point():
+    trace = _release_scenario(release_then_reserve=False)
+    req = device_requests(trace, "cuda:0", AllocatorConfig())
+    assert (req.kind == EMPTY_CACHE).sum() == 1
+    dev = simulate(trace).devices["cuda:0"]
+    # without the release the 20 MiB segment would stay reserved next to the new 26 MiB one (48 MiB)
+    assert dev.segment_allocs == [2 * MiB, 20 * MiB, 26 * MiB]
+    assert dev.segment_frees == [20 * MiB]
+    assert dev.peak_reserved == 28 * MiB and dev.final_reserved == 28 * MiB
+    assert dev.recorded["peak_reserved"] == 28 * MiB
+
+
+def test_release_before_a_reservation_is_applied_only_without_a_capacity():
+    trace = _release_scenario(release_then_reserve=True)
+    req = device_requests(trace, "cuda:0", AllocatorConfig())
+    assert (req.kind == RELEASE_BEFORE_RESERVE).sum() == 1 and (req.kind == EMPTY_CACHE).sum() == 0
+    replayed = simulate(trace).devices["cuda:0"]
+    assert replayed.segment_frees == [20 * MiB] and replayed.peak_reserved == 28 * MiB
+    # with a roomy capacity the device is not full: nothing is released
+    roomy = simulate(trace, capacity=100 * MiB).devices["cuda:0"]
+    assert roomy.segment_allocs == [2 * MiB, 20 * MiB, 26 * MiB] and roomy.segment_frees == []
+    assert roomy.peak_reserved == 48 * MiB
+    # with a tight one (22 + 26 > 30 MiB) the simulated OOM path makes the same release itself
+    tight = simulate(trace, capacity=30 * MiB).devices["cuda:0"]
+    assert tight.segment_allocs == [2 * MiB, 20 * MiB, 26 * MiB] and tight.segment_frees == [20 * MiB]
+    assert tight.ooms == [] and tight.peak_reserved == 28 * MiB
+
+
+def test_record_stream_deferred_free_replays_from_free_requested_to_free_completed():
+    entries = [
+        entry("segment_alloc", S_LARGE, 20 * MiB, 0), entry("alloc", S_LARGE, 5 * MiB, 0),
+        entry("free_requested", S_LARGE, 5 * MiB, 0),  # used on another stream: not reusable yet
+        entry("alloc", S_LARGE + 5 * MiB, 5 * MiB, 0),
+        entry("free_completed", S_LARGE, 5 * MiB, 0),
+        entry("alloc", S_LARGE, 5 * MiB, 0),
+    ]
+    segments = [seg(S_LARGE, 20 * MiB, [(0, 5 * MiB, 5 * MiB, "active_allocated"),
+                                        (5 * MiB, 5 * MiB, 5 * MiB, "active_allocated"),
+                                        (10 * MiB, 10 * MiB, 0, "inactive")])]
+    trace = trace_of(entries, segments)
+    req = device_requests(trace, "cuda:0", AllocatorConfig())
+    assert req.kind.tolist().count(FREE_REQUESTED) == 1 and req.kind.tolist().count(FREE_COMPLETED) == 1
+    dev = simulate(trace).devices["cuda:0"]
+    addrs = dev.timeline.loc[dev.timeline["addr"] >= 0, "addr"].tolist()
+    assert addrs == [S_LARGE, S_LARGE + 5 * MiB, S_LARGE]
+    alloc_after_request = dev.timeline["allocated"].tolist()
+    assert alloc_after_request[2] == 0  # allocated bytes drop at the request, the block stays busy
+
+
+def test_immediate_free_pairs_become_one_step():
+    trace = _release_scenario(release_then_reserve=False)
+    req = device_requests(trace, "cuda:0", AllocatorConfig())
+    assert req.kind.tolist().count(FREE) == 1
+    assert FREE_REQUESTED not in req.kind.tolist()
+
+
+def test_warm_start_rebuilds_segments_and_live_blocks_from_a_ring_buffer_trace():
+    # recording began with a 20 MiB segment holding X (4 MiB, live before) and Y (8 MiB, freed without alloc)
+    entries = [
+        entry("free_requested", S_LARGE + 4 * MiB, 8 * MiB, 0), entry("free_completed", S_LARGE + 4 * MiB, 8 * MiB, 0),
+        entry("alloc", S_LARGE + 4 * MiB, 10 * MiB, 0),  # fits in the freed 8 MiB + 8 MiB tail: no new segment
+    ]
+    segments = [seg(S_LARGE, 20 * MiB, [(0, 4 * MiB, 4 * MiB, "active_allocated"),
+                                        (4 * MiB, 10 * MiB, 10 * MiB, "active_allocated"),
+                                        (14 * MiB, 6 * MiB, 0, "inactive")])]
+    trace = trace_of(entries, segments)
+    dev = simulate(trace).devices["cuda:0"]
+    assert dev.initial_state == "warm"
+    assert dev.initial_reserved == 20 * MiB and dev.peak_reserved == 20 * MiB and dev.segment_allocs == []
+    assert dev.timeline["allocated"].iloc[0] == 12 * MiB  # X and Y live at the start
+    fb = dev.final_blocks
+    assert list(zip(fb["addr"], fb["size"], fb["state"])) == [
+        (S_LARGE, 4 * MiB, "allocated"), (S_LARGE + 4 * MiB, 10 * MiB, "allocated"),
+        (S_LARGE + 14 * MiB, 6 * MiB, "inactive")]
+    # an empty start requests X and Y first (a 20 MiB segment, before the first recorded event)
+    empty = simulate(trace, initial_state="empty").devices["cuda:0"]
+    assert empty.initial_state == "empty"
+    assert empty.segment_allocs == [20 * MiB] and empty.segment_alloc_seqs == [-1]
+
+
+def test_warm_start_absorbs_an_unsplit_remainder_of_at_most_1mib():
+    # Y was freed without alloc; its request was 8 MiB but the allocator gave it 8.5 MiB (0.5 MiB not split)
+    entries = [entry("free_requested", S_LARGE, 8 * MiB, 0), entry("free_completed", S_LARGE, 8 * MiB, 0)]
+    segments = [seg(S_LARGE, 20 * MiB, [(0, 8 * MiB + MiB // 2, 0, "inactive"),
+                                        (8 * MiB + MiB // 2, 11 * MiB + MiB // 2, 11 * MiB, "active_allocated")])]
+    dev = simulate(trace_of(entries, segments)).devices["cuda:0"]
+    assert dev.timeline["allocated"].iloc[0] == 20 * MiB
+    assert dev.final_blocks["size"].tolist() == [8 * MiB + MiB // 2, 11 * MiB + MiB // 2]
+
+
+def test_requests_from_blocks_without_events():
+    blocks = pd.DataFrame({"block_id": [0, 1, 2], "device": "cuda:1", "size": [30 * MiB, 30 * MiB, 30 * MiB],
+                           "alloc_ns": [0, 10, 30], "free_ns": [20, 40, 50], "stream": [0, 0, 0]})
+    result = simulate(Trace.from_tables(blocks))
+    dev = result.devices["cuda:1"]
+    assert dev.initial_state == "empty"
+    # block 2 is allocated after block 0 was freed and reuses its segment; block 1 overlapped block 0
+    assert dev.segment_allocs == [30 * MiB, 30 * MiB]
+    assert dev.peak_allocated == 60 * MiB and dev.peak_reserved == 60 * MiB
+    assert dev.timeline["t_ns"].tolist()[1:] == [0, 10, 20, 30, 40, 50]
+
+
+def test_bad_arguments_raise_input_error():
+    blocks = pd.DataFrame({"block_id": [0], "device": "cuda:0", "size": [10], "alloc_ns": [0], "free_ns": [1]})
+    trace = Trace.from_tables(blocks)
+    with pytest.raises(InputError, match="unknown allocator"):
+        simulate(trace, allocator="tcmalloc")
+    with pytest.raises(InputError, match="device 'cuda:3'"):
+        simulate(trace, device="cuda:3")
+    with pytest.raises(InputError, match="initial_state"):
+        simulate(trace, initial_state="hot")
+    with pytest.raises(InputError, match="max_split_size_mb"):
+        simulate(trace, conf="max_split_size_mb:4")
+    with pytest.raises(InputError, match="size"):
+        simulate(trace, capacity="lots")
+    assert np.isfinite(simulate(trace, capacity="1GB").devices["cuda:0"].peak_reserved)
