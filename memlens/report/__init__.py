@@ -20,6 +20,8 @@ SECTIONS = (
     ("peak", "What is live at the peak", "memlens.report.sections_memory:peak"),
     ("largest", "Largest blocks", "memlens.report.sections_memory:largest"),
     ("timeline", "Block timeline", "memlens.report.sections_memory:timeline"),
+    ("ati", "Access time intervals (ATI)", "memlens.report.sections_access:ati"),
+    ("outliers", "Outliers: large blocks idle for long", "memlens.report.sections_access:outliers"),
     ("iterations", "Iterations", "memlens.report.sections_runs:iterations"),
     ("metadata", "Trace metadata", "memlens.report.sections_runs:metadata"),
 )

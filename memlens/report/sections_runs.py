@@ -23,9 +23,10 @@ def iterations(ctx: ReportContext) -> list:
     stats = iteration_stats(ctx.trace, its)
     parts = [paragraph(f"{len(its):,} iterations found (from {source}).")]
     stability = iteration_stability(ctx.trace, its)
-    summary = stability.get("summary") if isinstance(stability, dict) else None
-    if summary:
-        parts.append(paragraph(str(summary)))
+    if stability["score"] is not None:
+        components = ", ".join(f"{k} {v:.0%}" for k, v in stability["components"].items())
+        parts.append(paragraph(f"Consecutive iterations are {stability['score']:.0%} alike (median over pairs; "
+                               f"{components}); the least alike pair scores {stability['min_score']:.0%}."))
     peak_cols = [c for c in stats.columns if "peak" in c and not c.endswith("ratio")]
     if peak_cols:
         fig = go.Figure()

@@ -1,0 +1,45 @@
+"""`memlens diff A B [--json] [-o diff.html]`: what changed between two runs."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    p = sub.add_parser("diff", help="compare two traces (peak, live at peak, blocks, iterations, ATI)",
+                       description="Compare trace A (before) with trace B (after): change in peak, in live "
+                                   "memory at the peak by category/module/op, blocks that appear or disappear, "
+                                   "iterations and ATI; says what it cannot compare.")
+    p.add_argument("a", help="trace A (before): a .memlens directory or any importable file")
+    p.add_argument("b", help="trace B (after)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("-o", "--output", default=None, help="also write an HTML page with the overlay figure")
+    p.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from memlens.cli import print_json
+    from memlens.diff import diff
+    from memlens.errors import InputError
+
+    if args.top < 1:
+        raise InputError(f"--top must be at least 1, got {args.top}")
+    if sys.stderr.isatty():
+        print(f"comparing {args.a} with {args.b} ...", file=sys.stderr)
+    d = diff(args.a, args.b, name_a=args.a, name_b=args.b)
+    page = None
+    if args.output:
+        from memlens.report.diff_page import diff_report
+        page = diff_report(d, args.output, top=args.top)
+    if args.json:
+        out = d.to_json(top=args.top)
+        if page is not None:
+            out["html"] = str(args.output)
+            out["html_sections"] = [s.to_dict() for s in page.sections]
+        print_json(out)
+        return 0
+    for line in d.summary():
+        print(line)
+    if page is not None:
+        print(f"diff page: {args.output}")
+    return 0

@@ -1,0 +1,68 @@
+"""Two runs' live memory overlaid on one axis (the figure of `memlens.diff`)."""
+from __future__ import annotations
+
+from memlens.viz.labels import safe, time_axis
+from memlens.viz.live import live_series
+
+ALIGNS = ("auto", "start", "iteration")
+
+
+def _offset(trace, align: str, x: str) -> tuple[float, str]:
+    """(x offset, how) that puts the trace's alignment point at 0."""
+    if align == "start" or x == "event":
+        return 0.0, "trace start"
+    from memlens.analysis.iterations import split_iterations
+    its = split_iterations(trace)
+    if str(its["source"].iloc[0]) == "none":
+        return 0.0, "trace start"
+    return float(its["start_ns"].iloc[0]), "first iteration"
+
+
+def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", max_points: int = 4000,
+                 names: tuple[str, str] = ("A", "B")):
+    """Figure: live bytes of `a` and `b`, one row per device pair, both peaks marked.
+
+    `align` "start" puts both trace starts at 0; "iteration" each trace's first iteration start (when both
+    have iterations; otherwise the starts); "auto" is "iteration" when possible. `x` is "time" (ms) or
+    "event" (event index, always aligned at the start). `device_pairs` defaults to the pairing of
+    `memlens.diff.pair_devices`.
+    """
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from memlens.units import format_bytes
+
+    if align not in ALIGNS:
+        raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+    if device_pairs is None:
+        from memlens.diff import pair_devices
+        device_pairs, _ = pair_devices(a, b)
+    scale, x_title = time_axis(x)
+    off_a, how_a = _offset(a, "iteration" if align != "start" else "start", x)
+    off_b, how_b = _offset(b, "iteration" if align != "start" else "start", x)
+    if how_a != how_b:  # only one has iterations: align both at their starts
+        off_a, off_b, how_a = 0.0, 0.0, "trace start"
+    rows = max(len(device_pairs), 1)
+    titles = [safe(da if da == db else f"{da} / {db}") for da, db in device_pairs] or None
+    fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
+    styles = (("#4C78A8", "solid"), ("#E45756", "solid"))
+    for row, pair in enumerate(device_pairs, start=1):
+        for side, (trace, dev, off, name, (color, dash)) in enumerate(
+                zip((a, b), pair, (off_a, off_b), names, styles)):
+            s = live_series(trace, dev, by="none", x=x, max_points=max_points)
+            label = safe(f"{'AB'[side]}: {name}")
+            fig.add_trace(go.Scatter(x=(s.x - off) / scale, y=s.total, mode="lines", name=label,
+                                     legendgroup=label, showlegend=row == 1,
+                                     line=dict(color=color, dash=dash, shape="hv", width=1.5),
+                                     hovertemplate=label + ": %{y:,.0f} B<extra></extra>"), row=row, col=1)
+            if s.events:
+                fig.add_trace(go.Scatter(
+                    x=[(s.peak_x - off) / scale], y=[s.peak_bytes], mode="markers+text",
+                    text=[f"{'AB'[side]} peak {format_bytes(s.peak_bytes)}"], textposition="top center",
+                    marker=dict(symbol="triangle-down", size=11, color=color), showlegend=False,
+                    hovertemplate=f"{label} peak %{{y:,.0f}} B<extra></extra>"), row=row, col=1)
+        fig.update_yaxes(title_text="live bytes", tickformat=".3s", ticksuffix="B", rangemode="tozero",
+                         row=row, col=1)
+    fig.update_xaxes(title_text=f"{x_title}, aligned at each trace's {how_a}", row=rows, col=1)
+    fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
+    return fig

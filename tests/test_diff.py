@@ -1,0 +1,198 @@
+"""memlens.diff / `memlens diff`: values checked against independent computations."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import memlens
+from memlens import Trace
+from memlens.diff import TraceDiff
+from test_report_support import brute_force_live, constructed_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+CS336 = "snapshots/cs336_wedsonlin_medium_128_{}.pickle"
+
+
+def _events_in_order(trace, device):
+    """[(t, seq, delta, block row)] in the trace's event order, built with plain Python."""
+    lo, _ = trace.time_span_ns()
+    ev = []
+    for row in trace.blocks[trace.blocks["device"] == device].itertuples():
+        a_t = lo if pd.isna(row.alloc_ns) else int(row.alloc_ns)
+        a_s = -1 if pd.isna(row.alloc_seq) else int(row.alloc_seq)
+        ev.append((a_t, a_s, row.size, row))
+        if not pd.isna(row.free_ns):
+            ev.append((int(row.free_ns), int(row.free_seq), -row.size, row))
+    ev.sort(key=lambda e: (e[0], e[1]))
+    return ev
+
+
+def _live_at_peak_by(trace, device, key):
+    """{label: bytes} of the blocks live right after the event that first reaches the peak."""
+    live, best, best_set, alive = 0, -1, {}, {}
+    for _, _, delta, row in _events_in_order(trace, device):
+        live += delta
+        if delta > 0:
+            alive[row.block_id] = row
+        else:
+            alive.pop(row.block_id, None)
+        if live > best:
+            best, best_set = live, dict(alive)
+    out = Counter()
+    for row in best_set.values():
+        label = str(getattr(row, key)) or "(unknown)"
+        out[label] += row.size
+    return best, dict(out)
+
+
+def _signature_counts(trace, device, fields):
+    c = Counter()
+    for row in trace.blocks[trace.blocks["device"] == device].itertuples():
+        c[tuple(str(getattr(row, f)) if f != "size" else int(row.size) for f in fields)] += 1
+    return c
+
+
+def _two_runs():
+    """A, and B = A with a bigger activation in every iteration and one extra 7000-byte buffer."""
+    a = constructed_trace(n_iter=4)
+    blocks = a.blocks.copy()
+    act = blocks["category"] == "activation"
+    blocks.loc[act, "size"] = 2000
+    extra = blocks.iloc[[0]].copy()
+    extra["block_id"], extra["size"], extra["category"], extra["op"] = 999, 7000, "buffer", "aten::empty"
+    extra["alloc_ns"], extra["free_ns"] = pd.array([300], dtype="Int64"), pd.array([315], dtype="Int64")
+    extra["allocated_before"] = False
+    blocks = pd.concat([blocks, extra], ignore_index=True)
+    drop = ["alloc_seq", "free_seq"]
+    b = Trace.from_tables(blocks.drop(columns=drop), a.accesses, a.ops, dict(a.metadata), stacks=a.stacks)
+    return a, b
+
+
+def test_diff_of_constructed_runs_matches_hand_computation():
+    a, b = _two_runs()
+    d = memlens.diff(a, b, name_a="before", name_b="after")
+    assert isinstance(d, TraceDiff)
+    peak = d.peak.set_index("device_a")
+    # A: 4000 + 1000 + 300; B: the 7000 buffer at t=300 over the 4000 parameter and the 2000 activation
+    assert peak.loc["cuda:0", "peak_a"] == 5300 and peak.loc["cuda:0", "peak_b"] == 13000
+    assert peak.loc["cuda:0", "delta"] == 7700 and peak.loc["cpu", "delta"] == 0
+    cat = d.at_peak["category"].set_index(["device", "category"])["delta"]
+    assert cat[("cuda:0", "buffer")] == 7000 and cat[("cuda:0", "activation")] == 1000
+    assert cat[("cuda:0", "temporary")] == -300
+    # every activation changed size (4 disappear, 4 appear) plus the new buffer
+    assert d.blocks["signature"] == ["op", "module", "size"]
+    assert (d.blocks["appeared"], d.blocks["disappeared"]) == (5, 4)
+    assert d.blocks["appeared_bytes"] == 4 * 2000 + 7000 and d.blocks["disappeared_bytes"] == 4 * 1000
+    assert d.appeared.iloc[0]["block_id"] == 999
+    assert d.blocks["matched"] == len(a.blocks) - 4
+    assert d.ati is not None and d.ati["delta"]["count"] == 1  # the untouched buffer: one alloc-to-free interval
+    assert d.iterations["count_a"] == d.iterations["count_b"] == 4
+    json.dumps(d.to_json())  # JSON-ready
+    text = " ".join(d.summary())
+    assert "from 5.2 KiB to 12.7 KiB" in text and "5 only in B" in text
+
+
+def test_ati_change_against_python_intervals():
+    a = constructed_trace(n_iter=3)
+    acc = a.accesses.copy()
+    acc.loc[acc["t_ns"] % 100 == 50, "t_ns"] -= 25  # B reads the activation 25 ns earlier
+    b = Trace.from_tables(a.blocks, acc, a.ops, dict(a.metadata))
+
+    def intervals(t):
+        lo, hi = t.time_span_ns()
+        out = []
+        for row in t.blocks.itertuples():
+            times = sorted(set(t.accesses.loc[t.accesses["block_id"] == row.block_id, "t_ns"].tolist()))
+            ev = [lo if pd.isna(row.alloc_ns) else int(row.alloc_ns), *times, hi if pd.isna(row.free_ns)
+                  else int(row.free_ns)]
+            out += [y - x for x, y in zip(ev, ev[1:])]
+        return np.array(out, dtype=float)
+
+    d = memlens.diff(a, b)
+    ia, ib = intervals(a), intervals(b)
+    assert d.ati["a"]["count"] == len(ia) and d.ati["b"]["count"] == len(ib)
+    assert d.ati["a"]["p50_ns"] == pytest.approx(np.median(ia))
+    assert d.ati["delta"]["mean_ns"] == pytest.approx(ib.mean() - ia.mean())
+
+
+@pytest.mark.shared
+def test_cs336_training_vs_inference(shared):
+    a = memlens.load(shared(CS336.format("training")))
+    b = memlens.load(shared(CS336.format("inference")))
+    d = memlens.diff(a, b)
+    assert d.device_pairs == [("cuda:0", "cuda:0")]
+    peak_a, by_op_a = _live_at_peak_by(a, "cuda:0", "op")
+    peak_b, by_op_b = _live_at_peak_by(b, "cuda:0", "op")
+    assert peak_a == brute_force_live(a, "cuda:0")[0]
+    row = d.peak.iloc[0]
+    assert (row["peak_a"], row["peak_b"], row["delta"]) == (peak_a, peak_b, peak_b - peak_a)
+    assert peak_b < peak_a  # a forward pass holds far less than a training step
+    ops = d.at_peak["op"].set_index("op")
+    for label in set(by_op_a) | set(by_op_b):
+        assert ops.loc[label, "bytes_a"] == by_op_a.get(label, 0), label
+        assert ops.loc[label, "bytes_b"] == by_op_b.get(label, 0), label
+    # snapshots name ops the same way but have no modules: match on (op, size, order)
+    assert d.blocks["signature"] == ["op", "size"]
+    ca = _signature_counts(a, "cuda:0", ["op", "size"])
+    cb = _signature_counts(b, "cuda:0", ["op", "size"])
+    assert d.blocks["matched"] == sum(min(ca[k], cb[k]) for k in ca.keys() | cb.keys())
+    assert d.blocks["appeared"] == sum(max(cb[k] - ca[k], 0) for k in cb)
+    assert d.blocks["disappeared"] == sum(max(ca[k] - cb[k], 0) for k in ca)
+    assert d.blocks["disappeared_bytes"] == sum(k[1] * max(ca[k] - cb[k], 0) for k in ca)
+    not_compared = " ".join(d.cannot_compare)
+    assert "access time intervals" in not_compared and "modules" in not_compared
+    assert d.ati is None
+    fig = d.figure()
+    assert len([t for t in fig.data if t.mode == "lines"]) == 2
+    assert max(max(t.y) for t in fig.data) == peak_a
+
+
+@pytest.mark.shared
+def test_recorded_trace_vs_imported_snapshot_says_what_it_cannot_compare(shared):
+    a = memlens.load(ROOT / "sample_traces" / "transformer_train_adamw.memlens")
+    b = memlens.load(shared(CS336.format("inference")))
+    d = memlens.diff(a, b)
+    assert d.device_pairs == [("cpu", "cuda:0")]
+    assert any("cpu" in n and "cuda:0" in n for n in d.notes)
+    assert d.blocks["signature"] == ["size"]
+    ca, cb = _signature_counts(a, "cpu", ["size"]), _signature_counts(b, "cuda:0", ["size"])
+    assert d.blocks["matched"] == sum(min(ca[k], cb[k]) for k in ca.keys() | cb.keys())
+    text = " ".join(d.cannot_compare)
+    for what in ("allocating ops", "modules", "B records no accesses", "by category", "by op"):
+        assert what in text, what
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "memlens", "diff", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_diff_json_and_html(tmp_path):
+    a, b = _two_runs()
+    pa, pb = a.save(tmp_path / "a.memlens"), b.save(tmp_path / "b.memlens")
+    res = _cli(str(pa), str(pb), "--json", "-o", str(tmp_path / "d.html"))
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert {r["device_a"]: r["delta"] for r in out["peak"]} == {"cpu": 0, "cuda:0": 7700}
+    assert out["blocks"]["appeared"] == 5
+    assert (tmp_path / "d.html").stat().st_size > 3_000_000
+    assert all(s["status"] == "ok" for s in out["html_sections"])
+    res = _cli(str(pa), str(pb))
+    assert res.returncode == 0 and "goes from 5.2 KiB to 12.7 KiB" in res.stdout
+
+
+@pytest.mark.parametrize("args", [("{a}", "/no/such.memlens"), ("{a}", "{a}", "--top", "0"), ("{a}",)])
+def test_cli_diff_bad_input_exits_2_with_one_line(tmp_path, args):
+    pa = constructed_trace().save(tmp_path / "a.memlens")
+    res = _cli(*[x.format(a=pa) for x in args])
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("memlens: error:")
+    if len(args) > 1:
+        assert len(res.stderr.strip().splitlines()) == 1
