@@ -11,6 +11,9 @@ the allocator view is skipped and the trace's notes say so.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,6 +69,25 @@ def kernel_events(kineto_events) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["launch_unix_ns", "start_unix_ns", "end_unix_ns"], dtype=np.int64)
 
 
+@contextlib.contextmanager
+def quiet_native_stderr():
+    """Silence file descriptor 2 for a moment: Kineto prints `USDT: profiler_start/stop` lines from C++
+    on every start and stop, which would be noise in the user's output."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):      # no real fd 2 (embedded interpreters): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 class Instruments:
     """Starts and stops the allocator-level instruments for one recording."""
 
@@ -99,7 +121,8 @@ class Instruments:
         try:
             prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False,
                                           with_stack=False)
-            prof.__enter__()
+            with quiet_native_stderr():
+                prof.__enter__()
         except Exception as exc:  # a profiler that cannot start must not stop the recording
             self.data.notes.append(f"allocator-level events unavailable: profiler failed to start ({exc})")
             return
@@ -133,7 +156,8 @@ class Instruments:
         if self._profiler is not None:
             prof, self._profiler = self._profiler, None
             try:
-                prof.__exit__(None, None, None)
+                with quiet_native_stderr():
+                    prof.__exit__(None, None, None)
                 results = prof.profiler.kineto_results
                 self.data.events = allocation_events_from_tree(results.experimental_event_tree())
                 self.data.sources.append("profiler")

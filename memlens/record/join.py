@@ -2,8 +2,10 @@
 
 Each allocator event stream (the profiler's CPU/CUDA allocation events, or a CUDA snapshot's
 ``device_traces``) is first paired into allocator blocks (alloc -> next free of the same address).
-A dispatch block matches the allocator block on the same device and address, of the same size, whose
-lifetime contains the moment the dispatch mode first saw it. Then:
+A dispatch block matches the allocator block on the same device and address whose lifetime contains
+the moment the dispatch mode first saw it, of the same size on CPU (allocators there report requested
+bytes) or at least as large elsewhere (the CUDA caching allocator reports its rounded block size;
+`allocator_size` keeps it, `size` stays the requested bytes). Then:
 
 - matched blocks keep the dispatch view (accesses, attribution) and take the allocator's alloc time
   (clamped into the allocating op); `source` = "dispatch+<instrument>";
@@ -86,29 +88,51 @@ def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame)
 
 def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFrame,
                  tolerance_ns: int) -> np.ndarray:
-    """For each dispatch block, the row of `alloc_blocks` that is the same allocation (-1: none)."""
+    """For each dispatch block, the row of `alloc_blocks` that is the same allocation (-1: none).
+
+    First choice: the allocation at that address whose [alloc, free] contains the moment the block
+    was seen. Otherwise (clock skew) the nearest allocation at that address within `tolerance_ns`
+    of it. Sizes must agree (see the module docstring). Each allocation matches at most one block.
+    """
     result = np.full(len(blocks), -1, dtype=np.int64)
     if len(alloc_blocks) == 0 or len(blocks) == 0:
         return result
     left = pd.DataFrame({"row": np.arange(len(blocks)), "device": blocks["device"].to_numpy(dtype=object),
                          "addr": blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64),
-                         "size": blocks["size"].to_numpy(), "key": seen + tolerance_ns})
+                         "size": blocks["size"].to_numpy(), "key": seen})
     left = left[seen >= 0].sort_values("key", kind="stable")
     right = alloc_blocks.reset_index(drop=True)
     right = pd.DataFrame({"arow": np.arange(len(right)), "device": right["device"].to_numpy(dtype=object),
-                          "addr": right["addr"].to_numpy(), "size": right["size"].to_numpy(),
+                          "addr": right["addr"].to_numpy(), "asize": right["size"].to_numpy(),
                           "key": right["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf),
                           "free_t": right["free_t"].to_numpy(dtype="float64", na_value=np.inf)})
+    right["alloc_t"] = right["key"]
     right["key"] = right["key"].clip(lower=-2.0 ** 62).astype(np.int64)
     right = right.sort_values("key", kind="stable")
-    merged = pd.merge_asof(left, right, on="key", by=["device", "addr", "size"], direction="backward")
-    ok = merged["arow"].notna().to_numpy().copy()
-    seen_t = merged["key"].to_numpy() - tolerance_ns
-    ok &= merged["free_t"].to_numpy(dtype="float64", na_value=np.inf) >= seen_t - tolerance_ns
-    m = merged[ok]
-    m = m[~m["arow"].duplicated(keep="first")]
-    result[m["row"].to_numpy(dtype=np.int64)] = m["arow"].to_numpy(dtype=np.int64)
+    containing = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="backward")
+    ok = _usable(containing) & (containing["free_t"].to_numpy(dtype="float64", na_value=np.inf)
+                                >= containing["key"].to_numpy())
+    nearest = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="nearest",
+                            tolerance=tolerance_ns)
+    near_ok = _usable(nearest)
+    choice = np.where(ok, containing["arow"].to_numpy(dtype="float64", na_value=-1),
+                      np.where(near_ok, nearest["arow"].to_numpy(dtype="float64", na_value=-1), -1))
+    picked = pd.DataFrame({"row": containing["row"].to_numpy(), "arow": choice.astype(np.int64),
+                           "exact": ok})
+    picked = picked[picked["arow"] >= 0].sort_values("exact", ascending=False, kind="stable")
+    picked = picked[~picked["arow"].duplicated(keep="first")]
+    result[picked["row"].to_numpy(dtype=np.int64)] = picked["arow"].to_numpy(dtype=np.int64)
     return result
+
+
+def _usable(merged: pd.DataFrame) -> np.ndarray:
+    """Rows with a candidate of a compatible size: equal on CPU (allocators there report requested
+    bytes), at least as large elsewhere (the CUDA caching allocator reports its rounded block)."""
+    found = merged["arow"].notna().to_numpy()
+    asize = merged["asize"].to_numpy(dtype="float64", na_value=-1)
+    size = merged["size"].to_numpy()
+    exact = merged["device"].astype(str).str.startswith("cpu").to_numpy()
+    return found & np.where(exact, asize == size, asize >= size)
 
 
 def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray, rows: np.ndarray) -> int:
@@ -187,6 +211,12 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
     blocks["free_ns"] = free_col
     blocks.loc[matched, "source"] = "dispatch+" + name
+    asize = alloc_blocks["size"].to_numpy()
+    if "allocator_size" not in blocks.columns:
+        blocks["allocator_size"] = pd.array([pd.NA] * len(blocks), dtype="Int64")
+    alloc_size_col = blocks["allocator_size"].copy()
+    alloc_size_col[matched] = asize[rows[matched]]
+    blocks["allocator_size"] = alloc_size_col
     extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
     stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
              "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
@@ -231,6 +261,7 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
         "free_without_alloc": np.zeros(n, dtype=bool), "source": name,
         "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
                                   "seen only by the allocator"),
+        "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
     })
     out.loc[np.isnan(f_nan), "free_ns"] = pd.NA
     out.loc[~inside, "alloc_op_id"] = pd.NA
