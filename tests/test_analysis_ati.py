@@ -171,3 +171,24 @@ def test_distribution_helpers():
     assert len(thin) <= 100 and thin["fraction"].iloc[-1] == 1.0
     assert size_class([0, 4096, 1 << 20, (1 << 20) + 1, 1 << 30]).tolist() == [
         "< 4 KiB", "4 KiB - 1 MiB", "1 - 16 MiB", "1 - 16 MiB", ">= 256 MiB"]
+
+
+def test_time_sorted_fast_path_matches_general_path():
+    trace = small_trace()
+    expected = access_intervals(trace)
+    by_time = trace.accesses.sort_values(["t_ns", "op_id"], kind="stable")
+    fast = access_intervals(Trace.from_tables(trace.blocks, by_time))
+    pd.testing.assert_frame_equal(fast, expected)
+
+
+def test_same_time_different_ops_are_two_events():
+    blocks = pd.DataFrame({"block_id": [0], "device": ["cpu"], "size": [8], "alloc_ns": [0], "free_ns": [30]})
+    for accesses in (  # time-sorted (fast path) and unsorted (general path)
+        pd.DataFrame({"block_id": [0, 0, 0, 0], "t_ns": [10, 10, 10, 20], "op_id": [1, 1, 2, 3],
+                      "is_write": [False, True, False, False]}),
+        pd.DataFrame({"block_id": [0, 0, 0, 0], "t_ns": [20, 10, 10, 10], "op_id": [3, 1, 2, 1],
+                      "is_write": [False, True, False, False]}),
+    ):
+        iv = access_intervals(Trace.from_tables(blocks, accesses))
+        # op 1's read+write at t=10 is one event; op 2 at t=10 is another: 0-10, 10-10, 10-20, 20-30
+        assert iv["length_ns"].tolist() == [10, 0, 10, 10]

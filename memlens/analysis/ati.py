@@ -60,13 +60,18 @@ def access_intervals(trace, device: str | None = None) -> pd.DataFrame:
     known = row >= 0
     if not known.all():  # accesses of other devices' or unknown blocks
         row, acc_t, acc_op = row[known], acc_t[known], acc_op[known]
-    order = _group_by_row(row, acc_t, acc_op, len(block_ids))
-    row, acc_t, acc_op = row[order], acc_t[order], acc_op[order]
-    if len(row):  # one event per (block, time, op): an op reading and writing a block touches it once
-        keep = np.ones(len(row), dtype=bool)
-        keep[1:] = (row[1:] != row[:-1]) | (acc_t[1:] != acc_t[:-1]) | (acc_op[1:] != acc_op[:-1])
-        if not keep.all():
-            row, acc_t = row[keep], acc_t[keep]
+    row, order = _group_by_row(row, acc_t, acc_op, len(block_ids))
+    acc_t = acc_t[order]
+    if len(row) > 1:
+        # one event per (block, time, op): an op reading and writing a block touches it once
+        same = (row[1:] == row[:-1]) & (acc_t[1:] == acc_t[:-1])
+        if same.any():
+            pos = np.flatnonzero(same) + 1
+            dup = acc_op[order[pos]] == acc_op[order[pos - 1]]
+            if dup.any():
+                keep = np.ones(len(row), dtype=bool)
+                keep[pos[dup]] = False
+                row, acc_t = row[keep], acc_t[keep]
 
     n_blocks = len(blocks)
     counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
@@ -154,21 +159,24 @@ def block_rows(block_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     return np.where(sorted_ids[pos] == wanted, order[pos], -1)
 
 
-def _group_by_row(row: np.ndarray, t: np.ndarray, op: np.ndarray, n_rows: int) -> np.ndarray:
-    """Permutation ordering accesses by (row, time, op).
+def _group_by_row(row: np.ndarray, t: np.ndarray, op: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Accesses ordered by (row, time, op): returns (sorted rows, permutation).
 
     Recorders write accesses in time order; then a stable grouping by row is enough, done as one sort of
-    packed int64 keys ``row << bits | position`` (several times faster than a lexsort of three keys).
-    Accesses at the same time keep their recorded order.
+    packed int64 keys ``row << bits | position`` (several times faster than a lexsort of three keys; the
+    sorted rows come back from the keys without a gather). Accesses at the same time keep their recorded
+    order.
     """
     n = len(row)
     if n > 1 and np.all(t[1:] >= t[:-1]):
         bits = max(int(n - 1).bit_length(), 1)
         if n_rows < (1 << (62 - bits)):
-            key = (row << bits) | np.arange(n, dtype=np.int64)
+            key = row << bits
+            key |= np.arange(n, dtype=np.int64)
             key.sort()
-            return key & ((1 << bits) - 1)
-    return np.lexsort((op, t, row))
+            return key >> bits, key & ((1 << bits) - 1)
+    order = np.lexsort((op, t, row))
+    return row[order], order
 
 
 def _count_distinct(ids: np.ndarray) -> int:
@@ -207,7 +215,7 @@ def ati_stats(intervals: pd.DataFrame, *, exclude_truncated: bool = False) -> di
         "p50_ns": q[0.5], "p90_ns": q[0.9], "p99_ns": q[0.99],
         "zero_count": int((lengths == 0).sum()),
         "truncated": int(iv["truncated"].sum()),
-        "fraction_below": {k: (float((lengths < v).mean()) if n else None) for k, v in thresholds.items()},
+        "fraction_below": {k: (np.count_nonzero(lengths < v) / n if n else None) for k, v in thresholds.items()},
         "by_kind": {k: int(kinds.get(k, 0)) for k in KINDS},
     }
 

@@ -49,22 +49,27 @@ def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None 
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
     iv = _as_intervals(trace_or_intervals, device)
     size = iv["size"].to_numpy(dtype=np.float64)
-    length = iv["length_ns"].to_numpy(dtype=np.float64)
-    out_ns = bw.swap_out_ns(size)
-    in_ns = bw.swap_in_ns(size)
-    round_trip = out_ns + in_ns
-    swappable = length >= round_trip
-    saved = np.where(swappable, length - round_trip, 0.0)
-    start = iv["start_ns"].to_numpy(dtype=np.float64)
-    end = iv["end_ns"].to_numpy(dtype=np.float64)
+    length = iv["length_ns"].to_numpy()
+    start = iv["start_ns"].to_numpy()
+    end = iv["end_ns"].to_numpy()
+    # round trip = size * (1/bw_out + 1/bw_in) + both latencies, in as few passes over 10M rows as possible
+    round_trip = size * (bw.swap_out_ns(1.0) - bw.out_latency_ns + bw.swap_in_ns(1.0) - bw.in_latency_ns)
+    round_trip += bw.out_latency_ns + bw.in_latency_ns
+    saved = length - round_trip
+    swappable = saved >= 0
+    np.maximum(saved, 0.0, out=saved)
+    # the swapped-out window, only where there is one (an empty window at start otherwise)
+    idx = np.flatnonzero(swappable)
+    out_done = np.array(start, dtype=np.int64, copy=True)
+    in_start = np.array(start, dtype=np.int64, copy=True)
+    out_done[idx] += np.rint(bw.swap_out_ns(size[idx])).astype(np.int64)
+    in_start[idx] = end[idx] - np.rint(bw.swap_in_ns(size[idx])).astype(np.int64)
+    saved_bytes_ns = saved * size
     # a new frame over the same column arrays: setting columns on a copy would copy 10M-row arrays
     columns = {c: iv[c] for c in iv.columns}
-    columns.update({
-        "round_trip_ns": round_trip, "swappable": swappable, "saved_ns": saved,
-        "swap_out_done_ns": np.where(swappable, start + out_ns, start),
-        "swap_in_start_ns": np.where(swappable, end - in_ns, start),
-        "swappable_bytes_ns": size * saved,
-    })
+    columns.update({"round_trip_ns": round_trip, "swappable": swappable, "saved_ns": saved,
+                    "swap_out_done_ns": out_done, "swap_in_start_ns": in_start,
+                    "swappable_bytes_ns": saved_bytes_ns})
     attrs = dict(iv.attrs)
     iv = pd.DataFrame(columns, copy=False)
     iv.attrs.update(attrs)
@@ -113,13 +118,14 @@ def _first_in_runs(run_id: np.ndarray, mask: np.ndarray, n_runs: int) -> np.ndar
     return first
 
 
-def load_weight(trace, device: str, limit_bytes: float | None):
+def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
     """(times, cumulative weight integral, limit, peak) for WDOA on `device`.
 
     The weight at time t is ``clip((live(t) - limit) / (peak - limit), 0, 1)``; the cumulative integral is
     piecewise linear with breakpoints at the alloc/free events, so ``np.interp`` evaluates it anywhere.
+    `live` is `trace.live_bytes(device)` when the caller has it already.
     """
-    live = trace.live_bytes(device)
+    live = trace.live_bytes(device) if live is None else live
     t = live["t_ns"].to_numpy(dtype=np.float64)
     load = live["live"].to_numpy(dtype=np.float64)
     if len(t) == 0:
@@ -181,14 +187,17 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     # the interval of each block that spans its device's peak (Zhang et al.'s swap candidates)
     dev_codes, dev_names = pd.factorize(iv["device"], sort=True)
     dev_names = np.asarray(dev_names, dtype=object).astype(str)
+    single_device = len(dev_names) == 1
     round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
     spans_peak = np.zeros(n, dtype=bool)
+    curves = {}
     for code, dev in enumerate(dev_names):
-        live = trace.live_bytes(dev)
+        curves[dev] = live = trace.live_bytes(dev)
         if len(live) == 0:
             continue
         t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
-        spans_peak |= (dev_codes == code) & (start <= t_peak) & (end > t_peak)
+        spanning = (start <= t_peak) & (end > t_peak)
+        spans_peak |= spanning if single_device else spanning & (dev_codes == code)
     peak_idx = _first_in_runs(run_id, spans_peak, n_runs)
     has_peak = peak_idx >= 0
     at_peak = peak_idx[has_peak]
@@ -197,14 +206,14 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     # WDOA only for the intervals that span a peak (the candidates), in their swapped-out window
     wdoa = np.full(n_runs, np.nan)
     swappable_at = swappable[at_peak]
-    lo_w = iv["swap_out_done_ns"].to_numpy(dtype=np.float64)[at_peak]
-    hi_w = iv["swap_in_start_ns"].to_numpy(dtype=np.float64)[at_peak]
+    lo_w = iv["swap_out_done_ns"].to_numpy()[at_peak].astype(np.float64)
+    hi_w = iv["swap_in_start_ns"].to_numpy()[at_peak].astype(np.float64)
     weighted = np.zeros(len(at_peak))
     for code, dev in enumerate(dev_names):
         on_dev = dev_codes[at_peak] == code
         if not on_dev.any():
             continue
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes)
+        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
         weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
     wdoa[has_peak] = np.where(swappable_at, weighted, 0.0)
 
@@ -218,7 +227,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         "lifetime_ns": lifetime,
         "idle_fraction": np.where(lifetime > 0, max_len / np.maximum(lifetime, 1), 0.0),
         "accesses": counts - 1,
-        "swappable_intervals": np.add.reduceat(swappable.astype(np.int64), run_start),
+        "swappable_intervals": np.add.reduceat(swappable, run_start, dtype=np.int64),
         "swappable_bytes_ns": np.add.reduceat(iv["swappable_bytes_ns"].to_numpy(dtype=np.float64), run_start),
         "crosses_peak": has_peak,
         "doa_ns": doa,
