@@ -17,6 +17,7 @@ import io
 import mmap
 import pickle
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 from memlens.errors import InputError
@@ -71,11 +72,6 @@ class _MmapReader:
         return self._mm[pos:pos + max(n, 1)]
 
 
-def loads_restricted(data: bytes, path=None):
-    """Unpickle `data` (bytes-like) with the restricted unpickler; errors as `InputError` naming `path`."""
-    return _run(RestrictedUnpickler(io.BytesIO(data)), path)
-
-
 def _run(unpickler: RestrictedUnpickler, path):
     try:
         return unpickler.load()
@@ -96,12 +92,10 @@ def _run(unpickler: RestrictedUnpickler, path):
         raise InputError(f"not a valid pickle ({type(exc).__name__}: {msg[:200]})", path) from None
 
 
-def load_pickle(path):
-    """Load the pickle at `path` (plain or gzip-compressed) with the restricted unpickler.
-
-    Raises `InputError` naming the file when it is missing, empty, truncated, corrupt, or asks for any
-    global beyond builtin containers.
-    """
+@contextmanager
+def pickle_buffer(path):
+    """Context manager giving the pickle bytes of `path`: an mmap of the file, or the decompressed
+    bytes of a gzip file. Raises `InputError` when missing, unreadable, empty or corrupt gzip."""
     path = Path(path)
     try:
         f = open(path, "rb")
@@ -121,6 +115,25 @@ def load_pickle(path):
                 raise InputError(f"gzip data is corrupt or truncated ({exc})", path) from None
             if not data:
                 raise InputError("file is empty (after gzip decompression)", path)
-            return loads_restricted(data, path)
+            yield data
+            return
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _run(RestrictedUnpickler(_MmapReader(mm)), path)
+            yield mm
+
+
+def loads_buffer(buf, path=None):
+    """Unpickle a buffer from `pickle_buffer` (or any bytes) with the restricted unpickler."""
+    if isinstance(buf, mmap.mmap):
+        buf.seek(0)
+        return _run(RestrictedUnpickler(_MmapReader(buf)), path)
+    return _run(RestrictedUnpickler(io.BytesIO(buf)), path)
+
+
+def load_pickle(path):
+    """Load the pickle at `path` (plain or gzip-compressed) with the restricted unpickler.
+
+    Raises `InputError` naming the file when it is missing, empty, truncated, corrupt, or asks for any
+    global beyond builtin containers.
+    """
+    with pickle_buffer(path) as buf:
+        return loads_buffer(buf, path)

@@ -29,12 +29,13 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.io.safe_pickle import load_pickle
+from memlens.io.safe_pickle import loads_buffer, pickle_buffer
 from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
 from memlens.io.snapshot_frames import StackInterner
 from memlens.io.snapshot_meta import annotation_ops, describe
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
+from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
 _KIND = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}
@@ -42,17 +43,26 @@ _DEVICE_BITS = 52  # (device, addr) -> one int64 key; CUDA virtual addresses sta
 
 
 def import_snapshot(path):
-    """Read a CUDA memory snapshot pickle (plain or gzip) safely and return a `memlens.Trace`."""
-    return snapshot_to_trace(load_pickle(path), source=str(path), path=path)
+    """Read a CUDA memory snapshot pickle (plain or gzip) safely and return a `memlens.Trace`.
+
+    The streaming reader (`memlens.io.snapshot_stream`) keeps memory near the file size; files it does
+    not handle go through the restricted C unpickler."""
+    with pickle_buffer(path) as buf:
+        interner = StackInterner()
+        snapshot = stream_snapshot(buf, interner)
+        if snapshot is None:
+            interner = StackInterner()
+            snapshot = loads_buffer(buf, path)
+    return snapshot_to_trace(snapshot, source=str(path), path=path, interner=interner)
 
 
-def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None):
+def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None, interner=None):
     """Convert a snapshot object (the dict ``torch.cuda.memory._snapshot()`` returns, or an old-style list
     of segments) into a `memlens.Trace`. `source` names it in metadata and error messages."""
     where = path if path is not None else source
     segments, device_traces, extras = _normalize(snapshot, where)
     try:
-        return _convert(segments, device_traces, extras, source)
+        return _convert(segments, device_traces, extras, source, interner or StackInterner())
     except InputError as exc:
         raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
@@ -178,10 +188,9 @@ def _segment_stream(final: FinalState, sb: pd.DataFrame) -> np.ndarray:
     return np.where(idx >= 0, streams[idx.clip(0)] if len(streams) else 0, 0).astype(np.int64)
 
 
-def _convert(segments: list, device_traces: list, extras: dict, source: str):
+def _convert(segments: list, device_traces: list, extras: dict, source: str, interner: StackInterner):
     from memlens.trace import Trace
 
-    interner = StackInterner()
     ev = read_device_traces(device_traces, interner)
     kind = np.array([_KIND.get(a, -1) for a in ev.action], dtype=np.int64) if len(ev) else np.empty(0, np.int64)
     pairing = pair_blocks(ev.device_code, kind, ev.addr, ev.seq)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from memlens.errors import InputError
 from memlens.io.snapshot_frames import NO_STACK, StackInterner
+from memlens.io.snapshot_stream import MISSING, EntryColumns
 
 # strings torch writes when a field carries nothing
 _EMPTY_CONTEXT = ("", "N/A", None)
@@ -58,38 +59,66 @@ def _int_column(values: list) -> tuple[np.ndarray, np.ndarray]:
                              "where an integer is expected") from None
 
 
+def _part_from_dicts(entries: list, index: int, interner: StackInterner) -> dict:
+    if any(type(e) is not dict for e in entries):
+        raise InputError(f"device_traces[{index}] holds entries that are not dicts")
+    part = {
+        "action": np.array([e.get("action") for e in entries] or [], dtype=object),
+        "addr": _int_column([e.get("addr") for e in entries]),
+        "size": _int_column([e.get("size") for e in entries])[0],
+        "stream": _int_column([e.get("stream") for e in entries])[0],
+        "time": _int_column([e.get("time_us") for e in entries]),
+        "device_free": _int_column([e.get("device_free") for e in entries]),
+        "stack_id": interner.intern_many(e.get("frames") for e in entries),
+    }
+    for key in ("user_metadata", "compile_context"):
+        values = [e.get(key) for e in entries]
+        if any(v not in _EMPTY_CONTEXT for v in values):
+            part[key] = ["" if v in _EMPTY_CONTEXT else str(v) for v in values]
+    return part
+
+
+def _part_from_columns(cols: EntryColumns) -> dict:
+    """The same columns from the streaming reader's typed arrays (no per-entry Python work)."""
+    def ints(name):
+        values = np.frombuffer(cols.ints[name], dtype=np.int64)
+        missing = values == MISSING
+        return np.where(missing, 0, values), missing
+
+    part = {
+        "action": np.asarray(cols.action_names + [None], dtype=object)[np.frombuffer(cols.action, np.int32)],
+        "addr": ints("addr"), "size": ints("size")[0], "stream": ints("stream")[0], "time": ints("time_us"),
+        "device_free": ints("device_free"), "stack_id": np.frombuffer(cols.stack_id, dtype=np.int64),
+    }
+    for key, names in cols.context_names.items():
+        if any(v not in _EMPTY_CONTEXT for v in names):
+            text = np.asarray(["" if v in _EMPTY_CONTEXT else str(v) for v in names], dtype=object)
+            part[key] = text[np.frombuffer(cols.context[key], np.int32)].tolist()
+    return part
+
+
 def read_device_traces(device_traces: list, interner: StackInterner) -> EventColumns:
-    """Columns of all entries of ``snapshot["device_traces"]`` (a list per device, device i = cuda:i)."""
+    """Columns of all entries of ``snapshot["device_traces"]`` (a list per device, device i = cuda:i).
+
+    A device's entries may be a list of dicts or the streaming reader's `EntryColumns`."""
     devices, parts = [], []
     offset = 0
     for index, entries in enumerate(device_traces):
-        if not isinstance(entries, list):
+        if isinstance(entries, EntryColumns):
+            part = _part_from_columns(entries)
+        elif isinstance(entries, list):
+            part = _part_from_dicts(entries, index, interner)
+        else:
             raise InputError(f"device_traces[{index}] is a {type(entries).__name__}, not a list of entries")
+        n = len(part["action"])
         devices.append(f"cuda:{index}")
-        n = len(entries)
-        if any(type(e) is not dict for e in entries):
-            raise InputError(f"device_traces[{index}] holds entries that are not dicts")
-        part = {
-            "device_code": np.full(n, index, dtype=np.int64),
-            "seq": np.arange(offset, offset + n, dtype=np.int64),
-            "index": np.arange(n, dtype=np.int64),
-            "action": [e.get("action") for e in entries],
-            "addr": _int_column([e.get("addr") for e in entries]),
-            "size": _int_column([e.get("size") for e in entries])[0],
-            "stream": _int_column([e.get("stream") for e in entries])[0],
-            "time": _int_column([e.get("time_us") for e in entries]),
-            "device_free": _int_column([e.get("device_free") for e in entries]),
-            "stack_id": interner.intern_many(e.get("frames") for e in entries),
-        }
-        for key in ("user_metadata", "compile_context"):
-            values = [e.get(key) for e in entries]
-            if any(v not in _EMPTY_CONTEXT for v in values):
-                part[key] = ["" if v in _EMPTY_CONTEXT else str(v) for v in values]
+        part.update(device_code=np.full(n, index, dtype=np.int64), seq=np.arange(offset, offset + n, dtype=np.int64),
+                    index=np.arange(n, dtype=np.int64))
         parts.append(part)
         offset += n
     if not parts:
         parts.append({"device_code": np.empty(0, np.int64), "seq": np.empty(0, np.int64),
-                      "index": np.empty(0, np.int64), "action": [],
+                      "index": np.empty(0, np.int64), "action": np.empty(0, dtype=object),
                       "addr": (np.empty(0, np.int64), np.empty(0, bool)), "size": np.empty(0, np.int64),
                       "stream": np.empty(0, np.int64), "time": (np.empty(0, np.int64), np.empty(0, bool)),
                       "device_free": (np.empty(0, np.int64), np.empty(0, bool)),
@@ -101,9 +130,8 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
     def cat_pair(key, i):
         return np.concatenate([p[key][i] for p in parts])
 
-    action = np.empty(offset, dtype=object)
-    action[:] = [a for p in parts for a in p["action"]]
-    if offset and any(type(a) is not str for a in action):
+    action = np.concatenate([p["action"] for p in parts])
+    if offset and not pd.Series(action).map(type).eq(str).all():
         raise InputError("a device-trace entry has no 'action' string")
     device_code = cat("device_code")
     time_us, time_missing = cat_pair("time", 0), cat_pair("time", 1)

@@ -2,8 +2,10 @@
 
 Snapshots repeat the same stacks thousands of times (torch shares the frame dicts, so the unpickled
 objects are shared too). `StackInterner` turns each entry's ``frames`` list into a small integer id, first
-by object identity (C-speed ``map(id, ...)``), and only for new identities by content, so a 100 MB
-snapshot's millions of frame references cost one tuple and one dict lookup per entry.
+by the identities of its frame dicts (C-speed ``map(id, ...)``), and only for new identities by content,
+so a 100 MB snapshot's millions of frame references cost one tuple and one dict lookup per entry. It keeps
+no reference to the lists themselves (only to one list per distinct identity tuple), so that the
+streaming reader can drop each entry once converted.
 
 Frame order follows the snapshot: ``frames[0]`` is the innermost frame (the allocator itself, or the
 innermost Python function for Python-only stacks), which becomes depth 0 in `stacks`.
@@ -17,6 +19,15 @@ import pandas as pd
 
 NO_STACK = -1
 
+
+class StackRef:
+    """Stands for a frames list that was already interned (the streaming reader's memo holds these)."""
+
+    __slots__ = ("sid",)
+
+    def __init__(self, sid: int):
+        self.sid = sid
+
 # `at::_ops::zeros_like::call(...)` -> the ATen operator the user called (outermost such frame)
 _ATEN_OP = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
 
@@ -25,7 +36,6 @@ class StackInterner:
     """Maps frame lists to dense stack ids (0, 1, ...); identical content gets the same id."""
 
     def __init__(self) -> None:
-        self._by_list: dict[int, tuple[list, int]] = {}
         self._by_ids: dict[tuple, int] = {}
         self._by_content: dict[tuple, int] = {}
         self._keepalive: list = []  # frames whose ids are keys above must stay alive
@@ -38,9 +48,8 @@ class StackInterner:
         """Stack id of `frames` (a list of {"name", "filename", "line"} dicts); `NO_STACK` when empty."""
         if not frames:
             return NO_STACK
-        hit = self._by_list.get(id(frames))
-        if hit is not None and hit[0] is frames:
-            return hit[1]
+        if type(frames) is StackRef:
+            return frames.sid
         ids = tuple(map(id, frames))
         sid = self._by_ids.get(ids)
         if sid is None:
@@ -53,7 +62,6 @@ class StackInterner:
                 self._content.append(content)
             self._by_ids[ids] = sid
             self._keepalive.append(frames)
-        self._by_list[id(frames)] = (frames, sid)
         return sid
 
     def intern_many(self, frame_lists) -> np.ndarray:

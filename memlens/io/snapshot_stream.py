@@ -1,0 +1,260 @@
+"""A streaming reader for snapshot pickles that never holds all device-trace entries as Python dicts.
+
+Unpickling a 100 MB snapshot the ordinary way builds ~450 MB of dicts and lists (each entry is a dict
+with its own frames list). This reader interprets the pickle opcodes itself (the subset that builtin
+containers and scalars use; nothing that imports or calls) and, whenever a batch of trace entries is
+appended to a list (the pickler writes lists in batches of 1,000), converts them into typed columns
+(`EntryColumns`) and drops them, together with their memo slots. A frames list's memo slot is replaced by
+its stack id, so a later reference to the same list resolves to the id.
+
+Anything outside the supported subset (a global, a reduce, an unknown opcode), any inconsistency, or a
+corrupt stream makes `stream_snapshot` return None; the caller then uses the restricted C unpickler,
+which gives the canonical error for bad files. The result is therefore never different from a full load,
+only cheaper.
+"""
+from __future__ import annotations
+
+from array import array
+from struct import Struct
+
+from memlens.io.snapshot_frames import StackInterner, StackRef
+
+MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
+_U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
+_INT_FIELDS = ("addr", "size", "stream", "time_us", "device_free")
+_RELEASED = object()  # memo slot of an entry already converted to columns
+
+
+class _Unsupported(Exception):
+    """The stream uses something this reader does not interpret (the C unpickler will decide)."""
+
+
+class EntryColumns:
+    """The entries of one device trace as typed columns (arrays of int64; codes into string tables)."""
+
+    def __init__(self) -> None:
+        self.ints = {name: array("q") for name in _INT_FIELDS}
+        self.stack_id = array("q")
+        self.action = array("i")
+        self.action_names: list = []
+        self.context: dict[str, array] = {"compile_context": array("i"), "user_metadata": array("i")}
+        self.context_names: dict[str, list] = {"compile_context": [], "user_metadata": []}
+        self._codes: dict = {}
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+    def _code(self, table: list, value) -> int:
+        key = (id(table), value)
+        code = self._codes.get(key)
+        if code is None:
+            code = self._codes[key] = len(table)
+            table.append(value)
+        return code
+
+    def add(self, entries: list, interner: StackInterner, forget) -> None:
+        """Append `entries` (dicts); `forget(obj, replacement)` releases their memo slots."""
+        ints = self.ints
+        columns = [(ints[name], name) for name in _INT_FIELDS]
+        for e in entries:
+            if type(e) is not dict:
+                raise _Unsupported("entry is not a dict")
+            get = e.get
+            self.action.append(self._code(self.action_names, get("action")))
+            for column, name in columns:
+                value = get(name)
+                column.append(MISSING if value is None else value)
+            for name, column in self.context.items():
+                column.append(self._code(self.context_names[name], get(name)))
+            frames = get("frames")
+            sid = interner.intern(frames)
+            if type(frames) is list and frames:
+                forget(frames, StackRef(sid))  # later references to this list resolve to the id
+            self.stack_id.append(sid)
+            forget(e, _RELEASED)
+
+
+def _is_entry(obj) -> bool:
+    return type(obj) is dict and "action" in obj
+
+
+def stream_snapshot(data, interner: StackInterner):
+    """Parse snapshot pickle bytes (bytes/mmap); device-trace lists come back as `EntryColumns`.
+
+    Returns None when the stream needs the general unpickler (see module docstring)."""
+    try:
+        return _parse(data, interner)
+    except (_Unsupported, IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError,
+            UnicodeDecodeError, MemoryError, RecursionError):
+        return None
+    except Exception as exc:  # struct.error and friends: treat as corrupt
+        if type(exc).__name__ == "error":
+            return None
+        raise
+
+
+def _parse(data, interner: StackInterner):
+    n = len(data)
+    memo: list = []
+    memo_index: dict[int, int] = {}   # id(container) -> memo slot, until the container is converted
+    columns: dict[int, EntryColumns] = {}  # id(device trace list) -> its columns
+    keep: list = []                   # device trace lists, so that their ids stay valid
+    stack: list = []
+    metastack: list = []
+    pos = 0
+    u32, i32, u16 = _U32.unpack_from, _I32.unpack_from, _U16.unpack_from
+
+    def forget(obj, replacement):
+        slot = memo_index.pop(id(obj), None)
+        if slot is not None:
+            memo[slot] = replacement
+
+    def take_entries(target, items):
+        cols = columns.get(id(target))
+        if cols is None:
+            if target:
+                raise _Unsupported("entries appended to a list that holds other items")
+            cols = columns[id(target)] = EntryColumns()
+            keep.append(target)
+        cols.add(items, interner, forget)
+
+    def need(count):
+        if pos + count > n:
+            raise _Unsupported("truncated")
+
+    while True:
+        op = data[pos]
+        pos += 1
+        if op == 0x6A:    # LONG_BINGET
+            value = memo[u32(data, pos)[0]]
+            if value is _RELEASED:
+                raise _Unsupported("reference to a converted entry")
+            stack.append(value)
+            pos += 4
+        elif op == 0x68:  # BINGET
+            value = memo[data[pos]]
+            if value is _RELEASED:
+                raise _Unsupported("reference to a converted entry")
+            stack.append(value)
+            pos += 1
+        elif op == 0x94:  # MEMOIZE
+            top = stack[-1]
+            if type(top) is dict or type(top) is list:
+                memo_index[id(top)] = len(memo)
+            memo.append(top)
+        elif op == 0x8C:  # SHORT_BINUNICODE
+            size = data[pos]
+            need(size + 1)
+            stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
+            pos += 1 + size
+        elif op == 0x4A:  # BININT
+            stack.append(i32(data, pos)[0])
+            pos += 4
+        elif op == 0x4B:  # BININT1
+            stack.append(data[pos])
+            pos += 1
+        elif op == 0x4D:  # BININT2
+            stack.append(u16(data, pos)[0])
+            pos += 2
+        elif op == 0x8A:  # LONG1
+            size = data[pos]
+            need(size + 1)
+            stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
+            pos += 1 + size
+        elif op == 0x28:  # MARK
+            metastack.append(stack)
+            stack = []
+        elif op == 0x7D:  # EMPTY_DICT
+            stack.append({})
+        elif op == 0x5D:  # EMPTY_LIST
+            stack.append([])
+        elif op == 0x75:  # SETITEMS
+            items = stack
+            stack = metastack.pop()
+            target = stack[-1]
+            if type(target) is not dict:
+                raise _Unsupported("SETITEMS on a non-dict")
+            target.update(zip(items[::2], items[1::2]))
+        elif op == 0x65:  # APPENDS
+            items = stack
+            stack = metastack.pop()
+            target = stack[-1]
+            if type(target) is not list:
+                raise _Unsupported("APPENDS on a non-list")
+            if items and _is_entry(items[0]):
+                take_entries(target, items)
+            else:
+                target.extend(items)
+        elif op == 0x61:  # APPEND
+            value = stack.pop()
+            target = stack[-1]
+            if type(target) is not list:
+                raise _Unsupported("APPEND on a non-list")
+            if _is_entry(value):
+                take_entries(target, [value])
+            else:
+                target.append(value)
+        elif op == 0x73:  # SETITEM
+            value = stack.pop()
+            key = stack.pop()
+            if type(stack[-1]) is not dict:
+                raise _Unsupported("SETITEM on a non-dict")
+            stack[-1][key] = value
+        elif op == 0x4E:  # NONE
+            stack.append(None)
+        elif op == 0x88:  # NEWTRUE
+            stack.append(True)
+        elif op == 0x89:  # NEWFALSE
+            stack.append(False)
+        elif op == 0x47:  # BINFLOAT
+            stack.append(_F64.unpack_from(data, pos)[0])
+            pos += 8
+        elif op == 0x58:  # BINUNICODE
+            size = u32(data, pos)[0]
+            need(size + 4)
+            stack.append(str(data[pos + 4:pos + 4 + size], "utf-8", "surrogatepass"))
+            pos += 4 + size
+        elif op == 0x95:  # FRAME: a transport boundary, no object
+            pos += 8
+        elif op == 0x29:  # EMPTY_TUPLE
+            stack.append(())
+        elif op == 0x85:  # TUPLE1
+            stack[-1:] = [(stack[-1],)]
+        elif op == 0x86:  # TUPLE2
+            stack[-2:] = [tuple(stack[-2:])]
+        elif op == 0x87:  # TUPLE3
+            stack[-3:] = [tuple(stack[-3:])]
+        elif op == 0x74:  # TUPLE (from mark)
+            items = tuple(stack)
+            stack = metastack.pop()
+            stack.append(items)
+        elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
+            if op == 0x71:
+                slot = data[pos]
+                pos += 1
+            else:
+                slot = u32(data, pos)[0]
+                pos += 4
+            if slot != len(memo):
+                raise _Unsupported("memo slots out of order")
+            top = stack[-1]
+            if type(top) is dict or type(top) is list:
+                memo_index[id(top)] = slot
+            memo.append(top)
+        elif op == 0x80:  # PROTO
+            if data[pos] > 5:
+                raise _Unsupported("unknown protocol")
+            pos += 1
+        elif op == 0x2E:  # STOP
+            break
+        else:
+            raise _Unsupported(f"opcode {op:#x}")
+    if len(stack) != 1 or metastack:
+        raise _Unsupported("stack not balanced at STOP")
+    result = stack[0]
+    if columns and type(result) is dict and type(result.get("device_traces")) is list:
+        result["device_traces"] = [columns.get(id(t), t) for t in result["device_traces"]]
+    elif columns:
+        raise _Unsupported("entries outside device_traces")
+    del keep
+    return result
