@@ -180,3 +180,41 @@ def test_bad_arguments_raise_input_error():
     with pytest.raises(InputError, match="size"):
         simulate(trace, capacity="lots")
     assert np.isfinite(simulate(trace, capacity="1GB").devices["cuda:0"].peak_reserved)
+
+
+def _oom_recording():
+    """Default settings, device capacity 80 MiB. A 45 MiB block gets a 46 MiB segment; once freed, a 5 MiB
+    request splits it and pins it; a 60 MiB request then needs a new segment: 46 + 60 > 80, nothing
+    cached is unsplit, so the allocator gives up (an ``oom`` entry with the device's 34 MiB free)."""
+    entries = [
+        entry("segment_alloc", S_LARGE, 46 * MiB, 0), entry("alloc", S_LARGE, 45 * MiB, 0),
+        entry("free_requested", S_LARGE, 45 * MiB, 0), entry("free_completed", S_LARGE, 45 * MiB, 0),
+        entry("alloc", S_LARGE, 5 * MiB, 0),
+        {"action": "oom", "device_free": 34 * MiB, "size": 60 * MiB, "stream": 0, "frames": []},
+    ]
+    segments = [seg(S_LARGE, 46 * MiB, [(0, 5 * MiB, 5 * MiB, "active_allocated"),
+                                        (5 * MiB, 41 * MiB, 0, "inactive")])]
+    return trace_of(entries, segments)
+
+
+def test_recorded_oom_is_reproduced_under_the_inferred_capacity():
+    dev = simulate(_oom_recording()).devices["cuda:0"]
+    assert dev.capacity == 80 * MiB  # 46 MiB reserved + 34 MiB free on the device
+    assert len(dev.ooms) == 1 and dev.ooms[0]["requested"] == 60 * MiB
+    assert dev.segment_allocs == [46 * MiB] and dev.peak_reserved == 46 * MiB
+    assert any("inferred from the recorded OOM" in n for n in dev.notes)
+
+
+def test_what_if_expandable_segments_avoids_the_recorded_oom():
+    # expandable: the 45 MiB block maps three 20 MiB pages; freed, the 5 MiB request splits the 60 MiB free
+    # range; the 60 MiB request grows the tail by one page: 80 MiB reserved, within the capacity
+    dev = simulate(_oom_recording(), conf="expandable_segments:True").devices["cuda:0"]
+    assert dev.ooms == []
+    assert dev.peak_reserved == 80 * MiB
+    assert dev.segment_allocs == [60 * MiB, 20 * MiB]
+
+
+def test_unlimited_capacity_turns_the_inference_off():
+    dev = simulate(_oom_recording(), capacity="unlimited").devices["cuda:0"]
+    assert dev.capacity is None and dev.ooms == []
+    assert dev.segment_allocs == [46 * MiB, 60 * MiB]

@@ -13,8 +13,8 @@ from memlens.simulate.blocks import AddressSpace
 from memlens.simulate.caching import CachingAllocator
 from memlens.simulate.config import AllocatorConfig, parse_conf
 from memlens.simulate.replay import (
-    ALLOC, EMPTY_CACHE, FREE, FREE_COMPLETED, FREE_REQUESTED, RELEASE_BEFORE_RESERVE, DeviceRequests,
-    device_requests,
+    ALLOC, EMPTY_CACHE, FAILED_REQUEST, FREE, FREE_COMPLETED, FREE_REQUESTED, RELEASE_BEFORE_RESERVE,
+    DeviceRequests, device_requests,
 )
 from memlens.simulate.result import DeviceResult, SimulationResult
 
@@ -38,8 +38,11 @@ def _trace_devices(trace) -> list[str]:
     return sorted(devices)
 
 
+UNLIMITED_WORDS = ("unlimited", "none", "inf")
+
+
 def _parse_capacity(capacity) -> int | None:
-    if capacity is None:
+    if capacity is None or (isinstance(capacity, str) and capacity.strip().lower() in UNLIMITED_WORDS):
         return None
     from memlens.units import parse_bytes
     value = parse_bytes(capacity)
@@ -80,6 +83,11 @@ def _run(alloc, req: DeviceRequests) -> tuple[list[int], ...]:
                 alloc.seq = seq
                 alloc.t_ns = t_ns
                 alloc.empty_cache()
+            elif kind == FAILED_REQUEST:  # the recording's OOM: would it fit here? (freed at once)
+                alloc.seq = seq
+                alloc.t_ns = t_ns
+                if malloc(block_id, size, stream) is not None:
+                    free(block_id)
             addr_add(-1)
         res_add(alloc.reserved)
         all_add(alloc.allocated)
@@ -128,7 +136,7 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
     conf = config.to_conf_string() if allocator == "caching" else ""
     final = pd.DataFrame(alloc.blocks_table()) if isinstance(alloc, CachingAllocator) else None
     return DeviceResult(req.device, allocator, conf, timeline, seg_ev, alloc.ooms,
-                        "warm" if warm else "empty", recorded, notes, final)
+                        "warm" if warm else "empty", recorded, notes, final, capacity)
 
 
 def simulate(trace, allocator: str = "caching", conf: str | Mapping[str, Any] | AllocatorConfig | None = None,
@@ -142,7 +150,8 @@ def simulate(trace, allocator: str = "caching", conf: str | Mapping[str, Any] | 
     - `conf`: caching-allocator settings as a ``PYTORCH_CUDA_ALLOC_CONF`` string or dict; default: the
       trace's recorded ``allocator_settings`` (torch's defaults when it has none).
     - `capacity`: bytes (or "80GB") the allocator may reserve; past it the OOM path runs and failures are
-      reported in ``ooms``. None: unlimited.
+      reported in ``ooms``. None: inferred from the recording's OOM entries when it has some (reserved
+      bytes at the OOM + the device's free bytes), else unlimited; ``"unlimited"``: never limited.
     - `device`: simulate only this device (default: all).
     - `initial_state`: ``"warm"`` starts from the allocator state rebuilt from the recording (its initial
       segments and the blocks live in them), ``"empty"`` from an empty allocator with the blocks live before
@@ -159,6 +168,7 @@ def simulate(trace, allocator: str = "caching", conf: str | Mapping[str, Any] | 
     recorded = recorded_config(trace)
     config = parse_conf(conf) if conf is not None else (recorded or AllocatorConfig())
     cap = _parse_capacity(capacity)
+    infer_capacity = capacity is None  # "unlimited" turns the inference from recorded OOMs off
     devices = _trace_devices(trace)
     if device is not None:
         if device not in devices:
@@ -177,5 +187,10 @@ def simulate(trace, allocator: str = "caching", conf: str | Mapping[str, Any] | 
         else:
             same_policy = recorded is None or config == recorded
             warm = allocator == "caching" and has_final_state and same_policy
-        results[dev] = simulate_device(req, allocator, config, cap, warm)
+        dev_cap = cap
+        if infer_capacity and req.recorded is not None and req.recorded.oom_capacity is not None:
+            dev_cap = req.recorded.oom_capacity
+            req.notes.append(f"capacity {dev_cap:,} bytes inferred from the recorded OOM (reserved bytes "
+                             "then + the device's free bytes); pass capacity='unlimited' to lift it")
+        results[dev] = simulate_device(req, allocator, config, dev_cap, warm)
     return SimulationResult(allocator, config.to_conf_string() if allocator == "caching" else "", cap, results)

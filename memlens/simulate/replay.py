@@ -10,6 +10,10 @@ reservation (`RELEASE_BEFORE_RESERVE`) is either ``empty_cache()`` then a reques
 retry (a full device: cudaMalloc failed, every cached segment released, retried) — the entries are the same.
 Both release every unsplit cached segment, so without a capacity the replay applies it at that point; with a
 capacity the simulated OOM path decides. A run followed by an ``oom`` entry is the failed OOM path itself.
+An ``oom`` entry is a request the real allocator could not serve (`FAILED_REQUEST`, size = its rounded
+bytes): the replay tries it again and, when it fits, frees it at once (the program never got the memory),
+so a what-if tells whether the OOM would have happened. The device capacity at the OOM is inferable from
+the recording: reserved bytes at that point plus the entry's ``device_free``.
 Other traces give requests from ``blocks``: ``alloc_seq`` / ``free_seq``, size = requested bytes, ``stream``.
 
 Initial state. When recording began warm, the segments reserved at the start are the final ``segments``
@@ -28,7 +32,8 @@ import pandas as pd
 
 from memlens.simulate.config import K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, round_size
 
-ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE, RELEASE_BEFORE_RESERVE = 0, 1, 2, 3, 4, 5
+ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE, RELEASE_BEFORE_RESERVE, FAILED_REQUEST = \
+    0, 1, 2, 3, 4, 5, 6
 _RESERVE = ("segment_alloc", "segment_map")
 _RELEASE = ("segment_free", "segment_unmap")
 
@@ -43,6 +48,7 @@ class Recorded:
     segment_allocs: list[int]  # sizes of segment_alloc / segment_map events, in order
     segment_alloc_seqs: list[int]
     segment_frees: list[int]
+    oom_capacity: int | None = None  # reserved + device_free at the first recorded OOM (bytes)
 
 
 @dataclass
@@ -90,6 +96,7 @@ def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
     kind[action == "alloc"] = ALLOC
     kind[action == "free_requested"] = FREE_REQUESTED
     kind[action == "free_completed"] = FREE_COMPLETED
+    kind[action == "oom"] = FAILED_REQUEST
     # a completion right after its own request is an ordinary free: one step instead of two
     if n > 1:
         pair = (kind[:-1] == FREE_REQUESTED) & (kind[1:] == FREE_COMPLETED) & (block[:-1] == block[1:])
@@ -107,6 +114,8 @@ def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
             elif following != "oom":
                 kind[s] = EMPTY_CACHE
     keep = kind >= 0
+    seq = ev["seq"].to_numpy(dtype=np.int64)
+    block = np.where(kind == FAILED_REQUEST, -1 - seq, block)  # an id no recorded block uses
     return (kind[keep], block[keep], ev["size"].to_numpy(dtype=np.int64)[keep],
             ev["stream"].to_numpy(dtype=np.int64)[keep], ev["t_ns"].to_numpy(dtype=np.int64)[keep],
             ev["seq"].to_numpy(dtype=np.int64)[keep])
@@ -143,8 +152,16 @@ def _recorded(ev: pd.DataFrame, segs: pd.DataFrame | None) -> Recorded | None:
     initial = final - (int(running[-1]) if len(running) else 0)
     peak = initial + max(0, int(running.max()) if len(running) else 0)
     allocs = np.isin(action, _RESERVE)
+    oom_capacity = None
+    oom = action == "oom"
+    if oom.any() and "device_free" in ev.columns:
+        free = pd.array(ev["device_free"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)[oom]
+        reserved_then = initial + running[oom]
+        known = free >= 0
+        if known.any():
+            oom_capacity = int((reserved_then[known] + free[known]).min())
     return Recorded(initial, final, peak, size[allocs].tolist(), ev["seq"].to_numpy()[allocs].tolist(),
-                    size[np.isin(action, _RELEASE)].tolist())
+                    size[np.isin(action, _RELEASE)].tolist(), oom_capacity)
 
 
 def _initial_segments(ev: pd.DataFrame, segs: pd.DataFrame) -> dict[int, InitialSegment]:

@@ -29,6 +29,7 @@ class DeviceResult:
     recorded: dict | None = None  # what the recording says (initial/peak/final reserved, segment sizes)
     notes: list[str] = field(default_factory=list)
     final_blocks: pd.DataFrame | None = None  # caching allocator: every block at the end (blocks_table)
+    capacity: int | None = None  # bytes the allocator could reserve (given, or inferred from a recorded OOM)
 
     @property
     def peak_reserved(self) -> int:
@@ -79,6 +80,7 @@ class DeviceResult:
         """Plain-JSON numbers for this device."""
         out = {
             "allocator": self.allocator, "conf": self.conf, "initial_state": self.initial_state,
+            "capacity": self.capacity,
             "peak_reserved": self.peak_reserved, "peak_allocated": self.peak_allocated,
             "initial_reserved": self.initial_reserved, "final_reserved": self.final_reserved,
             "peak_fragmentation": self.peak_fragmentation,
