@@ -44,7 +44,8 @@ class ReportOptions:
     """Report settings: ``bandwidth`` (swap link, e.g. "25GB/s" or a preset name; None = default),
     ``max_points`` (points per curve after level-of-detail reduction), ``top`` (rows in tables),
     ``x`` ("time" or "event" axis), ``timeline_blocks`` (blocks drawn one by one before aggregation),
-    ``whatif`` (run allocator / plan / swap what-ifs), ``memory_limit`` (bytes, for swapping what-ifs)."""
+    ``whatif`` (run allocator / plan / swap what-ifs), ``whatif_time_limit_s`` (static planner search time
+    per device, s), ``memory_limit`` (bytes, for swapping what-ifs)."""
 
     bandwidth: Any = None
     max_points: int = 4000
@@ -52,6 +53,7 @@ class ReportOptions:
     x: str = "time"
     timeline_blocks: int = 4000
     whatif: bool = True
+    whatif_time_limit_s: float = 1.0
     memory_limit: int | None = None
 
 

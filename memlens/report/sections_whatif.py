@@ -1,0 +1,44 @@
+"""Report section: the same run under other memory policies (allocator settings, static plan, swapping)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from memlens.report.markup import paragraph, table
+from memlens.report.sections import ReportContext, SectionUnavailable
+from memlens.units import format_bytes
+
+# allocator settings people try first when fragmentation bites
+CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,max_split_size_mb:128")
+
+
+def _escaped_for_figure(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy whose text columns are HTML-escaped: plotly renders labels and hover text as markup."""
+    from memlens.viz.labels import safe
+
+    out = df.copy()
+    for col in ("device", "stage", "variant", "note"):
+        out[col] = out[col].map(safe)
+    return out
+
+
+def whatif(ctx: ReportContext) -> list:
+    """`memlens.whatif.compare` as a table and `memlens.whatif.whatif_figure` as bars."""
+    from memlens.whatif import compare, whatif_figure
+
+    if not ctx.options.whatif:
+        raise SectionUnavailable("what-if simulations were switched off for this report (whatif=False / "
+                                 "--no-whatif)")
+    if len(ctx.trace.blocks) == 0:
+        raise SectionUnavailable("the trace has no blocks to simulate")
+    df = compare(ctx.trace, bandwidth=ctx.options.bandwidth or "pcie4", conf_variants=list(CONF_VARIANTS),
+                 time_limit_s=ctx.options.whatif_time_limit_s, limit=ctx.options.memory_limit)
+    parts = [paragraph(
+        "How much device memory the same sequence of allocations needs when the caching allocator is "
+        "simulated (recorded settings and common PYTORCH_CUDA_ALLOC_CONF variants), when every block gets a "
+        "static offset from a planner, and when idle blocks are swapped to host memory. Max-live is the "
+        "bound of any policy that keeps every block resident.")]
+    parts.append(whatif_figure(_escaped_for_figure(df)))
+    fmt = {"bytes": lambda v: "n/a" if pd.isna(v) else f"{format_bytes(v)} ({int(v):,} B)",
+           "ratio_to_max_live": lambda v: "" if pd.isna(v) else f"{v:.3f}x"}
+    parts.append(table(df, fmt, {"ratio_to_max_live": "vs max-live"}))
+    return parts
