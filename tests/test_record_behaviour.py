@@ -194,3 +194,38 @@ def test_cli_record_runs_script_and_saves_trace(tmp_path, capsys):
     assert main(["record", "-o", str(tmp_path / "x.memlens"), "--", "python", str(tmp_path / "nope.py")]) == 2
     err = capsys.readouterr().err
     assert "already exists" in err and "no such script" in err
+
+
+def test_iterations_detected_from_the_repeating_pattern_without_markers():
+    from memlens.demo import make_mlp
+    torch.manual_seed(0)
+    model = make_mlp(d_in=16, hidden=32, d_out=4)
+    with memlens.record(model) as rec:
+        for _ in range(5):               # manual SGD: no optimizer hook, no memlens.step()
+            model(torch.randn(8, 16)).square().mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= 0.1 * p.grad
+                    p.grad = None
+    trace = rec.trace
+    assert trace.metadata["iteration_source"] == "detected"
+    counts = trace.ops["iteration"].value_counts().sort_index()
+    assert len(counts) >= 4
+    assert counts.iloc[1:-1].nunique() == 1        # the full iterations have the same op count
+
+
+def test_tensors_without_storage_are_skipped_not_fatal():
+    dense = torch.randn(4, 4)
+    sparse = dense.to_sparse()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")       # no "recording stopped" warning may appear
+        with memlens.record(allocator="none") as rec:
+            y = torch.sparse.mm(sparse, dense)
+            z = y * 2
+    trace = rec.trace
+    assert trace.metadata["stop_reason"] is None
+    assert "aten::mul" in set(trace.ops["name"])
+    assert any("had no storage" in n for n in trace.metadata["notes"])
+    bz = trace.blocks[trace.blocks["addr"] == z.data_ptr()]
+    assert len(bz) == 1 and bz["op"].iloc[0] == "aten::mul"
+    assert torch.allclose(z, 2 * (sparse.to_dense() @ dense))

@@ -31,6 +31,9 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     wall0, perf0 = clock
     to_trace_ns = perf0 - wall0 - session.t_start     # add to a unix ns time to get trace ns
     blocks, stats = join_allocator(blocks, accesses, ops, allocator, to_trace_ns, notes)
+    if session.tensors_without_storage:
+        notes.append(f"{session.tensors_without_storage} tensor arguments had no storage (sparse, nested or "
+                     "wrapper subclasses) and are not in blocks/accesses")
     if session.stop_reason:
         notes.append(f"recording stopped early: {session.stop_reason}")
     if exception:
@@ -65,7 +68,30 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         from memlens.record.cuda import snapshot_segments
         extra.update(snapshot_segments(allocator.snapshot))
     trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
+    if iteration_source == "none":
+        _detect_iterations(trace)
     return trace
+
+
+def _detect_iterations(trace: Trace) -> None:
+    """No step markers and no optimizer steps: number the ops from the repeating allocation pattern
+    (memlens.analysis.iterations); ops before the first detected iteration keep a missing number."""
+    import numpy as np
+
+    try:
+        from memlens.analysis.iterations import split_iterations
+        found = split_iterations(trace, method="detected")
+    except Exception as exc:  # detection is a bonus: a failure leaves iterations missing, with a note
+        trace.metadata["notes"].append(f"iteration detection failed ({type(exc).__name__}: {exc})")
+        return
+    if len(found) < 2 or (found["source"] != "detected").any():
+        return
+    starts = found["start_ns"].to_numpy(dtype=np.int64)
+    idx = np.searchsorted(starts, trace.ops["start_ns"].to_numpy(), side="right") - 1
+    iteration = pd.array(idx, dtype="Int64")
+    iteration[idx < 0] = pd.NA
+    trace.ops["iteration"] = iteration
+    trace.metadata["iteration_source"] = "detected"
 
 
 def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: int) -> pd.DataFrame:

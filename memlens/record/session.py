@@ -59,8 +59,11 @@ class _RecordingMode(TorchDispatchMode):
             end = perf_counter_ns()
             try:
                 session.on_op(func, args, kwargs, out, start, end)
-            except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
-                session.fail(exc)
+            except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
+                try:
+                    session.on_op_carefully(func, args, kwargs, out, start, end)
+                except Exception as exc:  # never raise into user code: stop, keep the trace so far
+                    session.fail(exc)
             return out
         finally:
             _set_eval_frame(prior)
@@ -92,6 +95,7 @@ class Session:
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
         self.peak_buffer_bytes = 0
+        self.tensors_without_storage = 0    # tensors skipped because they have no storage (sparse ...)
         self._next_budget_check = 0
         self._mode = _RecordingMode(self)
         b = self.buf
@@ -209,6 +213,47 @@ class Session:
             self.buf.op_stacks.data.append(self.stack_table.capture())
         if op >= self._next_budget_check:
             self._check_budget(op)
+
+    def on_op_carefully(self, func, args, kwargs, out, start, end) -> None:
+        """The slow path after `on_op` raised: undo its partial records, then log the op skipping
+        tensors that have no storage (sparse, nested, some subclasses); they are counted."""
+        if not self.active:
+            return
+        ops_data = self.buf.ops.data
+        self.n_ops = len(ops_data) // self.buf.OPS_WIDTH
+        del self._acc_data[ops_data[-1] if len(ops_data) else 0:]
+        info = self._op_cache.get(func) or self._learn_op(func)
+        name_idx, kind, pos_writes, kw_writes, write_if = info
+        op = self.n_ops
+        self.n_ops = op + 1
+        if kind != VIEW and kind != METADATA:
+            writes = pos_writes if pos_writes and (write_if < 0 or bool(args[write_if])) else ()
+            for i, a in enumerate(args):
+                self._touch_safely(a, int(i < len(writes) and writes[i]), op, start)
+            for k, v in kwargs.items():
+                self._touch_safely(v, int(k in kw_writes), op, start)
+        self._touch_safely(out, 0 if kind == VIEW else 1, op, start, fresh=kind != VIEW)
+        node = _current_autograd_node()
+        aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
+        self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        if self.stack_table is not None:
+            self.buf.op_stacks.data.append(self.stack_table.capture())
+
+    def _touch_safely(self, value, write: int, op: int, t: int, fresh: bool = False) -> None:
+        if isinstance(value, Tensor):
+            try:
+                st = value.untyped_storage()
+            except Exception:
+                self.tensors_without_storage += 1
+                return
+            b = self._live.get(id(st))
+            if b is None:
+                b = self._discover(st, op, t, not fresh)
+            if b >= 0:
+                self._acc_append((b << 1) | write)
+        elif type(value) is list or type(value) is tuple:
+            for x in value:
+                self._touch_safely(x, write, op, t, fresh)
 
     def _touch(self, value, write: int, op: int, t: int) -> None:
         """Log an access to every tensor in `value` (a tensor or a list/tuple of them)."""
