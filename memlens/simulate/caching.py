@@ -126,7 +126,7 @@ class CachingAllocator:
             pool = self.pools[(is_small, stream)] = FreePool()
         return pool
 
-    def _cache(self, block: Block) -> None:
+    def cache_block(self, block: Block) -> None:
         """Put a block into its free pool, starting its GC age."""
         block.gc_base = self.free_block_calls[block.is_small]
         self._pool(block.is_small, block.stream).add(block)
@@ -217,7 +217,7 @@ class CachingAllocator:
         net_size = 0
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.allocated and not prev.pending and prev.mapped == block.mapped:
-            if prev.mapped:  # inline of _try_merge(block, prev) for the common case
+            if prev.mapped:  # inline of try_merge(block, prev) for the common case
                 key = (prev.size << ADDR_BITS) | prev.addr
                 del keys[bisect_left(keys, key)]
                 del blocks[key]
@@ -228,7 +228,7 @@ class CachingAllocator:
                 block.size += prev.size
                 net_size -= prev.size
             else:
-                net_size -= self._try_merge(block, prev)
+                net_size -= self.try_merge(block, prev)
         if nxt is not None and not nxt.allocated and not nxt.pending and nxt.mapped == block.mapped:
             if nxt.mapped:
                 key = (nxt.size << ADDR_BITS) | nxt.addr
@@ -240,7 +240,7 @@ class CachingAllocator:
                 block.size += nxt.size
                 net_size -= nxt.size
             else:
-                net_size -= self._try_merge(block, nxt)
+                net_size -= self.try_merge(block, nxt)
         block.gc_base = self.free_block_calls[block.is_small]
         key = (block.size << ADDR_BITS) | block.addr
         insort(keys, key)
@@ -250,7 +250,7 @@ class CachingAllocator:
         if block.expandable is None:
             self.inactive_split += net_size
 
-    def _try_merge(self, dst: Block, src: Block | None) -> int:
+    def try_merge(self, dst: Block, src: Block | None) -> int:
         """Absorb free neighbour `src` into `dst`; returns the bytes absorbed (0 when not mergeable)."""
         if src is None or src.allocated or src.pending or dst.mapped != src.mapped:
             return 0
@@ -350,60 +350,3 @@ class CachingAllocator:
                 total_age -= clock - block.gc_base
                 count -= 1
                 self._release_block(block)
-
-    # ---- state -----------------------------------------------------------------------------------
-    def blocks_table(self) -> list[dict]:
-        """Every block of every segment, in address order: segment_addr, addr, size, requested, state
-        ("allocated", "pending_free", "inactive" or "unmapped"), pool ("small"/"large"), stream, expandable.
-        The same picture as a snapshot's ``segments[*].blocks``."""
-        every = list(self.live.values())
-        every += [b for pool in self.pools.values() for b in pool.blocks.values()]
-        every += [b for pool in self.unmapped.values() for b in pool.blocks.values()]
-        rows = []
-        for block in sorted(every, key=lambda b: b.addr):
-            head = block
-            while head.prev is not None and (head.prev.mapped or head.expandable is None):
-                head = head.prev
-            state = "allocated" if block.allocated else "pending_free" if block.pending else \
-                "inactive" if block.mapped else "unmapped"
-            rows.append({"segment_addr": head.addr, "addr": block.addr, "size": block.size,
-                         "requested": block.requested if block.allocated or block.pending else 0,
-                         "state": state, "pool": "small" if block.is_small else "large",
-                         "stream": block.stream, "expandable": block.expandable is not None})
-        return rows
-
-    # ---- state built from a recording -----------------------------------------------------------
-    def add_segment(self, addr: int, size: int, is_small: bool, stream: int,
-                    live_blocks: list[tuple[int, int, int, int, bool]]) -> None:
-        """Install a segment reserved before the replay starts.
-
-        `live_blocks`: (block_id, addr, size, requested, pending) of the blocks live in it, any order;
-        the gaps between them become cached free blocks.
-        """
-        self.space.occupy(addr, size)
-        self.reserved += size
-        pieces: list[Block] = []
-        cursor = addr
-        for block_id, b_addr, b_size, requested, pending in sorted(live_blocks, key=lambda x: x[1]):
-            if b_addr > cursor:
-                pieces.append(Block(cursor, b_addr - cursor, stream, is_small))
-            block = Block(b_addr, b_size, stream, is_small)
-            block.requested = requested
-            if pending:
-                block.pending = True
-                self.pending[block_id] = block
-            else:
-                block.allocated = True
-                self.allocated += b_size
-            self.live[block_id] = block
-            pieces.append(block)
-            cursor = b_addr + b_size
-        if cursor < addr + size:
-            pieces.append(Block(cursor, addr + size - cursor, stream, is_small))
-        for left, right in zip(pieces, pieces[1:]):
-            left.next, right.prev = right, left
-        for piece in pieces:
-            if piece.is_free:
-                self._cache(piece)
-                if piece.is_split:
-                    self.inactive_split += piece.size

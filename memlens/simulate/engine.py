@@ -17,6 +17,7 @@ from memlens.simulate.replay import (
     DeviceRequests, device_requests,
 )
 from memlens.simulate.result import DeviceResult, SimulationResult
+from memlens.simulate.state import blocks_table, install_segment
 
 ALLOCATORS = ("caching",) + tuple(BASELINES)
 INITIAL_STATES = ("auto", "warm", "empty")
@@ -107,7 +108,7 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
     alloc.seq, alloc.t_ns = -1, first_t
     if warm:
         for seg in req.warm_segments:
-            alloc.add_segment(seg.addr, seg.size, seg.is_small, seg.stream, seg.live)
+            install_segment(alloc, seg.addr, seg.size, seg.is_small, seg.stream, seg.live)
     else:  # blocks live before recording are requested first, in address order
         for r in req.live_at_start.itertuples(index=False):
             alloc.malloc(int(r.block_id), int(r.size), int(r.stream))
@@ -134,7 +135,7 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
         recorded = {"initial_reserved": r.initial_reserved, "peak_reserved": r.peak_reserved,
                     "final_reserved": r.final_reserved, "segment_allocs": r.segment_allocs}
     conf = config.to_conf_string() if allocator == "caching" else ""
-    final = pd.DataFrame(alloc.blocks_table()) if isinstance(alloc, CachingAllocator) else None
+    final = pd.DataFrame(blocks_table(alloc)) if isinstance(alloc, CachingAllocator) else None
     return DeviceResult(req.device, allocator, conf, timeline, seg_ev, alloc.ooms,
                         "warm" if warm else "empty", recorded, notes, final, capacity)
 

@@ -113,9 +113,9 @@ def _map_block(alloc: "CachingAllocator", to_map: Block, size: int) -> bool:
         unmapped.add(rest)
         to_map.size = nbytes
     mapped_addr = to_map.addr
-    alloc._try_merge(to_map, to_map.prev)
-    alloc._try_merge(to_map, to_map.next)
-    alloc._cache(to_map)
+    alloc.try_merge(to_map, to_map.prev)
+    alloc.try_merge(to_map, to_map.next)
+    alloc.cache_block(to_map)
     alloc.reserved += nbytes
     alloc.segment_events.append((alloc.seq, alloc.t_ns, "segment_map", mapped_addr, nbytes))
     return True
@@ -151,17 +151,17 @@ def unmap_block(alloc: "CachingAllocator", block: Block) -> None:
         if before > 0:
             head = Block(block.addr, before, block.stream, block.is_small, segment)
             _splice(head, block.prev, block)
-            alloc._cache(head)
+            alloc.cache_block(head)
         after = block.size - before - nbytes
         if after > 0:
             tail = Block(start + nbytes, after, block.stream, block.is_small, segment)
             _splice(tail, block, block.next)
-            alloc._cache(tail)
+            alloc.cache_block(tail)
         block.addr = start
         block.size = nbytes
         block.mapped = False
-        alloc._try_merge(block, block.prev)
-        alloc._try_merge(block, block.next)
+        alloc.try_merge(block, block.prev)
+        alloc.try_merge(block, block.next)
         _unmapped_pool(alloc, block.is_small, block.stream).add(block)
         alloc.reserved -= nbytes
         alloc.segment_events.append((alloc.seq, alloc.t_ns, "segment_unmap", start, nbytes))
