@@ -218,3 +218,13 @@ def test_unlimited_capacity_turns_the_inference_off():
     dev = simulate(_oom_recording(), capacity="unlimited").devices["cuda:0"]
     assert dev.capacity is None and dev.ooms == []
     assert dev.segment_allocs == [46 * MiB, 60 * MiB]
+
+
+def test_blocks_alive_before_recording_start_the_replay_once():
+    blocks = pd.DataFrame({"block_id": [0, 1], "device": "cuda:0", "size": [30 * MiB, 4 * MiB],
+                           "alloc_ns": pd.array([None, 5], dtype="Int64"), "free_ns": [10, 20],
+                           "allocated_before": [True, False]})
+    dev = simulate(Trace.from_tables(blocks)).devices["cuda:0"]
+    assert dev.timeline["allocated"].iloc[0] == 30 * MiB  # requested before the first event
+    assert dev.timeline["allocated"].tolist()[1:] == [34 * MiB, 4 * MiB, 0]
+    assert dev.segment_allocs == [30 * MiB, 20 * MiB]

@@ -122,12 +122,13 @@ def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
 
 
 def _requests_from_blocks(b: pd.DataFrame) -> tuple[np.ndarray, ...]:
-    """Requests from block lifetimes (alloc at alloc_seq, immediate free at free_seq)."""
+    """Requests from block lifetimes (alloc at alloc_seq, immediate free at free_seq). Blocks alive before
+    recording are not requested here: they belong to the start state."""
     a_seq = _int_col(b, "alloc_seq", -1)
     f_seq = _int_col(b, "free_seq", -1)
     a_t = _int_col(b, "alloc_ns", 0)
     f_t = _int_col(b, "free_ns", 0)
-    has_alloc = a_seq >= 0
+    has_alloc = (a_seq >= 0) & ~b["allocated_before"].to_numpy(dtype=bool)
     has_free = f_seq >= 0
     bid = b["block_id"].to_numpy(dtype=np.int64)
     size = b["size"].to_numpy(dtype=np.int64)
@@ -247,6 +248,9 @@ def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceReques
     recorded = _recorded(ev, segs) if segs is not None else None
     warm: list[InitialSegment] = []
     if segs is not None:
+        if "segment_pool_id" in segs.columns and (~segs["segment_pool_id"].isin(["", "0,0"])).any():
+            notes.append("segments in private pools (CUDA graphs / torch.cuda.MemPool) are replayed as if "
+                         "they belonged to the default pools")
         if segs["is_expandable"].any():
             notes.append("expandable segments in the recording: the warm start rebuilds ordinary segments "
                          "only; expandable ones start empty")
