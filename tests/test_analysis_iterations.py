@@ -103,8 +103,15 @@ def test_markers_and_optimizer_ops_take_precedence():
     marked = Trace.from_tables(trace.blocks, trace.accesses, ops)
     its = split_iterations(marked)
     assert its["source"].unique().tolist() == ["marker"]
-    assert its["start_ns"].tolist() == [5, 300, 700]
-    assert its["end_ns"].tolist() == [300, 700, marked.time_span_ns()[1]]
+    # nothing is allocated after the last marker (t=700): that empty final iteration is dropped
+    assert its["start_ns"].tolist() == [5, 300]
+    assert its["end_ns"].tolist() == [300, marked.time_span_ns()[1]]
+    ops.loc[3, ["start_ns", "end_ns"]] = [500, 501]
+    kept = split_iterations(Trace.from_tables(trace.blocks, trace.accesses, ops))
+    assert kept["start_ns"].tolist() == [5, 300, 500]
+    by_optimizer = Trace.from_tables(trace.blocks, trace.accesses, ops,
+                                     metadata={"iteration_source": "optimizer.step"})
+    assert split_iterations(by_optimizer)["source"].unique().tolist() == ["optimizer"]
     opt = pd.DataFrame({"op_id": [0, 1, 2, 3, 4], "start_ns": [10, 200, 205, 500, 900],
                         "end_ns": [20, 260, 250, 560, 910],
                         "name": ["aten::mm", "Optimizer.step#SGD.step", "aten::add_", "Optimizer.step#SGD.step",

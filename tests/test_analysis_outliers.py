@@ -124,3 +124,18 @@ def test_outliers_vectorised_matches_bruteforce_on_random_trace():
         assert got["max_idle_ns"] == gaps.max()
         assert got["swappable_bytes_ns"] == pytest.approx(float((saved * row.size).sum()))
         assert got["accesses"] == len(gaps) - 1
+
+
+def test_allocator_only_blocks_without_accesses_are_not_idle_by_default():
+    base = idle_trace()
+    extra = pd.DataFrame({"block_id": [7, 8], "device": ["cuda:0"] * 2, "size": [1000, 900], "alloc_ns": [0, 0],
+                          "free_ns": [200, 200], "category": ["temporary", "buffer"],
+                          "source": ["profiler", "dispatch"]})
+    blocks = pd.concat([base.blocks.assign(source="dispatch"), extra.assign(stream=0)], ignore_index=True)
+    trace = Trace.from_tables(blocks, base.accesses)
+    # block 7: a workspace only the allocator saw - used inside its op, not idle; block 8: an op-level
+    # instrument saw it and nothing ever touched it - really unused for 200 ns
+    default = outliers(trace, ONE_BYTE_PER_NS, top=None)["block_id"].tolist()
+    assert 7 not in default and default[0] == 8
+    everything = outliers(trace, ONE_BYTE_PER_NS, top=None, include_unobserved=True)["block_id"].tolist()
+    assert everything[:2] == [7, 8]

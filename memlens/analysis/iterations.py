@@ -3,10 +3,10 @@
 Training repeats the same sequence of allocations every step (Li et al.; Zhang et al. build their pool plan
 on it). `split_iterations` takes the most explicit evidence the trace has:
 
-1. ``marker``: ops carry an ``iteration`` number (``memlens.step()`` or the recorder's optimizer hook; a
-   recorder that knows it used optimizer steps says so with ``metadata["iteration_source"] = "optimizer"``).
-2. ``optimizer``: ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration ends where an
-   optimizer step ends.
+1. ``marker``: ops carry an ``iteration`` number (``memlens.step()``); when the recorder numbered them from
+   optimizer steps (``metadata["iteration_source"]`` mentions "optimizer") the source is ``optimizer``.
+2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration
+   ends where an optimizer step ends.
 3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``
    (`memlens.analysis.period`). Boundaries sit where the live bytes are lowest within the period (the end of
    a step), then every occurrence of the shortest allocation pattern that starts there marks an iteration
@@ -41,15 +41,26 @@ def _frame(starts: np.ndarray, end_of_trace: int, source: str, **extra) -> pd.Da
 
 
 def _from_markers(trace) -> pd.DataFrame | None:
+    """Iterations numbered on the ops (memlens.step() or the recorder's optimizer-step hook).
+
+    The iteration opened by the last marker often holds nothing (the loop ended right after the call):
+    a final iteration in which no block was allocated is dropped rather than reported as a step.
+    """
     ops = trace.ops
     if len(ops) == 0 or not ops["iteration"].notna().any():
         return None
     marked = ops[ops["iteration"].notna()]
     first = marked.groupby("iteration", sort=True)["start_ns"].min()
     _, hi = trace.time_span_ns()
-    source = trace.metadata.get("iteration_source", "marker")
-    out = _frame(first.to_numpy(dtype=np.int64), hi, source if source in SOURCES else "marker")
+    recorded = str(trace.metadata.get("iteration_source", "marker"))
+    source = "optimizer" if "optimizer" in recorded.lower() else "marker"
+    out = _frame(first.to_numpy(dtype=np.int64), hi, source)
     out["iteration"] = first.index.to_numpy(dtype=np.int64)
+    if len(out) > 1:
+        alloc = trace.blocks["alloc_ns"].dropna().to_numpy(dtype=np.int64)
+        if not ((alloc >= out["start_ns"].iloc[-1]) & (alloc <= out["end_ns"].iloc[-1])).any():
+            out = out.iloc[:-1].copy()
+            out.loc[out.index[-1], "end_ns"] = hi
     return out
 
 

@@ -142,7 +142,8 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
 
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
-             limit_bytes: float | None = None, intervals: pd.DataFrame | None = None) -> pd.DataFrame:
+             limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
+             include_unobserved: bool = False) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
     Columns: ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest interval),
@@ -153,6 +154,11 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     peak), ``score`` (the `priority` value ranked on) and the block's attribution ``category``, ``op``,
     ``module``, ``stack_id``, ``alloc_ns``, ``free_ns``. `min_size` (bytes) drops smaller blocks; by
     default 0 for size_x_idle and 1 MiB for doa/aoa/wdoa. `limit_bytes` is WDOA's memory limit.
+
+    Blocks only the allocator saw (``source == "profiler"``: workspaces inside an op) and with no recorded
+    access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
+    can be recorded, so their lifetime is not idle time. Blocks an op-level instrument saw and no op ever
+    touched stay in: those really are unused.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -241,6 +247,8 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     keep = out["size"].to_numpy() >= min_size
     if priority != "size_x_idle":
         keep &= has_peak
+    if not include_unobserved:
+        keep &= ~_unobservable(trace, out["block_id"].to_numpy(), counts - 1)
     ranked = out[keep].sort_values(["score", "size", "block_id"], ascending=[False, False, True],
                                    na_position="last", kind="stable")
     if top is not None:
@@ -253,6 +261,16 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     return ranked
+
+
+def _unobservable(trace, block_ids: np.ndarray, accesses: np.ndarray) -> np.ndarray:
+    """True for blocks whose accesses no instrument could see: allocator-only and never accessed."""
+    if "source" not in trace.blocks.columns:
+        return np.zeros(len(block_ids), dtype=bool)
+    from memlens.analysis.ati import block_rows
+    rows = block_rows(trace.blocks["block_id"].to_numpy(dtype=np.int64), np.asarray(block_ids, dtype=np.int64))
+    source = trace.blocks["source"].to_numpy(dtype=object)[np.maximum(rows, 0)]
+    return (accesses == 0) & (source == "profiler") & (rows >= 0)
 
 
 def _labels_at(labels: pd.Series, idx: np.ndarray) -> np.ndarray:
