@@ -100,6 +100,14 @@ def _key(device_code: np.ndarray, addr: np.ndarray) -> np.ndarray:
     return (device_code.astype(np.int64) << _DEVICE_BITS) + addr.astype(np.int64)
 
 
+def _lookup(table: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """Position in `table` of each query (the first one when `table` repeats a key), or -1."""
+    uniq, first = np.unique(table, return_index=True)
+    pos = np.searchsorted(uniq, queries).clip(0, max(len(uniq) - 1, 0))
+    found = (uniq[pos] == queries) if len(uniq) else np.zeros(len(queries), dtype=bool)
+    return np.where(found, first[pos] if len(uniq) else -1, -1)
+
+
 def _trace_blocks(ev: EventColumns, pairing: Pairing) -> pd.DataFrame:
     """Blocks seen in the device traces (see module docstring for the rules)."""
     has_alloc = pairing.alloc_row >= 0
@@ -144,7 +152,7 @@ def _match_final_state(blocks: pd.DataFrame, final: FinalState, dev_index: dict[
     # torch records the requested (unrounded) size in trace entries; the final state adds the
     # allocator's rounded block size for the blocks live at the end
     live_idx = np.flatnonzero(live)
-    pos = pd.Index(live_keys).get_indexer(blk_key)  # -1 when not live at the end
+    pos = _lookup(live_keys, blk_key)  # -1 when not live at the end
     is_open_live = open_mask & (pos >= 0)
     matched_sb = live_idx[pos[is_open_live]]
     block_size = np.zeros(len(blocks), dtype=np.int64)
@@ -162,7 +170,7 @@ def _match_final_state(blocks: pd.DataFrame, final: FinalState, dev_index: dict[
     added = pd.DataFrame({
         "block_id": new_ids, "device_code": sb_codes[before], "addr": sb["addr"].to_numpy()[before],
         "size": sb["requested_size"].to_numpy()[before], "block_size": sb["size"].to_numpy()[before],
-        "stream": _segment_stream(final, sb)[before],
+        "stream": _segment_stream(final, sb, dev_index)[before],
         "stack_id": sb["stack_id"].to_numpy()[before] if before.any() else pd.array([], dtype="Int64"),
         "requested_size": sb["requested_size"].to_numpy()[before],
         "allocated_before": True, "free_without_alloc": False,
@@ -179,11 +187,12 @@ def _match_final_state(blocks: pd.DataFrame, final: FinalState, dev_index: dict[
     return blocks, facts
 
 
-def _segment_stream(final: FinalState, sb: pd.DataFrame) -> np.ndarray:
+def _segment_stream(final: FinalState, sb: pd.DataFrame, dev_index: dict[str, int]) -> np.ndarray:
     """Stream of each segment block's segment (blocks carry no stream of their own)."""
     seg = final.segments
-    idx = pd.MultiIndex.from_arrays([seg["device"], seg["addr"]]).get_indexer(
-        pd.MultiIndex.from_arrays([sb["device"], sb["segment_addr"]]))
+    seg_key = _key(seg["device"].map(dev_index).to_numpy(dtype=np.int64), seg["addr"].to_numpy())
+    idx = _lookup(seg_key, _key(sb["device"].map(dev_index).to_numpy(dtype=np.int64),
+                                sb["segment_addr"].to_numpy()))
     streams = seg["stream"].to_numpy()
     return np.where(idx >= 0, streams[idx.clip(0)] if len(streams) else 0, 0).astype(np.int64)
 
@@ -192,7 +201,8 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     from memlens.trace import Trace
 
     ev = read_device_traces(device_traces, interner)
-    kind = np.array([_KIND.get(a, -1) for a in ev.action], dtype=np.int64) if len(ev) else np.empty(0, np.int64)
+    # ALLOC / FREE_REQUESTED / FREE_COMPLETED codes (0, 1, 2) by a vectorised hash lookup; -1 otherwise
+    kind = pd.Index(list(_KIND)).get_indexer(ev.action).astype(np.int64)
     pairing = pair_blocks(ev.device_code, kind, ev.addr, ev.seq)
     blocks = _trace_blocks(ev, pairing)
     final = read_segments(segments, interner)

@@ -131,7 +131,7 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         return np.concatenate([p[key][i] for p in parts])
 
     action = np.concatenate([p["action"] for p in parts])
-    if offset and not pd.Series(action).map(type).eq(str).all():
+    if offset and pd.api.types.infer_dtype(action, skipna=False) != "string":
         raise InputError("a device-trace entry has no 'action' string")
     device_code = cat("device_code")
     time_us, time_missing = cat_pair("time", 0), cat_pair("time", 1)
