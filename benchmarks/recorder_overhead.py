@@ -7,8 +7,9 @@
 
 Each instrument wraps `--steps` steps; the time per step is measured inside it (the one-off cost of
 building the trace / the profiler's post-processing is printed separately). Modes are interleaved
-over `--reps` rounds and the median is taken, so load from other processes hits all of them alike.
-Prints ratios to plain, and the recorder's own memory (event buffer bytes, bytes per op).
+over `--reps` rounds, in a rotated order, and the median is taken. Two clocks: process CPU time (the
+headline: other processes on a shared machine do not inflate it) and wall time. Prints ratios to
+plain, and the recorder's own memory (event buffer bytes, bytes per op).
 
     .venv/bin/python benchmarks/recorder_overhead.py [--size small|medium|both] [--reps 5] [--steps 3]
 """
@@ -70,21 +71,21 @@ def _instrument(mode, model):
 
 
 def measure(mode, model, step, steps):
-    """(seconds per step inside the instrument, seconds to close it, recorder overhead dict or None)."""
+    """(CPU s per step, wall s per step, wall s to close the instrument, recorder overhead or None)."""
     inst = _instrument(mode, model)
     if inst is not None:
         inst.__enter__()
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(steps):
         step()
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     if inst is not None:
         inst.__exit__(None, None, None)
     t2 = time.perf_counter()
     overhead = None
     if mode.startswith("memlens") and inst.trace is not None:
         overhead = dict(inst.trace.metadata["recorder_overhead"], ops=len(inst.trace.ops))
-    return (t1 - t0) / steps, t2 - t1, overhead
+    return (c1 - c0) / steps, (t1 - t0) / steps, t2 - t1, overhead
 
 
 MODES = ["plain", "memlens_tensor", "memlens", "profiler"]
@@ -93,28 +94,33 @@ MODES = ["plain", "memlens_tensor", "memlens", "profiler"]
 def bench(name, model, step, reps, steps):
     for _ in range(2):
         step()          # warm-up: lazy init, optimizer state
-    per_mode = {m: [] for m in MODES}
+    cpu = {m: [] for m in MODES}
+    wall = {m: [] for m in MODES}
     close = {m: [] for m in MODES}
     overheads = {}
-    for _ in range(reps):
-        for mode in MODES:
-            t_step, t_close, over = measure(mode, model, step, steps)
-            per_mode[mode].append(t_step)
+    for r in range(reps):
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            t_cpu, t_wall, t_close, over = measure(mode, model, step, steps)
+            cpu[mode].append(t_cpu)
+            wall[mode].append(t_wall)
             close[mode].append(t_close)
             if over:
                 overheads[mode] = over
-    base = statistics.median(per_mode["plain"])
-    print(f"\n{name}: plain step {base * 1e3:.2f} ms (median of {reps} rounds x {steps} steps)")
+    base_cpu, base_wall = statistics.median(cpu["plain"]), statistics.median(wall["plain"])
+    print(f"\n{name}: plain step {base_cpu * 1e3:.2f} ms CPU, {base_wall * 1e3:.2f} ms wall "
+          f"(medians of {reps} rounds x {steps} steps)")
+    ratios = {}
     for mode in MODES:
-        med = statistics.median(per_mode[mode])
-        print(f"  {mode:15s} {med * 1e3:9.2f} ms/step  ratio {med / base:5.2f}x   close/build "
-              f"{statistics.median(close[mode]) * 1e3:8.1f} ms")
+        c, w = statistics.median(cpu[mode]), statistics.median(wall[mode])
+        ratios[mode] = c / base_cpu
+        print(f"  {mode:15s} {c * 1e3:9.2f} ms/step CPU  ratio {c / base_cpu:5.2f}x   wall ratio "
+              f"{w / base_wall:5.2f}x   close/build {statistics.median(close[mode]) * 1e3:8.1f} ms")
     for mode, over in overheads.items():
         ops = over["ops"]
+        added = 1e6 * (statistics.median(cpu[mode]) - base_cpu) * steps / max(ops, 1)
         print(f"  {mode} memory: {over['event_buffer_bytes'] / 1024:.1f} KiB event buffer for {ops} ops "
-              f"({over['bytes_per_op']} B/op; {ops / steps:.0f} ops/step, "
-              f"{(med_us := 1e6 * (statistics.median(per_mode[mode]) - base) * steps / max(ops, 1)):.1f} us added/op)")
-    return {m: statistics.median(v) / base for m, v in per_mode.items()}
+              f"({over['bytes_per_op']} B/op; {ops / steps:.0f} ops/step; {added:.1f} us CPU added per op)")
+    return ratios
 
 
 def main(argv=None):

@@ -69,6 +69,26 @@ def kernel_events(kineto_events) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["launch_unix_ns", "start_unix_ns", "end_unix_ns"], dtype=np.int64)
 
 
+def _start_allocation_profiler(torch, activities: set):
+    """Enable the profiler with memory events and (nearly) no op callbacks; returns a function that
+    stops it and returns its `_ProfilerResult` (with `experimental_event_tree()` and `events()`)."""
+    try:
+        from torch._C._profiler import ProfilerConfig, ProfilerState, RecordScope, _ExperimentalConfig
+        from torch.autograd import _disable_profiler, _enable_profiler, _prepare_profiler
+        config = ProfilerConfig(ProfilerState.KINETO, False, True, False, False, False, _ExperimentalConfig())
+        _prepare_profiler(config, activities)
+        _enable_profiler(config, activities, {RecordScope.LITE_INTERPRETER})
+        return _disable_profiler
+    except (ImportError, TypeError, AttributeError):
+        prof = torch.profiler.profile(activities=list(activities), profile_memory=True, record_shapes=False)
+        prof.__enter__()
+
+        def stop():
+            prof.__exit__(None, None, None)
+            return prof.profiler.kineto_results
+        return stop
+
+
 @contextlib.contextmanager
 def quiet_native_stderr():
     """Silence file descriptor 2 for a moment: Kineto prints `USDT: profiler_start/stop` lines from C++
@@ -109,24 +129,28 @@ class Instruments:
         self._start_profiler(torch)
 
     def _start_profiler(self, torch) -> None:
+        """Start the profiler for allocation events only.
+
+        The profiler is enabled with its op callbacks restricted to a scope no server code uses
+        (`RecordScope.LITE_INTERPRETER`): allocator calls are still reported (they do not go through
+        op callbacks), but ops are not recorded twice (the dispatch mode already records them), which
+        makes it nearly free instead of 1.1-1.5x. Falls back to the public `torch.profiler.profile`
+        when the private entry points are missing.
+        """
         from torch.autograd.profiler import _is_profiler_enabled
-        if _is_profiler_enabled:
+        if _is_profiler_enabled or torch.autograd._profiler_enabled():
             why = "an outer memlens recorder" if self.nested else "another profiler"
             self.data.notes.append(f"allocator-level events unavailable: {why} is already profiling this "
                                    "thread (only one profiler can run)")
             return
-        activities = [torch.profiler.ProfilerActivity.CPU]
+        activities = {torch.profiler.ProfilerActivity.CPU}
         if self.kernel_times and torch.cuda.is_available():
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            activities.add(torch.profiler.ProfilerActivity.CUDA)
         try:
-            prof = torch.profiler.profile(activities=activities, profile_memory=True, record_shapes=False,
-                                          with_stack=False)
             with quiet_native_stderr():
-                prof.__enter__()
+                self._profiler = _start_allocation_profiler(torch, activities)
         except Exception as exc:  # a profiler that cannot start must not stop the recording
             self.data.notes.append(f"allocator-level events unavailable: profiler failed to start ({exc})")
-            return
-        self._profiler = prof
 
     def _start_cuda_history(self, torch) -> None:
         if not torch.cuda.is_available():
@@ -154,11 +178,10 @@ class Instruments:
                 except Exception as exc:
                     self.data.notes.append(f"could not stop CUDA memory history ({exc})")
         if self._profiler is not None:
-            prof, self._profiler = self._profiler, None
+            stop, self._profiler = self._profiler, None
             try:
                 with quiet_native_stderr():
-                    prof.__exit__(None, None, None)
-                results = prof.profiler.kineto_results
+                    results = stop()
                 self.data.events = allocation_events_from_tree(results.experimental_event_tree())
                 self.data.sources.append("profiler")
                 if torch.cuda.is_available() and self.kernel_times:
