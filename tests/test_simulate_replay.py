@@ -36,11 +36,11 @@ def seg(addr, total, blocks, small=False):
                        for off, size, req, state in blocks]}
 
 
-def trace_of(entries, segments):
+def trace_of(entries, segments, expandable=False):
     for t, e in enumerate(entries):
         e["time_us"] = 1_000_000 + t
     return snapshot_to_trace({"segments": segments, "device_traces": [entries],
-                              "allocator_settings": {"expandable_segments": False}})
+                              "allocator_settings": {"expandable_segments": expandable}})
 
 
 def _release_scenario(release_then_reserve: bool):
@@ -228,3 +228,28 @@ def test_blocks_alive_before_recording_start_the_replay_once():
     assert dev.timeline["allocated"].iloc[0] == 30 * MiB  # requested before the first event
     assert dev.timeline["allocated"].tolist()[1:] == [34 * MiB, 4 * MiB, 0]
     assert dev.segment_allocs == [30 * MiB, 20 * MiB]
+
+
+def test_warm_start_rebuilds_mapped_pages_of_expandable_segments():
+    # expandable_segments:True; recording began with two 20 MiB pages mapped and X (8 MiB) live at the base
+    entries = [
+        entry("free_requested", S_LARGE, 8 * MiB, 0), entry("free_completed", S_LARGE, 8 * MiB, 0),
+        entry("alloc", S_LARGE, 30 * MiB, 0),  # fits in the 40 MiB already mapped
+        entry("segment_map", S_LARGE + 40 * MiB, 20 * MiB, 0),  # 15 MiB needs one more page
+        entry("alloc", S_LARGE + 30 * MiB, 15 * MiB, 0),
+    ]
+    final = seg(S_LARGE, 60 * MiB, [(0, 30 * MiB, 30 * MiB, "active_allocated"),
+                                    (30 * MiB, 15 * MiB, 15 * MiB, "active_allocated"),
+                                    (45 * MiB, 15 * MiB, 0, "inactive")])
+    final["is_expandable"] = True
+    trace = trace_of(entries, [final], expandable=True)
+    dev = simulate(trace).devices["cuda:0"]
+    assert dev.initial_state == "warm"
+    assert dev.recorded["initial_reserved"] == 40 * MiB and dev.recorded["peak_reserved"] == 60 * MiB
+    assert dev.initial_reserved == 40 * MiB and dev.timeline["allocated"].iloc[0] == 8 * MiB
+    assert dev.segment_allocs == [20 * MiB] and dev.peak_reserved == 60 * MiB
+    assert dev.timeline.loc[dev.timeline["addr"] >= 0, "addr"].tolist() == [S_LARGE, S_LARGE + 30 * MiB]
+    fb = dev.final_blocks[dev.final_blocks["state"] != "unmapped"]
+    assert list(zip(fb["addr"], fb["size"], fb["state"])) == [
+        (S_LARGE, 30 * MiB, "allocated"), (S_LARGE + 30 * MiB, 15 * MiB, "allocated"),
+        (S_LARGE + 45 * MiB, 15 * MiB, "inactive")]

@@ -17,7 +17,7 @@ from memlens.simulate.replay import (
     DeviceRequests, device_requests,
 )
 from memlens.simulate.result import DeviceResult, SimulationResult
-from memlens.simulate.state import blocks_table, install_segment
+from memlens.simulate.state import blocks_table, install_expandable, install_segment
 
 ALLOCATORS = ("caching",) + tuple(BASELINES)
 INITIAL_STATES = ("auto", "warm", "empty")
@@ -107,8 +107,16 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
     first_t = int(req.t_ns[0]) if len(req) else 0
     alloc.seq, alloc.t_ns = -1, first_t
     if warm:
+        virtual: dict[int, list] = {}
         for seg in req.warm_segments:
-            install_segment(alloc, seg.addr, seg.size, seg.is_small, seg.stream, seg.live)
+            if seg.expandable_base is None:
+                install_segment(alloc, seg.addr, seg.size, seg.is_small, seg.stream, seg.live)
+            else:
+                virtual.setdefault(seg.expandable_base, []).append(seg)
+        for base, runs in virtual.items():
+            first = runs[0]
+            install_expandable(alloc, base, first.page, first.is_small, first.stream,
+                               [(r.addr, r.size, r.live) for r in runs])
     else:  # blocks live before recording are requested first, in address order
         for r in req.live_at_start.itertuples(index=False):
             alloc.malloc(int(r.block_id), int(r.size), int(r.stream))

@@ -40,7 +40,7 @@ def _splice(block: Block, before: Block | None, after: Block | None) -> None:
         after.prev = block
 
 
-def _unmapped_pool(alloc: "CachingAllocator", is_small: bool, stream: int) -> UnmappedPool:
+def unmapped_pool(alloc: "CachingAllocator", is_small: bool, stream: int) -> UnmappedPool:
     pool = alloc.unmapped.get((is_small, stream))
     if pool is None:
         pool = alloc.unmapped[(is_small, stream)] = UnmappedPool()
@@ -76,7 +76,7 @@ def _has_room(block: Block | None, size: int) -> bool:
 
 def _find_expandable_block(alloc: "CachingAllocator", size: int, is_small: bool, stream: int) -> Block:
     """The lowest-address place with room for `size` bytes, creating a new virtual segment if needed."""
-    unmapped = _unmapped_pool(alloc, is_small, stream)
+    unmapped = unmapped_pool(alloc, is_small, stream)
     for candidate in unmapped.in_address_order():
         prev = candidate.prev
         if prev is not None and not prev.allocated and not prev.pending:
@@ -162,7 +162,7 @@ def unmap_block(alloc: "CachingAllocator", block: Block) -> None:
         block.mapped = False
         alloc.try_merge(block, block.prev)
         alloc.try_merge(block, block.next)
-        _unmapped_pool(alloc, block.is_small, block.stream).add(block)
+        unmapped_pool(alloc, block.is_small, block.stream).add(block)
         alloc.reserved -= nbytes
         alloc.segment_events.append((alloc.seq, alloc.t_ns, "segment_unmap", start, nbytes))
     if block.prev is None and block.next is None and not block.mapped:

@@ -16,12 +16,7 @@ so a what-if tells whether the OOM would have happened. The device capacity at t
 the recording: reserved bytes at that point plus the entry's ``device_free``.
 Other traces give requests from ``blocks``: ``alloc_seq`` / ``free_seq``, size = requested bytes, ``stream``.
 
-Initial state. When recording began warm, the segments reserved at the start are the final ``segments``
-walked backwards through the recorded segment events, and the blocks live at the start are those freed
-without an alloc in the trace plus those live at the end that the trace never allocated, at their recorded
-addresses. A live block's allocator size is the final state's when known, else its rounded request plus
-any gap of at most 1 MiB up to the next known block start (a large-pool block keeps a remainder that small
-rather than splitting it off, so such a gap cannot be a block of its own).
+Initial state: see `memlens.simulate.warmstart`.
 """
 from __future__ import annotations
 
@@ -30,7 +25,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memlens.simulate.config import K_SMALL_BUFFER, K_SMALL_SIZE, AllocatorConfig, round_size
+from memlens.simulate.config import AllocatorConfig
+from memlens.simulate.warmstart import (
+    InitialSegment, initial_expandable_runs, initial_segments, int_column, live_at_start, place_live_blocks,
+)
 
 ALLOC, FREE, FREE_REQUESTED, FREE_COMPLETED, EMPTY_CACHE, RELEASE_BEFORE_RESERVE, FAILED_REQUEST = \
     0, 1, 2, 3, 4, 5, 6
@@ -49,15 +47,6 @@ class Recorded:
     segment_alloc_seqs: list[int]
     segment_frees: list[int]
     oom_capacity: int | None = None  # reserved + device_free at the first recorded OOM (bytes)
-
-
-@dataclass
-class InitialSegment:
-    addr: int
-    size: int
-    is_small: bool
-    stream: int
-    live: list[tuple[int, int, int, int, bool]] = field(default_factory=list)  # (id, addr, size, req, pending)
 
 
 @dataclass
@@ -81,16 +70,10 @@ class DeviceRequests:
         return len(self.kind)
 
 
-def _int_col(df: pd.DataFrame, col: str, fill: int) -> np.ndarray:
-    if col not in df.columns:
-        return np.full(len(df), fill, dtype=np.int64)
-    return pd.array(df[col], dtype="Int64").to_numpy(dtype=np.int64, na_value=fill)
-
-
 def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
     """(kind, block_id, size, stream, t_ns, seq) from one device's event rows, in order."""
     action = ev["action"].to_numpy(dtype=object)
-    block = _int_col(ev, "block_id", -1)
+    block = int_column(ev, "block_id", -1)
     n = len(ev)
     kind = np.full(n, -1, dtype=np.int8)
     kind[action == "alloc"] = ALLOC
@@ -124,10 +107,10 @@ def _requests_from_events(ev: pd.DataFrame) -> tuple[np.ndarray, ...]:
 def _requests_from_blocks(b: pd.DataFrame) -> tuple[np.ndarray, ...]:
     """Requests from block lifetimes (alloc at alloc_seq, immediate free at free_seq). Blocks alive before
     recording are not requested here: they belong to the start state."""
-    a_seq = _int_col(b, "alloc_seq", -1)
-    f_seq = _int_col(b, "free_seq", -1)
-    a_t = _int_col(b, "alloc_ns", 0)
-    f_t = _int_col(b, "free_ns", 0)
+    a_seq = int_column(b, "alloc_seq", -1)
+    f_seq = int_column(b, "free_seq", -1)
+    a_t = int_column(b, "alloc_ns", 0)
+    f_t = int_column(b, "free_ns", 0)
     has_alloc = (a_seq >= 0) & ~b["allocated_before"].to_numpy(dtype=bool)
     has_free = f_seq >= 0
     bid = b["block_id"].to_numpy(dtype=np.int64)
@@ -165,70 +148,6 @@ def _recorded(ev: pd.DataFrame, segs: pd.DataFrame | None) -> Recorded | None:
                     size[np.isin(action, _RELEASE)].tolist(), oom_capacity)
 
 
-def _initial_segments(ev: pd.DataFrame, segs: pd.DataFrame) -> dict[int, InitialSegment]:
-    """Segments reserved when recording began: final ones, with the segment events undone in reverse."""
-    current = {int(r.addr): InitialSegment(int(r.addr), int(r.total_size), r.pool == "small", int(r.stream))
-               for r in segs.itertuples(index=False) if not r.is_expandable}
-    seg_ev = ev[ev["action"].isin(["segment_alloc", "segment_free"])]
-    for r in seg_ev.iloc[::-1].itertuples(index=False):
-        if r.action == "segment_alloc":
-            current.pop(int(r.addr), None)
-        else:
-            size = int(r.size)
-            current[int(r.addr)] = InitialSegment(int(r.addr), size, size == K_SMALL_BUFFER, int(r.stream))
-    return current
-
-
-def _live_at_start(blocks: pd.DataFrame) -> pd.DataFrame:
-    """Blocks the allocator held when recording began."""
-    b = blocks[blocks["allocated_before"].to_numpy(dtype=bool)]
-    has_req = "free_requested_seq" in b.columns
-    pending = (b["free_requested_seq"].isna() & b["free_seq"].notna()).to_numpy(dtype=bool) if has_req \
-        else np.zeros(len(b), dtype=bool)
-    out = pd.DataFrame({
-        "block_id": b["block_id"].to_numpy(dtype=np.int64),
-        "addr": _int_col(b, "addr", -1),
-        "size": b["size"].to_numpy(dtype=np.int64),
-        "block_size": _int_col(b, "block_size", 0),
-        "stream": b["stream"].to_numpy(dtype=np.int64),
-        "pending": pending,
-    })
-    return out.sort_values(["addr", "block_id"], kind="stable").reset_index(drop=True)
-
-
-def _place_live_blocks(segments: dict[int, InitialSegment], live: pd.DataFrame, boundaries: np.ndarray,
-                       config: AllocatorConfig, notes: list[str]) -> None:
-    """Put each block live at the start into the initial segment that contains its address."""
-    if not segments or not len(live):
-        return
-    starts = np.array(sorted(segments), dtype=np.int64)
-    bounds = np.unique(np.concatenate([boundaries, live["addr"].to_numpy(),
-                                       starts + np.array([segments[s].size for s in starts])]))
-    lost = 0
-    for r in live.itertuples(index=False):
-        i = int(np.searchsorted(starts, r.addr, side="right")) - 1
-        seg = segments[int(starts[i])] if i >= 0 else None
-        if seg is None or r.addr < 0 or r.addr >= seg.addr + seg.size:
-            lost += 1
-            continue
-        size = int(r.block_size) if r.block_size > 0 else round_size(int(r.size), config)
-        if r.block_size <= 0 and not seg.is_small and not config.expandable_segments:
-            j = int(np.searchsorted(bounds, r.addr + size, side="left"))
-            nxt = min(int(bounds[j]) if j < len(bounds) else seg.addr + seg.size, seg.addr + seg.size)
-            if 0 < nxt - (r.addr + size) <= K_SMALL_SIZE:
-                size = nxt - int(r.addr)
-        size = min(size, seg.addr + seg.size - int(r.addr))
-        seg.live.append((int(r.block_id), int(r.addr), size, int(r.size), bool(r.pending)))
-    for seg in segments.values():  # a block overlapping the next one (a bad estimate) is cut short
-        seg.live.sort(key=lambda x: x[1])
-        for k in range(len(seg.live) - 1):
-            bid, addr, size, req, pend = seg.live[k]
-            if addr + size > seg.live[k + 1][1]:
-                seg.live[k] = (bid, addr, seg.live[k + 1][1] - addr, req, pend)
-    if lost:
-        notes.append(f"{lost} block(s) live at the start lie outside every initial segment; left out")
-
-
 def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceRequests:
     """Build the replay input of `device` (see the module docstring); `config` rounds estimated sizes."""
     ev_all = trace.events
@@ -244,20 +163,18 @@ def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceReques
     else:
         ev = pd.DataFrame({"seq": [], "t_ns": [], "action": [], "addr": [], "size": [], "stream": []})
         kind, bid, size, stream, t_ns, seq = _requests_from_blocks(blocks)
-    live = _live_at_start(blocks)
+    live = live_at_start(blocks)
     recorded = _recorded(ev, segs) if segs is not None else None
     warm: list[InitialSegment] = []
     if segs is not None:
         if "segment_pool_id" in segs.columns and (~segs["segment_pool_id"].isin(["", "0,0"])).any():
             notes.append("segments in private pools (CUDA graphs / torch.cuda.MemPool) are replayed as if "
                          "they belonged to the default pools")
-        if segs["is_expandable"].any():
-            notes.append("expandable segments in the recording: the warm start rebuilds ordinary segments "
-                         "only; expandable ones start empty")
-        segments = _initial_segments(ev, segs)
+        segments = initial_segments(ev, segs)
+        segments.update(initial_expandable_runs(ev, segs))
         alloc_addrs = ev.loc[ev["action"] == "alloc", "addr"].dropna().to_numpy(dtype=np.int64) \
             if len(ev) else np.empty(0, np.int64)
-        _place_live_blocks(segments, live, alloc_addrs, config, notes)
+        place_live_blocks(segments, live, alloc_addrs, config, notes)
         warm = [segments[a] for a in sorted(segments)]
     hints: dict[int, list[int]] = {}
     if len(ev):
