@@ -125,3 +125,11 @@ def test_warm_start_needed_estimated_block_sizes(shared):
     b = trace.blocks
     estimated = b[b["free_without_alloc"] & b["block_size"].isna()]
     assert len(estimated) == 438
+
+
+def test_a_saved_and_reloaded_trace_replays_identically(runs, shared, tmp_path):
+    _, sim = runs["cs336_wedsonlin_medium_128_training"]
+    trace = memlens.load(shared("snapshots/cs336_wedsonlin_medium_128_training.pickle"))
+    again = simulate(memlens.load(trace.save(tmp_path / "t.memlens"))).devices["cuda:0"]
+    assert again.peak_reserved == sim.peak_reserved
+    assert again.timeline["addr"].tolist() == sim.timeline["addr"].tolist()

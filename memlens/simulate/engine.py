@@ -141,7 +141,8 @@ def simulate_device(req: DeviceRequests, allocator: str, config: AllocatorConfig
     if req.recorded is not None:
         r = req.recorded
         recorded = {"initial_reserved": r.initial_reserved, "peak_reserved": r.peak_reserved,
-                    "final_reserved": r.final_reserved, "segment_allocs": r.segment_allocs}
+                    "final_reserved": r.final_reserved, "segment_allocs": r.segment_allocs,
+                    "oom_capacity": r.oom_capacity}
     conf = config.to_conf_string() if allocator == "caching" else ""
     final = pd.DataFrame(blocks_table(alloc)) if isinstance(alloc, CachingAllocator) else None
     return DeviceResult(req.device, allocator, conf, timeline, seg_ev, alloc.ooms,

@@ -46,7 +46,7 @@ class Recorded:
     segment_allocs: list[int]  # sizes of segment_alloc / segment_map events, in order
     segment_alloc_seqs: list[int]
     segment_frees: list[int]
-    oom_capacity: int | None = None  # reserved + device_free at the first recorded OOM (bytes)
+    oom_capacity: int | None = None  # smallest reserved + device_free over the recorded OOMs (bytes)
 
 
 @dataclass
