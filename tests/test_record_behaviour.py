@@ -6,7 +6,6 @@ import sys
 import threading
 import warnings
 
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.record.session import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
-                                    MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER, Session)
+from memlens.record.attribution import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
+                                        MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER)
+from memlens.record.session import Session
 
 _MARK_CATEGORY = {
     MARK_PARAMETER: ("parameter", "tensor of a module's parameters (or an optimizer's params)"),
