@@ -189,3 +189,57 @@ def test_real_instances_close_half_the_greedy_gap(shared, name):
     _, greedy = result.best_heuristic
     gap = greedy - result.max_live
     assert result.height - result.max_live <= gap / 2
+
+
+# ---- command line --------------------------------------------------------------------------------------
+
+def test_cli_plan_json_and_csv(tmp_path, capsys, shared):
+    import json
+
+    from memlens.cli import main
+    from memlens.io.lifetimes_csv import read_lifetimes_csv
+
+    out = tmp_path / "plan.csv"
+    src = shared("dsa/tflm_person_detection.csv")
+    assert main(["plan", str(src), "--time-limit", "1", "--out", str(out), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    for key in ("lower_bound", "height", "algorithm", "optimal", "seconds"):
+        assert key in doc
+    assert doc["height"] == doc["lower_bound"] == 64_512 and doc["optimal"] is True
+    written = read_lifetimes_csv(out)
+    assert list(written.columns) == ["id", "lower", "upper", "size", "offset"]
+    validate_plan(as_problem(written), written["offset"].to_numpy())
+    assert int((written["offset"] + written["size"]).max()) == 64_512
+    assert main(["plan", str(src), "--time-limit", "-1"]) == 2
+
+
+def test_cli_plan_on_a_trace_with_iterations(capsys):
+    from conftest import SAMPLE_TRACES
+    from memlens.cli import main
+
+    path = SAMPLE_TRACES / "mlp_train_sgd_stacks.memlens"
+    if not path.exists():
+        pytest.skip("sample trace not recorded")
+    assert main(["plan", str(path), "--time-limit", "1", "--iteration", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "max-live" in text and "plan height" in text
+    assert main(["plan", str(path), "--iteration", "999"]) == 2
+
+
+def test_plan_one_iteration_clips_cross_iteration_blocks():
+    from memlens import Trace
+
+    blocks = pd.DataFrame([
+        {"block_id": 0, "device": "cuda:0", "size": 100, "alloc_ns": 0, "free_ns": None},    # a parameter
+        {"block_id": 1, "device": "cuda:0", "size": 40, "alloc_ns": 10, "free_ns": 20},      # iteration 0
+        {"block_id": 2, "device": "cuda:0", "size": 60, "alloc_ns": 110, "free_ns": 120},    # iteration 1
+        {"block_id": 3, "device": "cuda:0", "size": 30, "alloc_ns": 115, "free_ns": 130},    # iteration 1
+    ])
+    ops = pd.DataFrame([{"op_id": i, "name": "op", "start_ns": t, "end_ns": t + 5, "module": "", "iteration": it}
+                        for i, (t, it) in enumerate([(10, 0), (15, 0), (110, 1), (125, 1)])])
+    trace = Trace.from_tables(blocks, None, ops)
+    result = plan(trace, iteration=1, time_limit_s=1)
+    assert sorted(result.offsets["block_id"].tolist()) == [0, 2, 3]
+    assert result.offsets.set_index("block_id").loc[0, "cross_iteration"]
+    assert result.max_live == 190 and result.height == 190
+    assert "zhang_size_best_fit" in result.heuristics

@@ -25,6 +25,9 @@ from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
 EXACT_MAX_BUFFERS = 5000
+# the heuristics run within max(time_limit_s, this) seconds; on large instances the later ones are skipped
+# when the slowest so far would not fit (always at least the first: greedy by size, best gap)
+MIN_HEURISTIC_BUDGET_S = 2.0
 
 
 @dataclass
@@ -46,6 +49,7 @@ class PlanResult:
     seconds: float
     device: str | None = None
     heuristics: dict[str, int] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
     problem: PlanProblem | None = field(default=None, repr=False)
 
     @property
@@ -66,7 +70,8 @@ class PlanResult:
                 "max_live": int(self.max_live), "height": int(self.height), "ratio": round(self.ratio, 6),
                 "algorithm": self.algorithm, "optimal": bool(self.optimal), "seconds": round(self.seconds, 4),
                 "best_heuristic": name, "best_heuristic_height": int(h),
-                "heuristics": {k: int(v) for k, v in self.heuristics.items()}}
+                "heuristics": {k: int(v) for k, v in self.heuristics.items()},
+                "heuristics_skipped": list(self.skipped)}
 
     def to_csv(self, path) -> None:
         """Write the plan in MiniMalloc's format: ``id,lower,upper,size,offset``."""
@@ -119,7 +124,9 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
          device: str | None = None, exact_search: bool = True) -> PlanResult:
     """Plan static offsets for a Trace, a buffer DataFrame/CSV path or a PlanProblem.
 
-    `time_limit_s` bounds the search after the heuristics (which always run); `alignment` (bytes) applies
+    `time_limit_s` bounds the whole search (s); the heuristics get at least `MIN_HEURISTIC_BUDGET_S`, and
+    on instances so large that they would overrun it the remaining ones are skipped (listed in
+    ``skipped``); `alignment` (bytes) applies
     to every offset; `iteration` plans one iteration of a trace with iteration marks; `device` picks the
     device of a multi-device trace (default: the one with the largest peak). The result is validated.
     """
@@ -128,8 +135,16 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     max_live = problem.max_live()
     best = _Best(problem)
     scores: dict[str, int] = {}
+    skipped: list[str] = []
+    budget = max(time_limit_s, MIN_HEURISTIC_BUDGET_S)
+    slowest = 0.0
     for name in heuristic_names(problem):
+        started = time.perf_counter()
+        if scores and started - t0 + slowest > budget:
+            skipped.append(name)  # large instance: this heuristic would not finish within the budget
+            continue
         scores[name] = best.offer(run_heuristic(problem, name), name)
+        slowest = max(slowest, time.perf_counter() - started)
     # an empty-lifetime buffer conflicts with nothing but still needs its bytes
     lower = max(max_live, int(problem.size.max(initial=0)))
     deadline = t0 + time_limit_s
@@ -150,4 +165,4 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     return PlanResult(offsets=table, height=int(best.height), lower_bound=int(lower), max_live=int(max_live),
                       algorithm=best.algorithm, optimal=bool(best.height <= lower),
                       seconds=time.perf_counter() - t0, device=problem.device, heuristics=scores,
-                      problem=problem)
+                      skipped=skipped, problem=problem)

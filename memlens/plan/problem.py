@@ -77,22 +77,33 @@ class PlanProblem:
             return self._conflicts
         act = np.flatnonzero(self.active)
         order = act[np.lexsort((act, self.start[act]))]
+        m = len(order)
         s_sorted = self.start[order]
-        pos = np.arange(len(order))
-        # buffers after position p that start before buffer p ends overlap it
+        pos = np.arange(m)
+        # forward pairs: positions p+1 .. hi[p]-1 start while p is alive (contiguous in start order)
         hi = np.searchsorted(s_sorted, self.end[order], side="left")
-        counts = np.maximum(hi - pos - 1, 0)
-        total = int(counts.sum())
-        first = np.repeat(pos, counts)
-        step = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+        fwd = np.maximum(hi - pos - 1, 0)
+        total = int(fwd.sum())
+        itype = np.int32 if max(2 * total, self.n) < 2**31 - 1 else np.int64
+        first = np.repeat(pos.astype(itype), fwd)
+        step = (np.arange(total, dtype=itype) - np.repeat((np.cumsum(fwd) - fwd).astype(itype), fwd))
         second = first + 1 + step
-        a, b = order[first], order[second]
-        src = np.concatenate([a, b])
-        dst = np.concatenate([b, a]).astype(np.int32 if self.n < 2**31 else np.int64)
-        srt = np.argsort(src, kind="stable")
-        indices = dst[srt]
+        # the reverse pairs, grouped by their later buffer
+        by_second = np.argsort(second, kind="stable")
+        rev_p = second[by_second]
+        rev = np.bincount(second, minlength=m)
+        row_len = np.zeros(self.n, np.int64)
+        row_len[order] = rev + fwd
         indptr = np.zeros(self.n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=self.n), out=indptr[1:])
+        np.cumsum(row_len, out=indptr[1:])
+        row_of_pos = indptr[order].astype(itype)
+        indices = np.empty(2 * total, itype)
+        rev_start = (np.cumsum(rev) - rev).astype(itype)
+        slot = row_of_pos[rev_p] + (np.arange(total, dtype=itype) - rev_start[rev_p])
+        indices[slot] = order[first[by_second]]
+        del by_second, rev_p, slot
+        slot = row_of_pos[first] + rev[first].astype(itype) + step
+        indices[slot] = order[second]
         self._conflicts = (indptr, indices)
         return self._conflicts
 
