@@ -1,6 +1,7 @@
 """Several allocator configurations side by side on one trace (a table, and a plotly figure)."""
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 import pandas as pd
@@ -40,7 +41,7 @@ def compare(trace, configs: Mapping[str, Any] | None = None, capacity=None,
     The `SimulationResult` of each configuration is in ``df.attrs["results"]``.
     """
     from memlens.simulate.engine import simulate
-    if isinstance(trace, str):
+    if isinstance(trace, (str, os.PathLike)):
         from memlens.io import load
         trace = load(trace)
     configs = dict(configs or _DEFAULT_CONFIGS)
