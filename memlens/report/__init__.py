@@ -48,14 +48,22 @@ class Report:
 
     def write(self, path) -> Path:
         """Write the HTML to `path` atomically (a temporary sibling renamed into place); returns the path."""
+        from memlens.errors import InputError
+
         out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        text = self.html()
         tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
         try:
-            tmp.write_text(self.html(), encoding="utf-8")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, out)
+        except OSError as exc:
+            raise InputError(f"cannot write the report: {exc.strerror or exc}", out) from None
         finally:
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # the directory itself could not be created: nothing was written
         return out
 
     def html(self) -> str:
