@@ -49,16 +49,23 @@ class _RecordingMode(TorchDispatchMode):
         session = self.session
         if not session.active:
             return func(*args, **kwargs)
+        entry = session.op_cache_get(id(func))   # by id: OpOverload.__hash__ is a Python method
+        if entry is None:
+            try:
+                entry = session.learn_op(func)
+            except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
+                session.fail(exc)
+                return func(*args, **kwargs)
         prior = _set_eval_frame(None)
         try:
             start = perf_counter_ns()
-            out = func(*args, **kwargs)
+            out = entry[5](*args, **kwargs)      # the C++ op behind the OpOverload: one frame less
             end = perf_counter_ns()
             try:
-                session.on_op(func, args, kwargs, out, start, end)
+                session.on_op(entry, args, kwargs, out, start, end)
             except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
                 try:
-                    session.on_op_carefully(func, args, kwargs, out, start, end)
+                    session.on_op_carefully(entry, args, kwargs, out, start, end)
                 except Exception as exc:  # never raise into user code: stop, keep the trace so far
                     session.fail(exc)
             return out
@@ -75,7 +82,8 @@ class Session(Attribution):
         self.model = model
         self.module_prefix = module_prefix
         self.op_names: list[str] = []
-        self._op_cache: dict = {}
+        self._op_cache: dict[int, tuple] = {}    # id(OpOverload) -> learn_op entry
+        self.op_cache_get = self._op_cache.get
         self.module_paths: list[str] = [""]
         self._module_idx: dict[int, int] = {}
         self._module_stack: list[tuple[int, int, object]] = []  # (id, caller ctx, module) in forward
@@ -157,12 +165,9 @@ class Session(Attribution):
         self._release_refs()
 
     # ---- the hot path -----------------------------------------------------------------------
-    def on_op(self, func, args, kwargs, out, start, end) -> None:
-        """Log one ATen op: its reads, its writes, the blocks it created; called after it ran."""
-        info = self._op_cache.get(func)
-        if info is None:
-            info = self._learn_op(func)
-        name_idx, kind, pos_writes, kw_writes, write_if = info
+    def on_op(self, entry, args, kwargs, out, start, end) -> None:
+        """Log one ATen op (its `learn_op` entry): its reads, its writes, the blocks it created."""
+        name_idx, kind, pos_writes, kw_writes, write_if, _, _ = entry
         op = self.n_ops
         self.n_ops = op + 1
         live_get = self._live.get
@@ -211,7 +216,7 @@ class Session(Attribution):
         if op >= self._next_budget_check:
             self._check_budget(op)
 
-    def on_op_carefully(self, func, args, kwargs, out, start, end) -> None:
+    def on_op_carefully(self, entry, args, kwargs, out, start, end) -> None:
         """The slow path after `on_op` raised: undo its partial records, then log the op skipping
         tensors that have no storage (sparse, nested, some subclasses); they are counted."""
         if not self.active:
@@ -219,8 +224,7 @@ class Session(Attribution):
         ops_data = self.buf.ops.data
         self.n_ops = len(ops_data) // self.buf.OPS_WIDTH
         del self._acc_data[ops_data[-1] if len(ops_data) else 0:]
-        info = self._op_cache.get(func) or self._learn_op(func)
-        name_idx, kind, pos_writes, kw_writes, write_if = info
+        name_idx, kind, pos_writes, kw_writes, write_if, _, _ = entry
         op = self.n_ops
         self.n_ops = op + 1
         if kind != VIEW and kind != METADATA:
@@ -266,11 +270,14 @@ class Session(Attribution):
                 if isinstance(x, Tensor):
                     self._touch(x, write, op, t)
 
-    def _learn_op(self, func):
+    def learn_op(self, func) -> tuple:
+        """Classify `func` once per session: (name index, kind, positional writes, keyword writes,
+        conditional-write argument, the callable that runs it). Keeps `func` (immortal) referenced."""
         info = classify(func)
         self.op_names.append(info.name)
-        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg)
-        self._op_cache[func] = entry
+        call = getattr(func, "_op", func)
+        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg, call, func)
+        self._op_cache[id(func)] = entry
         return entry
 
     def _discover(self, st, op: int, t: int, before: bool) -> int:
