@@ -14,6 +14,7 @@ only cheaper.
 """
 from __future__ import annotations
 
+import re
 from array import array
 from struct import Struct
 
@@ -23,6 +24,7 @@ MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
 _INT_FIELDS = ("addr", "size", "stream", "time_us", "device_free")
 _RELEASED = object()  # memo slot of an entry already converted to columns
+_GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
 
 
 class _Unsupported(Exception):
@@ -103,6 +105,8 @@ def _parse(data, interner: StackInterner):
     metastack: list = []
     pos = 0
     u32, i32, u16 = _U32.unpack_from, _I32.unpack_from, _U16.unpack_from
+    run_of_gets = _GET_RUN.match
+    get_formats: dict[int, Struct] = {}
 
     def forget(obj, replacement):
         slot = memo_index.pop(id(obj), None)
@@ -125,12 +129,17 @@ def _parse(data, interner: StackInterner):
     while True:
         op = data[pos]
         pos += 1
-        if op == 0x6A:    # LONG_BINGET
-            value = memo[u32(data, pos)[0]]
-            if value is _RELEASED:
+        if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
+            end = run_of_gets(data, pos - 1).end()
+            count = (end - pos + 1) // 5
+            fmt = get_formats.get(count)
+            if fmt is None:
+                fmt = get_formats[count] = Struct("<" + "xI" * count)
+            values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
+            if _RELEASED in values:
                 raise _Unsupported("reference to a converted entry")
-            stack.append(value)
-            pos += 4
+            stack.extend(values)
+            pos = end
         elif op == 0x68:  # BINGET
             value = memo[data[pos]]
             if value is _RELEASED:
