@@ -8,6 +8,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right, insort
 
 ADDR_BITS = 64  # free-pool keys are (size << 64) | address: one int orders by (size, address)
+# device-memory events, spelled as in a snapshot's device traces
+SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", \
+    "segment_unmap"
 
 
 class Block:

@@ -17,21 +17,20 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from memlens.simulate import expandable
-from memlens.simulate.blocks import ADDR_BITS, AddressSpace, Block, FreePool, UnmappedPool
+from memlens.simulate.blocks import (
+    ADDR_BITS, SEGMENT_ALLOC, SEGMENT_FREE, AddressSpace, Block, FreePool, UnmappedPool,
+)
 from memlens.simulate.config import (
     K_MIN_BLOCK, K_SMALL_SIZE, UNLIMITED, AllocatorConfig, allocation_size, round_size,
 )
-
-SEGMENT_ALLOC, SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP = "segment_alloc", "segment_free", "segment_map", \
-    "segment_unmap"
 
 
 class CachingAllocator:
     """State and policy of one device's caching allocator.
 
-    `capacity` (bytes, optional) is the memory the allocator may reserve: a reservation past it fails the
-    way cudaMalloc fails on a full device (or past ``set_per_process_memory_fraction``), which starts the
-    OOM path; garbage collection needs it, as torch needs a memory fraction.
+    `capacity` (bytes, optional) is the device memory the allocator may reserve: a segment (or, with
+    expandable segments, a page mapping) past it fails the way cudaMalloc / cuMemCreate fail on a full
+    device, which starts the OOM path. Garbage collection needs it, as torch needs a memory fraction.
     """
 
     def __init__(self, config: AllocatorConfig, capacity: int | None = None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from memlens.simulate.blocks import Block, FreePool, UnmappedPool
+from memlens.simulate.blocks import SEGMENT_MAP, SEGMENT_UNMAP, Block, FreePool, UnmappedPool
 from memlens.simulate.config import K_LARGE_BUFFER, K_SMALL_BUFFER
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def _map_block(alloc: "CachingAllocator", to_map: Block, size: int) -> bool:
     alloc.try_merge(to_map, to_map.next)
     alloc.cache_block(to_map)
     alloc.reserved += nbytes
-    alloc.segment_events.append((alloc.seq, alloc.t_ns, "segment_map", mapped_addr, nbytes))
+    alloc.segment_events.append((alloc.seq, alloc.t_ns, SEGMENT_MAP, mapped_addr, nbytes))
     return True
 
 
@@ -164,7 +164,7 @@ def unmap_block(alloc: "CachingAllocator", block: Block) -> None:
         alloc.try_merge(block, block.next)
         unmapped_pool(alloc, block.is_small, block.stream).add(block)
         alloc.reserved -= nbytes
-        alloc.segment_events.append((alloc.seq, alloc.t_ns, "segment_unmap", start, nbytes))
+        alloc.segment_events.append((alloc.seq, alloc.t_ns, SEGMENT_UNMAP, start, nbytes))
     if block.prev is None and block.next is None and not block.mapped:
         alloc.unmapped[(block.is_small, block.stream)].remove(block)
         alloc.space.release(segment.base)
