@@ -159,11 +159,18 @@ class _Search:
         srt = np.lexsort((rank[left], mo))
         left, mo = left[srt], mo[srt]
         min_height = int((mo + self.size[left]).min())
+        checked_level = -1
         for b, o in zip(left.tolist(), mo.tolist()):
             if o >= min_height:
                 break  # dominance: sorted by offset, so every later candidate leaves a gap too
             if o < last_off or (o == last_off and rank[b] < last_rank):
                 continue  # not canonical
+            if o != checked_level:
+                # nothing placed from here on sits below o: if the sections cannot hold their unplaced bytes
+                # above max(floor, o), neither this level nor any higher one can work
+                if not self._check(sec_a, sec_b, o):
+                    break
+                checked_level = o
             found, hatless = self._try(b, o, order, rank, sec_a, sec_b, heuristic)
             if found:
                 return True

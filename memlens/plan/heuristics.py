@@ -56,21 +56,26 @@ def place_in_order(problem: PlanProblem, order: np.ndarray, fit: str = "best",
             srt = lo.argsort()
             lo = lo[srt]
             hi = np.maximum.accumulate(top[nb][srt])
-            prev = np.empty_like(lo)
-            prev[0] = 0
-            prev[1:] = hi[:-1]
             a = aligns[i]
             if a > 1:
-                prev = -(-prev // a) * a
-            room = lo - prev
-            ok = room >= z
-            k = int(np.where(ok, room, _NO_GAP).argmin()) if best else int(ok.argmax())
-            if ok[k]:
-                o = int(prev[k])
+                prev = np.empty_like(lo)
+                prev[0] = 0
+                prev[1:] = -(-hi[:-1] // a) * a
+                room = lo - prev
             else:
-                o = int(hi[-1])
-                if a > 1:
-                    o = -(-o // a) * a
+                room = lo.copy()
+                room[1:] -= hi[:-1]
+            if best:
+                room[room < z] = _NO_GAP
+                k = int(room.argmin())
+                fits = room[k] != _NO_GAP
+            else:
+                ok = room >= z
+                k = int(ok.argmax())
+                fits = bool(ok[k])
+            o = (0 if k == 0 else int(hi[k - 1])) if fits else int(hi[-1])
+            if a > 1:
+                o = -(-o // a) * a
         off[i] = o
         top[i] = o + z
         placed[i] = True
