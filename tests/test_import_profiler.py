@@ -222,3 +222,18 @@ def test_memory_timeline_coalesced_and_errors():
                      ([[1, 2, 3, 99]], "category"), ([["a", 2, 3, 0]], "integers")):
         with pytest.raises(memlens.InputError, match=msg):
             memory_timeline_to_trace(bad)
+
+
+def test_detection_of_chrome_trace_variants(shared, tmp_path):
+    from memlens.io.detect import detect_format
+    # TraceLens traces open with a long "metadata" object; traceEvents comes later
+    assert detect_format(shared("kineto/tracelens_h100_bert_small.json.gz")) == "kineto"
+    assert detect_format(shared("profiler/hta_memory_timeline.raw.gz")) == "memory_timeline"
+    array = tmp_path / "array_format.json"
+    array.write_text(json.dumps([
+        {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+        {"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 5,
+         "args": {"Addr": 1, "Bytes": 512, "Device Type": 1, "Device Id": 0}}]))
+    assert detect_format(array) == "kineto"
+    tr = memlens.load(array)
+    assert tr.blocks["op"].tolist() == ["aten::empty"] and tr.blocks["alloc_ns"].tolist() == [5000]

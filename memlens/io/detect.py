@@ -66,7 +66,10 @@ def detect_format(path) -> str:
             return "kineto"
         raise InputError("JSON object is neither a Kineto/Chrome trace nor a memlens manifest", path)
     if text[:1] == b"[":
-        # export_memory_timeline: raw rows [t, action, bytes, category] or {"...": [[times],[sizes]]}
+        # a Chrome trace may also be a bare JSON array of events ("JSON Array Format")
+        if b'"ph"' in head and b'"name"' in head:
+            return "kineto"
+        # export_memory_timeline: raw rows [t, action, bytes, category] or [[times], [sizes]]
         return "memory_timeline"
     first_line = text.split(b"\n", 1)[0].decode("utf-8", "replace").strip().lower()
     cols = [c.strip() for c in first_line.split(",")]
