@@ -133,3 +133,12 @@ def test_a_saved_and_reloaded_trace_replays_identically(runs, shared, tmp_path):
     again = simulate(memlens.load(trace.save(tmp_path / "t.memlens"))).devices["cuda:0"]
     assert again.peak_reserved == sim.peak_reserved
     assert again.timeline["addr"].tolist() == sim.timeline["addr"].tolist()
+
+
+def test_block_lifetimes_drive_the_replay_when_events_lack_block_ids(runs, shared):
+    _, sim = runs["decomfl_memory"]
+    trace = memlens.load(shared("snapshots/decomfl_memory.pickle"))
+    trace.events = trace.events.drop(columns=["block_id"])
+    again = simulate(trace).devices["cuda:0"]
+    assert again.segment_allocs == sim.segment_allocs
+    assert again.peak_reserved == sim.peak_reserved

@@ -156,12 +156,15 @@ def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceReques
     if trace.segments is not None and len(trace.segments):
         segs = trace.segments[trace.segments["device"] == device]
     notes: list[str] = []
-    has_events = ev_all is not None and len(ev_all) and (ev_all["device"] == device).any()
-    if has_events:
+    if ev_all is not None and len(ev_all):
         ev = ev_all[ev_all["device"] == device].sort_values("seq", kind="stable")
-        kind, bid, size, stream, t_ns, seq = _requests_from_events(ev)
     else:
         ev = pd.DataFrame({"seq": [], "t_ns": [], "action": [], "addr": [], "size": [], "stream": []})
+    # events drive the replay only when every alloc/free row names its block (else: block lifetimes)
+    block_rows = ev["action"].isin(["alloc", "free_requested", "free_completed"])
+    if len(ev) and "block_id" in ev.columns and not ev.loc[block_rows, "block_id"].isna().any():
+        kind, bid, size, stream, t_ns, seq = _requests_from_events(ev)
+    else:
         kind, bid, size, stream, t_ns, seq = _requests_from_blocks(blocks)
     live = live_at_start(blocks)
     recorded = _recorded(ev, segs) if segs is not None else None
