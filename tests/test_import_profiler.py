@@ -214,10 +214,14 @@ def test_memory_timeline_raw_matches_category_curves(shared):
 
 
 def test_memory_timeline_coalesced_and_errors():
-    tr = memory_timeline_to_trace([[10, 20, 30], [[0, 5, 0, 0, 0, 0, 0, 0], [0, 5, 0, 0, 100, 0, 0, 0],
-                                                   [0, 3, 0, 0, 40, 0, 0, 0]]])
+    # torch writes [times_us, [[0, parameter, optimizer_state, input, temporary, activation, ...]]]
+    tr = memory_timeline_to_trace([[10, 20, 30], [[0, 0, 5, 0, 0, 0, 0, 0, 0], [0, 0, 5, 0, 0, 100, 0, 0, 0],
+                                                   [0, 0, 3, 0, 0, 40, 0, 0, 0]]])
     live = tr.blocks[tr.blocks["free_ns"].isna()].groupby("category")["size"].sum().to_dict()
     assert live == {"optimizer_state": 3, "activation": 40}
+    ended = tr.blocks.dropna(subset=["free_ns"])
+    assert ended[["category", "size", "free_ns"]].values.tolist() == [["optimizer_state", 2, 20_000],
+                                                                      ["activation", 60, 20_000]]
     for bad, msg in (([], "non-empty"), ([[1, 2, 3]], "4 fields"), ([[1, 9, 3, 0]], "action"),
                      ([[1, 2, 3, 99]], "category"), ([["a", 2, 3, 0]], "integers")):
         with pytest.raises(memlens.InputError, match=msg):

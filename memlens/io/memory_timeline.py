@@ -28,7 +28,6 @@ SOURCE = "memory_timeline"
 CATEGORY_ORDER = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
                   "autograd_detail", "unknown")
 PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4
-_NS_THRESHOLD = 10**17  # epoch times above this are ns (epoch us stay near 1.7e15 until year 5000+)
 DEVICE = "cuda:0"
 
 
@@ -66,9 +65,8 @@ def _raw(rows: np.ndarray, source: str, where):
     if not np.isin(action, (PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY)).all():
         raise InputError(f"unknown action code {int(action[~np.isin(action, (1, 2, 3, 4))][0])}", where)
     timed = t != -1
-    unit_ns = 1 if timed.any() and t[timed].max() > _NS_THRESHOLD else 1000
     t0 = int(t[timed].min()) if timed.any() else 0
-    t_ns = np.where(timed, (t - t0) * unit_ns, 0)
+    t_ns = np.where(timed, t - t0, 0)
     keep = np.flatnonzero(nbytes != 0)
     pairing = pair_by_size_lifo(category[keep], np.abs(nbytes[keep]), nbytes[keep] > 0)
     up = lambda r: np.where(r >= 0, keep[r.clip(0)], -1)  # noqa: E731  (rows of `keep` -> file rows)
@@ -110,9 +108,9 @@ def _raw(rows: np.ndarray, source: str, where):
         notes.append(f"{n_before} blocks existed before profiling began (PREEXISTING or freed without a "
                      "create): their alloc time is unknown.")
     meta = {"source_kind": SOURCE, "source_path": source, "format_era": "raw rows [t, action, bytes, category]",
-            "clock": "ns" if unit_ns == 1 else "us", "notes": notes, "rows": int(len(rows))}
+            "clock": "ns", "notes": notes, "rows": int(len(rows))}
     if timed.any():
-        meta["t0_unix_ns"] = t0 * unit_ns
+        meta["t0_unix_ns"] = t0
     return Trace.from_tables(blocks, metadata=meta, events=events)
 
 
@@ -130,11 +128,13 @@ def _coalesced(times, sizes, source: str, where):
         s = np.asarray(sizes, dtype=np.int64)
     except (TypeError, ValueError, OverflowError):
         raise InputError("coalesced memory timeline must be [times, sizes] of integers", where) from None
-    if s.ndim != 2 or len(s) != len(t) or s.shape[1] > len(CATEGORY_ORDER) + 1:
+    if s.ndim != 2 or len(s) != len(t) or s.shape[1] not in (len(CATEGORY_ORDER), len(CATEGORY_ORDER) + 1):
         raise InputError("coalesced memory timeline: sizes must be one row of per-category bytes per time", where)
+    if s.shape[1] == len(CATEGORY_ORDER) + 1:  # torch's leading zero column
+        s = s[:, 1:]
     t_ns = (t - t.min()) * 1000
     rows = []  # (category, size, alloc_ns, free_ns) with None = open
-    for cat in range(min(s.shape[1], len(CATEGORY_ORDER))):
+    for cat in range(len(CATEGORY_ORDER)):
         stack: list[list] = []  # [size, alloc_ns]; the curve is sequential, LIFO by nature
         level = np.diff(np.concatenate([[0], s[:, cat]]))
         for i in np.flatnonzero(level):
