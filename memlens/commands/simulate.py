@@ -16,7 +16,9 @@ def register(sub) -> None:
     p.add_argument("--conf", default=None,
                    help="PYTORCH_CUDA_ALLOC_CONF string, e.g. 'expandable_segments:True' "
                         "(default: the settings recorded in the trace)")
-    p.add_argument("--capacity", default=None, help="device memory the allocator may use, e.g. 80GB")
+    p.add_argument("--capacity", default=None,
+                   help="device memory the allocator may use, e.g. 80GB (default: inferred from the "
+                        "recording's OOM entries when it has some, else unlimited; 'unlimited' lifts it)")
     p.add_argument("--device", default=None, help="only this device (e.g. cuda:0)")
     p.add_argument("--initial-state", choices=("auto", "warm", "empty"), default="auto",
                    help="start from the state rebuilt from the recording (warm) or empty (default: auto)")

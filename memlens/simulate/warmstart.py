@@ -75,7 +75,7 @@ def live_at_start(blocks: pd.DataFrame) -> pd.DataFrame:
 
 
 def place_live_blocks(segments: dict[int, InitialSegment], live: pd.DataFrame, boundaries: np.ndarray,
-                       config: AllocatorConfig, notes: list[str]) -> None:
+                      config: AllocatorConfig, notes: list[str]) -> None:
     """Put each block live at the start into the initial segment that contains its address."""
     if not segments or not len(live):
         return
