@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memlens.analysis.ati import access_intervals, ati_by, ati_stats, iteration_of
+from memlens.analysis.ati import access_intervals, ati_by, ati_distribution, ati_stats, iteration_of
 from memlens.analysis.bandwidth import PRESETS, BandwidthModel
 from memlens.analysis.distributions import ecdf, log_bins, log_histogram, quantiles, size_class
 from memlens.errors import InputError, NeedsAccessesError
@@ -192,3 +192,15 @@ def test_same_time_different_ops_are_two_events():
         iv = access_intervals(Trace.from_tables(blocks, accesses))
         # op 1's read+write at t=10 is one event; op 2 at t=10 is another: 0-10, 10-10, 10-20, 20-30
         assert iv["length_ns"].tolist() == [10, 0, 10, 10]
+
+
+def test_ati_distribution_bundle():
+    iv = access_intervals(small_trace())
+    d = ati_distribution(iv, per_decade=1)
+    assert d["count"] == 9
+    assert d["quantiles"][0.5] == 40.0
+    h = d["histogram"]
+    # lengths 5 5 10 20 40 40 40 95 115: [1,10) holds 2, [10,100) holds 6, [100,1000) holds 1
+    assert h.set_index("lo")["count"].to_dict() == {0.0: 0, 1.0: 2, 10.0: 6, 100.0: 1}
+    assert h.set_index("lo").loc[100.0, "weight"] == 300  # the 115 ns interval belongs to block 3 (300 B)
+    assert d["ecdf"]["fraction"].iloc[-1] == 1.0 and d["ecdf"]["value"].iloc[-1] == 115

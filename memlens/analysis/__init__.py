@@ -4,7 +4,9 @@
 - `ati`: access time intervals per block and their statistics
 - `distributions`: quantiles, log histograms, ECDFs, size classes
 - `outliers`: the bandwidth filter (swappable intervals) and ranked idle blocks (size x idle, DOA/AOA/WDOA)
-- `iterations`: iteration boundaries (markers, optimizer steps or detected period) and stability
+- `iterations`: iteration boundaries (markers, optimizer steps or the detected period)
+- `period`: period detection and pattern matching on symbol sequences (FFT autocorrelation)
+- `stability`: per-iteration statistics and how alike consecutive iterations are
 - `peak`: what is live at the peak, per device
 - `fragmentation`: reserved vs allocated vs requested bytes where the trace has allocator segments
 - `findings`: the results stated in sentences with numbers

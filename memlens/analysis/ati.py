@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.distributions import quantiles, size_class
+from memlens.analysis.distributions import ecdf, log_histogram, quantiles, size_class
 from memlens.errors import NeedsAccessesError
 
 KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")
@@ -217,6 +217,22 @@ def ati_stats(intervals: pd.DataFrame, *, exclude_truncated: bool = False) -> di
         "truncated": int(iv["truncated"].sum()),
         "fraction_below": {k: (np.count_nonzero(lengths < v) / n if n else None) for k, v in thresholds.items()},
         "by_kind": {k: int(kinds.get(k, 0)) for k in KINDS},
+    }
+
+
+DISTRIBUTION_QUANTILES = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999)
+
+
+def ati_distribution(intervals: pd.DataFrame, per_decade: int = 5, ecdf_points: int = 2000) -> dict:
+    """The distribution of interval lengths, for plots: ``histogram`` (log-binned counts with the bytes of
+    the blocks in each bin as ``weight``; `distributions.log_histogram`), ``ecdf`` (thinned to
+    `ecdf_points`), ``quantiles`` ({q: ns} for `DISTRIBUTION_QUANTILES`) and ``count``."""
+    lengths = intervals["length_ns"].to_numpy(dtype=np.float64)
+    return {
+        "count": int(len(lengths)),
+        "histogram": log_histogram(lengths, per_decade=per_decade, weights=intervals["size"].to_numpy()),
+        "ecdf": ecdf(lengths, max_points=ecdf_points),
+        "quantiles": quantiles(lengths, DISTRIBUTION_QUANTILES),
     }
 
 

@@ -7,11 +7,11 @@ on it). `split_iterations` takes the most explicit evidence the trace has:
    optimizer steps (``metadata["iteration_source"]`` mentions "optimizer") the source is ``optimizer``.
 2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration
    ends where an optimizer step ends.
-3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``
-   (`memlens.analysis.period`). Boundaries sit where the live bytes are lowest within the period (the end of
-   a step), then every occurrence of the shortest allocation pattern that starts there marks an iteration
-   start, so iterations of slightly different length (a warm-up step that also creates optimizer state) are
-   still found.
+3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``, by
+   autocorrelation (`memlens.analysis.period`). A step's pattern is taken from a live-bytes trough (the end
+   of a step) and matched against every position; each position that matches best within half a period,
+   and far better than chance, starts an iteration. Steps of slightly different length or order (a warm-up
+   step that also creates optimizer state, one extra allocation) are still found.
 4. ``none``: no evidence of repetition: one row covering the whole trace.
 
 Iteration ``k`` covers ``[start_ns, end_ns)``; each ends where the next begins (the last at the trace
@@ -27,7 +27,6 @@ from memlens.analysis.period import detect_period, iteration_starts
 OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
 ANCHOR_WINDOWS = 8  # candidate iteration starts tried, spread evenly over the trace
 SOURCES = ("marker", "optimizer", "detected", "none")
-ITERATION_COLUMNS = ("iteration", "start_ns", "end_ns", "source")
 
 
 def _frame(starts: np.ndarray, end_of_trace: int, source: str, **extra) -> pd.DataFrame:
@@ -168,7 +167,9 @@ def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
     (one of `SOURCES`), plus ``allocations`` (alloc events in each) for detected ones.
 
     `method` forces one source ("marker", "optimizer", "detected") or takes the first that applies
-    ("auto"). Works on traces without accesses: detection uses only the allocation sequence.
+    ("auto"). Works on traces without accesses: detection uses only the allocation sequence. Detected
+    splits carry ``attrs``: ``period_allocations`` (median allocations per iteration), ``period_lag`` (the
+    autocorrelation lag), ``period_match`` / ``chance_match`` (match rates) and ``z_score``.
     """
     if method not in ("auto", "marker", "optimizer", "detected"):
         raise ValueError(f"method must be auto, marker, optimizer or detected, got {method!r}")
