@@ -23,6 +23,7 @@ from memlens.widgets.state import AXES, COLOUR_BY, VIEWS, ExplorerState, colour_
 from memlens.widgets.timeline import PLOT_HEIGHT_PX, PLOT_WIDTH_PX, AccessMarks, blocks_view, stacked_view
 
 MARGIN = dict(l=70, r=20, t=50, b=45)
+ALL = -1   # the iteration selector's "all" (ipywidgets treats a None value as no selection)
 
 
 def _default_device(trace) -> str:
@@ -54,8 +55,8 @@ class Explorer(W.VBox):
                                                                                            b=40),
                                                          template="plotly_white"))
         self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
-                              layout=W.Layout(width="330px", max_height=f"{PLOT_HEIGHT_PX + 95}px",
-                                              overflow="auto"))
+                              layout=W.Layout(width="310px", flex="0 0 310px",
+                                              max_height=f"{PLOT_HEIGHT_PX + 95}px", overflow="auto"))
         super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details]), self._panels])
         self.add_class("memlens-explorer")
         self.refresh()
@@ -68,12 +69,12 @@ class Explorer(W.VBox):
         self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
                                    description="device", layout=W.Layout(width="180px"))
         self.w_view = W.ToggleButtons(options=VIEWS, value="blocks", description="view",
-                                      style={"button_width": "70px"})
+                                      style={"button_width": "80px"})
         self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
                                       style={"button_width": "60px"})
         self.w_colour = W.Dropdown(options=COLOUR_BY, value="category", description="colour by",
                                    layout=W.Layout(width="190px"))
-        self.w_iteration = W.Dropdown(options=[("all", None)], value=None, description="iteration",
+        self.w_iteration = W.Dropdown(options=[("all", ALL)], value=ALL, description="iteration",
                                       layout=W.Layout(width="170px"))
         self.w_reset = W.Button(description="reset zoom", layout=W.Layout(width="100px"))
         self.w_categories = W.SelectMultiple(options=categories, value=tuple(categories), rows=4,
@@ -103,7 +104,8 @@ class Explorer(W.VBox):
             w.observe(self._on_control, names="value")
         self.w_module.observe(self._on_control, names="value")
         self.w_min_size.observe(self._on_control, names="value")
-        self.w_iteration.observe(lambda ch: self.select_iteration(ch["new"]), names="value")
+        self.w_iteration.observe(lambda ch: self.select_iteration(None if ch["new"] == ALL else ch["new"]),
+                                 names="value")
         self.w_reset.on_click(lambda _: self.zoom(None, None))
         self.w_run_whatif.on_click(lambda _: self.run_whatif())
 
@@ -248,7 +250,7 @@ class Explorer(W.VBox):
     # ---- rendering -------------------------------------------------------------------------------
     def _sync_iteration_options(self):
         its = self.iterations()
-        options = [("all", None)] + [(f"{int(k)}", int(k)) for k in its["iteration"] if k >= 0]
+        options = [("all", ALL)] + [(f"{int(k)}", int(k)) for k in its["iteration"] if k >= 0]
         if list(self.w_iteration.options) != options and its["source"].iloc[0] != "none":
             self.w_iteration.options = options
 

@@ -25,7 +25,8 @@ class RectLOD:
 
     polygons: per group index, (x, y) float arrays of closed rectangles separated by NaN.
     drawn: positions (into the geometry) of the blocks drawn as polygons.
-    raster: (ny, nx) float32, NaN where empty, else ``group + 0.15 + 0.8 * coverage``.
+    raster: (ny, nx), 0 where empty, else ``1 + group + 0.15 + 0.8 * coverage`` rounded to 0.01 (no NaN:
+        2-D arrays reach the browser as JSON, which has no NaN).
     raster_x / raster_y: cell centres; rastered: how many blocks went into the raster.
     """
 
@@ -108,7 +109,7 @@ def rectangles_lod(x0, x1, y0, y1, group, n_groups, x_range, y_range, width_px=9
                             x_range, y_range, nx, ny)
     total = cover.sum(axis=0)
     dominant = cover.argmax(axis=0)
-    raster = np.where(total > 1e-9, dominant + 0.15 + 0.8 * np.clip(total, 0, 1), np.nan).astype(np.float32)
+    raster = np.round(np.where(total > 1e-9, 1.15 + dominant + 0.8 * np.clip(total, 0, 1), 0.0), 2)
     xs = x_range[0] + (np.arange(nx) + 0.5) * (x_range[1] - x_range[0]) / nx
     ys = y_range[0] + (np.arange(ny) + 0.5) * (y_range[1] - y_range[0]) / ny
     return RectLOD(polygons=polygons, drawn=drawn, raster=raster, raster_x=xs, raster_y=ys,

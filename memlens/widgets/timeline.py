@@ -20,7 +20,7 @@ from memlens.widgets.geometry import BlockGeometry
 from memlens.widgets.lod import dedupe_pixels, rectangles_lod, stacked_live
 from memlens.widgets.state import ExplorerState
 
-PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 860, 360   # plot area (inside the margins) that LOD is computed for
+PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 720, 360   # plot area (inside the margins) that LOD is computed for
 
 
 @dataclass
@@ -78,12 +78,13 @@ def _rgba(hex_colour: str, alpha: float) -> str:
 
 
 def band_colourscale(colours: list[str]) -> list:
-    """Colourscale for rasters valued ``group + 0.15 + 0.8 * coverage``: each group's band fades in."""
-    n = max(len(colours), 1)
-    stops = []
-    for g, colour in enumerate(colours or ["#7f7f7f"]):
-        stops.append([g / n, _rgba(colour, 0.15)])
-        stops.append([(g + 0.999) / n, _rgba(colour, 0.95)])
+    """Colourscale (zmin 0, zmax len(colours) + 1) for rasters valued 0 (empty: transparent) or
+    ``1 + group + 0.15 + 0.8 * coverage``: each group's band fades in with coverage."""
+    n = len(colours) + 1
+    stops = [[0.0, "rgba(0,0,0,0)"], [0.999 / n, "rgba(0,0,0,0)"]]
+    for g, colour in enumerate(colours):
+        stops.append([(g + 1) / n, _rgba(colour, 0.15)])
+        stops.append([(g + 1.999) / n, _rgba(colour, 0.95)])
     stops.append([1.0, stops[-1][1]])
     return stops
 
@@ -108,7 +109,7 @@ def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerS
     lod = rectangles_lod(x0, x1, y0, y1, group[sel], len(names), x_range, y_range, width_px, height_px)
     nx, ny = lod.raster.shape[1], lod.raster.shape[0]
     traces = [dict(type="heatmap", name="small blocks (coverage)", x=lod.raster_x / scale, y=lod.raster_y,
-                   z=lod.raster, zmin=0, zmax=max(len(names), 1), colorscale=band_colourscale(colours),
+                   z=lod.raster, zmin=0, zmax=len(names) + 1, colorscale=band_colourscale(colours),
                    showscale=False, hoverongaps=True, hoverinfo="none", showlegend=False)]
     for g, (name, colour) in enumerate(zip(names, colours)):
         px, py = lod.polygons.get(g, (np.zeros(0), np.zeros(0)))
