@@ -86,7 +86,7 @@ def test_threads_record_their_own_ops_and_frees_from_other_threads():
     def worker(name, op):
         try:
             x = torch.randn(64)
-            with memlens.record(allocator="none") as rec:
+            with memlens.record() as rec:      # both want the process-wide profiler: one gets it
                 barrier.wait()
                 for _ in range(50):
                     x = op(x)
@@ -104,6 +104,10 @@ def test_threads_record_their_own_ops_and_frees_from_other_threads():
     assert not errors
     assert set(results["mul"].ops["name"]) == {"aten::mul"}
     assert set(results["add"].ops["name"]) == {"aten::add"}
+    owners = ["profiler" in t.metadata["sources"] for t in results.values()]
+    assert sorted(owners) == [False, True]
+    other = next(t for t in results.values() if "profiler" not in t.metadata["sources"])
+    assert any("another thread owns" in n for n in other.metadata["notes"])
     # a tensor made while recording and dropped in another thread: the free is still seen
     holder = {}
     with memlens.record(allocator="none") as rec:

@@ -30,7 +30,8 @@ class Attribution:
             b = self._live.get(id(st))
             if b is None:
                 b = self._discover(st, self.n_ops, perf_counter_ns(), True)
-            if b >= 0:
+            if b >= 0 and (b, category) not in self._marked:   # state and params: once, not every step
+                self._marked.add((b, category))
                 self.buf.marks.data.extend((b, category, self.n_ops, module_idx))
         except Exception as exc:
             self.fail(exc)

@@ -14,10 +14,18 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
+
+# Kineto's profiler is process-wide: two threads enabling it at once crash the process, and
+# `torch.autograd._profiler_enabled()` only answers for the calling thread. One recorder at a time
+# owns it.
+_profiler_lock = threading.Lock()
+_profiler_owner: list = []
 
 
 @dataclass
@@ -143,6 +151,12 @@ class Instruments:
             self.data.notes.append(f"allocator-level events unavailable: {why} is already profiling this "
                                    "thread (only one profiler can run)")
             return
+        with _profiler_lock:
+            if _profiler_owner:
+                self.data.notes.append("allocator-level events unavailable: a recorder in another thread owns "
+                                       "the (process-wide) profiler")
+                return
+            _profiler_owner.append(self)
         activities = {torch.profiler.ProfilerActivity.CPU}
         if self.kernel_times and torch.cuda.is_available():
             activities.add(torch.profiler.ProfilerActivity.CUDA)
@@ -151,6 +165,12 @@ class Instruments:
                 self._profiler = _start_allocation_profiler(torch, activities)
         except Exception as exc:  # a profiler that cannot start must not stop the recording
             self.data.notes.append(f"allocator-level events unavailable: profiler failed to start ({exc})")
+            self._release_profiler()
+
+    def _release_profiler(self) -> None:
+        with _profiler_lock:
+            if self in _profiler_owner:
+                _profiler_owner.remove(self)
 
     def _start_cuda_history(self, torch) -> None:
         if not torch.cuda.is_available():
@@ -188,4 +208,6 @@ class Instruments:
                     self.data.kernels = kernel_events(results.events())
             except Exception as exc:
                 self.data.notes.append(f"profiler allocation events unavailable ({type(exc).__name__}: {exc})")
+            finally:
+                self._release_profiler()
         return self.data

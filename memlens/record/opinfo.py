@@ -72,3 +72,16 @@ def classify(func) -> OpInfo:
         kind = NORMAL
     return OpInfo(name, kind, tuple(pos) if any(pos) else (), frozenset(kw),
                   -1 if condition is None else condition)
+
+
+_CLASSIFIED: dict[int, tuple] = {}
+
+
+def classify_cached(func) -> OpInfo:
+    """`classify`, remembered for the process (op overloads are immortal, so `id` is a stable key)."""
+    hit = _CLASSIFIED.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    info = classify(func)
+    _CLASSIFIED[id(func)] = (func, info)
+    return info

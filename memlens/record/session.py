@@ -22,7 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.record.attribution import Attribution
 from memlens.record.buffers import EventBuffers
-from memlens.record.opinfo import METADATA, VIEW, classify
+from memlens.record.opinfo import METADATA, VIEW
+from memlens.record.opinfo import classify_cached as classify
 from memlens.record.stacks import StackTable
 
 Tensor = torch.Tensor
@@ -100,6 +101,7 @@ class Session(Attribution):
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
         self.peak_buffer_bytes = 0
+        self._marked: set[tuple[int, int]] = set()   # (block_id, category) already in `marks`
         self.tensors_without_storage = 0    # tensors skipped because they have no storage (sparse ...)
         self._next_budget_check = 0
         self._mode = _RecordingMode(self)
