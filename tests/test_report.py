@@ -84,7 +84,7 @@ def test_trace_text_is_escaped_everywhere(tmp_path):
 
 @pytest.mark.parametrize("path", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_no_section_fails_on_sample_traces(path):
-    built = build_report(path)
+    built = build_report(path, whatif_time_limit_s=0.2)
     assert not built.failed, [(s.key, s.message) for s in built.failed]
     assert built.status()["live"] == "ok" and built.status()["peak"] == "ok"
 
@@ -92,7 +92,7 @@ def test_no_section_fails_on_sample_traces(path):
 @pytest.mark.shared
 def test_no_section_fails_on_real_snapshots(shared):
     for name in ("snapshots/cs336_wedsonlin_medium_128_training.pickle", "snapshots/decomfl_memory.pickle"):
-        built = build_report(shared(name))
+        built = build_report(shared(name), whatif_time_limit_s=0.2)
         assert not built.failed, (name, [(s.key, s.message) for s in built.failed])
         assert built.status()["live"] == "ok"
 
@@ -109,7 +109,9 @@ def _cli(*args, cwd=None):
                           timeout=300)
 
 
-def test_cli_report_writes_the_file_and_reports_statuses(tmp_path):
+def test_cli_report_writes_the_file_and_reports_statuses(tmp_path, monkeypatch, capsys):
+    from memlens.cli import main
+
     trace_dir = constructed_trace().save(tmp_path / "t.memlens")
     out = tmp_path / "out.html"
     res = _cli("report", str(trace_dir), "-o", str(out), "--json", "--sections", "live,peak,metadata")
@@ -118,15 +120,20 @@ def test_cli_report_writes_the_file_and_reports_statuses(tmp_path):
     assert info["path"] == str(out) and out.stat().st_size == info["bytes"]
     assert [s["key"] for s in info["sections"]] == ["live", "peak", "metadata"]
     assert res.stderr == ""  # no progress bar when stderr is not a terminal
-    res = _cli("report", str(trace_dir), cwd=tmp_path)
-    assert res.returncode == 0 and (tmp_path / "t.html").exists()
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(trace_dir), "--no-whatif", "--x", "event"]) == 0
+    assert (tmp_path / "t.html").exists() and "report: t.html" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args", [("report", "/no/such/trace"), ("report", "{trace}", "--sections", "bogus"),
-                                  ("report", "{trace}", "--memory-limit", "lots")])
-def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, args):
+                                  ("report", "{trace}", "--memory-limit", "lots"),
+                                  ("report", "{trace}", "--bandwidth", "warp-speed")])
+def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, capsys, args):
+    from memlens.cli import main
+
     trace_dir = constructed_trace().save(tmp_path / "t.memlens")
-    res = _cli(*[a.format(trace=trace_dir) for a in args], "-o", str(tmp_path / "x.html"))
-    assert res.returncode == 2
-    assert len(res.stderr.strip().splitlines()) == 1 and res.stderr.startswith("memlens: error:")
+    code = main([*[a.format(trace=trace_dir) for a in args], "-o", str(tmp_path / "x.html")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("memlens: error:")
     assert not (tmp_path / "x.html").exists()

@@ -29,23 +29,37 @@ def require_chromium():
     pytest.importorskip("playwright.sync_api", reason="needs the playwright python package")
 
 
-def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
-    """Load `path` (file://) with every non-file request aborted; returns what the page did.
+class OfflineBrowser:
+    """One headless Chromium (fresh profile) whose pages may load only file:// URLs."""
 
-    Keys: ``console_errors``, ``page_errors``, ``blocked`` (URLs the page tried to fetch), ``dialogs``
-    (alert/confirm/prompt messages), ``plots`` (per figure div: traces, points, svg count),
-    ``status`` (the report's section status JSON), ``pwned`` (value of ``window.__pwned``).
-    """
-    from playwright.sync_api import sync_playwright
+    def __init__(self):
+        from playwright.sync_api import sync_playwright
 
-    result = {"console_errors": [], "page_errors": [], "blocked": [], "dialogs": []}
-    with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
+        self._profile = tempfile.TemporaryDirectory()
+        self._pw = sync_playwright().start()
         # a persistent context on a fresh temporary directory is Playwright's way to pass --user-data-dir
-        browser = pw.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                                        headless=True, viewport={"width": 1400, "height": 1000})
-        try:
-            page = browser.new_page()
+        self._context = self._pw.chromium.launch_persistent_context(
+            self._profile.name, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1400, "height": 1000})
 
+    def close(self):
+        try:
+            self._context.close()
+        finally:
+            self._pw.stop()
+            self._profile.cleanup()
+
+    def open(self, path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
+        """Load `path` with every non-file request aborted; returns what the page did.
+
+        Keys: ``console_errors``, ``page_errors``, ``blocked`` (URLs the page tried to fetch), ``dialogs``
+        (alert/confirm/prompt messages), ``plots`` (per figure div: traces, points, svg count), ``status``
+        (the report's section status JSON), ``pwned`` (``window.__pwned``), ``injected_nodes`` (img, iframe,
+        object or svg script elements inside the page's main content).
+        """
+        result = {"console_errors": [], "page_errors": [], "blocked": [], "dialogs": []}
+        page = self._context.new_page()
+        try:
             def route(r):
                 if r.request.url.startswith("file://"):
                     r.continue_()
@@ -53,14 +67,13 @@ def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 50
                     result["blocked"].append(r.request.url)
                     r.abort()
 
-            page.route("**/*", route)
-            page.on("console", lambda m: m.type == "error" and result["console_errors"].append(m.text))
-            page.on("pageerror", lambda e: result["page_errors"].append(str(e)))
-
             def on_dialog(d):
                 result["dialogs"].append(d.message)
                 d.dismiss()
 
+            page.route("**/*", route)
+            page.on("console", lambda m: m.type == "error" and result["console_errors"].append(m.text))
+            page.on("pageerror", lambda e: result["page_errors"].append(str(e)))
             page.on("dialog", on_dialog)
             page.goto(Path(path).resolve().as_uri(), wait_until="load", timeout=120_000)
             page.wait_for_function("document.body.hasAttribute('data-figures-drawn')", timeout=120_000)
@@ -74,8 +87,17 @@ def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 50
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=True)
         finally:
-            browser.close()
-    return result
+            page.close()
+        return result
+
+
+def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
+    """`OfflineBrowser.open` in a browser of its own (for one-off checks)."""
+    browser = OfflineBrowser()
+    try:
+        return browser.open(path, screenshot, settle_ms)
+    finally:
+        browser.close()
 
 
 # ---- constructed traces ---------------------------------------------------------------------------------

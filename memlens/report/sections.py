@@ -65,6 +65,11 @@ class ReportContext:
         self.options = options
 
     @cached_property
+    def curves(self) -> dict:
+        """{device: trace.live_bytes(device)}: live bytes after every event, shared by the figures."""
+        return {dev: self.trace.live_bytes(dev) for dev in self.trace.devices}
+
+    @cached_property
     def peaks(self) -> dict:
         from memlens.analysis.peak import peak_breakdown
         return peak_breakdown(self.trace, largest=self.options.top)

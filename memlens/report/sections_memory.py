@@ -7,6 +7,8 @@ from memlens.report.markup import bullet_list, note, paragraph, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.units import format_bytes, format_ns
 
+MAX_TIMELINES = 4  # one timeline per device, for this many devices at most
+
 
 def _bytes(v) -> str:
     return "" if pd.isna(v) else f"{format_bytes(v)}"
@@ -37,10 +39,12 @@ def live_memory(ctx: ReportContext) -> list:
     parts = [paragraph("Live bytes (the sum of the sizes of blocks allocated and not yet freed) after every "
                        "allocation and free; each pixel column keeps its minimum and maximum, so the peak "
                        "(triangle) is exact.")]
-    parts.append(live_figure(trace, by="category", x=ctx.options.x, max_points=ctx.options.max_points))
+    parts.append(live_figure(trace, by="category", x=ctx.options.x, max_points=ctx.options.max_points,
+                             curves=ctx.curves))
     if (trace.blocks["module"].astype(str) != "").any():
         parts.append(tag("h3", "By module"))
-        parts.append(live_figure(trace, by="module", x=ctx.options.x, max_points=ctx.options.max_points))
+        parts.append(live_figure(trace, by="module", x=ctx.options.x, max_points=ctx.options.max_points,
+                                 curves=ctx.curves))
     else:
         parts.append(note("The trace attributes no block to a module (its source does not record modules), "
                           "so only the split by category is shown."))
@@ -48,15 +52,22 @@ def live_memory(ctx: ReportContext) -> list:
 
 
 def timeline(ctx: ReportContext) -> list:
-    """Blocks as bars in time x address, small ones aggregated, accesses as marks."""
+    """Blocks as bars in time x address, small ones aggregated, accesses as marks; one figure per device
+    (the `MAX_TIMELINES` devices with the highest peaks)."""
     from memlens.viz.timeline import timeline as timeline_figure
 
     if len(ctx.trace.blocks) == 0:
         raise SectionUnavailable("the trace has no blocks to draw")
-    fig = timeline_figure(ctx.trace, x=ctx.options.x, max_blocks=ctx.options.timeline_blocks)
-    return [paragraph("Each block is a bar from its allocation to its free at its address (gaps between "
-                      "address regions shrunk). Blocks too small to see are painted as a density layer; "
-                      "dots mark accesses."), fig]
+    devices = sorted(ctx.peaks, key=lambda d: -ctx.peaks[d].peak_bytes)
+    parts = [paragraph("Each block is a bar from its allocation to its free at its address (gaps between "
+                       "address regions shrunk). The largest blocks on screen are drawn one by one; the others "
+                       "are painted as a density layer; dots mark accesses.")]
+    if len(devices) > MAX_TIMELINES:
+        parts.append(note(f"Showing the {MAX_TIMELINES} devices with the highest peaks of {len(devices)}."))
+    for dev in devices[:MAX_TIMELINES]:
+        parts.append(timeline_figure(ctx.trace, device=dev, x=ctx.options.x, max_blocks=ctx.options.timeline_blocks,
+                                     curve=ctx.curves[dev]))
+    return parts
 
 
 def peak(ctx: ReportContext) -> list:

@@ -35,16 +35,17 @@ class LiveSeries:
 
 
 def live_series(trace, device: str, by: str = "category", x: str = "time", max_points: int = 4000,
-                top_groups: int = 8) -> LiveSeries:
+                top_groups: int = 8, curve=None) -> LiveSeries:
     """Live bytes of `device` after each event, reduced to about `max_points` points, split by `by`.
 
     `by` is a block column (category, module, op) or "none"; the `top_groups` groups holding the most bytes
     at the peak are kept and the rest summed as "other". `x` is "time" (ns) or "event" (event index).
+    `curve` is ``trace.live_bytes(device)`` when the caller already has it.
     """
     if by not in GROUPINGS:
         raise ValueError(f"by must be one of {GROUPINGS}, got {by!r}")
     time_axis(x)
-    curve = trace.live_bytes(device)
+    curve = trace.live_bytes(device) if curve is None else curve
     n = len(curve)
     if n == 0:
         return LiveSeries(device=device, x=np.zeros(0), total=np.zeros(0, dtype=np.int64))
@@ -80,11 +81,12 @@ def live_series(trace, device: str, by: str = "category", x: str = "time", max_p
 
 
 def live_memory(trace, device: str | None = None, by: str = "category", x: str = "time",
-                max_points: int = 4000, top_groups: int = 8, height: int | None = None):
+                max_points: int = 4000, top_groups: int = 8, height: int | None = None, curves: dict | None = None):
     """Figure: live bytes over time per device (one row each), stacked by `by`, the peak marked.
 
     `device` limits it to one device. `x` is "time" (ms since the trace start, idle gaps visible) or
-    "event" (event index, as PyTorch's memory_viz). See `live_series` for `by`, `max_points`, `top_groups`.
+    "event" (event index, as PyTorch's memory_viz). See `live_series` for `by`, `max_points`, `top_groups`;
+    `curves` ({device: trace.live_bytes(device)}) saves recomputing them.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -97,7 +99,8 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
                         subplot_titles=[safe(d) for d in devices] or None)
     seen_legend: set[str] = set()
     for row, dev in enumerate(devices, start=1):
-        s = live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups)
+        s = live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
+                        curve=(curves or {}).get(dev))
         xs = s.x / scale
         for i, (label, values) in enumerate(s.groups.items()):
             name = safe(label)

@@ -18,14 +18,15 @@ WIDTH_PX, HEIGHT_PX = 1200, 480
 GRID = (400, 160)  # density layer cells (x, y)
 
 
-def block_rects(trace, device: str, x: str = "time") -> pd.DataFrame:
+def block_rects(trace, device: str, x: str = "time", curve=None) -> pd.DataFrame:
     """One rectangle per block of `device`: ``x0``/``x1`` (ns or event index), ``y0``/``y1`` (display
     coordinate, bytes) plus ``block_id``, ``size``, ``addr``, ``category``, ``op``, ``module``.
 
     ``attrs["y_mode"]`` says whether y is "address" (gap-compressed) or "stacked" (no addresses).
+    `curve` is ``trace.live_bytes(device)`` when the caller already has it.
     """
     time_axis(x)
-    curve = trace.live_bytes(device)
+    curve = trace.live_bytes(device) if curve is None else curve
     blocks = trace.lifetimes(device)
     n_events = len(curve)
     ids = curve["block_id"].to_numpy()
@@ -78,7 +79,7 @@ def _pick_drawn(rects: pd.DataFrame, max_blocks: int) -> np.ndarray:
     return drawn
 
 
-def _access_marks(trace, rects: pd.DataFrame, device: str, x: str, max_marks: int):
+def _access_marks(trace, rects: pd.DataFrame, curve: pd.DataFrame, x: str, max_marks: int):
     """(x, y) of the accesses of the drawn blocks, one per pixel cell when there are more than `max_marks`."""
     acc = trace.accesses
     if len(acc) == 0 or len(rects) == 0:
@@ -88,7 +89,7 @@ def _access_marks(trace, rects: pd.DataFrame, device: str, x: str, max_marks: in
     pos = pos[hit]
     t = acc["t_ns"].to_numpy(dtype=np.float64)[hit]
     if x == "event":
-        curve_t = trace.live_bytes(device)["t_ns"].to_numpy(dtype=np.float64)
+        curve_t = curve["t_ns"].to_numpy(dtype=np.float64)
         t = np.searchsorted(curve_t, t, side="right").astype(np.float64) - 0.5
     y = ((rects["y0"].to_numpy() + rects["y1"].to_numpy()) / 2)[pos]
     if len(t) > max_marks:
@@ -102,12 +103,14 @@ def _access_marks(trace, rects: pd.DataFrame, device: str, x: str, max_marks: in
 
 
 def timeline(trace, device: str | None = None, x: str = "time", color_by: str = "category",
-             max_blocks: int = 4000, accesses: bool = True, max_access_marks: int = 20000, top_groups: int = 10):
+             max_blocks: int = 4000, accesses: bool = True, max_access_marks: int = 20000, top_groups: int = 10,
+             curve=None):
     """Figure: the blocks of `device` (default: the one with the highest peak) in time x address.
 
     `x` is "time" (ms) or "event" (event index); `color_by` a block column (category, module, op);
     `max_blocks` caps the individually drawn bars (the rest form the density layer); `accesses` adds a
-    mark per access of drawn blocks (reduced to one per pixel above `max_access_marks`).
+    mark per access of drawn blocks (reduced to one per pixel above `max_access_marks`); `curve` is
+    ``trace.live_bytes(device)`` when the caller already has it.
     """
     import plotly.graph_objects as go
 
@@ -121,7 +124,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     if device is None:
         fig.update_layout(title="no blocks")
         return fig
-    rects = block_rects(trace, device, x)
+    curve = trace.live_bytes(device) if curve is None else curve
+    rects = block_rects(trace, device, x, curve=curve)
     drawn = _pick_drawn(rects, max_blocks)
     rest = rects[~drawn]
     if len(rest):
@@ -152,7 +156,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
             hovertemplate=("block %{customdata[0]}: %{customdata[1]}<br>%{customdata[2]} / "
                            "%{customdata[3]}<br>%{customdata[4]}<extra></extra>")))
     if accesses:
-        ax, ay = _access_marks(trace, shown, device, x, max_access_marks)
+        ax, ay = _access_marks(trace, shown, curve, x, max_access_marks)
         if len(ax):
             fig.add_trace(go.Scattergl(x=ax / scale, y=ay, mode="markers", name="accesses",
                                        marker=dict(size=3, color="black", opacity=0.6), hoverinfo="skip"))
