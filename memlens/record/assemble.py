@@ -5,7 +5,7 @@ import pandas as pd
 
 import pandas as pd
 
-from memlens.record.build import build_accesses, build_blocks, build_ops
+from memlens.record.build import build_accesses, build_blocks, build_ops, refine_autograd_seeds
 from memlens.record.instruments import AllocatorData
 from memlens.record.session import Session
 from memlens.trace import Trace
@@ -24,7 +24,7 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
 
     ops, op_module_idx, iteration_source = build_ops(session)
     accesses = build_accesses(session, ops)
-    blocks = build_blocks(session, ops, op_module_idx)
+    blocks = refine_autograd_seeds(build_blocks(session, ops, op_module_idx), accesses, ops)
     notes = list(allocator.notes)
     sources = ["dispatch"] + list(allocator.sources)
     stats = {}

@@ -8,7 +8,8 @@ What is decided here, and how (the `category_rule` column says which rule gave e
   (``param.grad`` at an optimizer step, `memlens.step()` or the end), input (tensor argument of a root
   module not made inside a module), activation (made by a forward op inside a module, or one that
   recorded autograd history), temporary (made in backward or in the optimizer and none of the above),
-  unknown otherwise (e.g. made before recording and never identified).
+  autograd_detail (made outside modules with no history and first read by backward: the gradient
+  seed of ``backward()``), unknown otherwise (e.g. made before recording and never identified).
 """
 from __future__ import annotations
 
@@ -208,3 +209,22 @@ def _records_history(ops: pd.DataFrame, safe_op: np.ndarray) -> np.ndarray:
     prev = np.concatenate([[seq[0] if seq[0] >= 0 else -1], seen[:-1]])
     created = (seq >= 0) & (seq > prev)
     return created[safe_op]
+
+
+def refine_autograd_seeds(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Unknown blocks made during recording whose first reader (another op) runs in backward are
+    autograd's own tensors, e.g. the ``ones_like`` gradient seed of ``loss.backward()``."""
+    cand = blocks["category"].eq("unknown") & blocks["alloc_op_id"].notna()
+    if not cand.any() or len(accesses) == 0:
+        return blocks
+    made_by = blocks.loc[cand, ["block_id", "alloc_op_id"]].astype({"alloc_op_id": "int64"})
+    acc = accesses.merge(made_by, on="block_id")
+    acc = acc[acc["op_id"] != acc["alloc_op_id"]].sort_values(["block_id", "t_ns", "op_id"], kind="stable")
+    first = acc.drop_duplicates("block_id")
+    phase = ops.set_index("op_id")["phase"]
+    seeds = first.loc[first["op_id"].map(phase).eq("backward").to_numpy(), "block_id"]
+    hit = blocks["block_id"].isin(seeds).to_numpy() & cand.to_numpy()
+    blocks = blocks.copy()
+    blocks.loc[hit, "category"] = "autograd_detail"
+    blocks.loc[hit, "category_rule"] = "made outside modules with no autograd history, first read by backward"
+    return blocks
