@@ -151,7 +151,8 @@ def test_cs336_training_vs_inference(shared):
     assert d.ati is None
     fig = d.figure()
     assert len([t for t in fig.data if t.mode == "lines"]) == 2
-    assert max(max(t.y) for t in fig.data) == peak_a
+    assert fig.layout.yaxis.title.text == "live memory (GiB)"
+    assert max(max(t.y) for t in fig.data) * 2**30 == pytest.approx(peak_a)
 
 
 @pytest.mark.shared

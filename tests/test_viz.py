@@ -94,7 +94,9 @@ def test_live_memory_figure_has_one_row_per_device_and_a_peak_marker():
     fig = live_memory(trace, by="module", x="event")
     peaks = [t for t in fig.data if t.name == "peak"]
     assert len(peaks) == 2
-    assert sorted(int(p.y[0]) for p in peaks) == [50, 5300]
+    # one unit for all rows, the binary unit of the largest peak: KiB
+    assert sorted(p.y[0] * 1024 for p in peaks) == pytest.approx([50, 5300])
+    assert fig.layout.yaxis.title.text == "live memory (KiB)"
     assert fig.layout.xaxis2.title.text.startswith("event index")
 
 

@@ -59,15 +59,17 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
                       annotation_text=safe(f"round trip of a {format_bytes(ref_size)} block: {format_ns(threshold)}"),
                       annotation_position="top right")
     fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=40, b=50),
-                      title=safe(f"{len(iv):,} access intervals; link {link}"),
+                      title=safe(f"{len(iv):,} access intervals" +
+                                 ("" if weight == "count" else ", weighted by size x length (idle byte-time)") +
+                                 f"; link {link}"),
                       xaxis=dict(type="log", title="interval length (ns)"),
-                      yaxis=dict(title="intervals" if weight == "count" else "bytes x ns"))
+                      yaxis=dict(title="intervals" if weight == "count" else "bytes x ns", tickformat=".3s"))
     return fig
 
 
 def ati_ecdf(trace_or_intervals, bandwidth=None, device: str | None = None, max_points: int = 2000):
-    """Figure: empirical CDF of ATIs (ns, log axis), all intervals and the swappable ones, with the
-    reference round-trip threshold (see module docstring)."""
+    """Figure: empirical CDF of ATIs (ns, log axis) with the reference round-trip threshold and the share of
+    intervals below it (see module docstring)."""
     import plotly.graph_objects as go
 
     from memlens.analysis.distributions import ecdf

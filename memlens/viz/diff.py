@@ -1,7 +1,7 @@
 """Two runs' live memory overlaid on one axis (the figure of `memlens.diff`)."""
 from __future__ import annotations
 
-from memlens.viz.labels import safe, time_axis
+from memlens.viz.labels import byte_unit, safe, time_axis
 from memlens.viz.live import live_series
 
 ALIGNS = ("auto", "start", "iteration")
@@ -46,23 +46,23 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     titles = [safe(da if da == db else f"{da} / {db}") for da, db in device_pairs] or None
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
     styles = (("#4C78A8", "solid"), ("#E45756", "solid"))
-    for row, pair in enumerate(device_pairs, start=1):
-        for side, (trace, dev, off, name, (color, dash)) in enumerate(
-                zip((a, b), pair, (off_a, off_b), names, styles)):
-            s = live_series(trace, dev, by="none", x=x, max_points=max_points)
+    series = [[live_series(trace, dev, by="none", x=x, max_points=max_points) for trace, dev in zip((a, b), pair)]
+              for pair in device_pairs]
+    div, unit = byte_unit(max((s.peak_bytes for row in series for s in row), default=0))
+    for row, pair_series in enumerate(series, start=1):
+        for side, (s, off, name, (color, dash)) in enumerate(zip(pair_series, (off_a, off_b), names, styles)):
             label = safe(f"{'AB'[side]}: {name}")
-            fig.add_trace(go.Scatter(x=(s.x - off) / scale, y=s.total, mode="lines", name=label,
+            fig.add_trace(go.Scatter(x=(s.x - off) / scale, y=s.total / div, mode="lines", name=label,
                                      legendgroup=label, showlegend=row == 1,
                                      line=dict(color=color, dash=dash, shape="hv", width=1.5),
-                                     hovertemplate=label + ": %{y:,.0f} B<extra></extra>"), row=row, col=1)
+                                     hovertemplate=label + f": %{{y:,.2f}} {unit}<extra></extra>"), row=row, col=1)
             if s.events:
                 fig.add_trace(go.Scatter(
-                    x=[(s.peak_x - off) / scale], y=[s.peak_bytes], mode="markers+text",
+                    x=[(s.peak_x - off) / scale], y=[s.peak_bytes / div], mode="markers+text",
                     text=[f"{'AB'[side]} peak {format_bytes(s.peak_bytes)}"], textposition="top center",
                     marker=dict(symbol="triangle-down", size=11, color=color), showlegend=False,
-                    hovertemplate=f"{label} peak %{{y:,.0f}} B<extra></extra>"), row=row, col=1)
-        fig.update_yaxes(title_text="live bytes", tickformat=".3s", ticksuffix="B", rangemode="tozero",
-                         row=row, col=1)
+                    hovertemplate=f"{label} peak {s.peak_bytes:,} B<extra></extra>"), row=row, col=1)
+        fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text=f"{x_title}, aligned at each trace's {how_a}", row=rows, col=1)
     fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig

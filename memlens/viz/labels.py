@@ -48,3 +48,11 @@ def time_axis(x: str) -> tuple[float, str]:
     if x == "event":
         return 1.0, "event index (allocs and frees, in order)"
     raise ValueError(f"x must be 'time' or 'event', got {x!r}")
+
+
+def byte_unit(max_bytes: float) -> tuple[float, str]:
+    """(divisor, unit) of the binary unit that suits values up to `max_bytes` (PyTorch reports KiB/MiB/GiB)."""
+    for divisor, unit in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if max_bytes >= divisor:
+            return float(divisor), unit
+    return 1.0, "B"

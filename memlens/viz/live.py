@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import color_for, safe, time_axis
+from memlens.viz.labels import byte_unit, color_for, safe, time_axis
 from memlens.viz.lod import extrema_indices
 
 GROUPINGS = ("category", "module", "op", "none")
@@ -98,27 +98,28 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[safe(d) for d in devices] or None)
     seen_legend: set[str] = set()
-    for row, dev in enumerate(devices, start=1):
-        s = live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
-                        curve=(curves or {}).get(dev))
+    series = [live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
+                          curve=(curves or {}).get(dev)) for dev in devices]
+    div, unit = byte_unit(max((s.peak_bytes for s in series), default=0))
+    for row, (dev, s) in enumerate(zip(devices, series), start=1):
         xs = s.x / scale
         for i, (label, values) in enumerate(s.groups.items()):
             name = safe(label)
             fig.add_trace(go.Scatter(
-                x=xs, y=values, name=name, legendgroup=name, showlegend=name not in seen_legend,
+                x=xs, y=values / div, name=name, legendgroup=name, showlegend=name not in seen_legend,
                 mode="lines", line=dict(width=0.5, shape="hv", color=color_for(label, i, by)),
-                stackgroup=f"live{row}", hovertemplate=f"{name}: %{{y:,.0f}} B<extra></extra>"), row=row, col=1)
+                stackgroup=f"live{row}", hovertemplate=f"{name}: %{{y:,.2f}} {unit}<extra></extra>"),
+                row=row, col=1)
             seen_legend.add(name)
         if s.events:
             label = f"peak {format_bytes(s.peak_bytes)}"
             fig.add_trace(go.Scatter(
-                x=[s.peak_x / scale], y=[s.peak_bytes], mode="markers+text", name="peak",
+                x=[s.peak_x / scale], y=[s.peak_bytes / div], mode="markers+text", name="peak",
                 legendgroup="peak", showlegend="peak" not in seen_legend, text=[label],
                 textposition="top center", marker=dict(symbol="triangle-down", size=12, color="black"),
-                hovertemplate=f"{safe(dev)} {label} (%{{y:,.0f}} B)<extra></extra>"), row=row, col=1)
+                hovertemplate=f"{safe(dev)} {label} ({s.peak_bytes:,} B)<extra></extra>"), row=row, col=1)
             seen_legend.add("peak")
-        fig.update_yaxes(title_text="live bytes", tickformat=".3s", ticksuffix="B", rangemode="tozero",
-                         row=row, col=1)
+        fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text=x_title, row=max(len(devices), 1), col=1)
     fig.update_layout(height=height or 260 + 220 * max(len(devices), 1), margin=dict(l=60, r=20, t=40, b=50),
                       hovermode="x unified", legend=dict(title_text=safe(by)))
