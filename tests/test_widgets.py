@@ -165,3 +165,17 @@ def test_whatif_panel_against_independent_numbers(sample):
     assert plan_height >= live   # no static plan beats max-live
     caching = table[table["scenario"].str.startswith("caching")]["peak_bytes"]
     assert (caching >= live).all()  # an allocator reserves at least what is live
+    rows = table.set_index("scenario")["peak_bytes"]
+    # swapping can only lower the peak, and no link beats infinite bandwidth
+    assert rows["swapping, infinite bandwidth"] <= rows["swapping"] <= live
+
+
+def test_explorer_whatif_button_and_ati_figure(sample):
+    ex = Explorer(sample)
+    table = ex.run_whatif()
+    assert len(ex.whatif_figure.data) == 1 and len(ex.whatif_figure.data[0].y) == len(table)
+    assert "static plan" in ex.whatif_result.value
+    # the ATI panel is memlens.viz's histogram: swappable + too-short bars; the ECDF has one curve
+    assert [t.name for t in ex.ati_figure.data] == ["too short to swap", "swappable"]
+    ex.w_ecdf.value = True
+    assert [t.name for t in ex.ati_figure.data] == ["all intervals"]

@@ -3,20 +3,17 @@
 An interval counts for the selection when its block is selected and the interval overlaps the time range.
 Each interval is swappable or filtered out at the chosen link (`memlens.analysis.outliers.bandwidth_filter`:
 length >= the block's round trip out and back in), which is the observation of Li et al. that most ATIs
-are too short to hide a transfer. The histogram uses `memlens.analysis.distributions.log_histogram`.
+are too short to hide a transfer. The figures are `memlens.viz.ati_histogram` / `ati_ecdf`.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.distributions import ecdf, log_bins
 from memlens.analysis.outliers import bandwidth_filter, filter_summary
 from memlens.units import format_bytes, format_ns
 from memlens.viz.labels import safe
 from memlens.widgets.geometry import BlockGeometry
-
-PER_DECADE = 5
 
 
 def selection_intervals(intervals: pd.DataFrame, geom: BlockGeometry, mask: np.ndarray,
@@ -35,36 +32,12 @@ def filtered_intervals(intervals: pd.DataFrame, bandwidth) -> pd.DataFrame:
     return bandwidth_filter(intervals, bandwidth)
 
 
-def ati_traces(filtered: pd.DataFrame, as_ecdf: bool = False) -> list[dict]:
-    """Plotly trace dicts: a stacked log-binned histogram (swappable vs too short), or the two ECDFs."""
-    length = filtered["length_ns"].to_numpy(dtype=np.float64)
-    swappable = filtered["swappable"].to_numpy(dtype=bool)
-    if as_ecdf:
-        traces = []
-        n = max(len(length), 1)
-        for label, pick, colour in (("all intervals", np.ones(len(length), bool), "#444444"),
-                                    ("swappable", swappable, "#2ca02c")):
-            curve = ecdf(np.maximum(length[pick], 1.0))
-            # fractions of *all* intervals, so the swappable curve ends at the swappable share
-            frac = curve["fraction"].to_numpy() * pick.sum() / n
-            traces.append(dict(type="scatter", mode="lines", line=dict(shape="hv", color=colour), name=label,
-                               x=curve["value"].to_numpy(), y=frac))
-        return traces
-    edges = log_bins(np.maximum(length, 1.0), PER_DECADE)
-    centres = np.sqrt(np.maximum(edges[:-1], 1.0) * edges[1:])
-    widths = edges[1:] - np.maximum(edges[:-1], 1.0)
-    traces = []
-    for label, pick, colour in (("too short to swap", ~swappable, "#d62728"), ("swappable", swappable, "#2ca02c")):
-        counts, _ = np.histogram(np.maximum(length[pick], 1.0), bins=edges)
-        traces.append(dict(type="bar", name=label, x=centres, y=counts, width=widths, marker=dict(color=colour),
-                           hovertemplate="%{y} intervals near %{x:.3s} ns<extra>" + label + "</extra>"))
-    return traces
-
-
-def ati_layout(as_ecdf: bool) -> dict:
-    """Axis settings for `ati_traces`."""
-    return dict(barmode="stack", xaxis=dict(type="log", title="access time interval (ns)"),
-                yaxis=dict(title="fraction of intervals" if as_ecdf else "intervals"))
+def ati_figure(intervals: pd.DataFrame, bandwidth, as_ecdf: bool = False):
+    """The panel's figure for the selection's intervals: `memlens.viz.ati_histogram` or `ati_ecdf`."""
+    from memlens.viz.ati import ati_ecdf, ati_histogram
+    fig = ati_ecdf(intervals, bandwidth) if as_ecdf else ati_histogram(intervals, bandwidth)
+    fig.update_layout(height=300, width=640, title_font_size=13)
+    return fig
 
 
 def ati_summary_html(filtered: pd.DataFrame) -> str:

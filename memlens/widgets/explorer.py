@@ -94,8 +94,8 @@ class Explorer(W.VBox):
         self.w_conf = W.Text(value="expandable_segments:True", description="ALLOC_CONF",
                              layout=W.Layout(width="360px"))
         self.w_run_whatif = W.Button(description="compare", button_style="primary")
-        self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration and "
-                                    "a static plan.</i>")
+        self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration, a "
+                                    "static plan and swapping at the ATI panel's link.</i>")
         self._controls = W.VBox([
             W.HBox([self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_iteration, self.w_reset]),
             W.HBox([self.w_categories, W.VBox([self.w_module, self.w_min_size])])])
@@ -216,7 +216,7 @@ class Explorer(W.VBox):
                    f"{self.w_allocator.value} {self.w_conf.value}".strip(): (self.w_allocator.value,
                                                                             self.w_conf.value or None)}
         try:
-            table = whatif_table(self.trace, self.state.device, configs)
+            table = whatif_table(self.trace, self.state.device, configs, bandwidth=self.state.bandwidth)
         except InputError as exc:
             self.whatif_result.value = f"<span style='color:#b00'>{safe(exc)}</span>"
             return None
@@ -312,8 +312,7 @@ class Explorer(W.VBox):
         self.status.value = text
 
     def _draw_ati(self, geom, mask):
-        from memlens.widgets.ati_panel import ati_layout, ati_summary_html, ati_traces, filtered_intervals, \
-            selection_intervals
+        from memlens.widgets.ati_panel import ati_figure, ati_summary_html, filtered_intervals, selection_intervals
         intervals = self.intervals()
         if intervals is None:
             self.ati_summary.value = ("<i>This trace records no accesses (its source sees only allocations and "
@@ -321,13 +320,15 @@ class Explorer(W.VBox):
             return
         t_range = None if self.state.x_range is None else tuple(geom.to_time(np.array(self.state.x_range),
                                                                              self.state.axis))
-        filtered = filtered_intervals(selection_intervals(intervals, geom, mask, t_range), self.state.bandwidth)
-        self.ati_summary.value = ati_summary_html(filtered)
-        traces = ati_traces(filtered, as_ecdf=self.w_ecdf.value)
+        selected = selection_intervals(intervals, geom, mask, t_range)
+        self.ati_summary.value = ati_summary_html(filtered_intervals(selected, self.state.bandwidth))
+        fig = ati_figure(selected, self.state.bandwidth, as_ecdf=self.w_ecdf.value)
         with self.ati_figure.batch_update():
             self.ati_figure.data = ()
-        self.ati_figure.add_traces(traces)
-        self.ati_figure.update_layout(**ati_layout(self.w_ecdf.value))
+            self.ati_figure.layout.shapes = ()
+            self.ati_figure.layout.annotations = ()
+        self.ati_figure.add_traces(fig.data)
+        self.ati_figure.update_layout(fig.layout)
 
 
 def explore(trace, device: str | None = None) -> Explorer:

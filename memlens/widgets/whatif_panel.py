@@ -7,7 +7,9 @@ ratio to the recorded peak of live bytes. Scenarios:
 - the caching allocator under the given ``PYTORCH_CUDA_ALLOC_CONF`` (and any other allocator), replayed by
   `memlens.simulate.compare` (peak reserved);
 - ``static plan``: the arena height of `memlens.plan.plan` (offsets fixed ahead of time, MemoMalloc-style),
-  whose lower bound is the peak of live bytes.
+  whose lower bound is the peak of live bytes;
+- ``swapping``: the peak of live bytes after `memlens.swap.plan_swaps` at the given link (idle blocks copied
+  to the host and prefetched back), and the infinite-bandwidth bound; only for traces with accesses.
 """
 from __future__ import annotations
 
@@ -20,10 +22,17 @@ DEFAULT_CONFIGS = {"caching (recorded settings)": ("caching", None),
                    "caching, expandable_segments": ("caching", "expandable_segments:True")}
 
 
-def whatif_table(trace, device: str, configs: dict | None = None, plan_seconds: float = 2.0) -> pd.DataFrame:
-    """Scenarios for `device`: columns scenario, peak_bytes, vs_recorded (peak / recorded peak live), detail."""
+def whatif_table(trace, device: str, configs: dict | None = None, plan_seconds: float = 2.0,
+                 bandwidth="pcie4_x16") -> pd.DataFrame:
+    """Scenarios for `device`: columns scenario, peak_bytes, vs_recorded (peak / recorded peak live), detail.
+
+    `configs` as `memlens.simulate.compare` takes them; `plan_seconds` bounds the static planner's search;
+    `bandwidth` is the host link for swapping (a preset name, '25GB/s' or a `BandwidthModel`).
+    """
     from memlens.plan import plan
     from memlens.simulate import compare
+    from memlens.swap import plan_swaps
+    from memlens.units import format_ns
 
     live_peak = int(trace.peak_live_bytes().get(device, 0))
     rows = [{"scenario": "recorded (live)", "peak_bytes": live_peak, "detail": "peak of live block bytes"}]
@@ -40,6 +49,13 @@ def whatif_table(trace, device: str, configs: dict | None = None, plan_seconds: 
     rows.append({"scenario": "static plan", "peak_bytes": int(result.height),
                  "detail": f"{result.algorithm}, {result.ratio:.3f}x max-live"
                            + (" (optimal)" if result.optimal else "")})
+    if trace.has_accesses:
+        swaps = plan_swaps(trace, bandwidth=bandwidth, device=device)
+        rows.append({"scenario": "swapping", "peak_bytes": int(swaps.peak_after),
+                     "detail": f"{len(swaps.swaps)} swaps at {swaps.bandwidth.get('name', bandwidth)}, "
+                               f"{format_bytes(swaps.transfer_bytes)} moved, stall {format_ns(swaps.stall_ns)}"})
+        rows.append({"scenario": "swapping, infinite bandwidth", "peak_bytes": int(swaps.infinite_bandwidth_peak),
+                     "detail": "every idle interval swapped for free: the bound"})
     out = pd.DataFrame(rows)
     out["vs_recorded"] = out["peak_bytes"] / live_peak if live_peak else float("nan")
     return out
