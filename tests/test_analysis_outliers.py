@@ -139,3 +139,17 @@ def test_allocator_only_blocks_without_accesses_are_not_idle_by_default():
     assert 7 not in default and default[0] == 8
     everything = outliers(trace, ONE_BYTE_PER_NS, top=None, include_unobserved=True)["block_id"].tolist()
     assert everything[:2] == [7, 8]
+
+
+def test_ranking_ties_and_top_selection():
+    # four blocks with the same size x idle (100 B x 10 ns = 50 B x 20 ns): ties break by size, then id
+    blocks = pd.DataFrame({"block_id": [5, 4, 3, 2], "device": ["cpu"] * 4, "size": [50, 100, 100, 50],
+                           "alloc_ns": [0, 0, 0, 0], "free_ns": [20, 10, 10, 20]})
+    accesses = pd.DataFrame({"block_id": [5, 4, 3, 2], "t_ns": [0, 0, 0, 0], "op_id": [1, 1, 1, 1],
+                             "is_write": [True] * 4})
+    trace = Trace.from_tables(blocks, accesses)
+    ranked = outliers(trace, ONE_BYTE_PER_NS, top=None)
+    assert ranked["score"].tolist() == [1000.0] * 4
+    assert ranked["block_id"].tolist() == [3, 4, 2, 5]
+    assert outliers(trace, ONE_BYTE_PER_NS, top=3)["block_id"].tolist() == [3, 4, 2]
+    assert outliers(trace, ONE_BYTE_PER_NS, top=1)["block_id"].tolist() == [3]

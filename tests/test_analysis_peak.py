@@ -117,3 +117,19 @@ def test_real_snapshot_reserved_replay(shared):
     # the allocator started empty, so the segment events account for every reserved byte at the end
     assert f["peak_reserved_bytes"] >= f["reserved_bytes"] > 0
     assert f["reserved_over_live"] >= 1.0
+
+
+def test_live_curve_matches_trace_live_bytes():
+    from memlens.analysis.live import live_curve
+
+    trace = peak_trace()
+    for dev in ("cuda:0", "cpu"):
+        frame, alloc_pos = live_curve(trace, dev)
+        expected = trace.live_bytes(dev)
+        assert frame["live"].tolist() == expected["live"].tolist()
+        assert frame["t_ns"].tolist() == expected["t_ns"].tolist()
+    total, alloc_pos = live_curve(trace)
+    assert total["live"].max() == 200  # the cpu block (live 5..6) is gone by the cuda peak at 25
+    # each block's alloc event sits where the curve rises by its size
+    rises = total["live"].diff().fillna(total["live"]).to_numpy()[alloc_pos]
+    assert rises.tolist() == trace.blocks["size"].tolist()

@@ -7,6 +7,7 @@
 - `iterations`: iteration boundaries (markers, optimizer steps or the detected period)
 - `period`: period detection and pattern matching on symbol sequences (FFT autocorrelation)
 - `stability`: per-iteration statistics and how alike consecutive iterations are
+- `live`: the live-bytes curve as arrays (per device or all devices)
 - `peak`: what is live at the peak, per device
 - `fragmentation`: reserved vs allocated vs requested bytes where the trace has allocator segments
 - `findings`: the results stated in sentences with numbers

@@ -179,7 +179,7 @@ def _group_by_row(row: np.ndarray, t: np.ndarray, op: np.ndarray, n_rows: int) -
     return row[order], order
 
 
-def _count_distinct(ids: np.ndarray) -> int:
+def count_distinct(ids: np.ndarray) -> int:
     """Number of distinct non-negative ints, by counting when the range is small."""
     if len(ids) == 0:
         return 0
@@ -206,7 +206,7 @@ def ati_stats(intervals: pd.DataFrame, *, exclude_truncated: bool = False) -> di
     kinds = iv["kind"].value_counts()
     return {
         "count": int(n),
-        "blocks": _count_distinct(iv["block_id"].to_numpy(dtype=np.int64)),
+        "blocks": count_distinct(iv["block_id"].to_numpy(dtype=np.int64)),
         "total_ns": float(lengths.sum()),
         "mean_ns": float(lengths.mean()) if n else None,
         "std_ns": float(lengths.std()) if n else None,

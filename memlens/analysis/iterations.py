@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.analysis.live import live_curve
 from memlens.analysis.period import detect_period, iteration_starts
 
 OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
@@ -105,32 +106,9 @@ def allocation_sequence(trace) -> pd.DataFrame:
                          "live_before": live_after[rows] - size}, copy=False)
 
 
-def combined_live(trace) -> tuple[pd.DataFrame, np.ndarray]:
-    """Live bytes summed over every device after each alloc/free, in event order.
-
-    Returns (frame with ``t_ns``, ``seq``, ``live``; position in that frame of each block's alloc event,
-    aligned with the blocks table). Blocks allocated before recording count from the trace start.
-    """
-    b = trace.blocks
-    n = len(b)
-    lo, _ = trace.time_span_ns()
-    size = b["size"].to_numpy(dtype=np.int64)
-    freed = b["free_ns"].notna().to_numpy()
-    t = np.concatenate([b["alloc_ns"].fillna(lo).to_numpy(np.int64), b["free_ns"].to_numpy("float64", na_value=0)
-                        [freed].astype(np.int64)])
-    seq = np.concatenate([b["alloc_seq"].fillna(-1).to_numpy(np.int64),
-                          b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(np.int64)[freed]])
-    delta = np.concatenate([size, -size[freed]])
-    order = np.lexsort((seq, t))
-    where = np.empty(len(order), dtype=np.int64)
-    where[order] = np.arange(len(order))
-    frame = pd.DataFrame({"t_ns": t[order], "seq": seq[order], "live": np.cumsum(delta[order])}, copy=False)
-    return frame, where[:n]
-
-
 def live_after_alloc(trace) -> np.ndarray:
     """Bytes live on all devices right after each block's allocation (aligned with the blocks table)."""
-    frame, alloc_pos = combined_live(trace)
+    frame, alloc_pos = live_curve(trace)
     return frame["live"].to_numpy()[alloc_pos] if len(frame) else np.zeros(0, dtype=np.int64)
 
 

@@ -24,6 +24,7 @@ import pandas as pd
 from memlens.analysis.ati import access_intervals
 from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
 from memlens.analysis.distributions import time_weighted_mean
+from memlens.analysis.live import live_curve
 
 PRIORITIES = ("size_x_idle", "doa", "aoa", "wdoa")
 ZHANG_MIN_SIZE = 1 << 20  # Zhang et al. consider blocks >= 1 MB for swapping
@@ -91,27 +92,31 @@ def filter_summary(filtered: pd.DataFrame) -> dict:
     ``idle_bytes_ns`` (sum of size x length over all intervals: the infinite-bandwidth bound),
     ``swappable_bytes_ns`` and ``swappable_share`` (swappable / idle byte-ns), ``blocks_with_swappable``.
     """
+    from memlens.analysis.ati import count_distinct
     n = len(filtered)
     swappable = filtered["swappable"].to_numpy()
-    idle = float((filtered["size"].to_numpy(dtype=np.float64) * filtered["length_ns"].to_numpy(np.float64)).sum())
-    saved = float(filtered["swappable_bytes_ns"].sum())
+    idle = float(np.dot(filtered["size"].to_numpy(dtype=np.float64), filtered["length_ns"].to_numpy(np.float64)))
+    saved = float(filtered["swappable_bytes_ns"].to_numpy().sum())
     return {
         "intervals": int(n),
-        "swappable": int(swappable.sum()),
-        "filtered_out_fraction": float(1 - swappable.mean()) if n else None,
+        "swappable": int(np.count_nonzero(swappable)),
+        "filtered_out_fraction": 1 - np.count_nonzero(swappable) / n if n else None,
         "idle_bytes_ns": idle,
         "swappable_bytes_ns": saved,
         "swappable_share": saved / idle if idle > 0 else None,
-        "blocks_with_swappable": int(filtered.loc[swappable, "block_id"].nunique()),
+        "blocks_with_swappable": count_distinct(filtered["block_id"].to_numpy(dtype=np.int64)[swappable]),
         "bandwidth": filtered.attrs.get("bandwidth"),
     }
 
 
-def _first_in_runs(run_id: np.ndarray, mask: np.ndarray, n_runs: int) -> np.ndarray:
-    """Index of the first True of `mask` in each run (-1 when none); `run_id` is sorted."""
-    first = np.full(n_runs, -1, dtype=np.int64)
+def _first_in_runs(run_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Index of the first True of `mask` in each run (runs begin at the sorted `run_start`; -1 when none).
+
+    Works on the (few) True positions only: their run is found by binary search, not by a run id per row.
+    """
+    first = np.full(len(run_start), -1, dtype=np.int64)
     idx = np.flatnonzero(mask)
-    runs = run_id[idx]
+    runs = np.searchsorted(run_start, idx, side="right") - 1
     new = np.ones(len(idx), dtype=bool)
     new[1:] = runs[1:] != runs[:-1]
     first[runs[new]] = idx[new]
@@ -123,9 +128,10 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
 
     The weight at time t is ``clip((live(t) - limit) / (peak - limit), 0, 1)``; the cumulative integral is
     piecewise linear with breakpoints at the alloc/free events, so ``np.interp`` evaluates it anywhere.
-    `live` is `trace.live_bytes(device)` when the caller has it already.
+    `live` is `live.live_curve(trace, device)[0]` when the caller has it already.
     """
-    live = trace.live_bytes(device) if live is None else live
+    if live is None:
+        live, _ = live_curve(trace, device)
     t = live["t_ns"].to_numpy(dtype=np.float64)
     load = live["live"].to_numpy(dtype=np.float64)
     if len(t) == 0:
@@ -175,7 +181,6 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     new_run = np.ones(n, dtype=bool)
     new_run[1:] = block[1:] != block[:-1]
     run_start = np.flatnonzero(new_run)
-    run_id = np.cumsum(new_run) - 1
     n_runs = len(run_start)
     length = iv["length_ns"].to_numpy(dtype=np.int64)
     start = iv["start_ns"].to_numpy(dtype=np.int64)
@@ -185,26 +190,25 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         return _empty_outliers()
 
     max_len = np.maximum.reduceat(length, run_start)
-    arg = _first_in_runs(run_id, length == max_len[run_id], n_runs)
     counts = np.diff(np.append(run_start, n))
+    arg = _first_in_runs(run_start, length == np.repeat(max_len, counts))
     lifetime = np.add.reduceat(length, run_start)
     swappable = iv["swappable"].to_numpy()
 
     # the interval of each block that spans its device's peak (Zhang et al.'s swap candidates)
-    dev_codes, dev_names = pd.factorize(iv["device"], sort=True)
-    dev_names = np.asarray(dev_names, dtype=object).astype(str)
+    dev_codes, dev_names = _codes(iv["device"])
     single_device = len(dev_names) == 1
     round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
     spans_peak = np.zeros(n, dtype=bool)
     curves = {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = trace.live_bytes(dev)
+        curves[dev] = live = live_curve(trace, dev)[0]
         if len(live) == 0:
             continue
         t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
         spanning = (start <= t_peak) & (end > t_peak)
         spans_peak |= spanning if single_device else spanning & (dev_codes == code)
-    peak_idx = _first_in_runs(run_id, spans_peak, n_runs)
+    peak_idx = _first_in_runs(run_start, spans_peak)
     has_peak = peak_idx >= 0
     at_peak = peak_idx[has_peak]
     doa = np.full(n_runs, np.nan)
@@ -249,10 +253,8 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         keep &= has_peak
     if not include_unobserved:
         keep &= ~_unobservable(trace, out["block_id"].to_numpy(), counts - 1)
-    ranked = out[keep].sort_values(["score", "size", "block_id"], ascending=[False, False, True],
-                                   na_position="last", kind="stable")
-    if top is not None:
-        ranked = ranked.head(int(top))
+    ranked = out.iloc[_rank(out["score"].to_numpy(dtype=np.float64), out["size"].to_numpy(),
+                            out["block_id"].to_numpy(), keep, top)]
     # labels only for the rows kept (strings for 1M blocks would cost more than the ranking)
     runs = ranked.pop("_run").to_numpy()
     ranked.insert(1, "device", dev_names[dev_codes[first[runs]]])
@@ -261,6 +263,32 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     return ranked
+
+
+def _rank(score: np.ndarray, size: np.ndarray, block_id: np.ndarray, keep: np.ndarray,
+          top: int | None) -> np.ndarray:
+    """Row positions of the `top` kept rows by score (desc; NaN last), then size (desc), then block_id.
+
+    Partitions before sorting, so ranking the top 20 of a million blocks does not sort them all.
+    """
+    rows = np.flatnonzero(keep)
+    key = np.where(np.isnan(score[rows]), -np.inf, score[rows])
+    if top is not None and len(rows) > top:
+        top = max(int(top), 0)
+        kth = np.partition(key, len(key) - top)[len(key) - top] if top else np.inf
+        cand = key >= kth  # every row tied with the last place stays a candidate
+        rows, key = rows[cand], key[cand]
+    order = np.lexsort((block_id[rows], -size[rows], -key))
+    rows = rows[order]
+    return rows if top is None else rows[:top]
+
+
+def _codes(labels: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(int codes, label strings) of a column; free for a categorical (the interval frames use them)."""
+    if isinstance(labels.dtype, pd.CategoricalDtype):
+        return labels.cat.codes.to_numpy(), np.asarray(labels.cat.categories, dtype=object).astype(str)
+    codes, names = pd.factorize(labels, sort=True)
+    return codes, np.asarray(names, dtype=object).astype(str)
 
 
 def _unobservable(trace, block_ids: np.ndarray, accesses: np.ndarray) -> np.ndarray:

@@ -20,7 +20,8 @@ import pandas as pd
 
 from memlens.analysis.ati import access_intervals, iteration_of
 from memlens.analysis.distributions import log_bins
-from memlens.analysis.iterations import combined_live, split_iterations
+from memlens.analysis.iterations import split_iterations
+from memlens.analysis.live import live_curve
 
 COMPONENTS = ("blocks", "bytes", "peak", "duration", "ati")
 
@@ -71,7 +72,7 @@ def iteration_stats(trace, iterations: pd.DataFrame | None = None) -> pd.DataFra
 def _peak_per_window(trace, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Max live bytes (all devices) within each sorted, non-overlapping window [start, end), counting the
     level already live when the window opens."""
-    live, _ = combined_live(trace)
+    live, _ = live_curve(trace)
     t = live["t_ns"].to_numpy()
     value = live["live"].to_numpy(dtype=np.int64)
     if len(t) == 0 or len(starts) == 0:
