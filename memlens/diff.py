@@ -37,6 +37,7 @@ class TraceDiff:
     appeared: pd.DataFrame
     disappeared: pd.DataFrame
     by_op: pd.DataFrame
+    op_counts: pd.DataFrame | None
     iterations: dict
     ati: dict | None
     cannot_compare: list[str] = field(default_factory=list)
@@ -54,6 +55,7 @@ class TraceDiff:
                 "at_peak": {k: rows(v) for k, v in self.at_peak.items()},
                 "blocks": {k: _plain(v) for k, v in self.blocks.items()},
                 "appeared": rows(self.appeared), "disappeared": rows(self.disappeared), "by_op": rows(self.by_op),
+                "op_counts": None if self.op_counts is None else rows(self.op_counts),
                 "iterations": its, "ati": None if self.ati is None else {k: _plain(v) for k, v in self.ati.items()},
                 "cannot_compare": list(self.cannot_compare), "notes": list(self.notes)}
 
@@ -77,6 +79,12 @@ class TraceDiff:
         out.append(f"Matching blocks by ({', '.join(bl['signature'])}, order): {bl['matched']:,} in both, "
                    f"{bl['appeared']:,} only in B ({format_bytes(bl['appeared_bytes'])}), {bl['disappeared']:,} "
                    f"only in A ({format_bytes(bl['disappeared_bytes'])}).")
+        if self.op_counts is not None and len(self.op_counts):
+            changed = self.op_counts[self.op_counts["delta"] != 0]
+            out.append(f"Ops executed: {int(self.op_counts['count_a'].sum()):,} in A, "
+                       f"{int(self.op_counts['count_b'].sum()):,} in B; {len(changed):,} op names run a different "
+                       "number of times" + (f" (most: {changed.iloc[0]['op']} {int(changed.iloc[0]['count_a']):,}"
+                                             f" -> {int(changed.iloc[0]['count_b']):,})" if len(changed) else "") + ".")
         it = self.iterations
         if it.get("count_a") is not None and it.get("count_b") is not None:
             out.append(f"Iterations: {it['count_a']} in A ({it['source_a']}), {it['count_b']} in B ({it['source_b']})"
@@ -224,6 +232,21 @@ def _by_op(a, b, pairs) -> pd.DataFrame:
     return f.reset_index().sort_values("delta_bytes", key=np.abs, ascending=False, kind="stable").reset_index(drop=True)
 
 
+def _op_counts(a, b) -> tuple[pd.DataFrame | None, list[str]]:
+    """Ops executed per name in A and B (largest changes first), when both traces record ops."""
+    if len(a.ops) == 0 or len(b.ops) == 0:
+        missing = " and ".join(n for n, t in (("A", a), ("B", b)) if len(t.ops) == 0)
+        return None, [f"ops executed: {missing} records no ops table (only allocating ops are compared)"]
+    ca = a.ops["name"].astype(str).value_counts()
+    cb = b.ops["name"].astype(str).value_counts()
+    f = pd.DataFrame({"count_a": ca, "count_b": cb}).fillna(0).astype(np.int64)
+    f["delta"] = f["count_b"] - f["count_a"]
+    f.index.name = "op"
+    f = f.reset_index()
+    order = np.lexsort((f["op"].to_numpy(), -f["delta"].abs().to_numpy()))
+    return f.iloc[order].reset_index(drop=True), []
+
+
 def _iterations(a, b) -> tuple[dict, list[str]]:
     from memlens.analysis.iterations import split_iterations
     from memlens.analysis.stability import iteration_stats
@@ -296,7 +319,8 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
     blocks, appeared, disappeared = match_blocks(a, b, pairs, fields)
     iterations, it_notes = _iterations(a, b)
     ati, ati_notes = _ati(a, b)
-    cannot = [n for n in notes if "only in" in n] + field_notes + it_notes + ati_notes
+    op_counts, op_notes = _op_counts(a, b)
+    cannot = [n for n in notes if "only in" in n] + field_notes + op_notes + it_notes + ati_notes
     notes = [n for n in notes if "only in" not in n]
     if "op" not in fields:
         cannot.append("live memory at the peak by op: the traces' op names cannot be matched")
@@ -308,7 +332,8 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
     return TraceDiff(name_a=names[0], name_b=names[1], source_a=a.metadata.get("source_kind", "unknown"),
                      source_b=b.metadata.get("source_kind", "unknown"), device_pairs=pairs, peak=peak,
                      at_peak={by: _at_peak(pa, pb, pairs, by) for by in GROUPS}, blocks=blocks, appeared=appeared,
-                     disappeared=disappeared, by_op=_by_op(a, b, pairs), iterations=iterations, ati=ati,
+                     disappeared=disappeared, by_op=_by_op(a, b, pairs), op_counts=op_counts,
+                     iterations=iterations, ati=ati,
                      cannot_compare=cannot, notes=[n[0].upper() + n[1:] + "." for n in notes],
                      trace_a=a, trace_b=b)
 

@@ -94,6 +94,7 @@ def test_diff_of_constructed_runs_matches_hand_computation():
     assert d.blocks["matched"] == len(a.blocks) - 4
     assert d.ati is not None and d.ati["delta"]["count"] == 1  # the untouched buffer: one alloc-to-free interval
     assert d.iterations["count_a"] == d.iterations["count_b"] == 4
+    assert (d.op_counts["delta"] == 0).all() and d.op_counts["count_a"].sum() == len(a.ops)
     json.dumps(d.to_json())  # JSON-ready
     text = " ".join(d.summary())
     assert "from 5.2 KiB to 12.7 KiB" in text and "5 only in B" in text
@@ -148,6 +149,7 @@ def test_cs336_training_vs_inference(shared):
     assert d.blocks["disappeared_bytes"] == sum(k[1] * max(ca[k] - cb[k], 0) for k in ca)
     not_compared = " ".join(d.cannot_compare)
     assert "access time intervals" in not_compared and "modules" in not_compared
+    assert d.op_counts is None and "ops executed: B records no ops table" in not_compared
     assert d.ati is None
     fig = d.figure()
     assert len([t for t in fig.data if t.mode == "lines"]) == 2

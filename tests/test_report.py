@@ -97,6 +97,18 @@ def test_no_section_fails_on_real_snapshots(shared):
         assert built.status()["live"] == "ok"
 
 
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["kineto/kineto_resnet50_2021format.pt.trace.json.gz",
+                                  "profiler/hta_memory_timeline.raw.gz", "dsa/tflm_person_detection.csv",
+                                  "snapshots/flexgen_opt1.3b_2023format.pickle", "snapshots/verl_segments_only.pickle"])
+def test_no_section_fails_on_every_imported_format(shared, name):
+    built = build_report(shared(name), whatif_time_limit_s=0.1)
+    assert not built.failed, (name, [(s.key, s.message) for s in built.failed])
+    status = built.status()
+    assert status["live"] == status["peak"] == status["largest"] == "ok"
+    assert status["ati"] == status["outliers"] == "unavailable"  # none of these formats records accesses
+
+
 def test_unknown_section_or_option_is_an_input_error():
     with pytest.raises(memlens.InputError, match="unknown report sections"):
         build_report(constructed_trace(), sections=["nope"])

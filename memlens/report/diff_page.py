@@ -65,6 +65,8 @@ def _blocks(ctx) -> list:
         parts.append(table(frame.head(ctx.top), BYTES) if len(frame) else note("none"))
     parts += [paragraph("Allocations per allocating op (largest byte changes first)"),
               table(d.by_op.head(ctx.top), BYTES)]
+    if d.op_counts is not None:
+        parts += [paragraph("Ops executed per name (largest changes first)"), table(d.op_counts.head(ctx.top))]
     return parts
 
 
