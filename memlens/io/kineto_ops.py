@@ -65,7 +65,10 @@ def read_ops(events: list, where) -> OpTable:
     modules = [""] * len(ops)
     if mods and ops:
         codes, _ = pd.factorize(pd.Series(m_thread + thread, dtype=object))
-        ns = lambda a: np.rint(a * 1000 - start.min() * 1000).astype(np.int64)  # noqa: E731
+        t0 = min(start.min(), m_start.min())
+
+        def ns(us: np.ndarray) -> np.ndarray:
+            return np.rint((us - t0) * 1000).astype(np.int64)
         inner = innermost_enclosing(codes[:len(mods)], ns(m_start), ns(m_end), codes[len(mods):], ns(start))
         mod_names = [str(m["name"])[len(_MODULE_PREFIX):] for m in mods]
         modules = [mod_names[i] if i >= 0 else "" for i in inner]

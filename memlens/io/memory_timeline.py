@@ -69,8 +69,10 @@ def _raw(rows: np.ndarray, source: str, where):
     t_ns = np.where(timed, t - t0, 0)
     keep = np.flatnonzero(nbytes != 0)
     pairing = pair_by_size_lifo(category[keep], np.abs(nbytes[keep]), nbytes[keep] > 0)
-    up = lambda r: np.where(r >= 0, keep[r.clip(0)], -1)  # noqa: E731  (rows of `keep` -> file rows)
-    first, alloc_row, done = up(pairing.first_row), up(pairing.alloc_row), up(pairing.completed_row)
+    def to_file_rows(rows: np.ndarray) -> np.ndarray:  # rows of `keep` -> rows of the file
+        return np.where(rows >= 0, keep[rows.clip(0)], -1)
+    first, alloc_row, done = (to_file_rows(r) for r in (pairing.first_row, pairing.alloc_row,
+                                                        pairing.completed_row))
     before = (alloc_row < 0) | (action[alloc_row.clip(0)] == PREEXISTING)
     seq = np.arange(len(rows), dtype=np.int64)
 
