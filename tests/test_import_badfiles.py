@@ -62,6 +62,8 @@ def crafted_corpus(tmp: Path) -> dict[str, Path]:
         "pickle_bad_types.pickle": pickle.dumps({"segments": "nope", "device_traces": []}),
         "pickle_imports_module.pickle": pickle.dumps({"segments": [_ImportsModule()]}),
         "pickle_truncated_header.pickle": b"\x80\x04\x95",
+        "pickle_future_protocol.pickle": b"\x80\x09}\x94.",
+        "pickle_gzip_truncated.pickle.gz": gzip.compress(pickle.dumps({"segments": []}))[:-6],
         "gzip_truncated.json.gz": gzip.compress(b'{"traceEvents": []}' * 50)[:40],
         "gzip_of_garbage.json.gz": gzip.compress(b"\x00\x01garbage"),
         "json_truncated.json": b'{"traceEvents": [{"ph": "i", "name": "[memory]", "ts": 1',

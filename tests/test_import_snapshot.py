@@ -314,6 +314,13 @@ def test_every_pickle_protocol_imports_the_same(tmp_path, protocol):
     _tables_equal(memlens.load(path), snapshot_to_trace(crafted(), source=str(path)))
 
 
+def test_gzipped_snapshot(tmp_path):
+    import gzip
+    path = tmp_path / "snap.pickle.gz"
+    path.write_bytes(gzip.compress(pickle.dumps(crafted())))
+    _tables_equal(memlens.load(path), snapshot_to_trace(crafted(), source=str(path)))
+
+
 def test_shared_objects_in_the_stream(tmp_path):
     """A frames list shared between trace entries and (later) segments, and an entry object repeated:
     the streaming reader resolves the first and hands the second to the general unpickler."""
