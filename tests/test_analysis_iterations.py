@@ -112,6 +112,8 @@ def test_markers_and_optimizer_ops_take_precedence():
     by_optimizer = Trace.from_tables(trace.blocks, trace.accesses, ops,
                                      metadata={"iteration_source": "optimizer.step"})
     assert split_iterations(by_optimizer)["source"].unique().tolist() == ["optimizer"]
+    by_detection = Trace.from_tables(trace.blocks, trace.accesses, ops, metadata={"iteration_source": "detected"})
+    assert split_iterations(by_detection)["source"].unique().tolist() == ["detected"]
     opt = pd.DataFrame({"op_id": [0, 1, 2, 3, 4], "start_ns": [10, 200, 205, 500, 900],
                         "end_ns": [20, 260, 250, 560, 910],
                         "name": ["aten::mm", "Optimizer.step#SGD.step", "aten::add_", "Optimizer.step#SGD.step",

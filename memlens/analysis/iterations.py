@@ -4,7 +4,8 @@ Training repeats the same sequence of allocations every step (Li et al.; Zhang e
 on it). `split_iterations` takes the most explicit evidence the trace has:
 
 1. ``marker``: ops carry an ``iteration`` number (``memlens.step()``); when the recorder numbered them from
-   optimizer steps (``metadata["iteration_source"]`` mentions "optimizer") the source is ``optimizer``.
+   optimizer steps (``metadata["iteration_source"]`` mentions "optimizer") the source is ``optimizer``, and
+   when it numbered them by this module's detection ("detected"), ``detected``.
 2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration
    ends where an optimizer step ends.
 3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``, by
@@ -53,7 +54,9 @@ def _from_markers(trace) -> pd.DataFrame | None:
     first = marked.groupby("iteration", sort=True)["start_ns"].min()
     _, hi = trace.time_span_ns()
     recorded = str(trace.metadata.get("iteration_source", "marker"))
-    source = "optimizer" if "optimizer" in recorded.lower() else "marker"
+    # the recorder says how it numbered them: markers, optimizer steps, or this module's detection
+    source = ("optimizer" if "optimizer" in recorded.lower() else
+              "detected" if recorded == "detected" else "marker")
     out = _frame(first.to_numpy(dtype=np.int64), hi, source)
     out["iteration"] = first.index.to_numpy(dtype=np.int64)
     if len(out) > 1:
