@@ -86,14 +86,15 @@ def _part_from_columns(cols: EntryColumns) -> dict:
         return np.where(missing, 0, values), missing
 
     part = {
-        "action": np.asarray(cols.action_names + [None], dtype=object)[np.frombuffer(cols.action, np.int32)],
+        "action": np.asarray(cols.names["action"] + [None], dtype=object)[np.frombuffer(cols.codes["action"], np.int32)],
         "addr": ints("addr"), "size": ints("size")[0], "stream": ints("stream")[0], "time": ints("time_us"),
         "device_free": ints("device_free"), "stack_id": np.frombuffer(cols.stack_id, dtype=np.int64),
     }
-    for key, names in cols.context_names.items():
+    for key in ("user_metadata", "compile_context"):
+        names = cols.names[key]
         if any(v not in _EMPTY_CONTEXT for v in names):
             text = np.asarray(["" if v in _EMPTY_CONTEXT else str(v) for v in names], dtype=object)
-            part[key] = text[np.frombuffer(cols.context[key], np.int32)].tolist()
+            part[key] = text[np.frombuffer(cols.codes[key], np.int32)].tolist()
     return part
 
 

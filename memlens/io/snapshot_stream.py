@@ -23,6 +23,7 @@ from memlens.io.snapshot_frames import StackInterner, StackRef
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
 _INT_FIELDS = ("addr", "size", "stream", "time_us", "device_free")
+_CODED_FIELDS = ("action", "compile_context", "user_metadata")
 _RELEASED = object()  # memo slot of an entry already converted to columns
 _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
 
@@ -32,47 +33,43 @@ class _Unsupported(Exception):
 
 
 class EntryColumns:
-    """The entries of one device trace as typed columns (arrays of int64; codes into string tables)."""
+    """The entries of one device trace as typed columns: int64 arrays for the integer fields (`MISSING`
+    where absent) and, for the string fields, int32 codes into a table of the distinct values."""
 
     def __init__(self) -> None:
         self.ints = {name: array("q") for name in _INT_FIELDS}
         self.stack_id = array("q")
-        self.action = array("i")
-        self.action_names: list = []
-        self.context: dict[str, array] = {"compile_context": array("i"), "user_metadata": array("i")}
-        self.context_names: dict[str, list] = {"compile_context": [], "user_metadata": []}
-        self._codes: dict = {}
+        self.codes = {name: array("i") for name in _CODED_FIELDS}
+        self.names: dict[str, list] = {name: [] for name in _CODED_FIELDS}
+        self._code_of: dict[str, dict] = {name: {} for name in _CODED_FIELDS}
 
     def __len__(self) -> int:
-        return len(self.action)
-
-    def _code(self, table: list, value) -> int:
-        key = (id(table), value)
-        code = self._codes.get(key)
-        if code is None:
-            code = self._codes[key] = len(table)
-            table.append(value)
-        return code
+        return len(self.codes["action"])
 
     def add(self, entries: list, interner: StackInterner, forget) -> None:
         """Append `entries` (dicts); `forget(obj, replacement)` releases their memo slots."""
-        ints = self.ints
-        columns = [(ints[name], name) for name in _INT_FIELDS]
+        int_columns = [(self.ints[name], name) for name in _INT_FIELDS]
+        coded = [(self.codes[name], self._code_of[name], self.names[name], name) for name in _CODED_FIELDS]
+        stack_ids = self.stack_id
         for e in entries:
             if type(e) is not dict:
                 raise _Unsupported("entry is not a dict")
             get = e.get
-            self.action.append(self._code(self.action_names, get("action")))
-            for column, name in columns:
+            for column, name in int_columns:
                 value = get(name)
                 column.append(MISSING if value is None else value)
-            for name, column in self.context.items():
-                column.append(self._code(self.context_names[name], get(name)))
+            for column, code_of, names, name in coded:
+                value = get(name)
+                code = code_of.get(value)
+                if code is None:
+                    code = code_of[value] = len(names)
+                    names.append(value)
+                column.append(code)
             frames = get("frames")
             sid = interner.intern(frames)
             if type(frames) is list and frames:
                 forget(frames, StackRef(sid))  # later references to this list resolve to the id
-            self.stack_id.append(sid)
+            stack_ids.append(sid)
             forget(e, _RELEASED)
 
 
