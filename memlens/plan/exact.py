@@ -75,15 +75,30 @@ class _Search:
         np.add.at(cuts, self.sec_hi[act], -1)
         self.cuts = np.cumsum(cuts)[:n_sec]  # cuts[k]: buffers spanning the boundary before section k
         self.indptr, self.indices = problem.conflicts()
-        self.min_off = np.zeros(problem.n, np.int64)
-        self.left_min = np.where(act, 0, _INF)  # min offset of each unplaced buffer, _INF once placed
+        # min offset of each unplaced buffer, _INF once placed; the extra last slot pads `members`
+        self.left_min = np.append(np.where(act, 0, _INF), _INF)
         self.off = np.full(problem.n, -1, np.int64)
         self.solution = np.zeros(problem.n, np.int64)
-        # membership of buffers in sections, for the unallocated-floor bound (dense when small enough)
-        self.members = None
-        if n_sec * problem.n <= 4_000_000:
-            ks = np.arange(n_sec)[:, None]
-            self.members = (ks >= self.sec_lo[None, :]) & (ks < self.sec_hi[None, :]) & act[None, :]
+        # the buffers alive in each section, padded with the sentinel index n (for the unallocated floor)
+        span = np.where(act, self.sec_hi - self.sec_lo, 0)
+        buf = np.repeat(np.arange(problem.n), span)
+        sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.sec_lo[buf]
+        width = np.bincount(sec, minlength=n_sec)
+        self.members = np.full((n_sec, int(width.max(initial=0))), problem.n, np.int64)
+        by_sec = np.argsort(sec, kind="stable")
+        col = np.arange(len(sec)) - np.repeat(np.cumsum(width) - width, width)
+        self.members[sec[by_sec], col] = buf[by_sec]
+        # per buffer: its neighbours, and (section span, span of the sections its placement can affect)
+        self.sizes = problem.size.tolist()
+        self.aligned = bool((problem.alignment > 1).any())
+        self.nbrs = [self.indices[self.indptr[i]:self.indptr[i + 1]] for i in range(problem.n)]
+        self.spans = []
+        for i in range(problem.n):
+            lo, hi, nb = int(self.sec_lo[i]), int(self.sec_hi[i]), self.nbrs[i]
+            if len(nb):
+                self.spans.append((lo, hi, min(lo, int(self.sec_lo[nb].min())), max(hi, int(self.sec_hi[nb].max()))))
+            else:
+                self.spans.append((lo, hi, lo, hi))
         self.nodes = 0
         self.node_budget = _INF
         self.keys: dict[str, np.ndarray] = {}
@@ -93,8 +108,7 @@ class _Search:
         """Back to the empty assignment (an aborted search leaves its state half-updated)."""
         self.total, self.cuts = self._initial[0].copy(), self._initial[1].copy()
         self.floor[:] = 0
-        self.min_off[:] = 0
-        self.left_min = np.where(self.p.active, 0, _INF)
+        self.left_min = np.append(np.where(self.p.active, 0, _INF), _INF)
         self.off[:] = -1
         self.nodes = 0
 
@@ -155,7 +169,7 @@ class _Search:
         if len(left) == 0:
             self.solution[order] = self.off[order]
             return True
-        mo = self.min_off[left]
+        mo = self.left_min[left]
         srt = np.lexsort((rank[left], mo))
         left, mo = left[srt], mo[srt]
         min_height = int((mo + self.size[left]).min())
@@ -179,47 +193,42 @@ class _Search:
         return False
 
     def _try(self, b, o, order, rank, sec_a, sec_b, heuristic) -> tuple[bool, bool]:
-        z = int(self.size[b])
+        """Place b at o, update the bounds, recurse when they hold, undo. Returns (found, hatless)."""
+        z = self.sizes[b]
         top = o + z
-        lo, hi = int(self.sec_lo[b]), int(self.sec_hi[b])
-        self.off[b] = o
-        nb = self.indices[self.indptr[b]:self.indptr[b + 1]]
-        nb = nb[self.off[nb] < 0]
+        lo, hi, ra, rb = self.spans[b]
+        off, left_min = self.off, self.left_min
+        off[b] = o
+        nb = self.nbrs[b]
+        nb = nb[off[nb] < 0]
         hatless = len(nb) == 0
-        old_min = self.min_off[nb]
-        a = self.align[nb]
-        raised = np.maximum(old_min, -(-top // a) * a)
-        self.min_off[nb] = raised
-        old_floor = self.floor[lo:hi].copy()
-        self.floor[lo:hi] = top
-        self.total[lo:hi] -= z
-        left_min = self.left_min
-        old_left_b = left_min[b]
+        old_min = left_min[nb]
+        if self.aligned:
+            a = self.align[nb]
+            raised = np.maximum(old_min, -(-top // a) * a)
+        else:
+            raised = np.maximum(old_min, top)
         left_min[b] = _INF
         left_min[nb] = raised
-        saved = []
-        changed = nb[raised > old_min]
-        if self.members is not None and len(changed):
-            # sections outside b's span whose unplaced buffers all sit higher now get a higher floor
-            for ra, rb in ((int(self.sec_lo[changed].min()), lo), (hi, int(self.sec_hi[changed].max()))):
-                if ra >= rb:
-                    continue
-                sec_min = np.where(self.members[ra:rb], left_min, _INF).min(axis=1)
-                sec_min[sec_min == _INF] = 0
-                seg = self.floor[ra:rb]
-                saved.append((ra, rb, seg.copy()))
-                np.maximum(seg, sec_min, out=seg)
+        self.total[lo:hi] -= z
+        # floors: b's top over its span, and the lowest minimum offset of the unplaced buffers of every
+        # section its placement can affect (b's span and its neighbours' spans)
+        seg = self.floor[ra:rb]
+        saved = seg.copy()
+        seg[lo - ra:hi - ra] = top
+        sec_min = left_min[self.members[ra:rb]].min(axis=1)
+        sec_min[sec_min == _INF] = 0
+        np.maximum(seg, sec_min, out=seg)
         found = False
-        if self._check(sec_a, sec_b, o):
+        ca, cb = max(ra, sec_a), min(rb, sec_b)
+        # outside [ra, rb) nothing changed, and the level check at o already covered it
+        if (np.maximum(self.floor[ca:cb], o) + self.total[ca:cb]).max(initial=0) <= self.capacity:
             found = self._descend(b, lo, hi, order, rank, sec_a, sec_b, o, heuristic)
-        for ra, rb, seg in reversed(saved):
-            self.floor[ra:rb] = seg
-        self.floor[lo:hi] = old_floor
+        self.floor[ra:rb] = saved
         left_min[nb] = old_min
-        left_min[b] = old_left_b
+        left_min[b] = o
         self.total[lo:hi] += z
-        self.min_off[nb] = old_min
-        self.off[b] = -1
+        off[b] = -1
         return found, hatless
 
     def _descend(self, b, lo, hi, order, rank, sec_a, sec_b, o, heuristic) -> bool:

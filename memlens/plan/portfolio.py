@@ -7,7 +7,8 @@ Stages, each keeping the best plan so far:
    a bisection of the capacity between the proven lower bound and the best height: each "found" lowers
    the best height, each "infeasible" raises the proven lower bound (so `optimal` can be proven above
    max-live too);
-3. the local search (`improve.py`) on the best heuristic order with the time left.
+3. the local search (`improve.py`) from the best plan so far (its buffers in offset order, first gap) with
+   the time left.
 Problems above `EXACT_MAX_BUFFERS` skip stage 2.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.plan import exact
-from memlens.plan.heuristics import HEURISTICS, heuristic_names, order_by, plan_height, run_heuristic
+from memlens.plan.heuristics import heuristic_names, plan_height, run_heuristic
 from memlens.plan.improve import improve
 from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
@@ -151,14 +152,12 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and time_limit_s > 0:
         lower = _exact_stage(problem, best, lower, t0 + 0.6 * time_limit_s)
     if best.height > lower and time.perf_counter() < deadline:
-        key = {"greedy_size_best_fit": "size", "online_best_fit": "online", "greedy_area_best_fit": "area",
-               "greedy_breadth_best_fit": "breadth", "greedy_size_first_fit": "size",
-               "greedy_lifetime_best_fit": "lifetime", "greedy_conflicts_best_fit": "conflicts"}
-        name = min(scores, key=lambda k: (scores[k], k))
-        fit = dict((h[0], h[2]) for h in HEURISTICS).get(name, "best")
-        res = improve(problem, order_by(problem, key.get(name, "size")), fit,
-                      time_limit_s=deadline - time.perf_counter(), target=lower)
-        best.offer(res.offsets, f"local_search({name})")
+        # start from the best plan itself: placing its buffers in offset order, each at the lowest gap,
+        # reproduces it or does better (every buffer below it in the plan ends at or under its offset)
+        start = np.lexsort((problem.start, best.offsets))
+        source = best.algorithm
+        res = improve(problem, start, "first", time_limit_s=deadline - time.perf_counter(), target=lower)
+        best.offer(res.offsets, f"local_search({source})")
     validate_plan(problem, best.offsets)
     table = problem.table.copy()
     table["offset"] = best.offsets
