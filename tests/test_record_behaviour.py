@@ -178,7 +178,7 @@ sys.exit(int(sys.argv[1]))
 """
 
 
-def test_cli_record_runs_script_and_saves_trace(tmp_path, capsys):
+def test_cli_record_runs_script_and_saves_trace(tmp_path, capsys, monkeypatch):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "run.memlens"
@@ -197,6 +197,16 @@ def test_cli_record_runs_script_and_saves_trace(tmp_path, capsys):
     assert main(["record", "-o", str(tmp_path / "x.memlens"), "--", "python", str(tmp_path / "nope.py")]) == 2
     err = capsys.readouterr().err
     assert "already exists" in err and "no such script" in err
+    # `python -m package` runs with the current directory importable, as Python itself does
+    pkg = tmp_path / "trainpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("import torch\nprint(float((torch.ones(3) * 2).sum()))\n")
+    monkeypatch.chdir(tmp_path)
+    out3 = tmp_path / "m.memlens"
+    assert main(["record", "-o", str(out3), "--allocator", "none", "--", "python", "-m", "trainpkg"]) == 0
+    assert capsys.readouterr().out.strip() == "6.0"
+    assert list(memlens.load(out3).ops["name"]) == ["aten::ones", "aten::mul", "aten::sum", "aten::_local_scalar_dense"]
 
 
 def test_iterations_detected_from_the_repeating_pattern_without_markers():

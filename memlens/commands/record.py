@@ -63,8 +63,8 @@ def run(args) -> int:
     status = 0
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [target] + script_args
-    if kind == "path":
-        sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+    # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
+    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     rec = memlens.record(stacks=args.stacks, allocator=args.allocator,
                          max_buffer_bytes=parse_bytes(args.max_buffer))
     try:
