@@ -195,37 +195,8 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     lifetime = np.add.reduceat(length, run_start)
     swappable = iv["swappable"].to_numpy()
 
-    # the interval of each block that spans its device's peak (Zhang et al.'s swap candidates)
     dev_codes, dev_names = _codes(iv["device"])
-    single_device = len(dev_names) == 1
-    round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
-    spans_peak = np.zeros(n, dtype=bool)
-    curves = {}
-    for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curve(trace, dev)[0]
-        if len(live) == 0:
-            continue
-        t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
-        spanning = (start <= t_peak) & (end > t_peak)
-        spans_peak |= spanning if single_device else spanning & (dev_codes == code)
-    peak_idx = _first_in_runs(run_start, spans_peak)
-    has_peak = peak_idx >= 0
-    at_peak = peak_idx[has_peak]
-    doa = np.full(n_runs, np.nan)
-    doa[has_peak] = length[at_peak] - round_trip[at_peak]
-    # WDOA only for the intervals that span a peak (the candidates), in their swapped-out window
-    wdoa = np.full(n_runs, np.nan)
-    swappable_at = swappable[at_peak]
-    lo_w = iv["swap_out_done_ns"].to_numpy()[at_peak].astype(np.float64)
-    hi_w = iv["swap_in_start_ns"].to_numpy()[at_peak].astype(np.float64)
-    weighted = np.zeros(len(at_peak))
-    for code, dev in enumerate(dev_names):
-        on_dev = dev_codes[at_peak] == code
-        if not on_dev.any():
-            continue
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
-        weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
-    wdoa[has_peak] = np.where(swappable_at, weighted, 0.0)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes)
 
     first = run_start
     out = pd.DataFrame({
@@ -263,6 +234,47 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     return ranked
+
+
+def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
+                   dev_names: np.ndarray, limit_bytes: float | None):
+    """Zhang et al.'s measures per block, from the interval spanning its device's peak.
+
+    Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not.
+    """
+    n_runs = len(run_start)
+    start = iv["start_ns"].to_numpy(dtype=np.int64)
+    end = iv["end_ns"].to_numpy(dtype=np.int64)
+    length = iv["length_ns"].to_numpy(dtype=np.int64)
+    swappable = iv["swappable"].to_numpy()
+    round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
+    spans_peak = np.zeros(len(iv), dtype=bool)
+    curves = {}
+    for code, dev in enumerate(dev_names):
+        curves[dev] = live = live_curve(trace, dev)[0]
+        if len(live) == 0:
+            continue
+        t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
+        spanning = (start <= t_peak) & (end > t_peak)
+        spans_peak |= spanning if len(dev_names) == 1 else spanning & (dev_codes == code)
+    peak_idx = _first_in_runs(run_start, spans_peak)
+    has_peak = peak_idx >= 0
+    at_peak = peak_idx[has_peak]
+    doa = np.full(n_runs, np.nan)
+    doa[has_peak] = length[at_peak] - round_trip[at_peak]
+    # WDOA only for the intervals that span a peak (the candidates), over their swapped-out window
+    lo_w = iv["swap_out_done_ns"].to_numpy()[at_peak].astype(np.float64)
+    hi_w = iv["swap_in_start_ns"].to_numpy()[at_peak].astype(np.float64)
+    weighted = np.zeros(len(at_peak))
+    for code, dev in enumerate(dev_names):
+        on_dev = dev_codes[at_peak] == code
+        if not on_dev.any():
+            continue
+        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
+        weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
+    wdoa = np.full(n_runs, np.nan)
+    wdoa[has_peak] = np.where(swappable[at_peak], weighted, 0.0)
+    return has_peak, doa, wdoa
 
 
 def _rank(score: np.ndarray, size: np.ndarray, block_id: np.ndarray, keep: np.ndarray,
