@@ -20,12 +20,17 @@ def _pct(x: float) -> str:
     return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.1f}%"
 
 
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 block', '2,345 blocks'."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {plural or noun + 's'}"
+
+
 def _overview(trace) -> str:
     s = trace.summary()
     total = int(trace.blocks["size"].sum())
-    what = (f"{s['accesses']:,} accesses by {s['ops']:,} ops" if s["has_accesses"]
-            else "no per-access data")
-    return (f"The trace ({s['source_kind']}) holds {s['blocks']:,} blocks ({format_bytes(total)} allocated in "
+    what = (f"{_count(s['accesses'], 'access', 'accesses')} by {_count(s['ops'], 'op')}"
+            if s["has_accesses"] else "no per-access data")
+    return (f"The trace ({s['source_kind']}) holds {_count(s['blocks'], 'block')} ({format_bytes(total)} allocated in "
             f"total) on {', '.join(s['devices']) or 'no device'} over {format_ns(s['duration_ns'])}, with {what}.")
 
 
@@ -55,7 +60,8 @@ def _iterations(trace):
                        f"({its.attrs.get('period_allocations', '?')} allocations per step)"}[source]
     stab = iteration_stability(trace, its)
     duration = float(np.median(its["end_ns"] - its["start_ns"]))
-    text = f"{len(its)} iterations were found {how}; a typical one lasts {format_ns(duration)}."
+    found = "1 iteration was" if len(its) == 1 else f"{len(its):,} iterations were"
+    text = f"{found} found {how}; a typical one lasts {format_ns(duration)}."
     if stab["score"] is not None:
         parts = ", ".join(f"{k} {_pct(v)}" for k, v in stab["components"].items())
         text += (f" Consecutive iterations are {_pct(stab['score'])} alike (median; {parts}), "
@@ -70,7 +76,7 @@ def _access_findings(trace, bw: BandwidthModel, its) -> list[str]:
     s = ati_stats(iv)
     if s["count"] == 0:
         return ["The trace has accesses but no block with a lifetime to measure intervals in."]
-    out = [f"Of {s['count']:,} access intervals, half are shorter than {format_ns(s['p50_ns'])} and 90% "
+    out = [f"Of {_count(s['count'], 'access interval')}, half are shorter than {format_ns(s['p50_ns'])} and 90% "
            f"shorter than {format_ns(s['p90_ns'])}; {_pct(s['fraction_below']['100us'])} are under 100 us "
            f"and {_pct(s['fraction_below']['1ms'])} under 1 ms."]
     flt = filter_summary(bandwidth_filter(iv, bw))
@@ -89,7 +95,8 @@ def _access_findings(trace, bw: BandwidthModel, its) -> list[str]:
     if len(idle) and step > 0:
         by_cat = idle.groupby("category")["size"].sum().sort_values(ascending=False)
         cats = ", ".join(f"{c or 'unknown'} {format_bytes(b)}" for c, b in by_cat.head(3).items())
-        out.append(f"{len(idle):,} blocks of {format_bytes(idle['size'].sum())} in total are idle for more than "
+        out.append(f"{_count(len(idle), 'block')} of {format_bytes(idle['size'].sum())} in total "
+                   f"{'is' if len(idle) == 1 else 'are'} idle for more than "
                    f"{_pct(IDLE_SHARE)} of {step_name} ({format_ns(step)}) at a stretch: {cats}.")
     if len(ranked):
         top = ranked.iloc[0]
