@@ -34,6 +34,7 @@ from memlens.io.size_pairing import pair_by_size_lifo
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, Pairing, pair_blocks
 
 SOURCE = "kineto"
+_EPOCH_US_2001 = 978_307_200 * 10**6  # ts values past this are epoch microseconds, not a monotonic clock
 # c10::DeviceType -> memlens device prefix (ROCm builds report HIP = 6 for what torch calls "cuda")
 DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "cuda", 9: "xla", 12: "xpu", 13: "mps", 15: "hpu", 19: "mtia",
                 20: "privateuseone"}
@@ -121,7 +122,7 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
     op_of_event = innermost_enclosing(op_thread, op_start, op_end, mem_thread, t_ns)
 
     blocks = _blocks(pairing, t_ns, seq, dev_code, nbytes, mem, op_of_event, ops, has_addr)
-    blocks, before = _pre_profiling_blocks(blocks, mem, dev_code, devices, pairing)
+    blocks, before = _pre_profiling_blocks(blocks, mem, dev_code, devices)
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(np.int64)]
     ops_table = ops.table(op_start, op_end, op_thread)
     events = pd.DataFrame({
@@ -183,8 +184,7 @@ def _blocks(pairing: Pairing, t_ns, seq, dev_code, nbytes, mem, op_of_event, ops
     })
 
 
-def _pre_profiling_blocks(blocks: pd.DataFrame, mem: pd.DataFrame, dev_code: np.ndarray, devices: list[str],
-                          pairing: Pairing):
+def _pre_profiling_blocks(blocks: pd.DataFrame, mem: pd.DataFrame, dev_code: np.ndarray, devices: list[str]):
     """Add, per device, one flagged block for the bytes live before profiling and never freed in it."""
     if "total_allocated" not in mem:
         return blocks, {}
@@ -210,6 +210,12 @@ def _pre_profiling_blocks(blocks: pd.DataFrame, mem: pd.DataFrame, dev_code: np.
     return blocks, before
 
 
+def _us_to_ns(us: float) -> int:
+    """Microseconds (float, possibly with ns digits) as exact integer ns (no float rounding of the total)."""
+    whole = int(us)
+    return whole * 1000 + int(round((us - whole) * 1000))
+
+
 def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, before, source, t0_us,
               attributed, n_ops, freed_unseen) -> dict:
     meta = {"source_kind": "kineto", "source_path": source, "clock": "ts_us",
@@ -217,9 +223,11 @@ def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, befo
             else "2021: [memory] events without Addr", "t0_trace_ts_us": t0_us,
             "memory_events": int(len(mem)),
             "device_types": sorted({int(t) for t in mem["dev_type"].unique()})}
-    if "baseTimeNanoseconds" in obj:
+    if "baseTimeNanoseconds" in obj:  # newer traces: ts counts from this epoch time
         meta["base_time_ns"] = int(obj["baseTimeNanoseconds"])
-        meta["t0_unix_ns"] = int(obj["baseTimeNanoseconds"]) + int(round(t0_us * 1000))
+        meta["t0_unix_ns"] = int(obj["baseTimeNanoseconds"]) + _us_to_ns(t0_us)
+    elif t0_us > _EPOCH_US_2001:  # older traces write epoch microseconds directly
+        meta["t0_unix_ns"] = _us_to_ns(t0_us)
     for key in ("deviceProperties", "distributedInfo", "traceName"):
         if key in obj:
             meta[key] = obj[key]
@@ -229,6 +237,9 @@ def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, befo
         notes.append("This 2021-format trace has no block addresses: allocs and frees were paired by size "
                      "(a free ends the most recent live block of the same size on its device). The live-bytes "
                      "curve is exact; which block each free ended, and so per-block lifetimes, are guesses.")
+    if "total_allocated" not in mem:
+        notes.append("The trace has no 'Total Allocated': bytes allocated before profiling and never freed "
+                     "during it are unknown and not in the live curve.")
     if 6 in meta["device_types"]:
         notes.append("GPU memory is reported as HIP (ROCm, Device Type 6); memlens names it cuda:N as "
                      "PyTorch on ROCm does.")
