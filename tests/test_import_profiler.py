@@ -114,6 +114,9 @@ def test_kineto_pre_profiling_block(kineto):
     assert int(syn["size"].iloc[0]) == raw["devices"]["cuda:1"]["start"] == 4096614400
     assert syn["allocated_before"].all() and syn["addr"].isna().all()
     assert trace.ops["iteration"].notna().any()
+    # integer epoch-microsecond ts: the absolute start is exact
+    first = min(min(e["ts"] for e in raw["mem"]), min(e["ts"] for e in raw["ops"]))
+    assert trace.metadata["t0_unix_ns"] == first * 1000
 
 
 def test_kineto_crafted_edges():
