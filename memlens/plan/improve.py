@@ -76,3 +76,70 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
                 best = ImproveResult(offsets, height, order.copy(), fit, steps, best.improvements + 1)
     best.steps = steps
     return best
+
+
+def _lowest_fit(problem: PlanProblem, i: int, offsets: np.ndarray, limit: int, skip: int = -1) -> int | None:
+    """Lowest aligned offset where buffer i fits among its conflicts' current places with its top at most
+    `limit` bytes (ignoring buffer `skip`); None when there is no such place."""
+    indptr, indices = problem.conflicts()
+    nb = indices[indptr[i]:indptr[i + 1]]
+    if skip >= 0:
+        nb = nb[nb != skip]
+    z, a = int(problem.size[i]), int(problem.alignment[i])
+    lo = offsets[nb]
+    srt = lo.argsort()
+    lo = lo[srt]
+    hi = np.maximum.accumulate(lo + problem.size[nb][srt])
+    prev = np.zeros(len(lo) + 1, np.int64)
+    prev[1:] = hi
+    if a > 1:
+        prev = -(-prev // a) * a
+    room = np.append(lo, np.iinfo(np.int64).max) - prev
+    ok = np.flatnonzero((room >= z) & (prev + z <= limit))
+    return int(prev[ok[0]]) if len(ok) else None
+
+
+def repair_peak(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float = 1.0, target: int = 0,
+                max_ejections: int = 16) -> np.ndarray:
+    """Lower a plan's height by moving the buffers that touch it into lower gaps (bytes in, bytes out).
+
+    Each round, every buffer whose top equals the height moves to the lowest place where it fits below the
+    height, all other buffers staying put; a buffer with no such place may eject one of its conflicting
+    buffers (largest first, up to `max_ejections` tries), which must then fit below the height elsewhere.
+    Stops when a top buffer cannot move, at `target`, or at the time limit. Every move keeps the plan valid.
+    """
+    deadline = time.perf_counter() + time_limit_s
+    off = np.asarray(offsets, dtype=np.int64).copy()
+    indptr, indices = problem.conflicts()
+    size = problem.size
+    while time.perf_counter() < deadline:
+        tops = off + size
+        height = int(tops.max(initial=0))
+        if height <= target:
+            break
+        stuck = False
+        for c in np.flatnonzero(tops == height).tolist():
+            o = _lowest_fit(problem, c, off, height - 1)
+            if o is not None:
+                off[c] = o
+                continue
+            nb = indices[indptr[c]:indptr[c + 1]]
+            moved = False
+            for d in nb[np.argsort(-size[nb], kind="stable")][:max_ejections].tolist():
+                oc = _lowest_fit(problem, c, off, height - 1, skip=d)
+                if oc is None:
+                    continue
+                old_c, old_d = off[c], off[d]
+                off[c] = oc
+                od = _lowest_fit(problem, d, off, height - 1)
+                if od is not None:
+                    off[d] = od
+                    moved = True
+                    break
+                off[c], off[d] = old_c, old_d
+            if not moved:
+                stuck = True
+                break
+        if stuck:
+            break
+    return off

@@ -3,13 +3,14 @@
 Stages, each keeping the best plan so far:
 1. every published heuristic (greedy by size best/first gap, by lifetime, area, breadth, conflicts,
    online best-fit in time order, Zhang's cross-iteration-first when it applies);
-2. the exact canonical search (`exact.py`) asked for a plan at max-live, then — when that is not found —
+2. peak repair (`improve.repair_peak`): the buffers touching the top move into lower gaps;
+3. the exact canonical search (`exact.py`) asked for a plan at max-live, then — when that is not found —
    a bisection of the capacity between the proven lower bound and the best height: each "found" lowers
    the best height, each "infeasible" raises the proven lower bound (so `optimal` can be proven above
    max-live too);
-3. the local search (`improve.py`) from the best plan so far (its buffers in offset order, first gap) with
+4. the local search (`improve.py`) from the best plan so far (its buffers in offset order, first gap) with
    the time left.
-Problems above `EXACT_MAX_BUFFERS` skip stage 2.
+Problems above `EXACT_MAX_BUFFERS` skip stage 3.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pandas as pd
 
 from memlens.plan import exact
 from memlens.plan.heuristics import heuristic_names, plan_height, run_heuristic
-from memlens.plan.improve import improve
+from memlens.plan.improve import improve, repair_peak
 from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
@@ -149,6 +150,9 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     # an empty-lifetime buffer conflicts with nothing but still needs its bytes
     lower = max(max_live, int(problem.size.max(initial=0)))
     deadline = t0 + time_limit_s
+    if best.height > lower and time_limit_s > 0:
+        repaired = repair_peak(problem, best.offsets, time_limit_s=0.2 * time_limit_s, target=lower)
+        best.offer(repaired, f"peak_repair({best.algorithm})")
     if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and time_limit_s > 0:
         lower = _exact_stage(problem, best, lower, t0 + 0.6 * time_limit_s)
     if best.height > lower and time.perf_counter() < deadline:
