@@ -123,6 +123,7 @@ def _parse(data, interner: StackInterner):
         if pos + count > n:
             raise _Unsupported("truncated")
 
+    # branches are ordered by how often snapshot pickles use each opcode
     while True:
         op = data[pos]
         pos += 1
@@ -148,32 +149,19 @@ def _parse(data, interner: StackInterner):
             if type(top) is dict or type(top) is list:
                 memo_index[id(top)] = len(memo)
             memo.append(top)
-        elif op == 0x8C:  # SHORT_BINUNICODE
-            size = data[pos]
-            need(size + 1)
-            stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
-            pos += 1 + size
-        elif op == 0x4A:  # BININT
-            stack.append(i32(data, pos)[0])
-            pos += 4
-        elif op == 0x4B:  # BININT1
-            stack.append(data[pos])
-            pos += 1
-        elif op == 0x4D:  # BININT2
-            stack.append(u16(data, pos)[0])
-            pos += 2
+        elif op == 0x28:  # MARK
+            metastack.append(stack)
+            stack = []
         elif op == 0x8A:  # LONG1
             size = data[pos]
             need(size + 1)
             stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
             pos += 1 + size
-        elif op == 0x28:  # MARK
-            metastack.append(stack)
-            stack = []
+        elif op == 0x4A:  # BININT
+            stack.append(i32(data, pos)[0])
+            pos += 4
         elif op == 0x7D:  # EMPTY_DICT
             stack.append({})
-        elif op == 0x5D:  # EMPTY_LIST
-            stack.append([])
         elif op == 0x75:  # SETITEMS
             items = stack
             stack = metastack.pop()
@@ -181,6 +169,11 @@ def _parse(data, interner: StackInterner):
             if type(target) is not dict:
                 raise _Unsupported("SETITEMS on a non-dict")
             target.update(zip(items[::2], items[1::2]))
+        elif op == 0x4B:  # BININT1
+            stack.append(data[pos])
+            pos += 1
+        elif op == 0x5D:  # EMPTY_LIST
+            stack.append([])
         elif op == 0x65:  # APPENDS
             items = stack
             stack = metastack.pop()
@@ -191,6 +184,14 @@ def _parse(data, interner: StackInterner):
                 take_entries(target, items)
             else:
                 target.extend(items)
+        elif op == 0x8C:  # SHORT_BINUNICODE
+            size = data[pos]
+            need(size + 1)
+            stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
+            pos += 1 + size
+        elif op == 0x4D:  # BININT2
+            stack.append(u16(data, pos)[0])
+            pos += 2
         elif op == 0x61:  # APPEND
             value = stack.pop()
             target = stack[-1]
