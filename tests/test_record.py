@@ -199,3 +199,25 @@ def test_never_keeps_a_tensor_alive_and_sees_the_free():
     blk = b[(b["addr"] == ptr) & (b["op"] == "aten::mul")].iloc[0]   # `keep` may reuse the address
     assert not pd.isna(blk["free_ns"]) and blk["size"] == 4000
     assert keep.shape == (1000,)
+
+
+def test_resize_in_place_is_a_free_and_a_new_block():
+    x = torch.zeros(4)
+    with memlens.record(allocator="none") as rec:
+        old_ptr = x.data_ptr()
+        x.resize_(1000)                 # same storage object, a new allocation of 4000 bytes
+        x.fill_(1.0)
+    b = rec.trace.blocks
+    old = b[(b["addr"] == old_ptr) & (b["size"] == 16)].iloc[0]
+    new = b[(b["addr"] == x.data_ptr()) & (b["size"] == 4000)].iloc[0]
+    assert not pd.isna(old["free_ns"]) and new["op"] == "aten::resize_" and pd.isna(new["free_ns"])
+    fills = rec.trace.accesses.merge(rec.trace.ops, on="op_id").query("name == 'aten::fill_'")
+    assert fills["block_id"].tolist() == [new["block_id"]]
+    assert_accesses_inside_lifetimes(rec.trace)
+    with memlens.record(allocator="none") as rec:
+        y = torch.empty(0)
+        y.resize_(8)                    # an empty tensor's first bytes are made by resize_
+        z = torch.empty(0)
+        z.set_(y.untyped_storage())     # shares y's storage: no new block
+    b = rec.trace.blocks
+    assert b["size"].tolist() == [32] and b["op"].tolist() == ["aten::resize_"]

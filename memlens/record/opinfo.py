@@ -34,6 +34,10 @@ SCHEMA_OMITTED_WRITES = {
 }
 
 
+# Ops that can give their `self` a new allocation under the same storage (realloc in place).
+RESIZING_NAMES = frozenset({"aten::resize_", "aten::resize_as_", "aten::set_", "aten::_resize_output_"})
+
+
 class OpInfo(NamedTuple):
     """Cached facts about one op overload."""
 
@@ -42,6 +46,7 @@ class OpInfo(NamedTuple):
     pos_writes: tuple            # per positional argument: True when written; () when none is
     kw_writes: frozenset         # keyword argument names that are written (out=, ...)
     write_if_arg: int = -1       # >= 0: pos_writes apply only when this positional argument is true
+    resizes: bool = False        # may swap `self`'s allocation (resize_, set_): checked after the op
 
 
 def classify(func) -> OpInfo:
@@ -71,7 +76,7 @@ def classify(func) -> OpInfo:
     else:
         kind = NORMAL
     return OpInfo(name, kind, tuple(pos) if any(pos) else (), frozenset(kw),
-                  -1 if condition is None else condition)
+                  -1 if condition is None else condition, name in RESIZING_NAMES)
 
 
 _CLASSIFIED: dict[int, tuple] = {}

@@ -14,6 +14,7 @@ import warnings
 from time import perf_counter_ns
 from weakref import ref as _weakref
 
+import numpy as np
 import torch
 from torch._C import _current_autograd_node
 from torch._C._autograd import _get_sequence_nr
@@ -59,6 +60,8 @@ class _RecordingMode(TorchDispatchMode):
                 return func(*args, **kwargs)
         prior = _set_eval_frame(None)
         try:
+            if entry[7] and args and isinstance(args[0], Tensor):   # resize_/set_: rare, slow path
+                return session.run_reallocating_op(entry, args, kwargs)
             start = perf_counter_ns()
             out = entry[5](*args, **kwargs)      # the C++ op behind the OpOverload: one frame less
             end = perf_counter_ns()
@@ -169,7 +172,7 @@ class Session(Attribution):
     # ---- the hot path -----------------------------------------------------------------------
     def on_op(self, entry, args, kwargs, out, start, end) -> None:
         """Log one ATen op (its `learn_op` entry): its reads, its writes, the blocks it created."""
-        name_idx, kind, pos_writes, kw_writes, write_if, _, _ = entry
+        name_idx, kind, pos_writes, kw_writes, write_if, _, _, resizes = entry
         op = self.n_ops
         self.n_ops = op + 1
         live_get = self._live.get
@@ -210,6 +213,8 @@ class Session(Attribution):
                         b = discover(st, op, start, kind == VIEW)
                     if b >= 0 and written:
                         acc((b << 1) | 1)
+        if resizes and args:
+            self._check_reallocated(args[0], op, start, end)
         node = _current_autograd_node()
         aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
@@ -226,7 +231,7 @@ class Session(Attribution):
         ops_data = self.buf.ops.data
         self.n_ops = len(ops_data) // self.buf.OPS_WIDTH
         del self._acc_data[ops_data[-1] if len(ops_data) else 0:]
-        name_idx, kind, pos_writes, kw_writes, write_if, _, _ = entry
+        name_idx, kind, pos_writes, kw_writes, write_if, _, _, resizes = entry
         op = self.n_ops
         self.n_ops = op + 1
         if kind != VIEW and kind != METADATA:
@@ -278,9 +283,58 @@ class Session(Attribution):
         info = classify(func)
         self.op_names.append(info.name)
         call = getattr(func, "_op", func)
-        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg, call, func)
+        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg, call, func,
+                 info.resizes)
         self._op_cache[id(func)] = entry
         return entry
+
+    def run_reallocating_op(self, entry, args, kwargs):
+        """Run resize_/set_ and log it, seeing `self`'s allocation before and after the op."""
+        st = args[0].untyped_storage()
+        had_bytes = True
+        try:
+            had_bytes = st.nbytes() > 0
+            if had_bytes and id(st) not in self._live:
+                self._discover(st, self.n_ops, perf_counter_ns(), True)
+        except Exception as exc:
+            self.fail(exc)
+        start = perf_counter_ns()
+        out = entry[5](*args, **kwargs)
+        end = perf_counter_ns()
+        if not self.active:
+            return out
+        try:
+            if not had_bytes and id(st) not in self._live:   # its first bytes: made by this op
+                self._discover(st, self.n_ops, start, False)
+            self.on_op(entry, args, kwargs, out, start, end)
+        except Exception as exc:
+            self.fail(exc)
+        return out
+
+    def _check_reallocated(self, tensor, op: int, start: int, end: int) -> None:
+        """After resize_/set_: if `tensor`'s storage now holds other bytes (same storage object, new
+        allocation), the old block is freed at the op's end and a new block made by this op begins."""
+        if not isinstance(tensor, Tensor):
+            return
+        st = tensor.untyped_storage()
+        b = self._live.get(id(st))
+        if b is None:
+            return
+        blocks = np.frombuffer(self.buf.blocks.data, dtype=np.int64).reshape(-1, 7)
+        row = blocks[b] if b < len(blocks) and blocks[b, 0] == b else blocks[blocks[:, 0] == b][0]
+        addr, size = int(row[2]), int(row[3])
+        del blocks, row                       # release the buffer export before appending again
+        if st.nbytes() == size and (size == 0 or st.data_ptr() == addr):
+            return
+        for ref_id, (_, bid, _) in list(self._refs.items()):
+            if bid == b:
+                del self._refs[ref_id]
+                break
+        del self._live[id(st)]
+        self._frees_extend((b, end))
+        new = self._discover(st, op, start, False)
+        if new >= 0:
+            self._acc_append((new << 1) | 1)
 
     def _discover(self, st, op: int, t: int, before: bool) -> int:
         """A storage seen for the first time: give it a block id and watch for its free.
