@@ -199,6 +199,9 @@ def test_stability_identical_steps_and_perturbed_step():
     assert steady == 51_216
     assert pairs.loc[1, "blocks"] == pytest.approx(steady / (steady + sum(PARAM_SIZES)))
     assert pairs.loc[2:4, "blocks"].tolist() == [1.0, 1.0, 1.0]
+    # allocated bytes 92,176 then 51,216; durations [110, 330) = 220 ns then [330, 510) = 180 ns
+    assert pairs.loc[1, "bytes"] == pytest.approx(51_216 / 92_176)
+    assert pairs.loc[1, "duration"] == pytest.approx(180 / 220)
     assert pairs.loc[2, "ati"] == pytest.approx(1.0) and pairs.loc[2, "peak"] == 1.0
     # the median ignores the warm-up pair and the last step (cut short by the end of the recording)
     assert stab["score"] == 1.0
