@@ -169,7 +169,8 @@ def _blocks(pairing: Pairing, t_ns, seq, dev_code, nbytes, mem, op_of_event, ops
     return pd.DataFrame({
         "block_id": np.arange(len(pairing), dtype=np.int64),
         "device_code": dev_code[first],
-        "addr": mem["addr"].to_numpy()[first] if has_addr else pd.array([pd.NA] * len(first), dtype="Int64"),
+        "addr": pd.array(mem["addr"].to_numpy()[first], dtype="Int64") if has_addr
+        else pd.array([pd.NA] * len(first), dtype="Int64"),
         "size": np.abs(nbytes[first]),
         "alloc_ns": _nullable(t_ns, pairing.alloc_row),
         "alloc_seq": pd.array(np.where(has_alloc, seq[pairing.alloc_row.clip(0)], -1) if len(first) else [],
