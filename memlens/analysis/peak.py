@@ -53,7 +53,7 @@ class PeakBreakdown:
         if self.peak_bytes <= 0:
             return f"{self.device}: nothing is live at any time."
         head = (f"{self.device} peaks at {format_bytes(self.peak_bytes)} at {format_ns(self.peak_ns)} with "
-                f"{self.live_blocks:,} live blocks")
+                f"{self.live_blocks:,} live block{'' if self.live_blocks == 1 else 's'}")
         known = self.by_category[self.by_category["category"] != "unknown"]
         if len(known) == 0:
             return head + " (the source does not say what the blocks hold)."
