@@ -214,3 +214,17 @@ def test_stability_identical_steps_and_perturbed_step():
     assert p.loc[4, "blocks"] == pytest.approx(steady / (steady + 77))
     single = iteration_stability(trace, split_iterations(trace).iloc[:1])
     assert single["score"] is None
+
+
+def test_ati_by_iteration_uses_detected_split():
+    from memlens.analysis.ati import access_intervals, ati_by
+
+    trace, starts, _ = training_trace(n_iter=4)
+    iv = access_intervals(trace)
+    by_it = ati_by(trace, "iteration", iv).set_index("iteration")
+    # parameters' first intervals start at 0, before the first detected iteration (-1); the rest land in
+    # the iteration where they start
+    expected = np.searchsorted(np.array(starts), iv["start_ns"].to_numpy(), side="right") - 1
+    counts = pd.Series(expected).value_counts().sort_index()
+    assert by_it["count"].to_dict() == counts.to_dict()
+    assert set(by_it.index) == {-1, 0, 1, 2, 3}
