@@ -242,3 +242,32 @@ def test_tensors_without_storage_are_skipped_not_fatal():
     bz = trace.blocks[trace.blocks["addr"] == z.data_ptr()]
     assert len(bz) == 1 and bz["op"].iloc[0] == "aten::mul"
     assert torch.allclose(z, 2 * (sparse.to_dense() @ dense))
+
+
+def test_one_session_fed_by_several_threads_keeps_each_op_record_whole():
+    """Autograd's device threads (one per GPU) run backward ops through the same session at once."""
+    xs = [torch.randn(8) for _ in range(3)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible: without the lock this tears
+    try:
+        with memlens.record(allocator="none") as rec:
+            mode = rec._session._mode
+
+            def work(x):
+                for _ in range(300):
+                    mode.__torch_dispatch__(torch.ops.aten.mul.Tensor, (), (x, x))
+
+            threads = [threading.Thread(target=work, args=(x,)) for x in xs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    trace = rec.trace
+    assert len(trace.ops) == 900 and (trace.ops["name"] == "aten::mul").all()
+    acc = trace.accesses.merge(trace.blocks[["block_id", "addr"]], on="block_id")
+    per_op = acc.groupby("op_id").agg(n=("block_id", "size"), writes=("is_write", "sum"),
+                                      reads=("addr", lambda a: a[~acc.loc[a.index, "is_write"]].iloc[0]))
+    assert (per_op["n"] == 2).all() and (per_op["writes"] == 1).all()
+    assert set(per_op["reads"]) == {x.data_ptr() for x in xs}

@@ -65,13 +65,15 @@ class _RecordingMode(TorchDispatchMode):
             start = perf_counter_ns()
             out = entry[5](*args, **kwargs)      # the C++ op behind the OpOverload: one frame less
             end = perf_counter_ns()
-            try:
-                session.on_op(entry, args, kwargs, out, start, end)
-            except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
+            # one op record at a time: autograd's device threads (one per GPU) share this session
+            with session.lock:
                 try:
-                    session.on_op_carefully(entry, args, kwargs, out, start, end)
-                except Exception as exc:  # never raise into user code: stop, keep the trace so far
-                    session.fail(exc)
+                    session.on_op(entry, args, kwargs, out, start, end)
+                except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
+                    try:
+                        session.on_op_carefully(entry, args, kwargs, out, start, end)
+                    except Exception as exc:  # never raise into user code: stop, keep the trace so far
+                        session.fail(exc)
             return out
         finally:
             _set_eval_frame(prior)
@@ -101,6 +103,7 @@ class Session(Attribution):
         self.active = False
         self.stop_reason: str | None = None
         self.thread_id = threading.get_ident()
+        self.lock = threading.RLock()   # reentrant: a free callback may run inside an op record (GC)
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
         self.peak_buffer_bytes = 0
@@ -303,12 +306,13 @@ class Session(Attribution):
         end = perf_counter_ns()
         if not self.active:
             return out
-        try:
-            if not had_bytes and id(st) not in self._live:   # its first bytes: made by this op
-                self._discover(st, self.n_ops, start, False)
-            self.on_op(entry, args, kwargs, out, start, end)
-        except Exception as exc:
-            self.fail(exc)
+        with self.lock:
+            try:
+                if not had_bytes and id(st) not in self._live:   # its first bytes: made by this op
+                    self._discover(st, self.n_ops, start, False)
+                self.on_op(entry, args, kwargs, out, start, end)
+            except Exception as exc:
+                self.fail(exc)
         return out
 
     def _check_reallocated(self, tensor, op: int, start: int, end: int) -> None:
