@@ -26,15 +26,19 @@ class Attribution:
         if not self.active or not isinstance(tensor, torch.Tensor):
             return
         try:
-            st = tensor.untyped_storage()
-            b = self._live.get(id(st))
-            if b is None:
-                b = self._discover(st, self.n_ops, perf_counter_ns(), True)
-            if b >= 0 and (b, category) not in self._marked:   # state and params: once, not every step
-                self._marked.add((b, category))
-                self.buf.marks.data.extend((b, category, self.n_ops, module_idx))
+            with self.lock:
+                self._mark_locked(tensor, category, module_idx)
         except Exception as exc:
             self.fail(exc)
+
+    def _mark_locked(self, tensor, category: int, module_idx: int) -> None:
+        st = tensor.untyped_storage()
+        b = self._live.get(id(st))
+        if b is None:
+            b = self._discover(st, self.n_ops, perf_counter_ns(), True)
+        if b >= 0 and (b, category) not in self._marked:   # state and params: once, not every step
+            self._marked.add((b, category))
+            self.buf.marks.data.extend((b, category, self.n_ops, module_idx))
 
     def _register_modules(self, root, prefix: str) -> None:
         """Name every module under `root` ("model.layers.3.attn") and mark its parameters and buffers."""
