@@ -75,7 +75,8 @@ def test_constructed_snapshot_joins_with_dispatch_blocks():
     ops = _ops([(10 * US, 20 * US), (30 * US, 40 * US)], names=["aten::mm", "aten::add"],
                modules=["model.fc", "model"])
     # the dispatch mode saw A (requested 1000 bytes; the allocator rounded it to 1024) made by op 0
-    blocks = _dispatch_blocks([(0, "cuda:0", 0x7F0000000000, 1000, 10 * US, None, 0, False, "activation", "x")])
+    # (the tensor died at 31 us; the block stayed taken until the deferred free completed at 33 us)
+    blocks = _dispatch_blocks([(0, "cuda:0", 0x7F0000000000, 1000, 10 * US, 31 * US, 0, False, "activation", "x")])
     accesses = pd.DataFrame({"block_id": [0, 0], "t_ns": [20 * US, 30 * US], "op_id": [0, 1],
                              "is_write": [True, False]})
     notes = []

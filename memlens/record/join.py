@@ -207,6 +207,9 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
         blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
     f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
     fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
+    # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
+    non_cpu = ~blocks["device"].astype(str).str.startswith("cpu").to_numpy()
+    fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > np.nan_to_num(free_cur, nan=np.inf))
     free_col = blocks["free_ns"].copy()
     free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
     blocks["free_ns"] = free_col
