@@ -15,11 +15,13 @@ PARAM_SIZES = [4096 * (i + 1) for i in range(LAYERS)]
 ACT_SIZES = [1000 * (i + 1) for i in range(LAYERS)]
 
 
-def training_trace(n_iter: int = 6, extra_alloc_in: int | None = None, with_accesses: bool = True):
+def training_trace(n_iter: int = 6, extra_alloc_in: int | None = None, with_accesses: bool = True,
+                   dynamic_shapes: bool = False):
     """A small training loop: parameters allocated before the loop; per iteration a forward that keeps an
     activation per layer and a short temporary, a backward that creates gradients and frees activations, an
     optimizer step (state created in the first step only) and zero_grad freeing gradients.
 
+    With `dynamic_shapes`, activation and temporary sizes change every step (a new sequence length).
     Returns (trace, expected iteration start times, allocated bytes per iteration).
     """
     blocks, accesses = [], []
@@ -45,10 +47,11 @@ def training_trace(n_iter: int = 6, extra_alloc_in: int | None = None, with_acce
         acts = []
         for layer in range(LAYERS):
             t += 10
-            acts.append(alloc(t, ACT_SIZES[layer], "aten::mm", "activation"))
+            scale = (it + 1) if dynamic_shapes else 1
+            acts.append(alloc(t, ACT_SIZES[layer] * scale, "aten::mm", "activation"))
             touch(params[layer], t)
             touch(acts[-1], t)
-            temp = alloc(t + 1, 64, "aten::add", "temporary", free=t + 3)
+            temp = alloc(t + 1, 64 * scale, "aten::add", "temporary", free=t + 3)
             touch(temp, t + 2)
         if extra_alloc_in == it:
             t += 10
@@ -87,6 +90,16 @@ def test_detects_iterations_of_training_loop():
     # 4 activations + 4 temporaries + 4 gradients, plus 4 optimizer states in the first step
     assert its["allocations"].tolist() == [16] + [12] * 5
     assert its.attrs["period_allocations"] == 12
+
+
+def test_detection_falls_back_to_ops_when_sizes_change_every_step():
+    # every step allocates new sizes: (op, size) never repeats, the op sequence does
+    trace, starts, _ = training_trace(n_iter=12, dynamic_shapes=True)
+    its = split_iterations(trace)
+    assert its.attrs["keyed_by"] == "op"
+    assert its["start_ns"].tolist() == starts
+    fixed, _, _ = training_trace(n_iter=6)
+    assert split_iterations(fixed).attrs["keyed_by"] == "op and size"
 
 
 def test_detection_works_without_accesses():

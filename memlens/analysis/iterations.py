@@ -8,8 +8,9 @@ on it). `split_iterations` takes the most explicit evidence the trace has:
    when it numbered them by this module's detection ("detected"), ``detected``.
 2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration
    ends where an optimizer step ends.
-3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)``, by
-   autocorrelation (`memlens.analysis.period`). A step's pattern is taken from a live-bytes trough (the end
+3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)`` (or the op
+   alone when sizes change every step, as with dynamic shapes), by autocorrelation
+   (`memlens.analysis.period`). A step's pattern is taken from a live-bytes trough (the end
    of a step) and matched against every position; each position that matches best within half a period,
    and far better than chance, starts an iteration. Steps of slightly different length or order (a warm-up
    step that also creates optimizer state, one extra allocation) are still found.
@@ -89,7 +90,8 @@ def _from_optimizer_ops(trace) -> pd.DataFrame | None:
 
 def allocation_sequence(trace) -> pd.DataFrame:
     """Allocations recorded during the trace in event order: ``block_id``, ``alloc_ns``, ``size``, ``op``,
-    ``symbol`` (int code of (op, size)) and ``live_before`` (bytes live on all devices just before it)."""
+    ``symbol`` (int code of (op, size)), ``op_symbol`` (int code of op alone) and ``live_before`` (bytes
+    live on all devices just before it)."""
     b = trace.blocks
     live_after = live_after_alloc(trace)
     seen = b["alloc_ns"].notna().to_numpy()
@@ -106,6 +108,7 @@ def allocation_sequence(trace) -> pd.DataFrame:
     return pd.DataFrame({"block_id": b["block_id"].to_numpy()[rows],
                          "alloc_ns": b["alloc_ns"].to_numpy(dtype="float64", na_value=0)[rows].astype(np.int64),
                          "size": size, "op": op, "symbol": symbol.astype(np.int64),
+                         "op_symbol": op_code.astype(np.int64),
                          "live_before": live_after[rows] - size}, copy=False)
 
 
@@ -117,30 +120,42 @@ def live_after_alloc(trace) -> np.ndarray:
 
 def _detected(trace) -> pd.DataFrame | None:
     allocs = allocation_sequence(trace)
-    symbols = allocs["symbol"].to_numpy()
-    found = detect_period(symbols)
-    if found is None:
-        return None
-    period = found.period
-    n = len(symbols)
-    # an iteration starts at the live-bytes trough (the end of a step). Take the trough of period-long
-    # windows spread over the whole sequence as candidate starts and keep the pattern that recurs most
-    # often: a perturbed step (one extra allocation) or a phase that does not repeat (setup, evaluation)
-    # then costs one candidate, not the split
     live_before = allocs["live_before"].to_numpy(dtype=np.float64)
+    keys = [("op and size", allocs["symbol"].to_numpy())]
+    if allocs["op_symbol"].nunique() > 1:
+        # sizes that change every step (dynamic shapes: sequence length, batch size) hide the pattern that
+        # the op sequence alone still shows
+        keys.append(("op", allocs["op_symbol"].to_numpy()))
+    for keyed_by, symbols in keys:
+        found = detect_period(symbols)
+        if found is None:
+            continue
+        starts_idx = _pattern_starts(symbols, found, live_before)
+        if len(starts_idx) < 2:
+            continue
+        n = len(symbols)
+        _, hi = trace.time_span_ns()
+        counts = np.diff(np.append(starts_idx, n))
+        out = _frame(allocs["alloc_ns"].to_numpy()[starts_idx], hi, "detected", allocations=counts.astype(np.int64))
+        out.attrs.update({"period_lag": int(found.period), "period_allocations": int(np.median(counts[:-1])),
+                          "period_match": found.match, "keyed_by": keyed_by,
+                          "chance_match": found.chance, "z_score": found.z_score})
+        return out
+    return None
+
+
+def _pattern_starts(symbols: np.ndarray, found, live_before: np.ndarray) -> np.ndarray:
+    """Allocation indices where iterations start, for a detected period.
+
+    An iteration starts at the live-bytes trough (the end of a step). The troughs of period-long windows
+    spread over the whole sequence are candidate starts, and the pattern that recurs best is kept: a
+    perturbed step (one extra allocation) or a phase that does not repeat (setup, evaluation) then costs
+    one candidate, not the split.
+    """
+    n, period = len(symbols), found.period
     window_starts = np.unique(np.linspace(0, n - period, ANCHOR_WINDOWS).astype(np.int64))
     anchors = [int(lo) + int(np.argmin(live_before[lo:lo + period])) for lo in window_starts]
-    starts_idx = iteration_starts(symbols, anchors, period, cost=live_before, expected_match=found.match)
-    if len(starts_idx) < 2:
-        return None
-    _, hi = trace.time_span_ns()
-    alloc_t = allocs["alloc_ns"].to_numpy()
-    counts = np.diff(np.append(starts_idx, n))
-    out = _frame(alloc_t[starts_idx], hi, "detected", allocations=counts.astype(np.int64))
-    out.attrs.update({"period_lag": int(period), "period_allocations": int(np.median(counts[:-1])),
-                      "period_match": found.match,
-                      "chance_match": found.chance, "z_score": found.z_score})
-    return out
+    return iteration_starts(symbols, anchors, period, cost=live_before, expected_match=found.match)
 
 
 def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
@@ -150,7 +165,8 @@ def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
     `method` forces one source ("marker", "optimizer", "detected") or takes the first that applies
     ("auto"). Works on traces without accesses: detection uses only the allocation sequence. Detected
     splits carry ``attrs``: ``period_allocations`` (median allocations per iteration), ``period_lag`` (the
-    autocorrelation lag), ``period_match`` / ``chance_match`` (match rates) and ``z_score``.
+    autocorrelation lag), ``period_match`` / ``chance_match`` (match rates), ``z_score`` and ``keyed_by``
+    ("op and size", or "op" when only the op sequence repeats).
     """
     if method not in ("auto", "marker", "optimizer", "detected"):
         raise ValueError(f"method must be auto, marker, optimizer or detected, got {method!r}")
