@@ -129,3 +129,7 @@ def test_joined_trace_matches_plain_profiler_run(name):
     # every tensor the model made during recording was matched to its allocator event
     mine = trace.blocks[trace.blocks["source"] == "dispatch"]
     assert mine["alloc_ns"].isna().all(), mine[mine["alloc_ns"].notna()].head()
+    # the joined times keep every access inside its block's lifetime
+    a = trace.accesses.merge(trace.blocks[["block_id", "alloc_ns", "free_ns"]], on="block_id")
+    assert not (a["alloc_ns"].notna() & (a["t_ns"] < a["alloc_ns"])).any()
+    assert not (a["free_ns"].notna() & (a["t_ns"] > a["free_ns"])).any()

@@ -197,6 +197,8 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     new_alloc = np.clip(np.nan_to_num(a_t, nan=0), lo, hi).astype(np.int64)
     free_cur = blocks["free_ns"].to_numpy(dtype="float64", na_value=np.nan)
     new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, np.nan_to_num(free_cur)))
+    # never after the first access (the clocks agree only to about a microsecond)
+    new_alloc = np.where(seen >= 0, np.minimum(new_alloc, seen), new_alloc)
     upd = seen_during & (made | blocks["allocated_before"].to_numpy())
     alloc_col = blocks["alloc_ns"].copy()
     alloc_col[upd] = new_alloc[upd]
