@@ -57,6 +57,17 @@ def test_outliers_json_and_text(saved, capsys):
     assert "62.5% of 8 access intervals are too short" in out and "aten::zeros" in out
 
 
+def test_outliers_zhang_priority_and_min_size(saved, capsys):
+    assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0", "--priority", "doa",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # 1 MiB floor: these blocks are bytes
+    assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0", "--priority", "doa",
+                 "--min-size", "0", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["block_id"], r["doa_ns"]) for r in rows] == [(3, 185.0), (1, 70.0), (2, -50.0)]
+    assert main(["outliers", saved, "--min-size", "lots"]) == 2
+
+
 def test_no_accesses_exits_2_with_reason(snapshot_like, capsys):
     for verb in ("ati", "outliers"):
         assert main([verb, snapshot_like]) == 2

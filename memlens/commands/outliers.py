@@ -17,6 +17,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=int, default=20, help="how many blocks to list (default 20)")
     p.add_argument("--priority", choices=["size_x_idle", "doa", "aoa", "wdoa"], default="size_x_idle",
                    help="ranking (default size_x_idle; doa/aoa/wdoa consider blocks >= 1 MiB idle across the peak)")
+    p.add_argument("--min-size", default=None,
+                   help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
     p.set_defaults(func=run)
@@ -48,7 +50,7 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load
-    from memlens.units import format_bytes, format_ns
+    from memlens.units import format_bytes, format_ns, parse_bytes
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
@@ -59,7 +61,9 @@ def run(args) -> int:
         iv = access_intervals(trace, device=args.device)
     except NeedsAccessesError as exc:
         raise NeedsAccessesError(exc.message, args.trace) from None
-    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv)
+    min_size = None if args.min_size is None else parse_bytes(args.min_size)
+    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
+                      min_size=min_size)
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
         print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
@@ -71,8 +75,8 @@ def run(args) -> int:
               f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
               f"idle byte-time")
     if len(ranked) == 0:
-        print("no blocks qualify" + (" (doa/aoa/wdoa need blocks >= 1 MiB idle across the peak)"
-                                     if args.priority != "size_x_idle" else ""))
+        print("no blocks qualify" + (" (doa/aoa/wdoa consider blocks idle across the peak, by default only those "
+                                     ">= 1 MiB: see --min-size)" if args.priority != "size_x_idle" else ""))
         return 0
     print(f"{'block':>8} {'size':>11} {'max idle':>11} {'kind':<17} {'swappable':>12} {'category':<16} op / module")
     for row in ranked.itertuples(index=False):
