@@ -184,7 +184,15 @@ class Session(Attribution):
         if kind != VIEW and kind != METADATA:
             if pos_writes and (write_if < 0 or (len(args) > write_if and args[write_if])):
                 for a, w in zip(args, pos_writes):
-                    self._touch(a, int(w), op, start)
+                    if isinstance(a, Tensor):
+                        st = a.untyped_storage()
+                        b = live_get(id(st))
+                        if b is None:
+                            b = discover(st, op, start, True)
+                        if b >= 0:
+                            acc((b << 1) | w)
+                    elif type(a) is list or type(a) is tuple:
+                        self._touch(a, w, op, start)
             else:
                 for a in args:
                     if isinstance(a, Tensor):
@@ -286,7 +294,8 @@ class Session(Attribution):
         info = classify(func)
         self.op_names.append(info.name)
         call = getattr(func, "_op", func)
-        entry = (len(self.op_names) - 1, info.kind, info.pos_writes, info.kw_writes, info.write_if_arg, call, func,
+        pos_writes = tuple(int(w) for w in info.pos_writes)      # 0/1, ready to pack into accesses
+        entry = (len(self.op_names) - 1, info.kind, pos_writes, info.kw_writes, info.write_if_arg, call, func,
                  info.resizes)
         self._op_cache[id(func)] = entry
         return entry
