@@ -328,7 +328,10 @@ class Explorer(W.VBox):
             self.ati_figure.layout.shapes = ()
             self.ati_figure.layout.annotations = ()
         self.ati_figure.add_traces(fig.data)
-        self.ati_figure.update_layout(fig.layout)
+        # the figure's own layout minus its template: copying a whole template costs seconds per redraw
+        layout = {k: v for k, v in fig.layout.to_plotly_json().items() if k not in ("template", "width", "height",
+                                                                                  "margin")}
+        self.ati_figure.update_layout(layout)
 
 
 def explore(trace, device: str | None = None) -> Explorer:

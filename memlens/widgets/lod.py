@@ -145,5 +145,7 @@ def dedupe_pixels(x: np.ndarray, y: np.ndarray, x_range, y_range, width_px: int,
         return inside
     px = ((x[inside] - x_range[0]) / (x_range[1] - x_range[0]) * width_px).astype(np.int64)
     py = ((y[inside] - y_range[0]) / (y_range[1] - y_range[0]) * height_px).astype(np.int64)
-    _, first = np.unique(px * (height_px + 1) + py, return_index=True)
+    key = px * (height_px + 1) + py
+    order = np.argsort(key, kind="stable")
+    first = order[np.concatenate([[True], key[order][1:] != key[order][:-1]])]   # first point of each pixel
     return inside[np.sort(first)]

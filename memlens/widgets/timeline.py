@@ -25,13 +25,15 @@ PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 720, 360   # plot area (inside the margins) that
 
 @dataclass
 class AccessMarks:
-    """Accesses of one device's blocks: geometry position, time (ns), event index, write flag."""
+    """Accesses of one device's blocks: geometry position, time (ns), write flag, op; the event-index
+    coordinate is computed on first use of that axis."""
 
     pos: np.ndarray
     t_ns: np.ndarray
-    event: np.ndarray
     is_write: np.ndarray
     op_id: np.ndarray
+    geom: BlockGeometry = field(repr=False)
+    _event: np.ndarray | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, trace, geom: BlockGeometry) -> "AccessMarks":
@@ -47,12 +49,16 @@ class AccessMarks:
             hit = sorted_ids[where] == ids
         t = acc["t_ns"].to_numpy(dtype=np.float64)[hit]
         return cls(pos=order[where[hit]] if len(order) else np.zeros(0, np.int64), t_ns=t,
-                   event=geom.time_to_event(t), is_write=acc["is_write"].to_numpy(dtype=bool)[hit],
-                   op_id=acc["op_id"].to_numpy(dtype=np.int64)[hit])
+                   is_write=acc["is_write"].to_numpy(dtype=bool)[hit],
+                   op_id=acc["op_id"].to_numpy(dtype=np.int64)[hit], geom=geom)
 
     def x(self, axis: str) -> np.ndarray:
         """Access coordinates on `axis`."""
-        return self.t_ns if axis == "time" else self.event
+        if axis == "time":
+            return self.t_ns
+        if self._event is None:
+            self._event = self.geom.time_to_event(self.t_ns)
+        return self._event
 
 
 @dataclass
