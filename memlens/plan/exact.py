@@ -30,6 +30,8 @@ from memlens.plan.problem import PlanProblem
 
 FOUND, INFEASIBLE, ABORTED, TIMEOUT = "found", "infeasible", "aborted", "timeout"
 _INF = np.iinfo(np.int64).max // 4
+# largest section x member block refreshed per try for the unallocated-floor bound (elements)
+_REFINE_CAP = 40_000
 
 
 @dataclass
@@ -95,10 +97,12 @@ class _Search:
         self.spans = []
         for i in range(problem.n):
             lo, hi, nb = int(self.sec_lo[i]), int(self.sec_hi[i]), self.nbrs[i]
+            ra, rb = lo, hi
             if len(nb):
-                self.spans.append((lo, hi, min(lo, int(self.sec_lo[nb].min())), max(hi, int(self.sec_hi[nb].max()))))
-            else:
-                self.spans.append((lo, hi, lo, hi))
+                ra, rb = min(lo, int(self.sec_lo[nb].min())), max(hi, int(self.sec_hi[nb].max()))
+            if (rb - ra) * self.members.shape[1] > _REFINE_CAP:
+                ra, rb = lo, hi  # too wide to refresh at every try: keep the bound to b's own sections
+            self.spans.append((lo, hi, ra, rb))
         self.nodes = 0
         self.node_budget = _INF
         self.keys: dict[str, np.ndarray] = {}

@@ -143,3 +143,44 @@ def repair_peak(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float =
         if stuck:
             break
     return off
+
+
+def window_search(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float = 1.0, target: int = 0,
+                  seed: int = 0) -> np.ndarray:
+    """Large-neighbourhood search around the peak (bytes in, bytes out).
+
+    Each step picks a buffer touching the top, frees it and every buffer it conflicts with whose top lies
+    above a random level, and re-places the freed buffers (largest first, randomly perturbed, best or
+    first gap) around the buffers that stay. A step is kept when the height does not grow and the number
+    of buffers touching the top does not grow either, so the search drifts across plateaus towards lower
+    plans. Returns the best offsets seen; every step keeps the plan valid.
+    """
+    rng = np.random.default_rng(seed)
+    deadline = time.perf_counter() + time_limit_s
+    off = np.asarray(offsets, dtype=np.int64).copy()
+    indptr, indices = problem.conflicts()
+    size = problem.size
+    tops = off + size
+    height = int(tops.max(initial=0))
+    touching = int((tops == height).sum())
+    best, best_height = off.copy(), height
+    while height > target and time.perf_counter() < deadline:
+        c = int(rng.choice(np.flatnonzero(tops == height)))
+        nb = indices[indptr[c]:indptr[c + 1]]
+        level = int(off[c] * rng.random())
+        free = np.append(nb[tops[nb] > level], c)
+        keep = np.ones(problem.n, bool)
+        keep[free] = False
+        noise = rng.random(len(free)) * rng.choice([0.0, 0.3, 1.0])
+        freed = free[np.argsort(-size[free] * (1.0 + noise), kind="stable")]
+        order = np.concatenate([np.flatnonzero(keep), freed])
+        trial = place_in_order(problem, order, "best" if rng.random() < 0.5 else "first",
+                               prefix=problem.n - len(freed), offsets=off)
+        trial_tops = trial + size
+        new_height = int(trial_tops.max(initial=0))
+        new_touching = int((trial_tops == new_height).sum())
+        if (new_height, new_touching) <= (height, touching):
+            off, tops, height, touching = trial, trial_tops, new_height, new_touching
+            if height < best_height:
+                best, best_height = off.copy(), height
+    return best

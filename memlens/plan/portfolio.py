@@ -8,8 +8,8 @@ Stages, each keeping the best plan so far:
    a bisection of the capacity between the proven lower bound and the best height: each "found" lowers
    the best height, each "infeasible" raises the proven lower bound (so `optimal` can be proven above
    max-live too);
-4. the local search (`improve.py`) from the best plan so far (its buffers in offset order, first gap) with
-   the time left.
+4. with the time left: the window search around the peak (`improve.window_search`), then the local
+   search over placement orders (`improve.improve`), both from the best plan so far.
 Problems above `EXACT_MAX_BUFFERS` skip stage 3.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pandas as pd
 
 from memlens.plan import exact
 from memlens.plan.heuristics import heuristic_names, plan_height, run_heuristic
-from memlens.plan.improve import improve, repair_peak
+from memlens.plan.improve import improve, repair_peak, window_search
 from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
@@ -155,6 +155,11 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
         best.offer(repaired, f"peak_repair({best.algorithm})")
     if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and time_limit_s > 0:
         lower = _exact_stage(problem, best, lower, t0 + 0.6 * time_limit_s)
+    if best.height > lower and time.perf_counter() < deadline:
+        source = best.algorithm
+        left = deadline - time.perf_counter()
+        best.offer(window_search(problem, best.offsets, time_limit_s=0.5 * left, target=lower),
+                   f"window_search({source})")
     if best.height > lower and time.perf_counter() < deadline:
         # start from the best plan itself: placing its buffers in offset order, each at the lowest gap,
         # reproduces it or does better (every buffer below it in the plan ends at or under its offset)
