@@ -1,6 +1,7 @@
 """Recorder overhead: a transformer training step and a CNN inference on CPU, timed in one process
 
     plain                      no instrument
+    empty_mode                 a TorchDispatchMode that only forwards (the floor of any Python recorder)
     memlens (tensor level)     memlens.record(allocator="none")
     memlens (default)          memlens.record()  (+ the profiler's allocation events, joined)
     torch.profiler             profile(profile_memory=True, record_shapes=True)
@@ -13,23 +14,24 @@ plain, and the recorder's own memory (event buffer bytes, bytes per op).
 
     .venv/bin/python benchmarks/recorder_overhead.py [--size small|medium|both] [--reps 5] [--steps 3]
 
-Measured (torch 2.13 CPU, 1 intra-op thread, a 2-core machine shared with other jobs, so +-0.15x noise;
-CPU-time ratios to plain, 5 rounds x 3 steps, several runs):
+Measured (torch 2.13 CPU, 1 intra-op thread, a 2-core machine shared with other jobs, so about
++-0.2x of noise; CPU-time ratios to plain, 4-5 rounds x 3 steps, several runs):
 
-    workload                                      plain/step  memlens(tensor)  memlens(default)  profiler
-    transformer train, small (618 ops/step)        9-12 ms     2.4x             2.4-2.8x          1.2-1.4x
-    transformer train, medium (1142 ops/step)      430 ms      1.0-1.13x        1.0x              1.03x
-    CNN inference, small (13 ops/step)             3.8 ms      1.3-1.4x         1.2-1.4x          0.9-1.1x
-    CNN inference, medium                          33 ms       1.05x            1.0x              1.04x
-    recorder memory: 92 B per op of event buffer (+ ~100 B per live block in dicts), reported in
+    workload                                   plain/step  empty mode  memlens(tensor)  memlens(default)  profiler
+    transformer train, small (618 ops/step)    9-12 ms     1.55-1.9x   2.1-2.7x         2.1-2.8x          1.2-1.4x
+    transformer train, medium (1142 ops/step)  430 ms      -           1.0-1.13x        1.0x              1.03x
+    CNN inference, small (13 ops/step)         4-5.5 ms    1.1x        1.05-1.4x        1.2-1.4x          0.9-1.1x
+    CNN inference, medium                      33 ms       -           1.05x            1.0x              1.04x
+    recorder memory: 92 B of event buffer per op (+ ~100 B per live block in dicts), reported in
     trace.metadata["recorder_overhead"]; bounded by max_buffer_bytes (default 512 MiB, ~5 M ops).
 
 The default mode costs what the tensor-level mode costs: the allocator join uses the profiler with
 its op callbacks scoped away (allocations only), which is nearly free. The goal (<= 1.3x) holds when
 ops do real work (medium sizes: ~0.4 ms/op); it does not for tiny ops (small transformer: ~15 us/op
-plain), where the cost is per op: ~4 us is PyTorch's Python dispatch itself (an empty
-TorchDispatchMode, measured in the same way), ~5-10 us our Python (storage lookup, weakref per new
-storage, compact appends, free callbacks). Python cannot get below the empty mode's cost.
+plain), where the cost is per op and an empty TorchDispatchMode alone (PyTorch's Python dispatch:
+boxing the arguments, the mode stack, the Dynamo guard) already costs 1.55-1.9x; our own Python on
+top (storage lookup, a weakref per new storage, compact appends, free callbacks) is ~5-9 us per op.
+No Python dispatch-mode recorder can get below the empty mode.
 
 What a compiled shim would need to reach ~1.05x at any op size:
 - a C++ boxed fallback on a dedicated TLS-included dispatch key (below Autograd, like the Python key
@@ -90,9 +92,31 @@ def cnn_workload(cfg):
     return model, step
 
 
+class _EmptyDispatchMode:
+    """The floor of any Python dispatch-mode recorder: a TorchDispatchMode that only forwards."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Forward(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+        self.mode = Forward()
+        self.trace = None
+
+    def __enter__(self):
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+
+
 def _instrument(mode, model):
     if mode == "plain":
         return None
+    if mode == "empty_mode":
+        return _EmptyDispatchMode()
     if mode == "memlens_tensor":
         return memlens.record(model, allocator="none")
     if mode == "memlens":
@@ -119,7 +143,7 @@ def measure(mode, model, step, steps):
     return (c1 - c0) / steps, (t1 - t0) / steps, t2 - t1, overhead
 
 
-MODES = ["plain", "memlens_tensor", "memlens", "profiler"]
+MODES = ["plain", "empty_mode", "memlens_tensor", "memlens", "profiler"]
 
 
 def bench(name, model, step, reps, steps):
