@@ -243,3 +243,14 @@ def test_plan_one_iteration_clips_cross_iteration_blocks():
     assert result.offsets.set_index("block_id").loc[0, "cross_iteration"]
     assert result.max_live == 190 and result.height == 190
     assert "zhang_size_best_fit" in result.heuristics
+
+
+def test_real_snapshot_reaches_max_live(shared):
+    # greedy is 0.09% above max-live on this transformer inference snapshot; the exact search closes it
+    from memlens.io import load
+
+    trace = load(shared("snapshots/cs336_wedsonlin_medium_128_inference.pickle"))
+    result = plan(trace, time_limit_s=10)
+    _, greedy = result.best_heuristic
+    assert greedy > result.max_live
+    assert result.height == result.max_live and result.optimal
