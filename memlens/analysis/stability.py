@@ -33,11 +33,13 @@ def _ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(hi > 0, np.minimum(a, b) / np.where(hi > 0, hi, 1), 1.0)
 
 
-def iteration_stats(trace, iterations: pd.DataFrame | None = None) -> pd.DataFrame:
+def iteration_stats(trace, iterations: pd.DataFrame | None = None,
+                    intervals: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per iteration: ``iteration``, ``start_ns``, ``end_ns``, ``duration_ns``, ``allocations``,
     ``allocated_bytes``, ``frees``, ``freed_bytes``, ``peak_live_bytes`` (all devices together, including
     what was live when the iteration began) and, with accesses, ``accesses``, ``ati_p50_ns``,
-    ``ati_p90_ns``, ``ati_max_ns`` of the intervals that start in it."""
+    ``ati_p90_ns``, ``ati_max_ns`` of the intervals that start in it (`intervals`: the trace's
+    `access_intervals`, when the caller has them)."""
     its = split_iterations(trace) if iterations is None else iterations
     labels = its["iteration"].to_numpy(dtype=np.int64)
     out = its[["iteration", "start_ns", "end_ns"]].copy().reset_index(drop=True)
@@ -57,7 +59,7 @@ def iteration_stats(trace, iterations: pd.DataFrame | None = None) -> pd.DataFra
             grouped.sum().reindex(index, fill_value=0).to_numpy()
     out["peak_live_bytes"] = _peak_per_window(trace, out["start_ns"].to_numpy(), out["end_ns"].to_numpy())
     if trace.has_accesses:
-        iv = access_intervals(trace)
+        iv = access_intervals(trace) if intervals is None else intervals
         it = iteration_of(iv["start_ns"].to_numpy(), its)
         frame = pd.DataFrame({"it": it, "length": iv["length_ns"].to_numpy()})
         grouped = frame[frame["it"] >= 0].groupby("it")["length"]
@@ -107,10 +109,9 @@ def _multiset_similarity(trace, its: pd.DataFrame) -> pd.Series:
     return sim.reindex(labels[1:], fill_value=1.0)
 
 
-def _ati_similarity(trace, its: pd.DataFrame) -> pd.Series | None:
-    if not trace.has_accesses:
+def _ati_similarity(trace, its: pd.DataFrame, iv: pd.DataFrame | None) -> pd.Series | None:
+    if iv is None:
         return None
-    iv = access_intervals(trace)
     labels = its["iteration"].to_numpy(dtype=np.int64)
     it = iteration_of(iv["start_ns"].to_numpy(), its)
     length = iv["length_ns"].to_numpy(dtype=np.float64)
@@ -127,12 +128,14 @@ def _ati_similarity(trace, its: pd.DataFrame) -> pd.Series | None:
     return pd.Series(np.where(both_empty, 1.0, overlap), index=labels[1:])
 
 
-def iteration_stability(trace, iterations: pd.DataFrame | None = None) -> dict:
+def iteration_stability(trace, iterations: pd.DataFrame | None = None,
+                        intervals: pd.DataFrame | None = None) -> dict:
     """How alike consecutive iterations are.
 
     Returns ``iterations`` (count), ``source``, ``pairs`` (DataFrame: ``iteration`` and one column per
     similarity in `COMPONENTS` present, plus ``mean``), ``score`` (median of the pairs' means; None with
     fewer than two iterations), ``mean_score``, ``min_score`` and ``components`` (median of each).
+    `intervals` are the trace's `access_intervals` when the caller has them (computed once otherwise).
     """
     its = split_iterations(trace) if iterations is None else iterations
     its = its.sort_values("start_ns").reset_index(drop=True)
@@ -140,13 +143,15 @@ def iteration_stability(trace, iterations: pd.DataFrame | None = None) -> dict:
     if len(its) < 2:
         return {**result, "pairs": pd.DataFrame(), "score": None, "mean_score": None, "min_score": None,
                 "components": {}}
-    stats = iteration_stats(trace, its)
+    if intervals is None and trace.has_accesses:
+        intervals = access_intervals(trace)
+    stats = iteration_stats(trace, its, intervals)
     pairs = pd.DataFrame({"iteration": its["iteration"].to_numpy()[1:]})
     pairs["blocks"] = _multiset_similarity(trace, its).to_numpy()
     for name, col in (("bytes", "allocated_bytes"), ("peak", "peak_live_bytes"), ("duration", "duration_ns")):
         v = stats[col].to_numpy()
         pairs[name] = _ratio(v[1:], v[:-1])
-    ati = _ati_similarity(trace, its)
+    ati = _ati_similarity(trace, its, intervals)
     if ati is not None:
         pairs["ati"] = ati.to_numpy()
     parts = [c for c in COMPONENTS if c in pairs]
