@@ -47,7 +47,7 @@ def _peak(trace) -> list[str]:
     return out
 
 
-def _iterations(trace):
+def _iterations(trace, iv):
     from memlens.analysis.iterations import split_iterations
     from memlens.analysis.stability import iteration_stability
     its = split_iterations(trace)
@@ -58,7 +58,7 @@ def _iterations(trace):
     how = {"marker": "from explicit markers", "optimizer": "from optimizer steps",
            "detected": f"by detecting the repeating allocation pattern "
                        f"({its.attrs.get('period_allocations', '?')} allocations per step)"}[source]
-    stab = iteration_stability(trace, its)
+    stab = iteration_stability(trace, its, iv)
     duration = float(np.median(its["end_ns"] - its["start_ns"]))
     found = "1 iteration was" if len(its) == 1 else f"{len(its):,} iterations were"
     text = f"{found} found {how}; a typical one lasts {format_ns(duration)}."
@@ -69,10 +69,9 @@ def _iterations(trace):
     return its, [text]
 
 
-def _access_findings(trace, bw: BandwidthModel, its) -> list[str]:
-    from memlens.analysis.ati import access_intervals, ati_stats
+def _access_findings(trace, bw: BandwidthModel, its, iv) -> list[str]:
+    from memlens.analysis.ati import ati_stats
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
-    iv = access_intervals(trace)
     s = ati_stats(iv)
     if s["count"] == 0:
         return ["The trace has accesses but no block with a lifetime to measure intervals in."]
@@ -139,10 +138,14 @@ def findings(trace, bandwidth: BandwidthModel | str | None = None) -> list[str]:
     if len(trace.blocks) == 0:
         return out + ["There are no blocks, so there is nothing to analyse."]
     out += _peak(trace)
-    its, text = _iterations(trace)
+    iv = None
+    if trace.has_accesses:
+        from memlens.analysis.ati import access_intervals
+        iv = access_intervals(trace)  # once, for the iterations' ATI similarity and the access findings
+    its, text = _iterations(trace, iv)
     out += text
     if trace.has_accesses:
-        out += _access_findings(trace, bw, its)
+        out += _access_findings(trace, bw, its, iv)
     else:
         source = trace.metadata.get("source_kind", "unknown")
         out.append(f"This trace ({source}) records allocations and frees but not which op read or wrote each "
