@@ -9,8 +9,9 @@ allocator saw but no op argument exposed).
 
 Bounds: a block allocated before recording began starts at the trace start, and one still alive when
 recording stopped ends at the trace end (`Trace.time_span_ns`); its first/last interval is then marked
-``truncated`` because its true length is unknown (at least the value given). Several accesses by the same op
-at the same time count once (an in-place op reads and writes the same bytes in one event). An access that
+``truncated`` because its true length is unknown (at least the value given). Several accesses of a block
+by the same op at the same time count once (an in-place op reads and writes the same bytes in one event;
+in a time-ordered recording such rows are adjacent, and only adjacent ones are merged). An access that
 falls outside its block's recorded lifetime (a recorder's clock skew) widens the lifetime to include it
 rather than producing a negative interval; how many did so is in ``attrs["accesses_outside_lifetime"]``.
 """
