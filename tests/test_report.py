@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import memlens
@@ -149,3 +150,43 @@ def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, capsys, args):
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and err.startswith("memlens: error:")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_peak_window_keeps_the_peak_and_cuts_blocks_at_its_edges():
+    from memlens.analysis.iterations import split_iterations
+    from memlens.report.window import peak_window
+
+    trace = constructed_trace(n_iter=40)
+    whole = peak_window(trace, max_blocks=10_000)
+    assert whole.trace is trace and whole.how == "the whole trace"
+    # by iteration: every iteration holds the same peak, the first one that reaches it is iteration 0
+    w = peak_window(trace, max_blocks=10, iterations=split_iterations(trace))
+    assert w.how.startswith("iteration 0") and w.blocks < w.total_blocks == len(trace.blocks)
+    assert w.trace.peak_live_bytes()["cuda:0"] == trace.peak_live_bytes()["cuda:0"] == 5300
+    # by allocation count, without iterations
+    w = peak_window(trace, max_blocks=8)
+    assert w.trace.peak_live_bytes()["cuda:0"] == 5300
+    blocks = w.trace.blocks
+    param = blocks[blocks["block_id"] == 0].iloc[0]
+    assert param["allocated_before"] and pd.isna(param["free_ns"])  # lives across both edges
+    assert blocks["alloc_ns"].dropna().min() >= 0 and w.start_ns <= 20 <= w.end_ns
+    acc = w.trace.accesses
+    assert ((acc["t_ns"] >= 0) & (acc["t_ns"] <= w.end_ns - w.start_ns)).all()
+
+
+def test_big_traces_run_the_whatif_on_a_window(monkeypatch):
+    import memlens.whatif as whatif
+
+    seen = {}
+
+    def fake_compare(trace, **kwargs):
+        seen["blocks"] = len(trace.blocks)
+        return real_compare(trace, **kwargs)
+
+    real_compare = whatif.compare
+    monkeypatch.setattr(whatif, "compare", fake_compare)
+    built = build_report(constructed_trace(n_iter=40), sections=["whatif"], whatif_max_blocks=12,
+                         whatif_time_limit_s=0.1)
+    assert built.status() == {"whatif": "ok"}
+    assert 0 < seen["blocks"] < 121
+    assert "the what-if simulations ran on" in built.html()

@@ -31,9 +31,9 @@ def ati(ctx: ReportContext) -> list:
         f"percentile {_ns(st['p90_ns'])}, 99th {_ns(st['p99_ns'])}, longest {_ns(st['max_ns'])}. "
         f"{fs['filtered_out_fraction']:.0%} are too short to swap over the link; the {fs['swappable']:,} "
         f"that are long enough hold {(fs['swappable_share'] or 0):.0%} of the idle byte-time.")]
-    parts.append(ati_histogram(iv, ctx.options.bandwidth))
-    parts.append(ati_histogram(iv, ctx.options.bandwidth, weight="bytes_ns"))
-    parts.append(ati_ecdf(iv, ctx.options.bandwidth))
+    parts.append(ati_histogram(filtered, ctx.options.bandwidth))
+    parts.append(ati_histogram(filtered, ctx.options.bandwidth, weight="bytes_ns"))
+    parts.append(ati_ecdf(filtered, ctx.options.bandwidth))
     by_cat = ati_by(ctx.trace, "category", intervals=iv)
     fmt = {c: _ns for c in by_cat.columns if c.endswith("_ns")}
     fmt["bytes"] = lambda v: "" if pd.isna(v) else format_bytes(v)

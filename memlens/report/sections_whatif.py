@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.markup import paragraph, table
+from memlens.report.markup import note, paragraph, table
 from memlens.report.sections import ReportContext, SectionUnavailable
-from memlens.units import format_bytes
+from memlens.report.window import peak_window
+from memlens.units import format_bytes, format_ns
 
 # allocator settings people try first when fragmentation bites
 CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,max_split_size_mb:128")
@@ -30,13 +31,22 @@ def whatif(ctx: ReportContext) -> list:
                                  "--no-whatif)")
     if len(ctx.trace.blocks) == 0:
         raise SectionUnavailable("the trace has no blocks to simulate")
-    df = compare(ctx.trace, bandwidth=ctx.options.bandwidth or "pcie4", conf_variants=list(CONF_VARIANTS),
+    window = peak_window(ctx.trace, ctx.options.whatif_max_blocks,
+                         ctx.iterations if len(ctx.trace.blocks) > ctx.options.whatif_max_blocks else None)
+    df = compare(window.trace, bandwidth=ctx.options.bandwidth or "pcie4", conf_variants=list(CONF_VARIANTS),
                  time_limit_s=ctx.options.whatif_time_limit_s, limit=ctx.options.memory_limit)
-    parts = [paragraph(
+    parts = []
+    if window.blocks < window.total_blocks:
+        parts.append(note(
+            f"The trace has {window.total_blocks:,} blocks: the what-if simulations ran on {window.how} "
+            f"({format_ns(window.start_ns)} to {format_ns(window.end_ns)}, {window.blocks:,} blocks; blocks alive "
+            "across its edges count as allocated before / never freed). Run `memlens simulate`, `memlens plan` "
+            "and `memlens swap` for the whole trace."))
+    parts.append(paragraph(
         "How much device memory the same sequence of allocations needs when the caching allocator is "
         "simulated (recorded settings and common PYTORCH_CUDA_ALLOC_CONF variants), when every block gets a "
         "static offset from a planner, and when idle blocks are swapped to host memory. Max-live is the "
-        "bound of any policy that keeps every block resident.")]
+        "bound of any policy that keeps every block resident."))
     parts.append(whatif_figure(_escaped_for_figure(df)))
     fmt = {"bytes": lambda v: "n/a" if pd.isna(v) else f"{format_bytes(v)} ({int(v):,} B)",
            "ratio_to_max_live": lambda v: "" if pd.isna(v) else f"{v:.3f}x"}

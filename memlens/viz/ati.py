@@ -8,13 +8,19 @@ a reference.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from memlens.units import format_bytes, format_ns
 from memlens.viz.labels import safe
 
 
 def _filtered(trace_or_intervals, bandwidth, device):
+    """Intervals with the bandwidth filter applied; a frame that already went through it is used as is."""
     from memlens.analysis.outliers import bandwidth_filter
+
+    if isinstance(trace_or_intervals, pd.DataFrame) and "swappable" in trace_or_intervals.columns:
+        iv = trace_or_intervals
+        return iv if device is None else iv[iv["device"].astype(str) == device]
     return bandwidth_filter(trace_or_intervals, bandwidth, device)
 
 
@@ -31,7 +37,8 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
                   weight: str = "count"):
     """Figure: log-binned histogram of ATIs (ns), bars split into swappable / too short at `bandwidth`.
 
-    Accepts a Trace (needs accesses) or a frame from `memlens.analysis.ati.access_intervals`. `weight` is
+    Accepts a Trace (needs accesses), a frame from `memlens.analysis.ati.access_intervals`, or one from
+    `memlens.analysis.outliers.bandwidth_filter` (used as filtered; pass the same `bandwidth`). `weight` is
     "count" (intervals) or "bytes_ns" (size x length: where the idle memory is).
     """
     import plotly.graph_objects as go
