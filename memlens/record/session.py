@@ -31,7 +31,6 @@ Tensor = torch.Tensor
 _SEQ_CAP = (1 << 62)           # AccumulateGrad nodes carry UINT64_MAX as sequence number
 
 
-
 class _RecordingMode(TorchDispatchMode):
     """Sees every ATen op below autograd (forward, backward, optimizer) and reports it to the session."""
 
@@ -102,7 +101,6 @@ class Session(Attribution):
         self.n_blocks = 0
         self.active = False
         self.stop_reason: str | None = None
-        self.thread_id = threading.get_ident()
         self.lock = threading.RLock()   # reentrant: a free callback may run inside an op record (GC)
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
@@ -289,8 +287,10 @@ class Session(Attribution):
                     self._touch(x, write, op, t)
 
     def learn_op(self, func) -> tuple:
-        """Classify `func` once per session: (name index, kind, positional writes, keyword writes,
-        conditional-write argument, the callable that runs it). Keeps `func` (immortal) referenced."""
+        """Classify `func` once per session. The entry (a tuple, indexed in the hot path) is
+        (0 name index, 1 kind, 2 positional writes as 0/1, 3 keyword writes, 4 conditional-write
+        argument, 5 the C++ callable that runs it, 6 `func` itself (immortal; keeps `id` unique),
+        7 whether it may reallocate `self` in place)."""
         info = classify(func)
         self.op_names.append(info.name)
         call = getattr(func, "_op", func)
