@@ -78,10 +78,21 @@ def run(args) -> int:
         print("no blocks qualify" + (" (doa/aoa/wdoa consider blocks idle across the peak, by default only those "
                                      ">= 1 MiB: see --min-size)" if args.priority != "size_x_idle" else ""))
         return 0
-    print(f"{'block':>8} {'size':>11} {'max idle':>11} {'kind':<17} {'swappable':>12} {'category':<16} op / module")
+    # Zhang et al.'s priorities get their own column: DOA/WDOA are durations, AOA is byte-time
+    score_name = {"doa": "DOA", "wdoa": "WDOA", "aoa": "AOA"}.get(args.priority)
+
+    def score_text(value) -> str:
+        if args.priority == "aoa":
+            return format_bytes(value / 1e9) + "*s"
+        return format_ns(value)
+
+    extra = f" {score_name:>12}" if score_name else ""
+    print(f"{'block':>8} {'size':>11} {'max idle':>11} {'kind':<17} {'swappable':>12}{extra} {'category':<16} "
+          "op / module")
     for row in ranked.itertuples(index=False):
         where = " ".join(x for x in (str(row.op or ""), str(row.module or "")) if x)
+        extra = f" {score_text(row.score):>12}" if score_name else ""
         print(f"{row.block_id:>8} {format_bytes(row.size):>11} {format_ns(row.max_idle_ns):>11} "
-              f"{row.max_idle_kind:<17} {format_bytes(row.swappable_bytes_ns / 1e9) + '*s':>12} "
+              f"{row.max_idle_kind:<17} {format_bytes(row.swappable_bytes_ns / 1e9) + '*s':>12}{extra} "
               f"{str(row.category or 'unknown'):<16} {where}")
     return 0
