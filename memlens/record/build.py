@@ -56,10 +56,11 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
     })
-    if session.stack_table is not None:
-        stack = session.buf.op_stacks.to_numpy()[:, 0] if n else np.empty(0, np.int64)
-        ops["stack_id"] = pd.array(np.resize(stack, n) if len(stack) >= n else
-                                   np.concatenate([stack, -np.ones(n - len(stack), np.int64)]), dtype="Int64")
+    if session.stack_table is not None:   # one stack id per op, appended right after the op record
+        stack = session.buf.op_stacks.to_numpy()[:n, 0]
+        sid = pd.array(np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)]), dtype="Int64")
+        sid[sid < 0] = pd.NA
+        ops["stack_id"] = sid
     return ops, module_idx, source
 
 
