@@ -115,7 +115,6 @@ def constructed_trace(n_iter: int = 4, names=None, with_accesses: bool = True):
     (+20..+30); on cpu a 50 B input (+5..+15). A 4000 B parameter lives from before recording to the end.
     Iteration k spans [100k, 100k+100) ns. Names come from `names` (cycled) so tests can inject markup.
     """
-    import numpy as np
     import pandas as pd
 
     from memlens import Trace

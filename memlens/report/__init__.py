@@ -5,6 +5,7 @@ returns the `Report` with every `Section` and its status for programmatic checks
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -60,16 +61,15 @@ class Report:
         except OSError as exc:
             raise InputError(f"cannot write the report: {exc.strerror or exc}", out) from None
         finally:
-            try:
+            # when the directory itself could not be created there is no temporary file to remove
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass  # the directory itself could not be created: nothing was written
         return out
 
     def html(self) -> str:
         """The complete self-contained HTML document."""
+        from memlens.report.markup import Safe, esc
         from memlens.report.page import document, figure_block
-        from memlens.report.markup import Safe
 
         rendered = []
         n_fig = 0
@@ -77,17 +77,12 @@ class Report:
             body = []
             for part in s.parts:
                 if isinstance(part, str):
-                    body.append(part if isinstance(part, Safe) else Safe(_escape(part)))
+                    body.append(esc(part))  # a Safe part passes through, plain text is escaped
                 else:
                     n_fig += 1
                     body.append(figure_block(part, f"memlens-fig-{n_fig}"))
             rendered.append((s.key, s.title, Safe("".join(body))))
         return document(self.title, self.subtitle, rendered, [s.to_dict() for s in self.sections])
-
-
-def _escape(text: str) -> str:
-    from memlens.report.markup import esc
-    return esc(text)
 
 
 def _builder(spec: str):

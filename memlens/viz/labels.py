@@ -28,10 +28,11 @@ def safe(text) -> str:
 
 
 def safe_labels(values) -> np.ndarray:
-    """Escape every label of an array-like; empty labels become ``(none)``."""
-    s = pd.Series(values, dtype=object).fillna("").astype(str).replace("", NONE_LABEL)
-    return np.array([html.escape(v, quote=True) for v in s.unique()], dtype=object)[
-        pd.factorize(s)[0]] if len(s) else np.array([], dtype=object)
+    """Escape every label of an array-like (each distinct label once); empty labels become ``(none)``."""
+    labels = pd.Series(values, dtype=object).fillna("").astype(str).replace("", NONE_LABEL)
+    codes, uniques = pd.factorize(labels)
+    escaped = np.array([html.escape(v, quote=True) for v in uniques], dtype=object)
+    return escaped[codes] if len(labels) else np.array([], dtype=object)
 
 
 def color_for(group: str, i: int, by: str) -> str:
