@@ -140,6 +140,7 @@ def test_recorder_on_cpu_reports_cpu_sources():
     assert rec.trace.segments is None
 
 
+@pytest.mark.shared
 def test_real_cuda_snapshot_events_and_join(shared):
     from memlens.io.safe_pickle import load_pickle
     snap = load_pickle(shared("snapshots/cs336_wedsonlin_medium_128_training.pickle"))
