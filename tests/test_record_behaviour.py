@@ -59,6 +59,9 @@ def test_buffer_budget_stops_recording_with_bounded_memory():
     assert 100 < len(trace.ops) < 6000
     over = trace.metadata["recorder_overhead"]
     assert 64 * 1024 < over["peak_event_buffer_bytes"] <= 64 * 1024 + 1024
+    # x = x + 1 frees the previous x: only a couple of storages are watched at any time
+    assert 1 <= over["peak_tracked_storages"] <= 3
+    assert over["tracking_bytes_estimate"] == 300 * over["peak_tracked_storages"]
     assert "budget" in trace.metadata["stop_reason"]
 
 

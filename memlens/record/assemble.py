@@ -39,6 +39,7 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     if exception:
         notes.append(f"the recorded block raised {exception}; the trace covers everything up to it")
     devices = sorted(set(blocks["device"].unique().tolist()) | set(session.devices))
+    peak_tracked = _peak_tracked(session)
     metadata = {
         "source_kind": "memlens_record",
         "torch_version": torch.__version__,
@@ -56,6 +57,10 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
             "peak_event_buffer_bytes": int(max(session.peak_buffer_bytes, session.buf.nbytes)),
             "max_buffer_bytes": int(session.buf.max_bytes),
             "bytes_per_op": round(session.buf.nbytes / max(session.n_ops, 1), 1),
+            # per watched storage: two dict entries, a weakref with its bound callback and a tuple
+            # (~300 bytes in CPython); an upper bound, as storages first seen as inputs count from t=0
+            "peak_tracked_storages": peak_tracked,
+            "tracking_bytes_estimate": peak_tracked * TRACKING_BYTES_PER_STORAGE,
         },
         "join": stats,
     }
@@ -71,6 +76,24 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     if iteration_source == "none":
         _detect_iterations(trace)
     return trace
+
+
+TRACKING_BYTES_PER_STORAGE = 300
+
+
+def _peak_tracked(session: Session) -> int:
+    """Most storages the recorder watched at once (each costs it a weakref and two dict entries)."""
+    import numpy as np
+
+    blocks = session.buf.blocks.to_numpy()
+    if len(blocks) == 0:
+        return 0
+    frees = session.buf.frees.to_numpy()
+    seen = np.where(blocks[:, 4] >= 0, blocks[:, 4], session.t_start)
+    t = np.concatenate([seen, frees[:, 1]])
+    delta = np.concatenate([np.ones(len(seen), np.int64), -np.ones(len(frees), np.int64)])
+    order = np.lexsort((delta, t))            # a free before a watch at the same instant
+    return int(np.cumsum(delta[order]).max())
 
 
 def _detect_iterations(trace: Trace) -> None:
