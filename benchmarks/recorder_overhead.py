@@ -174,7 +174,9 @@ def bench(name, model, step, reps, steps):
         ops = over["ops"]
         added = 1e6 * (statistics.median(cpu[mode]) - base_cpu) * steps / max(ops, 1)
         print(f"  {mode} memory: {over['event_buffer_bytes'] / 1024:.1f} KiB event buffer for {ops} ops "
-              f"({over['bytes_per_op']} B/op; {ops / steps:.0f} ops/step; {added:.1f} us CPU added per op)")
+              f"({over['bytes_per_op']} B/op; {ops / steps:.0f} ops/step; {added:.1f} us CPU added per op); "
+              f"<= {over['peak_tracked_storages']} storages watched at once "
+              f"(~{over['tracking_bytes_estimate'] / 1024:.0f} KiB)")
     return ratios
 
 
