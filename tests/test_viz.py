@@ -140,3 +140,20 @@ def test_timeline_without_addresses_stacks_on_live_bytes():
     rects = block_rects(Trace.from_tables(blocks), "cpu")
     assert rects.attrs["y_mode"] == "stacked"
     assert rects["y0"].tolist() == [0, 10, 30]
+
+
+def test_public_figure_functions_are_exported():
+    import memlens.viz as viz
+
+    for name in viz.__all__:
+        assert callable(getattr(viz, name)), name
+
+
+def test_whatif_comparison_escapes_the_table_text():
+    from memlens.viz.whatif import whatif_comparison
+
+    table = pd.DataFrame({"device": ["<b>cuda:0</b>"] * 2, "stage": ["max-live", "static plan"],
+                          "variant": ["", "<img src=x onerror=alert(1)>"], "bytes": pd.array([100, 120], "Int64"),
+                          "ratio_to_max_live": [1.0, 1.2], "note": ["ok", "<script>x</script>"]})
+    text = whatif_comparison(table).to_json()
+    assert "<img" not in text and "<script" not in text and "<b>cuda" not in text

@@ -55,7 +55,7 @@ class ReportOptions:
     timeline_blocks: int = 4000
     whatif: bool = True
     whatif_time_limit_s: float = 1.0
-    whatif_max_blocks: int = 4000
+    whatif_max_blocks: int = 5000
     memory_limit: int | None = None
 
 

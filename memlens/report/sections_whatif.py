@@ -12,19 +12,10 @@ from memlens.units import format_bytes, format_ns
 CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,max_split_size_mb:128")
 
 
-def _escaped_for_figure(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy whose text columns are HTML-escaped: plotly renders labels and hover text as markup."""
-    from memlens.viz.labels import safe
-
-    out = df.copy()
-    for col in ("device", "stage", "variant", "note"):
-        out[col] = out[col].map(safe)
-    return out
-
-
 def whatif(ctx: ReportContext) -> list:
     """`memlens.whatif.compare` as a table and `memlens.whatif.whatif_figure` as bars."""
-    from memlens.whatif import compare, whatif_figure
+    from memlens.viz.whatif import whatif_comparison
+    from memlens.whatif import compare
 
     if not ctx.options.whatif:
         raise SectionUnavailable("what-if simulations were switched off for this report (whatif=False / "
@@ -47,7 +38,7 @@ def whatif(ctx: ReportContext) -> list:
         "simulated (recorded settings and common PYTORCH_CUDA_ALLOC_CONF variants), when every block gets a "
         "static offset from a planner, and when idle blocks are swapped to host memory. Max-live is the "
         "bound of any policy that keeps every block resident."))
-    parts.append(whatif_figure(_escaped_for_figure(df)))
+    parts.append(whatif_comparison(df))
     fmt = {"bytes": lambda v: "n/a" if pd.isna(v) else f"{format_bytes(v)} ({int(v):,} B)",
            "ratio_to_max_live": lambda v: "" if pd.isna(v) else f"{v:.3f}x"}
     parts.append(table(df, fmt, {"ratio_to_max_live": "vs max-live"}))

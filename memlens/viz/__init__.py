@@ -5,34 +5,22 @@
 - `largest_blocks(trace)` / `largest_blocks_table(trace)`: the biggest blocks with attribution
 - `ati_histogram(trace)` / `ati_ecdf(trace)`: access time intervals with the bandwidth threshold
 - `diff_overlay(a, b)`: two runs' live memory on one axis
+- `whatif_comparison(trace)`: bytes needed under each memory policy (allocator settings, plan, swapping)
 
 All accept the options documented on each function; `memlens.viz.lod` holds the level-of-detail
 reductions (max-preserving decimation, rasterised aggregation, address-gap compression) they share.
-Text taken from traces is HTML-escaped before it reaches a figure.
+Text taken from traces is HTML-escaped before it reaches a figure. plotly itself is imported only when a
+figure is built.
 """
 from __future__ import annotations
 
-_LAZY = {
-    "live_memory": ("memlens.viz.live", "live_memory"),
-    "live_series": ("memlens.viz.live", "live_series"),
-    "timeline": ("memlens.viz.timeline", "timeline"),
-    "block_rects": ("memlens.viz.timeline", "block_rects"),
-    "largest_blocks": ("memlens.viz.tables", "largest_blocks"),
-    "largest_blocks_table": ("memlens.viz.tables", "largest_blocks_table"),
-    "ati_histogram": ("memlens.viz.ati", "ati_histogram"),
-    "ati_ecdf": ("memlens.viz.ati", "ati_ecdf"),
-    "diff_overlay": ("memlens.viz.diff", "diff_overlay"),
-}
+# bound eagerly: `timeline` is both a submodule and a function, and the function must win
+from memlens.viz.ati import ati_ecdf, ati_histogram
+from memlens.viz.diff import diff_overlay
+from memlens.viz.live import live_memory, live_series
+from memlens.viz.tables import largest_blocks, largest_blocks_table
+from memlens.viz.timeline import block_rects, timeline
+from memlens.viz.whatif import whatif_comparison
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'memlens.viz' has no attribute {name!r}")
-
-
-__all__ = sorted(_LAZY)
+__all__ = ["ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks", "largest_blocks_table",
+           "live_memory", "live_series", "timeline", "whatif_comparison"]
