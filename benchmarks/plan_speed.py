@@ -99,11 +99,13 @@ def main() -> None:
         result = plan(as_problem(df), time_limit_s=args.time_limit)
         t_port = time.perf_counter() - t0
         print(f"{problem.n:>7,} buffers  {int(indptr[-1]) // 2:>12,} conflicts  max-live {result.max_live:,} B")
-        print(f"  portfolio: {t_port * 1e3:9.1f} ms  ({t_port / t_base:.1f}x one greedy pass of "
+        print(f"  portfolio: {t_port * 1e3:9.1f} ms  ({t_port / t_base:.1f}x one greedy-by-size pass of "
               f"{t_base * 1e3:.1f} ms; conflict graph {t_conf * 1e3:.1f} ms)  ratio {result.ratio:.4f}  "
-              f"via {result.algorithm}{' (optimal)' if result.optimal else ''}")
+              f"via {result.algorithm}{' (optimal)' if result.optimal else ''}; heuristics run: "
+              f"{', '.join(f'{k} {v / result.max_live:.4f}' for k, v in result.heuristics.items())}")
         for name, sec in per.items():
-            print(f"    {name:28s} {sec * 1e3:9.1f} ms  ratio {result.heuristics[name] / result.max_live:.4f}")
+            used = "" if name in result.heuristics else "  (skipped by the portfolio's budget)"
+            print(f"    {name:28s} {sec * 1e3:9.1f} ms alone{used}")
 
 
 if __name__ == "__main__":

@@ -254,3 +254,15 @@ def test_real_snapshot_reaches_max_live(shared):
     _, greedy = result.best_heuristic
     assert greedy > result.max_live
     assert result.height == result.max_live and result.optimal
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_online_sweep_matches_generic_placement(seed):
+    from memlens.plan.online import online_best_fit
+
+    rows = random_rows(np.random.default_rng(100 + seed), 300, horizon=100)
+    rows += [(5, 5, 64), (7, 9, 0)]  # an empty lifetime and a zero size
+    p = as_problem(frame(rows))
+    sweep = online_best_fit(p)
+    assert sweep.tolist() == place_in_order(p, order_by(p, "online"), "best").tolist()
+    validate_plan(p, sweep)

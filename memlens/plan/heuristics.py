@@ -139,8 +139,8 @@ def order_by(problem: PlanProblem, key: str) -> np.ndarray:
 
 # (name, order key, fit) of the published heuristics, in the order the portfolio tries them
 HEURISTICS: tuple[tuple[str, str, str], ...] = (
+    ("online_best_fit", "online", "best"),  # first: it needs no conflict graph (see online.py)
     ("greedy_size_best_fit", "size", "best"),
-    ("online_best_fit", "online", "best"),
     ("greedy_area_best_fit", "area", "best"),
     ("greedy_breadth_best_fit", "breadth", "best"),
     ("greedy_size_first_fit", "size", "first"),
@@ -156,12 +156,29 @@ def plan_height(problem: PlanProblem, offsets: np.ndarray) -> int:
 
 def run_heuristic(problem: PlanProblem, name: str) -> np.ndarray:
     """Offsets of the named heuristic (a name in `HEURISTICS`)."""
+    if name == "online_best_fit" and not (problem.alignment > 1).any():
+        from memlens.plan.online import online_best_fit
+        return online_best_fit(problem)  # same offsets as the generic placement, without the conflict graph
     for hname, key, fit in HEURISTICS:
         if hname == name:
             return place_in_order(problem, order_by(problem, key), fit)
     if name == "zhang_size_best_fit":
         return place_in_order(problem, order_by(problem, "zhang"), "best")
     raise ValueError(f"unknown heuristic {name!r}")
+
+
+def graph_cost_estimate_s(problem: PlanProblem) -> tuple[float, float]:
+    """(seconds to build the conflict graph, seconds per graph-based heuristic), rough estimates from the
+    buffer count and the number of conflicting pairs (counted without building the graph)."""
+    if problem._conflicts is not None:
+        pairs, build = len(problem._conflicts[1]) // 2, 0.0
+    else:
+        starts = np.sort(problem.start[problem.active])
+        act = problem.active
+        pairs = int((np.searchsorted(starts, problem.end[act], "left")
+                     - np.searchsorted(starts, problem.start[act], "left")).sum())
+        build = 1.5e-7 * pairs
+    return build, 2e-5 * problem.n + 2e-7 * pairs
 
 
 def heuristic_names(problem: PlanProblem) -> list[str]:

@@ -21,14 +21,14 @@ import numpy as np
 import pandas as pd
 
 from memlens.plan import exact
-from memlens.plan.heuristics import heuristic_names, plan_height, run_heuristic
+from memlens.plan.heuristics import graph_cost_estimate_s, heuristic_names, plan_height, run_heuristic
 from memlens.plan.improve import improve, repair_peak, window_search
 from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
 EXACT_MAX_BUFFERS = 5000
-# the heuristics run within max(time_limit_s, this) seconds; on large instances the later ones are skipped
-# when the slowest so far would not fit (always at least the first: greedy by size, best gap)
+# the heuristics run within max(time_limit_s, this) seconds; on large instances the ones estimated not to
+# fit are skipped (online best-fit, which needs no conflict graph, always runs)
 MIN_HEURISTIC_BUDGET_S = 2.0
 
 
@@ -139,22 +139,25 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     scores: dict[str, int] = {}
     skipped: list[str] = []
     budget = max(time_limit_s, MIN_HEURISTIC_BUDGET_S)
-    slowest = 0.0
     for name in heuristic_names(problem):
-        started = time.perf_counter()
-        if scores and started - t0 + slowest > budget:
+        build, per = graph_cost_estimate_s(problem)
+        cost = 0.0 if name == "online_best_fit" else build + per
+        if scores and time.perf_counter() - t0 + cost > budget:
             skipped.append(name)  # large instance: this heuristic would not finish within the budget
             continue
         scores[name] = best.offer(run_heuristic(problem, name), name)
-        slowest = max(slowest, time.perf_counter() - started)
     # an empty-lifetime buffer conflicts with nothing but still needs its bytes
     lower = max(max_live, int(problem.size.max(initial=0)))
     deadline = t0 + time_limit_s
-    if best.height > lower and time_limit_s > 0:
-        repaired = repair_peak(problem, best.offsets, time_limit_s=0.2 * time_limit_s, target=lower)
+    # the search stages need the conflict graph: skip them when building it would overrun the limit
+    if graph_cost_estimate_s(problem)[0] > deadline - time.perf_counter():
+        deadline = time.perf_counter()
+    if best.height > lower and deadline > time.perf_counter():
+        repaired = repair_peak(problem, best.offsets, target=lower,
+                               time_limit_s=min(0.2 * time_limit_s, deadline - time.perf_counter()))
         best.offer(repaired, f"peak_repair({best.algorithm})")
-    if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and time_limit_s > 0:
-        lower = _exact_stage(problem, best, lower, t0 + 0.6 * time_limit_s)
+    if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and deadline > time.perf_counter():
+        lower = _exact_stage(problem, best, lower, min(deadline, t0 + 0.6 * time_limit_s))
     if best.height > lower and time.perf_counter() < deadline:
         source = best.algorithm
         left = deadline - time.perf_counter()
