@@ -63,6 +63,8 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
                     marker=dict(symbol="triangle-down", size=11, color=color), showlegend=False,
                     hovertemplate=f"{label} peak {s.peak_bytes:,} B<extra></extra>"), row=row, col=1)
         fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title_text=f"{x_title}, aligned at each trace's {how_a}", row=rows, col=1)
+    if how_a == "first iteration":
+        x_title = "time from each trace's first iteration start (ms)"
+    fig.update_xaxes(title_text=x_title, row=rows, col=1)
     fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig
