@@ -157,3 +157,20 @@ def test_whatif_comparison_escapes_the_table_text():
                           "ratio_to_max_live": [1.0, 1.2], "note": ["ok", "<script>x</script>"]})
     text = whatif_comparison(table).to_json()
     assert "<img" not in text and "<script" not in text and "<b>cuda" not in text
+
+
+def test_allocator_timeline_keeps_the_simulated_peaks():
+    from memlens.simulate import simulate
+    from memlens.viz.allocator import allocator_timeline
+
+    trace = constructed_trace(n_iter=6)
+    result = simulate(trace, allocator="caching", device="cuda:0")
+    sim = result.devices["cuda:0"]
+    fig = allocator_timeline(trace, result=result, device="cuda:0")
+    curves = {t.name: np.asarray(t.y) for t in fig.data}
+    unit = {"B": 1, "KiB": 1024, "MiB": 2**20}[fig.layout.yaxis.title.text.split("(")[1].rstrip(")")]
+    assert curves["reserved (simulated)"].max() * unit == pytest.approx(sim.peak_reserved)
+    assert curves["allocated (simulated)"].max() * unit == pytest.approx(sim.peak_allocated)
+    assert curves["live (trace)"].max() * unit == pytest.approx(5300)
+    # the allocator rounds every request up (512 B at least) and caches whole segments
+    assert sim.peak_reserved >= sim.peak_allocated >= 5300

@@ -14,6 +14,7 @@ CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,m
 
 def whatif(ctx: ReportContext) -> list:
     """`memlens.whatif.compare` as a table and `memlens.whatif.whatif_figure` as bars."""
+    from memlens.viz.allocator import allocator_timeline
     from memlens.viz.whatif import whatif_comparison
     from memlens.whatif import compare
 
@@ -42,4 +43,7 @@ def whatif(ctx: ReportContext) -> list:
     fmt = {"bytes": lambda v: "n/a" if pd.isna(v) else f"{format_bytes(v)} ({int(v):,} B)",
            "ratio_to_max_live": lambda v: "" if pd.isna(v) else f"{v:.3f}x"}
     parts.append(table(df, fmt, {"ratio_to_max_live": "vs max-live"}))
+    parts.append(paragraph("The caching allocator replayed under the recorded settings (memlens.simulate): what "
+                           "it reserves from the device, what it hands out, and the live bytes of the trace."))
+    parts.append(allocator_timeline(window.trace, max_points=ctx.options.max_points))
     return parts

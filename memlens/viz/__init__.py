@@ -6,6 +6,7 @@
 - `ati_histogram(trace)` / `ati_ecdf(trace)`: access time intervals with the bandwidth threshold
 - `diff_overlay(a, b)`: two runs' live memory on one axis
 - `whatif_comparison(trace)`: bytes needed under each memory policy (allocator settings, plan, swapping)
+- `allocator_timeline(trace)`: the simulated caching allocator's reserved / allocated bytes vs live bytes
 
 All accept the options documented on each function; `memlens.viz.lod` holds the level-of-detail
 reductions (max-preserving decimation, rasterised aggregation, address-gap compression) they share.
@@ -15,6 +16,7 @@ figure is built.
 from __future__ import annotations
 
 # bound eagerly: `timeline` is both a submodule and a function, and the function must win
+from memlens.viz.allocator import allocator_timeline
 from memlens.viz.ati import ati_ecdf, ati_histogram
 from memlens.viz.diff import diff_overlay
 from memlens.viz.live import live_memory, live_series
@@ -22,5 +24,5 @@ from memlens.viz.tables import largest_blocks, largest_blocks_table
 from memlens.viz.timeline import block_rects, timeline
 from memlens.viz.whatif import whatif_comparison
 
-__all__ = ["ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks", "largest_blocks_table",
+__all__ = ["allocator_timeline", "ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks", "largest_blocks_table",
            "live_memory", "live_series", "timeline", "whatif_comparison"]
