@@ -18,12 +18,13 @@ Measured (torch 2.13 CPU, 1 intra-op thread, a 2-core machine shared with other 
 +-0.2x of noise; CPU-time ratios to plain, 4-5 rounds x 3 steps, several runs):
 
     workload                                   plain/step  empty mode  memlens(tensor)  memlens(default)  profiler
-    transformer train, small (618 ops/step)    9-12 ms     1.55-1.9x   2.1-2.7x         2.1-2.8x          1.2-1.4x
-    transformer train, medium (1142 ops/step)  430 ms      -           1.0-1.13x        1.0x              1.03x
-    CNN inference, small (13 ops/step)         4-5.5 ms    1.1x        1.05-1.4x        1.2-1.4x          0.9-1.1x
-    CNN inference, medium                      33 ms       -           1.05x            1.0x              1.04x
-    recorder memory: 92 B of event buffer per op (+ ~100 B per live block in dicts), reported in
-    trace.metadata["recorder_overhead"]; bounded by max_buffer_bytes (default 512 MiB, ~5 M ops).
+    transformer train, small (618 ops/step)    9-13 ms     1.5-1.9x    2.1-2.7x         2.1-2.8x          1.2-1.4x
+    transformer train, medium (1142 ops/step)  430-450 ms  1.07x       1.0-1.2x         1.0-1.2x          1.03-1.13x
+    CNN inference, small (13 ops/step)         4-5.5 ms    1.1-1.2x    1.05-1.4x        1.2-1.4x          0.9-1.1x
+    CNN inference, medium                      29-33 ms    1.04x       1.03-1.05x       1.0x              1.04x
+    recorder memory: 92 B of event buffer per op (167 KiB for 1854 ops) + ~300 B per watched storage
+    (<= 162 at once, ~47 KiB, small transformer), reported in trace.metadata["recorder_overhead"];
+    the event buffer is bounded by max_buffer_bytes (default 512 MiB, ~5 M ops).
 
 The default mode costs what the tensor-level mode costs: the allocator join uses the profiler with
 its op callbacks scoped away (allocations only), which is nearly free. The goal (<= 1.3x) holds when
