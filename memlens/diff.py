@@ -235,8 +235,9 @@ def _by_op(a, b, pairs) -> pd.DataFrame:
 def _op_counts(a, b) -> tuple[pd.DataFrame | None, list[str]]:
     """Ops executed per name in A and B (largest changes first), when both traces record ops."""
     if len(a.ops) == 0 or len(b.ops) == 0:
-        missing = " and ".join(n for n, t in (("A", a), ("B", b)) if len(t.ops) == 0)
-        return None, [f"ops executed: {missing} records no ops table (only allocating ops are compared)"]
+        missing = [n for n, t in (("A", a), ("B", b)) if len(t.ops) == 0]
+        who = "neither trace records" if len(missing) == 2 else f"{missing[0]} records no"
+        return None, [f"ops executed: {who} ops (only allocating ops are compared)"]
     ca = a.ops["name"].astype(str).value_counts()
     cb = b.ops["name"].astype(str).value_counts()
     f = pd.DataFrame({"count_a": ca, "count_b": cb}).fillna(0).astype(np.int64)

@@ -110,6 +110,17 @@ def test_no_section_fails_on_every_imported_format(shared, name):
     assert status["ati"] == status["outliers"] == "unavailable"  # none of these formats records accesses
 
 
+def test_an_empty_trace_gives_a_report_that_says_why_each_section_is_empty():
+    from memlens.trace import empty_table
+
+    built = build_report(memlens.Trace.from_tables(empty_table("blocks")))
+    assert not built.failed
+    status = built.status()
+    assert status["summary"] == status["metadata"] == "ok"
+    assert all(v == "unavailable" for k, v in status.items() if k not in ("summary", "metadata"))
+    assert "the trace has no blocks" in built.html()
+
+
 def test_unknown_section_or_option_is_an_input_error():
     with pytest.raises(memlens.InputError, match="unknown report sections"):
         build_report(constructed_trace(), sections=["nope"])
