@@ -30,7 +30,7 @@ The default mode costs what the tensor-level mode costs: the allocator join uses
 its op callbacks scoped away (allocations only), which is nearly free. The goal (<= 1.3x) holds when
 ops do real work (medium sizes: ~0.4 ms/op); it does not for tiny ops (small transformer: ~15 us/op
 plain), where the cost is per op and an empty TorchDispatchMode alone (PyTorch's Python dispatch:
-boxing the arguments, the mode stack, the Dynamo guard) already costs 1.55-1.9x; our own Python on
+boxing the arguments, the mode stack, the Dynamo guard) already costs 1.5-1.9x; our own Python on
 top (storage lookup, a weakref per new storage, compact appends, free callbacks) is ~5-9 us per op.
 No Python dispatch-mode recorder can get below the empty mode.
 

@@ -63,6 +63,7 @@ def test_buffer_budget_stops_recording_with_bounded_memory():
     assert 1 <= over["peak_tracked_storages"] <= 3
     assert over["tracking_bytes_estimate"] == 300 * over["peak_tracked_storages"]
     assert "budget" in trace.metadata["stop_reason"]
+    trace.validate()        # a trace cut short is still a whole, consistent trace
 
 
 def test_nested_recorders_both_record():
@@ -274,3 +275,21 @@ def test_one_session_fed_by_several_threads_keeps_each_op_record_whole():
                                       reads=("addr", lambda a: a[~acc.loc[a.index, "is_write"]].iloc[0]))
     assert (per_op["n"] == 2).all() and (per_op["writes"] == 1).all()
     assert set(per_op["reads"]) == {x.data_ptr() for x in xs}
+
+
+def test_modules_are_named_without_model_argument(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(4, 2)))
+    with memlens.record(allocator="none") as rec:
+        net(torch.randn(3, 4)).sum().backward()
+    trace = rec.trace
+    fwd = trace.ops[trace.ops["phase"] == "forward"]
+    assert {"Sequential.0", "Sequential.1.0", "Sequential.1.1"} <= set(fwd["module"])
+    bwd = trace.ops[trace.ops["phase"] == "backward"]
+    assert "Sequential.1.1" in set(bwd["module"])
+    # parameters met through the hooks are categorised with their owner, as with model=
+    w = trace.blocks[trace.blocks["addr"] == net[1][1].weight.data_ptr()].iloc[0]
+    assert (w["category"], w["module"]) == ("parameter", "Sequential.1.1")
+    with memlens.record(net, module_prefix="net", allocator="none") as rec:
+        net(torch.randn(3, 4))
+    assert "net.1.1" in set(rec.trace.ops["module"])
+    rec.trace.save(tmp_path / "t.memlens")
