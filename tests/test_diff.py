@@ -177,7 +177,7 @@ def _cli(*args):
                           timeout=300)
 
 
-def test_cli_diff_json_and_html(tmp_path):
+def test_cli_diff_json_and_html(tmp_path, capsys):
     a, b = _two_runs()
     pa, pb = a.save(tmp_path / "a.memlens"), b.save(tmp_path / "b.memlens")
     res = _cli(str(pa), str(pb), "--json", "-o", str(tmp_path / "d.html"))
@@ -187,8 +187,9 @@ def test_cli_diff_json_and_html(tmp_path):
     assert out["blocks"]["appeared"] == 5
     assert (tmp_path / "d.html").stat().st_size > 3_000_000
     assert all(s["status"] == "ok" for s in out["html_sections"])
-    res = _cli(str(pa), str(pb))
-    assert res.returncode == 0 and "goes from 5.2 KiB to 12.7 KiB" in res.stdout
+    from memlens.cli import main
+    assert main(["diff", str(pa), str(pb)]) == 0
+    assert "goes from 5.2 KiB to 12.7 KiB" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args", [("{a}", "/no/such.memlens"), ("{a}", "{a}", "--top", "0"), ("{a}",)])
