@@ -79,8 +79,13 @@ def test_constructed_snapshot_joins_with_dispatch_blocks():
     blocks = _dispatch_blocks([(0, "cuda:0", 0x7F0000000000, 1000, 10 * US, 31 * US, 0, False, "activation", "x")])
     accesses = pd.DataFrame({"block_id": [0, 0], "t_ns": [20 * US, 30 * US], "op_id": [0, 1],
                              "is_write": [True, False]})
+    # history that was already running before the recording (t < 0) stays out of the trace
+    snap["device_traces"][0].insert(0, {"action": "alloc", "addr": 0x7F0000400000, "size": 512, "stream": 0,
+                                        "time_us": t0_us - 5000})
     notes = []
-    out, stats = join_allocator(blocks, accesses, ops, AllocatorData(snapshot=snap), -t0_us * US, notes)
+    out, stats = join_allocator(blocks, accesses, ops, AllocatorData(snapshot=snap), -t0_us * US, notes,
+                                window_ns=50 * US)
+    assert any("1 allocator events outside the recording" in n for n in notes)
     st = stats["cuda_snapshot"]
     assert (st["matched"], st["allocator_only"], st["dispatch_only"]) == (1, 1, 0)
     a = out.iloc[0]

@@ -30,7 +30,8 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     stats = {}
     wall0, perf0 = clock
     to_trace_ns = perf0 - wall0 - session.t_start     # add to a unix ns time to get trace ns
-    blocks, stats = join_allocator(blocks, accesses, ops, allocator, to_trace_ns, notes)
+    blocks, stats = join_allocator(blocks, accesses, ops, allocator, to_trace_ns, notes,
+                                   window_ns=session.t_stop - session.t_start)
     if session.tensors_without_storage:
         notes.append(f"{session.tensors_without_storage} tensor arguments had no storage (sparse, nested or "
                      "wrapper subclasses) and are not in blocks/accesses")

@@ -7,7 +7,9 @@
   `_snapshot()`), which also gives segments and streams; kernel times come from the profiler's CUDA
   activity (linked to the launching op by correlation id).
 Only one profiler can run at a time: when one is already running (a user's, or an outer recorder's),
-the allocator view is skipped and the trace's notes say so.
+the allocator view is skipped and the trace's notes say so. The CUDA memory history is turned on
+("all") for the recording and off at its end; a history the user had enabled before is not restored
+(PyTorch offers no way to ask for it), and its older entries are left out of the trace.
 """
 from __future__ import annotations
 

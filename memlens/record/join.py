@@ -149,8 +149,13 @@ def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray
 
 
 def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame,
-                   allocator: AllocatorData, to_trace_ns: int, notes: list) -> tuple[pd.DataFrame, dict]:
-    """Join every allocator stream into `blocks`; returns the new blocks table and join statistics."""
+                   allocator: AllocatorData, to_trace_ns: int, notes: list,
+                   window_ns: int | None = None) -> tuple[pd.DataFrame, dict]:
+    """Join every allocator stream into `blocks`; returns the new blocks table and join statistics.
+
+    `window_ns`: the recording's length; events outside [0, window_ns] (a CUDA history that was
+    already running before the recording, kept in the snapshot's ring buffer) are left out.
+    """
     from memlens.record.cuda import snapshot_events
     streams = []
     if allocator.events is not None and len(allocator.events):
@@ -164,6 +169,11 @@ def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFra
     for name, ev in streams:
         ev = ev.copy()
         ev["t_ns"] = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        if window_ns is not None:
+            inside = (ev["t_ns"] >= -MATCH_TOLERANCE_NS) & (ev["t_ns"] <= window_ns + MATCH_TOLERANCE_NS)
+            if not inside.all():
+                notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
+            ev = ev[inside]
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
         if stats[name]["clock_offset_ns"]:
             notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
