@@ -55,13 +55,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _target(zoom_x, zoom_y):
+def _target(trace_path: Path, zoom_x, zoom_y):
     """The block the test clicks: the largest block, zoomed so that it fills a good part of the plot."""
     import numpy as np
 
     import memlens
     from memlens.widgets.explorer import Explorer
-    explorer = Explorer(memlens.load(SAMPLE))
+    explorer = Explorer(memlens.load(trace_path))
     geom = explorer.geometry()
     sizes = np.where(np.isnan(geom.y0), -1.0, geom.size)
     i = int(np.argmax(sizes))
@@ -74,12 +74,12 @@ def _target(zoom_x, zoom_y):
             "traces": len(explorer.timeline.data), "drawn": data.drawn}
 
 
-def _notebook(path: Path, zoom_x, zoom_y) -> None:
+def _notebook(path: Path, trace_path: Path, zoom_x, zoom_y) -> None:
     import nbformat
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         nbformat.v4.new_code_cell("import memlens\nfrom memlens.widgets import explore\n"
-                                  f"trace = memlens.load({str(SAMPLE)!r})"),
+                                  f"trace = memlens.load({str(trace_path)!r})"),
         nbformat.v4.new_code_cell(f"w = explore(trace)\nw.zoom({list(zoom_x)!r}, {list(zoom_y)!r})\nw"),
     ]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -114,11 +114,13 @@ def _stop(proc: subprocess.Popen) -> None:
 def lab(tmp_path):
     """A running JupyterLab over a temporary root with `explore.ipynb`; yields (base url, token, target)."""
     chromium, jupyter = _requirements()
-    zoom_x, zoom_y = [], []
-    target = _target(zoom_x, zoom_y)
     root = tmp_path / "root"
     root.mkdir()
-    _notebook(root / "explore.ipynb", zoom_x, zoom_y)
+    # a private copy: the notebook and this process must read the same trace
+    trace_path = shutil.copytree(SAMPLE, root / SAMPLE.name)
+    zoom_x, zoom_y = [], []
+    target = _target(trace_path, zoom_x, zoom_y)
+    _notebook(root / "explore.ipynb", trace_path, zoom_x, zoom_y)
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
     log = open(tmp_path / "lab.log", "wb")
@@ -176,12 +178,20 @@ def test_explorer_renders_and_a_click_shows_block_details(lab, artifacts_dir):
                 raise
             n_traces = page.evaluate("() => document.querySelector('.memlens-explorer .js-plotly-plot').data.length")
             assert n_traces == target["traces"]
-            # the zoomed view draws the target block as a WebGL polygon: some polygon trace has points
-            points = page.evaluate(
-                "() => document.querySelector('.memlens-explorer .js-plotly-plot').data"
-                ".filter(t => t.type === 'scattergl' && t.fill === 'toself')"
-                ".reduce((n, t) => n + (t.x ? t.x.length : 0), 0)")
-            assert points >= 6 * target["drawn"] > 0
+            # the zoomed view draws the target block as a WebGL polygon: the browser ends up with exactly the
+            # polygons Python built (6 points each), once the zoom's update has arrived
+            polygon_points = ("() => document.querySelector('.memlens-explorer .js-plotly-plot').data"
+                              ".filter(t => t.type === 'scattergl' && t.fill === 'toself')"
+                              ".reduce((n, t) => n + (t.x ? t.x.length : 0), 0)")
+            try:
+                page.wait_for_function(f"(n) => ({polygon_points})() === n", arg=6 * target["drawn"],
+                                       timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(artifacts_dir / "jupyterlab_explorer_failed.png"), full_page=True)
+                seen = page.evaluate("() => document.querySelector('.memlens-explorer .js-plotly-plot').data"
+                                     ".map(t => [t.name, t.x ? t.x.length : -1])")
+                raise AssertionError(f"browser traces {seen}, expected {target}") from None
+            assert target["drawn"] > 0
             xy = page.evaluate(
                 "([x, y]) => { const gd = document.querySelector('.memlens-explorer .js-plotly-plot');"
                 " const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();"
@@ -195,6 +205,24 @@ def test_explorer_renders_and_a_click_shows_block_details(lab, artifacts_dir):
             text = page.inner_text(".memlens-details")
             assert f"Block {target['block_id']}" in text and "size" in text
             page.screenshot(path=str(artifacts_dir / "jupyterlab_explorer.png"), full_page=True)
+            # zooming with the mouse (a relayout event) reaches Python and redraws the linked views:
+            # the status line's time range changes
+            status = ".memlens-explorer .widget-html-content"
+            before = page.inner_text(status)
+            box = page.evaluate(
+                "() => { const gd = document.querySelector('.memlens-explorer .js-plotly-plot');"
+                " const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();"
+                " return [r.left + xa._offset, xa._length, r.top + ya._offset, ya._length]; }")
+            y_mid = box[2] + 0.8 * box[3]
+            page.mouse.move(box[0] + 0.2 * box[1], y_mid)
+            page.mouse.down()
+            page.mouse.move(box[0] + 0.35 * box[1], y_mid + 1, steps=5)
+            page.mouse.move(box[0] + 0.5 * box[1], y_mid + 1, steps=5)
+            page.mouse.up()
+            page.wait_for_function("([sel, old]) => document.querySelector(sel).innerText !== old",
+                                   arg=[status, before], timeout=60_000)
+            assert page.inner_text(status) != before
+            page.screenshot(path=str(artifacts_dir / "jupyterlab_explorer_zoomed.png"), full_page=True)
             assert not [e for e in errors if "memlens" in e.lower() or "plotly" in e.lower()], errors
         finally:
             context.close()
