@@ -293,3 +293,18 @@ def test_modules_are_named_without_model_argument(tmp_path):
         net(torch.randn(3, 4))
     assert "net.1.1" in set(rec.trace.ops["module"])
     rec.trace.save(tmp_path / "t.memlens")
+
+
+def test_a_recorder_that_cannot_start_warns_and_the_block_still_runs():
+    class Exploding(torch.nn.Module):
+        def named_modules(self, *args, **kwargs):
+            raise RuntimeError("simulated broken module tree")
+
+    with pytest.warns(RuntimeWarning, match="recording stopped"):
+        with memlens.record(Exploding(), allocator="none") as rec:
+            y = torch.ones(3) * 2
+    assert float(y.sum()) == 6.0
+    assert rec.trace is not None and "simulated broken module tree" in rec.trace.metadata["stop_reason"]
+    with memlens.record(allocator="none") as after:   # nothing left behind: the next one works
+        torch.ones(2) + 1
+    assert list(after.trace.ops["name"]) == ["aten::ones", "aten::add"]

@@ -63,10 +63,8 @@ class Recorder:
         hooks.activate(session)
         try:
             session.start()
-        except BaseException:
-            hooks.deactivate(session)
-            self._instruments.stop()
-            raise
+        except Exception as exc:   # a recorder that cannot start warns and records nothing more
+            session.fail(exc)
         self._session = session
         return self
 

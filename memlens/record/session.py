@@ -109,6 +109,7 @@ class Session(Attribution):
         self.tensors_without_storage = 0    # tensors skipped because they have no storage (sparse ...)
         self._next_budget_check = 0
         self._mode = _RecordingMode(self)
+        self._mode_pushed = False
         b = self.buf
         self._ops_extend = b.ops.data.extend
         self._acc_data = b.accesses.data
@@ -122,6 +123,7 @@ class Session(Attribution):
         self.t_start = perf_counter_ns()
         self.active = True
         self._mode.__enter__()
+        self._mode_pushed = True
         if self.model is not None:
             self._register_modules(self.model, self.module_prefix)
 
@@ -131,7 +133,9 @@ class Session(Attribution):
             self.t_stop = perf_counter_ns()
         self.active = False
         try:
-            self._mode.__exit__(None, None, None)
+            if self._mode_pushed:
+                self._mode_pushed = False
+                self._mode.__exit__(None, None, None)
         finally:
             self._release_refs()
 
