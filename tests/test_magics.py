@@ -105,6 +105,12 @@ def test_load_info_save_and_cli_verbs(shell, shown, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["blocks"] == len(expected.blocks)
     assert printed["peak_live_bytes"] == {k: int(v) for k, v in expected.peak_live_bytes().items()}
+    res = _run(shell, "%memlens simulate loaded --json")
+    assert res.error_in_exec is None
+    simulated = json.loads(capsys.readouterr().out)
+    # the caching allocator reserves whole segments: at least the live bytes, in multiples of 2 MiB
+    assert simulated["cpu"]["peak_reserved"] >= expected.peak_live_bytes()["cpu"]
+    assert simulated["cpu"]["peak_reserved"] % (2 << 20) == 0
     target = tmp_path / "copy.memlens"
     res = _run(shell, f"%memlens save loaded {target}")
     assert res.error_in_exec is None and memlens.load(target).summary()["blocks"] == len(expected.blocks)

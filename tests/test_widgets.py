@@ -141,6 +141,29 @@ def test_explorer_handlers_update_every_view(sample):
     assert ex.view_data.x_range[1] >= len(geom.event_t) - 1
 
 
+def test_devices_and_relayout_events():
+    trace = _toy_trace()
+    extra = trace.blocks.copy()
+    extra["block_id"] += 10
+    extra["device"] = "cuda:1"
+    extra["size"] *= 2
+    two = Trace.from_tables(pd.concat([trace.blocks, extra], ignore_index=True), trace.accesses, trace.ops)
+    ex = Explorer(two)
+    assert ex.state.device == "cuda:1"          # the device with the highest peak comes first
+    assert "<b>cuda:1</b>: 4 of 4 blocks" in ex.status.value
+    ex.update(device="cuda:0")
+    assert ex.geometry().device == "cuda:0" and ex.state.x_range is None
+    # a relayout from the browser (figure units: ms) zooms; an echo of the shown range does nothing
+    ex._on_relayout(None, (0.0001, 0.0005), (0.0, 9000.0))
+    assert ex.state.x_range == pytest.approx((100.0, 500.0)) and ex.state.y_range == (0.0, 9000.0)
+    state = ex.state
+    shown = ex.view_data
+    ex._on_relayout(None, (shown.x_range[0] / shown.scale, shown.x_range[1] / shown.scale), shown.y_range)
+    assert ex.state is state
+    ex._on_autorange(None, True)
+    assert ex.state.x_range is None and ex.state.y_range is None
+
+
 def test_explorer_escapes_trace_text():
     trace = _toy_trace()
     trace.blocks.loc[1, "module"] = "<img src=x onerror=alert(1)>"

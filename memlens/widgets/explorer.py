@@ -234,8 +234,9 @@ class Explorer(W.VBox):
         scale = self.view_data.scale
         new_x = (x_range[0] * scale, x_range[1] * scale)
         new_y = tuple(y_range) if (y_range is not None and self.state.view == "blocks") else None
-        if self.state.x_range is not None and np.allclose(new_x, self.state.x_range) and \
-                (new_y is None or self.state.y_range is not None and np.allclose(new_y, self.state.y_range)):
+        shown = self.view_data   # the browser echoes ranges Python set: ignore those
+        if np.allclose(new_x, shown.x_range) and (new_y is None or shown.y_range is not None and
+                                                  np.allclose(new_y, shown.y_range)):
             return
         self.zoom(new_x, new_y)
 

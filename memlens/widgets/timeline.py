@@ -120,7 +120,8 @@ def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerS
     for g, (name, colour) in enumerate(zip(names, colours)):
         px, py = lod.polygons.get(g, (np.zeros(0), np.zeros(0)))
         traces.append(dict(type="scattergl", mode="lines", name=safe(name), x=px / scale, y=py,
-                           fill="toself", fillcolor=_rgba(colour, 0.85), line=dict(color="rgba(255,255,255,0.9)", width=0.5),
+                           fill="toself", fillcolor=_rgba(colour, 0.85),
+                           line=dict(color="rgba(255,255,255,0.9)", width=0.5),
                            hoverinfo="skip", legendgroup=safe(name)))
     shown = 0
     for is_write, label, colour in ((False, "reads", "#222222"), (True, "writes", "#d00000")):
