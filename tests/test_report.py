@@ -38,9 +38,10 @@ def test_report_is_one_offline_file(tmp_path):
 
 
 def test_sections_show_numbers_of_the_trace(tmp_path):
-    built = build_report(constructed_trace(), sections=["peak", "largest", "metadata"])
+    built = build_report(constructed_trace(), sections=["peak", "largest", "iterations", "metadata"])
     html = built.html()
-    assert built.status() == {"peak": "ok", "largest": "ok", "metadata": "ok"}
+    assert built.status() == {"peak": "ok", "largest": "ok", "iterations": "ok", "metadata": "ok"}
+    assert "4 iterations found (from marker)." in html
     assert "cuda:0: peak 5.2 KiB at 20 ns" in html  # 4000 + 1000 + 300 bytes, first reached at t=20
     assert "cpu: peak 50 B at 5 ns" in html
 

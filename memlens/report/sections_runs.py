@@ -8,11 +8,11 @@ from memlens.report.markup import key_values, note, paragraph, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.units import format_bytes, format_ns
 
+MAX_TABLE_ROWS = 200  # per-iteration rows listed in the page (the figure shows every iteration)
+
 
 def iterations(ctx: ReportContext) -> list:
     """Iteration boundaries, per-iteration statistics and how stable they are."""
-    import plotly.graph_objects as go
-
     from memlens.analysis.stability import iteration_stability, iteration_stats
 
     its = ctx.iterations
@@ -27,19 +27,35 @@ def iterations(ctx: ReportContext) -> list:
         components = ", ".join(f"{k} {v:.0%}" for k, v in stability["components"].items())
         parts.append(paragraph(f"Consecutive iterations are {stability['score']:.0%} alike (median over pairs; "
                                f"{components}); the least alike pair scores {stability['min_score']:.0%}."))
-    peak_cols = [c for c in stats.columns if "peak" in c and not c.endswith("ratio")]
-    if peak_cols:
-        fig = go.Figure()
-        for c in peak_cols[:3]:
-            fig.add_trace(go.Bar(x=stats["iteration"], y=stats[c], name=c))
-        fig.update_layout(barmode="group", height=320, xaxis_title="iteration", yaxis_title="bytes",
-                          yaxis=dict(tickformat=".3s", ticksuffix="B"), margin=dict(l=60, r=20, t=30, b=50))
-        parts.append(fig)
+    parts.append(_iteration_figure(stats))
     fmt = {c: (lambda v: "" if pd.isna(v) else format_bytes(v)) for c in stats.columns
            if c.endswith("bytes") or c.startswith("peak")}
     fmt.update({c: (lambda v: "" if pd.isna(v) else format_ns(v)) for c in stats.columns if c.endswith("_ns")})
-    parts.append(table(stats, fmt))
+    if len(stats) > MAX_TABLE_ROWS:
+        parts.append(note(f"The table lists the first {MAX_TABLE_ROWS} of {len(stats):,} iterations; the figure "
+                          "shows all of them."))
+    parts.append(table(stats.head(MAX_TABLE_ROWS), fmt))
     return parts
+
+
+def _iteration_figure(stats: pd.DataFrame):
+    """Peak live memory per iteration (bars) and each iteration's duration (line, right axis)."""
+    import plotly.graph_objects as go
+
+    from memlens.viz.labels import byte_unit
+
+    div, unit = byte_unit(float(stats["peak_live_bytes"].max()) if len(stats) else 0)
+    fig = go.Figure()
+    fig.add_trace(go.Bar(x=stats["iteration"], y=stats["peak_live_bytes"] / div, name=f"peak live ({unit})",
+                         marker_color="#4C78A8", hovertemplate=f"iteration %{{x}}: %{{y:,.2f}} {unit}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=stats["iteration"], y=stats["duration_ns"] / 1e6, name="duration (ms)", yaxis="y2",
+                             mode="lines+markers", marker_color="#E45756",
+                             hovertemplate="iteration %{x}: %{y:,.2f} ms<extra></extra>"))
+    fig.update_layout(height=320, margin=dict(l=60, r=60, t=30, b=50), xaxis_title="iteration",
+                      yaxis=dict(title=f"peak live memory ({unit})", rangemode="tozero"),
+                      yaxis2=dict(title="duration (ms)", overlaying="y", side="right", rangemode="tozero",
+                                  showgrid=False), legend=dict(orientation="h", y=1.12))
+    return fig
 
 
 def metadata(ctx: ReportContext) -> list:
