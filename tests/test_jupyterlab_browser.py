@@ -122,7 +122,9 @@ def lab(tmp_path):
     target = _target(trace_path, zoom_x, zoom_y)
     _notebook(root / "explore.ipynb", trace_path, zoom_x, zoom_y)
     port, token = _free_port(), secrets.token_hex(16)
-    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"))
+    # the kernel must import this checkout's memlens whatever else the environment has installed
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     log = open(tmp_path / "lab.log", "wb")
     proc = subprocess.Popen(
         [str(jupyter), "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",

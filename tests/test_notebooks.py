@@ -5,6 +5,7 @@ executed copy is kept in the test artifacts for inspection.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -14,13 +15,17 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def _run(name: str, tmp_path: Path, artifacts_dir: Path):
+def _run(name: str, tmp_path: Path, artifacts_dir: Path, monkeypatch):
+    # the kernel runs in a temporary directory: make it import this checkout's memlens, whatever else is
+    # installed in the environment
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     work = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns("*.memlens", "*.html", ".ipynb_checkpoints"))
     nb = nbformat.read(work / name, as_version=4)
@@ -48,24 +53,24 @@ def test_notebook_index_is_complete():
     assert names == ["01_quickstart.ipynb", "02_cuda_snapshot.ipynb", "03_ati_outliers.ipynb", "04_whatif.ipynb"]
 
 
-def test_quickstart(tmp_path, artifacts_dir):
-    nb, work = _run("01_quickstart.ipynb", tmp_path, artifacts_dir)
+def test_quickstart(tmp_path, artifacts_dir, monkeypatch):
+    nb, work = _run("01_quickstart.ipynb", tmp_path, artifacts_dir, monkeypatch)
     record_cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%memlens"))
     assert _widget_outputs(record_cell) == 1          # the explorer after the recorded cell
     assert (work / "quickstart.memlens" / "manifest.json").exists()
     assert (work / "quickstart_report.html").stat().st_size > 100_000   # plotly.js inlined
 
 
-def test_cuda_snapshot(tmp_path, artifacts_dir):
-    nb, _ = _run("02_cuda_snapshot.ipynb", tmp_path, artifacts_dir)
+def test_cuda_snapshot(tmp_path, artifacts_dir, monkeypatch):
+    nb, _ = _run("02_cuda_snapshot.ipynb", tmp_path, artifacts_dir, monkeypatch)
     assert any(_widget_outputs(c) for c in nb.cells if c.cell_type == "code")
 
 
-def test_ati_outliers(tmp_path, artifacts_dir):
-    nb, _ = _run("03_ati_outliers.ipynb", tmp_path, artifacts_dir)
+def test_ati_outliers(tmp_path, artifacts_dir, monkeypatch):
+    nb, _ = _run("03_ati_outliers.ipynb", tmp_path, artifacts_dir, monkeypatch)
     assert any(_widget_outputs(c) for c in nb.cells if c.cell_type == "code")
 
 
-def test_whatif(tmp_path, artifacts_dir):
-    nb, _ = _run("04_whatif.ipynb", tmp_path, artifacts_dir)
+def test_whatif(tmp_path, artifacts_dir, monkeypatch):
+    nb, _ = _run("04_whatif.ipynb", tmp_path, artifacts_dir, monkeypatch)
     assert any(_widget_outputs(c) for c in nb.cells if c.cell_type == "code")
