@@ -56,7 +56,8 @@ class TraceDiff:
                 "blocks": {k: _plain(v) for k, v in self.blocks.items()},
                 "appeared": rows(self.appeared), "disappeared": rows(self.disappeared), "by_op": rows(self.by_op),
                 "op_counts": None if self.op_counts is None else rows(self.op_counts),
-                "iterations": its, "ati": None if self.ati is None else {k: _plain(v) for k, v in self.ati.items()},
+                "iterations": its, "ati": None if self.ati is None else {
+                    k: (rows(v) if isinstance(v, pd.DataFrame) else _plain(v)) for k, v in self.ati.items()},
                 "cannot_compare": list(self.cannot_compare), "notes": list(self.notes)}
 
     def summary(self) -> list[str]:
@@ -281,13 +282,21 @@ def _ati(a, b) -> tuple[dict | None, list[str]]:
         who = "neither trace records" if len(missing) == 2 else f"{missing[0]} records no"
         return None, [f"access time intervals (ATI): {who} accesses "
                       f"({a.metadata.get('source_kind', '?')} vs {b.metadata.get('source_kind', '?')})"]
-    from memlens.analysis.ati import access_intervals, ati_stats
+    from memlens.analysis.ati import access_intervals, ati_by, ati_stats
 
-    sa, sb = ati_stats(access_intervals(a)), ati_stats(access_intervals(b))
+    ia, ib = access_intervals(a), access_intervals(b)
+    sa, sb = ati_stats(ia), ati_stats(ib)
     keys = ("count", "mean_ns", "p50_ns", "p90_ns", "p99_ns", "max_ns")
     delta = {k: (None if sa[k] is None or sb[k] is None else sb[k] - sa[k]) for k in keys}
+    cols = ["count", "p50_ns", "p90_ns"]
+    by_a = ati_by(a, "category", intervals=ia)
+    by_b = ati_by(b, "category", intervals=ib)
+    by_a, by_b = (f.set_index("category") if "category" in f.columns else f for f in (by_a, by_b))
+    by_category = by_a[cols].join(by_b[cols], how="outer", suffixes=("_a", "_b"))
+    by_category.index.name = "category"
     return {"a": {k: sa[k] for k in keys}, "b": {k: sb[k] for k in keys}, "delta": delta,
-            "fraction_below_a": sa["fraction_below"], "fraction_below_b": sb["fraction_below"]}, []
+            "fraction_below_a": sa["fraction_below"], "fraction_below_b": sb["fraction_below"],
+            "by_category": by_category.reset_index()}, []
 
 
 def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDiff:

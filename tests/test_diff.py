@@ -121,6 +121,8 @@ def test_ati_change_against_python_intervals():
     assert d.ati["a"]["count"] == len(ia) and d.ati["b"]["count"] == len(ib)
     assert d.ati["a"]["p50_ns"] == pytest.approx(np.median(ia))
     assert d.ati["delta"]["mean_ns"] == pytest.approx(ib.mean() - ia.mean())
+    by_cat = d.ati["by_category"].set_index("category")
+    assert by_cat["count_a"].sum() == len(ia) and by_cat["count_b"].sum() == len(ib)
 
 
 @pytest.mark.shared

@@ -88,7 +88,10 @@ def _ati(ctx) -> list:
     rows = pd.DataFrame({"statistic": list(d.ati["a"]), "A": list(d.ati["a"].values()),
                          "B": list(d.ati["b"].values()), "B - A": list(d.ati["delta"].values())})
     fmt = {c: (lambda v: "" if v is None or pd.isna(v) else f"{v:,.0f}") for c in ("A", "B", "B - A")}
-    return [table(rows, fmt), paragraph("Times in ns; count is the number of intervals.")]
+    by_cat = d.ati["by_category"]
+    ns_fmt = {c: _ns for c in by_cat.columns if "_ns_" in c}
+    return [table(rows, fmt), paragraph("Times in ns; count is the number of intervals."),
+            paragraph("By category (A, B)"), table(by_cat, ns_fmt)]
 
 
 def _not_compared(ctx) -> list:
