@@ -42,7 +42,6 @@ class Explorer(W.VBox):
         self.selected_block: int | None = None
         self.state = ExplorerState(device=device or _default_device(trace))
         self.view_data = None
-        self._build_controls()
         self.timeline = go.FigureWidget(layout=dict(
             width=PLOT_WIDTH_PX + MARGIN["l"] + MARGIN["r"], height=PLOT_HEIGHT_PX + MARGIN["t"] + MARGIN["b"],
             margin=MARGIN, template="plotly_white", dragmode="zoom", hovermode="closest",
@@ -57,6 +56,7 @@ class Explorer(W.VBox):
         self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
                               layout=W.Layout(width="310px", flex="0 0 310px",
                                               max_height=f"{PLOT_HEIGHT_PX + 95}px", overflow="auto"))
+        self._build_controls()
         super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details]), self._panels])
         self.add_class("memlens-explorer")
         self.refresh()
@@ -99,6 +99,12 @@ class Explorer(W.VBox):
         self._controls = W.VBox([
             W.HBox([self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_iteration, self.w_reset]),
             W.HBox([self.w_categories, W.VBox([self.w_module, self.w_min_size])])])
+        ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_figure])
+        whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
+                         self.whatif_figure])
+        self._panels = W.Tab([ati, whatif])
+        self._panels.set_title(0, "access intervals (ATI)")
+        self._panels.set_title(1, "what-if")
         for w in (self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_categories, self.w_bandwidth,
                   self.w_ecdf):
             w.observe(self._on_control, names="value")
@@ -108,17 +114,6 @@ class Explorer(W.VBox):
                                  names="value")
         self.w_reset.on_click(lambda _: self.zoom(None, None))
         self.w_run_whatif.on_click(lambda _: self.run_whatif())
-
-    @property
-    def _panels(self):
-        if not hasattr(self, "_panel_tabs"):
-            ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_figure])
-            whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
-                             self.whatif_figure])
-            self._panel_tabs = W.Tab([ati, whatif])
-            self._panel_tabs.set_title(0, "access intervals (ATI)")
-            self._panel_tabs.set_title(1, "what-if")
-        return self._panel_tabs
 
     def _on_control(self, _change):
         try:

@@ -14,7 +14,7 @@ Computed once per device (vectorised; about a second for a million blocks) and s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,7 @@ class BlockGeometry:
     op: Factor
     event_t: np.ndarray       # times (ns) of the device's alloc/free events, sorted, for axis conversion
     address_span: float       # bytes on the compacted address axis
+    _events: dict = field(default_factory=dict, repr=False)
 
     @property
     def n(self) -> int:
@@ -87,6 +88,24 @@ class BlockGeometry:
     def from_time(self, t_ns, axis: str) -> np.ndarray:
         """Convert ns to axis coordinates."""
         return np.asarray(t_ns, dtype=np.float64) if axis == "time" else self.time_to_event(t_ns)
+
+    def sorted_events(self, axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every alloc/free on `axis`, sorted once and cached: (x, delta bytes, block position).
+
+        Frees sort before allocs at equal x (half-open lifetimes); blocks alive at the end of the trace
+        have no free event. Filter by a block mask with ``mask[pos]``: the order stays sorted.
+        """
+        if axis not in self._events:
+            n = self.n
+            x = np.concatenate([self.x0(axis), self.x1(axis)])
+            delta = np.concatenate([self.size, -self.size])
+            pos = np.concatenate([np.arange(n), np.arange(n)])
+            end = self.full_x_range(axis)[1]
+            has_event = np.concatenate([np.ones(n, bool), self.x1(axis) < end])
+            order = np.lexsort((delta, x))
+            order = order[has_event[order]]
+            self._events[axis] = (x[order], delta[order], pos[order])
+        return self._events[axis]
 
     def full_x_range(self, axis: str) -> tuple[float, float]:
         """(min, max) of block extents on `axis`; (0, 1) when empty."""

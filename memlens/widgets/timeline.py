@@ -146,16 +146,9 @@ def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerS
 
 def live_events(geom: BlockGeometry, mask: np.ndarray, axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Alloc/free events of the selected blocks sorted on `axis`: (x, delta bytes, block position)."""
-    sel = np.flatnonzero(mask)
-    x = np.concatenate([geom.x0(axis)[sel], geom.x1(axis)[sel]])
-    delta = np.concatenate([geom.size[sel], -geom.size[sel]])
-    pos = np.concatenate([sel, sel])
-    # a block alive at the end of the trace is never freed: drop its end event
-    end = geom.full_x_range(axis)[1]
-    alive_at_end = np.concatenate([np.zeros(len(sel), bool), geom.x1(axis)[sel] >= end])
-    order = np.lexsort((delta, x))          # frees before allocs at equal x (half-open lifetimes)
-    order = order[~alive_at_end[order]]
-    return x[order], delta[order], pos[order]
+    x, delta, pos = geom.sorted_events(axis)
+    keep = mask[pos]
+    return x[keep], delta[keep], pos[keep]
 
 
 def stacked_view(geom: BlockGeometry, state: ExplorerState, mask: np.ndarray, group: np.ndarray,
