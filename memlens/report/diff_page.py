@@ -3,25 +3,17 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.markup import bullet_list, note, paragraph, table
+from memlens.report.markup import bullet_list, bytes_text, note, ns_text, paragraph, table
 from memlens.report.sections import SectionUnavailable, run_section
-from memlens.units import format_bytes, format_ns
-
-
-def _b(v) -> str:
-    return "" if pd.isna(v) else format_bytes(v)
+from memlens.units import format_bytes
 
 
 def _signed(v) -> str:
     return "" if pd.isna(v) else ("+" if v >= 0 else "-") + format_bytes(abs(v))
 
 
-def _ns(v) -> str:
-    return "" if pd.isna(v) else format_ns(v)
-
-
-BYTES = {"peak_a": _b, "peak_b": _b, "delta": _signed, "bytes_a": _b, "bytes_b": _b, "size": _b,
-         "delta_bytes": _signed, "peak_ns_a": _ns, "peak_ns_b": _ns, "alloc_ns": _ns, "free_ns": _ns,
+BYTES = {"peak_a": bytes_text, "peak_b": bytes_text, "delta": _signed, "bytes_a": bytes_text, "bytes_b": bytes_text, "size": bytes_text,
+         "delta_bytes": _signed, "peak_ns_a": ns_text, "peak_ns_b": ns_text, "alloc_ns": ns_text, "free_ns": ns_text,
          "ratio": lambda v: "" if pd.isna(v) else f"{v:.3f}"}
 
 
@@ -75,7 +67,7 @@ def _iterations(ctx) -> list:
     if "table" not in it:
         raise SectionUnavailable(next((c for c in ctx.d.cannot_compare if c.startswith("iterations")),
                                       "iterations could not be aligned"))
-    fmt = {c: (_b if "bytes" in c else _ns if c.endswith("_ns_a") or c.endswith("_ns_b") else str)
+    fmt = {c: (bytes_text if "bytes" in c else ns_text if c.endswith("_ns_a") or c.endswith("_ns_b") else str)
            for c in it["table"].columns if c != "iteration"}
     return [paragraph(f"{it['count_a']} iterations in A ({it['source_a']}), {it['count_b']} in B ({it['source_b']}); "
                       "aligned by index."), table(it["table"].head(max(ctx.top, 50)), fmt)]
@@ -89,7 +81,7 @@ def _ati(ctx) -> list:
                          "B": list(d.ati["b"].values()), "B - A": list(d.ati["delta"].values())})
     fmt = {c: (lambda v: "" if v is None or pd.isna(v) else f"{v:,.0f}") for c in ("A", "B", "B - A")}
     by_cat = d.ati["by_category"]
-    ns_fmt = {c: _ns for c in by_cat.columns if "_ns_" in c}
+    ns_fmt = {c: ns_text for c in by_cat.columns if "_ns_" in c}
     return [table(rows, fmt), paragraph("Times in ns; count is the number of intervals."),
             paragraph("By category (A, B)"), table(by_cat, ns_fmt)]
 

@@ -83,6 +83,23 @@ def script_json(obj_json: str) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+def bytes_text(value) -> str:
+    """Bytes in binary units ('1.5 MiB'); empty for a missing value."""
+    from memlens.units import format_bytes
+    return "" if value is None or pd.isna(value) else format_bytes(value)
+
+
+def ns_text(value) -> str:
+    """A duration from ns ('4.56 ms'); empty for a missing value."""
+    from memlens.units import format_ns
+    return "" if value is None or pd.isna(value) else format_ns(value)
+
+
+def share_text(value) -> str:
+    """A fraction as a percentage ('12.5%'); empty for a missing value."""
+    return "" if value is None or pd.isna(value) else f"{value:.1%}"
+
+
 def _default_format(value) -> str:
     if value is None or (not isinstance(value, (list, dict, tuple)) and pd.isna(value)):
         return ""

@@ -2,17 +2,11 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from memlens.report.markup import paragraph, table, tag
+from memlens.report.markup import bytes_text, ns_text, paragraph, table, tag
 from memlens.report.sections import ReportContext
-from memlens.units import format_bytes, format_ns
 
 SCATTER_POINTS = 20_000  # outlier scatter: the highest-scoring blocks, the rest are below notice
-
-
-def _ns(v) -> str:
-    return "" if pd.isna(v) else format_ns(v)
 
 
 def ati(ctx: ReportContext) -> list:
@@ -27,16 +21,16 @@ def ati(ctx: ReportContext) -> list:
     filtered = bandwidth_filter(iv, ctx.options.bandwidth)
     fs = filter_summary(filtered)
     parts = [paragraph(
-        f"{st['count']:,} access intervals over {st['blocks']:,} blocks: median {_ns(st['p50_ns'])}, 90th "
-        f"percentile {_ns(st['p90_ns'])}, 99th {_ns(st['p99_ns'])}, longest {_ns(st['max_ns'])}. "
+        f"{st['count']:,} access intervals over {st['blocks']:,} blocks: median {ns_text(st['p50_ns'])}, 90th "
+        f"percentile {ns_text(st['p90_ns'])}, 99th {ns_text(st['p99_ns'])}, longest {ns_text(st['max_ns'])}. "
         f"{fs['filtered_out_fraction']:.0%} are too short to swap over the link; the {fs['swappable']:,} "
         f"that are long enough hold {(fs['swappable_share'] or 0):.0%} of the idle byte-time.")]
     parts.append(ati_histogram(filtered, ctx.options.bandwidth))
     parts.append(ati_histogram(filtered, ctx.options.bandwidth, weight="bytes_ns"))
     parts.append(ati_ecdf(filtered, ctx.options.bandwidth))
     by_cat = ati_by(ctx.trace, "category", intervals=iv)
-    fmt = {c: _ns for c in by_cat.columns if c.endswith("_ns")}
-    fmt["bytes"] = lambda v: "" if pd.isna(v) else format_bytes(v)
+    fmt = {c: ns_text for c in by_cat.columns if c.endswith("ns_text")}
+    fmt["bytes"] = bytes_text
     parts += [tag("h3", "by category"), table(by_cat.reset_index() if by_cat.index.name else by_cat, fmt)]
     return parts
 
@@ -74,7 +68,7 @@ def outliers(ctx: ReportContext) -> list:
     parts.append(fig)
     cols = ["block_id", "device", "size", "max_idle_ns", "idle_fraction", "accesses", "crosses_peak", "doa_ns",
             "category", "op", "module"]
-    fmt = {"size": format_bytes, "max_idle_ns": _ns, "doa_ns": _ns,
+    fmt = {"size": bytes_text, "max_idle_ns": ns_text, "doa_ns": ns_text,
            "idle_fraction": lambda v: f"{v:.0%}"}
     parts.append(table(top[[c for c in cols if c in top.columns]], fmt))
     return parts

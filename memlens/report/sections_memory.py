@@ -3,23 +3,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.markup import bullet_list, note, paragraph, table, tag
+from memlens.report.markup import bullet_list, bytes_text, note, ns_text, paragraph, share_text, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.units import format_bytes, format_ns
 
 MAX_TIMELINES = 4  # one timeline per device, for this many devices at most
-
-
-def _bytes(v) -> str:
-    return "" if pd.isna(v) else f"{format_bytes(v)}"
-
-
-def _ns(v) -> str:
-    return "" if pd.isna(v) else format_ns(v)
-
-
-def _share(v) -> str:
-    return "" if pd.isna(v) else f"{v:.1%}"
 
 
 def summary(ctx: ReportContext) -> list:
@@ -74,7 +62,7 @@ def peak(ctx: ReportContext) -> list:
     """What is live at the peak of each device, by category / module / allocating op, and the largest."""
     if not ctx.peaks:
         raise SectionUnavailable("the trace has no allocation events, so it has no peak")
-    fmt = {"bytes": _bytes, "share": _share, "size": _bytes, "alloc_ns": _ns, "free_ns": _ns}
+    fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
     parts = []
     for dev, pb in ctx.peaks.items():
         parts.append(tag("h3", f"{dev}: peak {format_bytes(pb.peak_bytes)} at {format_ns(pb.peak_ns)}"))
@@ -97,7 +85,7 @@ def largest(ctx: ReportContext) -> list:
     df = largest_blocks(ctx.trace, n=ctx.options.top)
     if len(df) == 0:
         raise SectionUnavailable("the trace has no blocks")
-    fmt = {"size": _bytes, "alloc_ns": lambda v: "before recording" if pd.isna(v) else format_ns(v),
-           "free_ns": lambda v: "still alive" if pd.isna(v) else format_ns(v), "lifetime_ns": _ns}
+    fmt = {"size": bytes_text, "alloc_ns": lambda v: "before recording" if pd.isna(v) else format_ns(v),
+           "free_ns": lambda v: "still alive" if pd.isna(v) else format_ns(v), "lifetime_ns": ns_text}
     headers = {"alloc_ns": "allocated", "free_ns": "freed", "lifetime_ns": "lifetime", "block_id": "block"}
     return [table(df, fmt, headers)]
