@@ -202,3 +202,28 @@ def test_explorer_whatif_button_and_ati_figure(sample):
     assert [t.name for t in ex.ati_figure.data] == ["too short to swap", "swappable"]
     ex.w_ecdf.value = True
     assert [t.name for t in ex.ati_figure.data] == ["all intervals"]
+
+
+@pytest.mark.shared
+def test_real_snapshot_click_and_details(shared):
+    trace = memlens.load(shared("snapshots/decomfl_memory.pickle"))
+    ex = Explorer(trace)
+    geom = ex.geometry()
+    i = int(np.argmax(np.where(np.isnan(geom.y0), -1, geom.size)))
+    ex.zoom((geom.t0[i], geom.t1[i]), (geom.y0[i] - geom.size[i], geom.y0[i] + 2 * geom.size[i]))
+    assert ex.view_data.drawn >= 1
+    html = ex.click((geom.t0[i] + geom.t1[i]) / 2 / ex.view_data.scale, geom.y0[i] + geom.size[i] / 2)
+    row = trace.blocks.set_index("block_id").loc[ex.selected_block]
+    assert int(row["size"]) == int(geom.size[i])
+    assert hex(int(row["addr"])) in html and f"{int(row['size']):,} bytes" in html
+    assert "no access" in ex.ati_summary.value.lower() or "no accesses" in ex.ati_summary.value
+
+
+@pytest.mark.shared
+def test_trace_without_addresses_opens_on_live_memory(shared):
+    trace = memlens.load(shared("kineto/kineto_resnet50_2021format.pt.trace.json.gz"))
+    ex = Explorer(trace)
+    assert ex.state.view == "stacked" and ex.w_view.value == "stacked"
+    stacked = [t for t in ex.timeline.data if t.fill in ("tozeroy", "tonexty")]
+    top = np.asarray(stacked[-1].y)
+    assert top.max() == pytest.approx(trace.peak_live_bytes()[ex.state.device])

@@ -41,6 +41,9 @@ class Explorer(W.VBox):
         self._busy = False
         self.selected_block: int | None = None
         self.state = ExplorerState(device=device or _default_device(trace))
+        geom = self.geometry()
+        if geom.n and np.isnan(geom.y0).all():   # no addresses (e.g. 2021 Kineto files): only live memory
+            self.state = self.state.with_(view="stacked")
         self.view_data = None
         self.timeline = go.FigureWidget(layout=dict(
             width=PLOT_WIDTH_PX + MARGIN["l"] + MARGIN["r"], height=PLOT_HEIGHT_PX + MARGIN["t"] + MARGIN["b"],
@@ -68,7 +71,7 @@ class Explorer(W.VBox):
         self.status = W.HTML()
         self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
                                    description="device", layout=W.Layout(width="180px"))
-        self.w_view = W.ToggleButtons(options=VIEWS, value="blocks", description="view",
+        self.w_view = W.ToggleButtons(options=VIEWS, value=self.state.view, description="view",
                                       style={"button_width": "80px"})
         self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
                                       style={"button_width": "60px"})
