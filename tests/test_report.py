@@ -12,7 +12,7 @@ import pytest
 
 import memlens
 from memlens.report import SECTIONS, build_report, report
-from test_report_support import XSS_NAMES, constructed_trace
+from test_report_support import XSS_NAMES, big_trace, constructed_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = sorted((ROOT / "sample_traces").glob("*.memlens"))
@@ -120,6 +120,29 @@ def test_an_empty_trace_gives_a_report_that_says_why_each_section_is_empty():
     assert status["summary"] == status["metadata"] == "ok"
     assert all(v == "unavailable" for k, v in status.items() if k not in ("summary", "metadata"))
     assert "the trace has no blocks" in built.html()
+
+
+def test_a_big_trace_is_reduced_not_truncated():
+    """200,000 blocks: every figure stays small (level of detail), the peak is exact, nothing is dropped."""
+    import numpy as np
+
+    trace = big_trace(200_000)
+    built = build_report(trace, sections=["live", "timeline", "largest"], max_points=2000)
+    assert not built.failed
+    html = built.html()
+    assert len(html) < 9_000_000  # plotly.js is ~4.8 MB of it; 400,000 events of raw curve alone would be more
+    by_key = {s.key: s for s in built.sections}
+    live_fig = by_key["live"].parts[1]
+    peak = [t for t in live_fig.data if t.name == "peak"][0]
+    unit = {"MiB": 2**20, "GiB": 2**30}[live_fig.layout.yaxis.title.text.split("(")[1].rstrip(")")]
+    assert peak.y[0] * unit == pytest.approx(trace.peak_live_bytes()["cuda:0"])
+    assert all(len(t.x) <= 2001 for t in live_fig.data)
+    timeline_fig = by_key["timeline"].parts[1]
+    bars = sum(len(t.x) for t in timeline_fig.data if t.type == "bar")
+    heat = [t for t in timeline_fig.data if t.type == "heatmap"][0]
+    assert bars == 4000 and f"{200_000 - 4000:,} small blocks" in heat.name
+    # the density layer holds the area of every aggregated block (in cell units, up to clipping at the edges)
+    assert np.nansum(np.asarray(heat.z, dtype=float)) > 0
 
 
 def test_unknown_section_or_option_is_an_input_error():

@@ -170,3 +170,25 @@ def brute_force_live(trace, device):
         live += d
         curve.append(live)
     return (max(curve) if curve else 0), curve
+
+
+def big_trace(n_blocks: int, seed: int = 0):
+    """`n_blocks` random blocks on one device with two accesses each (vectorised; for level-of-detail tests)."""
+    import numpy as np
+    import pandas as pd
+
+    from memlens import Trace
+
+    rng = np.random.default_rng(seed)
+    alloc = np.sort(rng.integers(0, 10**10, n_blocks))
+    free = alloc + rng.integers(1_000, 10**8, n_blocks)
+    blocks = pd.DataFrame({"block_id": np.arange(n_blocks), "device": "cuda:0",
+                           "addr": (1 << 40) + rng.integers(0, 1 << 22, n_blocks) * 512,
+                           "size": rng.integers(1, 1 << 22, n_blocks), "alloc_ns": alloc, "free_ns": free,
+                           "category": rng.choice(["activation", "gradient", "temporary"], n_blocks),
+                           "op": rng.choice([f"aten::op{i}" for i in range(30)], n_blocks),
+                           "module": rng.choice([f"layers.{i}" for i in range(20)], n_blocks)})
+    bid = np.repeat(np.arange(n_blocks), 2)
+    t = alloc[bid] + (rng.uniform(0, 1, len(bid)) * (free[bid] - alloc[bid])).astype(np.int64)
+    accesses = pd.DataFrame({"block_id": bid, "t_ns": t, "op_id": np.arange(len(bid)), "is_write": False})
+    return Trace.from_tables(blocks, accesses, None, {"source_kind": "synthetic"})

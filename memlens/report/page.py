@@ -15,6 +15,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;c
 header{background:#263238;color:#fff;padding:14px 28px}header h1{margin:0;font-size:22px}
 header p{margin:4px 0 0;color:#cfd8dc;font-size:13px}
 nav{padding:8px 28px;background:#eceff1;font-size:13px}nav a{margin-right:14px;color:#37474f}
+nav a.memlens-nav-unavailable{color:#90a4ae}nav a.memlens-nav-error{color:#c62828;font-weight:bold}
 main{padding:8px 28px 40px;max-width:1400px}
 section{background:#fff;border:1px solid #e0e0e0;border-radius:6px;margin:16px 0;padding:8px 20px 16px}
 section h2{font-size:18px;margin:10px 0}
@@ -59,7 +60,10 @@ def document(title: str, subtitle: str, sections, statuses: list[dict]) -> str:
     """The full HTML text. `sections` are (key, title, body `Safe`) triples."""
     from plotly.offline import get_plotlyjs
 
-    nav = "".join(tag("a", t, href=f"#{k}") for k, t, _ in sections)
+    marks = {"unavailable": " (n/a)", "error": " (failed)"}
+    status_of = {s["key"]: s["status"] for s in statuses}
+    nav = "".join(tag("a", t + marks.get(status_of.get(k, "ok"), ""), href=f"#{k}",
+                      cls=f"memlens-nav-{status_of.get(k, 'ok')}") for k, t, _ in sections)
     body = "".join(f'<section id="{esc(k)}">{tag("h2", t)}{b}</section>' for k, t, b in sections)
     status_json = script_json(json.dumps({"sections": statuses}, default=str))
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
