@@ -120,8 +120,10 @@ def main(argv=None) -> int:
     data = {label: timed(f"blocks view, {label}",
                          lambda s=s: blocks_view(geom, marks, s, mask, group, names, colours), results)
             for label, s in views.items()}
-    timed("stacked view, whole trace", lambda: stacked_view(geom, state.with_(view="stacked"), mask, group,
-                                                            names, colours), results)
+    timed("stacked view, whole trace (sorts the events)", lambda: stacked_view(geom, state.with_(view="stacked"),
+                                                                              mask, group, names, colours), results)
+    timed("stacked view, whole trace, again", lambda: stacked_view(geom, state.with_(view="stacked"), mask, group,
+                                                                   names, colours), results)
     print()
     for label, d in data.items():
         t0 = time.perf_counter()

@@ -83,6 +83,20 @@ def test_model_option_and_save(shell, shown, tmp_path):
     assert len(again.blocks) == len(trace.blocks)
 
 
+def test_stacks_option_records_python_frames(shell, shown):
+    res = _run(shell, "%%memlens -o rec3 --stacks --no-show\n"
+                      "import torch\n"
+                      "def make_buffer_here():\n"
+                      "    return torch.full((777,), 2.0)\n"
+                      "buf = make_buffer_here()\n")
+    assert res.error_in_exec is None
+    trace = shell.user_ns["rec3"]
+    block = trace.blocks[trace.blocks["size"] == 777 * 4]
+    assert len(block) == 1 and not block["stack_id"].isna().any()
+    frames = trace.stacks[trace.stacks["stack_id"] == int(block["stack_id"].iloc[0])]
+    assert "make_buffer_here" in set(frames["name"])
+
+
 def test_bad_cell_options_are_usage_errors(shell, shown):
     res = _run(shell, "%%memlens -o 'not a name'\nx = 1\n")
     assert res.error_in_exec is not None and "variable name" in str(res.error_in_exec)
