@@ -59,6 +59,7 @@ def test_a_failing_section_is_shown_and_recorded_without_killing_the_rest(monkey
     assert all(s.status == "ok" for s in built.sections if s.key != "largest")
     html = built.html()
     assert "This section failed: RuntimeError: boom in largest" in html
+    assert ">Largest blocks (failed)</a>" in html  # the navigation bar points at it too
     assert _status(html)["largest"]["status"] == "error"
 
 
