@@ -113,13 +113,16 @@ def constructed_trace(n_iter: int = 4, names=None, with_accesses: bool = True):
 
     Per iteration on cuda:0: an activation of 1000 B (alloc at +10, free at +60) and a temporary of 300 B
     (+20..+30); on cpu a 50 B input (+5..+15). A 4000 B parameter lives from before recording to the end.
-    Iteration k spans [100k, 100k+100) ns. Names come from `names` (cycled) so tests can inject markup.
+    Iteration k spans [100k, 100k+100) ns. Names come from `names` (cycled) so tests can inject markup; with
+    `names` given, the cpu blocks' category is one of them as well.
     """
     import pandas as pd
 
     from memlens import Trace
 
+    hostile = names is not None
     names = list(names or ["model.layer1", "model.layer2"])
+    input_category = names[1] if hostile else "input"  # hostile names reach categories too
     rows, acc, ops = [], [], []
     rows.append(dict(block_id=0, device="cuda:0", addr=1 << 20, size=4000, alloc_ns=None, free_ns=None,
                      category="parameter", op="", module=names[0], allocated_before=True))
@@ -135,7 +138,7 @@ def constructed_trace(n_iter: int = 4, names=None, with_accesses: bool = True):
         rows.append(dict(block_id=bid + 1, device="cuda:0", addr=(1 << 20) + 8192, size=300, alloc_ns=base + 20,
                          free_ns=base + 30, category="temporary", op="aten::mm", module=names[-1]))
         rows.append(dict(block_id=bid + 2, device="cpu", addr=4096, size=50, alloc_ns=base + 5,
-                         free_ns=base + 15, category="input", op="aten::empty", module=""))
+                         free_ns=base + 15, category=input_category, op="aten::empty", module=""))
         if with_accesses:
             acc += [dict(block_id=0, t_ns=base + 20, op_id=op_id + 1, is_write=False),
                     dict(block_id=bid, t_ns=base + 10, op_id=op_id, is_write=True),
