@@ -139,6 +139,12 @@ def test_explorer_handlers_update_every_view(sample):
     # the event-index axis resets the zoom and covers every event
     ex.update(axis="event", view="blocks")
     assert ex.view_data.x_range[1] >= len(geom.event_t) - 1
+    # the controls show what methods set, and a later control change keeps it
+    ex.update(colour_by="module", min_size=4096)
+    assert (ex.w_axis.value, ex.w_colour.value, ex.w_min_size.value) == ("event", "module", "4096")
+    ex.w_view.value = "stacked"
+    assert (ex.state.view, ex.state.axis, ex.state.colour_by, ex.state.min_size) == ("stacked", "event", "module",
+                                                                                      4096)
 
 
 def test_devices_and_relayout_events():

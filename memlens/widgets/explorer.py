@@ -39,6 +39,7 @@ class Explorer(W.VBox):
         self._geometry, self._marks, self._intervals = {}, {}, {}
         self._iterations = None
         self._busy = False
+        self._syncing = False     # True while controls are set from the state (their observers must not fire)
         self.selected_block: int | None = None
         self.state = ExplorerState(device=device or _default_device(trace))
         geom = self.geometry()
@@ -84,9 +85,10 @@ class Explorer(W.VBox):
                                              description="category", layout=W.Layout(width="260px"))
         modules = sorted(m for m in self.trace.blocks["module"].unique() if m)
         self.w_module = W.Combobox(options=modules[:2000], placeholder="module prefix, e.g. model.layers.0",
-                                   description="module", ensure_option=False, layout=W.Layout(width="330px"))
+                                   description="module", ensure_option=False, continuous_update=False,
+                                   layout=W.Layout(width="330px"))
         self.w_min_size = W.Text(value="0", description="min size", placeholder="e.g. 1MiB",
-                                 layout=W.Layout(width="180px"))
+                                 continuous_update=False, layout=W.Layout(width="180px"))
         self.w_bandwidth = W.FloatLogSlider(value=25.0, base=10, min=-1, max=3, step=0.05,
                                             description="link GB/s", continuous_update=False,
                                             layout=W.Layout(width="420px"))
@@ -113,12 +115,13 @@ class Explorer(W.VBox):
             w.observe(self._on_control, names="value")
         self.w_module.observe(self._on_control, names="value")
         self.w_min_size.observe(self._on_control, names="value")
-        self.w_iteration.observe(lambda ch: self.select_iteration(None if ch["new"] == ALL else ch["new"]),
-                                 names="value")
+        self.w_iteration.observe(self._on_iteration, names="value")
         self.w_reset.on_click(lambda _: self.zoom(None, None))
         self.w_run_whatif.on_click(lambda _: self.run_whatif())
 
     def _on_control(self, _change):
+        if self._syncing:
+            return
         try:
             min_size = parse_bytes(self.w_min_size.value or "0")
         except (InputError, ValueError) as exc:
@@ -128,6 +131,34 @@ class Explorer(W.VBox):
                     colour_by=self.w_colour.value, categories=tuple(self.w_categories.value),
                     module=self.w_module.value or "", min_size=min_size,
                     bandwidth=f"{self.w_bandwidth.value:.4g}GB/s")
+
+    def _on_iteration(self, change):
+        if not self._syncing:
+            self.select_iteration(None if change["new"] == ALL else change["new"])
+
+    def _sync_controls(self):
+        """Show the state in the controls (after a method call changed it) without firing their observers."""
+        from memlens.analysis.bandwidth import BandwidthModel
+        state = self.state
+        self._syncing = True
+        try:
+            self.w_device.value = state.device
+            self.w_view.value = state.view
+            self.w_axis.value = state.axis
+            self.w_colour.value = state.colour_by
+            self.w_categories.value = tuple(self.w_categories.options) if state.categories is None else \
+                tuple(c for c in self.w_categories.options if c in state.categories)
+            self.w_module.value = state.module
+            if parse_bytes(self.w_min_size.value or "0") != state.min_size:
+                self.w_min_size.value = str(state.min_size)
+            gbps = BandwidthModel.parse(state.bandwidth).h2d_bytes_per_s / 1e9
+            if np.isfinite(gbps) and abs(np.log10(gbps) - np.log10(self.w_bandwidth.value)) > 1e-3:
+                self.w_bandwidth.value = gbps
+            wanted = ALL if state.iteration is None else state.iteration
+            if wanted in [v for _, v in self.w_iteration.options]:
+                self.w_iteration.value = wanted
+        finally:
+            self._syncing = False
 
     # ---- cached per-device data ------------------------------------------------------------------
     def geometry(self, device: str | None = None):
@@ -269,6 +300,7 @@ class Explorer(W.VBox):
             self.view_data = data
             self._draw_timeline(data)
             self._sync_iteration_options()
+            self._sync_controls()
             self._status(geom, mask, data)
             self._draw_ati(geom, mask)
         finally:
