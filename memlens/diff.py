@@ -24,7 +24,22 @@ TOP = 20
 @dataclass
 class TraceDiff:
     """The comparison of trace `a` (before) with trace `b` (after). Bytes and ns throughout; every delta is
-    b - a. See the module docstring for the block signature."""
+    b - a. See the module docstring for the block signature.
+
+    - ``device_pairs``: (device of A, device of B) compared with each other.
+    - ``peak``: one row per pair: ``peak_a``, ``peak_b``, ``delta``, ``ratio`` (b / a), ``peak_ns_a/b``.
+    - ``at_peak``: {"category" | "module" | "op": rows of ``device``, label, ``bytes_a``, ``bytes_b``,
+      ``delta``} for the blocks live at each trace's peak, largest change first.
+    - ``blocks``: ``signature`` (fields used), ``matched``, ``appeared`` / ``disappeared`` (counts) and
+      their ``*_bytes``; ``appeared`` / ``disappeared`` frames list the largest such blocks.
+    - ``by_op``: allocations and bytes per allocating op in A and B; ``op_counts``: ops executed per
+      name (None unless both traces record ops).
+    - ``iterations``: counts and sources, and with iterations on both sides a per-iteration ``table``
+      (aligned by index) and the median iteration peak and duration.
+    - ``ati``: statistics of A and B and their ``delta``, plus ``by_category`` (None unless both traces
+      record accesses).
+    - ``cannot_compare``: what could not be compared and why; ``notes``: how the comparison was made.
+    """
 
     name_a: str
     name_b: str
