@@ -32,6 +32,8 @@ FOUND, INFEASIBLE, ABORTED, TIMEOUT = "found", "infeasible", "aborted", "timeout
 _INF = np.iinfo(np.int64).max // 4
 # largest section x member block refreshed per try for the unallocated-floor bound (elements)
 _REFINE_CAP = 40_000
+# largest number of (section, buffer) memberships kept for that bound
+_MEMBERS_CAP = 30_000_000
 
 
 @dataclass
@@ -81,15 +83,22 @@ class _Search:
         self.left_min = np.append(np.where(act, 0, _INF), _INF)
         self.off = np.full(problem.n, -1, np.int64)
         self.solution = np.zeros(problem.n, np.int64)
-        # the buffers alive in each section, padded with the sentinel index n (for the unallocated floor)
+        # the buffers alive in each section, padded with the sentinel index n (for the unallocated floor);
+        # left out (no refinement) when the table would be too large
         span = np.where(act, self.sec_hi - self.sec_lo, 0)
-        buf = np.repeat(np.arange(problem.n), span)
-        sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.sec_lo[buf]
-        width = np.bincount(sec, minlength=n_sec)
-        self.members = np.full((n_sec, int(width.max(initial=0))), problem.n, np.int64)
-        by_sec = np.argsort(sec, kind="stable")
-        col = np.arange(len(sec)) - np.repeat(np.cumsum(width) - width, width)
-        self.members[sec[by_sec], col] = buf[by_sec]
+        diff = np.zeros(n_sec + 1, np.int64)
+        np.add.at(diff, self.sec_lo[act], 1)
+        np.add.at(diff, self.sec_hi[act], -1)
+        width = np.cumsum(diff)[:n_sec]
+        if int(span.sum()) <= _MEMBERS_CAP:
+            buf = np.repeat(np.arange(problem.n, dtype=np.int32), span)
+            sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.sec_lo[buf]
+            self.members = np.full((n_sec, int(width.max(initial=0))), problem.n, np.int32)
+            by_sec = np.argsort(sec, kind="stable")
+            col = np.arange(len(sec)) - np.repeat(np.cumsum(width) - width, width)
+            self.members[sec[by_sec], col] = buf[by_sec]
+        else:
+            self.members = np.full((n_sec, 0), problem.n, np.int32)
         # per buffer: its neighbours, and (section span, span of the sections its placement can affect)
         self.sizes = problem.size.tolist()
         self.aligned = bool((problem.alignment > 1).any())
@@ -100,8 +109,11 @@ class _Search:
             ra, rb = lo, hi
             if len(nb):
                 ra, rb = min(lo, int(self.sec_lo[nb].min())), max(hi, int(self.sec_hi[nb].max()))
-            if (rb - ra) * self.members.shape[1] > _REFINE_CAP:
-                ra, rb = lo, hi  # too wide to refresh at every try: keep the bound to b's own sections
+            width = self.members.shape[1]
+            if width == 0:
+                ra, rb = lo, lo
+            elif (rb - ra) * width > _REFINE_CAP:  # too wide to refresh at every try: b's own sections only
+                ra, rb = (lo, hi) if (hi - lo) * width <= _REFINE_CAP else (lo, lo)
             self.spans.append((lo, hi, ra, rb))
         self.nodes = 0
         self.node_budget = _INF
@@ -215,20 +227,25 @@ class _Search:
         left_min[b] = _INF
         left_min[nb] = raised
         self.total[lo:hi] -= z
-        # floors: b's top over its span, and the lowest minimum offset of the unplaced buffers of every
-        # section its placement can affect (b's span and its neighbours' spans)
-        seg = self.floor[ra:rb]
-        saved = seg.copy()
-        seg[lo - ra:hi - ra] = top
-        sec_min = left_min[self.members[ra:rb]].min(axis=1)
-        sec_min[sec_min == _INF] = 0
-        np.maximum(seg, sec_min, out=seg)
+        old_floor = self.floor[lo:hi].copy()
+        self.floor[lo:hi] = top
+        # the unallocated floor: in every section b's placement can affect (b's span and its neighbours'
+        # spans, when that is small enough to refresh), no unplaced buffer can sit below its minimum offset
+        saved = None
+        if ra < rb:
+            seg = self.floor[ra:rb]
+            saved = seg.copy()
+            sec_min = left_min[self.members[ra:rb]].min(axis=1)
+            sec_min[sec_min == _INF] = 0
+            np.maximum(seg, sec_min, out=seg)
         found = False
-        ca, cb = max(ra, sec_a), min(rb, sec_b)
-        # outside [ra, rb) nothing changed, and the level check at o already covered it
+        ca, cb = max(min(ra, lo), sec_a), min(max(rb, hi), sec_b)
+        # outside [ca, cb) nothing changed, and the level check at o already covered it
         if (np.maximum(self.floor[ca:cb], o) + self.total[ca:cb]).max(initial=0) <= self.capacity:
             found = self._descend(b, lo, hi, order, rank, sec_a, sec_b, o, heuristic)
-        self.floor[ra:rb] = saved
+        if saved is not None:
+            self.floor[ra:rb] = saved
+        self.floor[lo:hi] = old_floor
         left_min[nb] = old_min
         left_min[b] = o
         self.total[lo:hi] += z

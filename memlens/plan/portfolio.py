@@ -26,7 +26,7 @@ from memlens.plan.improve import improve, repair_peak, window_search
 from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
-EXACT_MAX_BUFFERS = 5000
+EXACT_MAX_BUFFERS = 20_000
 # the heuristics run within max(time_limit_s, this) seconds; on large instances the ones estimated not to
 # fit are skipped (online best-fit, which needs no conflict graph, always runs)
 MIN_HEURISTIC_BUDGET_S = 2.0
