@@ -174,3 +174,12 @@ def test_allocator_timeline_keeps_the_simulated_peaks():
     assert curves["live (trace)"].max() * unit == pytest.approx(5300)
     # the allocator rounds every request up (512 B at least) and caches whole segments
     assert sim.peak_reserved >= sim.peak_allocated >= 5300
+
+
+def test_timeline_address_ticks_name_real_addresses():
+    blocks = pd.DataFrame({"block_id": [0, 1, 2], "device": "cuda:0", "addr": [0x1000, 0x1100, 0x7F0000000000],
+                           "size": [256, 64, 512], "alloc_ns": [0, 1, 2], "free_ns": [5, 6, 7]})
+    fig = timeline(Trace.from_tables(blocks))
+    assert list(fig.layout.yaxis.ticktext) == ["0x1000", "0x7f0000000000"]
+    gap = 0.02 * (320 + 512)  # 2% of the occupied bytes: regions [0x1000, 0x1140) and [0x7f..., +512)
+    assert list(fig.layout.yaxis.tickvals) == pytest.approx([0, 320 + gap])

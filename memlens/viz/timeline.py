@@ -160,10 +160,26 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
         if len(ax):
             fig.add_trace(go.Scattergl(x=ax / scale, y=ay, mode="markers", name="accesses",
                                        marker=dict(size=3, color="black", opacity=0.6), hoverinfo="skip"))
-    y_title = ("address (empty ranges shrunk)" if rects.attrs["y_mode"] == "address"
+    y_title = ("address (empty ranges between regions shrunk; ticks at region starts)"
+               if rects.attrs["y_mode"] == "address"
                else "bytes live below the block at allocation (no addresses in trace)")
     fig.update_layout(barmode="overlay", bargap=0, height=HEIGHT_PX + 120, margin=dict(l=60, r=20, t=40, b=50),
                       title=f"{safe(device)}: {len(shown):,} blocks drawn, {len(rest):,} aggregated",
                       legend=dict(title_text=safe(color_by)), xaxis_title=x_title)
-    fig.update_yaxes(title_text=y_title, tickformat=".3s", ticksuffix="B")
+    if rects.attrs["y_mode"] == "address":
+        vals, text = _address_ticks(rects.attrs["regions"])
+        fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
+    else:
+        fig.update_yaxes(title_text=y_title, tickformat=".3s", ticksuffix="B")
     return fig
+
+
+def _address_ticks(regions: dict, max_ticks: int = 12) -> tuple[list[float], list[str]]:
+    """Tick positions at the start of address regions (at most `max_ticks`, evenly spread), labelled with the
+    real address in hex, so the compressed axis still reads as addresses."""
+    ys = np.asarray(regions.get("region_y", []), dtype=np.float64)
+    addrs = np.asarray(regions.get("region_addr", []), dtype=np.float64)
+    if len(ys) == 0:
+        return [], []
+    pick = np.unique(np.linspace(0, len(ys) - 1, min(max_ticks, len(ys))).round().astype(np.int64))
+    return ys[pick].tolist(), [f"0x{int(a):x}" for a in addrs[pick]]
