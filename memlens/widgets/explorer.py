@@ -39,6 +39,7 @@ class Explorer(W.VBox):
         self._geometry, self._marks, self._intervals = {}, {}, {}
         self._iterations = None
         self._busy = False
+        self._ati_key = None      # what the ATI panel shows now (device, filters, time range, link, ECDF)
         self._syncing = False     # True while controls are set from the state (their observers must not fire)
         self.selected_block: int | None = None
         self.state = ExplorerState(device=device or _default_device(trace))
@@ -351,6 +352,11 @@ class Explorer(W.VBox):
             return
         t_range = None if self.state.x_range is None else tuple(geom.to_time(np.array(self.state.x_range),
                                                                              self.state.axis))
+        st = self.state
+        key = (st.device, st.categories, st.module, st.min_size, t_range, st.bandwidth, self.w_ecdf.value)
+        if key == self._ati_key:   # view, axis or colour changes leave the selection's intervals as they were
+            return
+        self._ati_key = key
         selected = selection_intervals(intervals, geom, mask, t_range)
         self.ati_summary.value = ati_summary_html(filtered_intervals(selected, self.state.bandwidth))
         fig = ati_figure(selected, self.state.bandwidth, as_ecdf=self.w_ecdf.value)
