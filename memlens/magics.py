@@ -82,10 +82,14 @@ def _save_parser() -> argparse.ArgumentParser:
 
 
 def split_last_expression(source: str, filename: str = "<memlens cell>"):
-    """Compile `source` as (body, last expression or None), like IPython shows a cell's last value."""
+    """Compile `source` as (body, last expression or None), like IPython shows a cell's last value.
+
+    A trailing semicolon suppresses the value, as in IPython.
+    """
     tree = ast.parse(source, filename=filename)
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
+    shown = not source.rstrip().endswith(";")
+    if shown and tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
     body = compile(tree, filename, "exec")
     return body, (compile(last, filename, "eval") if last is not None else None)

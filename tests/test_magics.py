@@ -56,6 +56,9 @@ def test_cell_magic_shows_the_explorer_and_the_last_value(shell, shown):
     assert isinstance(shell.user_ns["memlens_trace"], Trace)
     assert shown[0] == 42
     assert isinstance(shown[1], Explorer) and shown[1].trace is shell.user_ns["memlens_trace"]
+    shown.clear()
+    _run(shell, "%%memlens --no-show\n6 * 7;\n")
+    assert shown == []   # a trailing semicolon hides the value, as in IPython
 
 
 def test_errors_propagate_and_the_partial_trace_is_kept(shell, shown):
