@@ -45,7 +45,8 @@ class ReportOptions:
     ``max_points`` (points per curve after level-of-detail reduction), ``top`` (rows in tables),
     ``x`` ("time" or "event" axis), ``timeline_blocks`` (blocks drawn one by one before aggregation),
     ``whatif`` (run allocator / plan / swap what-ifs), ``whatif_time_limit_s`` (static planner search time
-    per device, s), ``whatif_max_blocks`` (larger traces run the what-ifs on a window around the peak),
+    per device, s), ``whatif_max_blocks`` (larger traces run the what-ifs on a window around the peak;
+    None: 5,000 blocks for traces with accesses, 12,000 without),
     ``memory_limit`` (bytes, for swapping what-ifs)."""
 
     bandwidth: Any = None
@@ -55,7 +56,7 @@ class ReportOptions:
     timeline_blocks: int = 4000
     whatif: bool = True
     whatif_time_limit_s: float = 1.0
-    whatif_max_blocks: int = 5000
+    whatif_max_blocks: int | None = None
     memory_limit: int | None = None
 
 

@@ -8,6 +8,9 @@ from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.report.window import peak_window
 from memlens.units import format_bytes, format_ns
 
+# the what-ifs of bigger traces run on a window around the peak (their cost grows faster than linearly)
+MAX_BLOCKS_WITH_ACCESSES = 5_000
+MAX_BLOCKS_WITHOUT_ACCESSES = 12_000
 # allocator settings people try first when fragmentation bites
 CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,max_split_size_mb:128")
 
@@ -23,8 +26,10 @@ def whatif(ctx: ReportContext) -> list:
                                  "--no-whatif)")
     if len(ctx.trace.blocks) == 0:
         raise SectionUnavailable("the trace has no blocks to simulate")
-    window = peak_window(ctx.trace, ctx.options.whatif_max_blocks,
-                         ctx.iterations if len(ctx.trace.blocks) > ctx.options.whatif_max_blocks else None)
+    max_blocks = ctx.options.whatif_max_blocks
+    if max_blocks is None:  # swap planning, the slowest what-if, runs only on traces with accesses
+        max_blocks = MAX_BLOCKS_WITH_ACCESSES if ctx.trace.has_accesses else MAX_BLOCKS_WITHOUT_ACCESSES
+    window = peak_window(ctx.trace, max_blocks, ctx.iterations if len(ctx.trace.blocks) > max_blocks else None)
     df = compare(window.trace, bandwidth=ctx.options.bandwidth or "pcie4", conf_variants=list(CONF_VARIANTS),
                  time_limit_s=ctx.options.whatif_time_limit_s, limit=ctx.options.memory_limit)
     parts = []
@@ -45,5 +50,6 @@ def whatif(ctx: ReportContext) -> list:
     parts.append(table(df, fmt, {"ratio_to_max_live": "vs max-live"}))
     parts.append(paragraph("The caching allocator replayed under the recorded settings (memlens.simulate): what "
                            "it reserves from the device, what it hands out, and the live bytes of the trace."))
-    parts.append(allocator_timeline(window.trace, max_points=ctx.options.max_points))
+    parts.append(allocator_timeline(window.trace, max_points=ctx.options.max_points,
+                                    x_offset_ns=window.start_ns if window.blocks < window.total_blocks else 0))
     return parts

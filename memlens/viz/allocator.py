@@ -12,12 +12,14 @@ from memlens.viz.labels import byte_unit, safe
 from memlens.viz.lod import extrema_indices
 
 
-def allocator_timeline(trace, result=None, device: str | None = None, max_points: int = 4000, conf=None):
+def allocator_timeline(trace, result=None, device: str | None = None, max_points: int = 4000, conf=None,
+                       x_offset_ns: int = 0):
     """Figure: simulated reserved and allocated bytes over time with the trace's live bytes, for `device`
     (default: the one with the highest peak).
 
     `result` is a `memlens.simulate.SimulationResult` for this trace; without one the trace is replayed
-    through the caching allocator under `conf` (default: the recorded settings).
+    through the caching allocator under `conf` (default: the recorded settings). `x_offset_ns` is added to
+    every time (ns), e.g. to show a window cut from a longer trace on that trace's clock.
     """
     import plotly.graph_objects as go
 
@@ -45,7 +47,7 @@ def allocator_timeline(trace, result=None, device: str | None = None, max_points
         if len(x) == 0:
             continue
         keep = extrema_indices(x, y, bins)
-        fig.add_trace(go.Scatter(x=x[keep] / 1e6, y=y[keep] / div, mode="lines", name=name,
+        fig.add_trace(go.Scatter(x=(x[keep] + x_offset_ns) / 1e6, y=y[keep] / div, mode="lines", name=name,
                                  line=dict(shape="hv", color=color, width=1.4),
                                  hovertemplate=f"{name}: %{{y:,.2f}} {unit}<extra></extra>"))
     fig.update_layout(
