@@ -20,9 +20,10 @@ def iterations(ctx: ReportContext) -> list:
     if source == "none":
         raise SectionUnavailable("no iterations found: the trace has no step markers or optimizer steps, and "
                                  "its allocation sequence does not repeat")
-    stats = iteration_stats(ctx.trace, its)
+    intervals = ctx.intervals if ctx.trace.has_accesses else None  # computed once for the whole report
+    stats = iteration_stats(ctx.trace, its, intervals=intervals)
     parts = [paragraph(f"{len(its):,} iterations found (from {source}).")]
-    stability = iteration_stability(ctx.trace, its)
+    stability = iteration_stability(ctx.trace, its, intervals=intervals)
     if stability["score"] is not None:
         components = ", ".join(f"{k} {v:.0%}" for k, v in stability["components"].items())
         parts.append(paragraph(f"Consecutive iterations are {stability['score']:.0%} alike (median over pairs; "
