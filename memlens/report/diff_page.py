@@ -12,8 +12,8 @@ def _signed(v) -> str:
     return "" if pd.isna(v) else ("+" if v >= 0 else "-") + format_bytes(abs(v))
 
 
-BYTES = {"peak_a": bytes_text, "peak_b": bytes_text, "delta": _signed, "bytes_a": bytes_text, "bytes_b": bytes_text, "size": bytes_text,
-         "delta_bytes": _signed, "peak_ns_a": ns_text, "peak_ns_b": ns_text, "alloc_ns": ns_text, "free_ns": ns_text,
+BYTES = {"peak_a": bytes_text, "peak_b": bytes_text, "delta": _signed, "bytes_a": bytes_text,
+         "bytes_b": bytes_text, "size": bytes_text, "delta_bytes": _signed, "peak_ns_a": ns_text, "peak_ns_b": ns_text, "alloc_ns": ns_text, "free_ns": ns_text,
          "ratio": lambda v: "" if pd.isna(v) else f"{v:.3f}"}
 
 

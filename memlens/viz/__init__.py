@@ -24,5 +24,5 @@ from memlens.viz.tables import largest_blocks, largest_blocks_table
 from memlens.viz.timeline import block_rects, timeline
 from memlens.viz.whatif import whatif_comparison
 
-__all__ = ["allocator_timeline", "ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks", "largest_blocks_table",
-           "live_memory", "live_series", "timeline", "whatif_comparison"]
+__all__ = ["allocator_timeline", "ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks",
+           "largest_blocks_table", "live_memory", "live_series", "timeline", "whatif_comparison"]

@@ -3,8 +3,8 @@
 Each block is a rectangle from its allocation to its free (x: wall-clock time, idle gaps visible, or the
 event index) at its address (y: addresses with empty ranges shrunk by `lod.compress_gaps`; traces without
 addresses stack each block on the bytes live when it was allocated). The `max_blocks` blocks with the largest
-on-screen area are drawn one by one (hover shows their details); all others are painted into a pixel grid (`lod.rasterize`) as a density layer, so nothing is dropped and the
-figure stays small for a million blocks.
+on-screen area are drawn one by one (hover shows their details); all others are painted into a pixel grid
+(`lod.rasterize`) as a density layer, so nothing is dropped and the figure stays small for a million blocks.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def block_rects(trace, device: str, x: str = "time", curve=None) -> pd.DataFrame
         y_mode = "stacked"
     out = pd.DataFrame({"block_id": blocks["block_id"].to_numpy(), "x0": x0, "x1": np.maximum(x1, x0),
                         "y0": y0, "y1": y0 + size, "size": blocks["size"].to_numpy(),
-                        "addr": blocks["addr"], "category": blocks["category"].to_numpy(),
+                        "addr": blocks["addr"].to_numpy(), "category": blocks["category"].to_numpy(),
                         "op": blocks["op"].to_numpy(), "module": blocks["module"].to_numpy()})
     out.attrs["y_mode"] = y_mode
     out.attrs["regions"] = info
