@@ -183,3 +183,15 @@ def test_timeline_address_ticks_name_real_addresses():
     assert list(fig.layout.yaxis.ticktext) == ["0x1000", "0x7f0000000000"]
     gap = 0.02 * (320 + 512)  # 2% of the occupied bytes: regions [0x1000, 0x1140) and [0x7f..., +512)
     assert list(fig.layout.yaxis.tickvals) == pytest.approx([0, 320 + gap])
+
+
+def test_peak_composition_matches_the_live_blocks_at_the_peak():
+    from memlens.viz.peak import peak_composition
+
+    trace = constructed_trace(names=XSS_NAMES)
+    fig = peak_composition(trace, by="op")
+    cuda = {t.name: t.y[0] for t in fig.data if t.orientation != "h" and t.x[0] == "cuda:0"}
+    # KiB: parameter 4000 B, activation 1000 B, temporary 300 B at the cuda:0 peak
+    assert {k: round(v * 1024) for k, v in cuda.items()} == {"parameter": 4000, "activation": 1000,
+                                                              "temporary": 300}
+    assert "<script" not in fig.to_json() and "<img" not in fig.to_json()

@@ -63,7 +63,10 @@ def peak(ctx: ReportContext) -> list:
     if not ctx.peaks:
         raise SectionUnavailable("the trace has no allocation events, so it has no peak")
     fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
-    parts = []
+    from memlens.viz.peak import peak_composition
+
+    by = "module" if (ctx.trace.blocks["module"].astype(str) != "").any() else "op"
+    parts = [peak_composition(ctx.peaks, by=by, top=min(ctx.options.top, 15))]
     for dev, pb in ctx.peaks.items():
         parts.append(tag("h3", f"{dev}: peak {format_bytes(pb.peak_bytes)} at {format_ns(pb.peak_ns)}"))
         parts.append(paragraph(pb.describe() + (f" The allocation that reached it came from {pb.op_at_peak}."

@@ -1,6 +1,7 @@
 """Plain figure functions returning plotly figures, for reports, notebooks and your own dashboards.
 
 - `live_memory(trace, by="category")`: live bytes over time per device, stacked, peak marked
+- `peak_composition(trace)`: what is live at each device's peak, by category and by module / op
 - `timeline(trace)`: blocks as bars in time x address, small ones aggregated, accesses as marks
 - `largest_blocks(trace)` / `largest_blocks_table(trace)`: the biggest blocks with attribution
 - `ati_histogram(trace)` / `ati_ecdf(trace)`: access time intervals with the bandwidth threshold
@@ -20,9 +21,10 @@ from memlens.viz.allocator import allocator_timeline
 from memlens.viz.ati import ati_ecdf, ati_histogram
 from memlens.viz.diff import diff_overlay
 from memlens.viz.live import live_memory, live_series
+from memlens.viz.peak import peak_composition
 from memlens.viz.tables import largest_blocks, largest_blocks_table
 from memlens.viz.timeline import block_rects, timeline
 from memlens.viz.whatif import whatif_comparison
 
 __all__ = ["allocator_timeline", "ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks",
-           "largest_blocks_table", "live_memory", "live_series", "timeline", "whatif_comparison"]
+           "largest_blocks_table", "live_memory", "live_series", "peak_composition", "timeline", "whatif_comparison"]
