@@ -128,9 +128,9 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
 
     `time_limit_s` bounds the whole search (s); the heuristics get at least `MIN_HEURISTIC_BUDGET_S`, and
     on instances so large that they would overrun it the remaining ones are skipped (listed in
-    ``skipped``); `alignment` (bytes) applies
-    to every offset; `iteration` plans one iteration of a trace with iteration marks; `device` picks the
-    device of a multi-device trace (default: the one with the largest peak). The result is validated.
+    ``skipped``); `alignment` (bytes) applies to every offset; `iteration` plans one iteration of a trace
+    with iteration marks; `device` picks the device of a multi-device trace (default: the one with the
+    largest peak). The result is validated.
     """
     t0 = time.perf_counter()
     problem = as_problem(source, device=device, iteration=iteration, alignment=alignment)
