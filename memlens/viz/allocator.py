@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memlens.viz.labels import byte_unit, safe
+from memlens.viz.labels import byte_unit, plot_text, time_axis
 from memlens.viz.lod import extrema_indices
 
 
@@ -38,6 +38,7 @@ def allocator_timeline(trace, result=None, device: str | None = None, max_points
     div, unit = byte_unit(max(sim.peak_reserved, int(live["live"].max()) if len(live) else 0))
     fig = go.Figure()
     bins = max(max_points // 4, 1)
+    scale, x_title = time_axis("time", span_ns=trace.duration_ns)
     series = (("reserved (simulated)", tl["t_ns"].to_numpy(np.float64), tl["reserved"].to_numpy(np.float64),
                "#E45756"),
               ("allocated (simulated)", tl["t_ns"].to_numpy(np.float64), tl["allocated"].to_numpy(np.float64),
@@ -47,13 +48,13 @@ def allocator_timeline(trace, result=None, device: str | None = None, max_points
         if len(x) == 0:
             continue
         keep = extrema_indices(x, y, bins)
-        fig.add_trace(go.Scatter(x=(x[keep] + x_offset_ns) / 1e6, y=y[keep] / div, mode="lines", name=name,
+        fig.add_trace(go.Scatter(x=(x[keep] + x_offset_ns) / scale, y=y[keep] / div, mode="lines", name=name,
                                  line=dict(shape="hv", color=color, width=1.4),
                                  hovertemplate=f"{name}: %{{y:,.2f}} {unit}<extra></extra>"))
     fig.update_layout(
         height=380, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified",
-        title=safe(f"{device}: caching allocator ({sim.conf or 'recorded settings'}, {sim.initial_state} start): "
+        title=plot_text(f"{device}: caching allocator ({sim.conf or 'recorded settings'}, {sim.initial_state} start): "
                    f"peak reserved {format_bytes(sim.peak_reserved)}, peak allocated "
                    f"{format_bytes(sim.peak_allocated)}"),
-        xaxis_title="time since trace start (ms)", yaxis_title=f"bytes ({unit})")
+        xaxis_title=x_title, yaxis_title=f"bytes ({unit})")
     return fig

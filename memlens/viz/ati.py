@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.units import format_bytes, format_ns
-from memlens.viz.labels import safe
+from memlens.viz.labels import plot_text
 
 
 def _filtered(trace_or_intervals, bandwidth, device):
@@ -63,10 +63,10 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
     threshold, ref_size, link = _reference_threshold(iv, bandwidth)
     if len(iv):
         fig.add_vline(x=max(threshold, 1.0), line_dash="dash", line_color="#E45756",
-                      annotation_text=safe(f"round trip of a {format_bytes(ref_size)} block: {format_ns(threshold)}"),
+                      annotation_text=plot_text(f"round trip of a {format_bytes(ref_size)} block: {format_ns(threshold)}"),
                       annotation_position="top right")
     fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=40, b=50),
-                      title=safe(f"{len(iv):,} access intervals" +
+                      title=plot_text(f"{len(iv):,} access intervals" +
                                  ("" if weight == "count" else ", weighted by size x length (idle byte-time)") +
                                  f"; link {link}"),
                       xaxis=dict(type="log", title="interval length (ns)"),
@@ -91,9 +91,9 @@ def ati_ecdf(trace_or_intervals, bandwidth=None, device: str | None = None, max_
     if len(iv):
         below = float((lengths < threshold).mean())
         fig.add_vline(x=max(threshold, 1.0), line_dash="dash", line_color="#E45756",
-                      annotation_text=safe(f"{below:.0%} shorter than the round trip of a {format_bytes(ref_size)} "
+                      annotation_text=plot_text(f"{below:.0%} shorter than the round trip of a {format_bytes(ref_size)} "
                                            f"block ({format_ns(threshold)})"), annotation_position="bottom right")
-    fig.update_layout(height=340, margin=dict(l=60, r=20, t=40, b=50), title=safe(f"ECDF; link {link}"),
+    fig.update_layout(height=340, margin=dict(l=60, r=20, t=40, b=50), title=plot_text(f"ECDF; link {link}"),
                       xaxis=dict(type="log", title="interval length (ns)"),
                       yaxis=dict(title="fraction of intervals <= x", range=[0, 1.02]))
     return fig

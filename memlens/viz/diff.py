@@ -1,7 +1,7 @@
 """Two runs' live memory overlaid on one axis (the figure of `memlens.diff`)."""
 from __future__ import annotations
 
-from memlens.viz.labels import byte_unit, safe, time_axis
+from memlens.viz.labels import byte_unit, plot_text, time_axis
 from memlens.viz.live import live_series
 
 ALIGNS = ("auto", "start", "iteration")
@@ -23,7 +23,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     """Figure: live bytes of `a` and `b`, one row per device pair, both peaks marked.
 
     `align` "start" puts both trace starts at 0; "iteration" each trace's first iteration start (when both
-    have iterations; otherwise the starts); "auto" is "iteration" when possible. `x` is "time" (ms) or
+    have iterations; otherwise the starts); "auto" is "iteration" when possible. `x` is "time" (unit chosen by the longer trace's span) or
     "event" (event index, always aligned at the start). `device_pairs` defaults to the pairing of
     `memlens.diff.pair_devices`.
     """
@@ -37,13 +37,13 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     if device_pairs is None:
         from memlens.diff import pair_devices
         device_pairs, _ = pair_devices(a, b)
-    scale, x_title = time_axis(x)
+    scale, x_title = time_axis(x, span_ns=max(a.duration_ns, b.duration_ns))
     off_a, how_a = _offset(a, "iteration" if align != "start" else "start", x)
     off_b, how_b = _offset(b, "iteration" if align != "start" else "start", x)
     if how_a != how_b:  # only one has iterations: align both at their starts
         off_a, off_b, how_a = 0.0, 0.0, "trace start"
     rows = max(len(device_pairs), 1)
-    titles = [safe(da if da == db else f"{da} / {db}") for da, db in device_pairs] or None
+    titles = [plot_text(da if da == db else f"{da} / {db}") for da, db in device_pairs] or None
     fig = make_subplots(rows=rows, cols=1, shared_xaxes=True, vertical_spacing=0.08, subplot_titles=titles)
     styles = (("#4C78A8", "solid"), ("#E45756", "solid"))
     series = [[live_series(trace, dev, by="none", x=x, max_points=max_points) for trace, dev in zip((a, b), pair)]
@@ -51,7 +51,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     div, unit = byte_unit(max((s.peak_bytes for row in series for s in row), default=0))
     for row, pair_series in enumerate(series, start=1):
         for side, (s, off, name, (color, dash)) in enumerate(zip(pair_series, (off_a, off_b), names, styles)):
-            label = safe(f"{'AB'[side]}: {name}")
+            label = plot_text(f"{'AB'[side]}: {name}")
             fig.add_trace(go.Scatter(x=(s.x - off) / scale, y=s.total / div, mode="lines", name=label,
                                      legendgroup=label, showlegend=row == 1,
                                      line=dict(color=color, dash=dash, shape="hv", width=1.5),
@@ -64,7 +64,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
                     hovertemplate=f"{label} peak {s.peak_bytes:,} B<extra></extra>"), row=row, col=1)
         fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
     if how_a == "first iteration":
-        x_title = "time from each trace's first iteration start (ms)"
+        x_title = x_title.replace("time since trace start", "time from each trace's first iteration start")
     fig.update_xaxes(title_text=x_title, row=rows, col=1)
     fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig

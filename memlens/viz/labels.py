@@ -23,15 +23,24 @@ NONE_LABEL = "(none)"
 
 
 def safe(text) -> str:
-    """`text` as a string with HTML special characters escaped (quotes included)."""
+    """`text` as a string with HTML special characters escaped (quotes included: safe in attributes too)."""
     return html.escape("" if text is None else str(text), quote=True)
 
 
+def plot_text(text) -> str:
+    """`text` escaped for plotly's text dialect (names, titles, hover text, annotations).
+
+    ``<``, ``>`` and ``&`` are escaped so no tag can form; quotes are left alone because plotly shows
+    ``&quot;`` literally and, with no tag possible, a quote has no attribute to break out of.
+    """
+    return html.escape("" if text is None else str(text), quote=False)
+
+
 def safe_labels(values) -> np.ndarray:
-    """Escape every label of an array-like (each distinct label once); empty labels become ``(none)``."""
+    """`plot_text` of every label of an array-like (each distinct label once); empty labels become ``(none)``."""
     labels = pd.Series(values, dtype=object).fillna("").astype(str).replace("", NONE_LABEL)
     codes, uniques = pd.factorize(labels)
-    escaped = np.array([html.escape(v, quote=True) for v in uniques], dtype=object)
+    escaped = np.array([html.escape(v, quote=False) for v in uniques], dtype=object)
     return escaped[codes] if len(labels) else np.array([], dtype=object)
 
 
@@ -42,10 +51,23 @@ def color_for(group: str, i: int, by: str) -> str:
     return PALETTE[i % len(PALETTE)]
 
 
-def time_axis(x: str) -> tuple[float, str]:
-    """(divisor from ns, axis title) for an x mode: 'time' plots milliseconds, 'event' the event index."""
+TIME_UNITS = ((1e9, "s"), (1e6, "ms"), (1e3, "\u00b5s"), (1.0, "ns"))
+
+
+def time_unit(span_ns: float) -> tuple[float, str]:
+    """(divisor from ns, unit) that shows a span of `span_ns` with a readable number of digits."""
+    for divisor, unit in TIME_UNITS:
+        if span_ns >= 10 * divisor:
+            return divisor, unit
+    return 1.0, "ns"
+
+
+def time_axis(x: str, span_ns: float | None = None) -> tuple[float, str]:
+    """(divisor from ns, axis title) for an x mode: 'time' plots time since the trace start (milliseconds, or
+    the unit that suits `span_ns` when given), 'event' the event index."""
     if x == "time":
-        return 1e6, "time since trace start (ms)"
+        divisor, unit = (1e6, "ms") if span_ns is None else time_unit(span_ns)
+        return divisor, f"time since trace start ({unit})"
     if x == "event":
         return 1.0, "event index (allocs and frees, in order)"
     raise ValueError(f"x must be 'time' or 'event', got {x!r}")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import byte_unit, color_for, safe, time_axis
+from memlens.viz.labels import byte_unit, color_for, plot_text, time_axis
 from memlens.viz.lod import extrema_indices
 
 GROUPINGS = ("category", "module", "op", "none")
@@ -84,7 +84,7 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
                 max_points: int = 4000, top_groups: int = 8, height: int | None = None, curves: dict | None = None):
     """Figure: live bytes over time per device (one row each), stacked by `by`, the peak marked.
 
-    `device` limits it to one device. `x` is "time" (ms since the trace start, idle gaps visible) or
+    `device` limits it to one device. `x` is "time" (since the trace start, in the unit that suits its span; idle gaps visible) or
     "event" (event index, as PyTorch's memory_viz). See `live_series` for `by`, `max_points`, `top_groups`;
     `curves` ({device: trace.live_bytes(device)}) saves recomputing them.
     """
@@ -94,9 +94,9 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     from memlens.units import format_bytes
 
     devices = trace.devices if device is None else [device]
-    scale, x_title = time_axis(x)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=[safe(d) for d in devices] or None)
+                        subplot_titles=[plot_text(d) for d in devices] or None)
     seen_legend: set[str] = set()
     series = [live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
                           curve=(curves or {}).get(dev)) for dev in devices]
@@ -104,7 +104,7 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     for row, (dev, s) in enumerate(zip(devices, series), start=1):
         xs = s.x / scale
         for i, (label, values) in enumerate(s.groups.items()):
-            name = safe(label)
+            name = plot_text(label)
             fig.add_trace(go.Scatter(
                 x=xs, y=values / div, name=name, legendgroup=name, showlegend=name not in seen_legend,
                 mode="lines", line=dict(width=0.5, shape="hv", color=color_for(label, i, by)),
@@ -117,10 +117,10 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
                 x=[s.peak_x / scale], y=[s.peak_bytes / div], mode="markers+text", name="peak",
                 legendgroup="peak", showlegend="peak" not in seen_legend, text=[label],
                 textposition="top center", marker=dict(symbol="triangle-down", size=12, color="black"),
-                hovertemplate=f"{safe(dev)} {label} ({s.peak_bytes:,} B)<extra></extra>"), row=row, col=1)
+                hovertemplate=f"{plot_text(dev)} {label} ({s.peak_bytes:,} B)<extra></extra>"), row=row, col=1)
             seen_legend.add("peak")
         fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text=x_title, row=max(len(devices), 1), col=1)
     fig.update_layout(height=height or 260 + 220 * max(len(devices), 1), margin=dict(l=60, r=20, t=40, b=50),
-                      hovermode="x unified", legend=dict(title_text=safe(by)))
+                      hovermode="x unified", legend=dict(title_text=plot_text(by)))
     return fig

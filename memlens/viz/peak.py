@@ -1,7 +1,7 @@
 """What is live at the peak, as bars: bytes per category and per module (or op) at each device's peak."""
 from __future__ import annotations
 
-from memlens.viz.labels import byte_unit, color_for, safe
+from memlens.viz.labels import byte_unit, color_for, plot_text
 
 
 def peak_composition(trace_or_breakdowns, by: str = "module", top: int = 15):
@@ -25,20 +25,20 @@ def peak_composition(trace_or_breakdowns, by: str = "module", top: int = 15):
     devices = list(peaks)
     div, unit = byte_unit(max((p.peak_bytes for p in peaks.values()), default=0))
     fig = make_subplots(rows=max(len(devices), 1), cols=2, column_widths=[0.25, 0.75], horizontal_spacing=0.25,
-                        subplot_titles=[t for d in devices for t in (safe(f"{d}: by category"),
-                                                                      safe(f"{d}: top {top} by {by}"))] or None)
+                        subplot_titles=[t for d in devices for t in (plot_text(f"{d}: by category"),
+                                                                      plot_text(f"{d}: top {top} by {by}"))] or None)
     seen: set[str] = set()
     for row, dev in enumerate(devices, start=1):
         pb = peaks[dev]
         for i, r in enumerate(pb.by_category.itertuples()):
-            name = safe(r.category)
-            fig.add_trace(go.Bar(x=[safe(dev)], y=[r.bytes / div], name=name, legendgroup=name,
+            name = plot_text(r.category)
+            fig.add_trace(go.Bar(x=[plot_text(dev)], y=[r.bytes / div], name=name, legendgroup=name,
                                  showlegend=name not in seen, marker_color=color_for(str(r.category), i, "category"),
                                  hovertemplate=f"{name}: {format_bytes(r.bytes)} ({r.share:.0%})<extra></extra>"),
                           row=row, col=1)
             seen.add(name)
         groups = getattr(pb, f"by_{by}").head(top).iloc[::-1]
-        fig.add_trace(go.Bar(x=groups["bytes"] / div, y=[safe(v) for v in groups[by]], orientation="h",
+        fig.add_trace(go.Bar(x=groups["bytes"] / div, y=[plot_text(v) for v in groups[by]], orientation="h",
                              showlegend=False, marker_color="#4C78A8",
                              text=[format_bytes(v) for v in groups["bytes"]], textposition="auto",
                              hovertemplate="%{y}: %{x:,.2f} " + unit + "<extra></extra>"), row=row, col=2)

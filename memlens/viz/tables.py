@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import safe
+from memlens.viz.labels import plot_text
 
 TABLE_COLUMNS = ("block_id", "device", "size", "alloc_ns", "free_ns", "lifetime_ns", "category", "op",
                  "module", "location")
@@ -60,11 +60,11 @@ def largest_blocks_table(trace, n: int = 20, device: str | None = None):
     from memlens.units import format_bytes, format_ns
 
     df = largest_blocks(trace, n=n, device=device)
-    cells = [df["block_id"].astype(str), df["device"].map(safe), df["size"].map(format_bytes),
+    cells = [df["block_id"].astype(str), df["device"].map(plot_text), df["size"].map(format_bytes),
              df["alloc_ns"].map(lambda v: "before start" if pd.isna(v) else format_ns(v)),
              df["free_ns"].map(lambda v: "still alive" if pd.isna(v) else format_ns(v)),
-             df["lifetime_ns"].map(format_ns), df["category"].map(safe), df["op"].map(safe),
-             df["module"].map(safe), df["location"].map(safe)]
+             df["lifetime_ns"].map(format_ns), df["category"].map(plot_text), df["op"].map(plot_text),
+             df["module"].map(plot_text), df["location"].map(plot_text)]
     header = ["block", "device", "size", "allocated", "freed", "lifetime", "category", "op", "module",
               "location"]
     fig = go.Figure(go.Table(header=dict(values=header, align="left"),

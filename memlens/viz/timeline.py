@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import color_for, safe, safe_labels, time_axis
+from memlens.viz.labels import color_for, plot_text, safe_labels, time_axis
 from memlens.viz.lod import compress_gaps, rasterize
 
 WIDTH_PX, HEIGHT_PX = 1200, 480
@@ -107,7 +107,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
              curve=None):
     """Figure: the blocks of `device` (default: the one with the highest peak) in time x address.
 
-    `x` is "time" (ms) or "event" (event index); `color_by` a block column (category, module, op);
+    `x` is "time" (unit chosen by the trace's span) or "event" (event index); `color_by` a block column (category, module, op);
     `max_blocks` caps the individually drawn bars (the rest form the density layer); `accesses` adds a
     mark per access of drawn blocks (reduced to one per pixel above `max_access_marks`); `curve` is
     ``trace.live_bytes(device)`` when the caller already has it.
@@ -119,7 +119,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     if device is None:
         peaks = trace.peak_live_bytes()
         device = max(peaks, key=peaks.get) if peaks else None
-    scale, x_title = time_axis(x)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
     fig = go.Figure()
     if device is None:
         fig.update_layout(title="no blocks")
@@ -164,8 +164,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
                if rects.attrs["y_mode"] == "address"
                else "bytes live below the block at allocation (no addresses in trace)")
     fig.update_layout(barmode="overlay", bargap=0, height=HEIGHT_PX + 120, margin=dict(l=60, r=20, t=40, b=50),
-                      title=f"{safe(device)}: {len(shown):,} blocks drawn, {len(rest):,} aggregated",
-                      legend=dict(title_text=safe(color_by)), xaxis_title=x_title)
+                      title=f"{plot_text(device)}: {len(shown):,} blocks drawn, {len(rest):,} aggregated",
+                      legend=dict(title_text=plot_text(color_by)), xaxis_title=x_title)
     if rects.attrs["y_mode"] == "address":
         vals, text = _address_ticks(rects.attrs["regions"])
         fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)

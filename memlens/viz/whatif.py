@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.viz.labels import safe
+from memlens.viz.labels import plot_text
 
 TEXT_COLUMNS = ("device", "stage", "variant", "note")
 
@@ -13,7 +13,7 @@ def escaped_table(df: pd.DataFrame) -> pd.DataFrame:
     out = df.copy()
     for col in TEXT_COLUMNS:
         if col in out.columns:
-            out[col] = out[col].map(safe)
+            out[col] = out[col].map(plot_text)
     return out
 
 
