@@ -195,3 +195,15 @@ def test_peak_composition_matches_the_live_blocks_at_the_peak():
     assert {k: round(v * 1024) for k, v in cuda.items()} == {"parameter": 4000, "activation": 1000,
                                                               "temporary": 300}
     assert "<script" not in fig.to_json() and "<img" not in fig.to_json()
+
+
+def test_time_unit_suits_the_span():
+    from memlens.viz.labels import time_axis, time_unit
+
+    assert time_unit(350) == (1.0, "ns")
+    assert time_unit(50_000) == (1e3, "\u00b5s")
+    assert time_unit(2e8) == (1e6, "ms")
+    assert time_unit(3e10) == (1e9, "s")
+    assert time_axis("time") == (1e6, "time since trace start (ms)")  # no span: milliseconds, as before
+    with pytest.raises(ValueError):
+        time_axis("wallclock")
