@@ -12,6 +12,9 @@ from typing import Callable, Iterable
 import pandas as pd
 
 
+MAX_VALUE_CHARS = 20_000  # longest metadata value shown in full
+
+
 class Safe(str):
     """A string that is already valid, escaped HTML."""
 
@@ -66,6 +69,8 @@ def key_values(pairs: Iterable[tuple[str, object]]) -> Safe:
     for key, value in pairs:
         if isinstance(value, (dict, list, tuple)):
             value = json.dumps(value, default=str, indent=1)
+            if len(value) > MAX_VALUE_CHARS:  # e.g. thousands of annotations: keep the page light
+                value = value[:MAX_VALUE_CHARS] + f"\n... ({len(value) - MAX_VALUE_CHARS:,} more characters)"
             rows.append(tag("tr", tag("th", key), tag("td", tag("pre", value))))
         else:
             rows.append(tag("tr", tag("th", key), tag("td", _default_format(value))))
