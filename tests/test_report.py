@@ -226,3 +226,10 @@ def test_big_traces_run_the_whatif_on_a_window(monkeypatch):
     assert built.status() == {"whatif": "ok"}
     assert 0 < seen["blocks"] < 121
     assert "the what-if simulations ran on" in built.html()
+
+
+def test_huge_metadata_values_are_truncated_in_the_page():
+    trace = constructed_trace()
+    trace.metadata["external_annotations"] = [{"name": f"step{i}", "time_us": i} for i in range(50_000)]
+    html = build_report(trace, sections=["metadata"]).html()
+    assert "more characters)" in html and "step49999" not in html and "step10" in html
