@@ -194,6 +194,13 @@ def test_explorer_renders_and_a_click_shows_block_details(lab, artifacts_dir):
                                      ".map(t => [t.name, t.x ? t.x.length : -1])")
                 raise AssertionError(f"browser traces {seen}, expected {target}") from None
             assert target["drawn"] > 0
+            # the ATI panel's figure (plotly's mimetype renderer inside an Output widget): swappable / too short
+            page.wait_for_function(
+                "() => { const p = document.querySelectorAll('.memlens-explorer .js-plotly-plot');"
+                " return p.length >= 2 && p[1].data && p[1].data.length === 2; }", timeout=60_000)
+            ati_names = page.evaluate("() => document.querySelectorAll('.memlens-explorer .js-plotly-plot')[1]"
+                                      ".data.map(t => t.name)")
+            assert sorted(ati_names) == ["swappable", "too short to swap"]
             xy = page.evaluate(
                 "([x, y]) => { const gd = document.querySelector('.memlens-explorer .js-plotly-plot');"
                 " const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();"

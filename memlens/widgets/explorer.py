@@ -8,6 +8,8 @@ browser; the browser only adds the plotly events that call them.
 """
 from __future__ import annotations
 
+import json
+
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
@@ -53,11 +55,11 @@ class Explorer(W.VBox):
             legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0)))
         self.timeline.layout.on_change(self._on_relayout, "xaxis.range", "yaxis.range")
         self.timeline.layout.on_change(self._on_autorange, "xaxis.autorange")
-        self.ati_figure = go.FigureWidget(layout=dict(width=620, height=300, margin=dict(l=60, r=10, t=30, b=45),
-                                                      template="plotly_white"))
-        self.whatif_figure = go.FigureWidget(layout=dict(width=620, height=260, margin=dict(l=170, r=10, t=20,
-                                                                                           b=40),
-                                                         template="plotly_white"))
+        # only the timeline needs a FigureWidget (zoom and click events); the panels' figures are shown through
+        # plotly's mimetype renderer in Output widgets, which avoids shipping plotly.js (5 MB) once per figure
+        self.ati_figure, self.whatif_figure = go.Figure(), go.Figure()
+        self.ati_output = W.Output(layout=W.Layout(min_height="300px"))
+        self.whatif_output = W.Output()
         self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
                               layout=W.Layout(width="310px", flex="0 0 310px",
                                               max_height=f"{PLOT_HEIGHT_PX + 95}px", overflow="auto"))
@@ -105,9 +107,9 @@ class Explorer(W.VBox):
         self._controls = W.VBox([
             W.HBox([self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_iteration, self.w_reset]),
             W.HBox([self.w_categories, W.VBox([self.w_module, self.w_min_size])])])
-        ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_figure])
+        ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_output])
         whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
-                         self.whatif_figure])
+                         self.whatif_output])
         self._panels = W.Tab([ati, whatif])
         self._panels.set_title(0, "access intervals (ATI)")
         self._panels.set_title(1, "what-if")
@@ -251,10 +253,10 @@ class Explorer(W.VBox):
             self.whatif_result.value = f"<span style='color:#b00'>{safe(exc)}</span>"
             return None
         self.whatif_result.value = whatif_html(table)
-        with self.whatif_figure.batch_update():
-            self.whatif_figure.data = ()
-        self.whatif_figure.add_traces(whatif_traces(table))
-        self.whatif_figure.update_layout(xaxis_title="peak bytes")
+        self.whatif_figure = go.Figure(whatif_traces(table), layout=dict(
+            xaxis_title="peak bytes", width=640, height=60 + 40 * len(table), template="plotly_white",
+            margin=dict(l=190, r=10, t=20, b=40)))
+        show_figure(self.whatif_output, self.whatif_figure)
         return table
 
     # ---- plotly events ---------------------------------------------------------------------------
@@ -359,16 +361,14 @@ class Explorer(W.VBox):
         self._ati_key = key
         selected = selection_intervals(intervals, geom, mask, t_range)
         self.ati_summary.value = ati_summary_html(filtered_intervals(selected, self.state.bandwidth))
-        fig = ati_figure(selected, self.state.bandwidth, as_ecdf=self.w_ecdf.value)
-        with self.ati_figure.batch_update():
-            self.ati_figure.data = ()
-            self.ati_figure.layout.shapes = ()
-            self.ati_figure.layout.annotations = ()
-        self.ati_figure.add_traces(fig.data)
-        # the figure's own layout minus its template: copying a whole template costs seconds per redraw
-        layout = {k: v for k, v in fig.layout.to_plotly_json().items() if k not in ("template", "width", "height",
-                                                                                  "margin")}
-        self.ati_figure.update_layout(layout)
+        self.ati_figure = ati_figure(selected, self.state.bandwidth, as_ecdf=self.w_ecdf.value)
+        show_figure(self.ati_output, self.ati_figure)
+
+
+def show_figure(output: W.Output, fig) -> None:
+    """Show `fig` in `output` as plotly's JSON mime bundle (rendered by the notebook's plotly extension)."""
+    bundle = {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "plotly figure"}
+    output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
 
 def explore(trace, device: str | None = None) -> Explorer:
