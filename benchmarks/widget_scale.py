@@ -145,6 +145,11 @@ def main(argv=None) -> int:
         build_and_send = results[f"blocks view, {label}"] + results[f"serialise {label}"]
         print(f"  {label}: {naive / results[f'bytes {label}']:.0f}x fewer bytes, "
               f"{naive_s / build_and_send:.1f}x the speed of the baseline")
+    from plotly.basewidget import BaseFigureWidget
+    bundle = BaseFigureWidget._esm
+    size = bundle.stat().st_size if hasattr(bundle, "stat") else len(str(bundle))
+    print(f"plus, once per explorer, plotly's FigureWidget JavaScript bundle: {size / 1e6:.1f} MB "
+          "(the panels' figures use the notebook's plotly renderer and send only their JSON)")
     print()
     explorer = timed("Explorer(trace): first render incl. ATI panel", lambda: Explorer(trace), results)
     timed("Explorer.zoom to the 1% window (full refresh)", lambda: explorer.zoom(window), results)
