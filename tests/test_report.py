@@ -56,7 +56,7 @@ def test_a_failing_section_is_shown_and_recorded_without_killing_the_rest(monkey
     built = build_report(constructed_trace())
     assert [s.key for s in built.failed] == ["largest"]
     assert built.failed[0].message == "RuntimeError: boom in largest"
-    assert all(s.status == "ok" for s in built.sections if s.key != "largest")
+    assert all(s.status == "ok" for s in built.sections if s.key not in ("largest", "allocator"))
     html = built.html()
     assert "This section failed: RuntimeError: boom in largest" in html
     assert ">Largest blocks (failed)</a>" in html  # the navigation bar points at it too
@@ -233,3 +233,17 @@ def test_huge_metadata_values_are_truncated_in_the_page():
     trace.metadata["external_annotations"] = [{"name": f"step{i}", "time_us": i} for i in range(50_000)]
     html = build_report(trace, sections=["metadata"]).html()
     assert "more characters)" in html and "step49999" not in html and "step10" in html
+
+
+@pytest.mark.shared
+def test_allocator_section_shows_the_recorded_segments(shared):
+    from memlens.units import format_bytes
+
+    trace = memlens.load(shared("snapshots/cs336_wedsonlin_medium_128_training.pickle"))
+    built = build_report(trace, sections=["allocator"])
+    assert built.status() == {"allocator": "ok"}
+    html = built.html()
+    reserved = int(trace.segments["total_size"].sum())
+    allocated = int(trace.segments["allocated_size"].sum())
+    assert f"<td>{format_bytes(reserved)}</td><td>{format_bytes(allocated)}</td>" in html
+    assert build_report(constructed_trace(), sections=["allocator"]).status() == {"allocator": "unavailable"}

@@ -15,8 +15,8 @@ def register(sub) -> None:
     p.add_argument("--x", choices=("time", "event"), default="time",
                    help="x axis of time plots: wall-clock time or event index")
     p.add_argument("--sections", default=None,
-                   help="comma-separated subset of sections (summary,live,peak,largest,timeline,ati,outliers,"
-                        "iterations,whatif,metadata)")
+                   help="comma-separated subset of sections (summary,live,peak,largest,allocator,timeline,ati,"
+                        "outliers,iterations,whatif,metadata)")
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")

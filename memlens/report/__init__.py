@@ -20,6 +20,7 @@ SECTIONS = (
     ("live", "Live memory over time", "memlens.report.sections_memory:live_memory"),
     ("peak", "What is live at the peak", "memlens.report.sections_memory:peak"),
     ("largest", "Largest blocks", "memlens.report.sections_memory:largest"),
+    ("allocator", "Allocator segments (recorded)", "memlens.report.sections_runs:allocator"),
     ("timeline", "Block timeline", "memlens.report.sections_memory:timeline"),
     ("ati", "Access time intervals (ATI)", "memlens.report.sections_access:ati"),
     ("outliers", "Outliers: large blocks idle for long", "memlens.report.sections_access:outliers"),

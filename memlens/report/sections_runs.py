@@ -1,10 +1,10 @@
-"""Report sections about the run as a whole: iterations and trace metadata."""
+"""Report sections about the run as a whole: iterations, the recorded allocator state, trace metadata."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.report.markup import key_values, note, paragraph, table, tag
+from memlens.report.markup import bytes_text, key_values, note, paragraph, share_text, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.units import format_bytes, format_ns
 
@@ -80,4 +80,34 @@ def metadata(ctx: ReportContext) -> list:
                         "bytes allocated": sizes.reindex(counts.index).to_numpy(np.int64)})
     parts.append(tag("h3", "blocks by category"))
     parts.append(table(cat, {"bytes allocated": format_bytes}))
+    return parts
+
+
+def allocator(ctx: ReportContext) -> list:
+    """The recorded allocator state (CUDA snapshots): reserved vs allocated vs requested bytes, per pool."""
+    from memlens.analysis.fragmentation import fragmentation
+
+    frag = fragmentation(ctx.trace)
+    if not frag:
+        raise SectionUnavailable("the trace has no allocator segments: only CUDA memory snapshots record them "
+                                 "(the what-if section simulates the caching allocator for any trace)")
+    parts = [paragraph("What PyTorch's caching allocator held when the recording ended: reserved segments "
+                       "(cudaMalloc), the blocks handed out of them (allocated, rounded up) and the bytes the "
+                       "program asked for (requested). Reserved minus allocated is cached but unused.")]
+    rows = []
+    for dev, f in frag.items():
+        rows.append({"device": dev, "at": f.get("at", ""), "segments": f.get("segments"),
+                     "reserved": f.get("reserved_bytes"), "allocated": f.get("allocated_bytes"),
+                     "requested": f.get("requested_bytes"), "cached unused": f.get("reserved_unallocated_bytes"),
+                     "fragmentation": f.get("fragmentation"), "largest free block": f.get("largest_free_block"),
+                     "external fragmentation": f.get("external_fragmentation")})
+    size_cols = ("reserved", "allocated", "requested", "cached unused", "largest free block")
+    fmt = {c: bytes_text for c in size_cols}
+    fmt.update({"fragmentation": share_text, "external fragmentation": share_text})
+    parts.append(table(pd.DataFrame(rows), fmt))
+    pools = [{"device": dev, "pool": pool, "segments": p.get("segments"), "reserved": p.get("reserved_bytes"),
+              "allocated": p.get("allocated_bytes"), "fragmentation": p.get("fragmentation")}
+             for dev, f in frag.items() for pool, p in (f.get("by_pool") or {}).items()]
+    if pools:
+        parts += [tag("h3", "by pool"), table(pd.DataFrame(pools), fmt)]
     return parts
