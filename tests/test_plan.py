@@ -69,7 +69,7 @@ def test_tflm_person_detection_reaches_its_optimum(shared):
     # the published test: the plan must be below the 241,027-byte sum of all buffers; the optimum is
     # max-live = 64,512 bytes (the last two layers' 9216 + 18432 + 36864), which the plan reaches
     path = shared("dsa/tflm_person_detection.csv")
-    result = plan(path, time_limit_s=2)
+    result = plan(path, time_limit_s=30)
     assert int(result.offsets["size"].sum()) == 241_027
     assert result.max_live == 64_512
     assert result.height == 64_512 and result.optimal and result.ratio == 1.0
@@ -77,7 +77,7 @@ def test_tflm_person_detection_reaches_its_optimum(shared):
 
 
 def test_minimalloc_example_is_packed_at_max_live(shared):
-    result = plan(shared("dsa/minimalloc_example_input12.csv"), time_limit_s=1)
+    result = plan(shared("dsa/minimalloc_example_input12.csv"), time_limit_s=30)
     assert result.height == result.lower_bound == 12 and result.optimal
 
 
@@ -174,9 +174,11 @@ def test_improver_never_worsens_and_keeps_plans_valid():
         assert res.height == plan_height(p, res.offsets) <= start
 
 
+# limits are generous because searches stop once optimality is proven; CI load must not make these
+# timing tests (the 60 s-per-instance quality figures are in benchmarks/plan_quality.py)
 @pytest.mark.parametrize("letter", "ABCDE")
 def test_minimalloc_challenging_within_17_percent(shared, letter):
-    result = plan(shared(f"dsa/minimalloc_challenging_{letter}.csv"), time_limit_s=4)
+    result = plan(shared(f"dsa/minimalloc_challenging_{letter}.csv"), time_limit_s=10)
     best_name, best_h = result.best_heuristic
     assert result.ratio <= 1.17, (letter, result.summary())
     assert result.height < best_h  # greedy is 29-37% above on these
@@ -185,7 +187,7 @@ def test_minimalloc_challenging_within_17_percent(shared, letter):
 
 @pytest.mark.parametrize("name", ["idealloc_iopddl_G_1", "idealloc_somas_resnet50"])
 def test_real_instances_close_half_the_greedy_gap(shared, name):
-    result = plan(shared(f"dsa/{name}.csv"), time_limit_s=3)
+    result = plan(shared(f"dsa/{name}.csv"), time_limit_s=30)
     _, greedy = result.best_heuristic
     gap = greedy - result.max_live
     assert result.height - result.max_live <= gap / 2
@@ -250,7 +252,7 @@ def test_real_snapshot_reaches_max_live(shared):
     from memlens.io import load
 
     trace = load(shared("snapshots/cs336_wedsonlin_medium_128_inference.pickle"))
-    result = plan(trace, time_limit_s=10)
+    result = plan(trace, time_limit_s=60)
     _, greedy = result.best_heuristic
     assert greedy > result.max_live
     assert result.height == result.max_live and result.optimal
@@ -274,7 +276,9 @@ def test_large_real_training_snapshot_reaches_max_live(shared):
     from memlens.io import load
 
     trace = load(shared("snapshots/cs336_wedsonlin_medium_128_training.pickle"))
-    result = plan(trace, time_limit_s=30)
+    # generous limit: the search stops once optimality is proven (~10 s on an idle 2-core machine),
+    # and a loaded CI machine must not turn this into a timing test
+    result = plan(trace, time_limit_s=120)
     _, greedy = result.best_heuristic
     assert greedy > result.max_live * 1.005
     assert result.height == result.max_live and result.optimal
