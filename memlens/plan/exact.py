@@ -47,11 +47,11 @@ class ExactResult:
 
 
 class _Timeout(Exception):
-    pass
+    """The search ran past its deadline."""
 
 
 class _NodeLimit(Exception):
-    pass
+    """The search expanded more nodes than it was allowed."""
 
 
 class _Search:
