@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create .venv (if needed) and install memlens editable with the given extra (e.g. "dev" or "notebook").
+# torch==2.13.0 is installed first and explicitly so that pip never pulls a multi-GB CUDA build on a CPU
+# machine; where .venv already has a torch (e.g. your own CUDA build) it is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRA=${1:?usage: scripts/install.sh EXTRA}
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[$EXTRA]"
