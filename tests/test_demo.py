@@ -39,6 +39,14 @@ def test_demo_rejects_bad_steps(tmp_path, capsys):
     assert "--steps" in capsys.readouterr().err
 
 
+def test_demo_unwritable_output_is_bad_input(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    assert main(["demo", "-o", str(blocker / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot create the output directory" in err[0] and str(blocker) in err[0]
+
+
 def test_sample_traces_load_and_hold_what_readme_says():
     expected = {"transformer_train_adamw": "memlens.step", "mlp_train_sgd_stacks": "optimizer.step",
                 "cnn_inference": "memlens.step"}

@@ -19,6 +19,11 @@ def run(args) -> int:
 
     if args.steps < 1:
         raise InputError(f"--steps must be at least 1, not {args.steps}")
+    import os
+    try:  # fail fast, before recording, when the output directory cannot be made
+        os.makedirs(args.output, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the output directory ({exc.strerror or exc})", args.output) from None
     result = run_demo(args.output, steps=args.steps)
     s = result["summary"]
     print(f"recorded a small transformer LM, {args.steps} AdamW training steps on CPU: {s['blocks']:,} blocks, "
