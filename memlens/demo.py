@@ -87,39 +87,41 @@ def make_cnn(channels: int = 16, n_classes: int = 10):
         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(2 * channels * 8 * 8, n_classes))
 
 
+def _train_steps(model, optimizer, steps: int, make_batch, loss_of, mark_steps: bool) -> float:
+    """The shared loop: batch, loss, backward, optimizer step, zero_grad(set_to_none=True), and
+    `memlens.step()` after each step when `mark_steps`. Returns the last loss."""
+    torch = _torch()
+    import memlens
+    loss = torch.zeros(())
+    for _ in range(steps):
+        loss = loss_of(model, make_batch())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if mark_steps:
+            memlens.step()
+    return float(loss.detach())
+
+
 def train_transformer_steps(model, optimizer, steps: int, batch: int = 8, seq_len: int = 32,
                             vocab: int = 256, mark_steps: bool = True) -> float:
     """Train `model` for `steps` steps on random tokens; calls `memlens.step()` after each. Returns the
     last loss."""
     torch = _torch()
-    import memlens
-    loss = torch.zeros(())
-    for _ in range(steps):
-        tokens = torch.randint(0, vocab, (batch, seq_len + 1))
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if mark_steps:
-            memlens.step()
-    return float(loss.detach())
+
+    def next_token_loss(m, tokens):
+        logits = m(tokens[:, :-1])
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
+
+    return _train_steps(model, optimizer, steps, lambda: torch.randint(0, vocab, (batch, seq_len + 1)),
+                        next_token_loss, mark_steps)
 
 
 def train_classifier_steps(model, optimizer, steps: int, make_batch, mark_steps: bool = True) -> float:
     """Train a classifier for `steps` steps on batches from `make_batch()` -> (x, y)."""
     torch = _torch()
-    import memlens
-    loss = torch.zeros(())
-    for _ in range(steps):
-        x, y = make_batch()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if mark_steps:
-            memlens.step()
-    return float(loss.detach())
+    return _train_steps(model, optimizer, steps, make_batch,
+                        lambda m, xy: torch.nn.functional.cross_entropy(m(xy[0]), xy[1]), mark_steps)
 
 
 def record_demo_trace(steps: int = 4, seed: int = 0):
