@@ -210,22 +210,15 @@ class Session(Attribution):
                 for k, v in kwargs.items():
                     self._touch(v, 1 if k in kw_writes else 0, op, start)
         written = 0 if kind == VIEW else 1
-        if isinstance(out, Tensor):
-            st = out.untyped_storage()
-            b = live_get(id(st))
-            if b is None:
-                b = discover(st, op, start, kind == VIEW)
-            if b >= 0 and written:
-                acc((b << 1) | 1)
-        elif type(out) is tuple or type(out) is list:
-            for o in out:
-                if isinstance(o, Tensor):
-                    st = o.untyped_storage()
-                    b = live_get(id(st))
-                    if b is None:
-                        b = discover(st, op, start, kind == VIEW)
-                    if b >= 0 and written:
-                        acc((b << 1) | 1)
+        outs = (out,) if isinstance(out, Tensor) else out if type(out) is tuple or type(out) is list else ()
+        for o in outs:
+            if isinstance(o, Tensor):
+                st = o.untyped_storage()
+                b = live_get(id(st))
+                if b is None:
+                    b = discover(st, op, start, kind == VIEW)
+                if b >= 0 and written:
+                    acc((b << 1) | 1)
         if resizes and args:
             self._check_reallocated(args[0], op, start, end)
         node = _current_autograd_node()
