@@ -3,24 +3,25 @@
 The search answers "do all buffers fit under `capacity` bytes?" and builds solutions bottom-up:
 
 - canonical solutions only: every buffer sits at its *minimum offset* (the highest top of the placed
-  buffers it conflicts with), and buffers are placed in non-decreasing offset order; ties are broken by a
-  static preorder, so each canonical solution is reached once;
+  buffers it conflicts with, rounded up to its alignment), and buffers are placed in non-decreasing
+  offset order; ties are broken by a static preorder, so each canonical solution is reached once;
 - dominance: a buffer is never placed at or above the top of another unplaced buffer (that one could go
   underneath first, so the gap would be wasted);
-- section inference: the time axis is cut into sections at every start/end; in each section, the floor
-  (highest placed top, or the lowest minimum offset of its unplaced buffers) plus the unplaced bytes must
-  fit under the capacity;
+- section inference: time is cut into sections (the buffers alive just before each distinct end time,
+  MiniMalloc's cross sections); in each, the floor (the highest of: the offset being placed, the tops
+  placed there, the lowest minimum offset of its unplaced buffers) plus the unplaced bytes must fit
+  under the capacity;
 - hatless pruning: when the buffer just placed conflicts with no unplaced buffer, no sibling choice can do
   better, so a failure below it fails the node;
-- temporal decomposition: when no unplaced buffer spans a section boundary, the two sides are solved
-  independently.
+- temporal decomposition: when no unplaced buffer spans a section boundary any more, the two sides are
+  solved independently, each with its own preorder.
 
 Preorders are tried round-robin with a doubling node budget, as MiniMalloc does. Implemented from the
-paper's description; the state updates are vectorised with numpy over sections and conflict lists.
+paper's description. The search itself is the compiled, resumable kernel in `_exact_kernel.py`; this
+module builds its arrays and drives it in slices, checking the clock between slices.
 """
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -29,281 +30,189 @@ import numpy as np
 from memlens.plan.problem import PlanProblem
 
 FOUND, INFEASIBLE, ABORTED, TIMEOUT = "found", "infeasible", "aborted", "timeout"
-_INF = np.iinfo(np.int64).max // 4
-# largest section x member block refreshed per try for the unallocated-floor bound (elements)
-_REFINE_CAP = 40_000
-# largest number of (section, buffer) memberships kept for that bound
-_MEMBERS_CAP = 30_000_000
+PREORDERS = ("WAT", "TAW", "TWA")
+# static preorder keys, all sorted descending (MiniMalloc's letters): W lifetime width, A area (bytes x
+# time), Z size, C sections spanned, L lower (start), U upper (end), O overlaps; T (the largest current
+# section total over the buffer's span) is computed when a partition is solved
+STATIC_KEYS = "WAZCLUO"
+# most (section x member) entries rescanned per placement for the unallocated floor; wider refreshes are
+# skipped (the floor stays a valid but weaker bound)
+REFINE_CAP = 40_000
+# most (section, buffer) memberships kept for that refresh on very long traces
+MEMBERS_CAP = 30_000_000
+# target wall time of one kernel slice between clock checks (s)
+SLICE_S = 0.02
 
 
 @dataclass
 class ExactResult:
-    """Outcome of one decision search: `status` is found / infeasible / timeout; `offsets` when found."""
+    """Outcome of one decision search: `status` is found / infeasible / timeout; `offsets` when found.
+
+    `nodes`: search nodes entered over all attempts; `tries`: placements tried; `seconds`: wall time.
+    """
 
     status: str
     offsets: np.ndarray | None
     nodes: int
     seconds: float
+    tries: int = 0
 
 
-class _Timeout(Exception):
-    """The search ran past its deadline."""
+class _Instance:
+    """The kernel's read-only arrays for the active buffers of a problem (renumbered 0..m-1)."""
 
-
-class _NodeLimit(Exception):
-    """The search expanded more nodes than it was allowed."""
-
-
-class _Search:
-    """The state of one decision search; see the module docstring for the rules."""
-
-    def __init__(self, problem: PlanProblem, capacity: int, deadline: float):
-        self.p = problem
-        self.capacity = int(capacity)
-        self.deadline = deadline
-        act = problem.active
-        self.buffers = np.flatnonzero(act)
-        times = np.unique(np.concatenate([problem.start[act], problem.end[act]]))
-        self.sec_lo = np.searchsorted(times, problem.start)
-        self.sec_hi = np.searchsorted(times, problem.end)
-        n_sec = max(len(times) - 1, 0)
-        self.size = problem.size
-        self.align = problem.alignment
-        total = np.zeros(n_sec + 1, np.int64)
-        np.add.at(total, self.sec_lo[act], problem.size[act])
-        np.add.at(total, self.sec_hi[act], -problem.size[act])
-        self.total = np.cumsum(total)[:n_sec]
-        self.floor = np.zeros(n_sec, np.int64)
-        cuts = np.zeros(n_sec + 1, np.int64)
-        np.add.at(cuts, self.sec_lo[act] + 1, 1)
-        np.add.at(cuts, self.sec_hi[act], -1)
-        self.cuts = np.cumsum(cuts)[:n_sec]  # cuts[k]: buffers spanning the boundary before section k
-        self.indptr, self.indices = problem.conflicts()
-        # min offset of each unplaced buffer, _INF once placed; the extra last slot pads `members`
-        self.left_min = np.append(np.where(act, 0, _INF), _INF)
-        self.off = np.full(problem.n, -1, np.int64)
-        self.solution = np.zeros(problem.n, np.int64)
-        # the buffers alive in each section, padded with the sentinel index n (for the unallocated floor);
-        # left out (no refinement) when the table would be too large
-        span = np.where(act, self.sec_hi - self.sec_lo, 0)
-        diff = np.zeros(n_sec + 1, np.int64)
-        np.add.at(diff, self.sec_lo[act], 1)
-        np.add.at(diff, self.sec_hi[act], -1)
-        width = np.cumsum(diff)[:n_sec]
-        if int(span.sum()) <= _MEMBERS_CAP:
-            buf = np.repeat(np.arange(problem.n, dtype=np.int32), span)
-            sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.sec_lo[buf]
-            self.members = np.full((n_sec, int(width.max(initial=0))), problem.n, np.int32)
-            by_sec = np.argsort(sec, kind="stable")
-            col = np.arange(len(sec)) - np.repeat(np.cumsum(width) - width, width)
-            self.members[sec[by_sec], col] = buf[by_sec]
+    def __init__(self, problem: PlanProblem):
+        act = np.flatnonzero(problem.active)
+        self.active = act
+        m = self.m = len(act)
+        start, end = problem.start[act], problem.end[act]
+        self.size = problem.size[act].astype(np.int64)
+        self.align = problem.alignment[act].astype(np.int64)
+        # section k: the buffers alive just before the k-th distinct end time
+        ends = np.unique(end)
+        S = self.n_sec = len(ends)
+        self.slo = np.searchsorted(ends, start, side="right").astype(np.int64)
+        self.shi = np.searchsorted(ends, end, side="right").astype(np.int64)
+        total = np.zeros(S + 1, np.int64)
+        np.add.at(total, self.slo, self.size)
+        np.add.at(total, self.shi, -self.size)
+        self.total = np.cumsum(total)[:S]
+        # cuts[k]: buffers spanning the boundary between sections k-1 and k
+        cuts = np.zeros(S + 1, np.int64)
+        np.add.at(cuts, self.slo + 1, 1)
+        np.add.at(cuts, self.shi, -1)
+        self.cuts = np.cumsum(cuts)[:S]
+        span = self.shi - self.slo
+        diff = np.zeros(S + 1, np.int64)
+        np.add.at(diff, self.slo, 1)
+        np.add.at(diff, self.shi, -1)
+        width = np.cumsum(diff)[:S]
+        self.wcum = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
+        if int(span.sum()) <= MEMBERS_CAP:
+            buf = np.repeat(np.arange(m, dtype=np.int32), span)
+            sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.slo[buf]
+            self.sec_mem = buf[np.argsort(sec, kind="stable")]
+            self.sec_ptr = self.wcum.copy()
+            self.refine_cap = REFINE_CAP
         else:
-            self.members = np.full((n_sec, 0), problem.n, np.int32)
-        # per buffer: its neighbours, and (section span, span of the sections its placement can affect)
-        self.sizes = problem.size.tolist()
-        self.aligned = bool((problem.alignment > 1).any())
-        self.nbrs = [self.indices[self.indptr[i]:self.indptr[i + 1]] for i in range(problem.n)]
-        self.spans = []
-        for i in range(problem.n):
-            lo, hi, nb = int(self.sec_lo[i]), int(self.sec_hi[i]), self.nbrs[i]
-            ra, rb = lo, hi
-            if len(nb):
-                ra, rb = min(lo, int(self.sec_lo[nb].min())), max(hi, int(self.sec_hi[nb].max()))
-            width = self.members.shape[1]
-            if width == 0:
-                ra, rb = lo, lo
-            elif (rb - ra) * width > _REFINE_CAP:  # too wide to refresh at every try: b's own sections only
-                ra, rb = (lo, hi) if (hi - lo) * width <= _REFINE_CAP else (lo, lo)
-            self.spans.append((lo, hi, ra, rb))
-        self.nodes = 0
-        self.node_budget = _INF
-        self.keys: dict[str, np.ndarray] = {}
-        self._initial = (self.total.copy(), self.cuts.copy())
+            self.sec_mem = np.zeros(0, np.int32)
+            self.sec_ptr = np.zeros(S + 1, np.int64)
+            self.refine_cap = -1  # never refresh (every range costs more than -1)
+        # the conflict graph on the renumbered buffers (rows of inactive buffers are empty)
+        indptr, indices = problem.conflicts()
+        renumber = np.full(problem.n, -1, np.int64)
+        renumber[act] = np.arange(m)
+        self.nb_ptr = np.append(indptr[act], indptr[-1]).astype(np.int64) if m else np.zeros(1, np.int64)
+        self.nb_idx = renumber[indices].astype(np.int32)
+        deg = np.diff(self.nb_ptr)
+        life = end - start
+        self.skeys = np.stack([life, self.size * life, self.size, span, start, end, deg], axis=1).astype(np.int64)
+        self.place_room = int(3 + deg.max(initial=0) + 2 * S)
+        self.split_room = int(m + S + 4)
 
-    def reset(self) -> None:
-        """Back to the empty assignment (an aborted search leaves its state half-updated)."""
-        self.total, self.cuts = self._initial[0].copy(), self._initial[1].copy()
-        self.floor[:] = 0
-        self.left_min = np.append(np.where(self.p.active, 0, _INF), _INF)
-        self.off[:] = -1
-        self.nodes = 0
-
-    def solve_all(self, heuristic: str) -> bool:
-        """Solve every initially independent time partition; True when all fit."""
-        n_sec = len(self.floor)
-        zero = (np.flatnonzero(self.cuts[1:] == 0) + 1).tolist()
-        bounds = [0] + zero + [n_sec]
-        for a, c in zip(bounds[:-1], bounds[1:]):
-            b = self.buffers
-            part = b[(self.sec_lo[b] < c) & (self.sec_hi[b] > a)]
-            if len(part) and not self.solve_partition(part, a, c, heuristic):
-                return False
-        return True
-
-    # ---- preorders ------------------------------------------------------------------------------
-    def preorder(self, buffers: np.ndarray, heuristic: str) -> np.ndarray:
-        """`buffers` sorted by a MiniMalloc-style key string: W width (sections), A area, T section total."""
-        p = self.p
-        if "T" not in self.keys:
-            sec_total = self.total
-            # largest section total over each buffer's span (sparse table range max)
-            table = [sec_total]
-            span = 1
-            while 2 * span <= len(sec_total):
-                table.append(np.maximum(table[-1][:-span], table[-1][span:]))
-                span *= 2
-            lo, hi = self.sec_lo, np.maximum(self.sec_hi - 1, self.sec_lo)
-            lv = np.floor(np.log2(np.maximum(hi - lo + 1, 1))).astype(np.int64)
-            tmax = np.zeros(p.n, np.int64)
-            for level in np.unique(lv[self.buffers]):
-                sel = (lv == level) & p.active
-                tmax[sel] = np.maximum(table[level][lo[sel]], table[level][hi[sel] - (1 << level) + 1])
-            self.keys["T"] = tmax
-            self.keys["W"] = (self.sec_hi - self.sec_lo).astype(np.int64)
-            self.keys["A"] = p.size * (p.end - p.start)
-            self.keys["Z"] = p.size
-        cols = [-self.keys[c][buffers] for c in reversed(heuristic)]
-        return buffers[np.lexsort([buffers] + cols)]
-
-    # ---- search -----------------------------------------------------------------------------------
-    def solve_partition(self, buffers: np.ndarray, sec_a: int, sec_b: int, heuristic: str) -> bool:
-        order = self.preorder(buffers, heuristic)
-        rank = np.empty(self.p.n, np.int64)
-        rank[order] = np.arange(len(order))
-        return self._dfs(order, rank, sec_a, sec_b, 0, -1, heuristic)
-
-    def _check(self, a: int, b: int, offset: int) -> bool:
-        return bool((np.maximum(self.floor[a:b], offset) + self.total[a:b]).max(initial=0) <= self.capacity)
-
-    def _dfs(self, order, rank, sec_a, sec_b, last_off, last_rank, heuristic) -> bool:
-        self.nodes += 1
-        if self.nodes > self.node_budget:
-            raise _NodeLimit
-        if (self.nodes & 255) == 0 and time.perf_counter() > self.deadline:
-            raise _Timeout
-        left = order[self.off[order] < 0]
-        if len(left) == 0:
-            self.solution[order] = self.off[order]
-            return True
-        mo = self.left_min[left]
-        srt = np.lexsort((rank[left], mo))
-        left, mo = left[srt], mo[srt]
-        min_height = int((mo + self.size[left]).min())
-        checked_level = -1
-        for b, o in zip(left.tolist(), mo.tolist()):
-            if o >= min_height:
-                break  # dominance: sorted by offset, so every later candidate leaves a gap too
-            if o < last_off or (o == last_off and rank[b] < last_rank):
-                continue  # not canonical
-            if o != checked_level:
-                # nothing placed from here on sits below o: if the sections cannot hold their unplaced bytes
-                # above max(floor, o), neither this level nor any higher one can work
-                if not self._check(sec_a, sec_b, o):
-                    break
-                checked_level = o
-            found, hatless = self._try(b, o, order, rank, sec_a, sec_b, heuristic)
-            if found:
-                return True
-            if hatless:
-                return False
-        return False
-
-    def _try(self, b, o, order, rank, sec_a, sec_b, heuristic) -> tuple[bool, bool]:
-        """Place b at o, update the bounds, recurse when they hold, undo. Returns (found, hatless)."""
-        z = self.sizes[b]
-        top = o + z
-        lo, hi, ra, rb = self.spans[b]
-        off, left_min = self.off, self.left_min
-        off[b] = o
-        nb = self.nbrs[b]
-        nb = nb[off[nb] < 0]
-        hatless = len(nb) == 0
-        old_min = left_min[nb]
-        if self.aligned:
-            a = self.align[nb]
-            raised = np.maximum(old_min, -(-top // a) * a)
-        else:
-            raised = np.maximum(old_min, top)
-        left_min[b] = _INF
-        left_min[nb] = raised
-        self.total[lo:hi] -= z
-        old_floor = self.floor[lo:hi].copy()
-        self.floor[lo:hi] = top
-        # the unallocated floor: in every section b's placement can affect (b's span and its neighbours'
-        # spans, when that is small enough to refresh), no unplaced buffer can sit below its minimum offset
-        saved = None
-        if ra < rb:
-            seg = self.floor[ra:rb]
-            saved = seg.copy()
-            sec_min = left_min[self.members[ra:rb]].min(axis=1)
-            sec_min[sec_min == _INF] = 0
-            np.maximum(seg, sec_min, out=seg)
-        found = False
-        ca, cb = max(min(ra, lo), sec_a), min(max(rb, hi), sec_b)
-        # outside [ca, cb) nothing changed, and the level check at o already covered it
-        if (np.maximum(self.floor[ca:cb], o) + self.total[ca:cb]).max(initial=0) <= self.capacity:
-            found = self._descend(b, lo, hi, order, rank, sec_a, sec_b, o, heuristic)
-        if saved is not None:
-            self.floor[ra:rb] = saved
-        self.floor[lo:hi] = old_floor
-        left_min[nb] = old_min
-        left_min[b] = o
-        self.total[lo:hi] += z
-        off[b] = -1
-        return found, hatless
-
-    def _descend(self, b, lo, hi, order, rank, sec_a, sec_b, o, heuristic) -> bool:
-        """Recurse after placing b, splitting into independent partitions where no cut remains."""
-        self.cuts[lo + 1:hi] -= 1
-        try:
-            zero = np.flatnonzero(self.cuts[lo + 1:hi] == 0) + lo + 1
-            if len(zero) == 0:
-                return self._dfs(order, rank, sec_a, sec_b, o, int(rank[b]), heuristic)
-            bounds = [sec_a] + zero.tolist() + [sec_b]
-            left = order[self.off[order] < 0]
-            for a, c in zip(bounds[:-1], bounds[1:]):
-                part = left[(self.sec_lo[left] < c) & (self.sec_hi[left] > a)]
-                if len(part) and not self.solve_partition(part, a, c, heuristic):
-                    return False
-            self.solution[order] = np.where(self.off[order] >= 0, self.off[order], self.solution[order])
-            return True
-        finally:
-            self.cuts[lo + 1:hi] += 1
+    def heuristic(self, letters: str) -> np.ndarray:
+        """Kernel key codes for a preorder string such as "WAT"."""
+        codes = []
+        for ch in letters:
+            if ch == "T":
+                codes.append(-1)
+            elif ch in STATIC_KEYS:
+                codes.append(STATIC_KEYS.index(ch))
+            else:
+                raise ValueError(f"unknown preorder key {ch!r} in {letters!r} (known: T{STATIC_KEYS})")
+        return np.array(codes, np.int64)
 
 
-PREORDERS = ("WAT", "TAW", "TWA")
+class _Attempt:
+    """The mutable state of one search attempt (one preorder, one node budget)."""
+
+    def __init__(self, inst: _Instance, trail: np.ndarray, heap: np.ndarray):
+        from memlens.plan import _exact_kernel as k
+
+        m, S = inst.m, inst.n_sec
+        self.off = np.full(m, -1, np.int64)
+        self.min_off = np.zeros(m, np.int64)
+        self.floor = np.zeros(S, np.int64)
+        self.total = inst.total.copy()
+        self.cuts = inst.cuts.copy()
+        self.sol = np.zeros(m, np.int64)
+        self.trail, self.heap = trail, heap
+        self.rec = np.zeros((2 * m + 4, k.N_FIELDS), np.int64)
+        self.regs = np.zeros(k.N_REGS, np.int64)
+        # the root SPLIT: every buffer as its source list, then the initial cut points
+        cut_at = np.flatnonzero(self.cuts[1:] == 0) + 1
+        points = np.concatenate([[0], cut_at, [S]])
+        heap[:m] = np.arange(m)
+        heap[m:m + len(points)] = points
+        self.rec[0, [0, 1, 2, 3, 4, 5, 10]] = [k.SPLIT, 0, m, m, len(points), 0, m]
+        self.regs[[k.R_SP, k.R_MODE, k.R_HEAP]] = [1, k.ADVANCE, m]
+
+
+def _grow(a: np.ndarray) -> np.ndarray:
+    bigger = np.zeros((2 * a.shape[0],) + a.shape[1:], a.dtype)
+    bigger[:a.shape[0]] = a
+    return bigger
+
+
+def _run_attempt(inst: _Instance, state: _Attempt, heur: np.ndarray, capacity: int, limit: int,
+                 deadline: float) -> tuple[str, int, int]:
+    """Search with one preorder until found / infeasible / node limit (aborted) / deadline (timeout)."""
+    from memlens.plan import _exact_kernel as k
+
+    state.regs[k.R_LIMIT] = limit
+    slice_nodes = 256
+    while True:
+        t = time.perf_counter()
+        code = k.run(inst.size, inst.align, inst.slo, inst.shi, inst.nb_ptr, inst.nb_idx, inst.sec_ptr,
+                     inst.sec_mem, inst.wcum, inst.skeys, heur, capacity, inst.refine_cap, state.off,
+                     state.min_off, state.floor, state.total, state.cuts, state.sol, state.trail, state.heap,
+                     state.rec, state.regs, slice_nodes, inst.place_room, inst.split_room)
+        nodes, tries = int(state.regs[k.R_NODES]), int(state.regs[k.R_TRIES])
+        if code == k.NEED_TRAIL:
+            state.trail = _grow(state.trail)
+        elif code == k.NEED_HEAP:
+            state.heap = _grow(state.heap)
+        elif code != k.PAUSED:
+            return {k.FOUND: FOUND, k.INFEASIBLE: INFEASIBLE, k.ABORTED: ABORTED}[code], nodes, tries
+        now = time.perf_counter()
+        if now > deadline:
+            return TIMEOUT, nodes, tries
+        # aim each slice at SLICE_S of wall time, growing at most 4x per slice
+        rate = slice_nodes / max(now - t, 1e-6)
+        slice_nodes = int(min(max(rate * SLICE_S, 64), 4 * slice_nodes, 1 << 24))
 
 
 def solve_exact(problem: PlanProblem, capacity: int, time_limit_s: float = 10.0,
                 preorders: tuple[str, ...] = PREORDERS) -> ExactResult:
-    """Decide whether every buffer fits below `capacity` bytes; return offsets when it does.
+    """Decide whether every buffer fits below `capacity` bytes; return offsets (bytes) when it does.
 
-    `status` is "found", "infeasible" (proven: no plan fits) or "timeout".
+    `status` is "found", "infeasible" (proven: no plan fits) or "timeout" (after `time_limit_s` seconds).
+    `preorders`: MiniMalloc preorder strings (letters of `STATIC_KEYS` and T), tried round-robin.
     """
     t0 = time.perf_counter()
-    search = _Search(problem, capacity, t0 + time_limit_s)
-    n_sec = len(search.floor)
-    if problem.n == 0 or len(search.buffers) == 0:
-        return ExactResult(FOUND, np.zeros(problem.n, np.int64), 0, 0.0)
-    if (search.total > capacity).any() or (problem.size > capacity).any():
+    deadline = t0 + time_limit_s
+    capacity = int(capacity)
+    inst = _Instance(problem)
+    offsets = np.zeros(problem.n, np.int64)
+    if inst.m == 0:
+        return ExactResult(FOUND, offsets, 0, time.perf_counter() - t0)
+    if (inst.total > capacity).any() or (inst.size > capacity).any():
         return ExactResult(INFEASIBLE, None, 0, time.perf_counter() - t0)
-    old_limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(old_limit, 20 * problem.n + 1000))
-    budget = max(problem.n, 64)
-    try:
-        while True:
-            budget *= 2
-            for heuristic in preorders:
-                search.reset()
-                search.node_budget = budget
-                try:
-                    ok = search.solve_all(heuristic)
-                except _NodeLimit:
-                    continue
-                status = FOUND if ok else INFEASIBLE
-                return ExactResult(status, search.solution.copy() if ok else None, search.nodes,
-                                   time.perf_counter() - t0)
-    except _Timeout:
-        return ExactResult(TIMEOUT, None, search.nodes, time.perf_counter() - t0)
-    finally:
-        sys.setrecursionlimit(old_limit)
+    heurs = [inst.heuristic(h) for h in preorders]
+    trail = np.zeros((max(4 * inst.place_room, 1 << 14), 3), np.int64)
+    heap = np.zeros(2 * inst.m + 4 * inst.split_room, np.int64)
+    nodes = tries = 0
+    limit = inst.m
+    while True:
+        limit *= 2
+        for heur in heurs:
+            state = _Attempt(inst, trail, heap)
+            status, n, t = _run_attempt(inst, state, heur, capacity, limit, deadline)
+            nodes, tries = nodes + n, tries + t
+            trail, heap = state.trail, state.heap
+            if status == ABORTED:
+                continue
+            if status == FOUND:
+                offsets[inst.active] = state.sol
+                return ExactResult(FOUND, offsets, nodes, time.perf_counter() - t0, tries)
+            return ExactResult(status, None, nodes, time.perf_counter() - t0, tries)
