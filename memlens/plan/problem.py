@@ -71,40 +71,21 @@ class PlanProblem:
     def conflicts(self) -> tuple[np.ndarray, np.ndarray]:
         """Conflict graph in CSR form: ``indices[indptr[i]:indptr[i+1]]`` are the buffers conflicting with i.
 
-        Built with a sorted sweep: each unordered pair is found once, from the buffer that starts first.
+        Built by a compiled sweep over the buffers sorted by start (`_kernels.conflict_csr`); each row lists
+        its neighbours in start order.
         """
         if self._conflicts is not None:
             return self._conflicts
+        from memlens.plan._kernels import conflict_csr
+
         act = np.flatnonzero(self.active)
         order = act[np.lexsort((act, self.start[act]))]
-        m = len(order)
-        s_sorted = self.start[order]
-        pos = np.arange(m)
-        # forward pairs: positions p+1 .. hi[p]-1 start while p is alive (contiguous in start order)
+        s_sorted = np.ascontiguousarray(self.start[order])
         hi = np.searchsorted(s_sorted, self.end[order], side="left")
-        fwd = np.maximum(hi - pos - 1, 0)
-        total = int(fwd.sum())
-        itype = np.int32 if max(2 * total, self.n) < 2**31 - 1 else np.int64
-        first = np.repeat(pos.astype(itype), fwd)
-        step = (np.arange(total, dtype=itype) - np.repeat((np.cumsum(fwd) - fwd).astype(itype), fwd))
-        second = first + 1 + step
-        # the reverse pairs, grouped by their later buffer
-        by_second = np.argsort(second, kind="stable")
-        rev_p = second[by_second]
-        rev = np.bincount(second, minlength=m)
-        row_len = np.zeros(self.n, np.int64)
-        row_len[order] = rev + fwd
-        indptr = np.zeros(self.n + 1, np.int64)
-        np.cumsum(row_len, out=indptr[1:])
-        row_of_pos = indptr[order].astype(itype)
-        indices = np.empty(2 * total, itype)
-        rev_start = (np.cumsum(rev) - rev).astype(itype)
-        slot = row_of_pos[rev_p] + (np.arange(total, dtype=itype) - rev_start[rev_p])
-        indices[slot] = order[first[by_second]]
-        del by_second, rev_p, slot
-        slot = row_of_pos[first] + rev[first].astype(itype) + step
-        indices[slot] = order[second]
-        self._conflicts = (indptr, indices)
+        pairs = int(np.maximum(hi - np.arange(len(order)) - 1, 0).sum())
+        probe = np.zeros(0, np.int32 if max(2 * pairs, self.n) < 2**31 - 1 else np.int64)
+        self._conflicts = conflict_csr(order.astype(np.int64), s_sorted,
+                                       np.ascontiguousarray(self.end[order]), self.n, probe)
         return self._conflicts
 
     def subset(self, mask: np.ndarray) -> "PlanProblem":
