@@ -42,6 +42,9 @@ REFINE_CAP = 40_000
 MEMBERS_CAP = 30_000_000
 # target wall time of one kernel slice between clock checks (s)
 SLICE_S = 0.02
+# initial room beyond one placement (trail rows) and one split (heap slots); both grow on demand
+TRAIL_SLACK = 1 << 14
+HEAP_SLACK = 1 << 12
 
 
 @dataclass
@@ -160,7 +163,7 @@ def _run_attempt(inst: _Instance, state: _Attempt, heur: np.ndarray, capacity: i
     from memlens.plan import _exact_kernel as k
 
     state.regs[k.R_LIMIT] = limit
-    slice_nodes = 256
+    slice_nodes = 16
     while True:
         t = time.perf_counter()
         code = k.run(inst.size, inst.align, inst.slo, inst.shi, inst.nb_ptr, inst.nb_idx, inst.sec_ptr,
@@ -199,8 +202,8 @@ def solve_exact(problem: PlanProblem, capacity: int, time_limit_s: float = 10.0,
     if (inst.total > capacity).any() or (inst.size > capacity).any():
         return ExactResult(INFEASIBLE, None, 0, time.perf_counter() - t0)
     heurs = [inst.heuristic(h) for h in preorders]
-    trail = np.zeros((max(4 * inst.place_room, 1 << 14), 3), np.int64)
-    heap = np.zeros(2 * inst.m + 4 * inst.split_room, np.int64)
+    trail = np.zeros((inst.place_room + TRAIL_SLACK, 3), np.int64)
+    heap = np.zeros(inst.m + inst.split_room + HEAP_SLACK, np.int64)
     nodes = tries = 0
     limit = inst.m
     while True:
