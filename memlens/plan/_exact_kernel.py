@@ -57,14 +57,19 @@ def _undo(mark, tt, trail, off, min_off, floor, total, cuts, size, slo, shi):
 
 
 @numba.njit(cache=True)
-def preorder(bufs, heur, skeys, total, slo, shi):
-    """`bufs` sorted by the heuristic's keys, each descending, ties by buffer index (MiniMalloc's order).
+def preorder(bufs, heur, skeys, ties, total, slo, shi):
+    """`bufs` sorted by the heuristic's keys, each descending, then by the `ties` columns ascending and the
+    buffer index (MiniMalloc's order; the ties keep identical buffers next to each other).
 
     `heur` holds column indices of `skeys`, or KEY_T for the largest current section total in the span.
     """
     k = len(bufs)
     order = np.sort(bufs)
     key = np.empty(k, np.int64)
+    for col in range(ties.shape[1] - 1, -1, -1):
+        for j in range(k):
+            key[j] = ties[order[j], col]
+        order = order[np.argsort(key, kind="mergesort")]
     for h in range(len(heur) - 1, -1, -1):
         code = heur[h]
         for j in range(k):
@@ -82,8 +87,9 @@ def preorder(bufs, heur, skeys, total, slo, shi):
 
 
 @numba.njit(cache=True)
-def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, wcum, skeys, heur, capacity, refine_cap,
-        off, min_off, floor, total, cuts, sol, trail, heap, rec, regs, slice_nodes, place_room, split_room):
+def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, twin, heur, capacity,
+        refine_cap, off, min_off, floor, total, cuts, sol, trail, heap, rec, regs, slice_nodes, place_room,
+        split_room, stamp, dirty):
     """Advance the search by up to `slice_nodes` nodes; returns one of FOUND ... NEED_HEAP."""
     sp, mode, ok = regs[R_SP], regs[R_MODE], regs[R_OK]
     nodes, tries, tt, ht, limit = regs[R_NODES], regs[R_TRIES], regs[R_TRAIL], regs[R_HEAP], regs[R_LIMIT]
@@ -134,6 +140,8 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, wcum, skeys, he
                 b = heap[j]
                 if off[b] >= 0:
                     continue
+                if twin[b] >= 0 and off[twin[b]] < 0:
+                    continue  # an identical buffer ranked just before it goes first
                 o = min_off[b]
                 rk = j - b0
                 if o < cur_off or (o == cur_off and rk <= cur_rank):
@@ -157,8 +165,18 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, wcum, skeys, he
             lo, hi = slo[b], shi[b]
             for s in range(lo, hi):
                 total[s] -= z
+            # b's sections lose b: their floor rises to b's top, and is recomputed below
+            tries_stamp = tries
+            ndirty = 0
+            for s in range(lo, hi):
+                if floor[s] < top:
+                    trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_FLOOR, s, floor[s]
+                    tt += 1
+                    floor[s] = top
+                stamp[s] = tries_stamp
+                dirty[ndirty] = s
+                ndirty += 1
             hatless = 1
-            ra, rb = lo, hi
             for q in range(nb_ptr[b], nb_ptr[b + 1]):
                 c = nb_idx[q]
                 if off[c] >= 0:
@@ -166,23 +184,25 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, wcum, skeys, he
                 hatless = 0
                 a = align[c]
                 new = top if a == 1 else (top + a - 1) // a * a
-                if min_off[c] < new:
-                    trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_MINOFF, c, min_off[c]
+                old = min_off[c]
+                if old < new:
+                    trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_MINOFF, c, old
                     tt += 1
                     min_off[c] = new
-                    if slo[c] < ra:
-                        ra = slo[c]
-                    if shi[c] > rb:
-                        rb = shi[c]
-            for s in range(lo, hi):
-                if floor[s] < top:
-                    trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_FLOOR, s, floor[s]
-                    tt += 1
-                    floor[s] = top
-            # unallocated floor: no unplaced buffer of a section sits below its minimum offset
-            if wcum[rb] - wcum[ra] > refine_cap:
-                ra, rb = lo, (hi if wcum[hi] - wcum[lo] <= refine_cap else lo)
-            for s in range(ra, rb):
+                    # only sections whose lowest unplaced buffer was c can see their floor rise
+                    for s in range(slo[c], shi[c]):
+                        if old <= floor[s] and stamp[s] != tries_stamp:
+                            stamp[s] = tries_stamp
+                            dirty[ndirty] = s
+                            ndirty += 1
+            # unallocated floor: no unplaced buffer of a section sits below its minimum offset (refreshed
+            # within a work cap; a floor left stale is lower, so still a valid bound)
+            work = 0
+            for t in range(ndirty):
+                s = dirty[t]
+                work += sec_ptr[s + 1] - sec_ptr[s]
+                if work > refine_cap:
+                    break
                 mn = INF
                 for q in range(sec_ptr[s], sec_ptr[s + 1]):
                     c = sec_mem[q]
@@ -248,7 +268,7 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, wcum, skeys, he
                         cnt += 1
                 if cnt == 0:
                     continue
-                heap[ht:ht + cnt] = preorder(heap[ht:ht + cnt], heur, skeys, total, slo, shi)
+                heap[ht:ht + cnt] = preorder(heap[ht:ht + cnt], heur, skeys, ties, total, slo, shi)
                 rec[k, 6], rec[k, 7], rec[k, 8], rec[k, 9] = ht, ht + cnt, a, c
                 ht += cnt
                 rec[sp, 0], rec[sp, 1], rec[sp, 2], rec[sp, 3] = NODE, k, 0, 0

@@ -90,12 +90,12 @@ class _Instance:
         np.add.at(diff, self.slo, 1)
         np.add.at(diff, self.shi, -1)
         width = np.cumsum(diff)[:S]
-        self.wcum = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
+        wcum = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
         if int(span.sum()) <= MEMBERS_CAP:
             buf = np.repeat(np.arange(m, dtype=np.int32), span)
             sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.slo[buf]
             self.sec_mem = buf[np.argsort(sec, kind="stable")]
-            self.sec_ptr = self.wcum.copy()
+            self.sec_ptr = wcum
             self.refine_cap = REFINE_CAP
         else:
             self.sec_mem = np.zeros(0, np.int32)
@@ -111,6 +111,14 @@ class _Instance:
         life = end - start
         self.skeys = np.stack([life, self.size * life, self.size, span, start, end, deg], axis=1).astype(np.int64)
         self.place_room = int(3 + deg.max(initial=0) + 2 * S)
+        # preorder ties: start, end, size, alignment, so identical buffers rank next to each other, and
+        # each buffer's identical predecessor (or -1), which the search places first (symmetry breaking)
+        self.ties = np.stack([start, end, self.size, self.align], axis=1).astype(np.int64)
+        self.twin = np.full(m, -1, np.int64)
+        if m:
+            by = np.lexsort((np.arange(m), self.align, self.size, end, start))
+            same = (np.diff(self.ties[by], axis=0) == 0).all(axis=1)
+            self.twin[by[1:][same]] = by[:-1][same]
         self.split_room = int(m + S + 4)
 
     def heuristic(self, letters: str) -> np.ndarray:
@@ -139,6 +147,8 @@ class _Attempt:
         self.total = inst.total.copy()
         self.cuts = inst.cuts.copy()
         self.sol = np.zeros(m, np.int64)
+        self.stamp = np.full(S, -1, np.int64)  # sections queued for a floor refresh at try `stamp`
+        self.dirty = np.zeros(S, np.int64)
         self.trail, self.heap = trail, heap
         self.rec = np.zeros((2 * m + 4, k.N_FIELDS), np.int64)
         self.regs = np.zeros(k.N_REGS, np.int64)
@@ -167,9 +177,10 @@ def _run_attempt(inst: _Instance, state: _Attempt, heur: np.ndarray, capacity: i
     while True:
         t = time.perf_counter()
         code = k.run(inst.size, inst.align, inst.slo, inst.shi, inst.nb_ptr, inst.nb_idx, inst.sec_ptr,
-                     inst.sec_mem, inst.wcum, inst.skeys, heur, capacity, inst.refine_cap, state.off,
+                     inst.sec_mem, inst.skeys, inst.ties, inst.twin, heur, capacity, inst.refine_cap, state.off,
                      state.min_off, state.floor, state.total, state.cuts, state.sol, state.trail, state.heap,
-                     state.rec, state.regs, slice_nodes, inst.place_room, inst.split_room)
+                     state.rec, state.regs, slice_nodes, inst.place_room, inst.split_room, state.stamp,
+                     state.dirty)
         nodes, tries = int(state.regs[k.R_NODES]), int(state.regs[k.R_TRIES])
         if code == k.NEED_TRAIL:
             state.trail = _grow(state.trail)
