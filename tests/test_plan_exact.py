@@ -108,6 +108,22 @@ def test_aligned_decisions_match_brute_force(seed):
         assert solve_exact(p, capacity, time_limit_s=30).status == INFEASIBLE
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_identical_buffers_match_brute_force(seed):
+    # buffers drawn from a pool of 3 shapes, so identical ones are common: the search places identical
+    # buffers in rank order only (symmetry breaking), which must lose no solution
+    rng = np.random.default_rng(9000 + seed)
+    pool = random_rows(rng, 3, horizon=6, max_size=4)
+    picks = rng.integers(0, 3, size=int(rng.integers(4, 8)))
+    rows = [pool[i] for i in picks]
+    aligns = [[1, 2, 4][i] for i in picks] if seed % 2 else None
+    p = as_problem(frame(rows, aligns))
+    optimum = brute_force_optimum(rows, aligns)
+    assert_valid_under(p, solve_exact(p, optimum, time_limit_s=30), optimum)
+    for capacity in range(min(p.max_live(), optimum - 1), optimum):
+        assert solve_exact(p, capacity, time_limit_s=30).status == INFEASIBLE
+
+
 def test_global_alignment_rounds_every_offset_up():
     rows = [(0, 3, 3), (1, 4, 5), (2, 5, 7), (4, 8, 6), (5, 9, 2)]
     p = as_problem(frame(rows), alignment=8)

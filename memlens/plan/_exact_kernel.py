@@ -177,6 +177,7 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                 dirty[ndirty] = s
                 ndirty += 1
             hatless = 1
+            fits = True
             for q in range(nb_ptr[b], nb_ptr[b + 1]):
                 c = nb_idx[q]
                 if off[c] >= 0:
@@ -189,6 +190,8 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                     trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_MINOFF, c, old
                     tt += 1
                     min_off[c] = new
+                    if new + size[c] > capacity:  # c can no longer fit anywhere
+                        fits = False
                     # only sections whose lowest unplaced buffer was c can see their floor rise
                     for s in range(slo[c], shi[c]):
                         if old <= floor[s] and stamp[s] != tries_stamp:
@@ -213,8 +216,7 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                     tt += 1
                     floor[s] = mn
             # section inference: nothing placed from here on sits below o
-            fits = True
-            for s in range(sa, sb):
+            for s in range(sa if fits else sb, sb):
                 f = floor[s]
                 if f < o:
                     f = o
