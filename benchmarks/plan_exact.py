@@ -38,7 +38,8 @@ def jit_cost() -> None:
             out = subprocess.run([sys.executable, "-c", TINY], env=env, capture_output=True, text=True,
                                  check=True, cwd=ROOT).stdout.split()
             wall = time.perf_counter() - t0
-            print(f"  {label:38s} imports + first search {float(out[1]):6.2f} s   process {wall:6.2f} s  ({out[0]})")
+            print(f"  {label:38s} imports + first search {float(out[1]):6.2f} s   "
+                  f"process {wall:6.2f} s  ({out[0]})")
 
 
 def main() -> None:

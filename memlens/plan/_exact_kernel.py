@@ -20,7 +20,8 @@ INF = np.int64(2**62)
 NODE, SPLIT = 0, 1
 N_FIELDS = 11
 # NODE: 1 owner SPLIT, 2 canonical min offset, 3 canonical min rank, 4/5 cursor (offset, rank) of the
-#       last candidate tried, 6 min height (dominance), 7 buffer placed, 8 trail mark, 9 hatless
+#       last candidate tried, 6 min height (dominance), 7 buffer placed, 8 trail mark, 9 hatless,
+#       10 offset level last checked
 # SPLIT: 1/2 source list on the heap, 3 first cut point, 4 cut points, 5 next part, 6/7 current
 #        part's list, 8/9 its sections [a, b), 10 heap top before the split
 # modes of the state machine
@@ -127,6 +128,7 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
             rec[i, 5] = rec[i, 3] - 1
             rec[i, 6] = min_height
             rec[i, 7] = -1
+            rec[i, 10] = -1
             mode = NEXT
         elif mode == NEXT:
             i = sp - 1
@@ -152,6 +154,22 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                 ok = 0
                 mode = RETURN
                 continue
+            if best_off != rec[i, 10]:
+                # a new offset level: nothing placed from here on sits below it, so when the sections
+                # cannot hold their unplaced bytes above it, no candidate at this level or above can work
+                level_fits = True
+                for s in range(sa, sb):
+                    f = floor[s]
+                    if f < best_off:
+                        f = best_off
+                    if f + total[s] > capacity:
+                        level_fits = False
+                        break
+                if not level_fits:
+                    ok = 0
+                    mode = RETURN
+                    continue
+                rec[i, 10] = best_off
             rec[i, 4], rec[i, 5] = best_off, best_rank
             tries += 1
             b, o = best, best_off

@@ -11,8 +11,12 @@ The search answers "do all buffers fit under `capacity` bytes?" and builds solut
   MiniMalloc's cross sections); in each, the floor (the highest of: the offset being placed, the tops
   placed there, the lowest minimum offset of its unplaced buffers) plus the unplaced bytes must fit
   under the capacity;
+- a placement fails at once when it pushes a conflicting buffer's minimum offset so high that the buffer
+  no longer fits under the capacity;
 - hatless pruning: when the buffer just placed conflicts with no unplaced buffer, no sibling choice can do
   better, so a failure below it fails the node;
+- symmetry breaking: of identical buffers (same lifetime, size and alignment; ranked next to each other),
+  the lower-ranked one is always placed first, since swapping two of them changes no plan's shape;
 - temporal decomposition: when no unplaced buffer spans a section boundary any more, the two sides are
   solved independently, each with its own preorder.
 
@@ -109,7 +113,8 @@ class _Instance:
         self.nb_idx = renumber[indices].astype(np.int32)
         deg = np.diff(self.nb_ptr)
         life = end - start
-        self.skeys = np.stack([life, self.size * life, self.size, span, start, end, deg], axis=1).astype(np.int64)
+        self.skeys = np.stack([life, self.size * life, self.size, span, start, end, deg], axis=1)
+        self.skeys = self.skeys.astype(np.int64)
         self.place_room = int(3 + deg.max(initial=0) + 2 * S)
         # preorder ties: start, end, size, alignment, so identical buffers rank next to each other, and
         # each buffer's identical predecessor (or -1), which the search places first (symmetry breaking)
@@ -177,10 +182,10 @@ def _run_attempt(inst: _Instance, state: _Attempt, heur: np.ndarray, capacity: i
     while True:
         t = time.perf_counter()
         code = k.run(inst.size, inst.align, inst.slo, inst.shi, inst.nb_ptr, inst.nb_idx, inst.sec_ptr,
-                     inst.sec_mem, inst.skeys, inst.ties, inst.twin, heur, capacity, inst.refine_cap, state.off,
-                     state.min_off, state.floor, state.total, state.cuts, state.sol, state.trail, state.heap,
-                     state.rec, state.regs, slice_nodes, inst.place_room, inst.split_room, state.stamp,
-                     state.dirty)
+                     inst.sec_mem, inst.skeys, inst.ties, inst.twin, heur, capacity, inst.refine_cap,
+                     state.off, state.min_off, state.floor, state.total, state.cuts, state.sol, state.trail,
+                     state.heap, state.rec, state.regs, slice_nodes, inst.place_room, inst.split_room,
+                     state.stamp, state.dirty)
         nodes, tries = int(state.regs[k.R_NODES]), int(state.regs[k.R_TRIES])
         if code == k.NEED_TRAIL:
             state.trail = _grow(state.trail)
