@@ -188,3 +188,47 @@ def test_cli_swap_json(tmp_path, capsys):
     assert out["peak_after"] == 2 * GB and out["swaps"][0]["block_id"] == 0
     assert main(["swap", str(path), "--limit", "2.5GB"]) == 0
     assert "met" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_load_curve_merge_matches_a_full_sort(seed):
+    """The compiled merge gives the curve of sorting every event by (time, copy-in < recorded < copy-out,
+    recorded order), ties included."""
+    from memlens.swap.schedule import LoadCurve, Schedule
+
+    rng = np.random.default_rng(seed)
+    curve = LoadCurve.__new__(LoadCurve)
+    curve.t = np.sort(rng.integers(0, 30, 200)).astype(np.int64)
+    curve.delta = rng.integers(-50, 80, 200).astype(np.int64)
+    k = 25
+    out_end = rng.integers(0, 30, k).astype(np.int64)
+    in_start = out_end + rng.integers(-3, 10, k)  # some not saving (copy-in before copy-out ends)
+    size = rng.integers(1, 40, k).astype(np.int64)
+    sched = Schedule(out_end - 1, out_end, in_start, in_start + 1, np.zeros(k, np.int64))
+    t, live = curve.curve(size, sched)
+    eff = sched.saving
+    z = size[eff]
+    ts = np.concatenate([in_start[eff], curve.t, out_end[eff]])
+    ds = np.concatenate([z, curve.delta, -z])
+    cls = np.concatenate([np.zeros(len(z)), np.ones(len(curve.t)), np.full(len(z), 2)])
+    pos = np.arange(len(ts))
+    order = np.lexsort((pos, cls, ts))
+    assert t.tolist() == ts[order].tolist()
+    assert live.tolist() == np.cumsum(ds[order]).tolist()
+
+
+def test_peak_and_overload_match_the_curve():
+    from memlens.swap.schedule import LoadCurve, Schedule
+
+    rng = np.random.default_rng(3)
+    curve = LoadCurve.__new__(LoadCurve)
+    curve.t = np.sort(rng.integers(0, 1000, 300)).astype(np.int64)
+    curve.delta = rng.integers(-40, 60, 300).astype(np.int64)
+    out_end = rng.integers(0, 1000, 30).astype(np.int64)
+    size = rng.integers(1, 90, 30).astype(np.int64)
+    sched = Schedule(out_end, out_end, out_end + 50, out_end + 60, np.zeros(30, np.int64))
+    t, live = curve.curve(size, sched)
+    for goal in (0, 500, 2000):
+        peak, over = curve.peak_and_overload(size, sched, goal)
+        assert peak == max(int(live.max()), 0)
+        assert over == pytest.approx(float((np.diff(t) * np.maximum(live[:-1] - goal, 0)).sum()))

@@ -49,11 +49,8 @@ class _Evaluator:
         """(peak bytes, byte*ns above the goal, stall ns, schedule) with the candidates `chosen` swapped."""
         c = np.asarray(chosen, dtype=np.int64)
         sched = serial_schedule(self.a[c], self.b[c], self.o[c], self.i[c])
-        t, live = self.curve.curve(self.z[c], sched)
-        if len(live) == 0:
-            return 0, 0.0, 0, sched
-        over = float((np.diff(t, append=t[-1]) * np.maximum(live - self.goal, 0)).sum())
-        return int(max(live.max(), 0)), over, int(sched.stall.sum()), sched
+        peak, over = self.curve.peak_and_overload(self.z[c], sched, self.goal)
+        return peak, over, int(sched.stall.sum()), sched
 
     def peak_instant(self, chosen) -> int:
         c = np.asarray(chosen, dtype=np.int64)
@@ -70,10 +67,12 @@ def select_by_priority(cands: pd.DataFrame, curve: LoadCurve, limit: int | None,
     doa = cands["doa_ns"].to_numpy(np.float64)
     static = doa if priority == "doa" else doa * ev.z
     remaining = np.ones(len(cands), bool)
+    weight = None  # WDOA's weights, recomputed only when a pick changed the curve
     while remaining.any() and peak > goal:
         if priority == "wdoa":
-            t, live = curve.curve(ev.z[np.asarray(chosen, np.int64)], sched)
-            weight = LoadCurve.overload_integral(t, live, goal, ev.a + ev.o, ev.b - ev.i)
+            if weight is None:
+                t, live = curve.curve(ev.z[np.asarray(chosen, np.int64)], sched)
+                weight = LoadCurve.overload_integral(t, live, goal, ev.a + ev.o, ev.b - ev.i)
             score = np.where(remaining, weight, -1.0)
             if score.max() <= 0:
                 break
@@ -85,6 +84,7 @@ def select_by_priority(cands: pd.DataFrame, curve: LoadCurve, limit: int | None,
         p2, o2, s2, sch2 = ev(trial)
         if s2 <= stall and p2 <= peak and o2 < over:
             chosen, peak, over, stall, sched = trial, p2, o2, s2, sch2
+            weight = None
     return Selection(priority, np.asarray(chosen, np.int64), sched, peak, stall)
 
 

@@ -66,23 +66,34 @@ class LoadCurve:
 
     def __init__(self, trace, device: str):
         live = trace.live_bytes(device)
-        self.t = live["t_ns"].to_numpy(np.int64)
-        self.delta = live["delta"].to_numpy(np.int64)
-        self.rank = np.arange(len(self.t), dtype=np.int64)
+        self.t = np.require(live["t_ns"].to_numpy(np.int64), np.int64, ["C", "W"])
+        self.delta = np.require(live["delta"].to_numpy(np.int64), np.int64, ["C", "W"])
 
     def curve(self, size: np.ndarray | None = None, sched: Schedule | None = None):
         """(times, live bytes after each event) with the saving windows of `sched` subtracted."""
         if sched is None or len(size) == 0:
             return self.t, np.cumsum(self.delta)
+        from memlens.swap._kernels import merge_curve
+
+        return merge_curve(self.t, self.delta, *self._swap_events(size, sched))
+
+    def peak_and_overload(self, size: np.ndarray, sched: Schedule, goal: int) -> tuple[int, float]:
+        """(peak live bytes, floored at 0; byte*ns above `goal`) with the saving windows of `sched` subtracted."""
+        from memlens.swap._kernels import peak_and_overload
+
+        if len(self.t) == 0:
+            return 0, 0.0
+        peak, over = peak_and_overload(self.t, self.delta, *self._swap_events(size, sched), int(goal))
+        return int(peak), float(over)
+
+    @staticmethod
+    def _swap_events(size: np.ndarray, sched: Schedule):
+        """(copy-in times, sizes, copy-out times, sizes), each sorted by time, of the swaps that save."""
         eff = sched.saving
-        z = size[eff]
-        t = np.concatenate([sched.in_start[eff], self.t, sched.out_end[eff]])
-        d = np.concatenate([z, self.delta, -z])
-        cls = np.concatenate([np.zeros(len(z), np.int8), np.ones(len(self.t), np.int8),
-                              np.full(len(z), 2, np.int8)])
-        rank = np.concatenate([np.zeros(len(z), np.int64), self.rank, np.zeros(len(z), np.int64)])
-        order = np.lexsort((rank, cls, t))
-        return t[order], np.cumsum(d[order])
+        z = np.require(size[eff], np.int64, ["C", "W"])
+        ins = np.argsort(sched.in_start[eff], kind="stable")
+        outs = np.argsort(sched.out_end[eff], kind="stable")
+        return sched.in_start[eff][ins], z[ins], sched.out_end[eff][outs], z[outs]
 
     def peak(self, size=None, sched=None) -> tuple[int, int, int]:
         """(peak bytes, time of the first peak in ns, ns spent at the peak)."""
