@@ -46,7 +46,7 @@ class ReportOptions:
     ``x`` ("time" or "event" axis), ``timeline_blocks`` (blocks drawn one by one before aggregation),
     ``whatif`` (run allocator / plan / swap what-ifs), ``whatif_time_limit_s`` (static planner search time
     per device, s), ``whatif_max_blocks`` (larger traces run the what-ifs on a window around the peak;
-    None: 5,000 blocks for traces with accesses, 12,000 without),
+    None: 10,000 blocks for traces with accesses, 50,000 without),
     ``memory_limit`` (bytes, for swapping what-ifs)."""
 
     bandwidth: Any = None

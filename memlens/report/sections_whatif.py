@@ -9,8 +9,8 @@ from memlens.report.window import peak_window
 from memlens.units import format_bytes, format_ns
 
 # the what-ifs of bigger traces run on a window around the peak (their cost grows faster than linearly)
-MAX_BLOCKS_WITH_ACCESSES = 5_000
-MAX_BLOCKS_WITHOUT_ACCESSES = 12_000
+MAX_BLOCKS_WITH_ACCESSES = 10_000  # about 4 s of what-ifs on 2 cores (swap selection dominates)
+MAX_BLOCKS_WITHOUT_ACCESSES = 50_000  # about 6 s (planning and simulation)
 # allocator settings people try first when fragmentation bites
 CONF_VARIANTS = ("expandable_segments:True", "garbage_collection_threshold:0.6,max_split_size_mb:128")
 
