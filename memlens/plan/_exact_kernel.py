@@ -58,6 +58,18 @@ def _undo(mark, tt, trail, off, min_off, floor, total, cuts, size, slo, shi):
 
 
 @numba.njit(cache=True)
+def section_members(slo, shi, sec_ptr):
+    """The buffers alive in each section, in buffer order: CSR indices for row pointers `sec_ptr`."""
+    fill = sec_ptr[:-1].copy()
+    members = np.empty(sec_ptr[-1], np.int32)
+    for b in range(len(slo)):
+        for s in range(slo[b], shi[b]):
+            members[fill[s]] = b
+            fill[s] += 1
+    return members
+
+
+@numba.njit(cache=True)
 def preorder(bufs, heur, skeys, ties, total, slo, shi):
     """`bufs` sorted by the heuristic's keys, each descending, then by the `ties` columns ascending and the
     buffer index (MiniMalloc's order; the ties keep identical buffers next to each other).
@@ -183,17 +195,21 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
             lo, hi = slo[b], shi[b]
             for s in range(lo, hi):
                 total[s] -= z
-            # b's sections lose b: their floor rises to b's top, and is recomputed below
+            # b's sections lose b: their floor rises to b's top; they, and the sections whose lowest
+            # buffer moves up, are queued for the floor refresh below while their members fit the work cap
             tries_stamp = tries
             ndirty = 0
+            queued = 0
             for s in range(lo, hi):
                 if floor[s] < top:
                     trail[tt, 0], trail[tt, 1], trail[tt, 2] = T_FLOOR, s, floor[s]
                     tt += 1
                     floor[s] = top
-                stamp[s] = tries_stamp
-                dirty[ndirty] = s
-                ndirty += 1
+                if queued <= refine_cap:
+                    stamp[s] = tries_stamp
+                    dirty[ndirty] = s
+                    ndirty += 1
+                    queued += sec_ptr[s + 1] - sec_ptr[s]
             hatless = 1
             fits = True
             for q in range(nb_ptr[b], nb_ptr[b + 1]):
@@ -210,12 +226,15 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                     min_off[c] = new
                     if new + size[c] > capacity:  # c can no longer fit anywhere
                         fits = False
+                    if queued > refine_cap:
+                        continue
                     # only sections whose lowest unplaced buffer was c can see their floor rise
                     for s in range(slo[c], shi[c]):
                         if old <= floor[s] and stamp[s] != tries_stamp:
                             stamp[s] = tries_stamp
                             dirty[ndirty] = s
                             ndirty += 1
+                            queued += sec_ptr[s + 1] - sec_ptr[s]
             # unallocated floor: no unplaced buffer of a section sits below its minimum offset (refreshed
             # within a work cap; a floor left stale is lower, so still a valid bound)
             work = 0

@@ -41,7 +41,7 @@ PREORDERS = ("WAT", "TAW", "TWA")
 STATIC_KEYS = "WAZCLUO"
 # most (section x member) entries rescanned per placement for the unallocated floor; wider refreshes are
 # skipped (the floor stays a valid but weaker bound)
-REFINE_CAP = 40_000
+REFINE_CAP = 10_000
 # most (section, buffer) memberships kept for that refresh on very long traces
 MEMBERS_CAP = 30_000_000
 # target wall time of one kernel slice between clock checks (s)
@@ -96,9 +96,9 @@ class _Instance:
         width = np.cumsum(diff)[:S]
         wcum = np.concatenate([[0], np.cumsum(width)]).astype(np.int64)
         if int(span.sum()) <= MEMBERS_CAP:
-            buf = np.repeat(np.arange(m, dtype=np.int32), span)
-            sec = np.arange(len(buf)) - np.repeat(np.cumsum(span) - span, span) + self.slo[buf]
-            self.sec_mem = buf[np.argsort(sec, kind="stable")]
+            from memlens.plan._exact_kernel import section_members
+
+            self.sec_mem = section_members(self.slo, self.shi, wcum)
             self.sec_ptr = wcum
             self.refine_cap = REFINE_CAP
         else:
