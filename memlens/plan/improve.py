@@ -47,7 +47,10 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
     indptr, indices = problem.conflicts()
     pos = np.empty(problem.n, np.int64)
     steps = 0
-    while height > target and time.perf_counter() < deadline and (max_steps is None or steps < max_steps):
+    step_s = 0.0  # the last step's duration: a step that would end past the deadline is not started
+    while (height > target and time.perf_counter() + step_s < deadline
+           and (max_steps is None or steps < max_steps)):
+        began = time.perf_counter()
         steps += 1
         pos[order] = np.arange(problem.n)
         tops = offsets + problem.size
@@ -74,6 +77,7 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
             order, offsets, height = candidate, new_offsets, new_height
             if height < best.height:
                 best = ImproveResult(offsets, height, order.copy(), fit, steps, best.improvements + 1)
+        step_s = time.perf_counter() - began
     best.steps = steps
     return best
 
@@ -164,7 +168,9 @@ def window_search(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float
     height = int(tops.max(initial=0))
     touching = int((tops == height).sum())
     best, best_height = off.copy(), height
-    while height > target and time.perf_counter() < deadline:
+    step_s = 0.0  # the last step's duration: a step that would end past the deadline is not started
+    while height > target and time.perf_counter() + step_s < deadline:
+        began = time.perf_counter()
         c = int(rng.choice(np.flatnonzero(tops == height)))
         nb = indices[indptr[c]:indptr[c + 1]]
         level = int(off[c] * rng.random())
@@ -183,4 +189,5 @@ def window_search(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float
             off, tops, height, touching = trial, trial_tops, new_height, new_touching
             if height < best_height:
                 best, best_height = off.copy(), height
+        step_s = time.perf_counter() - began
     return best

@@ -188,7 +188,8 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
         left = deadline - time.perf_counter()
         best.offer(window_search(problem, best.offsets, time_limit_s=0.5 * left, target=lower),
                    f"window_search({source})")
-    if best.height > lower and time.perf_counter() < deadline:
+    # the local search starts with one full placement: only worth starting when a few more fit in the time
+    if best.height > lower and time.perf_counter() + 3 * graph_cost_estimate_s(problem)[1] < deadline:
         # start from the best plan itself: placing its buffers in offset order, each at the lowest gap,
         # reproduces it or does better (every buffer below it in the plan ends at or under its offset)
         start = np.lexsort((problem.start, best.offsets))
