@@ -10,7 +10,8 @@ The search answers "do all buffers fit under `capacity` bytes?" and builds solut
 - section inference: time is cut into sections (the buffers alive just before each distinct end time,
   MiniMalloc's cross sections); in each, the floor (the highest of: the offset being placed, the tops
   placed there, the lowest minimum offset of its unplaced buffers) plus the unplaced bytes must fit
-  under the capacity;
+  under the capacity. It is checked after every placement, and once per new offset level before that
+  level's candidates are tried: nothing placed later sits lower, so a level that fails fails the node;
 - a placement fails at once when it pushes a conflicting buffer's minimum offset so high that the buffer
   no longer fits under the capacity;
 - hatless pruning: when the buffer just placed conflicts with no unplaced buffer, no sibling choice can do
