@@ -58,6 +58,19 @@ def _undo(mark, tt, trail, off, min_off, floor, total, cuts, size, slo, shi):
 
 
 @numba.njit(cache=True)
+def _sections_fit(floor, total, sa, sb, level, capacity):
+    """Section inference: True when every section in [sa, sb) can hold its unplaced bytes above
+    max(its floor, `level`) within `capacity` (nothing placed from here on sits below `level`)."""
+    for s in range(sa, sb):
+        f = floor[s]
+        if f < level:
+            f = level
+        if f + total[s] > capacity:
+            return False
+    return True
+
+
+@numba.njit(cache=True)
 def section_members(slo, shi, sec_ptr):
     """The buffers alive in each section, in buffer order: CSR indices for row pointers `sec_ptr`."""
     fill = sec_ptr[:-1].copy()
@@ -169,15 +182,7 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
             if best_off != rec[i, 10]:
                 # a new offset level: nothing placed from here on sits below it, so when the sections
                 # cannot hold their unplaced bytes above it, no candidate at this level or above can work
-                level_fits = True
-                for s in range(sa, sb):
-                    f = floor[s]
-                    if f < best_off:
-                        f = best_off
-                    if f + total[s] > capacity:
-                        level_fits = False
-                        break
-                if not level_fits:
+                if not _sections_fit(floor, total, sa, sb, best_off, capacity):
                     ok = 0
                     mode = RETURN
                     continue
@@ -253,13 +258,8 @@ def run(size, align, slo, shi, nb_ptr, nb_idx, sec_ptr, sec_mem, skeys, ties, tw
                     tt += 1
                     floor[s] = mn
             # section inference: nothing placed from here on sits below o
-            for s in range(sa if fits else sb, sb):
-                f = floor[s]
-                if f < o:
-                    f = o
-                if f + total[s] > capacity:
-                    fits = False
-                    break
+            if fits:
+                fits = _sections_fit(floor, total, sa, sb, o, capacity)
             if not fits:
                 tt = _undo(mark, tt, trail, off, min_off, floor, total, cuts, size, slo, shi)
                 if hatless == 1:  # b can never be placed under a later sibling
