@@ -2,7 +2,8 @@
 
 Stages, each keeping the best plan so far:
 1. every published heuristic (greedy by size best/first gap, by lifetime, area, breadth, conflicts,
-   online best-fit in time order, Zhang's cross-iteration-first when it applies);
+   online best-fit in time order, Zhang's cross-iteration-first when it applies), run concurrently on
+   the compiled placement kernel (`_kernels.py`);
 2. peak repair (`improve.repair_peak`): the buffers touching the top move into lower gaps;
 3. the exact canonical search (`exact.py`) asked for a plan at max-live, then — when that is not found —
    a bisection of the capacity between the proven lower bound and the best height: each "found" lowers
@@ -10,7 +11,8 @@ Stages, each keeping the best plan so far:
    max-live too);
 4. with the time left: the window search around the peak (`improve.window_search`), then the local
    search over placement orders (`improve.improve`), both from the best plan so far.
-Problems above `EXACT_MAX_BUFFERS` skip stage 3.
+Problems above `EXACT_MAX_BUFFERS` skip stage 3. The numba kernels are compiled (first run on a machine)
+or loaded before the clock starts (`load_kernels`).
 """
 from __future__ import annotations
 
