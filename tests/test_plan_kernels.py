@@ -132,3 +132,13 @@ def test_heuristics_over_budget_are_skipped_but_online_best_fit_runs():
     assert list(got) == ["online_best_fit"] and len(skipped) == len(HEURISTICS) - 1
     result = plan(p, time_limit_s=0.0)
     assert result.heuristics  # the portfolio itself gives the heuristics at least its minimum budget
+
+
+def test_importing_the_planners_does_not_import_numba():
+    """numba (~0.5 s) loads on the first plan or swap, not on import."""
+    import subprocess
+    import sys
+
+    code = "import sys, memlens, memlens.plan, memlens.swap; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -9,7 +9,6 @@ blind spots.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from memlens.errors import MemlensError
@@ -18,39 +17,6 @@ from memlens.plan.problem import PlanProblem
 
 class InvalidPlanError(MemlensError, AssertionError):
     """A plan places two live buffers at overlapping addresses, or breaks an alignment."""
-
-
-@numba.njit(cache=True, nogil=True)
-def _overlapping_pairs(events: np.ndarray, is_alloc: np.ndarray, offset: np.ndarray, size: np.ndarray,
-                       limit: int) -> np.ndarray:
-    """Up to `limit` (earlier, later) buffer pairs live at once at overlapping addresses, replaying
-    `events` (buffer indices in time order, frees first at equal times)."""
-    live = np.empty(len(offset), np.int64)  # live buffers sorted by offset
-    count = 0
-    found = np.empty((limit, 2), np.int64)
-    k = 0
-    for e in range(len(events)):
-        b = events[e]
-        o = offset[b]
-        pos = np.searchsorted(offset[live[:count]], o)
-        if not is_alloc[e]:
-            while live[pos] != b:  # equal offsets can only come from an overlap already reported
-                pos += 1
-            live[pos:count - 1] = live[pos + 1:count].copy()
-            count -= 1
-            continue
-        if pos > 0 and offset[live[pos - 1]] + size[live[pos - 1]] > o and k < limit:
-            found[k, 0] = live[pos - 1]
-            found[k, 1] = b
-            k += 1
-        if pos < count and offset[live[pos]] < o + size[b] and k < limit:
-            found[k, 0] = live[pos]
-            found[k, 1] = b
-            k += 1
-        live[pos + 1:count + 1] = live[pos:count].copy()
-        live[pos] = b
-        count += 1
-    return found[:k]
 
 
 def plan_violations(problem: PlanProblem, offsets: np.ndarray, limit: int = 10) -> list[str]:
@@ -67,10 +33,12 @@ def plan_violations(problem: PlanProblem, offsets: np.ndarray, limit: int = 10) 
     act = np.flatnonzero(problem.active)
     times = np.concatenate([problem.end[act], problem.start[act]])
     is_alloc = np.concatenate([np.zeros(len(act), bool), np.ones(len(act), bool)])
-    events = np.concatenate([act, act])[np.lexsort((is_alloc, times))]
-    pairs = _overlapping_pairs(events.astype(np.int64), is_alloc[np.lexsort((is_alloc, times))],
-                               np.require(offsets, np.int64, ["C", "W"]),
-                               np.require(problem.size, np.int64, ["C", "W"]), limit)
+    in_time = np.lexsort((is_alloc, times))  # frees first at equal times: lifetimes are half-open
+    from memlens.plan._validate_kernel import overlapping_pairs
+
+    pairs = overlapping_pairs(np.concatenate([act, act])[in_time].astype(np.int64), is_alloc[in_time],
+                              np.require(offsets, np.int64, ["C", "W"]),
+                              np.require(problem.size, np.int64, ["C", "W"]), limit)
     for i, j in pairs.tolist():
         out.append(f"buffers {ids[i]} [{problem.start[i]}, {problem.end[i]}) at {offsets[i]}+{problem.size[i]}"
                    f" and {ids[j]} [{problem.start[j]}, {problem.end[j]}) at {offsets[j]}+{problem.size[j]}"
