@@ -282,3 +282,43 @@ def test_large_real_training_snapshot_reaches_max_live(shared):
     _, greedy = result.best_heuristic
     assert greedy > result.max_live * 1.005
     assert result.height == result.max_live and result.optimal
+
+
+def test_plan_one_detected_iteration_of_a_trace_without_marks():
+    """No iteration marks: the iteration comes from the detected repeating allocation pattern."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from analysis_scale import synthetic_trace
+    from memlens.analysis.iterations import split_iterations
+    from memlens.errors import InputError
+
+    trace = synthetic_trace(iterations=6, per_iteration=60, accesses_per_block=1)
+    split = split_iterations(trace)
+    assert split["source"].iloc[0] == "detected" and len(split) >= 5
+    w0, w1 = int(split["start_ns"].iloc[2]), int(split["end_ns"].iloc[2])
+    result = plan(trace, iteration=2, time_limit_s=1)
+    b = trace.blocks.set_index("block_id").loc[result.offsets["block_id"].astype(int)]
+    assert ((b["alloc_ns"] < w1) & (b["free_ns"] > w0)).all()  # only blocks alive in that iteration
+    alive = int(((trace.blocks["alloc_ns"] < w1) & (trace.blocks["free_ns"] > w0)).sum())
+    assert len(result.offsets) == alive
+    validate_plan(result.problem, result.offsets["offset"].to_numpy())
+    with pytest.raises(InputError, match="iteration 99 is not in the trace"):
+        plan(trace, iteration=99, time_limit_s=1)
+    one = as_problem(frame([(0, 2, 4), (1, 3, 2)]))  # sanity: frames still plan without iterations
+    assert plan(one, time_limit_s=0.5).height == 6
+
+
+def test_plan_iteration_of_a_trace_that_does_not_repeat_is_bad_input():
+    from memlens import Trace
+    from memlens.errors import InputError
+
+    rng = np.random.default_rng(0)
+    n = 40
+    blocks = pd.DataFrame({"block_id": np.arange(n), "device": "cuda:0", "size": rng.integers(1, 10**6, n),
+                           "alloc_ns": np.arange(n) * 10, "free_ns": np.arange(n) * 10 + rng.integers(5, 200, n),
+                           "op": [f"op{i}" for i in range(n)]})
+    trace = Trace.from_tables(blocks, pd.DataFrame(columns=["block_id", "t_ns", "op_id", "is_write"]))
+    with pytest.raises(InputError, match="no repeating allocation pattern"):
+        plan(trace, iteration=0, time_limit_s=0.5)

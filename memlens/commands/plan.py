@@ -11,7 +11,8 @@ def register(sub) -> None:
                    help="seconds of search after the heuristics (default 5)")
     p.add_argument("--alignment", type=int, default=1, metavar="BYTES", help="offset alignment (default 1)")
     p.add_argument("--device", help="device of a multi-device trace (default: the largest peak)")
-    p.add_argument("--iteration", type=int, help="plan only this iteration (needs iteration marks)")
+    p.add_argument("--iteration", type=int, help="plan only this iteration (by iteration marks, optimizer "
+                   "steps or the detected repeating allocation pattern)")
     p.add_argument("--out", metavar="plan.csv", help="write the plan as id,lower,upper,size,offset")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)

@@ -129,16 +129,29 @@ def problem_from_csv(path, alignment: int = 1) -> PlanProblem:
 
 
 def _iteration_window(trace, iteration: int) -> tuple[int, int]:
+    """[start, end] ns of iteration `iteration`: from the ops' ``iteration`` marks when the trace has them,
+    otherwise from `memlens.analysis.iterations.split_iterations` (optimizer steps, or the detected
+    repeating allocation pattern)."""
     ops = trace.ops
     it = ops["iteration"] if "iteration" in ops.columns else None
-    if it is None or it.isna().all():
-        raise InputError("the trace has no iteration marks (record with memlens.step() to plan one iteration)")
-    sel = ops[it == iteration]
-    if len(sel) == 0:
-        known = sorted(int(v) for v in it.dropna().unique())
-        raise InputError(f"iteration {iteration} is not in the trace (iterations: {known[:10]}"
-                         f"{'...' if len(known) > 10 else ''})")
-    return int(sel["start_ns"].min()), int(sel["end_ns"].max())
+    if it is not None and not it.isna().all() and (it >= 0).any():
+        sel = ops[it == iteration]
+        if len(sel) == 0:
+            known = sorted(int(v) for v in it.dropna().unique() if v >= 0)
+            raise InputError(f"iteration {iteration} is not in the trace (iterations: {known[:10]}"
+                             f"{'...' if len(known) > 10 else ''})")
+        return int(sel["start_ns"].min()), int(sel["end_ns"].max())
+    from memlens.analysis.iterations import split_iterations
+
+    split = split_iterations(trace)
+    if (split["source"] == "none").all():
+        raise InputError("the trace has no iteration marks, no optimizer steps and no repeating allocation "
+                         "pattern to split it by (record with memlens.step() to mark iterations)")
+    row = split[split["iteration"] == iteration]
+    if len(row) == 0:
+        raise InputError(f"iteration {iteration} is not in the trace ({len(split)} iterations "
+                         f"{split['source'].iloc[0]}: 0..{len(split) - 1})")
+    return int(row["start_ns"].iloc[0]), int(row["end_ns"].iloc[0])
 
 
 def pick_device(trace, device: str | None = None) -> str:
@@ -158,8 +171,8 @@ def problem_from_trace(trace, device: str | None = None, iteration: int | None =
                        alignment: int = 1) -> PlanProblem:
     """A problem from one device of a Trace, on the trace's event order.
 
-    With `iteration`, only the blocks alive during that iteration (by the ops' ``iteration`` marks) are
-    kept; blocks alive across its boundaries are clipped to it and flagged ``cross_iteration`` (Zhang et
+    With `iteration`, only the blocks alive during that iteration (by the ops' ``iteration`` marks, else
+    by optimizer steps or the detected repeating pattern) are kept; blocks alive across its boundaries are clipped to it and flagged ``cross_iteration`` (Zhang et
     al. place them first, since they stay in the pool from one iteration to the next).
     """
     device = pick_device(trace, device)
