@@ -51,9 +51,9 @@ def main() -> None:
         tries = [0]
         original = optimise._Evaluator.__call__
 
-        def counting(self, chosen, _orig=original):
+        def counting(self, chosen, max_stall=None, _orig=original):
             tries[0] += 1
-            return _orig(self, chosen)
+            return _orig(self, chosen, max_stall)
 
         optimise._Evaluator.__call__ = counting
         try:

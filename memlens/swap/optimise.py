@@ -45,12 +45,19 @@ class _Evaluator:
         self.z = cands["size"].to_numpy(np.int64)
         self.curve = curve
 
-    def __call__(self, chosen) -> tuple[int, float, int, Schedule]:
-        """(peak bytes, byte*ns above the goal, stall ns, schedule) with the candidates `chosen` swapped."""
+    def __call__(self, chosen, max_stall: int | None = None) -> tuple[int, float, int, Schedule]:
+        """(peak bytes, byte*ns above the goal, stall ns, schedule) with the candidates `chosen` swapped.
+
+        With `max_stall` (ns), a schedule stalling longer is returned without simulating the curve (peak
+        and overload come back as +inf): the callers reject such a set whatever its curve.
+        """
         c = np.asarray(chosen, dtype=np.int64)
         sched = serial_schedule(self.a[c], self.b[c], self.o[c], self.i[c])
+        stall = int(sched.stall.sum())
+        if max_stall is not None and stall > max_stall:
+            return np.iinfo(np.int64).max, float("inf"), stall, sched
         peak, over = self.curve.peak_and_overload(self.z[c], sched, self.goal)
-        return peak, over, int(sched.stall.sum()), sched
+        return peak, over, stall, sched
 
     def peak_instant(self, chosen) -> int:
         c = np.asarray(chosen, dtype=np.int64)
@@ -81,7 +88,7 @@ def select_by_priority(cands: pd.DataFrame, curve: LoadCurve, limit: int | None,
         k = int(np.argmax(score))
         remaining[k] = False
         trial = chosen + [k]
-        p2, o2, s2, sch2 = ev(trial)
+        p2, o2, s2, sch2 = ev(trial, max_stall=stall)
         if s2 <= stall and p2 <= peak and o2 < over:
             chosen, peak, over, stall, sched = trial, p2, o2, s2, sch2
             weight = None
@@ -104,7 +111,7 @@ def select_peak_greedy(cands: pd.DataFrame, curve: LoadCurve, limit: int | None,
         tries = cover[np.lexsort((-ev.b[cover] + ev.a[cover], -ev.z[cover]))][:PEAK_TRIES]
         best = None
         for k in tries.tolist():
-            p2, o2, s2, sch2 = ev(chosen + [k])
+            p2, o2, s2, sch2 = ev(chosen + [k], max_stall=stall)
             if s2 <= stall and p2 <= peak and o2 < over and (best is None or (p2, o2) < best[:2]):
                 best = (p2, o2, s2, sch2, k)
         if best is None:
