@@ -1,7 +1,9 @@
 """Compiled (numba) inner loops of the static planner: the conflict graph and greedy placement.
 
 Both are inherently sequential sweeps over ragged neighbour lists, which numpy can only express with a
-per-buffer Python loop (about 10 us per buffer); compiled, they run at memory speed. Imported lazily by
+per-buffer Python loop (about 10 us per buffer). Compiled (`benchmarks/plan_speed.py`): the graph of 62,336
+buffers builds in 0.4 s instead of 5.8 s, and placement runs 3-4x faster at 1,000 buffers, where sorting
+each buffer's placed neighbours by offset is what remains. Imported lazily by
 `memlens.plan.problem` and `memlens.plan.heuristics` so that `import memlens` stays light; numba caches the
 machine code next to this file (or in NUMBA_CACHE_DIR), so only the first run on a machine compiles.
 """
