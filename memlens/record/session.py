@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from itertools import repeat
 from time import perf_counter_ns
 from weakref import ref as _weakref
 
@@ -29,6 +30,13 @@ from memlens.record.stacks import StackTable
 
 Tensor = torch.Tensor
 _SEQ_CAP = (1 << 62)           # AccumulateGrad nodes carry UINT64_MAX as sequence number
+_ALL_READS = repeat(0)          # write flags of an op whose arguments are all read (zip stops at the args)
+
+
+def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
+    """Whether the schema's written positions apply to this call: the op writes some argument, and its
+    conditional-write argument (`write_if` >= 0, e.g. an optional out=) is passed and set."""
+    return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
 
 
 class _RecordingMode(TorchDispatchMode):
@@ -184,28 +192,17 @@ class Session(Attribution):
         acc = self._acc_append
         discover = self._discover
         if kind != VIEW and kind != METADATA:
-            if pos_writes and (write_if < 0 or (len(args) > write_if and args[write_if])):
-                for a, w in zip(args, pos_writes):
-                    if isinstance(a, Tensor):
-                        st = a.untyped_storage()
-                        b = live_get(id(st))
-                        if b is None:
-                            b = discover(st, op, start, True)
-                        if b >= 0:
-                            acc((b << 1) | w)
-                    elif type(a) is list or type(a) is tuple:
-                        self._touch(a, w, op, start)
-            else:
-                for a in args:
-                    if isinstance(a, Tensor):
-                        st = a.untyped_storage()
-                        b = live_get(id(st))
-                        if b is None:
-                            b = discover(st, op, start, True)
-                        if b >= 0:
-                            acc(b << 1)
-                    elif type(a) is list or type(a) is tuple:
-                        self._touch(a, 0, op, start)
+            writes = pos_writes if _writes_apply(pos_writes, write_if, args) else _ALL_READS
+            for a, w in zip(args, writes):
+                if isinstance(a, Tensor):
+                    st = a.untyped_storage()
+                    b = live_get(id(st))
+                    if b is None:
+                        b = discover(st, op, start, True)
+                    if b >= 0:
+                        acc((b << 1) | w)
+                elif type(a) is list or type(a) is tuple:
+                    self._touch(a, w, op, start)
             if kwargs:
                 for k, v in kwargs.items():
                     self._touch(v, 1 if k in kw_writes else 0, op, start)
@@ -241,7 +238,7 @@ class Session(Attribution):
         op = self.n_ops
         self.n_ops = op + 1
         if kind != VIEW and kind != METADATA:
-            writes = pos_writes if pos_writes and (write_if < 0 or bool(args[write_if])) else ()
+            writes = pos_writes if _writes_apply(pos_writes, write_if, args) else ()
             for i, a in enumerate(args):
                 self._touch_safely(a, int(i < len(writes) and writes[i]), op, start)
             for k, v in kwargs.items():
