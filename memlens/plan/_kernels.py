@@ -14,16 +14,15 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True)
-def conflict_csr(order: np.ndarray, start_sorted: np.ndarray, end_sorted: np.ndarray, n: int,
+def conflict_csr(order: np.ndarray, hi: np.ndarray, n: int,
                  index_dtype_probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Conflict graph in CSR form (indptr int64 of n + 1, indices of `index_dtype_probe`'s dtype).
 
-    `order` lists the conflicting-capable buffers sorted by start time (ties by index); `start_sorted` and
-    `end_sorted` are their half-open lifetimes in that order. Buffer order[q] conflicts with order[p]
-    (p < q) exactly when start_sorted[q] < end_sorted[p]. Each row lists its neighbours in start order.
+    `order` lists the conflicting-capable buffers sorted by start time (ties by index); buffer order[q]
+    conflicts with order[p] (p < q) exactly when q < hi[p], the first position starting at or after
+    order[p]'s end (`PlanProblem._start_sweep`). Each row lists its neighbours in start order.
     """
     m = len(order)
-    hi = np.searchsorted(start_sorted, end_sorted)  # side="left": first position starting at/after the end
     # per position: neighbours starting later (forward) and earlier (reverse, counted by a difference array)
     rev = np.zeros(m + 1, np.int64)
     row_len = np.zeros(n, np.int64)

@@ -131,19 +131,13 @@ def run_heuristic(problem: PlanProblem, name: str) -> np.ndarray:
 
 def graph_cost_estimate_s(problem: PlanProblem) -> tuple[float, float]:
     """(seconds to build the conflict graph, seconds per graph-based heuristic), rough estimates from the
-    buffer count and the number of conflicting pairs (counted without building the graph).
+    buffer count and the number of conflicting pairs (`PlanProblem.conflict_pairs`).
 
     Calibrated on a 2-core machine with `benchmarks/plan_speed.py`: 61,752 buffers and 33M pairs build in
     0.3 s and place in 0.6-1.9 s per heuristic (the per-buffer sort of placed neighbours dominates).
     """
-    if problem._conflicts is not None:
-        pairs, build = len(problem._conflicts[1]) // 2, 0.0
-    else:
-        starts = np.sort(problem.start[problem.active])
-        act = problem.active
-        pairs = int((np.searchsorted(starts, problem.end[act], "left")
-                     - np.searchsorted(starts, problem.start[act], "left")).sum())
-        build = 1.5e-8 * pairs + 1e-6 * problem.n
+    pairs = problem.conflict_pairs()
+    build = 0.0 if problem._conflicts is not None else 1.5e-8 * pairs + 1e-6 * problem.n
     return build, 6e-8 * pairs + 2e-6 * problem.n
 
 

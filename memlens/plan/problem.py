@@ -78,15 +78,26 @@ class PlanProblem:
             return self._conflicts
         from memlens.plan._kernels import conflict_csr
 
-        act = np.flatnonzero(self.active)
-        order = act[np.lexsort((act, self.start[act]))]
-        s_sorted = np.ascontiguousarray(self.start[order])
-        hi = np.searchsorted(s_sorted, self.end[order], side="left")
+        order, hi = self._start_sweep()
         pairs = int(np.maximum(hi - np.arange(len(order)) - 1, 0).sum())
         probe = np.zeros(0, np.int32 if max(2 * pairs, self.n) < 2**31 - 1 else np.int64)
-        self._conflicts = conflict_csr(order.astype(np.int64), s_sorted,
-                                       np.ascontiguousarray(self.end[order]), self.n, probe)
+        self._conflicts = conflict_csr(order, hi, self.n, probe)
         return self._conflicts
+
+    def conflict_pairs(self) -> int:
+        """Number of conflicting buffer pairs, counted without building the graph."""
+        if self._conflicts is not None:
+            return len(self._conflicts[1]) // 2
+        order, hi = self._start_sweep()
+        return int(np.maximum(hi - np.arange(len(order)) - 1, 0).sum())
+
+    def _start_sweep(self) -> tuple[np.ndarray, np.ndarray]:
+        """(active buffers sorted by start then index, int64; for each, the first position in that order
+        starting at or after its end): positions between conflict with it."""
+        act = np.flatnonzero(self.active)
+        order = act[np.lexsort((act, self.start[act]))].astype(np.int64)
+        hi = np.searchsorted(self.start[order], self.end[order], side="left").astype(np.int64)
+        return order, hi
 
     def subset(self, mask: np.ndarray) -> "PlanProblem":
         """The problem restricted to the buffers in boolean `mask`."""
