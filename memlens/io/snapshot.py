@@ -66,8 +66,9 @@ def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None,
     except InputError as exc:
         raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
+        # chained, so that `memlens --debug` shows where the file stopped making sense
         raise InputError(f"malformed CUDA memory snapshot ({type(exc).__name__}: {str(exc)[:160]})",
-                         where) from None
+                         where) from exc
 
 
 def _normalize(snapshot, where) -> tuple[list, list, dict]:
@@ -209,6 +210,10 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
 
     dev_index = {d: i for i, d in enumerate(ev.devices)}
     blocks, facts = _match_final_state(blocks, final, dev_index)
+    facts["frame_repairs"] = {
+        "stack frames with a negative, out-of-range or unreadable line (read as line 0, unknown)":
+            interner.unknown_lines,
+        "stack frames or frame lists that were not dicts / lists": interner.odd_frames}
     devices = [None] * len(dev_index)
     for name, i in dev_index.items():
         devices[i] = name
