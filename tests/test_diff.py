@@ -153,7 +153,8 @@ def test_cs336_training_vs_inference(shared):
     assert "access time intervals" in not_compared and "modules" in not_compared
     assert d.op_counts is None and "ops executed: B records no ops" in not_compared
     assert d.ati is None
-    fig = d.figure()
+    from memlens.viz.diff import diff_figure
+    fig = diff_figure(d)
     assert len([t for t in fig.data if t.mode == "lines"]) == 2
     assert fig.layout.yaxis.title.text == "live memory (GiB)"
     assert max(max(t.y) for t in fig.data) * 2**30 == pytest.approx(peak_a)
