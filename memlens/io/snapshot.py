@@ -35,6 +35,7 @@ from memlens.io.snapshot_frames import StackInterner
 from memlens.io.snapshot_meta import annotation_ops, describe
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
+from memlens.io.snapshot_story import tell_story
 from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
@@ -234,6 +235,8 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     metadata = describe(ev, kind, blocks, final, facts, extras, source)
     ops = annotation_ops(extras.get("external_annotations"), ev.t0_unix_ns,
                          int(ev.t_ns.max()) if len(ev) else None)
-    return Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
-                             segment_blocks=final.segment_blocks, stacks=interner.table())
+    trace = Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
+                              segment_blocks=final.segment_blocks, stacks=interner.table())
+    tell_story(trace)  # phases, model calls and categories from the stacks and annotations
+    return trace
 
