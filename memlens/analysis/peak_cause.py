@@ -41,6 +41,38 @@ def stack_sites(stacks: pd.DataFrame | None) -> pd.Series:
     return pd.Series(label.to_numpy(), index=first["stack_id"].to_numpy())
 
 
+def stack_lines(stacks: pd.DataFrame | None, stack_id, max_frames: int = 12) -> list[str]:
+    """A stack as lines to read: Python frames innermost first ("function (file.py:line)"), each run of C++
+    frames (no .py file: the allocator, ATen, autograd engine, interpreter) folded into one line
+    "... N C++ frames (outermost name)"; at most `max_frames` lines."""
+    if stacks is None or stack_id is None or pd.isna(stack_id):
+        return []
+    frames = stacks[stacks["stack_id"] == int(stack_id)].sort_values("depth")
+    out: list[str] = []
+    folded: list[str] = []
+
+    def flush():
+        # a run of C++ frames: the first one (allocator, ATen) or one naming an ATen op / the autograd engine
+        # is worth a line; interpreter glue between two Python frames is not
+        if folded:
+            telling = [n for n in folded if "at::_ops::" in n or "autograd::" in n]
+            if not out or telling:
+                what = (telling[-1] if telling else folded[-1]).split("(")[0][:60]
+                out.append(f"... {len(folded)} C++ frame{'s' if len(folded) > 1 else ''} ({what})")
+            folded.clear()
+    for name, filename, line in zip(frames["name"].astype(str), frames["filename"].astype(str), frames["line"]):
+        if filename.endswith(".py"):
+            flush()
+            short = "/".join(filename.replace("\\", "/").split("/")[-3:])
+            out.append(f"{name} ({short}:{int(line)})")
+        else:
+            folded.append(name)
+    flush()
+    if len(out) > max_frames:
+        out = out[:max_frames - 1] + [f"... {len(out) - max_frames + 1} more"]
+    return out
+
+
 def block_sites(trace, blocks: pd.DataFrame | None = None) -> np.ndarray:
     """The allocation site label of each row of `blocks` (default: all of ``trace.blocks``)."""
     b = trace.blocks if blocks is None else blocks

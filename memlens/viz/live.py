@@ -59,7 +59,7 @@ def live_series(trace, device: str, by: str = "category", x: str = "time", max_p
         series.groups = {"live": live[keep]}
         return series
     blocks = trace.blocks[trace.blocks["device"] == device]
-    labels = blocks[by].astype(str).replace("", "(none)").to_numpy()
+    labels = blocks[by].astype(str).replace("", "(unknown)").to_numpy()
     row = pd.Index(blocks["block_id"].to_numpy()).get_indexer(curve["block_id"].to_numpy())
     event_label = labels[row]
     delta = curve["delta"].to_numpy(dtype=np.int64)
