@@ -58,6 +58,9 @@ def main(argv=None) -> int:
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
+        if args.debug:  # the one line stays last; the traceback (with its cause) comes before it
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"memlens: error: {exc}", file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
