@@ -17,6 +17,9 @@ import re
 import numpy as np
 import pandas as pd
 
+from memlens import limits
+from memlens.errors import InputError
+
 NO_STACK = -1
 
 
@@ -40,6 +43,7 @@ class StackInterner:
         self._by_content: dict[tuple, int] = {}
         self._keepalive: list = []  # frames whose ids are keys above must stay alive
         self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
+        self.max_frames = limits.max_frames()
 
     def __len__(self) -> int:
         return len(self._content)
@@ -50,6 +54,8 @@ class StackInterner:
             return NO_STACK
         if type(frames) is StackRef:
             return frames.sid
+        if len(frames) > self.max_frames:
+            raise too_many_frames(len(frames), self.max_frames)
         ids = tuple(map(id, frames))
         sid = self._by_ids.get(ids)
         if sid is None:
@@ -96,6 +102,12 @@ class StackInterner:
             locations.append(_user_location(content))
         return pd.DataFrame({"stack_id": np.arange(len(self._content), dtype=np.int64),
                              "op": ops, "location": locations})
+
+
+def too_many_frames(count: int, limit: int) -> InputError:
+    """The error for a stack longer than `limits.max_frames` (real stacks hold tens to hundreds)."""
+    return InputError(f"a stack has {count} frames or more, over the limit of {limit} frames per stack "
+                      "(set MEMLENS_MAX_FRAMES to raise it)")
 
 
 def _is_torch_internal(filename: str) -> bool:
