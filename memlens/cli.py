@@ -55,6 +55,9 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT
+    if not args.debug:  # library warnings (numpy casts of hostile values) would break the one-line contract
+        import warnings
+        warnings.simplefilter("ignore")
     try:
         from memlens.limits import check_environment
         check_environment()
