@@ -229,7 +229,8 @@ def load_trace(path, *, verify_checksums: bool = True) -> Trace:
     Every problem raises `InputError` naming the file and what is wrong.
     """
     path = Path(path)
-    if not path.exists() and (_siblings(path, ".old") or _siblings(path, ".tmp")):
+    leftovers = _siblings(path, ".old") + _siblings(path, ".tmp")
+    if leftovers and (not path.exists() or not all(_owner_alive(p, path) for p in leftovers)):
         with _dir_lock(path.parent, exclusive=True):
             _recover(path)
     with _dir_lock(path.parent, exclusive=False):
@@ -343,7 +344,7 @@ def _load_locked(path: Path, verify_checksums: bool) -> Trace:
 
 # metadata keys memlens itself reads, with the types it needs
 _METADATA_TYPES = {
-    "source_kind": str, "source_path": str, "name": str, "notes": list, "devices": list, "clock": dict,
+    "source_kind": str, "source_path": str, "name": str, "notes": list, "devices": list, "clock": (dict, str),
     "t0_unix_ns": int, "schema_version": int, "iteration_source": str, "stop_reason": str,
     "allocator_settings": dict,
 }
@@ -358,7 +359,8 @@ def check_metadata(metadata, where) -> None:
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, kind):
-            raise InputError(f"metadata '{key}' must be a {kind.__name__}, not {type(value).__name__}", where)
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            raise InputError(f"metadata '{key}' must be a {names}, not {type(value).__name__}", where)
         if kind is list and key in ("notes", "devices") and not all(isinstance(v, str) for v in value):
             raise InputError(f"metadata '{key}' must be a list of strings", where)
     clock = metadata.get("clock")
