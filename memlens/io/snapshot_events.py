@@ -152,6 +152,10 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         clock = "time_us"
         t_ns, clock_repairs = _monotonic_per_device(time_us, device_code)
         t0_us = int(t_ns.min())
+        # a span or start past 2**62 ns cannot be a recording: it would overflow int64 nanoseconds
+        if int(t_ns.max()) - t0_us >= (1 << 62) // 1000 or abs(t0_us) >= (1 << 62) // 1000:
+            raise InputError("a device-trace entry's time_us is beyond 2**62 ns from the others "
+                             "(a corrupt time stamp)")
         t0 = t0_us * 1000
         t_ns = (t_ns - t0_us) * 1000
     extras = {}
