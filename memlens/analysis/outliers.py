@@ -144,12 +144,26 @@ def _first_in_runs(run_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return first
 
 
-def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
-    """(times, cumulative weight integral, limit, peak) for WDOA on `device`.
+def weight_integral(t: np.ndarray, load: np.ndarray, limit: float, t_end: float):
+    """(times, cumulative integral) of the WDOA load weight ``clip((load - limit) / (peak - limit), 0, 1)``
+    over a step curve (`load` bytes from each `t` ns until the next, the last until `t_end`). The integral
+    is piecewise linear with breakpoints at `t`, so ``np.interp`` evaluates it anywhere (`wdoa_ns`)."""
+    t = np.asarray(t, dtype=np.float64)
+    load = np.asarray(load, dtype=np.float64)
+    if len(t) == 0:
+        return np.zeros(1), np.zeros(1)
+    peak = float(load.max())
+    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
+    times = np.append(t, max(float(t_end), t[-1]))
+    cum = np.concatenate([[0.0], np.cumsum(weight * np.diff(times))])
+    return times, cum
 
-    The weight at time t is ``clip((live(t) - limit) / (peak - limit), 0, 1)``; the cumulative integral is
-    piecewise linear with breakpoints at the alloc/free events, so ``np.interp`` evaluates it anywhere.
-    `live` is `live.live_curve(trace, device)[0]` when the caller has it already.
+
+def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
+    """(times, cumulative weight integral, limit, peak) for WDOA on `device` (see `weight_integral`).
+
+    The limit defaults to the device's time-weighted mean live bytes. `live` is
+    `live.live_curve(trace, device)[0]` when the caller has it already.
     """
     if live is None:
         live, _ = live_curve(trace, device)
@@ -160,10 +174,7 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
     _, hi = trace.time_span_ns()
     peak = float(load.max())
     limit = time_weighted_mean(t, load, hi) if limit_bytes is None else float(limit_bytes)
-    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
-    dt = np.diff(np.append(t, max(float(hi), t[-1])))
-    cum = np.concatenate([[0.0], np.cumsum(weight * dt)])
-    times = np.append(t, max(float(hi), t[-1]))
+    times, cum = weight_integral(t, load, limit, hi)
     return times, cum, limit, peak
 
 
