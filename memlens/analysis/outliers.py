@@ -149,7 +149,7 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
              limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
-             include_unobserved: bool = False) -> pd.DataFrame:
+             include_unobserved: bool = False, live_curves: dict | None = None) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
     Columns: ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest interval),
@@ -165,6 +165,10 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
     can be recorded, so their lifetime is not idle time. Blocks an op-level instrument saw and no op ever
     touched stay in: those really are unused.
+
+    `live_curves` ({device: frame with ``t_ns`` and ``live``, as `live.live_curve` returns}) replaces the
+    curves computed from `trace`: the out-of-core engine ranks a part of the blocks against the whole
+    trace's curves.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -196,7 +200,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     swappable = iv["swappable"].to_numpy()
 
     dev_codes, dev_names = _codes(iv["device"])
-    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, live_curves)
 
     first = run_start
     out = pd.DataFrame({
@@ -237,7 +241,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
 
 
 def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
-                   dev_names: np.ndarray, limit_bytes: float | None):
+                   dev_names: np.ndarray, limit_bytes: float | None, live_curves: dict | None = None):
     """Zhang et al.'s measures per block, from the interval spanning its device's peak.
 
     Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not.
@@ -251,7 +255,7 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     spans_peak = np.zeros(len(iv), dtype=bool)
     curves = {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curve(trace, dev)[0]
+        curves[dev] = live = live_curves[dev] if live_curves and dev in live_curves else live_curve(trace, dev)[0]
         if len(live) == 0:
             continue
         t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
