@@ -16,6 +16,9 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "retime": ("memlens.devicetime.retiming", "retime"),
+    "gpus": ("memlens.devicetime.gpus", "gpus"),
+    "GPU": ("memlens.devicetime.gpus", "GPU"),
 }
 
 
@@ -35,4 +38,5 @@ def load_ipython_extension(ipython):
     _load(ipython)
 
 
-__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "__version__"]
+__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "retime", "gpus", "GPU",
+           "__version__"]
