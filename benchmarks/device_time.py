@@ -105,7 +105,7 @@ def record_bert_small(tokens: int = 141, dtype=torch.bfloat16, seed: int = 0):
 
 def real_by_class(path) -> pd.Series:
     """Kernel busy ns per class in a real profile (kernels only; memcpys reported as 'transfer')."""
-    from memlens.devicetime.kineto import kernel_summary
+    from memlens.gpu_activity import kernel_summary
     k = kernel_summary(path)
     return k.groupby("kernel_class")["dur_ns"].sum()
 

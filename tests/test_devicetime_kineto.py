@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memlens.devicetime.kineto import (attribute_activity, innermost_containing, kernel_class, kernels_per_op,
+from memlens.gpu_activity import (attribute_activity, innermost_containing, kernel_class, kernels_per_op,
                                        kineto_frames, load_kineto)
 from memlens.errors import InputError
 

@@ -3,7 +3,8 @@
 - `gpus()` / `GPU`: the built-in devices (datasheet peaks, host links, latency constants) and custom ones.
 - `costmodel`: per-op device durations from the ops table's cost facts (per op class, not a roofline).
 - `retime(trace, gpu=...)`: a new Trace whose ops, accesses and block lifetimes are on the modeled clock.
-- `kineto`: the measured CUDA clock (kernel activity correlated to the ops that launched it).
+- the measured CUDA clock (kernel activity correlated to the ops that launched it) is `memlens.gpu_activity`
+  (a shared helper below the recorder) and `memlens.clock.onto_kernel_clock`.
 
 Layering: above `memlens.trace`, below the analyses (they may import this package; it never imports them).
 """
@@ -15,9 +16,11 @@ __all__ = ["GPU", "gpu", "gpus", "retime", "clock_of", "clock_label"]
 
 
 def __getattr__(name):
-    if name in ("retime", "clock_of", "clock_label"):
-        from memlens.devicetime import retiming as _retime_module
-        value = getattr(_retime_module, name)
-        globals()[name] = value
-        return value
+    if name == "retime":
+        from memlens.devicetime.retiming import retime
+        globals()[name] = retime
+        return retime
+    if name in ("clock_of", "clock_label"):
+        import memlens.clock
+        return getattr(memlens.clock, name)
     raise AttributeError(f"module 'memlens.devicetime' has no attribute {name!r}")
