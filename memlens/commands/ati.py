@@ -12,6 +12,8 @@ def register(sub) -> None:
     p.add_argument("--by", choices=["kind", "category", "module", "op", "size_class", "iteration", "device"],
                    help="also break the statistics down by this attribute")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -23,7 +25,10 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-    trace = load(args.trace)
+    from memlens.clock import clock_of
+    from memlens.commands._device import apply_gpu, clock_line
+
+    trace, _ = apply_gpu(load(args.trace), args)
     try:
         iv = access_intervals(trace, device=args.device)
     except NeedsAccessesError as exc:
@@ -32,7 +37,7 @@ def run(args) -> int:
     hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
     groups = ati_by(trace, args.by, iv) if args.by else None
     if args.json:
-        doc = {"intervals": stats["count"], **stats,
+        doc = {"clock": clock_of(trace), "intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),
                "accesses_outside_lifetime": iv.attrs.get("accesses_outside_lifetime", 0)}
         if groups is not None:
@@ -42,6 +47,7 @@ def run(args) -> int:
     if stats["count"] == 0:
         print(f"{args.trace}: no intervals (no blocks{' on ' + args.device if args.device else ''})")
         return 0
+    print(clock_line(trace))
     print(f"intervals: {stats['count']:,} over {stats['blocks']:,} blocks "
           f"({stats['truncated']:,} bounded by the trace start/end)")
     print(f"p50 {format_ns(stats['p50_ns'])}   p90 {format_ns(stats['p90_ns'])}   "

@@ -268,8 +268,6 @@ def roofline_op(g: GPU, flops: int, bytes_moved: int, dtype: str, *, tf32: bool 
 
 def has_cost_facts(ops: pd.DataFrame) -> bool:
     """True when the ops table carries cost facts (some op moved bytes or did flops)."""
-    if len(ops) == 0:
-        return True
     return any(c in ops.columns and (ops[c] > 0).any() for c in ("bytes_read", "bytes_written", "flops"))
 
 

@@ -35,6 +35,10 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
     if not isinstance(trace, Trace):
         raise InputError(f"retime needs a memlens.Trace, not {type(trace).__name__}")
     ops = trace.ops
+    if len(ops) == 0:
+        raise InputError("the trace has no ops (an allocation-only source such as a snapshot, a profiler "
+                         "memory timeline or a buffer list), so there is nothing to put on a device clock; "
+                         "record the run with memlens.record")
     if not has_cost_facts(ops):
         raise InputError("the trace has no per-op cost facts (flops/bytes per op), so it cannot be put on a "
                          "device clock; record it with memlens.record (imported snapshots and profiler traces "
