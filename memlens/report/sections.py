@@ -85,7 +85,10 @@ class ReportContext:
     @cached_property
     def intervals(self):
         from memlens.analysis.ati import access_intervals
-        return access_intervals(self.trace)
+        from memlens.clock import clock_label
+        iv = access_intervals(self.trace)
+        iv.attrs["clock"] = clock_label(self.trace)     # figures built from these intervals name the clock
+        return iv
 
     @cached_property
     def iterations(self):
