@@ -19,6 +19,8 @@ _LAZY = {
     "retime": ("memlens.devicetime.retiming", "retime"),
     "gpus": ("memlens.devicetime.gpus", "gpus"),
     "GPU": ("memlens.devicetime.gpus", "GPU"),
+    "load_many": ("memlens.analysis.runs", "load_many"),
+    "RunSet": ("memlens.analysis.runs", "RunSet"),
 }
 
 
@@ -38,5 +40,6 @@ def load_ipython_extension(ipython):
     _load(ipython)
 
 
-__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "retime", "gpus", "GPU",
+__all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
+           "retime", "gpus", "GPU",
            "__version__"]

@@ -21,9 +21,10 @@ import pandas as pd
 from memlens.trace import Trace
 
 
-def clock_of(trace: Trace) -> dict:
-    """The clock a trace's times are on: ``{"kind": "host"|"cuda"|"modeled", ...}`` (absent means host)."""
-    clock = (trace.metadata or {}).get("clock")
+def clock_of(trace) -> dict:
+    """The clock a trace's times are on, as a plain dict (a copy): ``{"kind": "host"|"cuda"|"modeled",
+    ...}``; ``{"kind": "host"}`` when the metadata names none (or only a unit string, as some importers do)."""
+    clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
     return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
 
 

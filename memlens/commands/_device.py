@@ -37,7 +37,29 @@ def link_for(args, g, default: str = "pcie4"):
     return BandwidthModel.parse(args.bandwidth or default, latency_ns=latency)
 
 
-def clock_line(trace) -> str:
-    """'clock: modeled H100 SXM clock' - the first line of every time-based text output."""
+def clock_line(trace_or_clock) -> str:
+    """'clock: modeled H100 SXM clock' - the first line of every time-based text output (a Trace, or a
+    clock dict as in ``metadata["clock"]``)."""
     from memlens.clock import clock_label
-    return f"clock: {clock_label(trace)}"
+    return f"clock: {clock_label(trace_or_clock)}"
+
+
+def refuse_gpu_with_dask(args) -> None:
+    """--gpu retimes the whole trace in memory: not combinable with the out-of-core engine (yet)."""
+    if getattr(args, "gpu", None):
+        from memlens.errors import InputError
+        raise InputError("--gpu needs the trace in memory (it is retimed first); use --engine memory, or "
+                         "`memlens retime` then the dask engine on the retimed trace")
+
+
+def file_clock(path) -> dict:
+    """The clock of a saved .memlens trace from its manifest alone (for the out-of-core engine, which
+    never loads the whole trace); host when unknown."""
+    import json
+    from pathlib import Path
+    try:
+        manifest = json.loads((Path(path) / "manifest.json").read_text())
+        clock = (manifest.get("metadata") or {}).get("clock")
+        return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
+    except (OSError, ValueError):
+        return {"kind": "host"}

@@ -1,6 +1,8 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
+
 
 def register(sub) -> None:
     p = sub.add_parser("ati", help="access time intervals: how long blocks sit between accesses",
@@ -12,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("--by", choices=["kind", "category", "module", "op", "size_class", "iteration", "device"],
                    help="also break the statistics down by this attribute")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_options(p)
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
     p.set_defaults(func=run)
@@ -26,20 +29,35 @@ def run(args) -> int:
     from memlens.units import format_ns
 
     from memlens.clock import clock_of
-    from memlens.commands._device import apply_gpu, clock_line
+    from memlens.commands._device import apply_gpu, clock_line, file_clock, refuse_gpu_with_dask
 
-    trace, _ = apply_gpu(load(args.trace), args)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
-    stats = ati_stats(iv)
-    hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
-    groups = ati_by(trace, args.by, iv) if args.by else None
+    trace = None
+    if engine_for(args) == "dask":
+        from memlens.analysis.outofcore import engine
+        from memlens.errors import InputError
+        refuse_gpu_with_dask(args)
+        if args.by:
+            raise InputError("--by is not available with the dask engine yet (it needs every group's intervals "
+                             "at once); use --engine memory")
+        with runner_for(args) as runner:
+            stats = engine.ati(args.trace, runner, device=args.device)
+        hist = stats.pop("histogram")
+        outside = stats.pop("accesses_outside_lifetime")
+        groups = None
+    else:
+        trace, _ = apply_gpu(load(args.trace), args)
+        try:
+            iv = access_intervals(trace, device=args.device)
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        stats = ati_stats(iv)
+        hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
+        outside = iv.attrs.get("accesses_outside_lifetime", 0)
+        groups = ati_by(trace, args.by, iv) if args.by else None
     if args.json:
-        doc = {"clock": clock_of(trace), "intervals": stats["count"], **stats,
+        doc = {"clock": clock_of(trace) if trace is not None else file_clock(args.trace), "intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),
-               "accesses_outside_lifetime": iv.attrs.get("accesses_outside_lifetime", 0)}
+               "accesses_outside_lifetime": outside}
         if groups is not None:
             doc["by"] = {"key": args.by, "groups": groups.to_dict(orient="records")}
         print_json(doc)
@@ -47,7 +65,7 @@ def run(args) -> int:
     if stats["count"] == 0:
         print(f"{args.trace}: no intervals (no blocks{' on ' + args.device if args.device else ''})")
         return 0
-    print(clock_line(trace))
+    print(clock_line(trace if trace is not None else file_clock(args.trace)))
     print(f"intervals: {stats['count']:,} over {stats['blocks']:,} blocks "
           f"({stats['truncated']:,} bounded by the trace start/end)")
     print(f"p50 {format_ns(stats['p50_ns'])}   p90 {format_ns(stats['p90_ns'])}   "

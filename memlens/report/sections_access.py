@@ -19,7 +19,7 @@ def ati(ctx: ReportContext) -> list:
     iv = ctx.intervals
     st = ati_stats(iv)
     filtered = bandwidth_filter(iv, ctx.options.bandwidth)
-    filtered.attrs["clock"] = iv.attrs.get("clock", "")
+    filtered.attrs["clock"] = iv.attrs.get("clock")
     fs = filter_summary(filtered)
     parts = [paragraph(
         f"{st['count']:,} access intervals over {st['blocks']:,} blocks: median {ns_text(st['p50_ns'])}, 90th "

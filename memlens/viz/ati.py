@@ -23,17 +23,19 @@ def _filtered(trace_or_intervals, bandwidth, device):
         out = iv if device is None else iv[iv["device"].astype(str) == device]
     else:
         out = bandwidth_filter(trace_or_intervals, bandwidth, device)
-    clock = _clock(trace_or_intervals)
-    if clock:
-        out.attrs["clock"] = clock
+    label = _clock(trace_or_intervals)
+    if label:
+        out.attrs["clock_label"] = label
     return out
 
 
 def _clock(trace_or_intervals) -> str:
-    """The clock label of a Trace, or the one an intervals frame carries in ``attrs["clock"]`` ("" if none)."""
-    if isinstance(trace_or_intervals, pd.DataFrame):
-        return str(trace_or_intervals.attrs.get("clock", "") or "")
+    """The clock label of a Trace, or of the clock an intervals frame carries in ``attrs["clock"]``
+    ("" if none)."""
     from memlens.clock import clock_label
+    if isinstance(trace_or_intervals, pd.DataFrame):
+        clock = trace_or_intervals.attrs.get("clock")
+        return clock_label(clock) if isinstance(clock, dict) else str(clock or "")
     return clock_label(trace_or_intervals)
 
 
@@ -81,7 +83,7 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
     fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=40, b=50),
                       title=plot_text(f"{len(iv):,} access intervals" +
                                  ("" if weight == "count" else ", weighted by size x length (idle byte-time)") +
-                                 f"; link {link}" + (f"; {iv.attrs['clock']}" if iv.attrs.get("clock") else "")),
+                                 f"; link {link}" + (f"; {iv.attrs['clock_label']}" if iv.attrs.get("clock_label") else "")),
                       xaxis=dict(type="log", title="interval length (ns)"),
                       yaxis=dict(title="intervals" if weight == "count" else "bytes x ns", tickformat=".3s"))
     return fig
@@ -107,8 +109,8 @@ def ati_ecdf(trace_or_intervals, bandwidth=None, device: str | None = None, max_
                       annotation_text=plot_text(f"{below:.0%} shorter than the round trip of a {format_bytes(ref_size)} "
                                            f"block ({format_ns(threshold)})"), annotation_position="bottom right")
     fig.update_layout(height=340, margin=dict(l=60, r=20, t=40, b=50), title=plot_text(f"ECDF; link {link}" +
-                                                                             (f"; {iv.attrs['clock']}"
-                                                                              if iv.attrs.get("clock") else "")),
+                                                                             (f"; {iv.attrs['clock_label']}"
+                                                                              if iv.attrs.get("clock_label") else "")),
                       xaxis=dict(type="log", title="interval length (ns)"),
                       yaxis=dict(title="fraction of intervals <= x", range=[0, 1.02]))
     return fig
