@@ -16,6 +16,9 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "retime": ("memlens.devicetime.retiming", "retime"),
+    "gpus": ("memlens.devicetime.gpus", "gpus"),
+    "GPU": ("memlens.devicetime.gpus", "GPU"),
     "load_many": ("memlens.analysis.runs", "load_many"),
     "RunSet": ("memlens.analysis.runs", "RunSet"),
 }
@@ -38,4 +41,5 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
+           "retime", "gpus", "GPU",
            "__version__"]

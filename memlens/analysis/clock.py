@@ -6,15 +6,9 @@ launch times, not kernel times, so an interval is only meaningful on the clock i
 """
 from __future__ import annotations
 
+from memlens.clock import clock_of  # noqa: F401  (one definition, shared with the recorder and retime)
+
 HOST_CLOCK = {"kind": "host"}
-
-
-def clock_of(trace) -> dict:
-    """The trace's clock as a plain dict (a copy; ``{"kind": "host"}`` when the metadata names none)."""
-    clock = getattr(trace, "metadata", {}).get("clock") if trace is not None else None
-    if not isinstance(clock, dict) or not clock.get("kind"):
-        return dict(HOST_CLOCK)
-    return dict(clock)
 
 
 def describe_clock(clock: dict | None) -> str:

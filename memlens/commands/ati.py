@@ -15,6 +15,8 @@ def register(sub) -> None:
                    help="also break the statistics down by this attribute")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_engine_options(p)
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -26,9 +28,14 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
+    from memlens.clock import clock_of
+    from memlens.commands._device import apply_gpu, clock_line, file_clock, refuse_gpu_with_dask
+
+    trace = None
     if engine_for(args) == "dask":
         from memlens.analysis.outofcore import engine
         from memlens.errors import InputError
+        refuse_gpu_with_dask(args)
         if args.by:
             raise InputError("--by is not available with the dask engine yet (it needs every group's intervals "
                              "at once); use --engine memory")
@@ -38,7 +45,7 @@ def run(args) -> int:
         outside = stats.pop("accesses_outside_lifetime")
         groups = None
     else:
-        trace = load(args.trace)
+        trace, _ = apply_gpu(load(args.trace), args)
         try:
             iv = access_intervals(trace, device=args.device)
         except NeedsAccessesError as exc:
@@ -48,7 +55,7 @@ def run(args) -> int:
         outside = iv.attrs.get("accesses_outside_lifetime", 0)
         groups = ati_by(trace, args.by, iv) if args.by else None
     if args.json:
-        doc = {"intervals": stats["count"], **stats,
+        doc = {"clock": clock_of(trace) if trace is not None else file_clock(args.trace), "intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),
                "accesses_outside_lifetime": outside}
         if groups is not None:
@@ -58,6 +65,7 @@ def run(args) -> int:
     if stats["count"] == 0:
         print(f"{args.trace}: no intervals (no blocks{' on ' + args.device if args.device else ''})")
         return 0
+    print(clock_line(trace if trace is not None else file_clock(args.trace)))
     print(f"intervals: {stats['count']:,} over {stats['blocks']:,} blocks "
           f"({stats['truncated']:,} bounded by the trace start/end)")
     print(f"p50 {format_ns(stats['p50_ns'])}   p90 {format_ns(stats['p90_ns'])}   "

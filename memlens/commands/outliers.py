@@ -11,9 +11,10 @@ def register(sub) -> None:
                                    "and show which idle intervals are long enough to swap over the given link. "
                                    "Needs a trace with accesses (recorded by memlens).")
     p.add_argument("trace", help="a .memlens directory or any importable file")
-    p.add_argument("--bandwidth", default="pcie4",
+    p.add_argument("--bandwidth", default=None,
                    help="host link: a rate for both directions (25GB/s), OUT,IN rates (13.2GB/s,12.2GB/s) or a "
-                        "preset (pcie3, pcie4, pcie5, zhang, nvlink2, nvlink_c2c, inf); default pcie4 (25 GB/s)")
+                        "preset (pcie3, pcie4, pcie5, zhang, nvlink2, nvlink_c2c, inf); default pcie4 (25 GB/s), "
+                        "or the --gpu's host link")
     p.add_argument("--latency-us", type=float, default=None,
                    help="fixed cost of one transfer in microseconds (default: the preset's, or 10)")
     p.add_argument("--top", type=int, default=20, help="how many blocks to list (default 20)")
@@ -24,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
     add_engine_options(p)
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -48,7 +51,6 @@ def _plain(value):
 
 def run(args) -> int:
     from memlens.analysis.ati import access_intervals
-    from memlens.analysis.bandwidth import BandwidthModel
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
@@ -57,16 +59,22 @@ def run(args) -> int:
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    latency = None if args.latency_us is None else args.latency_us * 1e3
-    bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
+    from memlens.commands._device import apply_gpu, clock_line, file_clock, link_for, refuse_gpu_with_dask
+
+    trace = None
+    dask = engine_for(args) == "dask"
+    if dask:
+        refuse_gpu_with_dask(args)
+    else:
+        trace, g = apply_gpu(load(args.trace), args)
+    bw = link_for(args, None if dask else g)
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
-    if engine_for(args) == "dask":
+    if dask:
         from memlens.analysis.outofcore import engine
         with runner_for(args) as runner:
             ranked, summary = engine.outliers(args.trace, runner, bw, top=args.top, priority=args.priority,
                                               device=args.device, min_size=min_size)
     else:
-        trace = load(args.trace)
         try:
             iv = access_intervals(trace, device=args.device)
         except NeedsAccessesError as exc:
@@ -78,6 +86,7 @@ def run(args) -> int:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
         print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
         return 0
+    print(clock_line(trace if trace is not None else file_clock(args.trace)))
     print(f"link: {bw.describe()}")
     if summary["intervals"]:
         print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "

@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -57,6 +59,9 @@ def run(args) -> int:
         options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
     if args.memory_limit:
         options["memory_limit"] = parse_bytes(args.memory_limit)
+    if args.gpu:
+        options["gpu"] = args.gpu
+        options["tf32"] = args.tf32
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
                          source_name=args.trace, **options)
     out = built.write(args.output or _default_output(args.trace))

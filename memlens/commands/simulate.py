@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--initial-state", choices=("auto", "warm", "empty"), default="auto",
                    help="start from the state rebuilt from the recording (warm) or empty (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object: device -> results")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -32,7 +34,9 @@ def run(args) -> int:
     from memlens.simulate import simulate
     from memlens.units import format_bytes
 
-    trace = load(args.trace)
+    from memlens.commands._device import apply_gpu, clock_line
+
+    trace, _ = apply_gpu(load(args.trace), args)
     result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
                       device=args.device, initial_state=args.initial_state)
     if args.json:
@@ -40,6 +44,7 @@ def run(args) -> int:
         return 0
     conf = result.conf or "(defaults)" if args.allocator == "caching" else "-"
     print(f"trace:      {args.trace}")
+    print(clock_line(trace).replace("clock: ", "clock:      "))
     print(f"allocator:  {args.allocator}  conf: {conf}"
           + (f"  capacity: {format_bytes(result.capacity)}" if result.capacity else ""))
     for dev, r in result.devices.items():

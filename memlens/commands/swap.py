@@ -7,8 +7,9 @@ def register(sub) -> None:
                        description="Plan swaps of idle intervals (one copy stream each way) and report the "
                                    "peak before/after, the infinite-bandwidth bound and the stall.")
     p.add_argument("trace", help="a trace with accesses (recorded by memlens)")
-    p.add_argument("--bandwidth", default="pcie4",
-                   help="link: '25GB/s', 'OUT,IN' ('13.2GB/s,12.2GB/s') or a preset (pcie3, pcie4, zhang, ...)")
+    p.add_argument("--bandwidth", default=None,
+                   help="link: '25GB/s', 'OUT,IN' ('13.2GB/s,12.2GB/s') or a preset (pcie3, pcie4, zhang, ...); "
+                        "default pcie4, or the --gpu's host link")
     p.add_argument("--latency-us", type=float, help="fixed cost of one copy, microseconds")
     p.add_argument("--limit", help="device memory limit ('10GB'); default: minimise the peak")
     p.add_argument("--priority", default="best", choices=["best", "peak", "doa", "aoa", "wdoa"],
@@ -17,25 +18,28 @@ def register(sub) -> None:
     p.add_argument("--device", help="device of a multi-device trace (default: the largest peak)")
     p.add_argument("--top", type=int, default=10, help="swaps listed in the text output (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from memlens.analysis.bandwidth import BandwidthModel
     from memlens.cli import print_json
+    from memlens.clock import clock_of
+    from memlens.commands._device import apply_gpu, clock_line, link_for
     from memlens.io import load
     from memlens.swap import plan_swaps
     from memlens.units import format_bytes, format_ns, parse_bytes
 
-    latency = None if args.latency_us is None else args.latency_us * 1e3
-    model = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
-    trace = load(args.trace)
+    trace, g = apply_gpu(load(args.trace), args)
+    model = link_for(args, g)
     result = plan_swaps(trace, bandwidth=model, limit=args.limit, priority=args.priority, device=args.device,
                         min_size=parse_bytes(args.min_size))
     if args.json:
-        print_json(result.summary())
+        print_json({"clock": clock_of(trace), **result.summary()})
         return 0
     print(f"trace:        {args.trace} (device {result.device})")
+    print(f"{clock_line(trace).replace('clock: ', 'clock:        ')}")
     print(f"link:         {model.describe()}")
     print(f"peak before:  {format_bytes(result.peak_before)} ({result.peak_before:,} bytes)")
     print(f"peak after:   {format_bytes(result.peak_after)} ({result.peak_after:,} bytes), "

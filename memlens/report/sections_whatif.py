@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.markup import note, paragraph, table
+from memlens.report.markup import note, paragraph, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.report.window import peak_window
 from memlens.units import format_bytes, format_ns
@@ -52,4 +52,26 @@ def whatif(ctx: ReportContext) -> list:
                            "it reserves from the device, what it hands out, and the live bytes of the trace."))
     parts.append(allocator_timeline(window.trace, max_points=ctx.options.max_points,
                                     x_offset_ns=window.start_ns if window.blocks < window.total_blocks else 0))
+    if ctx.recorded is not None and ctx.trace.has_accesses and window.blocks == window.total_blocks:
+        parts += _two_clocks_swap(ctx)
     return parts
+
+
+def _two_clocks_swap(ctx: ReportContext) -> list:
+    """Swapping planned on the recorded clock beside the modeled GPU clock (same link, same limit)."""
+    from memlens.clock import clock_label
+    from memlens.swap import plan_swaps
+
+    rows = []
+    for trace in (ctx.recorded, ctx.trace):
+        sp = plan_swaps(trace, bandwidth=ctx.options.bandwidth or "pcie4", limit=ctx.options.memory_limit)
+        rows.append({"clock": clock_label(trace), "device": sp.device, "peak before": sp.peak_before,
+                     "peak after swapping": sp.peak_after, "swaps": len(sp.swaps),
+                     "bytes copied": sp.transfer_bytes, "stall_ns": sp.stall_ns})
+    df = pd.DataFrame(rows)
+    fmt = {"peak before": format_bytes, "peak after swapping": format_bytes, "bytes copied": format_bytes,
+           "stall_ns": format_ns}
+    return [tag("h3", "swapping: recorded clock vs modeled clock"),
+            paragraph("The swap plan depends on time: on the recorded (host) clock idle intervals are inflated "
+                      "and swapping looks free; on the GPU clock fewer intervals fit a round trip over the link."),
+            table(df, fmt, {"stall_ns": "estimated stall"})]

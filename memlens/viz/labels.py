@@ -62,12 +62,13 @@ def time_unit(span_ns: float) -> tuple[float, str]:
     return 1.0, "ns"
 
 
-def time_axis(x: str, span_ns: float | None = None) -> tuple[float, str]:
+def time_axis(x: str, span_ns: float | None = None, clock: str | None = None) -> tuple[float, str]:
     """(divisor from ns, axis title) for an x mode: 'time' plots time since the trace start (milliseconds, or
-    the unit that suits `span_ns` when given), 'event' the event index."""
+    the unit that suits `span_ns` when given) on the named `clock` (e.g. "modeled H100 SXM clock"; see
+    `memlens.clock.clock_label`), 'event' the event index."""
     if x == "time":
         divisor, unit = (1e6, "ms") if span_ns is None else time_unit(span_ns)
-        return divisor, f"time since trace start ({unit})"
+        return divisor, f"time since trace start ({unit}{', ' + clock if clock else ''})"
     if x == "event":
         return 1.0, "event index (allocs and frees, in order)"
     raise ValueError(f"x must be 'time' or 'event', got {x!r}")

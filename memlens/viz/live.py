@@ -5,6 +5,8 @@ per pixel column by `lod.extrema_indices`, so the peak is never lost however man
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -94,7 +96,7 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     from memlens.units import format_bytes
 
     devices = trace.devices if device is None else [device]
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[plot_text(d) for d in devices] or None)
     seen_legend: set[str] = set()

@@ -8,6 +8,8 @@ on-screen area are drawn one by one (hover shows their details); all others are 
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 import numpy as np
 import pandas as pd
 
@@ -120,7 +122,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     if device is None:
         peaks = trace.peak_live_bytes()
         device = max(peaks, key=peaks.get) if peaks else None
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = go.Figure()
     if device is None:
         fig.update_layout(title="no blocks")
