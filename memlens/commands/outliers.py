@@ -2,6 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text
+
 
 def register(sub) -> None:
     p = sub.add_parser("outliers", help="blocks ranked by idle memory, with what swapping could reclaim",
@@ -20,7 +22,9 @@ def register(sub) -> None:
     p.add_argument("--min-size", default=None,
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
-    p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the clock, the link model, the filter summary and the blocks")
+    add_cycle_args(p)
     p.set_defaults(func=run)
 
 
@@ -46,6 +50,7 @@ def _plain(value):
 def run(args) -> int:
     from memlens.analysis.ati import access_intervals
     from memlens.analysis.bandwidth import BandwidthModel
+    from memlens.analysis.clock import describe_clock
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
@@ -58,20 +63,27 @@ def run(args) -> int:
     bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
     trace = load(args.trace)
     try:
-        iv = access_intervals(trace, device=args.device)
+        iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
     except NeedsAccessesError as exc:
         raise NeedsAccessesError(exc.message, args.trace) from None
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
     ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
                       min_size=min_size)
+    summary = filter_summary(bandwidth_filter(iv, bw))
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
-        print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
+        print_json({"clock": summary["clock"], "bandwidth": bw.to_dict(), "bandwidth_text": bw.describe(),
+                    "priority": args.priority, "min_size": ranked.attrs.get("min_size", min_size),
+                    "steady_state": bool(iv.attrs.get("steady_state")), "iteration": iv.attrs.get("iteration"),
+                    "period_ns": iv.attrs.get("period_ns"),
+                    "filter": {k: v for k, v in summary.items() if k not in ("bandwidth", "clock")},
+                    "blocks": [{c: _plain(v) for c, v in zip(cols, row)}
+                               for row in ranked[cols].itertuples(index=False)]})
         return 0
-    summary = filter_summary(bandwidth_filter(iv, bw))
     print(f"link: {bw.describe()}")
+    print(f"clock: {describe_clock(summary['clock'])}; {cycle_text(iv.attrs)}")
     if summary["intervals"]:
-        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "
+        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} ATIs (access->access) are too short "
               f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
               f"idle byte-time")
     if len(ranked) == 0:
