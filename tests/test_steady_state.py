@@ -219,3 +219,50 @@ def test_steady_state_default_iteration_and_min_size(loop):
     assert plan.min_size == 1 << 20 and plan.summary()["min_size"] == 1 << 20
     assert (plan.swaps["size"] >= 1 << 20).all()
     assert plan.summary()["bandwidth"]["d2h_latency_ns"] == 10_000  # the copy latency is stated
+
+
+def priorities_trace() -> Trace:
+    """Four blocks alive over [0, 2000) ns, each with one ATI spanning the peak at t=1000 (no ops table: an
+    op ends where it starts); X 1 B idle [50, 1050), Y 100 B [400, 1300), Z 200 B [990, 1790), W 300 B
+    [950, 1650). B1 (1000 B) lives [1000, 1100) and B2 (500 B) [1100, 1400): above the 601 B of X+Y+Z+W the
+    load weight is 1 on [1000, 1100) and 0.5 on [1100, 1400)."""
+    blocks = pd.DataFrame({"block_id": [1, 2, 3, 4, 5, 6], "device": "cuda:0",
+                           "size": [1, 100, 200, 300, 1000, 500],
+                           "alloc_ns": [0, 0, 0, 0, 1000, 1100], "free_ns": [2000, 2000, 2000, 2000, 1100, 1400]})
+    accesses = pd.DataFrame({"block_id": [1, 1, 2, 2, 3, 3, 4, 4],
+                             "t_ns": [50, 1050, 400, 1300, 990, 1790, 950, 1650],
+                             "op_id": [1, 8, 2, 7, 4, 6, 3, 5], "is_write": False})
+    return Trace.from_tables(blocks, accesses)
+
+
+def test_four_priorities_give_their_papers_orderings():
+    """At 1 B/ns each way with no latency a block of s bytes needs 2s ns to go out and back:
+    size x idle (Li et al.): X 1000, Y 90,000, Z 160,000, W 210,000        -> W Z Y X
+    DOA = ATI - 2s (Zhang et al.): X 998, Y 700, Z 400, W 100              -> X Y Z W
+    AOA = DOA x size: X 998, Y 70,000, Z 80,000, W 30,000                  -> Z Y W X
+    WDOA = weighted absence [start + s, end - s) (limit 601 B):
+      X [51, 1049): 49 x 1 = 49; Y [500, 1200): 100 x 1 + 100 x 0.5 = 150;
+      Z [1190, 1590): 210 x 0.5 = 105; W [1250, 1350): 100 x 0.5 = 50      -> Y Z W X
+    """
+    trace = priorities_trace()
+    link = BandwidthModel(1e9, 1e9, 0)
+    names = {1: "X", 2: "Y", 3: "Z", 4: "W"}
+
+    def order(priority):
+        ranked = outliers(trace, link, top=None, priority=priority, min_size=0, limit_bytes=601)
+        return "".join(names[b] for b in ranked["block_id"] if b in names), ranked.set_index("block_id")
+
+    assert order("size_x_idle")[0] == "WZYX"
+    got, doa = order("doa")
+    assert got == "XYZW" and doa["doa_ns"].to_dict() == {1: 998, 2: 700, 3: 400, 4: 100}
+    got, aoa = order("aoa")
+    assert got == "ZYWX" and aoa["aoa"].to_dict() == {3: 80_000, 2: 70_000, 4: 30_000, 1: 998}
+    got, wdoa = order("wdoa")
+    assert got == "YZWX" and wdoa["wdoa_ns"].to_dict() == pytest.approx({2: 150, 3: 105, 4: 50, 1: 49})
+    # the swap planner ranks its candidates by the same three measures (one WDOA), with the limit as goal
+    plan = plan_swaps(trace, bandwidth=link, limit=601, min_size=0, priority="doa")
+    table = plan.candidates_table.set_index("block_id")
+    for col, expected in (("rank_doa", "XYZW"), ("rank_aoa", "ZYWX"), ("rank_wdoa", "YZWX")):
+        ranked = "".join(names[b] for b in table.sort_values(col).index if b in names)
+        assert ranked == expected, col
+    assert table.loc[2, "wdoa_ns"] == pytest.approx(150)
