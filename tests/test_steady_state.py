@@ -266,3 +266,74 @@ def test_four_priorities_give_their_papers_orderings():
         ranked = "".join(names[b] for b in table.sort_values(col).index if b in names)
         assert ranked == expected, col
     assert table.loc[2, "wdoa_ns"] == pytest.approx(150)
+
+
+def periodic_trace(shift_last_read: int = 0) -> Trace:
+    """Three 100 ns steps (ops carry the iteration). Each step s (t0 = 100 s): parameter 1 (alive
+    throughout) read at t0+10 and t0+60; a fresh activation (block 10+s, 64 B) written at t0+20, read at
+    t0+50 (+ `shift_last_read` in the last step), freed at t0+70. Every op lasts 5 ns."""
+    blocks = [{"block_id": 1, "device": "cpu", "size": 256, "alloc_ns": pd.NA, "free_ns": pd.NA,
+               "category": "parameter", "op": "", "module": "fc"}]
+    acc, ops = [], []
+    for s in range(3):
+        t0 = 100 * s
+        blocks.append({"block_id": 10 + s, "device": "cpu", "size": 64, "alloc_ns": t0 + 20, "free_ns": t0 + 70,
+                       "category": "activation", "op": "aten::mm", "module": "fc"})
+        read = t0 + 50 + (shift_last_read if s == 2 else 0)
+        for t, bid in ((t0 + 10, 1), (t0 + 20, 10 + s), (read, 10 + s), (t0 + 60, 1)):
+            ops.append({"op_id": len(ops), "name": "op", "start_ns": t, "end_ns": t + 5, "module": "fc",
+                        "iteration": s})
+            acc.append({"block_id": bid, "t_ns": t, "op_id": len(ops) - 1, "is_write": False})
+    return Trace.from_tables(pd.DataFrame(blocks), pd.DataFrame(acc), pd.DataFrame(ops))
+
+
+def test_per_block_ati_matched_across_iterations():
+    from memlens.analysis.block_stability import block_stability, per_block_ati
+
+    pb = per_block_ati(periodic_trace())
+    # the parameter is one logical block; the three activations (blocks 10, 11, 12) are another
+    assert pb.groupby("logical_id")["iteration"].apply(list).tolist() in ([[0, 1, 2]] * 2,)
+    act = pb[pb["category"] == "activation"]
+    assert act["block_id"].tolist() == [10, 11, 12] and act["logical_id"].nunique() == 1
+    # activation: written by the op at t0+20 (ends t0+25), read at t0+50: 25 ns idle each step
+    assert act["idle_ns"].tolist() == [25, 25, 25]
+    # parameter: 15 -> 60 (45 ns) and 65 -> 110 (45 ns, it starts in the same step) in steps 0 and 1
+    param = pb[pb["category"] == "parameter"].set_index("iteration")
+    assert param["atis"].to_dict() == {0: 2, 1: 2, 2: 1} and param.loc[0, "idle_ns"] == 90
+    stable = block_stability(periodic_trace(), skip_warmup=False).set_index("category")
+    assert stable.loc["activation", "stability"] == 1.0 and stable.loc["activation", "same_count"]
+    # the last step reads the activation 15 ns later: 25, 25, 40 ns idle
+    shifted = block_stability(periodic_trace(shift_last_read=15), skip_warmup=False).set_index("category")
+    idle = np.array([25.0, 25.0, 40.0])
+    assert shifted.loc["activation", "cv"] == pytest.approx(idle.std() / idle.mean())
+    assert shifted.loc["activation", "stability"] < 1.0 and shifted["stability"].is_monotonic_increasing
+
+
+def test_per_block_ati_on_a_recorded_loop(loop):
+    from memlens.analysis.block_stability import block_stability, per_block_ati
+
+    its = split_iterations(loop)
+    pb = per_block_ati(loop, its)
+    params = pb[pb["category"] == "parameter"]
+    # every parameter is the same block in every step
+    assert (params.groupby("logical_id")["block_id"].nunique() == 1).all()
+    assert (params.groupby("logical_id")["iteration"].nunique() == len(its)).all()
+    # hand count for one parameter: ATIs that start in each step
+    bid = int(params["block_id"].iloc[0])
+    acc = _accesses_with_ops(loop)
+    mine = acc[acc["block_id"] == bid]
+    starts = mine["op_end"].to_numpy()[:-1]
+    lengths = np.maximum(mine["t_ns"].to_numpy()[1:] - starts, 0)
+    bounds = its["start_ns"].to_numpy()
+    step = np.searchsorted(bounds, starts, side="right") - 1
+    got = params[params["block_id"] == bid].set_index("iteration")
+    for k in range(len(its)):
+        assert got.loc[k, "atis"] == int((step == k).sum())
+        assert got.loc[k, "idle_ns"] == int(lengths[step == k].sum())
+    # the steps after the warm-up idle the same logical blocks (an ATI that starts right at a step boundary
+    # may land in the neighbouring step on a busy machine)
+    per_iteration = pb[~pb["persistent"]].groupby("iteration")["logical_id"].apply(frozenset)
+    both = per_iteration.loc[1] & per_iteration.loc[2]
+    assert len(both) >= 0.9 * max(len(per_iteration.loc[1]), len(per_iteration.loc[2])) > 0
+    scored = block_stability(loop, its, per_block=pb)
+    assert scored["stability"].dropna().between(0, 1).all() and len(scored) == pb["logical_id"].nunique()
