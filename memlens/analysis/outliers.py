@@ -203,7 +203,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
              limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
              include_unobserved: bool = False, steady_state: bool = False,
-             iteration: int | None = None) -> pd.DataFrame:
+             iteration: int | None = None, live_curves: dict | None = None) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
     Idle means the block's ATIs (`access_intervals`; wrap-around intervals in steady state). Columns:
@@ -221,7 +221,12 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     ``bandwidth`` model, the ``clock``, the ``priority`` and the ``min_size`` used.
 
     Blocks only the allocator saw (``source == "profiler"``: workspaces inside an op) and with no recorded
-    access are left out unless `include_unobserved` (they have no ATI in any case).
+    access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
+    can be recorded, so their lifetime is not idle time (they have no ATI in any case).
+
+    `live_curves` ({device: frame with ``t_ns`` and ``live``, as `live.live_curve` returns}) replaces the
+    curves computed from `trace`: the out-of-core engine ranks a part of the blocks against the whole
+    trace's curves.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -255,7 +260,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     lifetime, accesses = _lifetimes_and_accesses(trace, block[first])
 
     dev_codes, dev_names = _codes(iv["device"])
-    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, live_curves)
 
     out = pd.DataFrame({
         "block_id": block[first],
@@ -320,7 +325,7 @@ def _lifetimes_and_accesses(trace, block_ids: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
-                   dev_names: np.ndarray, limit_bytes: float | None):
+                   dev_names: np.ndarray, limit_bytes: float | None, live_curves: dict | None = None):
     """Zhang et al.'s measures per block, from the ATI spanning its device's peak.
 
     Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not. With an
@@ -338,7 +343,7 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     spans_peak = np.zeros(len(iv), dtype=bool)
     curves = {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curve(trace, dev)[0]
+        curves[dev] = live = live_curves[dev] if live_curves and dev in live_curves else live_curve(trace, dev)[0]
         if len(live) == 0:
             continue
         t = live["t_ns"].to_numpy()

@@ -29,3 +29,11 @@ def cycle_text(doc: dict) -> str:
     if doc.get("period_ns"):
         parts.append(f"period {format_ns(float(doc['period_ns']))}")
     return ", ".join(parts)
+
+
+def refuse_out_of_core(args) -> None:
+    """--steady-state / --iteration need the whole trace in memory (the cycle spans every bucket)."""
+    from memlens.errors import InputError
+    if getattr(args, "steady_state", False) or getattr(args, "iteration", None) is not None:
+        raise InputError("--steady-state and --iteration run on the memory engine only (a wrap-around interval "
+                         "needs the whole iteration); add --engine memory")

@@ -1,7 +1,8 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
-from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text
+from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text, refuse_out_of_core
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
 
 def register(sub) -> None:
@@ -15,6 +16,7 @@ def register(sub) -> None:
     p.add_argument("--by", choices=["kind", "category", "module", "op", "size_class", "iteration", "device"],
                    help="also break the statistics down by this attribute")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_options(p)
     add_cycle_args(p)
     p.set_defaults(func=run)
 
@@ -28,21 +30,35 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-    trace = load(args.trace)
-    try:
-        iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
-    stats = ati_stats(iv)
-    hist = log_histogram(ati_only(iv)["length_ns"].to_numpy(), per_decade=1)
-    groups = ati_by(trace, args.by, iv) if args.by else None
+    if engine_for(args) == "dask":
+        from memlens.analysis.outofcore import engine
+        from memlens.errors import InputError
+        refuse_out_of_core(args)
+        if args.by:
+            raise InputError("--by is not available with the dask engine yet (it needs every group's intervals "
+                             "at once); use --engine memory")
+        with runner_for(args) as runner:
+            stats = engine.ati(args.trace, runner, device=args.device)
+        hist = stats.pop("histogram")
+        extra = {"accesses_outside_lifetime": stats.pop("accesses_outside_lifetime")}
+        groups = None
+    else:
+        trace = load(args.trace)
+        try:
+            iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        stats = ati_stats(iv)
+        hist = log_histogram(ati_only(iv)["length_ns"].to_numpy(), per_decade=1)
+        extra = {"accesses_outside_lifetime": iv.attrs.get("accesses_outside_lifetime", 0),
+                 "overlapping_ops": iv.attrs.get("overlapping_ops", 0),
+                 "window_ns": iv.attrs.get("window_ns"), "iteration_source": iv.attrs.get("iteration_source")}
+        groups = ati_by(trace, args.by, iv) if args.by else None
     if args.json:
         doc = {"intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),
                "definition": "access->access: end of the op of one access to the start of the op of the next",
-               "accesses_outside_lifetime": iv.attrs.get("accesses_outside_lifetime", 0),
-               "overlapping_ops": iv.attrs.get("overlapping_ops", 0),
-               "window_ns": iv.attrs.get("window_ns"), "iteration_source": iv.attrs.get("iteration_source")}
+               **extra}
         if groups is not None:
             doc["by"] = {"key": args.by, "groups": groups.to_dict(orient="records")}
         print_json(doc)

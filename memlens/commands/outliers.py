@@ -2,7 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
-from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text
+from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text, refuse_out_of_core
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
 
 def register(sub) -> None:
@@ -24,6 +25,7 @@ def register(sub) -> None:
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object: the clock, the link model, the filter summary and the blocks")
+    add_engine_options(p)
     add_cycle_args(p)
     p.set_defaults(func=run)
 
@@ -61,27 +63,37 @@ def run(args) -> int:
         raise InputError(f"--top must be at least 1, got {args.top}")
     latency = None if args.latency_us is None else args.latency_us * 1e3
     bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
-    trace = load(args.trace)
-    try:
-        iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
-    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
-                      min_size=min_size)
-    summary = filter_summary(bandwidth_filter(iv, bw))
+    cycle = {"steady_state": False, "iteration": None, "period_ns": None}
+    if engine_for(args) == "dask":
+        from memlens.analysis.outofcore import engine
+        refuse_out_of_core(args)
+        with runner_for(args) as runner:
+            ranked, summary = engine.outliers(args.trace, runner, bw, top=args.top, priority=args.priority,
+                                              device=args.device, min_size=min_size)
+    else:
+        trace = load(args.trace)
+        try:
+            iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
+                          min_size=min_size)
+        summary = filter_summary(bandwidth_filter(iv, bw))
+        cycle = {k: iv.attrs.get(k) for k in cycle}
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
         print_json({"clock": summary["clock"], "bandwidth": bw.to_dict(), "bandwidth_text": bw.describe(),
-                    "priority": args.priority, "min_size": ranked.attrs.get("min_size", min_size),
-                    "steady_state": bool(iv.attrs.get("steady_state")), "iteration": iv.attrs.get("iteration"),
-                    "period_ns": iv.attrs.get("period_ns"),
+                    "priority": args.priority, "min_size": ranked.attrs.get("min_size", min_size if min_size is not None else
+                                                                (0 if args.priority == "size_x_idle" else 1 << 20)),
+                    "steady_state": bool(cycle["steady_state"]), "iteration": cycle["iteration"],
+                    "period_ns": cycle["period_ns"],
                     "filter": {k: v for k, v in summary.items() if k not in ("bandwidth", "clock")},
                     "blocks": [{c: _plain(v) for c, v in zip(cols, row)}
                                for row in ranked[cols].itertuples(index=False)]})
         return 0
     print(f"link: {bw.describe()}")
-    print(f"clock: {describe_clock(summary['clock'])}; {cycle_text(iv.attrs)}")
+    print(f"clock: {describe_clock(summary.get('clock'))}; {cycle_text(cycle)}")
     if summary["intervals"]:
         print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} ATIs (access->access) are too short "
               f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
