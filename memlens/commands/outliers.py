@@ -2,6 +2,7 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text, refuse_out_of_core
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
 
@@ -23,10 +24,12 @@ def register(sub) -> None:
     p.add_argument("--min-size", default=None,
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
-    p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: the clock, the link model, the filter summary and the blocks")
     add_engine_options(p)
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
+    add_cycle_args(p)
     p.set_defaults(func=run)
 
 
@@ -51,6 +54,7 @@ def _plain(value):
 
 def run(args) -> int:
     from memlens.analysis.ati import access_intervals
+    from memlens.analysis.clock import describe_clock
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
@@ -59,7 +63,7 @@ def run(args) -> int:
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
-    from memlens.commands._device import apply_gpu, clock_line, file_clock, link_for, refuse_gpu_with_dask
+    from memlens.commands._device import apply_gpu, link_for, refuse_gpu_with_dask
 
     trace = None
     dask = engine_for(args) == "dask"
@@ -69,27 +73,37 @@ def run(args) -> int:
         trace, g = apply_gpu(load(args.trace), args)
     bw = link_for(args, None if dask else g)
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
+    cycle = {"steady_state": False, "iteration": None, "period_ns": None}
     if dask:
         from memlens.analysis.outofcore import engine
+        refuse_out_of_core(args)
         with runner_for(args) as runner:
             ranked, summary = engine.outliers(args.trace, runner, bw, top=args.top, priority=args.priority,
                                               device=args.device, min_size=min_size)
     else:
         try:
-            iv = access_intervals(trace, device=args.device)
+            iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
         except NeedsAccessesError as exc:
             raise NeedsAccessesError(exc.message, args.trace) from None
         ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
                           min_size=min_size)
-        summary = None if args.json else filter_summary(bandwidth_filter(iv, bw))
+        summary = filter_summary(bandwidth_filter(iv, bw))
+        cycle = {k: iv.attrs.get(k) for k in cycle}
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
-        print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
+        print_json({"clock": summary["clock"], "bandwidth": bw.to_dict(), "bandwidth_text": bw.describe(),
+                    "priority": args.priority, "min_size": ranked.attrs.get("min_size", min_size if min_size is not None else
+                                                                (0 if args.priority == "size_x_idle" else 1 << 20)),
+                    "steady_state": bool(cycle["steady_state"]), "iteration": cycle["iteration"],
+                    "period_ns": cycle["period_ns"],
+                    "filter": {k: v for k, v in summary.items() if k not in ("bandwidth", "clock")},
+                    "blocks": [{c: _plain(v) for c, v in zip(cols, row)}
+                               for row in ranked[cols].itertuples(index=False)]})
         return 0
-    print(clock_line(trace if trace is not None else file_clock(args.trace)))
     print(f"link: {bw.describe()}")
+    print(f"clock: {describe_clock(summary.get('clock'))}; {cycle_text(cycle)}")
     if summary["intervals"]:
-        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "
+        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} ATIs (access->access) are too short "
               f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
               f"idle byte-time")
     if len(ranked) == 0:

@@ -58,6 +58,7 @@ class Explorer(W.VBox):
         # only the timeline needs a FigureWidget (zoom and click events); the panels' figures are shown through
         # plotly's mimetype renderer in Output widgets, which avoids shipping plotly.js (5 MB) once per figure
         self.ati_figure, self.whatif_figure = go.Figure(), go.Figure()
+        self.swap_figures: list = []  # the what-if's swap plan: load before/after, copy timeline
         self.ati_output = W.Output(layout=W.Layout(min_height="300px"))
         self.whatif_output = W.Output()
         self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
@@ -243,7 +244,7 @@ class Explorer(W.VBox):
 
     def run_whatif(self):
         """Run the what-if comparison for the current device with the panel's allocator settings."""
-        from memlens.widgets.whatif_panel import whatif_table, whatif_traces, whatif_html
+        from memlens.widgets.whatif_panel import swap_figures, whatif_html, whatif_table, whatif_traces
         configs = {"caching (recorded settings)": ("caching", None),
                    f"{self.w_allocator.value} {self.w_conf.value}".strip(): (self.w_allocator.value,
                                                                             self.w_conf.value or None)}
@@ -256,7 +257,8 @@ class Explorer(W.VBox):
         self.whatif_figure = go.Figure(whatif_traces(table), layout=dict(
             xaxis_title="peak bytes", width=640, height=60 + 40 * len(table), template="plotly_white",
             margin=dict(l=190, r=10, t=20, b=40)))
-        show_figure(self.whatif_output, self.whatif_figure)
+        self.swap_figures = swap_figures(table)
+        show_figure(self.whatif_output, self.whatif_figure, *self.swap_figures)
         return table
 
     # ---- plotly events ---------------------------------------------------------------------------
@@ -365,10 +367,13 @@ class Explorer(W.VBox):
         show_figure(self.ati_output, self.ati_figure)
 
 
-def show_figure(output: W.Output, fig) -> None:
-    """Show `fig` in `output` as plotly's JSON mime bundle (rendered by the notebook's plotly extension)."""
-    bundle = {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "plotly figure"}
-    output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+def show_figure(output: W.Output, fig, *more) -> None:
+    """Show `fig` (and `more` figures below it) in `output` as plotly's JSON mime bundles (rendered by the
+    notebook's plotly extension)."""
+    output.outputs = tuple(
+        {"output_type": "display_data", "metadata": {},
+         "data": {"application/vnd.plotly.v1+json": json.loads(f.to_json()), "text/plain": "plotly figure"}}
+        for f in (fig, *more))
 
 
 def explore(trace, device: str | None = None) -> Explorer:

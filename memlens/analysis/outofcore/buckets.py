@@ -112,8 +112,30 @@ def load_bucket(files, scratch: str, bucket: int, span: tuple[int, int], has_acc
     rec = np.concatenate(acc) if acc else np.empty(0, dtype=ACCESS_DTYPE)
     accesses = pd.DataFrame({name: rec[name] for name in ACCESS_DTYPE.names}, copy=False)
     blocks_df = pd.concat(blocks, ignore_index=True) if blocks else conform("blocks", None)
-    trace = _BucketTrace(blocks=conform("blocks", blocks_df), accesses=accesses, ops=conform("ops", None),
+    trace = _BucketTrace(blocks=conform("blocks", blocks_df), accesses=accesses,
+                         ops=conform("ops", _ops_of(files, accesses["op_id"].to_numpy() if len(accesses) else None)),
                          metadata=dict(files.metadata))
     trace._span = (int(span[0]), int(span[1]))
     trace._has_accesses = has_accesses
     return trace
+
+
+OPS_BATCH_ROWS = 1 << 20
+
+
+def _ops_of(files, op_ids) -> pd.DataFrame | None:
+    """The ops (op_id, start_ns, end_ns) that made this bucket's accesses, read a row-group batch at a time:
+    an ATI runs from the end of the op of one access to the start of the next (`memlens.analysis.ati`), so
+    the bucket needs its ops' end times. None when the trace has no ops table or the bucket no access."""
+    if op_ids is None or "ops" not in getattr(files, "files", {}):
+        return None
+    wanted = np.unique(np.asarray(op_ids, dtype=np.int64))
+    found = []
+    for rgs in files.batches("ops", OPS_BATCH_ROWS):
+        part = files.read("ops", rgs, columns=["op_id", "start_ns", "end_ns"])
+        keep = np.isin(part["op_id"].to_numpy(np.int64), wanted)
+        if keep.any():
+            found.append(part[keep])
+    if not found:
+        return None
+    return pd.concat(found, ignore_index=True)

@@ -120,15 +120,25 @@ def _ati_bucket(files, scratch, bucket, span, device):
     """Pass 2 of one bucket: its intervals (by the ATI module), their partial statistics and fine-bin
     counts; the lengths are kept in the scratch directory for pass 3."""
     from memlens.analysis.ati import access_intervals
+    from memlens.analysis.ati import ATI_KIND, EDGE_KINDS
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = access_intervals(trace, device=device)
-    lengths = iv["length_ns"].to_numpy(dtype=np.int64)
+    kind = iv["kind"].to_numpy()
+    all_lengths = iv["length_ns"].to_numpy(dtype=np.int64)
+    is_ati = kind == ATI_KIND
+    lengths = all_lengths[is_ati]  # the headline is the ATI; the lifetime edges are summed beside it
     np.save(Path(scratch) / f"len-{bucket:05d}.npy", lengths)
     kinds = iv["kind"].value_counts()
     n = len(lengths)
+    edges = {}
+    for k in EDGE_KINDS:
+        e = all_lengths[kind == k]
+        edges[k] = {"count": len(e), "sum": int(e.sum(dtype=np.int64)) if len(e) else 0,
+                    "min": int(e.min()) if len(e) else None, "max": int(e.max()) if len(e) else None}
     return {
+        "edges": edges,
         "count": n,
-        "blocks": len(pd.unique(iv["block_id"].to_numpy())),
+        "blocks": len(pd.unique(iv["block_id"].to_numpy()[is_ati])),
         "sum": int(lengths.sum(dtype=np.int64)) if n else 0,
         "min": int(lengths.min()) if n else None, "max": int(lengths.max()) if n else None,
         "zero_count": int((lengths == 0).sum()),
@@ -197,9 +207,39 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
         "truncated": int(sum(p["truncated"] for p in parts)),
         "fraction_below": {k: (sum(p["below"][k] for p in parts) / n if n else None) for k in BELOW},
         "by_kind": by_kind,
+        "wrap_around": 0,
+        "edges": _edge_stats(parts),
+        "clock": clock_of_files(files),
+        "steady_state": False, "iteration": None, "period_ns": None,
         "histogram": hist,
         "accesses_outside_lifetime": int(sum(p["outside"] for p in parts)),
     }
+
+
+def _edge_stats(parts) -> dict:
+    """The lifetime edges beside the ATI, summed over the buckets: count, total, mean, min and max (ns); their
+    quantiles are not computed out of core (None)."""
+    from memlens.analysis.ati import EDGE_KINDS
+    out = {}
+    for k in EDGE_KINDS:
+        es = [p["edges"][k] for p in parts]
+        n = sum(e["count"] for e in es)
+        total = sum(e["sum"] for e in es)
+        mins = [e["min"] for e in es if e["min"] is not None]
+        maxs = [e["max"] for e in es if e["max"] is not None]
+        out[k] = {"count": int(n), "total_ns": float(total), "mean_ns": total / n if n else None,
+                  "std_ns": None, "min_ns": float(min(mins)) if mins else None,
+                  "max_ns": float(max(maxs)) if maxs else None, "p50_ns": None, "p90_ns": None, "p99_ns": None}
+    return out
+
+
+def clock_of_files(files) -> dict:
+    """The clock named in a saved trace's metadata (host when none)."""
+    from memlens.analysis.clock import clock_of
+
+    class _Meta:
+        metadata = dict(files.metadata or {})
+    return clock_of(_Meta())
 
 
 # ---- memlens outliers -----------------------------------------------------------------------------
@@ -260,5 +300,7 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
                 "idle_bytes_ns": idle, "swappable_bytes_ns": saved,
                 "swappable_share": saved / idle if idle > 0 else None,
                 "blocks_with_swappable": int(sum(p["blocks_with_swappable"] for p in parts)),
-                "bandwidth": bw.to_dict()}
+                "bandwidth": bw.to_dict(), "clock": clock_of_files(files), "steady_state": False,
+                "iteration": None}
+    ranked.attrs["clock"] = summary_["clock"]
     return ranked, summary_
