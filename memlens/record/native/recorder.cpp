@@ -110,11 +110,12 @@ struct Stream {
     chunks.erase(chunks.begin(), chunks.end() - 1);
     return freed;
   }
-  // Everything (spilled then in memory) as one contiguous byte tensor.
-  at::Tensor to_bytes() {
+  // Everything (spilled then in memory) as one contiguous byte string (not a tensor: the drain
+  // must not allocate through PyTorch, where an outer recorder or a user's profiler would see it).
+  py::bytes to_bytes() {
     size_t total = size();
-    auto out = at::empty({int64_t(total * sizeof(T))}, at::kByte);
-    auto* dst = reinterpret_cast<char*>(out.data_ptr());
+    std::string out(total * sizeof(T), '\0');
+    char* dst = out.data();
     if (spilled) {
       std::fflush(file);
       std::rewind(file);
@@ -126,7 +127,7 @@ struct Stream {
       std::memcpy(dst, c.data.get(), c.used * sizeof(T));
       dst += c.used * sizeof(T);
     }
-    return out;
+    return py::bytes(out);
   }
   void clear() {
     chunks.clear();
@@ -210,6 +211,7 @@ struct Session {
 
   std::atomic<int32_t> ctx{0};
   int64_t tensors_without_storage = 0;
+  int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
   std::unordered_map<const char*, OpInfo> op_cache;
@@ -554,7 +556,9 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     int32_t b;
     auto it = s->live.find(impl);
     if (it != s->live.end()) b = it->second.block;
-    else if (info->resizes && f.self_block >= 0 && impl == f.pins[0].unsafeGetStorageImpl()) b = f.self_block;
+    else if (info->resizes && !f.pins.empty() && impl == f.pins[0].unsafeGetStorageImpl())
+      // resize_/set_ on `self`: its block before the op, or -- when it had no bytes -- a block made here
+      b = f.self_block >= 0 ? f.self_block : s->block_of(f.pins[0], op, false, &f);
     else {
       c10::Storage st(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
       b = s->block_of(st, op, true, &f);
@@ -702,6 +706,11 @@ struct Handle {
     if (s->slot < 0) return;
     {
       std::lock_guard<std::mutex> g(s->mu);
+      // storages that died where no memory hook was installed (dropped by another thread): freed by now
+      int64_t t = now();
+      std::vector<std::pair<c10::StorageImpl*, Live*>> dead;
+      for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
+      for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
       s->active = false;
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
@@ -750,6 +759,7 @@ struct Handle {
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
   py::dict drain() {
+    at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
     std::lock_guard<std::mutex> g(s->mu);
     py::dict d;
     d["ops"] = s->ops.to_bytes();
@@ -768,6 +778,7 @@ struct Handle {
     d["bytes"] = s->mem_bytes();
     d["spilled_bytes"] = s->spilled_bytes;
     d["memory_note"] = memory_note;
+    d["late_frees"] = s->late_frees;
     s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
     return d;
   }
