@@ -380,6 +380,11 @@ class Session(Attribution):
         device = st.device
         if size == 0 or device.type == "meta":
             return -1
+        try:                        # before any state changes: it raises for the storage of a
+            addr = st.data_ptr()    # wrapper subclass (a jagged nested tensor): no block of its own
+        except RuntimeError:
+            self.tensors_without_storage += 1
+            return -1
         di = self._device_idx.get(device)
         if di is None:
             di = self._device_idx[device] = len(self.devices)
@@ -390,7 +395,7 @@ class Session(Attribution):
         self._live[key] = bid
         ref = _weakref(st, self._on_free)      # a plain C weakref: ~4x cheaper than a KeyedRef
         self._refs[id(ref)] = (ref, bid, key)
-        self._blocks_extend((bid, di, st.data_ptr(), size, -1 if before else t, op, 1 if before else 0))
+        self._blocks_extend((bid, di, addr, size, -1 if before else t, op, 1 if before else 0))
         return bid
 
     def _on_free(self, ref) -> None:
