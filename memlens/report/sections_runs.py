@@ -6,7 +6,7 @@ import pandas as pd
 
 from memlens.report.markup import bytes_text, key_values, note, paragraph, share_text, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
-from memlens.units import format_bytes, format_ns
+from memlens.units import format_bytes, format_ns, format_share
 
 MAX_TABLE_ROWS = 200  # per-iteration rows listed in the page (the figure shows every iteration)
 
@@ -25,9 +25,9 @@ def iterations(ctx: ReportContext) -> list:
     parts = [paragraph(f"{len(its):,} iterations found (from {source}).")]
     stability = iteration_stability(ctx.trace, its, intervals=intervals)
     if stability["score"] is not None:
-        components = ", ".join(f"{k} {v:.0%}" for k, v in stability["components"].items())
-        parts.append(paragraph(f"Consecutive iterations are {stability['score']:.0%} alike (median over pairs; "
-                               f"{components}); the least alike pair scores {stability['min_score']:.0%}."))
+        components = ", ".join(f"{k} {format_share(v)}" for k, v in stability["components"].items())
+        parts.append(paragraph(f"Consecutive iterations are {format_share(stability['score'])} alike (median over pairs; "
+                               f"{components}); the least alike pair scores {format_share(stability['min_score'])}."))
     parts.append(_iteration_figure(stats))
     fmt = {c: (lambda v: "" if pd.isna(v) else format_bytes(v)) for c in stats.columns
            if c.endswith("bytes") or c.startswith("peak")}

@@ -163,8 +163,10 @@ def stacked_view(geom: BlockGeometry, state: ExplorerState, mask: np.ndarray, gr
     for g, (name, colour) in enumerate(zip(names, colours)):
         traces.append(dict(type="scattergl", mode="lines", name=safe(name), x=xs / scale, y=stacked[g],
                            fill="tozeroy" if g == 0 else "tonexty", fillcolor=_rgba(colour, 0.7),
-                           line=dict(color=colour, width=1), customdata=live[g],
-                           hovertemplate=f"{safe(name)}: %{{customdata:.4s}}B<extra></extra>"))
+                           line=dict(color=colour, width=1),
+                           # binary units, as everywhere else (plotly's ".4s" would say "8.389MB")
+                           customdata=np.array([format_bytes(v) for v in live[g]], dtype=object),
+                           hovertemplate=f"{safe(name)}: %{{customdata}}<extra></extra>"))
     total = stacked[-1] if len(stacked) else np.zeros(0)
     if len(total):
         i = int(np.argmax(total))
