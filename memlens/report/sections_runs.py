@@ -52,7 +52,10 @@ def _iteration_figure(stats: pd.DataFrame):
     fig.add_trace(go.Scatter(x=stats["iteration"], y=stats["duration_ns"] / 1e6, name="duration (ms)", yaxis="y2",
                              mode="lines+markers", marker_color="#E45756",
                              hovertemplate="iteration %{x}: %{y:,.2f} ms<extra></extra>"))
-    fig.update_layout(height=320, margin=dict(l=60, r=60, t=30, b=50), xaxis_title="iteration",
+    # iterations are whole numbers: ticks only on them (a single iteration had ticks at -0.5, 0, 0.5)
+    step = max(1, int(np.ceil(len(stats) / 20)))
+    fig.update_layout(height=320, margin=dict(l=60, r=60, t=30, b=50),
+                      xaxis=dict(title="iteration", tickmode="linear", tick0=0, dtick=step),
                       yaxis=dict(title=f"peak live memory ({unit})", rangemode="tozero"),
                       yaxis2=dict(title="duration (ms)", overlaying="y", side="right", rangemode="tozero",
                                   showgrid=False), legend=dict(orientation="h", y=1.12))

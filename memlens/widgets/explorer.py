@@ -33,6 +33,9 @@ def _default_device(trace) -> str:
     return max(peaks, key=lambda d: (peaks[d], d)) if peaks else "cpu"
 
 
+LABEL = {"description_width": "initial"}  # a label as wide as its text (the default box cut labels off)
+
+
 class Explorer(W.VBox):
     """Interactive view of a Trace; see the module docstring. Build with `memlens.widgets.explore`."""
 
@@ -74,33 +77,33 @@ class Explorer(W.VBox):
         categories = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
         self.status = W.HTML()
         self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
-                                   description="device", layout=W.Layout(width="180px"))
+                                   description="device", layout=W.Layout(width="180px"), style=LABEL)
         self.w_view = W.ToggleButtons(options=VIEWS, value=self.state.view, description="view",
-                                      style={"button_width": "80px"})
+                                      style={"button_width": "80px", **LABEL})
         self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
-                                      style={"button_width": "60px"})
+                                      style={"button_width": "60px", **LABEL})
         self.w_colour = W.Dropdown(options=COLOUR_BY, value="category", description="colour by",
-                                   layout=W.Layout(width="190px"))
+                                   layout=W.Layout(width="190px"), style=LABEL)
         self.w_iteration = W.Dropdown(options=[("all", ALL)], value=ALL, description="iteration",
-                                      layout=W.Layout(width="170px"))
+                                      layout=W.Layout(width="170px"), style=LABEL)
         self.w_reset = W.Button(description="reset zoom", layout=W.Layout(width="100px"))
         self.w_categories = W.SelectMultiple(options=categories, value=tuple(categories), rows=4,
-                                             description="category", layout=W.Layout(width="260px"))
+                                             description="category", layout=W.Layout(width="260px"), style=LABEL)
         modules = sorted(m for m in self.trace.blocks["module"].unique() if m)
         self.w_module = W.Combobox(options=modules[:2000], placeholder="module prefix, e.g. model.layers.0",
                                    description="module", ensure_option=False, continuous_update=False,
-                                   layout=W.Layout(width="330px"))
+                                   layout=W.Layout(width="330px"), style=LABEL)
         self.w_min_size = W.Text(value="0", description="min size", placeholder="e.g. 1MiB",
-                                 continuous_update=False, layout=W.Layout(width="180px"))
+                                 continuous_update=False, layout=W.Layout(width="180px"), style=LABEL)
         self.w_bandwidth = W.FloatLogSlider(value=25.0, base=10, min=-1, max=3, step=0.05,
                                             description="link GB/s", continuous_update=False,
-                                            layout=W.Layout(width="420px"))
+                                            layout=W.Layout(width="420px"), style=LABEL)
         self.w_ecdf = W.Checkbox(value=False, description="ECDF")
         self.ati_summary = W.HTML()
         self.w_allocator = W.Dropdown(options=["caching", "malloc", "bestfit", "bump"], value="caching",
-                                      description="allocator", layout=W.Layout(width="200px"))
+                                      description="allocator", layout=W.Layout(width="200px"), style=LABEL)
         self.w_conf = W.Text(value="expandable_segments:True", description="ALLOC_CONF",
-                             layout=W.Layout(width="360px"))
+                             layout=W.Layout(width="360px"), style=LABEL)
         self.w_run_whatif = W.Button(description="compare", button_style="primary")
         self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration, a "
                                     "static plan and swapping at the ATI panel's link.</i>")
