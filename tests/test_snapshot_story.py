@@ -267,3 +267,26 @@ def test_flow_stays_one_way(package):
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             bad += [f"{f.name}: {n}" for n in names if n.startswith(LOWER[package])]
     assert not bad
+
+
+def test_explorer_hover_shows_the_stack_of_blocks_thinner_than_a_pixel(shared):
+    pytest.importorskip("ipywidgets")
+    from memlens.widgets import explore
+
+    trace = memlens.load(shared(TRAINING))
+    ex = explore(trace)
+    hover = [t for t in ex.view_data.traces if t["name"] == "block details (hover)"]
+    assert len(hover) == 1 and len(hover[0]["text"]) > 100  # the device's blocks are all under 2 px tall
+    with_stack = [h for h in hover[0]["text"] if "stack:" in h]
+    assert with_stack and all(".py:" in h for h in with_stack)
+    # the largest blocks in view come first to get markers: every 1 GiB+ block in view has one
+    assert any(h.startswith("block ") and "GiB" in h or "MiB" in h for h in hover[0]["text"])
+
+
+def test_byte_axes_use_binary_units():
+    from memlens.viz.labels import binary_ticks
+
+    vals, text = binary_ticks(0, 7 * 2**30)
+    assert text[:3] == ["0 GiB", "2 GiB", "4 GiB"] and vals[1] == 2 * 2**30
+    vals, text = binary_ticks(2**20, 9 * 2**20)
+    assert all(t.endswith(" MiB") for t in text) and vals == [v * 2**20 for v in (2, 4, 6, 8)]

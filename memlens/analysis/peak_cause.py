@@ -11,6 +11,7 @@ Allocation sites: a block's site is the innermost Python frame of its stack outs
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,6 +20,7 @@ import pandas as pd
 from memlens.units import format_bytes
 
 TOP_SITES = 10
+_ATEN_CALL = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
 PHASE_WORDS = {"forward": "the forward pass", "backward": "the backward pass",
                "optimizer_step": "the optimizer step", "zero_grad": "zero_grad"}
 
@@ -55,9 +57,11 @@ def stack_lines(stacks: pd.DataFrame | None, stack_id, max_frames: int = 12) -> 
         # a run of C++ frames: the first one (allocator, ATen) or one naming an ATen op / the autograd engine
         # is worth a line; interpreter glue between two Python frames is not
         if folded:
-            telling = [n for n in folded if "at::_ops::" in n or "autograd::" in n]
-            if not out or telling:
-                what = (telling[-1] if telling else folded[-1]).split("(")[0][:60]
+            ops = [m.group(1) for m in map(_ATEN_CALL.match, folded) if m]
+            engine = any("autograd::Engine" in n for n in folded)
+            if not out or ops or engine:
+                what = (f"aten::{ops[-1]}" if ops else "autograd engine" if engine
+                        else folded[-1].split("(")[0][:60])
                 out.append(f"... {len(folded)} C++ frame{'s' if len(folded) > 1 else ''} ({what})")
             folded.clear()
     for name, filename, line in zip(frames["name"].astype(str), frames["filename"].astype(str), frames["line"]):

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from memlens.errors import InputError
 from memlens.trace import CATEGORIES
 from memlens.units import format_bytes, format_ns, parse_bytes
-from memlens.viz.labels import safe
+from memlens.viz.labels import binary_ticks, safe
 from memlens.widgets.details import block_details, details_html, hit_test, live_at, live_html
 from memlens.widgets.geometry import block_geometry
 from memlens.widgets.state import AXES, COLOUR_BY, VIEWS, ExplorerState, colour_groups, iteration_window, \
@@ -290,6 +290,26 @@ class Explorer(W.VBox):
         if list(self.w_iteration.options) != options and its["source"].iloc[0] != "none":
             self.w_iteration.options = options
 
+    def hover_text(self, geom, positions) -> list[str]:
+        """Hover text of blocks (positions in `geom`): id, size, category, op, then the allocation stack
+        (Python frames innermost first, C++ frames folded), escaped; stacks are formatted once each."""
+        from memlens.analysis.peak_cause import stack_lines
+        from memlens.units import format_bytes
+
+        cache = self.__dict__.setdefault("_stack_hover", {})
+        blocks = self.trace.blocks
+        rows = geom.rows[positions]
+        sids = blocks["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[rows]
+        out = []
+        for p, r, sid in zip(positions, rows, sids):
+            key = None if np.isnan(sid) else int(sid)
+            if key not in cache:
+                lines = stack_lines(self.trace.stacks, key, 10) if key is not None else []
+                cache[key] = ("<br>stack:<br>" + "<br>".join(safe(ln) for ln in lines)) if lines else ""
+            out.append(f"block {int(geom.block_id[p])}: {safe(format_bytes(geom.size[p]))}, "
+                       f"{safe(blocks['category'].iat[r])} / {safe(blocks['op'].iat[r]) or '(unknown)'}{cache[key]}")
+        return out
+
     def refresh(self):
         """Recompute and redraw the timeline, status line and ATI panel for the current state."""
         self._busy = True
@@ -300,7 +320,8 @@ class Explorer(W.VBox):
             full = selection_mask(geom, state.with_(x_range=None))  # drawing: LOD decides what is in view
             group, names, colours = colour_groups(geom, state.colour_by, full)
             if state.view == "blocks":
-                data = blocks_view(geom, self.access_marks(), state, full, group, names, colours)
+                data = blocks_view(geom, self.access_marks(), state, full, group, names, colours,
+                                   hover=lambda pos: self.hover_text(geom, pos))
             else:
                 data = stacked_view(geom, state, full, group, names, colours)
             self.view_data = data
@@ -328,12 +349,17 @@ class Explorer(W.VBox):
         with fig.batch_update():
             fig.layout.xaxis.update(title_text=data.x_title,
                                     range=[data.x_range[0] / data.scale, data.x_range[1] / data.scale])
+            # binary units on the byte axis, as everywhere else (plotly's ".3s" would say "8.39MB")
             if data.y_range is not None:
-                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickformat=".3s",
-                                        ticksuffix="B", autorange=False)
+                vals, text = binary_ticks(*data.y_range)
+                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickvals=vals,
+                                        ticktext=text, autorange=False)
             else:
-                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickformat=".3s",
-                                        ticksuffix="B")
+                top = max((float(np.nanmax(t["y"])) for t in data.traces if len(t.get("y", [])) and
+                           t.get("type") == "scattergl"), default=1.0)
+                vals, text = binary_ticks(0.0, top)
+                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickvals=vals,
+                                        ticktext=text)
 
     def _status(self, geom, mask, data):
         lo, hi = geom.to_time(np.array(data.x_range), self.state.axis)
