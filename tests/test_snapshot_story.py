@@ -278,9 +278,14 @@ def test_explorer_hover_shows_the_stack_of_blocks_thinner_than_a_pixel(shared):
     hover = [t for t in ex.view_data.traces if t["name"] == "block details (hover)"]
     assert len(hover) == 1 and len(hover[0]["text"]) > 100  # the device's blocks are all under 2 px tall
     with_stack = [h for h in hover[0]["text"] if "stack:" in h]
-    assert with_stack and all(".py:" in h for h in with_stack)
-    # the largest blocks in view come first to get markers: every 1 GiB+ block in view has one
-    assert any(h.startswith("block ") and "GiB" in h or "MiB" in h for h in hover[0]["text"])
+    # Python frames where the stack has them (the autograd engine's own allocations have only C++ frames)
+    assert sum(".py:" in h for h in with_stack) > 0.5 * len(with_stack)
+    # the largest blocks in view come first to get markers: the device's largest block has one
+    from memlens.units import format_bytes
+    b = trace.blocks[trace.blocks["addr"].notna()]
+    largest = b.loc[b["size"].idxmax()]
+    assert any(h.startswith(f"block {int(largest['block_id'])}: {format_bytes(largest['size'])}")
+               for h in hover[0]["text"])
 
 
 def test_byte_axes_use_binary_units():
