@@ -21,6 +21,9 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 1. ``optimizer_state``: allocated in the optimizer step and alive when it ends (AdamW ``exp_avg`` ...).
 2. ``temporary`` (optimizer): allocated in the optimizer step and freed within it.
 3. ``workspace``: a cuBLAS / cuDNN frame on the stack.
+3b. ``parameter``: made by model construction (a torch.nn module's ``__init__``, ``Module.to`` / ``_apply``,
+    weight init or state-dict / checkpoint loading frames) and alive to the end; ``optimizer_state``:
+    made under a function that builds an optimizer (Megatron's ``get_megatron_optimizer``...).
 4. ``gradient``: allocated under autograd's AccumulateGrad, or in the backward pass and alive when it ends.
 5. ``temporary`` (backward): allocated in the backward pass and freed within it.
 6. ``activation``: allocated in the forward pass and alive when it ends (saved for backward, or outputs).
@@ -41,6 +44,8 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -60,7 +65,8 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     """Per stack_id: ``phase`` (a name of `PHASE_NAMES` or ""), ``accumulate_grad``, ``workspace``,
     ``model_key`` (outermost module forward function and its caller, "" outside a module call) and
     ``model_line`` (line executing in that forward, -1 when none)."""
-    cols = {"stack_id": [], "phase": [], "accumulate_grad": [], "workspace": [], "model_key": [], "model_line": []}
+    cols = {"stack_id": [], "phase": [], "accumulate_grad": [], "workspace": [], "model_key": [], "model_line": [],
+            "setup": []}
     if stacks is None or len(stacks) == 0:
         return pd.DataFrame(cols)
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
@@ -97,6 +103,7 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
             if inner is not None:
                 key = f"{files[inner]}:{names[inner]}<-" + (f"{files[caller]}:{lines[caller]}" if caller is not None else "")
                 line = int(lines[inner])
+        cols["setup"].append(_setup_role(names, files, phase))
         cols["stack_id"].append(int(sid))
         cols["phase"].append(phase)
         cols["accumulate_grad"].append(accumulate)
@@ -104,6 +111,32 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
         cols["model_key"].append(key)
         cols["model_line"].append(line)
     return pd.DataFrame(cols)
+
+
+_WEIGHT_NAMES = re.compile(r"(^|_)(init_weights?|init_weight_list|create_weights|reset_parameters|"
+                           r"load_state_dict|_load_from_state_dict|from_pretrained|load_checkpoint)($|_)")
+
+
+def _setup_role(names: list[str], files: list[str], phase: str) -> str:
+    """What building the model or the optimizer makes, from a stack outside forward/backward/step:
+    "parameter" (Module.to / .cuda / _apply, a torch.nn module's constructor, weight init or loading),
+    "optimizer_state" (a frame of a function that builds an optimizer), or ""."""
+    if phase in ("backward", "optimizer_step", "zero_grad"):
+        return ""
+    py = [(n, f) for n, f in zip(names, files) if f.endswith(".py")]
+    if any("optimizer" in n.lower() and n not in ("step", "zero_grad") for n, _ in py):
+        return "optimizer_state"
+    # a constructor run under `with torch.device("cuda")` (torch/utils/_device.py) creates its weights there
+    if any(f.endswith("torch/utils/_device.py") for _, f in py) and any(n == "__init__" for n, _ in py):
+        return "parameter"
+    for n, f in py:
+        if f.endswith("torch/nn/modules/module.py") and n in ("_apply", "convert", "to", "cuda", "to_empty"):
+            return "parameter"
+        if "/torch/nn/modules/" in f and n == "__init__" or f.endswith("torch/nn/parameter.py"):
+            return "parameter"
+        if _WEIGHT_NAMES.search(n):
+            return "parameter"
+    return ""
 
 
 def _smooth(labels: np.ndarray) -> np.ndarray:
@@ -276,6 +309,10 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(in_opt, "temporary", "allocated and freed within the optimizer step")
     assign(alloc_phase == "zero_grad", "temporary", "allocated in zero_grad")
     assign(fact("workspace", False).astype(bool) & (sid >= 0), "workspace", "cuBLAS / cuDNN frame on the stack")
+    setup = fact("setup", "").astype(object)
+    assign((setup == "parameter") & np.isinf(free_t), "parameter",
+           "made by model construction, weight init/loading or Module.to (stack) and never freed")
+    assign(setup == "optimizer_state", "optimizer_state", "made while building the optimizer (stack)")
     assign(fact("accumulate_grad", False).astype(bool) & (sid >= 0), "gradient",
            "allocated under autograd's AccumulateGrad")
     in_bwd = alloc_phase == "backward"
