@@ -70,10 +70,18 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     if stacks is None or len(stacks) == 0:
         return pd.DataFrame(cols)
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
-    for sid, frames in st.groupby("stack_id", sort=True):
-        names = frames["name"].astype(str).tolist()
-        files = [_norm(f) for f in frames["filename"].astype(str).tolist()]
-        lines = frames["line"].tolist()
+    # plain lists sliced per stack: a pandas groupby costs milliseconds per stack, and big snapshots have
+    # tens of thousands of distinct stacks
+    all_ids = st["stack_id"].to_numpy(dtype=np.int64)
+    all_names = st["name"].astype(str).tolist()
+    all_files = [_norm(f) for f in st["filename"].astype(str).tolist()]
+    all_lines = st["line"].tolist()
+    bounds = np.flatnonzero(np.diff(all_ids)) + 1
+    starts = np.concatenate([[0], bounds]).tolist()
+    ends = np.append(bounds, len(all_ids)).tolist()
+    for a, b in zip(starts, ends):
+        sid = all_ids[a]
+        names, files, lines = all_names[a:b], all_files[a:b], all_lines[a:b]
         phase, accumulate, workspace = "", False, False
         in_optim = any("/torch/optim/" in f or f.startswith("torch/optim/") for f in files)
         if in_optim:
