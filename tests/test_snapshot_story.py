@@ -295,3 +295,14 @@ def test_byte_axes_use_binary_units():
     assert text[:3] == ["0 GiB", "2 GiB", "4 GiB"] and vals[1] == 2 * 2**30
     vals, text = binary_ticks(2**20, 9 * 2**20)
     assert all(t.endswith(" MiB") for t in text) and vals == [v * 2**20 for v in (2, 4, 6, 8)]
+
+
+def test_report_states_phases_cause_and_sites_with_stacks(shared):
+    from memlens.report import build_report
+
+    built = build_report(shared(TRAINING), sections=["phases", "peak", "timeline"])
+    assert built.status() == {"phases": "ok", "peak": "ok", "timeline": "ok"}
+    html = built.html()
+    assert "Optimizer.step#AdamW.step" in html and "backward" in html
+    assert "The peak of cuda:0 (" in html and "in the optimizer step" in html
+    assert 'class="memlens-stack" title="' in html and "optimizer.py:" in html

@@ -4,11 +4,33 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.report.markup import bytes_text, key_values, note, paragraph, share_text, table, tag
+from memlens.report.markup import bytes_text, key_values, note, ns_text, paragraph, share_text, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.units import format_bytes, format_ns, format_share
 
 MAX_TABLE_ROWS = 200  # per-iteration rows listed in the page (the figure shows every iteration)
+
+
+MAX_PHASE_ROWS = 200
+
+
+def phases(ctx: ReportContext) -> list:
+    """The run's phases (forward, backward, optimizer step, zero_grad, record_function ranges) as the source
+    tells them: a snapshot's ``external_annotations`` and, where its stacks show them, phases read from frames."""
+    rows = ctx.trace.metadata.get("phases") or []
+    if not rows:
+        raise SectionUnavailable("the source tells no phases (no record_function annotations, and no stack "
+                                 "frames showing the forward pass, backward pass or optimizer step)")
+    df = pd.DataFrame([{"phase": p["name"], "start": p["start_ns"], "end": p["end_ns"],
+                        "duration": p["end_ns"] - p["start_ns"], "from": p.get("source", ""),
+                        "annotation": p.get("label", "")} for p in rows])
+    parts = [paragraph(f"{len(df):,} phases: annotated ranges (record_function) as recorded, and the forward "
+                       "pass, backward pass and optimizer step where the allocation stacks show them (module "
+                       "calls, the autograd engine, torch.optim). Times are since the trace start.")]
+    if len(df) > MAX_PHASE_ROWS:
+        parts.append(note(f"The table lists the first {MAX_PHASE_ROWS} of {len(df):,} phases."))
+    parts.append(table(df.head(MAX_PHASE_ROWS), {"start": ns_text, "end": ns_text, "duration": ns_text}))
+    return parts
 
 
 def iterations(ctx: ReportContext) -> list:
