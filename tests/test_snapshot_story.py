@@ -203,6 +203,12 @@ def test_training_snapshot_categories_leave_under_10_percent_unknown_at_the_peak
     # every parameter has a same-size gradient and optimizer-state block
     sizes = set(b.loc[b["category"] == "gradient", "size"]) & set(b.loc[b["category"] == "optimizer_state", "size"])
     assert set(params["size"]) <= sizes
+    # one gradient per parameter: the gradients the backward pass made weigh what the parameters weigh
+    made_in_backward = b[(b["category"] == "gradient") & (b["phase"] == "backward")]
+    assert made_in_backward["size"].sum() == params["size"].sum()
+    # what the optimizer step released of what predates the recording is the previous step's state
+    released = b[b["allocated_before"] & (b["category_rule"].str.contains("released by the optimizer step"))]
+    assert len(released) and (released["category"] == "optimizer_state").all()
     # the rule is the one that decided: gradients from AccumulateGrad come from the engine's stacks
     acc = b[b["category_rule"] == "allocated under autograd's AccumulateGrad"]
     assert len(acc) and (acc["phase"] == "backward").all()

@@ -29,13 +29,13 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 6. ``activation``: allocated in the forward pass and alive when it ends (saved for backward, or outputs).
 7. ``temporary`` (forward): allocated in the forward pass and freed within it.
 8. ``input``: allocated outside any phase by a copy to the device (``to`` / ``copy_``), before a forward.
-9. ``parameter`` (structure): alive before recording, no stack, with a same-size block that is a gradient
-   or optimizer state (each parameter has a gradient and, with Adam, two state tensors of its size); the
-   number of parameters of a size is half the state tensors of that size (Adam), else the gradients.
-10. ``gradient`` / ``optimizer_state`` (structure): alive before recording with no stack, of a parameter's
-    size, beyond the parameters' count (the previous step's gradients, the optimizer's state). Which of
-    the same-size blocks is which is a guess by address order: the bytes per category are right, the
-    individual assignment may not be.
+9. Structure, for blocks alive before recording without a stack, of a size at which the recording made
+   gradients or optimizer state (each parameter has a gradient and, with Adam, two state tensors of its
+   size): released by the optimizer step -> ``optimizer_state`` (the previous step's state, replaced out of
+   place); released by zero_grad or the backward pass -> ``gradient``; alive to the end -> ``parameter``,
+   one per gradient of that size made in the step (or per pair of state tensors), the rest
+   ``optimizer_state``. Which of several same-size blocks alive to the end is the parameter is a guess by
+   address: the bytes per category are right, the individual assignment may not be.
 10b. ``parameter`` (forward-only): a recording with a forward pass and no backward / optimizer step: alive
     before and after recording, no stack (the model's weights and buffers).
 11. ``activation`` (free stack): allocation unseen, freed by the autograd engine (a saved tensor released
@@ -340,28 +340,37 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         partner_sizes = pd.Series(size[partner]).value_counts()
         grads = pd.Series(size[cat == "gradient"]).value_counts()
         states = pd.Series(size[cat == "optimizer_state"]).value_counts()
+        addr = b["addr"].to_numpy("float64", na_value=0)
+
+        def mark(rows, category, why):
+            mask = np.zeros(n, dtype=bool)
+            mask[rows] = True
+            assign(mask, category, why)
+
         for s, rows in pd.Series(np.flatnonzero(before)).groupby(size[before]):
             if s not in partner_sizes.index:
                 continue
             rows = rows.to_numpy()
             g, o = int(grads.get(s, 0)), int(states.get(s, 0))
-            # Adam-like optimizers keep two state tensors per parameter, SGD with momentum one: the state
-            # count (or else the gradient count) of a size is the number of parameters of that size
-            n_params = min(len(rows), max(1, o // 2 if o >= 2 else (o or g)))
-            order = rows[np.argsort(b["addr"].to_numpy("float64", na_value=0)[rows], kind="stable")]
-            mask = np.zeros(n, dtype=bool)
-            mask[order[:n_params]] = True
-            assign(mask, "parameter", "alive before recording, no stack, the size of a gradient / optimizer state")
-            rest = order[n_params:]
-            if len(rest):
-                n_grad = len(rest) if o == 0 else min(len(rest), n_params) if g else 0
-                mask = np.zeros(n, dtype=bool)
-                mask[rest[:n_grad]] = True
-                assign(mask, "gradient", "alive before recording beyond the parameters of its size (gradients)")
-                mask = np.zeros(n, dtype=bool)
-                mask[rest[n_grad:]] = True
-                assign(mask, "optimizer_state",
-                       "alive before recording beyond the parameters and gradients of its size (optimizer state)")
+            # what happened to them says most: the optimizer step replacing them (the previous step's state,
+            # updated out of place), zero_grad / backward releasing them (the previous step's gradients)
+            fate = free_phase[rows]
+            mark(rows[fate == "optimizer_step"], "optimizer_state" if o else "gradient",
+                 "alive before recording, no stack, released by the optimizer step that re-creates blocks of its "
+                 "size (the previous step's " + ("optimizer state)" if o else "gradients)"))
+            mark(rows[np.isin(fate, ["zero_grad", "backward"])], "gradient",
+                 "alive before recording, no stack, released by zero_grad / the backward pass (the previous "
+                 "step's gradients)")
+            alive = rows[np.isinf(free_t[rows])]
+            # alive throughout: one parameter per gradient of its size made in the step (or, without
+            # gradients, per pair of Adam state tensors); beyond that, state kept by the optimizer
+            n_params = min(len(alive), g if g else (o // 2 if o >= 2 else o) or len(alive))
+            order = alive[np.argsort(addr[alive], kind="stable")]
+            mark(order[:n_params], "parameter", "alive before and after recording, no stack, the size of a "
+                 "gradient / optimizer state made in the step (each parameter has such partners)")
+            mark(order[n_params:], "optimizer_state" if o or not g else "gradient",
+                 "alive before and after recording, no stack, beyond the parameters of its size (which of the "
+                 "same-size blocks is which is a guess by address)")
 
     # a recording with no backward pass and no optimizer step (inference): what was alive before recording,
     # has no stack and is still alive at the end is the model's weights
