@@ -51,8 +51,8 @@ import pandas as pd
 
 MIN_RUN = 3  # a run of fewer events between two runs of the same phase is absorbed by them
 PHASE_NAMES = ("forward", "backward", "optimizer_step", "zero_grad")
-_OPTIMIZER_ANNOTATION = r"^Optimizer\.step#|^optimizer\.step$"
-_ZERO_GRAD_ANNOTATION = r"^Optimizer\.zero_grad#"
+_OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#|^optimizer\.step$")
+_ZERO_GRAD_ANNOTATION = re.compile(r"^Optimizer\.zero_grad#")
 _COPY_OPS = {"to", "_to_copy", "copy_", "_copy_from", "pin_memory", "empty_strided", "empty"}
 _WORKSPACE = ("cublas", "cudnn", "CUDABlasHandle", "getCurrentCUDABlasHandle", "cublasLt", "workspace")
 
@@ -184,8 +184,8 @@ def _annotation_phases(ops: pd.DataFrame) -> list[dict]:
     out = []
     for r in ann.itertuples(index=False):
         name = str(r.name)
-        kind = ("optimizer_step" if pd.Series([name]).str.contains(_OPTIMIZER_ANNOTATION).iloc[0] else
-                "zero_grad" if pd.Series([name]).str.contains(_ZERO_GRAD_ANNOTATION).iloc[0] else name)
+        kind = ("optimizer_step" if _OPTIMIZER_ANNOTATION.search(name) else
+                "zero_grad" if _ZERO_GRAD_ANNOTATION.search(name) else name)
         out.append({"name": kind, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns), "source": "annotation",
                     "label": name})
     return out
@@ -208,9 +208,13 @@ def infer_phases(trace) -> tuple[list[dict], np.ndarray, pd.DataFrame]:
     if len(facts):
         labels[has] = phase_of.reindex(sid[has]).fillna("").to_numpy(dtype=object)
     t = ev["t_ns"].to_numpy(dtype=np.int64)
+    by_time = np.argsort(t, kind="stable")
+    t_sorted = t[by_time]
     for p in annotated:  # an annotation is the phase of every event inside it
         if p["name"] in PHASE_NAMES:
-            labels[(t >= p["start_ns"]) & (t <= p["end_ns"])] = p["name"]
+            lo_i, hi_i = np.searchsorted(t_sorted, [p["start_ns"], p["end_ns"]], side="left")[0], \
+                np.searchsorted(t_sorted, p["end_ns"], side="right")
+            labels[by_time[lo_i:hi_i]] = p["name"]
     # events without a phase (no stack, or no telling frame) take the phase around them
     filled = pd.Series(labels).replace("", np.nan).ffill().fillna("").to_numpy(dtype=object)
     smooth = _smooth(filled)
@@ -246,13 +250,22 @@ def model_calls(trace, facts: pd.DataFrame) -> list[int]:
 
 
 def _phase_at(t: np.ndarray, phases: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(name, end_ns) of the phase holding each time (the latest starting one), "" / -1 outside phases."""
+    """(name, end_ns) of the phase holding each time (the latest starting one), "" / -1 outside phases.
+    O((n + phases) log phases)."""
+    named = sorted((p for p in phases if p["name"] in PHASE_NAMES), key=lambda p: p["start_ns"])
     name = np.full(len(t), "", dtype=object)
     end = np.full(len(t), -1, dtype=np.int64)
-    for p in sorted((p for p in phases if p["name"] in PHASE_NAMES), key=lambda p: p["start_ns"]):
-        inside = (t >= p["start_ns"]) & (t < p["end_ns"]) if p["end_ns"] > p["start_ns"] else (t == p["start_ns"])
-        name[inside] = p["name"]
-        end[inside] = p["end_ns"]
+    if not named or not len(t):
+        return name, end
+    starts = np.array([p["start_ns"] for p in named], dtype=np.int64)
+    ends = np.array([p["end_ns"] for p in named], dtype=np.int64)
+    names = np.array([p["name"] for p in named], dtype=object)
+    k = np.searchsorted(starts, t, side="right") - 1
+    ok = k >= 0
+    kk = np.clip(k, 0, None)
+    inside = ok & ((t < ends[kk]) | ((ends[kk] == starts[kk]) & (t == starts[kk])))
+    name[inside] = names[kk[inside]]
+    end[inside] = ends[kk[inside]]
     return name, end
 
 
