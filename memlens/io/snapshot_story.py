@@ -63,88 +63,87 @@ def _norm(path: str) -> str:
 
 def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     """Per stack_id: ``phase`` (a name of `PHASE_NAMES` or ""), ``accumulate_grad``, ``workspace``,
-    ``model_key`` (outermost module forward function and its caller, "" outside a module call) and
-    ``model_line`` (line executing in that forward, -1 when none)."""
-    cols = {"stack_id": [], "phase": [], "accumulate_grad": [], "workspace": [], "model_key": [], "model_line": [],
-            "setup": []}
+    ``setup`` (what model / optimizer construction makes, outside backward / optimizer step / zero_grad:
+    "parameter" for Module.to / _apply, a torch.nn module's constructor, a constructor run under
+    ``with torch.device(...)``, weight init or loading; "optimizer_state" under a function that builds an
+    optimizer; else ""), ``model_key`` (outermost module forward function and its caller, "" outside a
+    module call) and ``model_line`` (line executing in that forward, -1 when none).
+
+    Vectorised: each distinct frame name / file name is tested once, and per-stack answers are reductions
+    over the frames of each stack (big snapshots have hundreds of thousands of stacks)."""
+    cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line")
     if stacks is None or len(stacks) == 0:
-        return pd.DataFrame(cols)
+        return pd.DataFrame({c: [] for c in cols})
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
-    # plain lists sliced per stack: a pandas groupby costs milliseconds per stack, and big snapshots have
-    # tens of thousands of distinct stacks
-    all_ids = st["stack_id"].to_numpy(dtype=np.int64)
-    all_names = st["name"].astype(str).tolist()
-    all_files = [_norm(f) for f in st["filename"].astype(str).tolist()]
-    all_lines = st["line"].tolist()
-    bounds = np.flatnonzero(np.diff(all_ids)) + 1
-    starts = np.concatenate([[0], bounds]).tolist()
-    ends = np.append(bounds, len(all_ids)).tolist()
-    for a, b in zip(starts, ends):
-        sid = all_ids[a]
-        names, files, lines = all_names[a:b], all_files[a:b], all_lines[a:b]
-        phase, accumulate, workspace = "", False, False
-        in_optim = any("/torch/optim/" in f or f.startswith("torch/optim/") for f in files)
-        if in_optim:
-            phase = "zero_grad" if any(n == "zero_grad" for n, f in zip(names, files) if "/optim/" in f) \
-                else "optimizer_step"
-        elif any(n == "zero_grad" for n in names):
-            phase = "zero_grad"
-        elif any("torch::autograd::Engine::" in n or "AccumulateGrad" in n for n in names) or any(
-                n in ("backward", "_engine_run_backward") and ("/torch/autograd/" in f or f.endswith("torch/_tensor.py"))
-                for n, f in zip(names, files)):
-            phase = "backward"
-        elif any(n in ("_call_impl", "_wrapped_call_impl") and f.endswith("torch/nn/modules/module.py")
-                 for n, f in zip(names, files)):
-            phase = "forward"
-        accumulate = any("AccumulateGrad" in n for n in names)
-        workspace = any(any(w in n for w in _WORKSPACE) for n in names)
-        key, line = "", -1
-        # outermost module call: the last _call_impl frame (frames are innermost first); the model's forward is
-        # the first Python frame inside it, its caller the first Python frame outside it
-        call = [i for i, (n, f) in enumerate(zip(names, files))
-                if n in ("_call_impl", "_wrapped_call_impl") and f.endswith("torch/nn/modules/module.py")]
-        if call:
-            outer = max(call)
-            inner = next((i for i in range(outer - 1, -1, -1) if files[i].endswith(".py")
-                          and not files[i].endswith("torch/nn/modules/module.py")), None)
-            caller = next((i for i in range(outer + 1, len(names)) if files[i].endswith(".py")), None)
-            if inner is not None:
-                key = f"{files[inner]}:{names[inner]}<-" + (f"{files[caller]}:{lines[caller]}" if caller is not None else "")
-                line = int(lines[inner])
-        cols["setup"].append(_setup_role(names, files, phase))
-        cols["stack_id"].append(int(sid))
-        cols["phase"].append(phase)
-        cols["accumulate_grad"].append(accumulate)
-        cols["workspace"].append(workspace)
-        cols["model_key"].append(key)
-        cols["model_line"].append(line)
-    return pd.DataFrame(cols)
+    ids = st["stack_id"].to_numpy(dtype=np.int64)
+    n = len(ids)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ids)) + 1])
+    ends = np.append(starts[1:], n)
+    name_codes, name_u = pd.factorize(st["name"].astype(str).to_numpy())
+    file_codes, file_u = pd.factorize(st["filename"].astype(str).to_numpy())
+    name_u = [str(x) for x in name_u]
+    file_u = [_norm(str(f)) for f in file_u]
+    lines = st["line"].to_numpy(dtype=np.int64)
+
+    def by_name(pred):
+        return np.fromiter((bool(pred(x)) for x in name_u), dtype=bool, count=len(name_u))[name_codes]
+
+    def by_file(pred):
+        return np.fromiter((bool(pred(f)) for f in file_u), dtype=bool, count=len(file_u))[file_codes]
+
+    def any_(mask):  # per stack: does any of its frames match
+        return np.logical_or.reduceat(mask, starts)
+
+    is_py = by_file(lambda f: f.endswith(".py"))
+    module_py = by_file(lambda f: f.endswith("torch/nn/modules/module.py"))
+    optim_file = by_file(lambda f: "/torch/optim/" in f or f.startswith("torch/optim/"))
+    zero = by_name(lambda x: x == "zero_grad")
+    call = by_name(lambda x: x in ("_call_impl", "_wrapped_call_impl")) & module_py
+    engine = by_name(lambda x: "torch::autograd::Engine::" in x or "AccumulateGrad" in x)
+    py_backward = by_name(lambda x: x in ("backward", "_engine_run_backward")) & by_file(
+        lambda f: "/torch/autograd/" in f or f.endswith("torch/_tensor.py"))
+    in_optim = any_(optim_file)
+    phase = np.select(
+        [in_optim & any_(zero & by_file(lambda f: "/optim/" in f)), in_optim, any_(zero),
+         any_(engine) | any_(py_backward), any_(call)],
+        ["zero_grad", "optimizer_step", "zero_grad", "backward", "forward"], "").astype(object)
+
+    builds_optimizer = any_(is_py & by_name(lambda x: "optimizer" in x.lower() and x not in ("step", "zero_grad")))
+    init = by_name(lambda x: x == "__init__")
+    under_device = any_(is_py & by_file(lambda f: f.endswith("torch/utils/_device.py"))) & any_(is_py & init)
+    makes_weights = (any_(module_py & by_name(lambda x: x in ("_apply", "convert", "to", "cuda", "to_empty")))
+                     | any_(by_file(lambda f: "/torch/nn/modules/" in f) & init)
+                     | any_(by_file(lambda f: f.endswith("torch/nn/parameter.py")))
+                     | any_(is_py & by_name(lambda x: _WEIGHT_NAMES.search(x))))
+    skip = np.isin(phase, ["backward", "optimizer_step", "zero_grad"])
+    setup = np.select([skip, builds_optimizer, under_device | makes_weights], ["", "optimizer_state", "parameter"],
+                      "").astype(object)
+
+    # outermost module call: the last _call_impl frame (frames are innermost first); the model's forward is
+    # the nearest Python frame inside it (not module.py), its caller the nearest Python frame outside it
+    idx = np.arange(n, dtype=np.int64)
+    outer = np.maximum.reduceat(np.where(call, idx, -1), starts)
+    last_inner = np.maximum.accumulate(np.where(is_py & ~module_py, idx, -1))
+    next_py = np.minimum.accumulate(np.where(is_py, idx, n)[::-1])[::-1]
+    keys = np.full(len(starts), "", dtype=object)
+    model_line = np.full(len(starts), -1, dtype=np.int64)
+    for k in np.flatnonzero(outer > starts):
+        o, a, b = int(outer[k]), int(starts[k]), int(ends[k])
+        inner = int(last_inner[o - 1])
+        if inner < a:
+            continue
+        caller = int(next_py[o + 1]) if o + 1 < b else n
+        where = f"{file_u[file_codes[caller]]}:{lines[caller]}" if caller < b else ""
+        keys[k] = f"{file_u[file_codes[inner]]}:{name_u[name_codes[inner]]}<-{where}"
+        model_line[k] = lines[inner]
+    return pd.DataFrame({
+        "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x)),
+        "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE))), "setup": setup,
+        "model_key": keys, "model_line": model_line})
 
 
 _WEIGHT_NAMES = re.compile(r"(^|_)(init_weights?|init_weight_list|create_weights|reset_parameters|"
                            r"load_state_dict|_load_from_state_dict|from_pretrained|load_checkpoint)($|_)")
-
-
-def _setup_role(names: list[str], files: list[str], phase: str) -> str:
-    """What building the model or the optimizer makes, from a stack outside forward/backward/step:
-    "parameter" (Module.to / .cuda / _apply, a torch.nn module's constructor, weight init or loading),
-    "optimizer_state" (a frame of a function that builds an optimizer), or ""."""
-    if phase in ("backward", "optimizer_step", "zero_grad"):
-        return ""
-    py = [(n, f) for n, f in zip(names, files) if f.endswith(".py")]
-    if any("optimizer" in n.lower() and n not in ("step", "zero_grad") for n, _ in py):
-        return "optimizer_state"
-    # a constructor run under `with torch.device("cuda")` (torch/utils/_device.py) creates its weights there
-    if any(f.endswith("torch/utils/_device.py") for _, f in py) and any(n == "__init__" for n, _ in py):
-        return "parameter"
-    for n, f in py:
-        if f.endswith("torch/nn/modules/module.py") and n in ("_apply", "convert", "to", "cuda", "to_empty"):
-            return "parameter"
-        if "/torch/nn/modules/" in f and n == "__init__" or f.endswith("torch/nn/parameter.py"):
-            return "parameter"
-        if _WEIGHT_NAMES.search(n):
-            return "parameter"
-    return ""
 
 
 def _smooth(labels: np.ndarray) -> np.ndarray:
