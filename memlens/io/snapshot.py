@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens import limits
 from memlens.errors import InputError
 from memlens.io.safe_pickle import loads_buffer, pickle_buffer
 from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
@@ -48,13 +49,24 @@ def import_snapshot(path):
 
     The streaming reader (`memlens.io.snapshot_stream`) keeps memory near the file size; files it does
     not handle go through the restricted C unpickler."""
-    with pickle_buffer(path) as buf:
-        interner = StackInterner()
-        snapshot = stream_snapshot(buf, interner)
-        if snapshot is None:
-            interner = StackInterner()
-            snapshot = loads_buffer(buf, path)
+    try:
+        with pickle_buffer(path) as buf:
+            snapshot, interner = _read(buf, path)
+    except InputError as exc:
+        raise InputError(exc.message, path) from None
     return snapshot_to_trace(snapshot, source=str(path), path=path, interner=interner)
+
+
+def _read(buf, path):
+    """(snapshot object, its StackInterner) from pickle bytes: streamed, or by the restricted unpickler."""
+    interner = StackInterner()
+    snapshot = stream_snapshot(buf, interner)
+    if snapshot is None:
+        interner = StackInterner()
+        snapshot = loads_buffer(buf, path)
+    else:
+        limits.check_nesting(snapshot, path)
+    return snapshot, interner
 
 
 def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None, interner=None):

@@ -138,6 +138,9 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         # an entry without an action string says nothing about what happened: kept verbatim in events
         # under a name no allocator action has, and counted in the notes
         odd = np.fromiter((type(a) is not str for a in action), dtype=bool, count=len(action))
+        if odd.all():  # nothing in the file says what happened: this is not a snapshot memlens can read
+            raise InputError(f"none of the {len(action):,} device-trace entries has an 'action' string "
+                             "(not a CUDA memory snapshot, or a corrupt one)")
         action = action.copy()
         action[odd] = "(no action)"
         repairs["trace entries without an action (kept as '(no action)')"] = int(odd.sum())
@@ -152,6 +155,10 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         clock = "time_us"
         t_ns, clock_repairs = _monotonic_per_device(time_us, device_code)
         t0_us = int(t_ns.min())
+        # a span or start past 2**62 ns cannot be a recording: it would overflow int64 nanoseconds
+        if int(t_ns.max()) - t0_us >= (1 << 62) // 1000 or abs(t0_us) >= (1 << 62) // 1000:
+            raise InputError("a device-trace entry's time_us is beyond 2**62 ns from the others "
+                             "(a corrupt time stamp)")
         t0 = t0_us * 1000
         t_ns = (t_ns - t0_us) * 1000
     extras = {}

@@ -17,6 +17,9 @@ import re
 import numpy as np
 import pandas as pd
 
+from memlens import limits
+from memlens.errors import InputError
+
 NO_STACK = -1
 _INT64_MAX = 2**63 - 1
 
@@ -44,6 +47,7 @@ class StackInterner:
         self.unknown_lines = 0  # frames whose line was negative, beyond int64 (C++ frames write -1 as
         # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
         self.odd_frames = 0  # frames that were not dicts (kept as a frame named by their text)
+        self.max_frames = limits.max_frames()
 
     def __len__(self) -> int:
         return len(self._content)
@@ -57,6 +61,8 @@ class StackInterner:
         if type(frames) not in (list, tuple):
             self.odd_frames += 1
             return NO_STACK
+        if len(frames) > self.max_frames:
+            raise too_many_frames(len(frames), self.max_frames)
         ids = tuple(map(id, frames))
         sid = self._by_ids.get(ids)
         if sid is None:
@@ -120,6 +126,12 @@ class StackInterner:
             locations.append(_user_location(content))
         return pd.DataFrame({"stack_id": np.arange(len(self._content), dtype=np.int64),
                              "op": ops, "location": locations})
+
+
+def too_many_frames(count: int, limit: int) -> InputError:
+    """The error for a stack longer than `limits.max_frames` (real stacks hold tens to hundreds)."""
+    return InputError(f"a stack has {count} frames or more, over the limit of {limit} frames per stack "
+                      "(set MEMLENS_MAX_FRAMES to raise it)")
 
 
 def _is_torch_internal(filename: str) -> bool:

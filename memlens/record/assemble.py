@@ -64,7 +64,15 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
             "tracking_bytes_estimate": peak_tracked * TRACKING_BYTES_PER_STORAGE,
         },
         "join": stats,
+        "recorder": getattr(session, "backend", "python"),
+        # the recorder's own memory at its peak (bytes): compiled = its record buffers and tables;
+        # python = its event buffer + the estimated cost of the storages it watched
+        "recorder_bytes": int(getattr(session, "recorder_bytes", 0)
+                              or max(session.peak_buffer_bytes, session.buf.nbytes)
+                              + peak_tracked * TRACKING_BYTES_PER_STORAGE),
     }
+    if getattr(session, "spilled_bytes", 0):
+        metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
     if allocator.kernels is not None and len(allocator.kernels):
         ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
     extra = {}
