@@ -97,8 +97,8 @@ def test_findings_with_accesses():
     text = " ".join(sentences)
     assert sentences[0].startswith("The trace (unknown) holds")
     assert "6 iterations were found by detecting the repeating allocation pattern (12 allocations per step)" in text
-    assert "0% of the ATIs are shorter than the time to move" in text  # infinite bandwidth: none
-    assert "idle for more than 40% of the step" in text
+    assert "0.0% of the ATIs are shorter than the time to move" in text  # infinite bandwidth: none
+    assert "idle for more than 40.0% of the step" in text
     assert "cuda:0 peaks at" in text
 
 

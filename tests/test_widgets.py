@@ -107,7 +107,8 @@ def test_stacked_live_keeps_the_exact_peak(sample):
 
 def test_explorer_handlers_update_every_view(sample):
     ex = Explorer(sample)
-    assert len(ex.timeline.data) == 1 + len(colour_groups(ex.geometry(), "category")[1]) + 2
+    # raster, one polygon trace per colour group, the hover markers (stacks), reads, writes
+    assert len(ex.timeline.data) == 1 + len(colour_groups(ex.geometry(), "category")[1]) + 3
     ex.update(categories=("activation",))
     n_act = int((sample.blocks["category"] == "activation").sum())
     assert f"{n_act:,} of" in ex.status.value

@@ -17,7 +17,8 @@ IDLE_SHARE = 0.4  # "idle for more than 40% of the step" - the share named in th
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.1f}%"
+    from memlens.units import format_share  # one percentage format everywhere (issue 17: 100% vs 99.8%)
+    return format_share(x)
 
 
 def _count(n: int, noun: str, plural: str | None = None) -> str:

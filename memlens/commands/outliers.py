@@ -59,7 +59,7 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load
-    from memlens.units import format_bytes, format_ns, parse_bytes
+    from memlens.units import format_bytes, format_ns, format_share, parse_bytes
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
@@ -103,8 +103,8 @@ def run(args) -> int:
     print(f"link: {bw.describe()}")
     print(f"clock: {describe_clock(summary.get('clock'))}; {cycle_text(cycle)}")
     if summary["intervals"]:
-        print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} ATIs (access->access) are too short "
-              f"to swap; the {summary['swappable']:,} others hold {summary['swappable_share'] or 0:.1%} of the "
+        print(f"{format_share(summary['filtered_out_fraction'])} of {summary['intervals']:,} ATIs (access->access) are too short "
+              f"to swap; the {summary['swappable']:,} others hold {format_share(summary['swappable_share'] or 0)} of the "
               f"idle byte-time")
     if len(ranked) == 0:
         print("no blocks qualify" + (" (doa/aoa/wdoa consider blocks idle across the peak, by default only those "

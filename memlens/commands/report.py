@@ -43,7 +43,7 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.io import load
     from memlens.report import build_report
-    from memlens.units import parse_bytes
+    from memlens.units import format_bytes, parse_bytes
 
     if len(args.trace) > 1:
         return _run_many(args)
@@ -69,7 +69,7 @@ def run(args) -> int:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
                     "sections": [s.to_dict() for s in built.sections]})
         return 0
-    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {built.seconds:.1f} s)")
+    print(f"report: {out} ({format_bytes(out.stat().st_size)}, {built.seconds:.1f} s)")
     for s in built.sections:
         if s.status != "ok":
             print(f"  {s.key}: {s.status}: {s.message}")

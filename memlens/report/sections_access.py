@@ -5,6 +5,7 @@ import numpy as np
 
 from memlens.report.markup import bytes_text, ns_text, paragraph, table, tag
 from memlens.report.sections import ReportContext
+from memlens.units import format_bytes, format_ns, format_share
 
 SCATTER_POINTS = 20_000  # outlier scatter: the highest-scoring blocks, the rest are below notice
 
@@ -29,9 +30,9 @@ def ati(ctx: ReportContext) -> list:
         f"{st['count']:,} access time intervals (ATI: from the end of the op of one access to the start of the "
         f"op of the next) over {st['blocks']:,} blocks: median {ns_text(st['p50_ns'])}, 90th percentile "
         f"{ns_text(st['p90_ns'])}, 99th {ns_text(st['p99_ns'])}, longest {ns_text(st['max_ns'])}. "
-        f"{(fs['filtered_out_fraction'] or 0):.0%} are too short to swap over {bw.get('name', 'the link')} "
+        f"{format_share(fs['filtered_out_fraction'] or 0)} are too short to swap over {bw.get('name', 'the link')} "
         f"(copy latency {bw.get('d2h_latency_ns', 0) / 1e3:g} us out, {bw.get('h2d_latency_ns', 0) / 1e3:g} us "
-        f"in); the {fs['swappable']:,} that are long enough hold {(fs['swappable_share'] or 0):.0%} of the idle "
+        f"in); the {fs['swappable']:,} that are long enough hold {format_share(fs['swappable_share'] or 0)} of the idle "
         f"byte-time. Times are on the {describe_clock(st['clock'])}.")]
     parts.append(paragraph(
         "Beside the ATI, not in it, the lifetime edges: "
@@ -120,13 +121,15 @@ def outliers(ctx: ReportContext) -> list:
     shown = ranked.head(SCATTER_POINTS)
     is_top = np.arange(len(shown)) < len(top)
     hover = np.stack([shown["block_id"].astype(str).to_numpy(), safe_labels(shown["category"]),
-                      safe_labels(shown["op"]), safe_labels(shown["module"])], axis=1)
+                      safe_labels(shown["op"]), safe_labels(shown["module"]),
+                      np.array([format_bytes(v) for v in shown["size"]], dtype=object),
+                      np.array([format_ns(v) for v in shown["max_idle_ns"]], dtype=object)], axis=1)
     fig = go.Figure()
     for mask, name, color in ((~is_top, "other blocks", "#BAB0AC"), (is_top, f"top {len(top)}", "#E45756")):
         fig.add_trace(go.Scattergl(
             x=shown["size"].to_numpy()[mask], y=shown["max_idle_ns"].to_numpy()[mask], mode="markers", name=name,
             marker=dict(color=color, size=6), customdata=hover[mask],
-            hovertemplate="block %{customdata[0]} %{x:,.3s}B idle %{y:,.3s}ns<br>%{customdata[1]} / "
+            hovertemplate="block %{customdata[0]} %{customdata[4]} idle %{customdata[5]}<br>%{customdata[1]} / "
                           "%{customdata[2]}<br>%{customdata[3]}<extra></extra>"))
     fig.update_layout(height=380, margin=dict(l=60, r=20, t=30, b=50),
                       xaxis=dict(type="log", title="block size (bytes)"),
@@ -135,6 +138,6 @@ def outliers(ctx: ReportContext) -> list:
     cols = ["block_id", "device", "size", "max_idle_ns", "idle_fraction", "accesses", "crosses_peak", "doa_ns",
             "category", "op", "module"]
     fmt = {"size": bytes_text, "max_idle_ns": ns_text, "doa_ns": ns_text,
-           "idle_fraction": lambda v: f"{v:.0%}"}
+           "idle_fraction": format_share}
     parts.append(table(top[[c for c in cols if c in top.columns]], fmt))
     return parts
