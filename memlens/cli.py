@@ -22,9 +22,8 @@ EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's default prints usage; keep the one-line contract + usage
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INPUT, f"memlens: error: {message}\n")
+    def error(self, message):  # one line (argparse's default adds the usage): what is wrong, where to look
+        self.exit(EXIT_INPUT, printable(f"memlens: error: {message} (see '{self.prog} --help')") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"memlens.commands.{info.name}")
-        module.register(sub)
+        if hasattr(module, "register"):  # helpers such as commands/options.py are not verbs
+            module.register(sub)
     return parser
 
 

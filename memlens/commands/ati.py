@@ -1,6 +1,8 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("ati", help="access time intervals: how long blocks sit between accesses",
@@ -24,6 +26,7 @@ def run(args) -> int:
     from memlens.units import format_ns
 
     trace = load(args.trace)
+    options.check_device(trace, args.device)
     try:
         iv = access_intervals(trace, device=args.device)
     except NeedsAccessesError as exc:

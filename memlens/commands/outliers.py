@@ -2,6 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("outliers", help="blocks ranked by idle memory, with what swapping could reclaim",
@@ -9,15 +11,15 @@ def register(sub) -> None:
                                    "and show which idle intervals are long enough to swap over the given link. "
                                    "Needs a trace with accesses (recorded by memlens).")
     p.add_argument("trace", help="a .memlens directory or any importable file")
-    p.add_argument("--bandwidth", default="pcie4",
+    p.add_argument("--bandwidth", default="pcie4", type=options.bandwidth,
                    help="host link: a rate for both directions (25GB/s), OUT,IN rates (13.2GB/s,12.2GB/s) or a "
                         "preset (pcie3, pcie4, pcie5, zhang, nvlink2, nvlink_c2c, inf); default pcie4 (25 GB/s)")
-    p.add_argument("--latency-us", type=float, default=None,
+    p.add_argument("--latency-us", type=options.microseconds, default=None,
                    help="fixed cost of one transfer in microseconds (default: the preset's, or 10)")
-    p.add_argument("--top", type=int, default=20, help="how many blocks to list (default 20)")
+    p.add_argument("--top", type=options.count(1), default=20, help="how many blocks to list (default 20)")
     p.add_argument("--priority", choices=["size_x_idle", "doa", "aoa", "wdoa"], default="size_x_idle",
                    help="ranking (default size_x_idle; doa/aoa/wdoa consider blocks >= 1 MiB idle across the peak)")
-    p.add_argument("--min-size", default=None,
+    p.add_argument("--min-size", default=None, type=options.size,
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
@@ -57,6 +59,7 @@ def run(args) -> int:
     latency = None if args.latency_us is None else args.latency_us * 1e3
     bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
     trace = load(args.trace)
+    options.check_device(trace, args.device)
     try:
         iv = access_intervals(trace, device=args.device)
     except NeedsAccessesError as exc:

@@ -1,6 +1,8 @@
 """`memlens report TRACE -o report.html`: one self-contained HTML report (opens offline)."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a trace",
@@ -8,17 +10,17 @@ def register(sub) -> None:
                                    "live memory, the peak, largest blocks, ATI and outliers, iterations, what-if "
                                    "comparisons and the trace metadata.")
     p.add_argument("trace", help="a .memlens directory or any importable file")
-    p.add_argument("-o", "--output", default=None, help="HTML file to write (default: TRACE name + .html)")
+    p.add_argument("-o", "--output", default=None, type=options.output_path, help="HTML file to write (default: TRACE name + .html)")
     p.add_argument("--title", default=None, help="page title")
-    p.add_argument("--bandwidth", default=None,
+    p.add_argument("--bandwidth", default=None, type=options.bandwidth,
                    help="host<->device link for ATI/swapping (e.g. 25GB/s or a preset such as pcie4_x16)")
     p.add_argument("--x", choices=("time", "event"), default="time",
                    help="x axis of time plots: wall-clock time or event index")
-    p.add_argument("--sections", default=None,
+    p.add_argument("--sections", default=None, type=options.name_list(),
                    help="comma-separated subset of sections (summary,live,peak,largest,allocator,timeline,ati,"
                         "outliers,iterations,whatif,metadata)")
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
-    p.add_argument("--memory-limit", default=None, help="memory limit for the swapping what-if (e.g. 2GB)")
+    p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
     p.set_defaults(func=run)
 
@@ -39,21 +41,19 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.io import load
     from memlens.report import build_report
-    from memlens.units import parse_bytes
 
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
     trace = load(args.trace)
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else None
-    options = {"x": args.x, "whatif": not args.no_whatif}
+    sections = args.sections
+    report_options = {"x": args.x, "whatif": not args.no_whatif}
     if args.bandwidth:
-        from memlens.analysis.bandwidth import BandwidthModel
-        options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
+        report_options["bandwidth"] = args.bandwidth
     if args.memory_limit:
-        options["memory_limit"] = parse_bytes(args.memory_limit)
+        report_options["memory_limit"] = args.memory_limit
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
-                         source_name=args.trace, **options)
+                         source_name=args.trace, **report_options)
     out = built.write(args.output or _default_output(args.trace))
     if args.json:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
