@@ -16,6 +16,8 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "load_many": ("memlens.analysis.runs", "load_many"),
+    "RunSet": ("memlens.analysis.runs", "RunSet"),
 }
 
 
@@ -35,4 +37,5 @@ def load_ipython_extension(ipython):
     _load(ipython)
 
 
-__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "__version__"]
+__all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
+           "__version__"]

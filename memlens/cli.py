@@ -73,6 +73,9 @@ def main(argv=None) -> int:
         check_environment()
         return int(args.func(args) or 0)
     except InputError as exc:
+        if args.debug:  # the one line stays last; the traceback (with its cause) comes before it
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"memlens: error: {printable(str(exc))}", file=sys.stderr)
         return EXIT_INPUT
     except (MemoryError, RecursionError) as exc:
