@@ -1,11 +1,8 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
-<<<<<<< HEAD
 from memlens.commands import options
-=======
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
->>>>>>> main
 
 
 def register(sub) -> None:
@@ -30,17 +27,6 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-<<<<<<< HEAD
-    trace = load(args.trace)
-    options.check_device(trace, args.device)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
-    stats = ati_stats(iv)
-    hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
-    groups = ati_by(trace, args.by, iv) if args.by else None
-=======
     if engine_for(args) == "dask":
         from memlens.analysis.outofcore import engine
         from memlens.errors import InputError
@@ -54,6 +40,7 @@ def run(args) -> int:
         groups = None
     else:
         trace = load(args.trace)
+        options.check_device(trace, args.device)
         try:
             iv = access_intervals(trace, device=args.device)
         except NeedsAccessesError as exc:
@@ -62,7 +49,6 @@ def run(args) -> int:
         hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
         outside = iv.attrs.get("accesses_outside_lifetime", 0)
         groups = ati_by(trace, args.by, iv) if args.by else None
->>>>>>> main
     if args.json:
         doc = {"intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),

@@ -2,11 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
-<<<<<<< HEAD
 from memlens.commands import options
-=======
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
->>>>>>> main
 
 
 def register(sub) -> None:
@@ -57,22 +54,13 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load
-    from memlens.units import format_bytes, format_ns, parse_bytes
+    from memlens.units import format_bytes, format_ns
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     latency = None if args.latency_us is None else args.latency_us * 1e3
     bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
-<<<<<<< HEAD
-    trace = load(args.trace)
-    options.check_device(trace, args.device)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
-=======
->>>>>>> main
-    min_size = None if args.min_size is None else parse_bytes(args.min_size)
+    min_size = args.min_size
     if engine_for(args) == "dask":
         from memlens.analysis.outofcore import engine
         with runner_for(args) as runner:
@@ -80,6 +68,7 @@ def run(args) -> int:
                                               device=args.device, min_size=min_size)
     else:
         trace = load(args.trace)
+        options.check_device(trace, args.device)
         try:
             iv = access_intervals(trace, device=args.device)
         except NeedsAccessesError as exc:
