@@ -1,6 +1,7 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
+from memlens.commands import options
 from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text, refuse_out_of_core
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
@@ -50,7 +51,9 @@ def run(args) -> int:
         extra = {"accesses_outside_lifetime": stats.pop("accesses_outside_lifetime")}
         groups = None
     else:
-        trace, _ = apply_gpu(load(args.trace), args)
+        trace = load(args.trace)
+        options.check_device(trace, args.device)
+        trace, _ = apply_gpu(trace, args)
         try:
             iv = access_intervals(trace, device=args.device, **cycle_kwargs(args))
         except NeedsAccessesError as exc:

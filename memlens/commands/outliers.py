@@ -2,6 +2,7 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands import options
 from memlens.commands._cycle import add_cycle_args, cycle_kwargs, cycle_text, refuse_out_of_core
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
@@ -12,16 +13,16 @@ def register(sub) -> None:
                                    "and show which idle intervals are long enough to swap over the given link. "
                                    "Needs a trace with accesses (recorded by memlens).")
     p.add_argument("trace", help="a .memlens directory or any importable file")
-    p.add_argument("--bandwidth", default=None,
+    p.add_argument("--bandwidth", default=None, type=options.bandwidth,
                    help="host link: a rate for both directions (25GB/s), OUT,IN rates (13.2GB/s,12.2GB/s) or a "
                         "preset (pcie3, pcie4, pcie5, zhang, nvlink2, nvlink_c2c, inf); default pcie4 (25 GB/s), "
                         "or the --gpu's host link")
-    p.add_argument("--latency-us", type=float, default=None,
+    p.add_argument("--latency-us", type=options.microseconds, default=None,
                    help="fixed cost of one transfer in microseconds (default: the preset's, or 10)")
-    p.add_argument("--top", type=int, default=20, help="how many blocks to list (default 20)")
+    p.add_argument("--top", type=options.count(1), default=20, help="how many blocks to list (default 20)")
     p.add_argument("--priority", choices=["size_x_idle", "doa", "aoa", "wdoa"], default="size_x_idle",
                    help="ranking (default size_x_idle; doa/aoa/wdoa consider blocks >= 1 MiB idle across the peak)")
-    p.add_argument("--min-size", default=None,
+    p.add_argument("--min-size", default=None, type=options.size,
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true",
@@ -59,20 +60,22 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load
-    from memlens.units import format_bytes, format_ns, format_share, parse_bytes
+    from memlens.units import format_bytes, format_ns, format_share
 
     if args.top is not None and args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
     from memlens.commands._device import apply_gpu, link_for, refuse_gpu_with_dask
 
-    trace = None
+    trace = g = None
     dask = engine_for(args) == "dask"
     if dask:
         refuse_gpu_with_dask(args)
     else:
-        trace, g = apply_gpu(load(args.trace), args)
-    bw = link_for(args, None if dask else g)
-    min_size = None if args.min_size is None else parse_bytes(args.min_size)
+        trace = load(args.trace)
+        options.check_device(trace, args.device)
+        trace, g = apply_gpu(trace, args)
+    bw = link_for(args, g)
+    min_size = args.min_size
     cycle = {"steady_state": False, "iteration": None, "period_ns": None}
     if dask:
         from memlens.analysis.outofcore import engine

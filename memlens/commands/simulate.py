@@ -2,6 +2,8 @@
 (PyTorch's caching allocator under given settings, or a baseline) would reserve for the trace's requests."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 ALLOCATOR_CHOICES = ("caching", "malloc", "bestfit", "bump")
 
 
@@ -36,7 +38,9 @@ def run(args) -> int:
 
     from memlens.commands._device import apply_gpu, clock_line
 
-    trace, _ = apply_gpu(load(args.trace), args)
+    trace = load(args.trace)
+    options.check_device(trace, args.device)
+    trace, _ = apply_gpu(trace, args)
     result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
                       device=args.device, initial_state=args.initial_state)
     if args.json:

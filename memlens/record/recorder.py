@@ -76,7 +76,8 @@ class Recorder:
         if self._session is not None:
             raise RuntimeError("this memlens recorder is already recording; create a new one to nest")
         from memlens.record.instruments import Instruments
-        from memlens.record.session import Session
+        from memlens.record.session import Session, reap_orphaned_modes
+        reap_orphaned_modes()  # recordings of this thread that another thread stopped
         self.trace = None
         backend, native, note = choose_backend(self.backend, self.stacks)
         if backend == "compiled":
@@ -110,7 +111,12 @@ class Recorder:
             session.stop()
         finally:
             hooks.deactivate(session)
-            allocator_data = self._instruments.stop()
+            try:
+                allocator_data = self._instruments.stop()
+            except Exception as stop_error:  # e.g. a profiler stopped from another thread than its own
+                warnings.warn(f"memlens: allocator events lost ({type(stop_error).__name__}: {stop_error})",
+                              RuntimeWarning, stacklevel=2)
+                allocator_data = None
         try:
             self.trace = self._build(session, allocator_data, exc)
         except Exception as build_error:   # never raise into user code from the recorder itself
@@ -172,4 +178,8 @@ def record(model=None, stacks: bool = False, **options) -> Recorder:
 
 def step() -> None:
     """Mark an iteration boundary in the active recordings; a no-op when nothing is recording."""
+    import sys
+    session_module = sys.modules.get("memlens.record.session")
+    if session_module is not None and session_module._orphaned_modes:
+        session_module.reap_orphaned_modes()
     hooks.step()
