@@ -30,11 +30,13 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.outofcore import quantiles as qmod
-from memlens.analysis.outofcore.buckets import load_bucket, split_accesses, split_blocks
+from memlens.analysis.outofcore.buckets import (ATI_BLOCK_COLUMNS, OUTLIER_BLOCK_COLUMNS, load_bucket,
+                                                split_accesses, split_blocks)
 from memlens.analysis.outofcore.files import TraceFiles
 from memlens.analysis.outofcore.live import (assemble_curve, combine_peak, curve_piece, load_curve,
                                               split_events, time_edges)
 from memlens.analysis.outofcore.runner import Runner
+from memlens.analysis.outliers import ATTRIBUTION
 from memlens.errors import NeedsAccessesError
 
 DEFAULT_ROWS_PER_BUCKET = 1_000_000
@@ -92,23 +94,25 @@ def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices
 
 
 # ---- pass 1: regroup by block -----------------------------------------------------------------------
-def _regroup(files: TraceFiles, runner: Runner, rows_per_bucket: int) -> int:
-    """Split accesses and blocks into buckets in the scratch directory; returns the bucket count."""
+def _regroup(files: TraceFiles, runner: Runner, rows_per_bucket: int, block_columns=ATI_BLOCK_COLUMNS) -> int:
+    """Split accesses and (the `block_columns` of) blocks into buckets in the scratch directory; returns
+    the bucket count."""
     n_buckets = max(1, math.ceil(files.rows["accesses"] / max(int(rows_per_bucket), 1)))
     scratch = str(runner.scratch)
     acc = files.batches("accesses", rows_per_bucket)
     blk = files.batches("blocks", rows_per_bucket)
     runner.map(split_accesses, [(files, rgs, i, n_buckets, scratch) for i, rgs in enumerate(acc)])
-    runner.map(split_blocks, [(files, rgs, i, n_buckets, scratch) for i, rgs in enumerate(blk)])
+    runner.map(split_blocks, [(files, rgs, i, n_buckets, scratch, block_columns) for i, rgs in enumerate(blk)])
     return n_buckets
 
 
 def _require_accesses(files: TraceFiles, what: str) -> None:
     if files.rows["accesses"] == 0:
+        from types import SimpleNamespace
+
         from memlens.analysis.ati import require_accesses
-        from memlens.trace import Trace
-        empty = Trace.from_tables(pd.DataFrame({"block_id": [], "size": []}),
-                                  metadata={"source_kind": files.metadata.get("source_kind", "unknown")})
+        empty = SimpleNamespace(has_accesses=False,
+                                metadata={"source_kind": files.metadata.get("source_kind", "unknown")})
         try:
             require_accesses(empty, what)
         except NeedsAccessesError as exc:
@@ -213,6 +217,8 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     live = {d: load_curve(p) for d, p in curves.items()}
     ranked = outliers(trace, bw, top=top, priority=priority, device=device, intervals=iv, min_size=min_size,
                       limit_bytes=limit_bytes, live_curves=live)
+    # attribution is attached once to the final rows (its dtypes depend on which rows are picked)
+    ranked = ranked.drop(columns=[c for c in ATTRIBUTION if c in ranked.columns])
     swappable = iv["swappable"].to_numpy()
     part = {"intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
             "idle_bytes_ns": float(np.dot(iv["size"].to_numpy(np.float64), iv["length_ns"].to_numpy(np.float64))),
@@ -221,13 +227,28 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     return ranked, part
 
 
+class _BlocksOf:
+    """The blocks-table rows of some block ids, read back from their buckets' pieces (a `Trace` stand-in
+    for `outliers._attach_attribution`)."""
+
+    def __init__(self, files, scratch: str, block_ids: np.ndarray, n_buckets: int):
+        from memlens.analysis.outofcore.buckets import bucket_of, pieces
+        from memlens.trace import conform
+        frames = []
+        for b in np.unique(bucket_of(block_ids, n_buckets)):
+            for piece in pieces(scratch, "blk", int(b)):
+                df = pd.read_parquet(piece)
+                frames.append(df[df["block_id"].isin(block_ids)])
+        self.blocks = conform("blocks", pd.concat(frames, ignore_index=True) if frames else None)
+
+
 def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priority: str = "size_x_idle", *,
              device: str | None = None, min_size: int | None = None, limit_bytes: float | None = None,
              rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET) -> tuple[pd.DataFrame, dict]:
     """(`memlens.analysis.outliers.outliers` of a saved trace, `filter_summary` of its bandwidth filter).
     Needs each device's whole live curve: 16 bytes per alloc/free event (`memory_needed`)."""
     from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
-    from memlens.analysis.outliers import PRIORITIES, _rank
+    from memlens.analysis.outliers import PRIORITIES, _attach_attribution, _rank
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
@@ -236,7 +257,7 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
     span = files.time_span_ns()
     _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device])
     curves = {d: p["curve"] for d, p in peaks.items() if "curve" in p}
-    n_buckets = _regroup(files, runner, rows_per_bucket)
+    n_buckets = _regroup(files, runner, rows_per_bucket, OUTLIER_BLOCK_COLUMNS)
     scratch = str(runner.scratch)
     results = runner.map(_outliers_bucket, [(files, scratch, b, span, device, bw, top, priority, min_size,
                                              limit_bytes, curves) for b in range(n_buckets)])
@@ -249,6 +270,8 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
         ranked = merged.iloc[order].reset_index(drop=True)
     else:
         ranked = results[0][0] if results else pd.DataFrame()
+    ranked = _attach_attribution(ranked, _BlocksOf(files, scratch, ranked["block_id"].to_numpy(np.int64),
+                                                   n_buckets))
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     parts = [r[1] for r in results]

@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from memlens.trace import conform
+
 EVENT_DTYPE = np.dtype([("t_ns", "<i8"), ("seq", "<i8"), ("delta", "<i8")])
 _BLOCK_COLUMNS = ["device", "size", "alloc_ns", "free_ns", "alloc_seq", "free_seq"]
 _INT64_MAX = np.iinfo(np.int64).max
@@ -47,10 +49,13 @@ def _piece(scratch, device: str, tb: int, part: int, sub: int) -> Path:
 def split_events(files, row_groups: list[int], part: int, edges: np.ndarray, lo: int, scratch: str) -> dict:
     """Task: the allocs and frees of some blocks row groups, split into time-bucket pieces per device.
     Also returns the block-level facts of `buckets.add_block_facts`."""
-    from memlens.analysis.outofcore.buckets import BATCH_ROWS, add_block_facts
+    from memlens.analysis.outofcore.buckets import BLOCK_BATCH_ROWS, add_block_facts
     facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0,
              "pieces": set()}
-    for sub, b in enumerate(files.iter_batches("blocks", row_groups, BATCH_ROWS)):
+    stored = files.columns("blocks")
+    columns = [c for c in ["block_id", *_BLOCK_COLUMNS, "allocated_before", "free_without_alloc"] if c in stored]
+    for sub, b in enumerate(files.iter_batches("blocks", row_groups, BLOCK_BATCH_ROWS, columns)):
+        b = conform("blocks", b)
         add_block_facts(facts, b)
         for device, rows in b.groupby(b["device"].astype(str), sort=True):
             size = rows["size"].to_numpy(dtype=np.int64)
