@@ -149,7 +149,7 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
              limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
-             include_unobserved: bool = False, live_curves: dict | None = None) -> pd.DataFrame:
+             include_unobserved: bool = False, peak_context: dict | None = None) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
     Columns: ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest interval),
@@ -166,9 +166,9 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     can be recorded, so their lifetime is not idle time. Blocks an op-level instrument saw and no op ever
     touched stay in: those really are unused.
 
-    `live_curves` ({device: frame with ``t_ns`` and ``live``, as `live.live_curve` returns}) replaces the
-    curves computed from `trace`: the out-of-core engine ranks a part of the blocks against the whole
-    trace's curves.
+    `peak_context` ({device: {"t_peak": ns, "times", "cum": `load_weight`'s arrays}}) replaces what is
+    otherwise computed from `trace`'s live curves: the out-of-core engine ranks a part of the blocks
+    against the whole trace's peak and load.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -200,7 +200,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     swappable = iv["swappable"].to_numpy()
 
     dev_codes, dev_names = _codes(iv["device"])
-    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, live_curves)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, peak_context)
 
     first = run_start
     out = pd.DataFrame({
@@ -241,7 +241,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
 
 
 def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
-                   dev_names: np.ndarray, limit_bytes: float | None, live_curves: dict | None = None):
+                   dev_names: np.ndarray, limit_bytes: float | None, peak_context: dict | None = None):
     """Zhang et al.'s measures per block, from the interval spanning its device's peak.
 
     Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not.
@@ -254,11 +254,17 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
     spans_peak = np.zeros(len(iv), dtype=bool)
     curves = {}
+    context = peak_context or {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curves[dev] if live_curves and dev in live_curves else live_curve(trace, dev)[0]
-        if len(live) == 0:
-            continue
-        t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
+        if dev in context:
+            if context[dev]["t_peak"] is None:
+                continue
+            t_peak = int(context[dev]["t_peak"])
+        else:
+            curves[dev] = live = live_curve(trace, dev)[0]
+            if len(live) == 0:
+                continue
+            t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
         spanning = (start <= t_peak) & (end > t_peak)
         spans_peak |= spanning if len(dev_names) == 1 else spanning & (dev_codes == code)
     peak_idx = _first_in_runs(run_start, spans_peak)
@@ -274,7 +280,10 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
         on_dev = dev_codes[at_peak] == code
         if not on_dev.any():
             continue
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
+        if dev in context:
+            times, cum = context[dev]["times"], context[dev]["cum"]
+        else:
+            times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
         weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
     wdoa = np.full(n_runs, np.nan)
     wdoa[has_peak] = np.where(swappable[at_peak], weighted, 0.0)

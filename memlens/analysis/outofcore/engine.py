@@ -13,10 +13,10 @@ in-memory analysis answers on the whole trace:
     the quantiles need from the few bins that hold them (`outofcore.quantiles`) and the histogram.
     Memory: one bucket per task (about `rows_per_bucket` accesses and their blocks).
 ``outliers``
-    pass 1 as for ati, plus each device's whole live curve (16 bytes per alloc/free: the peak's time and
-    Zhang et al.'s WDOA need it whole); pass 2 runs `memlens.analysis.outliers.outliers` on each bucket
-    against the whole trace's curves and keeps its top N; the top N of those is the answer (the ranking
-    is a total order: score, size, block id).
+    pass 1 as for ati, plus each device's peak time and Zhang et al.'s WDOA weight integral from the time
+    buckets (a memory-mapped file of 16 bytes per alloc/free event); pass 2 runs
+    `memlens.analysis.outliers.outliers` on each bucket against the whole trace's peak and weights and
+    keeps its top N; the top N of those is the answer (the ranking is a total order: score, size, block id).
 
 Equal to the in-memory engine: counts, minimum, maximum, sums, quantiles, histograms and rankings are
 identical; the standard deviation (a sum of squares added in another order) agrees to float rounding.
@@ -33,7 +33,7 @@ from memlens.analysis.outofcore import quantiles as qmod
 from memlens.analysis.outofcore.buckets import (ATI_BLOCK_COLUMNS, OUTLIER_BLOCK_COLUMNS, load_bucket,
                                                 split_accesses, split_blocks)
 from memlens.analysis.outofcore.files import TraceFiles
-from memlens.analysis.outofcore.live import (assemble_curve, combine_peak, curve_piece, load_curve,
+from memlens.analysis.outofcore.live import (combine_peak, curve_piece, load_context, peak_context,
                                               split_events, time_edges)
 from memlens.analysis.outofcore.runner import Runner
 from memlens.analysis.outliers import ATTRIBUTION
@@ -65,9 +65,9 @@ def summary(path, runner: Runner) -> dict:
     }
 
 
-def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None):
+def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None):
     """Split alloc/free events into time buckets and sum them: (block facts, {device: {"peak", "t_peak",
-    "curve" (path, when written)}})."""
+    and with `write_curves` "context" (`live.peak_context`)}})."""
     batches = files.batches("blocks", DEFAULT_ROWS_PER_BUCKET)
     edges = time_edges(files, max(len(batches), 1), span)
     results = runner.map(split_events, [(files, rgs, i, edges, span[0], str(runner.scratch))
@@ -88,8 +88,8 @@ def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices
         peak, t_peak = combine_peak([p for _, p in mine])
         out[d] = {"peak": peak, "t_peak": t_peak}
         if write_curves and mine:
-            out[d]["curve"] = str(assemble_curve(str(runner.scratch), d, [tb for tb, _ in mine],
-                                                 [p for _, p in mine]))
+            out[d]["context"] = peak_context(str(runner.scratch), d, [tb for tb, _ in mine], [p for _, p in mine],
+                                             span, limit_bytes, runner)
     return facts, out
 
 
@@ -207,16 +207,15 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
 
 
 # ---- memlens outliers -----------------------------------------------------------------------------
-def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, min_size, limit_bytes, curves):
+def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, min_size, limit_bytes, contexts):
     """Pass 2 of one bucket: `outliers()` on its blocks against the whole trace's live curves (its top
     `top`), and the bandwidth filter's partial sums."""
     from memlens.analysis.ati import access_intervals
     from memlens.analysis.outliers import bandwidth_filter, outliers
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = bandwidth_filter(access_intervals(trace, device=device), bw)
-    live = {d: load_curve(p) for d, p in curves.items()}
     ranked = outliers(trace, bw, top=top, priority=priority, device=device, intervals=iv, min_size=min_size,
-                      limit_bytes=limit_bytes, live_curves=live)
+                      limit_bytes=limit_bytes, peak_context={d: load_context(c) for d, c in contexts.items()})
     # attribution is attached once to the final rows (its dtypes depend on which rows are picked)
     ranked = ranked.drop(columns=[c for c in ATTRIBUTION if c in ranked.columns])
     swappable = iv["swappable"].to_numpy()
@@ -246,7 +245,7 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
              device: str | None = None, min_size: int | None = None, limit_bytes: float | None = None,
              rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET) -> tuple[pd.DataFrame, dict]:
     """(`memlens.analysis.outliers.outliers` of a saved trace, `filter_summary` of its bandwidth filter).
-    Needs each device's whole live curve: 16 bytes per alloc/free event (`memory_needed`)."""
+    Each device's peak and WDOA weight integral are built a time bucket at a time (`live.peak_context`)."""
     from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
     from memlens.analysis.outliers import PRIORITIES, _attach_attribution, _rank
     if priority not in PRIORITIES:
@@ -255,12 +254,13 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
     files = _open(path)
     _require_accesses(files, "access time interval (ATI) analysis")
     span = files.time_span_ns()
-    _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device])
-    curves = {d: p["curve"] for d, p in peaks.items() if "curve" in p}
+    _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device],
+                       limit_bytes=limit_bytes)
+    contexts = {d: p["context"] for d, p in peaks.items() if "context" in p}
     n_buckets = _regroup(files, runner, rows_per_bucket, OUTLIER_BLOCK_COLUMNS)
     scratch = str(runner.scratch)
     results = runner.map(_outliers_bucket, [(files, scratch, b, span, device, bw, top, priority, min_size,
-                                             limit_bytes, curves) for b in range(n_buckets)])
+                                             limit_bytes, contexts) for b in range(n_buckets)])
     frames = [r[0] for r in results if len(r[0])]
     if frames:
         merged = pd.concat(frames, ignore_index=True)
