@@ -39,7 +39,7 @@ from memlens.analysis.outofcore.runner import Runner
 from memlens.analysis.outliers import ATTRIBUTION
 from memlens.errors import NeedsAccessesError
 
-DEFAULT_ROWS_PER_BUCKET = 1_000_000
+DEFAULT_ROWS_PER_BUCKET = 500_000  # accesses per bucket task: ~0.3 GiB of intervals and blocks at the peak
 BELOW = {"1us": 1e3, "10us": 1e4, "100us": 1e5, "1ms": 1e6, "10ms": 1e7}  # as ati_stats reports them
 STAT_QUANTILES = (0.5, 0.9, 0.99)
 
