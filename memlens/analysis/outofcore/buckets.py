@@ -28,7 +28,10 @@ def bucket_of(block_ids: np.ndarray, n_buckets: int) -> np.ndarray:
     return ((h >> np.uint64(32)) % np.uint64(n_buckets)).astype(np.int64)
 
 
-BATCH_ROWS = 1 << 20  # rows read at once inside a task (a row group may be larger)
+BATCH_ROWS = 1 << 20  # accesses read at once inside a task (a row group may be larger)
+BLOCK_BATCH_ROWS = 1 << 18  # blocks rows are wider (strings): read fewer at once
+ATI_BLOCK_COLUMNS = ("block_id", "device", "size", "alloc_ns", "free_ns")
+OUTLIER_BLOCK_COLUMNS = ATI_BLOCK_COLUMNS + ("source", "category", "op", "module", "stack_id")
 
 
 def _access_piece(scratch: Path, bucket: int, part: int, sub: int) -> Path:
@@ -57,17 +60,17 @@ def split_accesses(files, row_groups: list[int], part: int, n_buckets: int, scra
     return counts
 
 
-def split_blocks(files, row_groups: list[int], part: int, n_buckets: int, scratch: str) -> dict:
-    """Task: split some row groups of ``blocks`` into bucket pieces; returns rows per bucket and the
-    block-level facts `memlens info` reports (counts of flags, devices)."""
-    out = {"counts": np.zeros(n_buckets, dtype=np.int64), "devices": set(), "allocated_before": 0,
-           "free_without_alloc": 0, "alive_at_end": 0}
-    for sub, df in enumerate(files.iter_batches("blocks", row_groups, BATCH_ROWS)):
-        out["counts"] += _write_split(
+def split_blocks(files, row_groups: list[int], part: int, n_buckets: int, scratch: str,
+                 columns=ATI_BLOCK_COLUMNS) -> np.ndarray:
+    """Task: split the `columns` of some row groups of ``blocks`` into bucket pieces (the other columns get
+    their schema defaults when a bucket is loaded); returns rows per bucket."""
+    counts = np.zeros(n_buckets, dtype=np.int64)
+    present = [c for c in columns if c in files.columns("blocks")]
+    for sub, df in enumerate(files.iter_batches("blocks", row_groups, BLOCK_BATCH_ROWS, present)):
+        counts += _write_split(
             df, df["block_id"].to_numpy(dtype=np.int64), n_buckets,
             lambda b, piece: piece.to_parquet(_block_piece(Path(scratch), b, part, sub), index=False))
-        add_block_facts(out, df)
-    return out
+    return counts
 
 
 def add_block_facts(out: dict, df: pd.DataFrame) -> None:
