@@ -25,6 +25,9 @@ DEFAULT_MAX_BUFFER_BYTES = 512 << 20
 class Recorder:
     """Records blocks, accesses and ops of the PyTorch code run inside it. See `record`."""
 
+    # the Session type to record with (memlens.predict records fake tensors with its own subclass)
+    session_class = None
+
     def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
                  kernel_times: bool = True):
@@ -53,7 +56,7 @@ class Recorder:
         from memlens.record.instruments import Instruments
         from memlens.record.session import Session
         self.trace = None
-        session = Session(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
+        session = (self.session_class or Session)(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
                           module_prefix=self.module_prefix)
         nested = bool(hooks.thread_sessions())
         self._instruments = Instruments(self.allocator, nested=nested, kernel_times=self.kernel_times)

@@ -1,0 +1,150 @@
+"""The fake-CUDA environment a prediction runs in: FakeTensorMode plus the patches ordinary code needs.
+
+Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no compute) and the
+`torch.cuda` functions that scripts call report one device of the modelled GPU. What is patched, and why:
+
+- ``torch.cuda.is_available`` / ``device_count`` / ``current_device`` / ``get_device_capability`` /
+  ``get_device_name`` / ``synchronize`` / ``set_device`` / memory-stat and snapshot functions: on a CPU build
+  they raise or say "no GPU", and ``torch.autocast("cuda")`` silently disables itself unless
+  ``is_available()`` is true.
+- ``nn.init.trunc_normal_`` (and friends that call ``.item()``): a data-dependent ``.item()`` cannot run on
+  fake tensors; the patched version fills in place (``uniform_``), allocating what the real one allocates
+  (nothing).
+- ``nn.Module._apply`` (``.to()``, ``.cuda()``, ``.half()``): torch swaps fake parameters with
+  ``swap_tensors``, which fails ("Couldn't swap ... weakref"); the patch sets ``param.data`` and the fake
+  device instead, so parameters keep their identity (an optimizer built before ``.to()`` still sees them),
+  and the old storage is freed as in a real run.
+Everything is restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+def _no_grad_fill(tensor, *args, **kwargs):
+    with torch.no_grad():
+        return tensor.uniform_(-1.0, 1.0)
+
+
+def _fake_apply(self, fn, recurse=True):
+    """`nn.Module._apply` for fake parameters: `.data =` plus the fake device (see module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in self._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is param:
+            pass
+        elif isinstance(param, FakeTensor) and isinstance(applied, FakeTensor):
+            param.data = applied
+            param.fake_device = applied.fake_device
+        else:
+            self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+            param = self._parameters[key]
+        if param.grad is not None:
+            with torch.no_grad():
+                grad_applied = fn(param.grad)
+            if isinstance(grad_applied, FakeTensor) and isinstance(param.grad, FakeTensor):
+                param.grad.data = grad_applied
+                param.grad.fake_device = grad_applied.fake_device
+            else:
+                param.grad = grad_applied
+    for key, buf in self._buffers.items():
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
+
+
+class _Patches:
+    """Attribute patches applied on enter and restored on exit (nested predictions are refused)."""
+
+    def __init__(self, gpu_name: str, capability: tuple[int, int], total_memory: int | None):
+        self.gpu_name = gpu_name
+        self.capability = capability
+        self.total_memory = total_memory
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def _set(self, owner, name: str, value) -> None:
+        self._saved.append((owner, name, getattr(owner, name, _MISSING)))
+        setattr(owner, name, value)
+
+    def apply(self) -> None:
+        cuda = torch.cuda
+        props = _DeviceProperties(self.gpu_name, self.capability, self.total_memory)
+        self._set(cuda, "is_available", lambda: True)
+        self._set(cuda, "device_count", lambda: 1)
+        self._set(cuda, "current_device", lambda: 0)
+        self._set(cuda, "set_device", lambda device: None)
+        self._set(cuda, "synchronize", lambda device=None: None)
+        self._set(cuda, "get_device_capability", lambda device=None: self.capability)
+        self._set(cuda, "get_device_name", lambda device=None: self.gpu_name)
+        self._set(cuda, "get_device_properties", lambda device=None: props)
+        self._set(cuda, "is_bf16_supported", lambda including_emulation=True: self.capability >= (8, 0))
+        self._set(cuda, "empty_cache", lambda: None)
+        for name in ("reset_peak_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_allocated"):
+            self._set(cuda, name, lambda device=None: None)
+        self._set(cuda.memory, "_record_memory_history", lambda *a, **k: None)
+        self._set(cuda.memory, "_dump_snapshot", lambda *a, **k: None)
+        nvtx = cuda.nvtx
+        self._set(nvtx, "range_push", lambda msg: 0)
+        self._set(nvtx, "range_pop", lambda: 0)
+        self._set(nvtx, "mark", lambda msg: None)
+        self._set(nvtx, "range", _null_range)
+        init = torch.nn.init
+        for name in ("trunc_normal_",):
+            self._set(init, name, _no_grad_fill)
+        self._set(torch.nn.Module, "_apply", _fake_apply)
+
+    def restore(self) -> None:
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _null_range(*args, **kwargs):
+    yield
+
+
+class _DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` reports for the modelled GPU."""
+
+    def __init__(self, name: str, capability: tuple[int, int], total_memory: int | None):
+        self.name = name
+        self.major, self.minor = capability
+        self.total_memory = total_memory or 0
+        self.multi_processor_count = 0
+
+    def __repr__(self) -> str:
+        return f"_DeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, " \
+               f"total_memory={self.total_memory})"
+
+
+@contextlib.contextmanager
+def fake_cuda(gpu_name: str = "H100", capability: tuple[int, int] = (9, 0), total_memory: int | None = None):
+    """FakeTensorMode with a working fake `cuda` device and the patches above; yields the mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memlens.predict import shim
+    shim.require()
+    patches = _Patches(gpu_name, capability, total_memory)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.memlens_patches = patches     # a prediction adds its own (memory-stat answers) and restores them
+    patches.apply()
+    try:
+        with mode:
+            yield mode
+    finally:
+        patches.restore()
