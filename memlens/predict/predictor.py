@@ -198,7 +198,8 @@ class Prediction:
         """One cuBLAS workspace block per thread, at that thread's first GEMM (never freed)."""
         ops = trace.ops
         threads = ops["thread"] if "thread" in ops.columns else pd.Series(0, index=ops.index)
-        gemm = ops[ops["name"].str.split(".").str[0].isin(GEMM_OPS)]
+        base = ops["name"].str.split("::").str[-1].str.split(".").str[0]   # "aten::addmm.default" -> "addmm"
+        gemm = ops[base.isin(GEMM_OPS)]
         if len(gemm) == 0:
             return trace
         firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
@@ -233,7 +234,7 @@ class Prediction:
         trace = self._need_trace()
         cap = _capacity_bytes(capacity) if capacity is not None else None
         if cap is not None:
-            cap = max(cap - self.gpu.cuda_context - self.nccl_bytes, 0)
+            cap = max(cap - self.gpu.cuda_context - self.nccl_bytes, 1)
         if cap not in self._sims:
             if not (trace.blocks["device"] == "cuda:0").any():
                 self._sims[cap] = None
@@ -298,9 +299,10 @@ class Prediction:
         first = sim.ooms[0]
         trace = self.trace
         blocks = trace.blocks
-        bid = first.get("block_id")
-        row = blocks[blocks["block_id"] == bid].iloc[0] if bid is not None and (blocks["block_id"] == bid).any() \
-            else None
+        # the failing request is the allocation at the OOM's position in the replayed order (alloc_seq)
+        hit = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_seq"] == int(first["seq"]))]
+        row = hit.iloc[0] if len(hit) else None
+        bid = int(row["block_id"]) if row is not None else None
         t_ns = int(row["alloc_ns"]) if row is not None else int(first.get("t_ns", 0))
         alive = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_ns"].fillna(-1) < t_ns)
                        & (blocks["free_ns"].isna() | (blocks["free_ns"].fillna(0) > t_ns))]
@@ -308,8 +310,8 @@ class Prediction:
         stack = None
         if row is not None and trace.stacks is not None and pd.notna(row["stack_id"]):
             stack = trace.stacks[trace.stacks["stack_id"] == int(row["stack_id"])]
-        return OOM(int(bid) if bid is not None else -1, int(row["requested_size"]) if row is not None else
-                   int(first.get("size", 0)), str(row["op"]) if row is not None else "",
+        return OOM(bid if bid is not None else -1, int(row["requested_size"]) if row is not None else
+                   int(first.get("requested", 0)), str(row["op"]) if row is not None else "",
                    str(row["module"]) if row is not None else "", t_ns, int(first.get("reserved", 0)),
                    int(live["size"].sum()), cap, stack, live.reset_index(drop=True))
 

@@ -162,8 +162,14 @@ def require() -> None:
     if torch_has_cuda_build():
         return
     torch_first = "torch" in sys.modules and not _state["preloaded"]
-    if not is_built():
+    built_now = not is_built()
+    if built_now:
         build()
+    if torch_first and built_now:
+        raise ShimError(
+            "memlens built its fake-CUDA shim just now (once per torch version, into "
+            f"{build_dir()}); it takes effect in the next process that imports memlens before torch, or "
+            f"under `{CLI_ROUTE}`")
     if torch_first:
         # the device guard can still be added now; the hooks cannot, so check what torch uses
         m = _module()
