@@ -16,6 +16,8 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "load_many": ("memlens.analysis.runs", "load_many"),
+    "RunSet": ("memlens.analysis.runs", "RunSet"),
     "predict": ("memlens.predict", "predict"),
     "fake": ("memlens.predict", "fake"),
     "max_batch": ("memlens.predict.sweep", "max_batch"),
@@ -44,5 +46,5 @@ def load_ipython_extension(ipython):
     _load(ipython)
 
 
-__all__ = ["Trace", "InputError", "MemlensError", "load", "record", "step", "report", "diff", "predict", "fake",
-           "max_batch", "__version__"]
+__all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
+           "predict", "fake", "max_batch", "__version__"]

@@ -16,7 +16,7 @@ import pkgutil
 import sys
 
 from memlens import __version__
-from memlens.errors import InputError
+from memlens.errors import InputError, printable
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
@@ -55,10 +55,28 @@ def main(argv=None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT
+    if not args.debug:  # library warnings (numpy casts of hostile values) would break the one-line contract
+        import warnings
+        warnings.simplefilter("ignore")
     try:
+        from memlens.limits import check_environment
+        check_environment()
         return int(args.func(args) or 0)
     except InputError as exc:
-        print(f"memlens: error: {exc}", file=sys.stderr)
+        if args.debug:  # the one line stays last; the traceback (with its cause) comes before it
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"memlens: error: {printable(str(exc))}", file=sys.stderr)
+        return EXIT_INPUT
+    except (MemoryError, RecursionError) as exc:
+        # only input can make memlens this large or this deep: name it, exit as bad input
+        if args.debug:
+            raise
+        what = "ran out of memory" if isinstance(exc, MemoryError) else "input is nested too deeply"
+        inputs = [str(v) for k, v in sorted(vars(args).items())
+                  if k in ("path", "paths", "trace", "traces", "file", "input", "inputs") and v]
+        print(printable(f"memlens: error: {' '.join(inputs) + ': ' if inputs else ''}{what} (the input is "
+                        "too large or malformed for this machine)"), file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("memlens: interrupted", file=sys.stderr)
@@ -68,8 +86,8 @@ def main(argv=None) -> int:
     except Exception as exc:  # internal error: one line, traceback only with --debug
         if args.debug:
             raise
-        print(f"memlens: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)",
-              file=sys.stderr)
+        print(printable(f"memlens: internal error: {type(exc).__name__}: {exc} (rerun with --debug for "
+                        "details)"), file=sys.stderr)
         return EXIT_INTERNAL
 
 

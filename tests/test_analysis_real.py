@@ -137,13 +137,16 @@ def test_peak_breakdown_on_recordings(fresh_recording):
 
 def test_cuda_snapshots_get_lifetime_analyses(shared):
     trace = memlens.load(shared("snapshots/cs336_wedsonlin_medium_128_inference.pickle"))
-    its = split_iterations(trace)
+    # one forward pass of a layered model: the stacks show one model call, so it has no iterations; the
+    # layers' repeating pattern (53 allocations per layer) is found only when asked for
+    assert split_iterations(trace)["source"].tolist() == ["none"]
+    its = split_iterations(trace, method="detected")
     assert its["source"].iloc[0] == "detected" and len(its) >= 20
     assert its.attrs["period_allocations"] == 53
     stab = iteration_stability(trace, its)
     assert stab["components"]["blocks"] == 1.0 and stab["score"] > 0.95
     text = " ".join(findings(trace))
-    assert "cannot be computed" in text and "iterations were found by detecting" in text
+    assert "cannot be computed" in text
     assert "reserved" in text  # fragmentation from the snapshot's segments
     with pytest.raises(memlens.errors.NeedsAccessesError):
         outliers(trace)

@@ -123,8 +123,11 @@ def _fragmentation(trace) -> list[str]:
                          f"{format_bytes(f['largest_free_block'])}")
             out.append(text + ".")
         if f.get("reserved_over_live"):
+            before = f.get("initial_reserved_bytes") or 0
             out.append(f"Its reserved memory peaked at {format_bytes(f['peak_reserved_bytes'])}, "
-                       f"{f['reserved_over_live']:.2f}x the peak of live blocks.")
+                       f"{f['reserved_over_live']:.2f}x the peak of live blocks"
+                       + (f" ({format_bytes(before)} of it already reserved when recording began)" if before else "")
+                       + ".")
     return out
 
 

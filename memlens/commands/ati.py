@@ -1,6 +1,8 @@
 """`memlens ati TRACE [--json]`: the distribution of access time intervals (ATI) of a trace's blocks."""
 from __future__ import annotations
 
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
+
 
 def register(sub) -> None:
     p = sub.add_parser("ati", help="access time intervals: how long blocks sit between accesses",
@@ -12,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("--by", choices=["kind", "category", "module", "op", "size_class", "iteration", "device"],
                    help="also break the statistics down by this attribute")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_options(p)
     p.set_defaults(func=run)
 
 
@@ -23,18 +26,31 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-    trace = load(args.trace)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
-    stats = ati_stats(iv)
-    hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
-    groups = ati_by(trace, args.by, iv) if args.by else None
+    if engine_for(args) == "dask":
+        from memlens.analysis.outofcore import engine
+        from memlens.errors import InputError
+        if args.by:
+            raise InputError("--by is not available with the dask engine yet (it needs every group's intervals "
+                             "at once); use --engine memory")
+        with runner_for(args) as runner:
+            stats = engine.ati(args.trace, runner, device=args.device)
+        hist = stats.pop("histogram")
+        outside = stats.pop("accesses_outside_lifetime")
+        groups = None
+    else:
+        trace = load(args.trace)
+        try:
+            iv = access_intervals(trace, device=args.device)
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        stats = ati_stats(iv)
+        hist = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
+        outside = iv.attrs.get("accesses_outside_lifetime", 0)
+        groups = ati_by(trace, args.by, iv) if args.by else None
     if args.json:
         doc = {"intervals": stats["count"], **stats,
                "histogram": hist.to_dict(orient="records"),
-               "accesses_outside_lifetime": iv.attrs.get("accesses_outside_lifetime", 0)}
+               "accesses_outside_lifetime": outside}
         if groups is not None:
             doc["by"] = {"key": args.by, "groups": groups.to_dict(orient="records")}
         print_json(doc)

@@ -2,6 +2,8 @@
 that idle time a host link could reclaim by swapping."""
 from __future__ import annotations
 
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
+
 
 def register(sub) -> None:
     p = sub.add_parser("outliers", help="blocks ranked by idle memory, with what swapping could reclaim",
@@ -21,6 +23,7 @@ def register(sub) -> None:
                    help="leave out smaller blocks (e.g. 64KB; default 0, or 1MiB for doa/aoa/wdoa as in Zhang et al.)")
     p.add_argument("--device", help="only blocks of this device")
     p.add_argument("--json", action="store_true", help="print a JSON list of blocks")
+    add_engine_options(p)
     p.set_defaults(func=run)
 
 
@@ -56,19 +59,25 @@ def run(args) -> int:
         raise InputError(f"--top must be at least 1, got {args.top}")
     latency = None if args.latency_us is None else args.latency_us * 1e3
     bw = BandwidthModel.parse(args.bandwidth, latency_ns=latency)
-    trace = load(args.trace)
-    try:
-        iv = access_intervals(trace, device=args.device)
-    except NeedsAccessesError as exc:
-        raise NeedsAccessesError(exc.message, args.trace) from None
     min_size = None if args.min_size is None else parse_bytes(args.min_size)
-    ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
-                      min_size=min_size)
+    if engine_for(args) == "dask":
+        from memlens.analysis.outofcore import engine
+        with runner_for(args) as runner:
+            ranked, summary = engine.outliers(args.trace, runner, bw, top=args.top, priority=args.priority,
+                                              device=args.device, min_size=min_size)
+    else:
+        trace = load(args.trace)
+        try:
+            iv = access_intervals(trace, device=args.device)
+        except NeedsAccessesError as exc:
+            raise NeedsAccessesError(exc.message, args.trace) from None
+        ranked = outliers(trace, bw, top=args.top, priority=args.priority, device=args.device, intervals=iv,
+                          min_size=min_size)
+        summary = None if args.json else filter_summary(bandwidth_filter(iv, bw))
     if args.json:
         cols = [c for c in JSON_COLUMNS if c in ranked.columns]
         print_json([{c: _plain(v) for c, v in zip(cols, row)} for row in ranked[cols].itertuples(index=False)])
         return 0
-    summary = filter_summary(bandwidth_filter(iv, bw))
     print(f"link: {bw.describe()}")
     if summary["intervals"]:
         print(f"{summary['filtered_out_fraction']:.1%} of {summary['intervals']:,} access intervals are too short "

@@ -7,7 +7,9 @@ def register(sub) -> None:
                        description="Write one HTML file (plotly.js inlined, no network needed) with the summary, "
                                    "live memory, the peak, largest blocks, ATI and outliers, iterations, what-if "
                                    "comparisons and the trace metadata.")
-    p.add_argument("trace", help="a .memlens directory or any importable file")
+    p.add_argument("trace", nargs="+",
+                   help="a .memlens directory or any importable file; several (the ranks of a job) give one page "
+                        "comparing their peaks, with a run selector")
     p.add_argument("-o", "--output", default=None, help="HTML file to write (default: TRACE name + .html)")
     p.add_argument("--title", default=None, help="page title")
     p.add_argument("--bandwidth", default=None,
@@ -41,6 +43,9 @@ def run(args) -> int:
     from memlens.report import build_report
     from memlens.units import parse_bytes
 
+    if len(args.trace) > 1:
+        return _run_many(args)
+    args.trace = args.trace[0]
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
@@ -63,4 +68,29 @@ def run(args) -> int:
     for s in built.sections:
         if s.status != "ok":
             print(f"  {s.key}: {s.status}: {s.message}")
+    return 0
+
+
+def _run_many(args) -> int:
+    from memlens.cli import print_json
+    from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
+    from memlens.units import parse_bytes
+
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else DEFAULT_SECTIONS
+    options = {"x": args.x, "whatif": not args.no_whatif}
+    if args.bandwidth:
+        from memlens.analysis.bandwidth import BandwidthModel
+        options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
+    if args.memory_limit:
+        options["memory_limit"] = parse_bytes(args.memory_limit)
+    built = build_runs_report(args.trace, title=args.title, sections=sections, **options)
+    out = built.write(args.output or "runs.html")
+    if args.json:
+        print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
+                    "runs": [{"run": r.name, "rank": r.rank, "path": r.path, "rank_source": r.rank_source}
+                             for r in built.runset.runs],
+                    "imbalance": built.runset.imbalance(), "sections": built.status()})
+        return 0
+    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {len(built.runset)} runs, {built.seconds:.1f} s)")
+    print(f"imbalance: {built.runset.imbalance()}")
     return 0

@@ -41,7 +41,10 @@ def memory_timeline_to_trace(obj, source: str = "<in-memory timeline>", path=Non
     where = path if path is not None else source
     if not isinstance(obj, list) or not obj:
         raise InputError("not a memory-timeline export (expected a non-empty JSON list)", where)
-    if len(obj) == 2 and all(isinstance(x, list) for x in obj) and obj[0] and not isinstance(obj[0][0], list):
+    # coalesced: [times, sizes] where each sizes[i] is itself a list (bytes per category); a raw export
+    # of exactly two rows is also a 2-element list of lists, but its second row holds scalars
+    if len(obj) == 2 and all(isinstance(x, list) for x in obj) and obj[0] and not isinstance(obj[0][0], list) \
+            and obj[1] and isinstance(obj[1][0], list):
         return _coalesced(obj[0], obj[1], source, where)
     try:
         rows = np.array(obj, dtype=np.int64)

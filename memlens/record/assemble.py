@@ -64,7 +64,15 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
             "tracking_bytes_estimate": peak_tracked * TRACKING_BYTES_PER_STORAGE,
         },
         "join": stats,
+        "recorder": getattr(session, "backend", "python"),
+        # the recorder's own memory at its peak (bytes): compiled = its record buffers and tables;
+        # python = its event buffer + the estimated cost of the storages it watched
+        "recorder_bytes": int(getattr(session, "recorder_bytes", 0)
+                              or max(session.peak_buffer_bytes, session.buf.nbytes)
+                              + peak_tracked * TRACKING_BYTES_PER_STORAGE),
     }
+    if getattr(session, "spilled_bytes", 0):
+        metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
     if allocator.kernels is not None and len(allocator.kernels):
         ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
     extra = {}
@@ -73,10 +81,10 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     if allocator.snapshot is not None:
         from memlens.record.cuda import snapshot_segments
         extra.update(snapshot_segments(allocator.snapshot))
-    trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
-    if iteration_source == "none":
-        _detect_iterations(trace)
-    return trace
+    # without markers or optimizer steps the ops keep no iteration number: the analyses detect iterations
+    # from the repeating allocation pattern when asked (memlens.analysis.iterations), so that recording
+    # never depends on an analysis
+    return Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
 
 
 TRACKING_BYTES_PER_STORAGE = 300
@@ -95,27 +103,6 @@ def _peak_tracked(session: Session) -> int:
     delta = np.concatenate([np.ones(len(seen), np.int64), -np.ones(len(frees), np.int64)])
     order = np.lexsort((delta, t))            # a free before a watch at the same instant
     return int(np.cumsum(delta[order]).max())
-
-
-def _detect_iterations(trace: Trace) -> None:
-    """No step markers and no optimizer steps: number the ops from the repeating allocation pattern
-    (memlens.analysis.iterations); ops before the first detected iteration keep a missing number."""
-    import numpy as np
-
-    try:
-        from memlens.analysis.iterations import split_iterations
-        found = split_iterations(trace, method="detected")
-    except Exception as exc:  # detection is a bonus: a failure leaves iterations missing, with a note
-        trace.metadata["notes"].append(f"iteration detection failed ({type(exc).__name__}: {exc})")
-        return
-    if len(found) < 2 or (found["source"] != "detected").any():
-        return
-    starts = found["start_ns"].to_numpy(dtype=np.int64)
-    idx = np.searchsorted(starts, trace.ops["start_ns"].to_numpy(), side="right") - 1
-    iteration = pd.array(idx, dtype="Int64")
-    iteration[idx < 0] = pd.NA
-    trace.ops["iteration"] = iteration
-    trace.metadata["iteration_source"] = "detected"
 
 
 def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: int) -> pd.DataFrame:

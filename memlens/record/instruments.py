@@ -121,8 +121,12 @@ def quiet_native_stderr():
 class Instruments:
     """Starts and stops the allocator-level instruments for one recording."""
 
-    def __init__(self, mode: str = "auto", *, nested: bool = False, kernel_times: bool = True):
+    def __init__(self, mode: str = "auto", *, nested: bool = False, kernel_times: bool = True,
+                 profiler: bool = True):
         self.mode = mode
+        # False with the compiled recorder: its own memory hook gives the allocation events (the
+        # profiler is still started on CUDA for kernel times)
+        self.profiler = profiler
         self.nested = nested
         self.kernel_times = kernel_times
         self._profiler = None
@@ -136,7 +140,8 @@ class Instruments:
             return
         import torch
         self._start_cuda_history(torch)
-        self._start_profiler(torch)
+        if self.profiler or (self.kernel_times and torch.cuda.is_available()):
+            self._start_profiler(torch)
 
     def _start_profiler(self, torch) -> None:
         """Start the profiler for allocation events only.

@@ -14,12 +14,36 @@ Behaviour that users can rely on:
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from time import perf_counter_ns, time_ns
 
 from memlens.record import hooks
 
 DEFAULT_MAX_BUFFER_BYTES = 512 << 20
+BACKENDS = ("compiled", "python")
+_warned_fallback: list = []
+
+
+def choose_backend(requested: str | None, stacks: bool) -> tuple[str, object, str | None]:
+    """(backend, native module or None, note): `requested` (or $MEMLENS_RECORDER, default "compiled")
+    unless the compiled recorder cannot be built here (one warning per process, then Python)."""
+    name = (requested or os.environ.get("MEMLENS_RECORDER") or "compiled").strip().lower()
+    if name not in BACKENDS:
+        raise ValueError(f"recorder backend must be one of {BACKENDS}, not {name!r} (MEMLENS_RECORDER)")
+    if name == "python":
+        return "python", None, None
+    if stacks:
+        return "python", None, "stacks=True records with the Python recorder (the compiled one keeps no stacks)"
+    from memlens.record import native
+    try:
+        return "compiled", native.load(), None
+    except native.NativeUnavailable as exc:
+        if not _warned_fallback:
+            _warned_fallback.append(True)
+            warnings.warn(f"memlens: compiled recorder unavailable ({exc}); using the Python recorder",
+                          RuntimeWarning, stacklevel=3)
+        return "python", None, f"compiled recorder unavailable ({exc})"
 
 
 class Recorder:
@@ -30,7 +54,7 @@ class Recorder:
 
     def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
-                 kernel_times: bool = True):
+                 kernel_times: bool = True, backend: str | None = None):
         if allocator not in ("auto", True, False, "profiler", "none"):
             raise ValueError(f"allocator must be 'auto', 'profiler', 'none', True or False, not {allocator!r}")
         self.model = model
@@ -39,6 +63,7 @@ class Recorder:
         self.max_buffer_bytes = int(max_buffer_bytes)
         self.module_prefix = module_prefix
         self.kernel_times = bool(kernel_times)
+        self.backend = backend
         self.trace = None
         self._session = None
         self._instruments = None
@@ -56,13 +81,27 @@ class Recorder:
         from memlens.record.instruments import Instruments
         from memlens.record.session import Session
         self.trace = None
-        session = (self.session_class or Session)(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
-                          module_prefix=self.module_prefix)
+        if self.session_class is not None:   # a Session subclass (memlens.predict): the Python backend
+            backend, native, note = "python", None, None
+        else:
+            backend, native, note = choose_backend(self.backend, self.stacks)
+        if self.session_class is not None:
+            session = self.session_class(model=self.model, stacks=self.stacks,
+                                         max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
+        elif backend == "compiled":
+            from memlens.record.compiled import CompiledSession
+            session = CompiledSession(native=native, memory=self.allocator != "none", model=self.model,
+                                      max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
+        else:
+            session = Session(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
+                              module_prefix=self.module_prefix)
+        session.backend_note = note
         nested = bool(hooks.thread_sessions())
-        self._instruments = Instruments(self.allocator, nested=nested, kernel_times=self.kernel_times)
+        self._instruments = Instruments(self.allocator, nested=nested, kernel_times=self.kernel_times,
+                                        profiler=backend == "python")
         self._instruments.start()
-        # wall clock <-> perf_counter at the start, to place allocator events on our clock
-        self._clock = (time_ns(), perf_counter_ns())
+        # wall clock <-> the session's clock at the start, to place allocator events on our clock
+        self._clock = (time_ns(), native.now() if native is not None else perf_counter_ns())
         hooks.activate(session)
         try:
             session.start()
@@ -91,6 +130,17 @@ class Recorder:
 
     def _build(self, session, allocator_data, exc):
         from memlens.record.assemble import assemble_trace
+        mem_events = getattr(session, "memory_events", None)
+        if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook
+            wall0, clock0 = self._clock
+            ev = session.memory_events
+            allocator_data.events = ev.assign(t_unix_ns=ev["t_ns"] - clock0 + wall0).drop(columns="t_ns")[
+                ["t_unix_ns", "device", "addr", "delta"]]
+            allocator_data.sources.append("memory_hook")
+        if getattr(session, "memory_note", ""):
+            allocator_data.notes.append(session.memory_note)
+        if getattr(session, "backend_note", None):
+            allocator_data.notes.append(session.backend_note)
         settings = {"stacks": self.stacks, "allocator": self.allocator,
                     "max_buffer_bytes": self.max_buffer_bytes, "module_prefix": self.module_prefix,
                     "model": type(self.model).__name__ if self.model is not None else None}

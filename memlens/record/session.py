@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.record.attribution import Attribution
 from memlens.record.buffers import EventBuffers
+from memlens.record.costs import CostCache, signature_args, signature_value
 from memlens.record.opinfo import METADATA, VIEW
 from memlens.record.opinfo import classify_cached as classify
 from memlens.record.stacks import StackTable
@@ -89,12 +90,17 @@ class _RecordingMode(TorchDispatchMode):
 class Session(Attribution):
     """State of one recording (the public `Recorder` creates one per `with` block or decorated call)."""
 
+    backend = "python"
+
     def __init__(self, *, model=None, stacks: bool = False, max_buffer_bytes: int = 512 << 20,
                  module_prefix: str = "model"):
         self.buf = EventBuffers(max_buffer_bytes)
         self.model = model
         self.module_prefix = module_prefix
         self.op_names: list[str] = []
+        self.op_funcs: list = []                 # the OpOverload of each name index
+        self.costs = CostCache()                 # per-op cost signatures, facts computed at build time
+        self._costs_index = self.costs.index
         self._op_cache: dict[int, tuple] = {}    # id(OpOverload) -> learn_op entry
         self.op_cache_get = self._op_cache.get
         self.module_paths: list[str] = [""]
@@ -124,6 +130,7 @@ class Session(Attribution):
         self._acc_append = b.accesses.data.append
         self._blocks_extend = b.blocks.data.extend
         self._frees_extend = b.frees.data.extend
+        self._sigs_append = b.op_sigs.data.append
 
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
@@ -218,9 +225,11 @@ class Session(Attribution):
                     acc((b << 1) | 1)
         if resizes and args:
             self._check_reallocated(args[0], op, start, end)
+        sig = self._cost_signature(name_idx, kind, args, kwargs, out)
         node = _current_autograd_node()
         aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        self._sigs_append(sig)
         if self.stack_table is not None:
             self.buf.op_stacks.data.append(self.stack_table.capture())
         if op >= self._next_budget_check:
@@ -244,11 +253,28 @@ class Session(Attribution):
             for k, v in kwargs.items():
                 self._touch_safely(v, int(k in kw_writes), op, start)
         self._touch_safely(out, 0 if kind == VIEW else 1, op, start, fresh=kind != VIEW)
+        try:
+            sig = self._cost_signature(name_idx, kind, args, kwargs, out)
+        except Exception:   # arguments whose shape cannot be read: no cost facts for this op
+            sig = -1
         node = _current_autograd_node()
         aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        del self.buf.op_sigs.data[self.n_ops - 1:]       # drop the failed fast path's entry, if any
+        self._sigs_append(sig)
         if self.stack_table is not None:
             self.buf.op_stacks.data.append(self.stack_table.capture())
+
+    def _cost_signature(self, name_idx: int, kind: int, args, kwargs, out) -> int:
+        """The op's cost-signature number (-1 for views: they cost nothing). The signature is the
+        op plus each argument's (shape, dtype) or scalar value and the results' (shape, dtype); facts
+        are computed once per distinct signature when the trace is built."""
+        if kind == VIEW:
+            return -1
+        a = signature_args(args)
+        k = signature_value(tuple(kwargs.items())) if kwargs else ()
+        o = (out.shape, out.dtype) if isinstance(out, Tensor) else signature_value(out)
+        return self._costs_index((name_idx, a, k, o), self.op_funcs[name_idx], a, dict(k), o)
 
     def _touch_safely(self, value, write: int, op: int, t: int, fresh: bool = False) -> None:
         if isinstance(value, Tensor):
@@ -287,6 +313,7 @@ class Session(Attribution):
         7 whether it may reallocate `self` in place)."""
         info = classify(func)
         self.op_names.append(info.name)
+        self.op_funcs.append(func)
         call = getattr(func, "_op", func)
         pos_writes = tuple(int(w) for w in info.pos_writes)      # 0/1, ready to pack into accesses
         entry = (len(self.op_names) - 1, info.kind, pos_writes, info.kw_writes, info.write_if_arg, call, func,

@@ -68,3 +68,11 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     fig.update_xaxes(title_text=x_title, row=rows, col=1)
     fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig
+
+
+def diff_figure(d, align: str = "auto", x: str = "time", max_points: int = 4000):
+    """The figure of a `memlens.diff.TraceDiff`: both runs' live memory overlaid (`diff_overlay`), on the
+    device pairs the diff compared. (It lives here, not on TraceDiff, so that the analysis never imports
+    figures.)"""
+    return diff_overlay(d.trace_a, d.trace_b, device_pairs=d.device_pairs, align=align, x=x,
+                        max_points=max_points, names=(d.name_a, d.name_b))

@@ -19,7 +19,7 @@ CATEGORY_COLORS = {
     "optimizer_state": "#B279A2", "input": "#EECA3B", "temporary": "#E45756", "autograd_detail": "#FF9DA6",
     "unknown": "#BAB0AC", "other": "#9D755D",
 }
-NONE_LABEL = "(none)"
+NONE_LABEL = "(unknown)"  # one word for "the source does not say", as in tables and diff
 
 
 def safe(text) -> str:
@@ -37,7 +37,7 @@ def plot_text(text) -> str:
 
 
 def safe_labels(values) -> np.ndarray:
-    """`plot_text` of every label of an array-like (each distinct label once); empty labels become ``(none)``."""
+    """`plot_text` of every label of an array-like (each distinct label once); empty labels become ``(unknown)``."""
     labels = pd.Series(values, dtype=object).fillna("").astype(str).replace("", NONE_LABEL)
     codes, uniques = pd.factorize(labels)
     escaped = np.array([html.escape(v, quote=False) for v in uniques], dtype=object)

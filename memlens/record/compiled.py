@@ -1,0 +1,290 @@
+"""A recording session whose per-op hot path is compiled (`memlens.record.native`, recorder.cpp).
+
+The C++ side logs ops, accesses, blocks, frees and allocator events into fixed-size records; the
+Python side keeps what happens per module call or per step (module paths, categories from
+parameters/gradients/optimizer state, iteration marks: `Attribution`), exactly as the Python
+recorder does. At the end the records are drained with numpy into the same int64 streams the Python
+`Session` fills, so `assemble_trace` builds both backends' traces with the same code.
+
+Clock: every time is on the compiled recorder's clock (monotonic ns minus the recorder's own time in
+the thread, including the Python hooks below), so a trace's gaps are the program's, not the recorder's.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from time import perf_counter_ns
+
+import numpy as np
+import pandas as pd
+
+from memlens.record.buffers import EventBuffers
+from memlens.record.session import Session
+
+OP_DTYPE = np.dtype([("start", "<i8"), ("end", "<i8"), ("aseq", "<i4"), ("sig", "<i4"), ("ctx", "<i4"),
+                     ("nacc", "<u4")])
+BLOCK_DTYPE = np.dtype([("ptr", "<i8"), ("size", "<i8"), ("alloc_t", "<i8"), ("op", "<i4"), ("dev", "<i2"),
+                        ("before", "i1"), ("claimed", "i1")])
+FREE_DTYPE = np.dtype([("t", "<i8"), ("block", "<i8")])
+MEM_DTYPE = np.dtype([("t", "<i8"), ("ptr", "<i8"), ("delta_dev", "<i8")])
+_NATIVE_SEQ_CAP = 1 << 30       # recorder.cpp caps backward node numbers here (int32 records)
+_SEQ_CAP = 1 << 62              # the Python recorder's cap (session._SEQ_CAP)
+
+
+class CompiledSession(Session):
+    """`Session` with the C++ hot path; same public behaviour and the same streams after `stop()`."""
+
+    backend = "compiled"
+
+    def __init__(self, *, native, memory: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        self.native = native
+        self.memory = memory
+        self._handle = None
+        self._drained = None
+        self._ctx_value = 0
+        self.memory_events = None          # DataFrame of allocator events (t_ns on this clock)
+        self.memory_note = ""
+        self.signatures: list[bytes] = []
+        self.sig_of_op = np.empty(0, np.int64)
+        self.recorder_bytes = 0
+        self.spilled_bytes = 0
+        self._spill_dir = None
+
+    # the module context word lives in C++ (copied into every op record)
+    @property
+    def _ctx(self) -> int:
+        return self.__dict__.get("_ctx_value", 0)
+
+    @_ctx.setter
+    def _ctx(self, value: int) -> None:
+        self.__dict__["_ctx_value"] = value
+        handle = self.__dict__.get("_handle")
+        if handle is not None:
+            handle.set_ctx(value)
+
+    @property
+    def n_ops(self) -> int:
+        handle = self.__dict__.get("_handle")
+        if handle is not None:
+            return handle.n_ops()
+        return self.__dict__.get("_n_ops", 0)
+
+    @n_ops.setter
+    def n_ops(self, value: int) -> None:
+        self.__dict__["_n_ops"] = value
+
+    # ---- start / stop -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._spill_dir = tempfile.mkdtemp(prefix="memlens-spill-")
+        self._handle = self.native.Recording(int(self.buf.max_bytes), os.path.join(self._spill_dir, "rec"),
+                                             bool(self.memory))
+        self.t_start = self.native.now()
+        self.active = True
+        self._handle.set_ctx(self._ctx_value)
+        if self.model is not None:
+            t0 = perf_counter_ns()
+            self._register_modules(self.model, self.module_prefix)
+            self.native.add_own_ns(perf_counter_ns() - t0)
+
+    def stop(self) -> None:
+        handle = self._handle
+        if handle is None:
+            return
+        if self.active:
+            self.t_stop = self.native.now()
+        self.active = False
+        try:
+            handle.stop()           # callbacks and the memory hook are gone after this
+        finally:
+            if not self.t_stop:
+                self.t_stop = self.native.now()
+            self._n_ops_final = handle.n_ops()
+            self._handle = None
+            self.n_ops = self._n_ops_final
+            try:
+                self._drain(handle.drain())
+            finally:
+                self._remove_spill_dir()
+
+    def _release_refs(self) -> None:      # the Python session's weakrefs: none here
+        if not self.t_stop:
+            self.t_stop = self.native.now()
+        if self._handle is not None:
+            try:
+                self._handle.stop()
+            except Exception:
+                pass
+
+    def _remove_spill_dir(self) -> None:
+        if self._spill_dir:
+            for name in os.listdir(self._spill_dir):
+                try:
+                    os.remove(os.path.join(self._spill_dir, name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self._spill_dir)
+            except OSError:
+                pass
+            self._spill_dir = None
+
+    # ---- hooks: the Python part of the recorder's own time ----------------------------------
+    def _timed(self, fn, *args):
+        t0 = perf_counter_ns()
+        try:
+            return fn(*args)
+        finally:
+            self.native.add_own_ns(perf_counter_ns() - t0)
+
+    def enter_module(self, module, args) -> None:
+        self._timed(super().enter_module, module, args)
+
+    def exit_module(self, module) -> None:
+        self._timed(super().exit_module, module)
+
+    def optimizer_pre(self, optimizer) -> None:
+        self._timed(super().optimizer_pre, optimizer)
+
+    def optimizer_post(self, optimizer) -> None:
+        self._timed(super().optimizer_post, optimizer)
+
+    def mark_step(self) -> None:
+        self._timed(super().mark_step)
+
+    def _mark_locked(self, tensor, category: int, module_idx: int) -> None:
+        handle = self._handle
+        if handle is None:
+            return
+        b = handle.block_of(tensor)
+        if b >= 0 and (b, category) not in self._marked:
+            self._marked.add((b, category))
+            self.buf.marks.data.extend((b, category, handle.n_ops(), module_idx))
+
+    # ---- drain: C++ records -> the Session's int64 streams ----------------------------------
+    def _drain(self, d: dict) -> None:
+        ops = d["ops"].numpy().view(OP_DTYPE)
+        acc = d["accesses"].numpy().view("<i4").astype(np.int64)
+        blocks = d["blocks"].numpy().view(BLOCK_DTYPE)
+        frees = d["frees"].numpy().view(FREE_DTYPE)
+        mem = d["memory"].numpy().view(MEM_DTYPE)
+        self.op_names = list(d["op_names"])
+        self.signatures = list(d["sigs"])
+        self.devices = list(d["devices"])
+        self.tensors_without_storage += int(d["tensors_without_storage"])
+        self.recorder_bytes = int(d["peak_bytes"])
+        self.spilled_bytes = int(d["spilled_bytes"])
+        self.memory_note = d["memory_note"]
+        if d["stop_reason"] and not self.stop_reason:
+            self.stop_reason = d["stop_reason"]
+        n = len(ops)
+        sig_name = np.asarray([int.from_bytes(s[:8], "little", signed=True) for s in self.signatures],
+                              dtype=np.int64)
+        self.sig_of_op = ops["sig"].astype(np.int64)
+        aseq = ops["aseq"].astype(np.int64)
+        aseq = np.where(aseq == -2 - _NATIVE_SEQ_CAP, -2 - _SEQ_CAP, aseq)
+        table = np.empty((n, 6), dtype=np.int64)
+        table[:, 0] = sig_name[self.sig_of_op] if n else 0
+        table[:, 1] = ops["ctx"]
+        table[:, 2] = ops["start"]
+        table[:, 3] = ops["end"]
+        table[:, 4] = aseq
+        table[:, 5] = np.cumsum(ops["nacc"].astype(np.int64))
+        self._fill(self.buf.ops, table)
+        self._fill(self.buf.accesses, acc.reshape(-1, 1))
+        nb = len(blocks)
+        before = blocks["before"].astype(np.int64)
+        op = blocks["op"].astype(np.int64)
+        starts = ops["start"]
+        made_t = np.where((before == 0) & (op < n), starts[np.clip(op, 0, max(n - 1, 0))] if n else -1, -1)
+        btable = np.empty((nb, 7), dtype=np.int64)
+        btable[:, 0] = np.arange(nb)
+        btable[:, 1] = blocks["dev"]
+        btable[:, 2] = blocks["ptr"]
+        btable[:, 3] = blocks["size"]
+        btable[:, 4] = np.where(before == 1, -1, made_t)
+        btable[:, 5] = op
+        btable[:, 6] = before
+        self._fill(self.buf.blocks, btable)
+        ftable = np.stack([frees["block"], frees["t"]], axis=1) if len(frees) else np.empty((0, 2), np.int64)
+        self._fill(self.buf.frees, ftable)
+        self.n_blocks = nb
+        self.memory_events = self._memory_events(mem, blocks, frees) if self.memory else None
+
+    @staticmethod
+    def _fill(stream, table: np.ndarray) -> None:
+        stream.data = stream.data.__class__("q")
+        stream.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
+
+    def _memory_events(self, mem, blocks, frees) -> pd.DataFrame:
+        """Every allocator event as the profiler would list it: the raw ones plus the allocations (and
+        frees) folded into block records, put back."""
+        claimed = np.flatnonzero(blocks["claimed"] == 1)
+        t = [mem["t"], blocks["alloc_t"][claimed]]
+        ptr = [mem["ptr"], blocks["ptr"][claimed]]
+        delta = [mem["delta_dev"] >> 8, blocks["size"][claimed]]
+        dev = [mem["delta_dev"] & 0xFF, blocks["dev"][claimed].astype(np.int64)]
+        is_claimed = np.zeros(len(blocks), dtype=bool)
+        is_claimed[claimed] = True
+        fb = frees["block"]
+        fc = is_claimed[fb] if len(fb) else np.zeros(0, bool)
+        t.append(frees["t"][fc])
+        ptr.append(blocks["ptr"][fb[fc]])
+        delta.append(-blocks["size"][fb[fc]])
+        dev.append(blocks["dev"][fb[fc]].astype(np.int64))
+        devices = np.asarray(self.devices + ["?"], dtype=object)
+        dev_all = np.concatenate(dev).astype(np.int64)
+        df = pd.DataFrame({"t_ns": np.concatenate(t).astype(np.int64),
+                           "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
+                           "addr": np.concatenate(ptr).astype(np.int64),
+                           "delta": np.concatenate(delta).astype(np.int64)})
+        return df.sort_values("t_ns", kind="stable").reset_index(drop=True)
+
+    # ---- signatures (for per-op cost facts) --------------------------------------------------
+    def decode_signature(self, sig: int) -> tuple:
+        """(op name, inputs, outputs) of signature `sig`: tensors as ("tensor", dtype code, shape), lists
+        as lists, scalars as Python values (see recorder.cpp put_value)."""
+        return decode_signature(self.signatures[sig], self.op_names)
+
+
+def decode_signature(raw: bytes, op_names: list) -> tuple:
+    """Decode one signature from recorder.cpp into (op name, inputs, outputs)."""
+    words = np.frombuffer(raw, dtype="<i8")
+
+    def read(w, i):
+        tag = int(w[i])
+        if tag == ord("T"):
+            dtype = int(w[i + 1])
+            ndim = int(w[i + 2])
+            if ndim < 0:
+                return ("tensor", dtype, None), i + 3
+            return ("tensor", dtype, tuple(int(x) for x in w[i + 3:i + 3 + ndim])), i + 3 + ndim
+        if tag == ord("L"):
+            k = int(w[i + 1])
+            items, j = [], i + 2
+            for _ in range(k):
+                item, j = read(w, j)
+                items.append(item)
+            return items, j
+        if tag == ord("W"):       # a Python number wrapped as a 0-d tensor by the binding
+            return ("scalar", int(w[i + 1])), i + 2
+        if tag == ord("I"):
+            return int(w[i + 1]), i + 2
+        if tag == ord("D"):
+            return float(np.frombuffer(np.int64(w[i + 1]).tobytes(), "<f8")[0]), i + 2
+        if tag == ord("B"):
+            return bool(w[i + 1]), i + 2
+        if tag == ord("N"):
+            return None, i + 1
+        return "?", i + 1
+
+    name = op_names[int(words[0])]
+    inputs, outputs, i, side = [], [], 1, 0
+    while i < len(words):
+        if side == 0 and int(words[i]) == ord("|"):
+            side, i = 1, i + 1
+            continue
+        item, i = read(words, i)
+        (outputs if side else inputs).append(item)
+    return name, inputs, outputs

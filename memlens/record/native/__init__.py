@@ -1,0 +1,70 @@
+"""The compiled recorder (recorder.cpp), built on first use against the installed torch.
+
+`load()` JIT-builds it with `torch.utils.cpp_extension.load` (g++ and ninja) into a cache directory
+keyed by the source's hash, the torch version and the Python version, so it is built once per machine
+(`scripts/install.sh` builds it ahead of time). `MEMLENS_BUILD_DIR` moves the cache. When no compiler
+is present `load()` raises `NativeUnavailable` with the reason; the recorder then falls back to Python.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import threading
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder.cpp")
+_CFLAGS = ["-O2", "-DNDEBUG"]   # NDEBUG as torch was built: RecordFunction's layout depends on it
+_lock = threading.Lock()
+_module = None
+_error: str | None = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled recorder could not be built or loaded (the message says why)."""
+
+
+def build_dir() -> str:
+    """Where the compiled recorder is cached (created on demand)."""
+    import torch
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
+    return os.path.join(root, tag)
+
+
+def load(verbose: bool = False):
+    """The compiled extension module (built on the first call in a machine, then loaded from cache)."""
+    global _module, _error
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        if _error is not None:
+            raise NativeUnavailable(_error)
+        compiler = os.environ.get("CXX") or "c++"
+        if shutil.which(compiler) is None and shutil.which("g++") is None:
+            _error = f"no C++ compiler found ({compiler!r} / 'g++' not on PATH)"
+            raise NativeUnavailable(_error)
+        try:
+            from torch.utils.cpp_extension import load as _load
+            path = build_dir()
+            os.makedirs(path, exist_ok=True)
+            _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
+                            extra_cflags=_CFLAGS, verbose=verbose)
+        except Exception as exc:   # a missing ninja, a compile error, a failed import: say so once
+            _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
+            raise NativeUnavailable(_error) from exc
+        return _module
+
+
+def available() -> bool:
+    """True when the compiled recorder builds and loads here."""
+    try:
+        load()
+        return True
+    except NativeUnavailable:
+        return False

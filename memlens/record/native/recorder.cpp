@@ -1,0 +1,763 @@
+// memlens compiled recorder: the per-op hot path of `memlens.record()` in C++.
+//
+// One thread-local at::RecordFunction callback per session (scope FUNCTION, with inputs and outputs)
+// logs every ATen op the Python TorchDispatchMode recorder would see: ops below the composite
+// decompositions and not nested inside another recorded op's kernel. Per op it appends one fixed-size
+// record (times, autograd sequence number, module context, interned signature = op name + argument
+// shapes/dtypes/scalars) and one 4-byte record per tensor argument (block id << 1 | is_write).
+// Blocks are storages (StorageImpl identity, held by a weak pointer so that the address cannot be
+// reused while we know it; the data is never kept alive). Allocations and frees come from a
+// c10::MemoryReportingInfoBase pushed into the thread-local debug info (the mechanism of the
+// profiler's profile_memory): a fresh output's allocation is folded into its block record, frees of
+// known blocks become free records, everything else (temporaries inside ops) is kept raw.
+//
+// Time spent inside these callbacks is accumulated per thread and subtracted from every timestamp
+// (`now()` = monotonic clock minus the recorder's own time so far in this thread), so a trace's gaps
+// are those of the program, not of the recorder.
+//
+// Buffers are chunked append-only streams of fixed-size records; over the byte budget, full chunks
+// are spilled to a file and read back at drain time: nothing is dropped.
+#include <torch/extension.h>
+#include <ATen/record_function.h>
+#include <ATen/SequenceNumber.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/autograd/node.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace memlens {
+
+constexpr int kSlots = 16;
+constexpr int kNormal = 0, kView = 1, kMetadata = 2;
+
+static inline int64_t raw_now() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+// The recorder's own time in this thread (ns), subtracted from every timestamp.
+thread_local int64_t tl_own_ns = 0;
+static inline int64_t now() { return raw_now() - tl_own_ns; }
+
+// ---- records --------------------------------------------------------------------------------
+struct OpRec {            // 32 bytes
+  int64_t start, end;     // corrected monotonic ns
+  int32_t aseq;           // autograd sequence counter after the op, or -2 - backward node's number
+  int32_t sig;            // interned signature (op name + shapes/dtypes/scalars)
+  int32_t ctx;            // module index << 2 | phase bits (set by the Python hooks)
+  uint32_t nacc;          // accesses appended by this op
+};
+struct BlockRec {         // 32 bytes; block id = index
+  int64_t ptr, size, alloc_t;  // alloc_t: the allocator's time when claimed, else -1
+  int32_t op;             // op index that made it (or the op count when first seen)
+  int16_t dev;
+  int8_t before;          // first seen as an input / by a hook: existed before this op
+  int8_t claimed;         // its allocation event was folded in here (not in the raw events)
+};
+struct FreeRec { int64_t t, block; };              // 16 bytes
+struct MemRec { int64_t t, ptr, delta_dev; };      // 24 bytes: delta << 8 | device index
+
+// A chunked append-only stream of fixed-size records, spillable to a file.
+template <typename T>
+struct Stream {
+  static constexpr size_t kChunk = 4096;
+  std::vector<std::unique_ptr<T[]>> chunks;
+  size_t n = 0;              // records in memory (over all chunks)
+  size_t spilled = 0;        // records already written to `file`
+  std::FILE* file = nullptr;
+
+  T& push() {
+    size_t i = n % kChunk;
+    if (i == 0 && n / kChunk == chunks.size()) chunks.emplace_back(new T[kChunk]);
+    T& r = chunks[n / kChunk][i];
+    ++n;
+    return r;
+  }
+  size_t size() const { return spilled + n; }
+  size_t mem_bytes() const { return chunks.size() * kChunk * sizeof(T); }
+  // Write all full chunks to the spill file, keep the partial last one. Returns bytes freed.
+  size_t spill(const std::string& path) {
+    size_t full = n / kChunk;
+    if (full == 0) return 0;
+    if (!file) {
+      file = std::fopen(path.c_str(), "w+b");
+      if (!file) throw std::runtime_error("memlens: cannot open spill file " + path);
+    }
+    for (size_t c = 0; c < full; ++c)
+      if (std::fwrite(chunks[c].get(), sizeof(T), kChunk, file) != kChunk)
+        throw std::runtime_error("memlens: spill write failed for " + path);
+    std::vector<std::unique_ptr<T[]>> rest;
+    for (size_t c = full; c < chunks.size(); ++c) rest.push_back(std::move(chunks[c]));
+    chunks.swap(rest);
+    spilled += full * kChunk;
+    n -= full * kChunk;
+    return full * kChunk * sizeof(T);
+  }
+  // Everything (spilled then in memory) as one contiguous byte tensor.
+  at::Tensor to_bytes() {
+    size_t total = size();
+    auto out = at::empty({int64_t(total * sizeof(T))}, at::kByte);
+    auto* dst = reinterpret_cast<char*>(out.data_ptr());
+    if (spilled) {
+      std::fflush(file);
+      std::rewind(file);
+      if (std::fread(dst, sizeof(T), spilled, file) != spilled)
+        throw std::runtime_error("memlens: could not read back spilled records");
+      dst += spilled * sizeof(T);
+    }
+    for (size_t i = 0; i < n; i += kChunk) {
+      size_t k = std::min(kChunk, n - i);
+      std::memcpy(dst, chunks[i / kChunk].get(), k * sizeof(T));
+      dst += k * sizeof(T);
+    }
+    return out;
+  }
+  void clear() {
+    chunks.clear();
+    n = spilled = 0;
+    if (file) { std::fclose(file); file = nullptr; }
+  }
+};
+
+// ---- per-op facts from the schema, learned once ----------------------------------------------
+struct OpInfo {
+  int32_t name_id = -1;
+  int kind = kNormal;
+  bool skip = false;             // not an ATen op (a named scope): ignore entirely
+  bool transparent = false;      // a CompositeImplicitAutograd decomposition: its children are the ops
+  bool transparent_nested = false;
+  bool resizes = false;
+  int write_if = -1;             // the writes apply only when this argument is true
+  std::vector<uint8_t> writes;   // per schema argument: 1 when written
+  bool any_write = false;
+};
+
+struct PendingAlloc { int64_t t, ptr, size; int16_t dev; };
+
+struct Frame {
+  bool recorded = false;
+  int64_t start = 0;
+  OpInfo* info = nullptr;
+  std::vector<std::pair<c10::StorageImpl*, uint8_t>> inputs;  // storages of the inputs (post-op check)
+  std::vector<c10::Storage> pins;      // resizing ops only: keep `self`'s storage for the op
+  int32_t self_block = -1;             // resizing ops: self's block before the op
+  int64_t self_ptr = 0, self_size = 0;
+  std::vector<PendingAlloc> allocs;    // allocations during this op (this thread)
+  uint32_t no_storage = 0;
+  bool any_nested = false;
+  std::string sig;                     // signature bytes of the inputs
+};
+
+struct Live {
+  int32_t block;
+  bool claimed;                                    // its allocation is in its block record
+  int64_t ptr;
+  c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused, not the data
+};
+
+struct Session;
+Session* g_slots[kSlots] = {nullptr};
+std::mutex g_slots_mutex;
+
+struct ThreadState {
+  std::vector<Frame> frames;   // one per RecordFunction in flight (recorded or not)
+  int suppress = 0;            // recorded ops in flight: nested ops are inside their kernels
+};
+thread_local ThreadState tl_state[kSlots];
+
+struct Session {
+  int slot = -1;
+  std::mutex mu;
+  bool active = false;
+  std::string stop_reason;
+  int64_t max_bytes;
+  std::string spill_prefix;
+  int64_t spilled_bytes = 0;
+  int64_t peak_bytes = 0;
+
+  Stream<OpRec> ops;
+  Stream<int32_t> acc;
+  Stream<BlockRec> blocks;
+  Stream<FreeRec> frees;
+  Stream<MemRec> mem;
+
+  std::atomic<int32_t> ctx{0};
+  int64_t tensors_without_storage = 0;
+  int64_t own_ns_total = 0;
+
+  std::unordered_map<const char*, OpInfo> op_cache;
+  std::vector<std::string> op_names;
+  std::unordered_map<std::string, int32_t> sig_ids;
+  std::vector<std::string> sigs;
+  size_t sig_bytes = 0;
+  std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
+  std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
+  std::vector<int32_t> unreported;                      // live blocks whose free the allocator may not report
+  std::vector<c10::StorageImpl*> unreported_keys;
+  size_t sweep_every = 1, since_sweep = 0;
+  std::vector<std::string> devices;
+  std::unordered_map<std::string, int16_t> device_idx;
+
+  int64_t mem_bytes() const {
+    return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
+                   mem.mem_bytes() + sig_bytes + live.size() * 64 + by_ptr.size() * 32);
+  }
+  void check_budget() {
+    int64_t used = mem_bytes();
+    if (used > peak_bytes) peak_bytes = used;
+    if (used <= max_bytes) return;
+    spilled_bytes += acc.spill(spill_prefix + ".acc");
+    spilled_bytes += ops.spill(spill_prefix + ".ops");
+    spilled_bytes += mem.spill(spill_prefix + ".mem");
+    spilled_bytes += frees.spill(spill_prefix + ".frees");
+    spilled_bytes += blocks.spill(spill_prefix + ".blocks");
+  }
+
+  int16_t device_index(const c10::Device& d) {
+    std::string s = d.str();
+    auto it = device_idx.find(s);
+    if (it != device_idx.end()) return it->second;
+    int16_t i = int16_t(devices.size());
+    devices.push_back(s);
+    device_idx.emplace(s, i);
+    return i;
+  }
+
+  // The block of `st` (discovering it if new). `before`: existed before op `op`. -1: no bytes.
+  int32_t block_of(const c10::Storage& st, int32_t op, bool before, Frame* frame) {
+    c10::StorageImpl* impl = st.unsafeGetStorageImpl();
+    auto it = live.find(impl);
+    if (it != live.end()) return it->second.block;
+    int64_t size = int64_t(st.nbytes());
+    if (size == 0) return -1;
+    c10::Device dev = st.device();
+    if (dev.type() == c10::DeviceType::Meta) return -1;
+    int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
+    int32_t bid = int32_t(blocks.size());
+    BlockRec& b = blocks.push();
+    b.ptr = ptr; b.size = size; b.alloc_t = -1; b.op = op; b.dev = device_index(dev);
+    b.before = before ? 1 : 0; b.claimed = 0;
+    if (!before && frame) {   // a fresh output: its allocation, seen during this op, is folded in
+      auto& al = frame->allocs;
+      for (size_t i = 0; i < al.size(); ++i) {
+        if (al[i].ptr == ptr && al[i].size == size) {
+          b.alloc_t = al[i].t; b.claimed = 1;
+          al.erase(al.begin() + i);
+          break;
+        }
+      }
+    }
+    live.emplace(impl, Live{bid, b.claimed != 0, ptr, st.getWeakStorageImpl()});
+    by_ptr[ptr] = impl;
+    if (!b.claimed) {         // the allocator may never report its free (allocated before recording)
+      unreported.push_back(bid);
+      unreported_keys.push_back(impl);
+      sweep_every = std::max<size_t>(1, unreported.size() / 32);
+    }
+    return bid;
+  }
+
+  void free_block(int32_t bid, c10::StorageImpl* impl, int64_t ptr, int64_t t) {
+    FreeRec& f = frees.push();
+    f.t = t; f.block = bid;
+    live.erase(impl);
+    auto it = by_ptr.find(ptr);
+    if (it != by_ptr.end() && it->second == impl) by_ptr.erase(it);
+  }
+
+  // Blocks whose storage died without an allocator report (made before recording): freed now.
+  void sweep(int64_t t) {
+    size_t w = 0;
+    for (size_t i = 0; i < unreported.size(); ++i) {
+      c10::StorageImpl* impl = unreported_keys[i];
+      auto it = live.find(impl);
+      if (it == live.end() || it->second.block != unreported[i]) continue;   // already freed
+      if (it->second.weak.expired()) {
+        free_block(it->second.block, impl, it->second.ptr, t);
+        continue;
+      }
+      unreported[w] = unreported[i];
+      unreported_keys[w] = impl;
+      ++w;
+    }
+    unreported.resize(w);
+    unreported_keys.resize(w);
+    sweep_every = std::max<size_t>(1, unreported.size() / 32);
+  }
+
+  void on_memory(void* p, int64_t delta, const c10::Device& device, int64_t t, Frame* frame) {
+    int64_t ptr = int64_t(reinterpret_cast<intptr_t>(p));
+    std::lock_guard<std::mutex> g(mu);
+    if (!active) return;
+    int16_t dev = device_index(device);
+    if (delta > 0) {
+      if (frame) { frame->allocs.push_back(PendingAlloc{t, ptr, delta, dev}); return; }
+      MemRec& m = mem.push(); m.t = t; m.ptr = ptr; m.delta_dev = (delta << 8) | dev;
+    } else {
+      if (frame) {   // a temporary of this op: its allocation becomes a raw event first
+        auto& al = frame->allocs;
+        for (size_t i = 0; i < al.size(); ++i) if (al[i].ptr == ptr) {
+          MemRec& m = mem.push(); m.t = al[i].t; m.ptr = ptr; m.delta_dev = (al[i].size << 8) | al[i].dev;
+          al.erase(al.begin() + i);
+          break;
+        }
+      }
+      bool claimed = false;
+      auto it = by_ptr.find(ptr);
+      if (it != by_ptr.end()) {
+        c10::StorageImpl* impl = it->second;
+        auto lv = live.find(impl);
+        if (lv != live.end()) {
+          claimed = lv->second.claimed;
+          free_block(lv->second.block, impl, ptr, t);
+        } else {
+          by_ptr.erase(it);
+        }
+      }
+      if (!claimed) { MemRec& m = mem.push(); m.t = t; m.ptr = ptr; m.delta_dev = (delta << 8) | dev; }
+    }
+  }
+};
+
+// ---- memory reporting hook ------------------------------------------------------------------
+struct Reporter : public c10::MemoryReportingInfoBase {
+  std::atomic<uint32_t> mask{0};
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device) override {
+    int64_t t0 = raw_now();
+    int64_t t = t0 - tl_own_ns;
+    uint32_t m = mask.load(std::memory_order_acquire);
+    for (int k = 0; k < kSlots && m; ++k, m >>= 1) {
+      if (!(m & 1)) continue;
+      Session* s = g_slots[k];
+      if (!s) continue;
+      ThreadState& ts = tl_state[k];
+      Frame* frame = nullptr;
+      for (size_t i = ts.frames.size(); i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
+      try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
+    }
+    tl_own_ns += raw_now() - t0;
+  }
+  bool memoryProfilingEnabled() const override { return true; }
+};
+
+// ---- signatures -----------------------------------------------------------------------------
+static inline void put(std::string& s, int64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
+static inline void put_tensor(std::string& s, const at::Tensor& t) {
+  if (!t.defined()) { put(s, 'N'); return; }
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) { put(s, 'W'); put(s, int64_t(t.scalar_type())); return; }
+  put(s, 'T');
+  put(s, int64_t(t.scalar_type()));
+  if (t.is_nested() || t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) {
+    put(s, -1);   // sizes of nested/subclass tensors are not plain
+    return;
+  }
+  auto sizes = t.sym_sizes();
+  put(s, int64_t(sizes.size()));
+  for (auto& d : sizes) put(s, d.is_symbolic() ? -1 : d.as_int_unchecked());
+}
+static void put_value(std::string& s, const c10::IValue& v) {
+  if (v.isTensor()) put_tensor(s, v.toTensor());
+  else if (v.isTensorList()) {
+    auto l = v.toTensorList();
+    put(s, 'L'); put(s, int64_t(l.size()));
+    for (size_t i = 0; i < l.size(); ++i) put_tensor(s, l.get(i));
+  } else if (v.isList()) {
+    auto l = v.toListRef();
+    put(s, 'L'); put(s, int64_t(l.size()));
+    for (auto& x : l) put_value(s, x);
+  } else if (v.isInt()) { put(s, 'I'); put(s, v.toInt()); }
+  else if (v.isDouble()) { double d = v.toDouble(); int64_t b; std::memcpy(&b, &d, 8); put(s, 'D'); put(s, b); }
+  else if (v.isBool()) { put(s, 'B'); put(s, v.toBool()); }
+  else if (v.isNone()) put(s, 'N');
+  else put(s, 'O');
+}
+
+// ---- the callbacks --------------------------------------------------------------------------
+static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) {
+  const char* key = fn.name();
+  auto it = s->op_cache.find(key);
+  cacheable = true;
+  if (it != s->op_cache.end()) return it->second;
+  static thread_local OpInfo skip_info;
+  auto opname = fn.operator_name();
+  if (!opname) { cacheable = false; skip_info.skip = true; return skip_info; }
+  OpInfo info;
+  auto schema = fn.operator_schema();
+  auto handle = c10::Dispatcher::singleton().findOp(*opname);
+  const std::string& name = opname->name;
+  info.name_id = int32_t(s->op_names.size());
+  s->op_names.push_back(name);
+  static const std::unordered_map<std::string, std::pair<std::vector<int>, int>> omitted = {
+      {"aten::native_batch_norm", {{3, 4}, 5}}, {"aten::cudnn_batch_norm", {{3, 4}, 5}},
+      {"aten::miopen_batch_norm", {{3, 4}, 5}}, {"aten::_batch_norm_with_update", {{3, 4}, -1}}};
+  static const std::unordered_map<std::string, int> metadata = {
+      {"aten::sym_size", 1}, {"aten::sym_stride", 1}, {"aten::sym_numel", 1}, {"aten::sym_storage_offset", 1},
+      {"aten::size", 1}, {"aten::stride", 1}, {"aten::numel", 1}, {"aten::dim", 1}, {"aten::storage_offset", 1},
+      {"aten::is_same_size", 1}, {"aten::_has_compatible_shallow_copy_type", 1}, {"aten::is_contiguous", 1},
+      {"aten::empty_like", 1}, {"aten::empty_strided", 1}, {"aten::empty", 1}, {"aten::new_empty", 1},
+      {"aten::new_empty_strided", 1}, {"aten::new_zeros", 1}, {"aten::new_ones", 1}, {"aten::new_full", 1},
+      {"aten::zeros_like", 1}, {"aten::ones_like", 1}, {"aten::full_like", 1}, {"aten::rand_like", 1},
+      {"aten::randn_like", 1}, {"aten::randint_like", 1}, {"aten::resize_as_", 1}, {"aten::record_stream", 1}};
+  static const std::unordered_map<std::string, int> resizing = {
+      {"aten::resize_", 1}, {"aten::resize_as_", 1}, {"aten::set_", 1}, {"aten::_resize_output_", 1}};
+  if (schema) {
+    for (auto& arg : schema->arguments()) {
+      bool w = arg.alias_info() && arg.alias_info()->isWrite();
+      info.writes.push_back(w ? 1 : 0);
+    }
+    auto om = omitted.find(name);
+    if (om != omitted.end()) {
+      for (int i : om->second.first) if (i < int(info.writes.size())) info.writes[i] = 1;
+      info.write_if = om->second.second;
+    }
+    for (auto w : info.writes) info.any_write |= (w != 0);
+    bool aliases = false;
+    for (auto& r : schema->returns()) if (r.alias_info() && !r.alias_info()->isWrite()) aliases = true;
+    if (aliases && !info.any_write) info.kind = kView;
+    else if (metadata.count(name)) info.kind = kMetadata;
+  }
+  info.resizes = resizing.count(name) > 0;
+  if (handle) {
+    using DK = c10::DispatchKey;
+    bool cia = handle->hasKernelForDispatchKey(DK::CompositeImplicitAutograd);
+    bool cia_nested = handle->hasKernelForDispatchKey(DK::CompositeImplicitAutogradNestedTensor);
+    info.transparent = cia && !handle->hasKernelForDispatchKey(DK::CPU) && !handle->hasKernelForDispatchKey(DK::CUDA);
+    info.transparent_nested = cia_nested || (cia && !handle->hasKernelForDispatchKey(DK::NestedTensorCPU) &&
+                                             !handle->hasKernelForDispatchKey(DK::NestedTensorCUDA));
+  }
+  return s->op_cache.emplace(key, std::move(info)).first->second;
+}
+
+template <int K>
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  int64_t t0 = raw_now();
+  ThreadState& ts = tl_state[K];
+  ts.frames.emplace_back();
+  Frame& f = ts.frames.back();
+  Session* s = g_slots[K];
+  if (s && s->active && ts.suppress == 0) {
+    try {
+      bool cacheable;
+      OpInfo* info;
+      {
+        std::lock_guard<std::mutex> g(s->mu);
+        info = &learn(s, fn, cacheable);
+      }
+      if (!info->skip) {
+        auto inputs = fn.inputs();
+        bool nested = false;
+        for (auto& v : inputs) if (v.isTensor() && v.toTensor().is_nested()) { nested = true; break; }
+        bool transparent = nested ? info->transparent_nested : info->transparent;
+        if (!transparent) {
+          f.recorded = true;
+          f.info = info;
+          f.any_nested = nested;
+          ts.suppress++;
+          f.sig.clear();
+          put(f.sig, info->name_id);
+          bool writes_apply = info->any_write &&
+              (info->write_if < 0 || (info->write_if < int(inputs.size()) && inputs[info->write_if].isBool() &&
+                                      inputs[info->write_if].toBool()));
+          for (size_t i = 0; i < inputs.size(); ++i) {
+            const c10::IValue& v = inputs[i];
+            put_value(f.sig, v);
+            if (info->kind == kView || info->kind == kMetadata) continue;
+            uint8_t w = writes_apply && i < info->writes.size() ? info->writes[i] : 0;
+            auto take = [&](const at::Tensor& t) {
+              if (!t.defined()) return;
+              auto* impl = t.unsafeGetTensorImpl();
+              if (impl->is_wrapped_number()) return;   // a Python number the binding wrapped: not a tensor
+              const c10::Storage& st = impl->unsafe_storage();
+              if (!st || impl->key_set().has(c10::DispatchKey::Python)) { f.no_storage++; return; }
+              f.inputs.emplace_back(st.unsafeGetStorageImpl(), w);
+            };
+            if (v.isTensor()) take(v.toTensor());
+            else if (v.isTensorList()) { auto l = v.toTensorList(); for (size_t j = 0; j < l.size(); ++j) take(l.get(j)); }
+            else if (v.isList()) { for (auto& x : v.toListRef()) if (x.isTensor()) take(x.toTensor()); }
+          }
+          if (info->resizes && !inputs.empty() && inputs[0].isTensor()) {
+            const c10::Storage& st = inputs[0].toTensor().unsafeGetTensorImpl()->unsafe_storage();
+            if (st) {
+              f.pins.push_back(st);
+              std::lock_guard<std::mutex> g(s->mu);
+              auto it = s->live.find(st.unsafeGetStorageImpl());
+              if (it == s->live.end() && st.nbytes() > 0)
+                s->block_of(st, int32_t(s->ops.size()), true, nullptr);
+              it = s->live.find(st.unsafeGetStorageImpl());
+              f.self_block = it == s->live.end() ? -1 : it->second.block;
+              f.self_ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
+              f.self_size = int64_t(st.nbytes());
+            }
+          }
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
+    }
+  }
+  int64_t t1 = raw_now();
+  tl_own_ns += t1 - t0;
+  f.start = t1 - tl_own_ns;
+  return nullptr;
+}
+
+static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64_t end) {
+  OpInfo* info = f.info;
+  std::lock_guard<std::mutex> g(s->mu);
+  if (!s->active) return;
+  int32_t op = int32_t(s->ops.size());
+  if (s->unreported.size() && ++s->since_sweep >= s->sweep_every) { s->since_sweep = 0; s->sweep(f.start); }
+  uint32_t nacc = 0;
+  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { s->acc.push() = (b << 1) | w; ++nacc; } };
+  for (auto& in : f.inputs) {
+    c10::StorageImpl* impl = in.first;
+    int32_t b;
+    auto it = s->live.find(impl);
+    if (it != s->live.end()) b = it->second.block;
+    else if (info->resizes && f.self_block >= 0 && impl == f.pins[0].unsafeGetStorageImpl()) b = f.self_block;
+    else {
+      c10::Storage st(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+      b = s->block_of(st, op, true, &f);
+    }
+    push_acc(b, in.second);
+  }
+  s->tensors_without_storage += f.no_storage;
+  int w = info->kind == kView ? 0 : 1;
+  bool fresh = info->kind != kView;
+  put(f.sig, '|');   // inputs | outputs
+  auto out_tensor = [&](const at::Tensor& t) {
+    put_tensor(f.sig, t);
+    if (!t.defined()) return;
+    auto* impl = t.unsafeGetTensorImpl();
+    const c10::Storage& st = impl->unsafe_storage();
+    if (!st || impl->key_set().has(c10::DispatchKey::Python)) { s->tensors_without_storage++; return; }
+    int32_t b = s->block_of(st, op, !fresh, &f);
+    if (w) push_acc(b, 1);
+  };
+  for (auto& v : fn.outputs()) {
+    if (v.isTensor()) out_tensor(v.toTensor());
+    else if (v.isTensorList()) { auto l = v.toTensorList(); for (size_t j = 0; j < l.size(); ++j) out_tensor(l.get(j)); }
+    else if (v.isList()) { for (auto& x : v.toListRef()) if (x.isTensor()) out_tensor(x.toTensor()); }
+  }
+  if (info->resizes && !f.pins.empty() && f.self_block >= 0) {   // resize_/set_: a new allocation?
+    const c10::Storage& st = f.pins[0];
+    int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
+    int64_t size = int64_t(st.nbytes());
+    if (!(size == f.self_size && (size == 0 || ptr == f.self_ptr))) {
+      auto it = s->live.find(st.unsafeGetStorageImpl());
+      if (it != s->live.end() && it->second.block == f.self_block)
+        s->free_block(f.self_block, st.unsafeGetStorageImpl(), f.self_ptr, end);
+      s->live.erase(st.unsafeGetStorageImpl());
+      int32_t nb = s->block_of(st, op, false, &f);
+      push_acc(nb, 1);
+    }
+  }
+  for (auto& a : f.allocs) {   // allocations no output claimed: temporaries (raw events)
+    MemRec& m = s->mem.push(); m.t = a.t; m.ptr = a.ptr; m.delta_dev = (a.size << 8) | a.dev;
+  }
+  f.allocs.clear();
+  auto sit = s->sig_ids.find(f.sig);
+  int32_t sig;
+  if (sit != s->sig_ids.end()) sig = sit->second;
+  else {
+    sig = int32_t(s->sigs.size());
+    s->sigs.push_back(f.sig);
+    s->sig_bytes += f.sig.size() * 2 + 64;
+    s->sig_ids.emplace(f.sig, sig);
+  }
+  int64_t aseq;
+  auto node = torch::autograd::get_current_node();
+  if (node) {
+    uint64_t n = node->sequence_nr();
+    aseq = -2 - int64_t(std::min<uint64_t>(n, uint64_t(1) << 30));
+  } else {
+    aseq = int64_t(at::sequence_number::peek());
+  }
+  OpRec& r = s->ops.push();
+  r.start = f.start; r.end = end; r.aseq = int32_t(std::max<int64_t>(std::min<int64_t>(aseq, INT32_MAX), INT32_MIN));
+  r.sig = sig; r.ctx = s->ctx.load(std::memory_order_relaxed); r.nacc = nacc;
+  if ((op & 255) == 0) s->check_budget();
+}
+
+template <int K>
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  int64_t t0 = raw_now();
+  int64_t end = t0 - tl_own_ns;
+  ThreadState& ts = tl_state[K];
+  if (ts.frames.empty()) return;
+  Frame& f = ts.frames.back();
+  if (f.recorded) {
+    ts.suppress--;
+    Session* s = g_slots[K];
+    if (s) {
+      try { record_end(s, f, fn, end); } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> g(s->mu);
+        if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
+      }
+    }
+  }
+  std::vector<c10::Storage> pins;
+  pins.swap(f.pins);
+  ts.frames.pop_back();
+  pins.clear();   // may free the old storage of set_ (the memory hook runs): after the frame is gone
+  tl_own_ns += raw_now() - t0;
+}
+
+template <int K> struct Callbacks {
+  static at::RecordFunctionCallback make() {
+    return at::RecordFunctionCallback(&on_start<K>, &on_end<K>)
+        .needsInputs(true).needsOutputs(true).scopes({at::RecordScope::FUNCTION});
+  }
+};
+
+static at::RecordFunctionCallback make_callback(int k) {
+  switch (k) {
+#define C(i) case i: return Callbacks<i>::make();
+    C(0) C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12) C(13) C(14) C(15)
+#undef C
+  }
+  throw std::runtime_error("bad slot");
+}
+
+// ---- the Python-facing handle -----------------------------------------------------------------
+struct Handle {
+  std::unique_ptr<Session> s;
+  at::CallbackHandle cb = 0;
+  std::shared_ptr<Reporter> reporter;   // the reporter this session receives events from
+  bool pushed_reporter = false;
+  std::string memory_note;
+
+  Handle(int64_t max_bytes, std::string spill_prefix, bool memory) {
+    s.reset(new Session());
+    s->max_bytes = max_bytes;
+    s->spill_prefix = std::move(spill_prefix);
+    std::lock_guard<std::mutex> g(g_slots_mutex);
+    for (int k = 0; k < kSlots; ++k) if (!g_slots[k]) { s->slot = k; break; }
+    if (s->slot < 0) throw std::runtime_error("memlens: more than 16 compiled recordings at once");
+    g_slots[s->slot] = s.get();
+    s->active = true;
+    tl_state[s->slot] = ThreadState();
+    cb = at::addThreadLocalCallback(make_callback(s->slot));
+    if (memory) {
+      auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+      if (top == nullptr) {
+        reporter = std::make_shared<Reporter>();
+        c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, reporter);
+        pushed_reporter = true;
+      } else if (auto* ours = dynamic_cast<Reporter*>(top)) {
+        reporter = std::static_pointer_cast<Reporter>(
+            c10::ThreadLocalDebugInfo::_peek(c10::DebugInfoKind::PROFILER_STATE));
+        (void)ours;
+      } else {
+        memory_note = "allocator-level events unavailable: a profiler is already running in this thread";
+      }
+      if (reporter) reporter->mask.fetch_or(1u << s->slot);
+    }
+  }
+
+  // Stop recording: remove the callback and the memory hook (safe to call twice).
+  void stop() {
+    if (s->slot < 0) return;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      s->active = false;
+    }
+    if (cb) { at::removeCallback(cb); cb = 0; }
+    if (reporter) {
+      reporter->mask.fetch_and(~(1u << s->slot));
+      if (pushed_reporter) {
+        try {
+          auto top = c10::ThreadLocalDebugInfo::_peek(c10::DebugInfoKind::PROFILER_STATE);
+          if (top.get() == reporter.get()) c10::ThreadLocalDebugInfo::_pop(c10::DebugInfoKind::PROFILER_STATE);
+          else memory_note = "the memory hook was not on top of the debug-info stack at the end; left in place, disabled";
+        } catch (const std::exception& e) {
+          memory_note = std::string("could not pop the memory hook: ") + e.what();
+        }
+      }
+      reporter.reset();
+    }
+    {
+      std::lock_guard<std::mutex> g(g_slots_mutex);
+      g_slots[s->slot] = nullptr;
+    }
+    tl_state[s->slot] = ThreadState();
+    s->live.clear();            // drop the weak pointers
+    s->by_ptr.clear();
+    s->unreported.clear();
+    s->unreported_keys.clear();
+    s->slot = -1;
+  }
+
+  // Python asks the block of a tensor (hooks: parameters, gradients, optimizer state, inputs).
+  int64_t block_of_tensor(const at::Tensor& t) {
+    int64_t t0 = raw_now();
+    int64_t r = -1;
+    if (t.defined()) {
+      auto* impl = t.unsafeGetTensorImpl();
+      const c10::Storage& st = impl->unsafe_storage();
+      if (st && !impl->key_set().has(c10::DispatchKey::Python)) {
+        std::lock_guard<std::mutex> g(s->mu);
+        if (s->active) r = s->block_of(st, int32_t(s->ops.size()), true, nullptr);
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+    return r;
+  }
+  int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
+  void set_ctx(int64_t c) { s->ctx.store(int32_t(c), std::memory_order_relaxed); }
+  bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
+
+  py::dict drain() {
+    std::lock_guard<std::mutex> g(s->mu);
+    py::dict d;
+    d["ops"] = s->ops.to_bytes();
+    d["accesses"] = s->acc.to_bytes();
+    d["blocks"] = s->blocks.to_bytes();
+    d["frees"] = s->frees.to_bytes();
+    d["memory"] = s->mem.to_bytes();
+    d["op_names"] = s->op_names;
+    py::list sigs;
+    for (auto& b : s->sigs) sigs.append(py::bytes(b));
+    d["sigs"] = sigs;
+    d["devices"] = s->devices;
+    d["tensors_without_storage"] = s->tensors_without_storage;
+    d["stop_reason"] = s->stop_reason;
+    d["peak_bytes"] = std::max(s->peak_bytes, s->mem_bytes());
+    d["bytes"] = s->mem_bytes();
+    d["spilled_bytes"] = s->spilled_bytes;
+    d["memory_note"] = memory_note;
+    s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
+    return d;
+  }
+};
+
+}  // namespace memlens
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  using memlens::Handle;
+  py::class_<Handle>(m, "Recording")
+      .def(py::init<int64_t, std::string, bool>())
+      .def("stop", &Handle::stop)
+      .def("block_of", &Handle::block_of_tensor)
+      .def("n_ops", &Handle::n_ops)
+      .def("set_ctx", &Handle::set_ctx)
+      .def("active", &Handle::active)
+      .def("drain", &Handle::drain);
+  m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
+  m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
+  m.def("own_ns", []() { return memlens::tl_own_ns; });
+  m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
+  m.attr("BLOCK_RECORD_BYTES") = int(sizeof(memlens::BlockRec));
+}
