@@ -82,6 +82,10 @@ class Rotary(nn.Module):
         return torch.cat((x1_rot, x2_rot), dim=-1)
 
 
+def silu(x):
+    return x * torch.sigmoid(x)
+
+
 def softmax(x, dim=-1):
     shifted = x - torch.max(x, dim=dim, keepdim=True)[0]
     e = torch.exp(shifted)
@@ -122,8 +126,8 @@ class SwiGLU(nn.Module):
         self.w1, self.w2, self.w3 = Linear(d_model, d_ff), Linear(d_ff, d_model), Linear(d_model, d_ff)
 
     def forward(self, x):
-        a = self.w1(x)
-        return self.w2(a * torch.sigmoid(a) * self.w3(x))
+        # silu as a function: w1's output dies when silu returns, before w3 runs (as in the course code)
+        return self.w2(silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
