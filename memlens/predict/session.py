@@ -15,6 +15,7 @@ import torch
 from memlens.record.session import Session, _RecordingMode
 
 Tensor = torch.Tensor
+_PRIM_DEVICE = torch.ops.prim.device.default
 _COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
 
 
@@ -35,6 +36,8 @@ class _PredictMode(_RecordingMode):
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:     # autograd asks fake tensors their device ~100k times a step: no memory
+            return func(*args, **(kwargs or {}))
         composite = _COMPOSITE.get(id(func))
         if composite is None:
             composite = _COMPOSITE[id(func)] = _is_composite(func)

@@ -137,8 +137,11 @@ class Block(nn.Module):
         self.ln1, self.ln2 = RMSNorm(d_model), RMSNorm(d_model)
 
     def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.ffn(self.ln2(x))
+        # named locals, as in the course code: x and x_attn stay alive until the block returns
+        x_attn = self.attn(self.ln1(x))
+        attn_out = x + x_attn
+        x_ffn = self.ffn(self.ln2(attn_out))
+        return attn_out + x_ffn
 
 
 class TransformerLM(nn.Module):
@@ -151,7 +154,8 @@ class TransformerLM(nn.Module):
         self.lm_head = Linear(d_model, vocab_size)
 
     def forward(self, ids):
-        x = self.token_embeddings(ids)
+        embedded = self.token_embeddings(ids)     # a named local: alive for the whole forward, as in the course
+        x = embedded
         for layer in self.layers:
             x = layer(x)
         return self.lm_head(self.ln_final(x))
