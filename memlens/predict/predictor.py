@@ -189,7 +189,9 @@ class Prediction:
                 "reset_peak_ns": self._reset_marks,
             },
         })
-        trace.metadata.setdefault("notes", []).append(
+        # the recorder's note about its allocator instrument does not apply: fake tensors have no allocator
+        trace.metadata["notes"] = [n for n in trace.metadata.get("notes", []) if "allocator='none'" not in n]
+        trace.metadata["notes"].append(
             "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
             f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
         return trace
