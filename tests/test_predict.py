@@ -153,3 +153,25 @@ result = {{"allocated": p.peak_allocated_since_reset, "reserved": p.peak_reserve
 """, timeout=1200)
     assert abs(r["allocated"] - real_allocated) / real_allocated < 0.005, (r, real_allocated)
     assert abs(r["reserved"] - real_reserved) / real_reserved < 0.02, (r, real_reserved)
+
+
+def test_optimizer_takes_cudas_foreach_path():
+    r = run_child("""
+import torch.nn as nn
+def run(**opt_kwargs):
+    with memlens.predict(gpu="H100") as p:
+        model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(8)]).cuda()
+        opt = torch.optim.AdamW(model.parameters(), **opt_kwargs)
+        model(torch.randn(8, 1024, device="cuda")).sum().backward()
+        opt.step()
+    return p
+default, loop = run(), run(foreach=False)
+result = {"foreach_ops": int(default.trace.ops["name"].str.contains("_foreach_").sum()),
+          "loop_foreach_ops": int(loop.trace.ops["name"].str.contains("_foreach_").sum()),
+          "default": default.peak_allocated, "loop": loop.peak_allocated}
+""")
+    # on CUDA, AdamW defaults to foreach; fake parameters must not push it onto the per-parameter loop
+    assert r["foreach_ops"] > 0 and r["loop_foreach_ops"] == 0
+    # foreach computes sqrt(exp_avg_sq) for all 8 weights (4 MiB each) at once, the loop for one weight at a
+    # time (plus its division's temporary): at least half the weights' worth more at the optimizer's peak
+    assert r["default"] - r["loop"] >= 4 * (4 << 20)

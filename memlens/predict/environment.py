@@ -14,6 +14,8 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   ``swap_tensors``, which fails ("Couldn't swap ... weakref"); the patch sets ``param.data`` and the fake
   device instead, so parameters keep their identity (an optimizer built before ``.to()`` still sees them),
   and the old storage is freed as in a real run.
+- ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
+  default foreach path as a real run does (not the per-parameter loop).
 Everything is restored on exit.
 """
 from __future__ import annotations
@@ -70,6 +72,7 @@ class _Patches:
         self.capability = capability
         self.total_memory = total_memory
         self._saved: list[tuple[Any, str, Any]] = []
+        self._undo: list = []
 
     def _set(self, owner, name: str, value) -> None:
         self._saved.append((owner, name, getattr(owner, name, _MISSING)))
@@ -101,8 +104,19 @@ class _Patches:
         for name in ("trunc_normal_",):
             self._set(init, name, _no_grad_fill)
         self._set(torch.nn.Module, "_apply", _fake_apply)
+        # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
+        # plain, so fake ones must count as plain too, or AdamW & co. take the per-parameter path, whose
+        # temporaries differ (foreach allocates one intermediate per parameter at once)
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.optim import optimizer as _optimizer
+        types = _optimizer._foreach_supported_types
+        if FakeTensor not in types:
+            types.append(FakeTensor)
+            self._undo.append(lambda: types.remove(FakeTensor) if FakeTensor in types else None)
 
     def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
         while self._saved:
             owner, name, value = self._saved.pop()
             if value is _MISSING:
