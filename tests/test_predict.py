@@ -175,3 +175,25 @@ result = {"foreach_ops": int(default.trace.ops["name"].str.contains("_foreach_")
     # foreach computes sqrt(exp_avg_sq) for all 8 weights (4 MiB each) at once, the loop for one weight at a
     # time (plus its division's temporary): at least half the weights' worth more at the optimizer's peak
     assert r["default"] - r["loop"] >= 4 * (4 << 20)
+
+
+def test_attention_uses_the_fused_kernel_cuda_would_pick():
+    r = run_child("""
+import torch.nn.functional as F
+def run(dtype, gpu):
+    with memlens.predict(gpu=gpu) as p:
+        q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=dtype, requires_grad=True)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    b = p.trace.blocks
+    return {"ops": sorted(set(p.trace.ops["name"])), "largest": int(b[b.device == "cuda:0"]["requested_size"].max())}
+result = {"bf16_h100": run(torch.bfloat16, "H100"), "fp32_h100": run(torch.float32, "H100"),
+          "bf16_v100": run(torch.bfloat16, "V100")}
+""")
+    q_bytes_bf16, scores_bf16 = 8 * 1024 * 64 * 2, 8 * 1024 * 1024 * 2
+    assert "aten::_scaled_dot_product_flash_attention" in r["bf16_h100"]["ops"]
+    assert "aten::_scaled_dot_product_flash_attention_backward" in r["bf16_h100"]["ops"]
+    # flash never materialises the 8 x 1024 x 1024 scores; the largest block is a q-sized tensor
+    assert r["bf16_h100"]["largest"] == q_bytes_bf16 < scores_bf16
+    assert "aten::_scaled_dot_product_efficient_attention" in r["fp32_h100"]["ops"]
+    # flash needs sm80; on a V100 bf16 goes to the memory-efficient kernel
+    assert "aten::_scaled_dot_product_efficient_attention" in r["bf16_v100"]["ops"]

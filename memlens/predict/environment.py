@@ -14,6 +14,8 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   ``swap_tensors``, which fails ("Couldn't swap ... weakref"); the patch sets ``param.data`` and the fake
   device instead, so parameters keep their identity (an optimizer built before ``.to()`` still sees them),
   and the old storage is freed as in a real run.
+- ``F.scaled_dot_product_attention``: picks the fused kernel CUDA would pick (flash / memory-efficient)
+  instead of the CPU build's math fallback (see `_predicted_sdpa`).
 - ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
   default foreach path as a real run does (not the per-parameter loop).
 Everything is restored on exit.
@@ -64,6 +66,35 @@ def _fake_apply(self, fn, recurse=True):
     return self
 
 
+def _predicted_sdpa(original, capability: tuple[int, int]):
+    """`F.scaled_dot_product_attention` choosing the fused CUDA kernel a real run would choose.
+
+    On a CPU build the fused kernels do not exist, so fake `cuda` inputs fall back to the math path, which
+    materialises the (batch, heads, q, k) scores (and keeps them for backward): gigabytes a real GPU never
+    allocates. torch's CUDA selection (``sdp_utils.cpp``), simplified: flash attention for fp16/bf16 on
+    sm80+ without an explicit mask and head dim <= 256 and a multiple of 8; else memory-efficient attention
+    (any float dtype, masks allowed, head dim a multiple of 8, or 4 in fp32); else math. Both fused ops have
+    meta kernels and autograd formulas, so forward and backward allocate what the real kernels allocate
+    (output, logsumexp; their backward's gradients).
+    """
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        from torch._subclasses.fake_tensor import FakeTensor
+        if (isinstance(query, FakeTensor) and query.device.type == "cuda" and not enable_gqa and query.dim() == 4
+                and key.shape[-1] == query.shape[-1] == value.shape[-1]):
+            d = query.shape[-1]
+            half = query.dtype in (torch.float16, torch.bfloat16)
+            if half and attn_mask is None and capability >= (8, 0) and d % 8 == 0 and d <= 256:
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            if query.dtype.is_floating_point and d % (8 if half else 4) == 0 and capability >= (5, 0):
+                needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+                return torch.ops.aten._scaled_dot_product_efficient_attention(
+                    query, key, value, attn_mask, needs_lse, dropout_p, is_causal, scale=scale)[0]
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    return sdpa
+
+
 class _Patches:
     """Attribute patches applied on enter and restored on exit (nested predictions are refused)."""
 
@@ -104,6 +135,8 @@ class _Patches:
         for name in ("trunc_normal_",):
             self._set(init, name, _no_grad_fill)
         self._set(torch.nn.Module, "_apply", _fake_apply)
+        F = torch.nn.functional
+        self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
         # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
         # plain, so fake ones must count as plain too, or AdamW & co. take the per-parameter path, whose
         # temporaries differ (foreach allocates one intermediate per parameter at once)
