@@ -19,6 +19,17 @@ _PRIM_DEVICE = torch.ops.prim.device.default
 _COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
 
 
+def _all_contiguous(args) -> bool:
+    for a in args:
+        if isinstance(a, Tensor):
+            if not a.is_contiguous():
+                return False
+        elif type(a) is list or type(a) is tuple:
+            if not _all_contiguous(a):
+                return False
+    return True
+
+
 def _is_composite(func) -> bool:
     try:
         return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
@@ -41,7 +52,10 @@ class _PredictMode(_RecordingMode):
         composite = _COMPOSITE.get(id(func))
         if composite is None:
             composite = _COMPOSITE[id(func)] = _is_composite(func)
-        if composite and self.session.active:
+        # Decomposing is slow (the inner ops miss FakeTensorMode's cache); the copies worth seeing come from
+        # operands that are not contiguous, so composites of contiguous tensors run whole. Their outputs
+        # are seen either way.
+        if composite and self.session.active and not _all_contiguous(args):
             with self:
                 out = func.decompose(*args, **(kwargs or {}))
             if out is not NotImplemented:
