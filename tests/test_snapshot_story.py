@@ -142,7 +142,7 @@ def test_training_snapshot_phases_and_one_iteration_per_optimizer_step(shared):
     # the backward pass starts at the first event with autograd frames: the engine's, or loss.backward()
     st = trace.stacks
     autograd = st["name"].str.contains("torch::autograd::Engine::", regex=False) | (
-        (st["name"] == "backward") & st["filename"].str.replace("\\", "/").str.contains("torch/(_tensor|autograd)"))
+        (st["name"] == "backward") & st["filename"].str.replace("\\", "/").str.contains("torch/(?:_tensor|autograd)"))
     engine = st[autograd]["stack_id"]
     first_bwd = trace.events.loc[trace.events["stack_id"].isin(set(engine)), "t_ns"].min()
     assert phases[1]["start_ns"] == first_bwd
