@@ -53,6 +53,10 @@ def test_missing_fields_are_read_and_noted():
         assert what in notes, what
     assert trace.segments["total_size"].tolist() == [512]  # the blocks tile the segment
     assert (trace.events["action"] == "(no action)").sum() == 1
+    newer = memlens.io.snapshot.snapshot_to_trace({**snap, "from_a_future_torch": {"x": 1}})
+    assert newer.metadata["other_keys"] == ["from_a_future_torch"]
+    assert any("from_a_future_torch" in n for n in newer.metadata["notes"])
+    assert (trace.events["action"] == "(no action)").sum() == 1
 
 
 def test_debug_prints_the_traceback_of_input_errors(tmp_path, capsys):
