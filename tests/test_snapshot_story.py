@@ -316,3 +316,29 @@ def test_report_states_phases_cause_and_sites_with_stacks(shared):
     assert "Optimizer.step#AdamW.step" in html and "backward" in html
     assert "The peak of cuda:0 (" in html and "in the optimizer step" in html
     assert 'class="memlens-stack" title="' in html and "optimizer.py:" in html
+
+
+def test_python_only_stacks_still_tell_phases_and_categories(shared, tmp_path):
+    """`_record_memory_history(stacks="python")`: no C++ frames, and the autograd engine's thread records no
+    frames at all; the backward pass is still found (loss.backward() on the main thread) and carried over
+    the engine's stack-less events."""
+    from memlens.analysis.peak import peak_breakdown
+
+    raw = load_pickle(shared(TRAINING))
+
+    def python_frames(frames):
+        return [f for f in frames or () if str(f.get("filename", "")).endswith(".py")]
+    for e in raw["device_traces"][0]:
+        e["frames"] = python_frames(e.get("frames"))
+    for seg in raw["segments"]:
+        for blk in seg.get("blocks") or ():
+            blk["frames"] = python_frames(blk.get("frames"))
+    path = tmp_path / "python_stacks.pickle"
+    path.write_bytes(pickle.dumps(raw))
+    trace = memlens.load(path)
+    assert not trace.stacks["filename"].str.endswith(".py").eq(False).any()
+    assert [p["name"] for p in trace.metadata["phases"]] == ["forward", "backward", "optimizer_step"]
+    assert len(split_iterations(trace)) == 1
+    pb = peak_breakdown(trace)["cuda:0"]
+    unknown = int(pb.by_category.loc[pb.by_category["category"] == "unknown", "bytes"].sum())
+    assert unknown <= 0.10 * pb.peak_bytes
