@@ -342,3 +342,15 @@ def test_python_only_stacks_still_tell_phases_and_categories(shared, tmp_path):
     pb = peak_breakdown(trace)["cuda:0"]
     unknown = int(pb.by_category.loc[pb.by_category["category"] == "unknown", "bytes"].sum())
     assert unknown <= 0.10 * pb.peak_bytes
+
+
+def test_zero_grad_calls_start_iterations_without_optimizer_steps(shared):
+    # DeComFL: zeroth-order training, no backward pass, no optimizer step; SGD.zero_grad is annotated per step
+    trace = memlens.load(shared("snapshots/decomfl_memory.pickle"))
+    raw = load_pickle(shared("snapshots/decomfl_memory.pickle"))
+    zero = [a for a in raw["external_annotations"] if a["name"].startswith("Optimizer.zero_grad#")
+            and a["stage"] == "START"]
+    its = split_iterations(trace)
+    assert its["source"].iloc[0] == "zero_grad" and len(its) == len(zero) == 2
+    t0 = trace.metadata["t0_unix_ns"]
+    assert its["start_ns"].tolist() == [a["time_us"] * 1000 - t0 for a in zero]
