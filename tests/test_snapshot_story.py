@@ -354,3 +354,17 @@ def test_zero_grad_calls_start_iterations_without_optimizer_steps(shared):
     assert its["source"].iloc[0] == "zero_grad" and len(its) == len(zero) == 2
     t0 = trace.metadata["t0_unix_ns"]
     assert its["start_ns"].tolist() == [a["time_us"] * 1000 - t0 for a in zero]
+
+
+def test_sites_by_line_or_by_whole_stack_account_for_every_byte(shared):
+    from memlens.analysis.peak_cause import sites
+
+    trace = memlens.load(shared(TRAINING))
+    by_line, by_stack = sites(trace), sites(trace, by="stack")
+    total = int(trace.blocks["size"].sum())
+    assert by_line["bytes"].sum() == by_stack["bytes"].sum() == total
+    assert len(by_stack) >= len(by_line)  # a line reached through different callers splits by stack
+    # optimizer.py's step allocates at several lines; each line's bytes are the sum of its stacks' bytes
+    lines = by_stack["site"].str.replace(r" \[stack \d+\]$", "", regex=True)
+    regrouped = by_stack.groupby(lines)["bytes"].sum()
+    assert (regrouped.sort_index() == by_line.set_index("site")["bytes"].sort_index()).all()
