@@ -313,11 +313,6 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         # the request's phase (the first free row of a block) is when the program let go of it
         first = pd.Series(np.flatnonzero(fr)).groupby(pos[fr]).first()
         free_phase[first.index.to_numpy()] = event_phase[first.to_numpy()]
-        ev_sid = pd.array(ev["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
-        free_sid = np.full(n, -1, dtype=np.int64)
-        free_sid[first.index.to_numpy()] = ev_sid[first.to_numpy()]
-    else:
-        free_sid = np.full(n, -1, dtype=np.int64)
     alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
     free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
     _, hi = trace.time_span_ns()
@@ -403,7 +398,6 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(free_in_bwd & np.isnan(alloc_t), "activation", "alloc unseen; freed by the backward pass (saved tensor)")
     assign(np.isnan(alloc_t) & np.isin(free_phase, ["forward", "optimizer_step", "zero_grad"]),
            "temporary", "alloc unseen; freed in the forward pass or optimizer step")
-    del free_sid
     return pd.DataFrame({"category": cat, "category_rule": rule, "phase": alloc_phase})
 
 
