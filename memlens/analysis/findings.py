@@ -58,7 +58,9 @@ def _iterations(trace, iv):
                       "is analysed as one piece (call memlens.step() once per training step to mark them).")]
     how = {"marker": "from explicit markers", "optimizer": "from optimizer steps",
            "detected": f"by detecting the repeating allocation pattern "
-                       f"({its.attrs.get('period_allocations', '?')} allocations per step)"}[source]
+                       f"({its.attrs.get('period_allocations', '?')} allocations per step)",
+           "backward": "from the backward passes in the stacks", "zero_grad": "from the zero_grad calls",
+           "model calls": "from repeated calls of the model in the stacks"}.get(source, f"from {source}")
     stab = iteration_stability(trace, its, iv)
     duration = float(np.median(its["end_ns"] - its["start_ns"]))
     found = "1 iteration was" if len(its) == 1 else f"{len(its):,} iterations were"
