@@ -16,15 +16,20 @@ import pkgutil
 import sys
 
 from memlens import __version__
-from memlens.errors import InputError
+from memlens.errors import InputError, printable
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's default prints usage; keep the one-line contract + usage
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INPUT, f"memlens: error: {message}\n")
+    def __init__(self, *args, **kwargs):
+        # a bad option value (a type= check of memlens.commands.options) raises ArgumentError, which
+        # main() reports like any other bad input: one line, exit 2, returned rather than exited
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # one line (argparse's default adds the usage): what is wrong, where to look
+        self.exit(EXIT_INPUT, printable(f"memlens: error: {message} (see '{self.prog} --help')") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"memlens.commands.{info.name}")
-        module.register(sub)
+        if hasattr(module, "register"):  # helpers such as commands/options.py are not verbs
+            module.register(sub)
     return parser
 
 
@@ -51,14 +57,36 @@ def print_json(obj) -> None:
 def main(argv=None) -> int:
     """Entry point of the `memlens` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as exc:
+        print(printable(f"memlens: error: {exc}"), file=sys.stderr)
+        return EXIT_INPUT
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT
+    if not args.debug:  # library warnings (numpy casts of hostile values) would break the one-line contract
+        import warnings
+        warnings.simplefilter("ignore")
     try:
+        from memlens.limits import check_environment
+        check_environment()
         return int(args.func(args) or 0)
     except InputError as exc:
-        print(f"memlens: error: {exc}", file=sys.stderr)
+        if args.debug:  # the one line stays last; the traceback (with its cause) comes before it
+            import traceback
+            traceback.print_exception(exc, file=sys.stderr)
+        print(f"memlens: error: {printable(str(exc))}", file=sys.stderr)
+        return EXIT_INPUT
+    except (MemoryError, RecursionError) as exc:
+        # only input can make memlens this large or this deep: name it, exit as bad input
+        if args.debug:
+            raise
+        what = "ran out of memory" if isinstance(exc, MemoryError) else "input is nested too deeply"
+        inputs = [str(v) for k, v in sorted(vars(args).items())
+                  if k in ("path", "paths", "trace", "traces", "file", "input", "inputs") and v]
+        print(printable(f"memlens: error: {' '.join(inputs) + ': ' if inputs else ''}{what} (the input is "
+                        "too large or malformed for this machine)"), file=sys.stderr)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print("memlens: interrupted", file=sys.stderr)
@@ -68,8 +96,8 @@ def main(argv=None) -> int:
     except Exception as exc:  # internal error: one line, traceback only with --debug
         if args.debug:
             raise
-        print(f"memlens: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)",
-              file=sys.stderr)
+        print(printable(f"memlens: internal error: {type(exc).__name__}: {exc} (rerun with --debug for "
+                        "details)"), file=sys.stderr)
         return EXIT_INTERNAL
 
 

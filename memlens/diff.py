@@ -27,7 +27,8 @@ class TraceDiff:
     b - a. See the module docstring for the block signature.
 
     - ``device_pairs``: (device of A, device of B) compared with each other.
-    - ``peak``: one row per pair: ``peak_a``, ``peak_b``, ``delta``, ``ratio`` (b / a), ``peak_ns_a/b``.
+    - ``peak``: one row per pair: ``peak_a``, ``peak_b``, ``delta``, ``ratio`` (b / a), ``peak_ns_a/b``, and
+      ``reserved_a/b`` (peak reserved bytes, `memlens.reserved.reserved_curve`; None without allocator data).
     - ``at_peak``: {"category" | "module" | "op": rows of ``device``, label, ``bytes_a``, ``bytes_b``,
       ``delta``} for the blocks live at each trace's peak, largest change first.
     - ``blocks``: ``signature`` (fields used), ``matched``, ``appeared`` / ``disappeared`` (counts) and
@@ -82,6 +83,10 @@ class TraceDiff:
             change = f"{_signed_bytes(r.delta)} ({r.ratio - 1:+.1%})" if r.peak_a > 0 else _signed_bytes(r.delta)
             out.append(f"Peak live memory on {r.device_a}{'' if r.device_a == r.device_b else '/' + r.device_b} "
                        f"goes from {format_bytes(r.peak_a)} to {format_bytes(r.peak_b)}: {change}.")
+            if r.reserved_a is not None and r.reserved_b is not None and not (pd.isna(r.reserved_a) or
+                                                                              pd.isna(r.reserved_b)):
+                out.append(f"Peak reserved memory goes from {format_bytes(int(r.reserved_a))} to "
+                           f"{format_bytes(int(r.reserved_b))}: {_signed_bytes(int(r.reserved_b - r.reserved_a))}.")
         for by in GROUPS:
             frame = self.at_peak.get(by)
             if any(c.startswith(f"live memory at the peak by {by}:") for c in self.cannot_compare):
@@ -115,12 +120,6 @@ class TraceDiff:
         out += list(self.notes)
         out += [f"Not compared: {c}" for c in self.cannot_compare]
         return out
-
-    def figure(self, align: str = "auto", x: str = "time"):
-        """The two live-memory curves overlaid (`memlens.viz.diff.diff_overlay`)."""
-        from memlens.viz.diff import diff_overlay
-        return diff_overlay(self.trace_a, self.trace_b, device_pairs=self.device_pairs, align=align, x=x,
-                            names=(self.name_a, self.name_b))
 
 
 def _plain(v):
@@ -330,16 +329,21 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
     a, b = traces
     pairs, notes = pair_devices(a, b)
     pa, pb = peak_breakdown(a), peak_breakdown(b)
+    from memlens.reserved import reserved_curve
+
     rows = []
     for dev_a, dev_b in pairs:
+        res_a, res_b = reserved_curve(a, dev_a), reserved_curve(b, dev_b)
         peak_a = pa[dev_a].peak_bytes if dev_a in pa else 0
         peak_b = pb[dev_b].peak_bytes if dev_b in pb else 0
         rows.append({"device_a": dev_a, "device_b": dev_b, "peak_a": peak_a, "peak_b": peak_b,
                      "delta": peak_b - peak_a, "ratio": (peak_b / peak_a) if peak_a else float("nan"),
                      "peak_ns_a": pa[dev_a].peak_ns if dev_a in pa else None,
-                     "peak_ns_b": pb[dev_b].peak_ns if dev_b in pb else None})
+                     "peak_ns_b": pb[dev_b].peak_ns if dev_b in pb else None,
+                     "reserved_a": None if res_a is None else res_a.peak,
+                     "reserved_b": None if res_b is None else res_b.peak})
     peak = pd.DataFrame(rows, columns=["device_a", "device_b", "peak_a", "peak_b", "delta", "ratio", "peak_ns_a",
-                                       "peak_ns_b"])
+                                       "peak_ns_b", "reserved_a", "reserved_b"])
     fields, field_notes = signature_fields(a, b)
     blocks, appeared, disappeared = match_blocks(a, b, pairs, fields)
     iterations, it_notes = _iterations(a, b)

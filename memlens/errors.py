@@ -7,6 +7,39 @@ it into a one-line message and exit code 2. Anything else escaping a command is 
 from __future__ import annotations
 
 import os
+import unicodedata
+
+# C0/C1 controls, and format characters such as bidi overrides (U+202E) and zero-width joiners
+_UNSAFE_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs", "Co", "Cn"}
+
+
+def printable(text: str) -> str:
+    """`text` with every control, bidi/format, separator or unassigned character written as an escape
+    (``\\x1b``, ``\\u202e``), so that a message built from a hostile file's content cannot drive a
+    terminal or reorder text. Printable characters, including non-ASCII letters, are kept."""
+    text = str(text)
+    if text.isprintable() and text.isascii():
+        return text
+    out = []
+    for ch in text:
+        if ch == " " or (ch.isprintable() and unicodedata.category(ch) not in _UNSAFE_CATEGORIES):
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000
+                       else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def visible_format_chars(text: str) -> str:
+    """`text` with invisible format characters (category Cf: bidi overrides such as U+202E that reorder
+    what follows, zero-width characters) and C0/C1 controls other than tab and newline written as
+    visible ``\\uXXXX`` text. For HTML and other output where newlines must stay."""
+    text = str(text)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(ch if ch in "\t\n" or unicodedata.category(ch) not in ("Cf", "Cc") else f"\\u{ord(ch):04x}"
+                   for ch in text)
 
 
 class MemlensError(Exception):
@@ -19,7 +52,7 @@ class InputError(MemlensError, ValueError):
     def __init__(self, message: str, path: str | os.PathLike | None = None):
         self.path = None if path is None else os.fspath(path)
         self.message = message
-        super().__init__(f"{self.path}: {message}" if self.path else message)
+        super().__init__(printable(f"{self.path}: {message}" if self.path else message))
 
 
 class NeedsAccessesError(InputError):

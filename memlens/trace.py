@@ -16,7 +16,10 @@ Tables (required columns and dtypes in `SCHEMA`; extra columns are allowed and k
     allocated_before (bool: alive before recording began), free_without_alloc (bool: the source saw the
     free but not the alloc, e.g. a snapshot's ring buffer overflowed), source (str: which instrument saw it).
 ``accesses``: block_id (int64), t_ns (int64), op_id (int64), is_write (bool)
-``ops``: op_id (int64), name (str), start_ns / end_ns (int64), module (str), iteration (Int64)
+``ops``: op_id (int64), name (str), start_ns / end_ns (int64), module (str), iteration (Int64); cost facts
+    (optional: filled with 0 / "" when a source lacks them, e.g. imported traces): flops (int64),
+    bytes_read / bytes_written (int64, bytes), dtype (str, dominant compute dtype), shapes (str, e.g.
+    ``"bf16[141,512],bf16[512,512]->bf16[141,512]"``); see `memlens.record.costs`.
 ``segments`` (optional): allocator segments at the end of the recording (snapshot imports)
 ``segment_blocks`` (optional): the blocks inside those segments, with their state
 ``events`` (optional): raw allocator events (segment_alloc, segment_free, oom, ...), in order
@@ -50,7 +53,8 @@ SCHEMA: dict[str, dict[str, str]] = {
     },
     "accesses": {"block_id": "int64", "t_ns": "int64", "op_id": "int64", "is_write": "bool"},
     "ops": {"op_id": "int64", "name": "object", "start_ns": "int64", "end_ns": "int64",
-            "module": "object", "iteration": "Int64"},
+            "module": "object", "iteration": "Int64", "flops": "int64", "bytes_read": "int64",
+            "bytes_written": "int64", "dtype": "object", "shapes": "object"},
     "segments": {"device": "object", "addr": "int64", "total_size": "int64", "allocated_size": "int64",
                  "active_size": "int64", "requested_size": "int64", "stream": "int64", "pool": "object",
                  "is_expandable": "bool"},
@@ -61,6 +65,10 @@ SCHEMA: dict[str, dict[str, str]] = {
     "stacks": {"stack_id": "int64", "depth": "int64", "name": "object", "filename": "object",
                "line": "int64"},
 }
+# columns added after traces were first saved: filled with their default even when reading strictly
+OPTIONAL_COLUMNS: dict[str, frozenset] = {
+    "ops": frozenset({"flops", "bytes_read", "bytes_written", "dtype", "shapes"}),
+}
 REQUIRED_TABLES = ("blocks", "accesses", "ops")
 OPTIONAL_TABLES = ("segments", "segment_blocks", "events", "stacks")
 
@@ -69,7 +77,7 @@ _FILL: dict[str, Any] = {
     "category": "unknown", "op": "", "module": "", "stream": 0, "allocated_before": False,
     "free_without_alloc": False, "source": "unknown", "name": "", "filename": "", "line": 0,
     "pool": "", "state": "", "is_expandable": False, "allocated_size": 0, "active_size": 0,
-    "requested_size": 0,
+    "requested_size": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
 }
 
 
@@ -92,7 +100,7 @@ def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.
     for col, dtype in schema.items():
         if col in df.columns:
             series = df[col]
-        elif strict:
+        elif strict and col not in OPTIONAL_COLUMNS.get(table, ()):
             raise InputError(f"table '{table}' lacks column '{col}'")
         elif dtype == "Int64":
             series = pd.Series(pd.NA, index=df.index, dtype="Int64")

@@ -21,3 +21,5 @@ try:
 except native.NativeUnavailable as exc:
     print(f"memlens: compiled recorder not built ({exc}); recording uses the Python recorder")
 PYEOF
+# the console script lives in .venv/bin, which is not on PATH until the venv is activated
+echo "memlens is installed in .venv: run .venv/bin/memlens --help, or 'source .venv/bin/activate' first to type just memlens"

@@ -85,18 +85,23 @@ def test_no_accesses_raises_with_reason():
 def test_ati_stats_hand_computed():
     iv = access_intervals(small_trace())
     s = ati_stats(iv)
-    lengths = [20, 40, 40, 40, 5, 115, 10, 5, 95]
-    assert s["count"] == 9 and s["blocks"] == 4
-    assert s["total_ns"] == sum(lengths)
-    assert s["mean_ns"] == pytest.approx(sum(lengths) / 9)
-    assert s["p50_ns"] == 40.0  # sorted: 5 5 10 20 40 40 40 95 115
-    assert s["p90_ns"] == pytest.approx(95 + 0.2 * (115 - 95))  # rank 0.9 * 8 = 7.2
-    assert s["max_ns"] == 115 and s["min_ns"] == 5
-    assert s["truncated"] == 2 and s["zero_count"] == 0
+    # headline: the two access->access intervals only (block 1: 20->60, block 3: 5->120)
+    assert s["count"] == 2 and s["blocks"] == 2
+    assert s["total_ns"] == 40 + 115
+    assert s["mean_ns"] == pytest.approx(77.5)
+    assert s["p50_ns"] == pytest.approx(77.5) and s["max_ns"] == 115 and s["min_ns"] == 40
+    assert s["zero_count"] == 0 and s["wrap_around"] == 0
+    # the lifetime edges beside it, by kind, never mixed in
+    assert s["edges"]["alloc_to_first"]["count"] == 3
+    assert s["edges"]["alloc_to_first"]["total_ns"] == 20 + 5 + 5
+    assert s["edges"]["last_to_free"]["count"] == 3 and s["edges"]["last_to_free"]["max_ns"] == 95
+    assert s["edges"]["alloc_to_free"]["count"] == 1 and s["edges"]["alloc_to_free"]["p50_ns"] == 40
+    assert s["truncated"] == 2
     assert s["by_kind"] == {"alloc_to_first": 3, "access_to_access": 2, "last_to_free": 3, "alloc_to_free": 1}
     assert s["fraction_below"]["1us"] == 1.0
+    assert s["clock"] == {"kind": "host"}
     s2 = ati_stats(iv, exclude_truncated=True)
-    assert s2["count"] == 7
+    assert s2["count"] == 2 and s2["truncated"] == 0
     empty = ati_stats(iv.iloc[:0])
     assert empty["count"] == 0 and empty["p50_ns"] is None
 
@@ -105,14 +110,20 @@ def test_ati_by_category_module_size_class():
     trace = small_trace()
     iv = access_intervals(trace)
     by_cat = ati_by(trace, "category", iv).set_index("category")
-    assert by_cat.loc["activation", "count"] == 5  # block 1 (3) + block 4 (2)
-    assert by_cat.loc["activation", "bytes"] == 150
-    assert by_cat.loc["activation", "max_ns"] == 95
-    assert by_cat.loc["optimizer_state", "total_ns"] == 130
+    # ATIs only: block 1 (activation) 20->60, block 3 (optimizer_state) 5->120; block 4 has one access
+    assert by_cat.loc["activation", "count"] == 1
+    assert by_cat.loc["activation", "bytes"] == 100
+    assert by_cat.loc["activation", "max_ns"] == 40
+    assert by_cat.loc["optimizer_state", "total_ns"] == 115
+    assert "parameter" not in by_cat.index  # block 2 was never accessed: only a lifetime edge
     by_mod = ati_by(trace, "module", iv).set_index("module")
-    assert "(unknown)" in by_mod.index and by_mod.loc["(unknown)", "count"] == 1
+    assert set(by_mod.index) == {"net.fc1", "net"}
     by_size = ati_by(trace, "size_class", iv)
-    assert by_size["count"].sum() == 9 and by_size["size_class"].tolist() == ["< 4 KiB"]
+    assert by_size["count"].sum() == 2 and by_size["size_class"].tolist() == ["< 4 KiB"]
+    # by kind shows the edges beside the ATI
+    by_kind = ati_by(trace, "kind", iv).set_index("kind")
+    assert by_kind["count"].to_dict() == {"alloc_to_first": 3, "access_to_access": 2, "last_to_free": 3,
+                                          "alloc_to_free": 1}
     with pytest.raises(ValueError):
         ati_by(trace, "colour", iv)
 
@@ -122,8 +133,8 @@ def test_ati_by_iteration_uses_given_boundaries():
     iters = pd.DataFrame({"iteration": [0, 1], "start_ns": [0, 50], "end_ns": [50, 130],
                           "source": ["marker", "marker"]})
     by_it = ati_by(trace, "iteration", iterations=iters).set_index("iteration")
-    # starts: 0 20 60 10 0 5 120 30 35 -> iteration 0 holds 0,20,10,0,5,30,35 (7), iteration 1 holds 60,120
-    assert by_it.loc[0, "count"] == 7 and by_it.loc[1, "count"] == 2
+    # ATI starts: 20 (block 1) and 5 (block 3): both in iteration 0
+    assert by_it.loc[0, "count"] == 2 and 1 not in by_it.index
     assert iteration_of(np.array([-5, 0, 49, 50, 130, 131]), iters).tolist() == [-1, 0, 0, 1, 1, -1]
 
 
@@ -197,10 +208,9 @@ def test_same_time_different_ops_are_two_events():
 def test_ati_distribution_bundle():
     iv = access_intervals(small_trace())
     d = ati_distribution(iv, per_decade=1)
-    assert d["count"] == 9
-    assert d["quantiles"][0.5] == 40.0
-    h = d["histogram"]
-    # lengths 5 5 10 20 40 40 40 95 115: [1,10) holds 2, [10,100) holds 6, [100,1000) holds 1
-    assert h.set_index("lo")["count"].to_dict() == {0.0: 0, 1.0: 2, 10.0: 6, 100.0: 1}
-    assert h.set_index("lo").loc[100.0, "weight"] == 300  # the 115 ns interval belongs to block 3 (300 B)
+    assert d["count"] == 2  # the ATIs only: 40 (block 1, 100 B) and 115 (block 3, 300 B)
+    assert d["quantiles"][0.5] == pytest.approx(77.5)
+    h = d["histogram"].set_index("lo")
+    assert h.loc[10.0, "count"] == 1 and h.loc[100.0, "count"] == 1 and h["count"].sum() == 2
+    assert h.loc[100.0, "weight"] == 300
     assert d["ecdf"]["fraction"].iloc[-1] == 1.0 and d["ecdf"]["value"].iloc[-1] == 115

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from memlens.analysis.fragmentation import fragmentation, reserved_curve
+from memlens.analysis.fragmentation import fragmentation
+from memlens.reserved import reserved_curve
 from memlens.analysis.peak import live_at, peak_breakdown
 from memlens.trace import Trace
 
@@ -83,8 +84,13 @@ def test_fragmentation_hand_computed():
     assert f["free_bytes"] == 11 << 20 and f["largest_free_block"] == 10 << 20
     assert f["external_fragmentation"] == pytest.approx(1 - 10 / 11)
     assert f["by_pool"]["small"]["fragmentation"] == pytest.approx(0.5)
-    assert f["peak_reserved_bytes"] == 22 << 20 and f["reserved_over_live"] == pytest.approx((22 << 20) / 1000)
-    assert reserved_curve(events)["reserved"].tolist() == [2 << 20, 22 << 20, 2 << 20]
+    # the final state holds 22 MiB while the events net +2 MiB: 20 MiB were reserved before recording began
+    # (the level never starts at 0 on a warm start), then +2, +20, -20 MiB
+    assert f["initial_reserved_bytes"] == 20 << 20
+    assert f["peak_reserved_bytes"] == 42 << 20 and f["reserved_over_live"] == pytest.approx((42 << 20) / 1000)
+    curve = reserved_curve(trace, "cuda:0")
+    assert curve.reserved.tolist() == [20 << 20, 22 << 20, 22 << 20, 42 << 20, 22 << 20]
+    assert curve.final == f["reserved_bytes"] and curve.raised_by == 0
     assert fragmentation(peak_trace()) == {}
 
 

@@ -10,13 +10,16 @@ Three levels of bytes (PyTorch's CUDACachingAllocator, REFERENCE.md section 6):
 - ``external_fragmentation = 1 - largest free block / total free bytes``: 0 when all free memory is one
   block, near 1 when it is scattered in pieces too small to serve a large request.
 
-With a segment event log (``segment_alloc``/``segment_free``/``segment_map``/``segment_unmap``) the
-reserved curve over time gives ``peak_reserved``, compared with the blocks' max-live.
+The reserved curve over time (`memlens.reserved.reserved_curve`: the final segments walked back through the
+segment events, so memory reserved before recording counts) gives ``peak_reserved_bytes`` and
+``initial_reserved_bytes``, compared with the blocks' max-live.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from memlens.reserved import reserved_curve
 
 _RESERVE = {"segment_alloc": 1, "segment_map": 1, "segment_free": -1, "segment_unmap": -1}
 
@@ -48,17 +51,6 @@ def _segment_state(segments: pd.DataFrame, blocks: pd.DataFrame | None) -> dict:
     return out
 
 
-def reserved_curve(events: pd.DataFrame, device: str | None = None) -> pd.DataFrame:
-    """Reserved bytes after each segment event: ``seq``, ``t_ns``, ``action``, ``reserved`` (bytes; starts at
-    0, so a trace that begins with segments already reserved reads low by that amount)."""
-    ev = events if device is None else events[events["device"].astype(str) == device]
-    ev = ev[ev["action"].isin(list(_RESERVE))].sort_values("seq", kind="stable")
-    sign = ev["action"].map(_RESERVE).to_numpy(dtype=np.int64)
-    return pd.DataFrame({"seq": ev["seq"].to_numpy(), "t_ns": ev["t_ns"].to_numpy(),
-                         "action": ev["action"].to_numpy(),
-                         "reserved": np.cumsum(sign * ev["size"].to_numpy(dtype=np.int64))})
-
-
 def fragmentation(trace, device: str | None = None) -> dict[str, dict]:
     """{device: metrics} for devices with allocator segments or segment events; {} when the trace has
     neither (e.g. a memlens recording on CPU). Metrics are described in this module's docstring; sizes in
@@ -81,13 +73,13 @@ def fragmentation(trace, device: str | None = None) -> dict[str, dict]:
             if len(seg):
                 metrics.update(_segment_state(seg, blk))
                 metrics["at"] = "end of recording"
-        if events is not None and len(events):
-            curve = reserved_curve(events, dev)
-            if len(curve):
-                peak_reserved = int(curve["reserved"].max())
-                live = peaks.get(dev, 0)
-                metrics.update({"peak_reserved_bytes": peak_reserved, "peak_live_bytes": live,
-                                "reserved_over_live": peak_reserved / live if live > 0 else None,
-                                "segment_events": int(len(curve))})
+        curve = reserved_curve(trace, dev)
+        if curve is not None:
+            live = peaks.get(dev, 0)
+            metrics.update({"peak_reserved_bytes": curve.peak, "initial_reserved_bytes": curve.initial,
+                            "peak_live_bytes": live, "reserved_over_live": curve.peak / live if live > 0 else None,
+                            "segment_events": int(events["action"].isin(list(_RESERVE)).sum()
+                                                  if events is not None and len(events) else 0),
+                            "reserved_basis": curve.basis, "reserved_raised_by": curve.raised_by})
         result[dev] = metrics
     return result

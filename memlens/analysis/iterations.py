@@ -6,8 +6,12 @@ on it). `split_iterations` takes the most explicit evidence the trace has:
 1. ``marker``: ops carry an ``iteration`` number (``memlens.step()``); when the recorder numbered them from
    optimizer steps (``metadata["iteration_source"]`` mentions "optimizer") the source is ``optimizer``, and
    when it numbered them by this module's detection ("detected"), ``detected``.
-2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step``; each iteration
-   ends where an optimizer step ends.
+2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step`` (one is enough);
+   each iteration ends where an optimizer step ends.
+2b. phases (CUDA snapshots, `memlens.io.snapshot_story`): optimizer steps seen in the stacks
+   (``optimizer``), else backward passes (``backward``), else repeated calls of the model itself
+   (``model calls``). When the stacks tell phases, step 3 is never used: a pattern that repeats inside
+   them is a layer loop, not an iteration.
 3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)`` (or the op
    alone when sizes change every step, as with dynamic shapes), by autocorrelation
    (`memlens.analysis.period`). A step's pattern is taken from a live-bytes trough (the end
@@ -29,7 +33,7 @@ from memlens.analysis.period import detect_period, iteration_starts
 
 OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
 ANCHOR_WINDOWS = 8  # candidate iteration starts tried, spread evenly over the trace
-SOURCES = ("marker", "optimizer", "detected", "none")
+SOURCES = ("marker", "optimizer", "backward", "model calls", "detected", "none")
 
 
 def _frame(starts: np.ndarray, end_of_trace: int, source: str, **extra) -> pd.DataFrame:
@@ -73,19 +77,63 @@ def _from_optimizer_ops(trace) -> pd.DataFrame | None:
     if len(ops) == 0:
         return None
     is_step = ops["name"].astype(str).str.contains(OPTIMIZER_PATTERN, regex=True).to_numpy()
-    if is_step.sum() < 2:
+    if is_step.sum() < 1:
         return None
-    ends = np.sort(ops.loc[is_step, "end_ns"].to_numpy(dtype=np.int64))
-    # nested records of one step (e.g. Optimizer.step#Adam.step around _foreach ops) end close together;
-    # keep one end per step: an end that no op start separates from the previous one is the same step
-    op_starts = np.sort(ops["start_ns"].to_numpy(dtype=np.int64))
-    between = np.searchsorted(op_starts, ends[1:], side="left") - np.searchsorted(op_starts, ends[:-1], side="right")
-    ends = ends[np.concatenate([[True], between > 0])]
+    return _iterations_ending_at(trace, ops.loc[is_step, "end_ns"].to_numpy(dtype=np.int64), "optimizer")
+
+
+def _iterations_ending_at(trace, ends: np.ndarray, source: str, nested_ops: bool = True) -> pd.DataFrame:
+    """Iterations that each end where one step (optimizer step, backward pass) ends; the work after the last
+    one is a partial iteration when something is allocated in it. `nested_ops`: the ends come from op
+    records, of which several may belong to one step."""
+    ops = trace.ops
+    ends = np.sort(np.asarray(ends, dtype=np.int64))
+    if nested_ops:
+        # nested records of one step (e.g. Optimizer.step#Adam.step around _foreach ops) end close together;
+        # keep one end per step: an end that no op start separates from the previous one is the same step
+        op_starts = np.sort(ops["start_ns"].to_numpy(dtype=np.int64))
+        between = np.searchsorted(op_starts, ends[1:], side="left") - np.searchsorted(op_starts, ends[:-1],
+                                                                                      side="right")
+        ends = ends[np.concatenate([[True], between > 0])]
     lo, hi = trace.time_span_ns()
     starts = np.concatenate([[lo], ends[:-1]])
-    if ends[-1] < hi:  # the work after the last step is a partial iteration
+    alloc = trace.blocks["alloc_ns"].dropna().to_numpy(dtype=np.int64)
+    if ends[-1] < hi and (alloc > ends[-1]).any():  # the work after the last step is a partial iteration
         starts = np.append(starts, ends[-1])
-    return _frame(starts, hi, "optimizer")
+    return _frame(starts, hi, source)
+
+
+def _from_phases(trace) -> pd.DataFrame | None:
+    """Iterations from the phases a snapshot's stacks and annotations tell (`metadata["phases"]`): one per
+    optimizer step where steps are visible; else one per backward pass; a forward-only recording has
+    iterations only when the model itself is called repeatedly (``metadata["model_calls"]``), never from a
+    layer pattern that repeats inside one call."""
+    phases = trace.metadata.get("phases") or []
+    steps = [p for p in phases if p.get("name") == "optimizer_step"]
+    if steps:
+        return _iterations_ending_at(trace, _merged_ends(steps), "optimizer", nested_ops=False)
+    backward = [p for p in phases if p.get("name") == "backward"]
+    if backward:
+        return _iterations_ending_at(trace, _merged_ends(backward), "backward", nested_ops=False)
+    calls = trace.metadata.get("model_calls") or []
+    if len(calls) >= 2:
+        _, hi = trace.time_span_ns()
+        return _frame(np.asarray(calls, dtype=np.int64), hi, "model calls")
+    return None
+
+
+def _merged_ends(phases: list[dict]) -> np.ndarray:
+    """End of each group of overlapping or touching ranges (an annotated step and the inferred one)."""
+    spans = sorted((int(p["start_ns"]), int(p["end_ns"])) for p in phases)
+    ends, cur_end = [], None
+    for s, e in spans:
+        if cur_end is not None and s <= cur_end:
+            cur_end = max(cur_end, e)
+            ends[-1] = cur_end
+        else:
+            cur_end = e
+            ends.append(e)
+    return np.asarray(ends, dtype=np.int64)
 
 
 def allocation_sequence(trace) -> pd.DataFrame:
@@ -168,10 +216,15 @@ def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
     autocorrelation lag), ``period_match`` / ``chance_match`` (match rates), ``z_score`` and ``keyed_by``
     ("op and size", or "op" when only the op sequence repeats).
     """
-    if method not in ("auto", "marker", "optimizer", "detected"):
-        raise ValueError(f"method must be auto, marker, optimizer or detected, got {method!r}")
-    finders = {"marker": _from_markers, "optimizer": _from_optimizer_ops, "detected": _detected}
+    if method not in ("auto", "marker", "optimizer", "phases", "detected"):
+        raise ValueError(f"method must be auto, marker, optimizer, phases or detected, got {method!r}")
+    finders = {"marker": _from_markers, "optimizer": _from_optimizer_ops, "phases": _from_phases,
+               "detected": _detected}
     order = list(finders) if method == "auto" else [method]
+    if method == "auto" and trace.metadata.get("phases_from_frames"):
+        # the stacks tell the phases: a pattern repeating inside them is a layer loop, not an iteration
+        # (asked for explicitly, method="detected" still finds it)
+        order.remove("detected")
     for name in order:
         found = finders[name](trace)
         if found is not None and len(found):

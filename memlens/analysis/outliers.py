@@ -1,5 +1,10 @@
 """The bandwidth filter and the outlier blocks: which idle intervals could be swapped, and which blocks matter.
 
+Both work on the ATIs of `memlens.analysis.ati.access_intervals` (from the end of the op of one access to
+the start of the op of the next; wrap-around intervals included in steady state), the same intervals the
+swap planner takes: the lifetime edges (alloc -> first access, last access -> free) are not swaps (the data
+must survive them to be copied back) and are reported beside the ATI, not here.
+
 An access interval is *swappable* when it lasts at least the round trip of its block over the link
 (`BandwidthModel.round_trip_ns`: ``size/bw_out + size/bw_in`` plus latencies; REFERENCE.md section 2).
 Swapping it frees ``size`` bytes over ``[start + swap_out_ns, end - swap_in_ns]``, so it holds
@@ -13,15 +18,16 @@ Outliers are blocks ranked by how much idle memory they hold:
   the device's memory peak, DOA (duration of absence) is its length minus the transfer times; AOA is DOA x
   size; WDOA weights each instant of the swapped-out window by how far the load then is over a memory limit,
   ``clip((load - limit) / (peak - limit), 0, 1)``, so absence during the peak counts fully and absence while
-  under the limit not at all. The limit defaults to the device's time-weighted mean live bytes. As in the
-  paper, only blocks of at least 1 MiB idle across the peak are candidates for these three.
+  under the limit not at all (`wdoa_ns`, the one WDOA, which the swap planner uses too). The limit defaults
+  to the device's time-weighted mean live bytes. As in the paper, only blocks of at least 1 MiB
+  (`ZHANG_MIN_SIZE`) idle across the peak are candidates for these three.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.ati import access_intervals
+from memlens.analysis.ati import access_intervals, ati_only
 from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
 from memlens.analysis.distributions import time_weighted_mean
 from memlens.analysis.live import live_curve
@@ -31,16 +37,26 @@ ZHANG_MIN_SIZE = 1 << 20  # Zhang et al. consider blocks >= 1 MB for swapping
 ATTRIBUTION = ("category", "op", "module", "stack_id", "alloc_ns", "free_ns")
 
 
-def _as_intervals(trace_or_intervals, device=None) -> pd.DataFrame:
+def _as_intervals(trace_or_intervals, device=None, steady_state=False, iteration=None) -> pd.DataFrame:
+    """The ATI rows of a frame from `access_intervals`, or of the trace's intervals."""
     if isinstance(trace_or_intervals, pd.DataFrame):
-        iv = trace_or_intervals
-        return iv if device is None else iv[iv["device"].astype(str) == device]
-    return access_intervals(trace_or_intervals, device=device)
+        iv = ati_only(trace_or_intervals)
+        if device is not None:
+            attrs = dict(iv.attrs)
+            iv = iv[iv["device"].astype(str) == device]
+            iv.attrs.update(attrs)
+        return iv
+    return ati_only(access_intervals(trace_or_intervals, device=device, steady_state=steady_state,
+                                     iteration=iteration))
 
 
 def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
-                     device: str | None = None) -> pd.DataFrame:
-    """All access intervals with the bandwidth filter applied.
+                     device: str | None = None, *, steady_state: bool = False,
+                     iteration: int | None = None) -> pd.DataFrame:
+    """The ATIs with the bandwidth filter applied (lifetime edges are not swaps: they are dropped).
+
+    `steady_state` / `iteration` are passed to `access_intervals` when a Trace is given (a frame is used as
+    it was computed).
 
     Adds ``round_trip_ns`` (ns to move the block out and back in), ``swappable`` (bool: length >= round
     trip), ``saved_ns`` (length - round trip, 0 when not swappable), ``swap_out_done_ns`` /
@@ -48,7 +64,7 @@ def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None 
     and ``swappable_bytes_ns`` (size x saved_ns). Accepts a Trace or a frame from `access_intervals`.
     """
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
-    iv = _as_intervals(trace_or_intervals, device)
+    iv = _as_intervals(trace_or_intervals, device, steady_state, iteration)
     size = iv["size"].to_numpy(dtype=np.float64)
     length = iv["length_ns"].to_numpy()
     start = iv["start_ns"].to_numpy()
@@ -79,9 +95,10 @@ def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None 
 
 
 def swappable_intervals(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
-                        device: str | None = None) -> pd.DataFrame:
-    """Only the intervals long enough to swap at `bandwidth` (default PCIe 4.0 x16); see `bandwidth_filter`."""
-    iv = bandwidth_filter(trace_or_intervals, bandwidth, device)
+                        device: str | None = None, *, steady_state: bool = False,
+                        iteration: int | None = None) -> pd.DataFrame:
+    """Only the ATIs long enough to swap at `bandwidth` (default PCIe 4.0 x16); see `bandwidth_filter`."""
+    iv = bandwidth_filter(trace_or_intervals, bandwidth, device, steady_state=steady_state, iteration=iteration)
     return iv[iv["swappable"].to_numpy()].reset_index(drop=True)
 
 
@@ -90,7 +107,8 @@ def filter_summary(filtered: pd.DataFrame) -> dict:
 
     ``intervals``, ``swappable``, ``filtered_out_fraction`` (share of intervals too short to swap),
     ``idle_bytes_ns`` (sum of size x length over all intervals: the infinite-bandwidth bound),
-    ``swappable_bytes_ns`` and ``swappable_share`` (swappable / idle byte-ns), ``blocks_with_swappable``.
+    ``swappable_bytes_ns`` and ``swappable_share`` (swappable / idle byte-ns), ``blocks_with_swappable``,
+    and the ``bandwidth`` model and ``clock`` the figures are on.
     """
     from memlens.analysis.ati import count_distinct
     n = len(filtered)
@@ -106,6 +124,9 @@ def filter_summary(filtered: pd.DataFrame) -> dict:
         "swappable_share": saved / idle if idle > 0 else None,
         "blocks_with_swappable": count_distinct(filtered["block_id"].to_numpy(dtype=np.int64)[swappable]),
         "bandwidth": filtered.attrs.get("bandwidth"),
+        "clock": dict(filtered.attrs.get("clock") or {"kind": "host"}),
+        "steady_state": bool(filtered.attrs.get("steady_state", False)),
+        "iteration": filtered.attrs.get("iteration"),
     }
 
 
@@ -123,12 +144,26 @@ def _first_in_runs(run_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return first
 
 
-def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
-    """(times, cumulative weight integral, limit, peak) for WDOA on `device`.
+def weight_integral(t: np.ndarray, load: np.ndarray, limit: float, t_end: float):
+    """(times, cumulative integral) of the WDOA load weight ``clip((load - limit) / (peak - limit), 0, 1)``
+    over a step curve (`load` bytes from each `t` ns until the next, the last until `t_end`). The integral
+    is piecewise linear with breakpoints at `t`, so ``np.interp`` evaluates it anywhere (`wdoa_ns`)."""
+    t = np.asarray(t, dtype=np.float64)
+    load = np.asarray(load, dtype=np.float64)
+    if len(t) == 0:
+        return np.zeros(1), np.zeros(1)
+    peak = float(load.max())
+    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
+    times = np.append(t, max(float(t_end), t[-1]))
+    cum = np.concatenate([[0.0], np.cumsum(weight * np.diff(times))])
+    return times, cum
 
-    The weight at time t is ``clip((live(t) - limit) / (peak - limit), 0, 1)``; the cumulative integral is
-    piecewise linear with breakpoints at the alloc/free events, so ``np.interp`` evaluates it anywhere.
-    `live` is `live.live_curve(trace, device)[0]` when the caller has it already.
+
+def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
+    """(times, cumulative weight integral, limit, peak) for WDOA on `device` (see `weight_integral`).
+
+    The limit defaults to the device's time-weighted mean live bytes. `live` is
+    `live.live_curve(trace, device)[0]` when the caller has it already.
     """
     if live is None:
         live, _ = live_curve(trace, device)
@@ -139,40 +174,68 @@ def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFram
     _, hi = trace.time_span_ns()
     peak = float(load.max())
     limit = time_weighted_mean(t, load, hi) if limit_bytes is None else float(limit_bytes)
-    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
-    dt = np.diff(np.append(t, max(float(hi), t[-1])))
-    cum = np.concatenate([[0.0], np.cumsum(weight * dt)])
-    times = np.append(t, max(float(hi), t[-1]))
+    times, cum = weight_integral(t, load, limit, hi)
     return times, cum, limit, peak
+
+
+def wdoa_ns(times: np.ndarray, cum: np.ndarray, lo, hi, window: tuple[int, int] | None = None,
+            period_ns: int | None = None) -> np.ndarray:
+    """Zhang et al.'s weighted duration of absence (ns) of the absence windows ``[lo, hi)``: the integral
+    over the window of the load weight ``clip((load - limit) / (peak - limit), 0, 1)`` (`load_weight` gives
+    `times` and its cumulative integral `cum`). The one WDOA of memlens: the outliers and the swap planner
+    both rank by it.
+
+    With `window` and `period_ns` (steady state), a window ending past the period's end wraps around:
+    ``[lo, w1)`` plus ``[w0, hi - period)``. Empty windows (hi <= lo) weigh 0.
+    """
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.maximum(np.asarray(hi, dtype=np.float64), lo)
+    if window is None or period_ns is None:
+        return np.interp(hi, times, cum) - np.interp(lo, times, cum)
+    w0, w1 = float(window[0]), float(window[1])
+    first_hi = np.minimum(hi, w1)
+    out = np.interp(first_hi, times, cum) - np.interp(np.minimum(lo, first_hi), times, cum)
+    rest = np.clip(hi - period_ns, w0, w1)
+    return out + np.where(hi > w1, np.interp(rest, times, cum) - np.interp(w0, times, cum), 0.0)
 
 
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
              limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
-             include_unobserved: bool = False) -> pd.DataFrame:
+             include_unobserved: bool = False, steady_state: bool = False,
+             iteration: int | None = None, peak_context: dict | None = None) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
-    Columns: ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest interval),
-    ``max_idle_start_ns`` / ``max_idle_end_ns`` / ``max_idle_kind`` (that interval), ``lifetime_ns``,
-    ``idle_fraction`` (max_idle / lifetime), ``accesses``, ``swappable_intervals``, ``swappable_bytes_ns``
-    (sum over its swappable intervals), ``crosses_peak`` (an idle interval spans the device's peak),
-    ``doa_ns`` / ``aoa`` / ``wdoa_ns`` (Zhang et al.'s measures of that interval; NaN when not idle across the
-    peak), ``score`` (the `priority` value ranked on) and the block's attribution ``category``, ``op``,
-    ``module``, ``stack_id``, ``alloc_ns``, ``free_ns``. `min_size` (bytes) drops smaller blocks; by
-    default 0 for size_x_idle and 1 MiB for doa/aoa/wdoa. `limit_bytes` is WDOA's memory limit.
+    Idle means the block's ATIs (`access_intervals`; wrap-around intervals in steady state). Columns:
+    ``block_id``, ``device``, ``size`` (bytes), ``max_idle_ns`` (longest ATI), ``max_idle_start_ns`` /
+    ``max_idle_end_ns`` / ``max_idle_kind`` (that interval: ``access_to_access``, or ``wrap_around`` when it
+    crosses the iteration boundary), ``lifetime_ns``, ``idle_fraction`` (max_idle / lifetime), ``accesses``,
+    ``swappable_intervals``, ``swappable_bytes_ns`` (sum over its swappable ATIs), ``crosses_peak`` (an ATI
+    spans the device's peak), ``doa_ns`` / ``aoa`` / ``wdoa_ns`` (Zhang et al.'s measures of that interval:
+    DOA = ATI - swap-out - swap-in time, AOA = DOA x size, WDOA = `wdoa_ns` of its absence window; NaN when
+    not idle across the peak), ``score`` (the `priority` value ranked on) and the block's attribution
+    ``category``, ``op``, ``module``, ``stack_id``, ``alloc_ns``, ``free_ns``. `min_size` (bytes) drops
+    smaller blocks; by default 0 for size_x_idle and 1 MiB (`ZHANG_MIN_SIZE`) for doa/aoa/wdoa, as in the
+    paper. `limit_bytes` is WDOA's memory limit. `steady_state` / `iteration` select the intervals as in
+    `access_intervals` (with `iteration`, the peak is the peak of that iteration). ``attrs`` name the
+    ``bandwidth`` model, the ``clock``, the ``priority`` and the ``min_size`` used.
 
     Blocks only the allocator saw (``source == "profiler"``: workspaces inside an op) and with no recorded
     access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
-    can be recorded, so their lifetime is not idle time. Blocks an op-level instrument saw and no op ever
-    touched stay in: those really are unused.
+    can be recorded, so their lifetime is not idle time (they have no ATI in any case).
+
+    `peak_context` ({device: {"t_peak": ns, "times", "cum": `load_weight`'s arrays}}) replaces what is
+    otherwise computed from `trace`'s live curves: the out-of-core engine ranks a part of the blocks
+    against the whole trace's peak and load.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
     if intervals is not None and "swappable" in intervals.columns:
-        iv = intervals if device is None else intervals[intervals["device"].astype(str) == device]
+        iv = _as_intervals(intervals, device)
     else:
-        iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device)
+        iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device,
+                              steady_state=steady_state, iteration=iteration)
     if min_size is None:
         min_size = 0 if priority == "size_x_idle" else ZHANG_MIN_SIZE
 
@@ -192,13 +255,13 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     max_len = np.maximum.reduceat(length, run_start)
     counts = np.diff(np.append(run_start, n))
     arg = _first_in_runs(run_start, length == np.repeat(max_len, counts))
-    lifetime = np.add.reduceat(length, run_start)
     swappable = iv["swappable"].to_numpy()
+    first = run_start
+    lifetime, accesses = _lifetimes_and_accesses(trace, block[first])
 
     dev_codes, dev_names = _codes(iv["device"])
-    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, peak_context)
 
-    first = run_start
     out = pd.DataFrame({
         "block_id": block[first],
         "size": size[first],
@@ -206,8 +269,8 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         "max_idle_start_ns": start[arg],
         "max_idle_end_ns": end[arg],
         "lifetime_ns": lifetime,
-        "idle_fraction": np.where(lifetime > 0, max_len / np.maximum(lifetime, 1), 0.0),
-        "accesses": counts - 1,
+        "idle_fraction": np.where(lifetime > 0, np.minimum(max_len / np.maximum(lifetime, 1), 1.0), 0.0),
+        "accesses": accesses,
         "swappable_intervals": np.add.reduceat(swappable, run_start, dtype=np.int64),
         "swappable_bytes_ns": np.add.reduceat(iv["swappable_bytes_ns"].to_numpy(dtype=np.float64), run_start),
         "crosses_peak": has_peak,
@@ -223,24 +286,51 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     if priority != "size_x_idle":
         keep &= has_peak
     if not include_unobserved:
-        keep &= ~_unobservable(trace, out["block_id"].to_numpy(), counts - 1)
+        keep &= ~_unobservable(trace, out["block_id"].to_numpy(), accesses)
     ranked = out.iloc[_rank(out["score"].to_numpy(dtype=np.float64), out["size"].to_numpy(),
                             out["block_id"].to_numpy(), keep, top)]
     # labels only for the rows kept (strings for 1M blocks would cost more than the ranking)
     runs = ranked.pop("_run").to_numpy()
     ranked.insert(1, "device", dev_names[dev_codes[first[runs]]])
-    ranked.insert(6, "max_idle_kind", _labels_at(iv["kind"], arg[runs]))
+    wraps = iv["wraps"].to_numpy()[arg[runs]] if "wraps" in iv.columns else np.zeros(len(runs), bool)
+    ranked.insert(6, "max_idle_kind", np.where(wraps, "wrap_around", ATI_KIND_LABEL))
     ranked = _attach_attribution(ranked.reset_index(drop=True), trace)
     ranked.attrs["bandwidth"] = bw.to_dict()
+    ranked.attrs["bandwidth_text"] = bw.describe()
     ranked.attrs["priority"] = priority
+    ranked.attrs["min_size"] = int(min_size)
+    ranked.attrs["clock"] = dict(iv.attrs.get("clock") or {"kind": "host"})
+    ranked.attrs["steady_state"] = bool(iv.attrs.get("steady_state", False))
+    ranked.attrs["iteration"] = iv.attrs.get("iteration")
     return ranked
 
 
+ATI_KIND_LABEL = "access_to_access"
+
+
+def _lifetimes_and_accesses(trace, block_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lifetime ns bounded by the trace span, number of recorded accesses) of each block id."""
+    from memlens.analysis.ati import block_rows
+    blocks = trace.blocks
+    lo, hi = trace.time_span_ns()
+    ids = blocks["block_id"].to_numpy(dtype=np.int64)
+    rows = block_rows(ids, np.asarray(block_ids, dtype=np.int64))
+    alloc = blocks["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
+    free = blocks["free_ns"].fillna(hi).to_numpy(dtype=np.int64)
+    lifetime = np.where(rows >= 0, free[np.maximum(rows, 0)] - alloc[np.maximum(rows, 0)], 0)
+    acc_rows = block_rows(ids, trace.accesses["block_id"].to_numpy(dtype=np.int64))
+    per_block = np.bincount(acc_rows[acc_rows >= 0], minlength=len(ids))
+    accesses = np.where(rows >= 0, per_block[np.maximum(rows, 0)], 0)
+    return np.maximum(lifetime, 0).astype(np.int64), accesses.astype(np.int64)
+
+
 def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
-                   dev_names: np.ndarray, limit_bytes: float | None):
+                   dev_names: np.ndarray, limit_bytes: float | None, peak_context: dict | None = None):
     """Zhang et al.'s measures per block, from the interval spanning its device's peak.
 
-    Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not.
+    Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not. With an
+    iteration window (``iv.attrs["window_ns"]``), the peak is that iteration's and an interval wrapping
+    past the window's end covers the window's start too.
     """
     n_runs = len(run_start)
     start = iv["start_ns"].to_numpy(dtype=np.int64)
@@ -248,14 +338,34 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     length = iv["length_ns"].to_numpy(dtype=np.int64)
     swappable = iv["swappable"].to_numpy()
     round_trip = iv["round_trip_ns"].to_numpy(dtype=np.float64)
+    window = iv.attrs.get("window_ns") if iv.attrs.get("iteration") is not None else None
+    period = iv.attrs.get("period_ns") if window is not None else None
     spans_peak = np.zeros(len(iv), dtype=bool)
     curves = {}
+    context = peak_context or {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curve(trace, dev)[0]
-        if len(live) == 0:
-            continue
-        t_peak = int(live["t_ns"].to_numpy()[int(np.argmax(live["live"].to_numpy()))])
+        if dev in context:
+            if context[dev]["t_peak"] is None:
+                continue
+            t_peak = int(context[dev]["t_peak"])
+        else:
+            curves[dev] = live = live_curve(trace, dev)[0]
+            if len(live) == 0:
+                continue
+            t = live["t_ns"].to_numpy()
+            load = live["live"].to_numpy()
+            if window is not None:  # the peak of the iteration (the level carried into it included)
+                inside = (t >= window[0]) & (t < window[1])
+                if inside.any():
+                    idx = np.flatnonzero(inside)
+                    t_peak = int(t[idx[int(np.argmax(load[idx]))]])
+                else:
+                    t_peak = int(window[0])
+            else:
+                t_peak = int(t[int(np.argmax(load))])
         spanning = (start <= t_peak) & (end > t_peak)
+        if period is not None:
+            spanning |= (start <= t_peak + period) & (end > t_peak + period)
         spans_peak |= spanning if len(dev_names) == 1 else spanning & (dev_codes == code)
     peak_idx = _first_in_runs(run_start, spans_peak)
     has_peak = peak_idx >= 0
@@ -270,8 +380,11 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
         on_dev = dev_codes[at_peak] == code
         if not on_dev.any():
             continue
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
-        weighted[on_dev] = np.interp(hi_w[on_dev], times, cum) - np.interp(lo_w[on_dev], times, cum)
+        if dev in context:
+            times, cum = context[dev]["times"], context[dev]["cum"]
+        else:
+            times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
+        weighted[on_dev] = wdoa_ns(times, cum, lo_w[on_dev], hi_w[on_dev], window, period)
     wdoa = np.full(n_runs, np.nan)
     wdoa[has_peak] = np.where(swappable[at_peak], weighted, 0.0)
     return has_peak, doa, wdoa

@@ -1,26 +1,55 @@
-"""`memlens info TRACE [--json]`: what a trace holds, and its peak live bytes per device."""
+"""`memlens info TRACE [TRACE ...] [--json]`: what a trace holds, its peak live and reserved bytes per device,
+what caused the peak, its iterations and phases.
+
+With several files (the ranks of one job, or runs to compare) it prints each one's summary and how far
+apart their peaks are (`memlens.load_many`)."""
 from __future__ import annotations
+
+from memlens.commands._engine import add_engine_options, engine_for, runner_for
 
 
 def register(sub) -> None:
-    p = sub.add_parser("info", help="summarise a trace (any supported format)",
-                       description="Print blocks, accesses, ops, devices, duration and peak live bytes.")
-    p.add_argument("trace", help="a .memlens directory or any importable file")
+    p = sub.add_parser("info", help="summarise a trace (any supported format), or several",
+                       description="Print blocks, accesses, ops, devices, duration, peak live and reserved bytes, what "
+                                   "caused the peak and where it was allocated, iterations and phases. With several "
+                                   "files: each one's summary, its rank, and the imbalance of the peaks.")
+    p.add_argument("trace", nargs="+", help="a .memlens directory or any importable file (several allowed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_engine_options(p)
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
-    from memlens.cli import print_json
-    from memlens.io import load
-    from memlens.units import format_bytes, format_ns
+def story(trace) -> dict:
+    """The ``peak`` / ``iterations`` / ``phases`` part of ``info --json`` (see the issue-17 contract):
+    per device allocated and reserved bytes at the peak, bytes by category, the cause sentence and the top
+    allocation sites; the number of iterations; the phases (ns since the trace start)."""
+    from memlens.analysis.iterations import split_iterations
+    from memlens.analysis.peak_cause import peak_cause
 
-    trace = load(args.trace)
-    s = trace.summary()
-    if args.json:
-        print_json(s)
-        return 0
-    print(f"trace:     {args.trace} ({s['source_kind']})")
+    its = split_iterations(trace)
+    phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
+               "source": str(p.get("source", ""))} for p in trace.metadata.get("phases") or []]
+    return {"peak": {dev: c.to_json() for dev, c in peak_cause(trace).items()},
+            "iterations": 0 if str(its["source"].iloc[0]) == "none" else int(len(its)),
+            "iteration_source": str(its["source"].iloc[0]), "phases": phases}
+
+
+def _summary(args, path) -> dict:
+    """The summary of one file; in memory it also carries the peak story (cause, sites, iterations, phases)."""
+    from argparse import Namespace
+    one = Namespace(**{**vars(args), "trace": path})
+    if engine_for(one) == "dask":
+        from memlens.analysis.outofcore import engine
+        with runner_for(one) as runner:
+            return engine.summary(path, runner)
+    from memlens.io import load
+    trace = load(path)
+    return {**trace.summary(), **story(trace)}
+
+
+def _print(path: str, s: dict) -> None:
+    from memlens.units import format_bytes, format_ns
+    print(f"trace:     {path} ({s['source_kind']})")
     print(f"blocks:    {s['blocks']:,}  (alive at end {s['alive_at_end']:,}, allocated before recording "
           f"{s['allocated_before']:,}, freed without alloc {s['free_without_alloc']:,})")
     print(f"accesses:  {s['accesses']:,}" + ("" if s["has_accesses"] else "  (this source records none)"))
@@ -28,6 +57,57 @@ def run(args) -> int:
     print(f"duration:  {format_ns(s['duration_ns'])}")
     for dev, peak in s["peak_live_bytes"].items():
         print(f"peak live: {dev}: {format_bytes(peak)} ({peak:,} bytes)")
+        cause = s.get("peak", {}).get(dev)
+        if cause is None:
+            continue
+        if cause["reserved_bytes"] is not None:
+            print(f"reserved:  {dev}: peak {format_bytes(cause['reserved_bytes'])} "
+                  f"({cause['reserved_bytes']:,} bytes; memory reserved before recording included)")
+        print(f"cause:     {cause['cause']}")
+        for site in cause["top_sites"][:5]:
+            print(f"site:      {format_bytes(site['bytes']):>10}  {site['site']}")
+    if "iterations" in s:  # the out-of-core summary has no peak story
+        print(f"iterations: {s['iterations']}" + (f" ({s['iteration_source']})" if s["iterations"] else ""))
+    if s.get("phases"):
+        names = [p["name"] for p in s["phases"]]
+        print(f"phases:    {len(names)}: " + ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
     for note in s["notes"]:
         print(f"note:      {note}")
+
+
+def run(args) -> int:
+    from memlens.cli import print_json
+
+    if len(args.trace) == 1:
+        s = _summary(args, args.trace[0])
+        if args.json:
+            print_json(s)
+        else:
+            _print(args.trace[0], s)
+        return 0
+    from argparse import Namespace
+
+    from memlens.analysis.runs import imbalance_sentence, imbalance_stats, load_many, peaks_frame
+    runs = load_many(args.trace)
+    engines = [engine_for(Namespace(**{**vars(args), "trace": r.path})) for r in runs.runs]
+    if "dask" not in engines:  # one parallel load per file gives the summary and the peak breakdown
+        summaries = list(zip(runs.runs, runs.summaries()))
+        peaks = runs.peaks()
+    else:  # out of core: the peaks come from the summaries (no breakdown of what is live at them)
+        summaries = [(r, _summary(args, r.path)) for r in runs.runs]
+        peaks = peaks_frame([{"run": r.name, "rank": r.rank, "path": r.path, "device": dev, "allocated_bytes": b,
+                              "rank_source": r.rank_source}
+                             for r, s in summaries for dev, b in s["peak_live_bytes"].items()])
+    stats = imbalance_stats(peaks)
+    imbalance = imbalance_sentence(stats)
+    if args.json:
+        print_json({"runs": [{"path": r.path, "rank": r.rank, "rank_source": r.rank_source, **s}
+                             for r, s in summaries],
+                    "peaks": peaks.astype(object).where(peaks.notna(), None).to_dict(orient="records"),
+                    "imbalance": imbalance, "imbalance_stats": stats})
+        return 0
+    for r, s in summaries:
+        print(f"== {r.name} (rank from {r.rank_source})")
+        _print(r.path, s)
+    print(f"imbalance: {imbalance}")
     return 0

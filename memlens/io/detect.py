@@ -94,4 +94,12 @@ def load(path, format: str | None = None):
     except (ImportError, AttributeError):
         raise InputError(f"format '{fmt}' is recognised but its importer is not available in this "
                          "version of memlens", path) from None
-    return importer(path)
+    trace = importer(path)
+    if fmt != "memlens":  # load_trace validates its own; an import must pass the same checks, or a
+        # trace would be accepted now and its saved copy refused on reload
+        from memlens.io.store import validate_trace
+        try:
+            validate_trace(trace)
+        except InputError as exc:
+            raise InputError(f"bad values in the file: {exc.message}", path) from None
+    return trace

@@ -1,12 +1,12 @@
 """Read a JSON document (plain or gzip) with one-line `InputError`s for every way a file can be bad."""
 from __future__ import annotations
 
-import gzip
 import json
-import zlib
 from pathlib import Path
 
+from memlens import limits
 from memlens.errors import InputError
+from memlens.io.gzipfile import gunzip_limited
 
 
 def load_json(path, what: str = "JSON"):
@@ -14,20 +14,29 @@ def load_json(path, what: str = "JSON"):
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            if f.read(2) == b"\x1f\x8b":
+                f.seek(0)
+                raw = gunzip_limited(f, path)
+            else:
+                f.seek(0)
+                raw = f.read()
     except FileNotFoundError:
         raise InputError("no such file", path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a file", path) from None
     except OSError as exc:
         raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"gzip data is corrupt or truncated ({exc})", path) from None
+    except MemoryError:
+        raise InputError("file is too large to read into memory", path) from None
     if not raw.strip():
         raise InputError("file is empty", path)
     try:
-        return json.loads(raw)
+        doc = json.loads(raw)
+        del raw
+        limits.check_nesting(doc, path)
+        return doc
+    except MemoryError:
+        raise InputError(f"{what} file is too large to parse in the memory available", path) from None
     except UnicodeDecodeError:
         raise InputError(f"not a {what} file: the content is not UTF-8 text", path) from None
     except RecursionError:

@@ -68,11 +68,16 @@ def _memory_columns(events: list, where) -> pd.DataFrame:
             "dev_type": np.array([a.get("Device Type", 1) for a in args], dtype=np.int64),
             "dev_id": np.array([a.get("Device Id", 0) for a in args], dtype=np.int64),
         })
+        ts = df["ts"].to_numpy()
+        if not np.isfinite(ts).all() or (np.abs(ts) >= 2.0**52).any():
+            raise InputError("a [memory] event's 'ts' is not a finite time in microseconds", where)
         for key, col in (("Addr", "addr"), ("Total Allocated", "total_allocated"),
                          ("Total Reserved", "total_reserved"), ("Ev Idx", "ev_idx")):
             values = [a.get(key) for a in args]
             if all(v is not None for v in values):
                 df[col] = np.array(values, dtype=np.int64)
+    except InputError:
+        raise
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"malformed [memory] event ({type(exc).__name__}: {str(exc)[:120]})", where) from None
     df["file_order"] = np.arange(len(df))

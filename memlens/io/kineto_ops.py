@@ -45,8 +45,15 @@ def _spans(events: list, keep) -> tuple[list[dict], np.ndarray, np.ndarray, list
     chosen = [e for e in events if type(e) is dict and e.get("ph") == "X" and keep(e)]
     start = np.array([e["ts"] for e in chosen], dtype=np.float64)
     end = start + np.array([e.get("dur", 0) or 0 for e in chosen], dtype=np.float64)
+    if not (np.isfinite(end).all() and (np.abs(end) < 2.0**52).all()):
+        raise InputError("a complete ('X') event's 'ts' or 'dur' is not a finite time in microseconds")
     thread = [f"{e.get('pid')}/{e.get('tid')}" for e in chosen]
     return chosen, start, end, thread
+
+
+def _step_number(label: str) -> int:
+    label = label.strip()
+    return int(label) if label.isdigit() and len(label) < 18 else -1
 
 
 def read_ops(events: list, where) -> OpTable:
@@ -58,7 +65,11 @@ def read_ops(events: list, where) -> OpTable:
         mods, m_start, m_end, m_thread = _spans(
             events, lambda e: str(e.get("name", "")).startswith(_MODULE_PREFIX))
         steps, s_start, s_end, _ = _spans(events, lambda e: str(e.get("name", "")).startswith(_STEP_PREFIX))
-        step_numbers = np.array([int(str(e["name"])[len(_STEP_PREFIX):] or -1) for e in steps], dtype=np.int64)
+        # "ProfilerStep#12" -> 12; a label that is not a number ("ProfilerStep#abc", from a user's own
+        # record_function) is still a step annotation, with no number (-1)
+        step_numbers = np.array([_step_number(str(e["name"])[len(_STEP_PREFIX):]) for e in steps], dtype=np.int64)
+    except InputError as exc:
+        raise InputError(exc.message, where) from None
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"malformed trace event ({type(exc).__name__}: {str(exc)[:120]})", where) from None
 

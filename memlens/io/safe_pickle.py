@@ -6,26 +6,30 @@ of which the pickle format builds with its own opcodes. The restricted unpickler
 every global lookup except a handful of harmless builtin containers, so a crafted file fails with a clear
 `InputError` before anything runs.
 
-Files are read through `mmap` (or decompressed when gzip), so that no length field in a corrupt file can
-make the loader allocate more than the file holds: a length past the end is reported as truncation.
+Files are read through `mmap` (or decompressed when gzip, up to `memlens.limits.max_decompressed` bytes,
+counted before anything is kept), and before the C unpickler runs, `check_opcodes` walks the opcodes
+without building objects: memo indices must be dense (a huge ``LONG_BINPUT`` index would make the C
+unpickler allocate gigabytes for its memo table), every length field must fit in the bytes that remain,
+and MARKs may nest only `memlens.limits.max_nesting` deep. The loaded object's nesting is checked too.
+`bytearray` is not among the allowed globals: ``bytearray(2**32)`` is a 32-byte pickle.
 """
 from __future__ import annotations
 
 import builtins
-import gzip
-import io
 import mmap
 import pickle
-import zlib
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 
+from memlens import limits
 from memlens.errors import InputError
+from memlens.io.gzipfile import gunzip_limited
 
 # the only globals a snapshot-like pickle may name: builtin containers/scalars with no side effects
 _ALLOWED_GLOBALS = {
-    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "bytearray"), ("builtins", "complex"),
-    ("builtins", "slice"), ("__builtin__", "set"), ("__builtin__", "frozenset"),
+    ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "complex"),
+    ("__builtin__", "set"), ("__builtin__", "frozenset"),
 }
 
 
@@ -72,9 +76,158 @@ class _MmapReader:
         return self._mm[pos:pos + max(n, 1)]
 
 
+# argument layout of every opcode of protocols 0-5: a fixed byte count, or a kind of variable argument
+_FIXED = {b"(": 0, b".": 0, b"0": 0, b"1": 0, b"2": 0, b"J": 4, b"K": 1, b"M": 2, b"N": 0, b"R": 0, b"}": 0,
+          b"e": 0, b"]": 0, b"a": 0, b"b": 0, b"d": 0, b"l": 0, b"o": 0, b"s": 0, b"t": 0, b")": 0, b"u": 0,
+          b"G": 8, b"\x80": 1, b"\x81": 0, b"\x82": 1, b"\x83": 2, b"\x84": 4, b"\x85": 0, b"\x86": 0,
+          b"\x87": 0, b"\x88": 0, b"\x89": 0, b"\x8f": 0, b"\x90": 0, b"\x91": 0, b"\x92": 0, b"\x93": 0,
+          b"\x94": 0, b"\x95": 8, b"\x97": 0, b"\x98": 0, b"h": 1, b"q": 1, b"j": 4, b"r": 4}
+_LENGTH = {b"\x8a": 1, b"\x8c": 1, b"C": 1, b"U": 1, b"\x8b": 4, b"X": 4, b"B": 4, b"T": 4, b"\x8d": 8,
+           b"\x8e": 8, b"\x96": 8}  # length-prefixed: size of the length field
+_LINES = {b"I": 1, b"L": 1, b"F": 1, b"S": 1, b"V": 1, b"g": 1, b"p": 1, b"c": 2, b"i": 2}
+_POPS_MARK = frozenset(b"etld1\x90\x91oiu")
+# per opcode byte: ("fixed", n) / ("length", n) / ("lines", n) / None (unknown)
+_TABLE = [None] * 256
+for _table, _kind in ((_FIXED, 0), (_LENGTH, 1), (_LINES, 2)):
+    for _op, _n in _table.items():
+        _TABLE[_op[0]] = (_kind, _n)
+_MEMOIZE, _BINGET, _LONG_BINGET, _BINPUT, _LONG_BINPUT, _MARK = 0x94, 0x68, 0x6A, 0x71, 0x72, 0x28
+_PUT, _GET, _STOP = 0x70, 0x67, 0x2E
+
+
+def check_opcodes(buf, path=None) -> None:
+    """Walk the pickle opcodes of `buf` (bytes or mmap) without building objects; raise `InputError` for
+    a memo index that is not the next free slot (or a reference to a slot never filled), a length field
+    past the end of the data, MARKs nested deeper than `limits.max_nesting`, persistent ids, unknown
+    opcodes, or data after STOP is missing. What passes can be given to the C unpickler without it
+    allocating more than the data could describe (its memo table is sized by the largest index)."""
+    nesting = limits.max_nesting()
+    data = buf
+    n = len(data)
+    table, pops_mark = _TABLE, _POPS_MARK
+    u32 = struct.Struct("<I").unpack_from
+    u64 = struct.Struct("<Q").unpack_from
+    pos = filled = depth = 0
+
+    def bad(message):
+        raise InputError(message, path)
+
+    while True:
+        if pos >= n:
+            bad("pickle data is truncated (no STOP opcode)")
+        op = data[pos]
+        entry = table[op]
+        if entry is None:
+            bad(f"not a valid pickle (unknown opcode {op:#04x} at byte {pos})")
+        kind, size = entry
+        at = pos
+        pos += 1
+        if kind == 0:
+            if op == _MEMOIZE:
+                filled += 1
+            elif op == _MARK:
+                depth += 1
+                if depth > nesting:
+                    bad(f"pickle nests more than {nesting} levels deep (set MEMLENS_MAX_NESTING to raise the limit)")
+            elif op in pops_mark:
+                depth -= 1
+            elif op == _STOP:
+                return
+            elif op == _BINGET or op == _LONG_BINGET or op == _BINPUT or op == _LONG_BINPUT:
+                if pos + size > n:
+                    bad("pickle data is truncated")
+                index = data[pos] if size == 1 else u32(data, pos)[0]
+                if op == _BINPUT or op == _LONG_BINPUT:
+                    if index > filled:
+                        bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored so "
+                            "far (corrupt or crafted file)")
+                    filled = max(filled, index + 1)
+                elif index >= filled:
+                    bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored (corrupt file)")
+            pos += size
+        elif kind == 1:
+            if pos + size > n:
+                bad("pickle data is truncated")
+            length = data[pos] if size == 1 else u32(data, pos)[0] if size == 4 else u64(data, pos)[0]
+            pos += size + length
+            if pos > n:
+                bad(f"pickle data is truncated (a length field at byte {at} points past the end)")
+        else:
+            if op == 0x50:  # PERSID
+                bad("refusing to unpickle: the file uses persistent ids")
+            for _ in range(size):
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    bad("pickle data is truncated (a text argument has no end of line)")
+                if op == _PUT or op == _GET:
+                    try:
+                        index = int(bytes(data[pos:end]).decode("ascii"))
+                    except (ValueError, UnicodeDecodeError):
+                        bad(f"pickle memo index at byte {at} is not a number")
+                    if op == _PUT:
+                        if index > filled or index < 0:
+                            bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored "
+                                "so far (corrupt or crafted file)")
+                        filled = max(filled, index + 1)
+                    elif not 0 <= index < filled:
+                        bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored")
+                pos = end + 1
+        if op == 0x51:  # BINPERSID
+            bad("refusing to unpickle: the file uses persistent ids")
+
+
+class _ViewReader:
+    """The same file interface over bytes/bytearray, without copying them (io.BytesIO copies a bytearray)."""
+
+    def __init__(self, data):
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def tell(self) -> int:
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self._view) if n is None or n < 0 else min(len(self._view), self._pos + n)
+        out = self._view[self._pos:end].tobytes()
+        self._pos = end
+        return out
+
+    def readline(self) -> bytes:
+        end, step, size = self._pos, 4096, len(self._view)
+        while end < size:
+            chunk = self._view[end:end + step].tobytes()
+            nl = chunk.find(b"\n")
+            if nl >= 0:
+                end += nl + 1
+                break
+            end += len(chunk)
+            step *= 2
+        return self.read(end - self._pos)
+
+    def readinto(self, buf) -> int:
+        view = memoryview(buf).cast("B")
+        data = self.read(len(view))
+        view[:len(data)] = data
+        return len(data)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._view[self._pos:self._pos + max(n, 1)].tobytes()
+
+
+def _reader(buf):
+    if isinstance(buf, mmap.mmap):
+        buf.seek(0)
+        return _MmapReader(buf)
+    return _ViewReader(buf)
+
+
 def _run(unpickler: RestrictedUnpickler, path):
     try:
-        return unpickler.load()
+        obj = unpickler.load()
+        limits.check_nesting(obj, path)
+        return obj
+    except InputError:
+        raise
     except ForbiddenGlobal as exc:
         raise InputError(f"refusing to unpickle: the file asks to call or import '{exc.qualname}' "
                          "(only builtin containers and scalars are allowed, and a memory snapshot needs "
@@ -109,10 +262,7 @@ def pickle_buffer(path):
             raise InputError("file is empty", path)
         if head == b"\x1f\x8b":
             f.seek(0)
-            try:
-                data = gzip.decompress(f.read())
-            except (OSError, EOFError, zlib.error) as exc:
-                raise InputError(f"gzip data is corrupt or truncated ({exc})", path) from None
+            data = gunzip_limited(f, path)
             if not data:
                 raise InputError("file is empty (after gzip decompression)", path)
             yield data
@@ -122,11 +272,10 @@ def pickle_buffer(path):
 
 
 def loads_buffer(buf, path=None):
-    """Unpickle a buffer from `pickle_buffer` (or any bytes) with the restricted unpickler."""
-    if isinstance(buf, mmap.mmap):
-        buf.seek(0)
-        return _run(RestrictedUnpickler(_MmapReader(buf)), path)
-    return _run(RestrictedUnpickler(io.BytesIO(buf)), path)
+    """Unpickle a buffer from `pickle_buffer` (or any bytes) with the restricted unpickler, after
+    `check_opcodes` has cleared it."""
+    check_opcodes(buf, path)
+    return _run(RestrictedUnpickler(_reader(buf)), path)
 
 
 def load_pickle(path):

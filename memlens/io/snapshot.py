@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens import limits
 from memlens.errors import InputError
 from memlens.io.safe_pickle import loads_buffer, pickle_buffer
 from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
@@ -35,6 +36,7 @@ from memlens.io.snapshot_frames import StackInterner
 from memlens.io.snapshot_meta import annotation_ops, describe
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
+from memlens.io.snapshot_story import tell_story
 from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
@@ -47,13 +49,24 @@ def import_snapshot(path):
 
     The streaming reader (`memlens.io.snapshot_stream`) keeps memory near the file size; files it does
     not handle go through the restricted C unpickler."""
-    with pickle_buffer(path) as buf:
-        interner = StackInterner()
-        snapshot = stream_snapshot(buf, interner)
-        if snapshot is None:
-            interner = StackInterner()
-            snapshot = loads_buffer(buf, path)
+    try:
+        with pickle_buffer(path) as buf:
+            snapshot, interner = _read(buf, path)
+    except InputError as exc:
+        raise InputError(exc.message, path) from None
     return snapshot_to_trace(snapshot, source=str(path), path=path, interner=interner)
+
+
+def _read(buf, path):
+    """(snapshot object, its StackInterner) from pickle bytes: streamed, or by the restricted unpickler."""
+    interner = StackInterner()
+    snapshot = stream_snapshot(buf, interner)
+    if snapshot is None:
+        interner = StackInterner()
+        snapshot = loads_buffer(buf, path)
+    else:
+        limits.check_nesting(snapshot, path)
+    return snapshot, interner
 
 
 def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None, interner=None):
@@ -66,8 +79,9 @@ def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None,
     except InputError as exc:
         raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
+        # chained, so that `memlens --debug` shows where the file stopped making sense
         raise InputError(f"malformed CUDA memory snapshot ({type(exc).__name__}: {str(exc)[:160]})",
-                         where) from None
+                         where) from exc
 
 
 def _normalize(snapshot, where) -> tuple[list, list, dict]:
@@ -209,6 +223,10 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
 
     dev_index = {d: i for i, d in enumerate(ev.devices)}
     blocks, facts = _match_final_state(blocks, final, dev_index)
+    facts["frame_repairs"] = {
+        "stack frames with a negative, out-of-range or unreadable line (read as line 0, unknown)":
+            interner.unknown_lines,
+        "stack frames or frame lists that were not dicts / lists": interner.odd_frames}
     devices = [None] * len(dev_index)
     for name, i in dev_index.items():
         devices[i] = name
@@ -229,6 +247,8 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     metadata = describe(ev, kind, blocks, final, facts, extras, source)
     ops = annotation_ops(extras.get("external_annotations"), ev.t0_unix_ns,
                          int(ev.t_ns.max()) if len(ev) else None)
-    return Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
-                             segment_blocks=final.segment_blocks, stacks=interner.table())
+    trace = Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
+                              segment_blocks=final.segment_blocks, stacks=interner.table())
+    tell_story(trace)  # phases, model calls and categories from the stacks and annotations
+    return trace
 

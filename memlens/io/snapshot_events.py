@@ -39,6 +39,7 @@ class EventColumns:
     t0_unix_ns: int | None
     clock_repairs: int               # entries whose time_us went backwards (clamped)
     extras: dict[str, list] = field(default_factory=dict)  # user_metadata / compile_context when used
+    repairs: dict[str, int] = field(default_factory=dict)  # {what was missing: count}, for the notes
 
     def __len__(self) -> int:
         return len(self.seq)
@@ -132,19 +133,32 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         return np.concatenate([p[key][i] for p in parts])
 
     action = np.concatenate([p["action"] for p in parts])
+    repairs = {}
     if offset and pd.api.types.infer_dtype(action, skipna=False) != "string":
-        raise InputError("a device-trace entry has no 'action' string")
+        # an entry without an action string says nothing about what happened: kept verbatim in events
+        # under a name no allocator action has, and counted in the notes
+        odd = np.fromiter((type(a) is not str for a in action), dtype=bool, count=len(action))
+        if odd.all():  # nothing in the file says what happened: this is not a snapshot memlens can read
+            raise InputError(f"none of the {len(action):,} device-trace entries has an 'action' string "
+                             "(not a CUDA memory snapshot, or a corrupt one)")
+        action = action.copy()
+        action[odd] = "(no action)"
+        repairs["trace entries without an action (kept as '(no action)')"] = int(odd.sum())
     device_code = cat("device_code")
     time_us, time_missing = cat_pair("time", 0), cat_pair("time", 1)
-    clock, t0, repairs = "none", None, 0
+    clock, t0, clock_repairs = "none", None, 0
     if offset == 0:
         t_ns = np.empty(0, dtype=np.int64)
     elif time_missing.any():
         clock, t_ns = "event_index", cat("index")
     else:
         clock = "time_us"
-        t_ns, repairs = _monotonic_per_device(time_us, device_code)
+        t_ns, clock_repairs = _monotonic_per_device(time_us, device_code)
         t0_us = int(t_ns.min())
+        # a span or start past 2**62 ns cannot be a recording: it would overflow int64 nanoseconds
+        if int(t_ns.max()) - t0_us >= (1 << 62) // 1000 or abs(t0_us) >= (1 << 62) // 1000:
+            raise InputError("a device-trace entry's time_us is beyond 2**62 ns from the others "
+                             "(a corrupt time stamp)")
         t0 = t0_us * 1000
         t_ns = (t_ns - t0_us) * 1000
     extras = {}
@@ -155,8 +169,8 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         seq=cat("seq"), t_ns=t_ns, device_code=device_code, devices=devices, action=action,
         addr=cat_pair("addr", 0), addr_missing=cat_pair("addr", 1), size=cat("size"), stream=cat("stream"),
         stack_id=cat("stack_id"), device_free=cat_pair("device_free", 0),
-        device_free_missing=cat_pair("device_free", 1), clock=clock, t0_unix_ns=t0, clock_repairs=repairs,
-        extras=extras)
+        device_free_missing=cat_pair("device_free", 1), clock=clock, t0_unix_ns=t0, clock_repairs=clock_repairs,
+        extras=extras, repairs=repairs)
 
 
 def _monotonic_per_device(time_us: np.ndarray, device_code: np.ndarray) -> tuple[np.ndarray, int]:

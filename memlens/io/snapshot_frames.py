@@ -17,7 +17,11 @@ import re
 import numpy as np
 import pandas as pd
 
+from memlens import limits
+from memlens.errors import InputError
+
 NO_STACK = -1
+_INT64_MAX = 2**63 - 1
 
 
 class StackRef:
@@ -40,6 +44,10 @@ class StackInterner:
         self._by_content: dict[tuple, int] = {}
         self._keepalive: list = []  # frames whose ids are keys above must stay alive
         self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
+        self.unknown_lines = 0  # frames whose line was negative, beyond int64 (C++ frames write -1 as
+        # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
+        self.odd_frames = 0  # frames that were not dicts (kept as a frame named by their text)
+        self.max_frames = limits.max_frames()
 
     def __len__(self) -> int:
         return len(self._content)
@@ -50,11 +58,15 @@ class StackInterner:
             return NO_STACK
         if type(frames) is StackRef:
             return frames.sid
+        if type(frames) not in (list, tuple):
+            self.odd_frames += 1
+            return NO_STACK
+        if len(frames) > self.max_frames:
+            raise too_many_frames(len(frames), self.max_frames)
         ids = tuple(map(id, frames))
         sid = self._by_ids.get(ids)
         if sid is None:
-            content = tuple((str(f.get("name", "")), str(f.get("filename", "")), int(f.get("line") or 0))
-                            for f in frames)
+            content = tuple(map(self._frame, frames))
             sid = self._by_content.get(content)
             if sid is None:
                 sid = len(self._content)
@@ -63,6 +75,24 @@ class StackInterner:
             self._by_ids[ids] = sid
             self._keepalive.append(frames)
         return sid
+
+    def _frame(self, f) -> tuple[str, str, int]:
+        """(name, filename, line) of one frame dict; anything unreadable becomes "unknown" and is counted."""
+        if type(f) is not dict:
+            self.odd_frames += 1
+            return (str(f)[:200], "", 0)
+        line = f.get("line")
+        if type(line) is not int:
+            try:
+                line = int(line or 0)
+            except (TypeError, ValueError, OverflowError):
+                line = -1
+        if not 0 <= line <= _INT64_MAX:
+            self.unknown_lines += 1
+            line = 0
+        name, filename = f.get("name", ""), f.get("filename", "")
+        return (name if type(name) is str else str(name), filename if type(filename) is str else str(filename),
+                line)
 
     def intern_many(self, frame_lists) -> np.ndarray:
         """Stack ids (int64, `NO_STACK` for none) of an iterable of frame lists."""
@@ -96,6 +126,12 @@ class StackInterner:
             locations.append(_user_location(content))
         return pd.DataFrame({"stack_id": np.arange(len(self._content), dtype=np.int64),
                              "op": ops, "location": locations})
+
+
+def too_many_frames(count: int, limit: int) -> InputError:
+    """The error for a stack longer than `limits.max_frames` (real stacks hold tens to hundreds)."""
+    return InputError(f"a stack has {count} frames or more, over the limit of {limit} frames per stack "
+                      "(set MEMLENS_MAX_FRAMES to raise it)")
 
 
 def _is_torch_internal(filename: str) -> bool:

@@ -94,7 +94,12 @@ def describe(ev: EventColumns, kind: np.ndarray, blocks: pd.DataFrame, final: Fi
         notes.append(f"This 2023-format snapshot lists {final.history_entries} allocations in its block "
                      "histories without times or frees; only the histories of live blocks are used (for "
                      "their stacks and requested sizes), past ones are not blocks.")
-    unknown = sorted(set(action_counts) - _KNOWN_ACTIONS)
+    repairs = {**(ev.repairs or {}), **(final.repairs or {}), **facts.get("frame_repairs", {})}
+    repairs = {what: n for what, n in repairs.items() if n}
+    if repairs:
+        notes.append("Read past what the file left out or could not say: " +
+                     "; ".join(f"{n:,} {what}" for what, n in repairs.items()) + ".")
+    unknown = sorted(set(action_counts) - _KNOWN_ACTIONS - {"(no action)"})
     if unknown:
         notes.append(f"Unrecognised actions kept verbatim in events: {', '.join(map(str, unknown))}.")
     if ooms:

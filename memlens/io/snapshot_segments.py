@@ -25,6 +25,7 @@ class FinalState:
     segment_blocks: pd.DataFrame
     history_entries: int        # allocations listed in 2023-style block histories
     has_history: bool
+    repairs: dict | None = None  # {what was missing or unreadable: count}, said in the import notes
 
 
 def _device_name(device) -> str:
@@ -54,17 +55,34 @@ def read_segments(segments, interner: StackInterner) -> FinalState:
     seg_rows, blk_rows = [], []
     history_entries = 0
     has_history = False
+    repairs: dict[str, int] = {}
     for seg in segments:
-        device = _device_name(seg["device"])
+        if not isinstance(seg, dict) or seg.get("address") is None:
+            repairs["segments without an address (skipped)"] = repairs.get(
+                "segments without an address (skipped)", 0) + 1
+            continue
+        if seg.get("device") is None:
+            repairs["segments without a device (read as cuda:0)"] = repairs.get(
+                "segments without a device (read as cuda:0)", 0) + 1
+        device = _device_name(seg.get("device") or 0)
         seg_addr = int(seg["address"])
+        total = seg.get("total_size")
+        if total is None:  # the blocks tile the segment
+            repairs["segments without total_size (sum of their blocks)"] = repairs.get(
+                "segments without total_size (sum of their blocks)", 0) + 1
+            total = sum(int(b.get("size") or 0) for b in seg.get("blocks") or () if isinstance(b, dict))
         seg_rows.append((
-            device, seg_addr, int(seg["total_size"]), int(seg.get("allocated_size", 0)),
+            device, seg_addr, int(total), int(seg.get("allocated_size", 0)),
             int(seg.get("active_size", 0)), int(seg.get("requested_size", 0)), int(seg.get("stream", 0)),
             str(seg.get("segment_type", "")), bool(seg.get("is_expandable", False)),
             _pool_id(seg.get("segment_pool_id")), interner.intern(seg.get("frames")),
         ))
         offset = seg_addr
         for blk in seg.get("blocks") or ():
+            if not isinstance(blk, dict) or blk.get("size") is None:
+                repairs["segment blocks without a size (skipped)"] = repairs.get(
+                    "segment blocks without a size (skipped)", 0) + 1
+                continue
             size = int(blk["size"])
             addr = int(blk["address"]) if blk.get("address") is not None else offset
             offset = addr + size
@@ -86,7 +104,7 @@ def read_segments(segments, interner: StackInterner) -> FinalState:
         "device", "segment_addr", "addr", "size", "requested_size", "state", "stack_id"])
     for df in (seg_df, blk_df):
         df["stack_id"] = _nullable_stack(df["stack_id"].to_numpy(dtype=np.int64))
-    return FinalState(seg_df, blk_df, history_entries, has_history)
+    return FinalState(seg_df, blk_df, history_entries, has_history, repairs)
 
 
 def _nullable_stack(ids: np.ndarray) -> pd.arrays.IntegerArray:

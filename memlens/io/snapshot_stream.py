@@ -18,7 +18,8 @@ import re
 from array import array
 from struct import Struct
 
-from memlens.io.snapshot_frames import StackInterner, StackRef
+from memlens.errors import InputError
+from memlens.io.snapshot_frames import StackInterner, StackRef, too_many_frames
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
@@ -83,6 +84,8 @@ def stream_snapshot(data, interner: StackInterner):
     Returns None when the stream needs the general unpickler (see module docstring)."""
     try:
         return _parse(data, interner)
+    except InputError:  # a limit was hit: the general unpickler would only spend more memory on it
+        raise
     except (_Unsupported, IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError,
             UnicodeDecodeError, MemoryError, RecursionError):
         return None
@@ -104,6 +107,12 @@ def _parse(data, interner: StackInterner):
     u32, i32, u16 = _U32.unpack_from, _I32.unpack_from, _U16.unpack_from
     run_of_gets = _GET_RUN.match
     get_formats: dict[int, Struct] = {}
+    max_frames = interner.max_frames
+
+    def check_frames(target, items):
+        # a frames list longer than the limit is refused while it grows, before it costs memory
+        if len(target) + len(items) > max_frames and items and type(items[0]) is dict and "filename" in items[0]:
+            raise too_many_frames(len(target) + len(items), max_frames)
 
     def forget(obj, replacement):
         slot = memo_index.pop(id(obj), None)
@@ -183,6 +192,7 @@ def _parse(data, interner: StackInterner):
             if items and _is_entry(items[0]):
                 take_entries(target, items)
             else:
+                check_frames(target, items)
                 target.extend(items)
         elif op == 0x8C:  # SHORT_BINUNICODE
             size = data[pos]
@@ -200,6 +210,7 @@ def _parse(data, interner: StackInterner):
             if _is_entry(value):
                 take_entries(target, [value])
             else:
+                check_frames(target, [value])
                 target.append(value)
         elif op == 0x73:  # SETITEM
             value = stack.pop()

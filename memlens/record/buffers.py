@@ -45,7 +45,8 @@ class EventBuffers:
     Streams (widths): ``ops`` (name_idx, ctx, start_ns, end_ns, autograd_seq, access_end),
     ``accesses`` (block_id * 2 + is_write), ``blocks`` (block_id, device_idx, addr, size, alloc_ns,
     alloc_op, allocated_before), ``frees`` (block_id, t_ns), ``marks`` (block_id, category_code,
-    op_index, module_idx), ``iter_marks`` (op_index, kind), ``op_stacks`` (stack_id per op, only with stacks).
+    op_index, module_idx), ``iter_marks`` (op_index, kind), ``op_stacks`` (stack_id per op, only with stacks),
+    ``op_sigs`` (cost-signature number per op, -1 for none; see `memlens.record.costs`).
     Times are absolute `time.perf_counter_ns()` values; the builder makes them relative.
     """
 
@@ -60,10 +61,11 @@ class EventBuffers:
         self.marks = Stream("marks", 4)
         self.iter_marks = Stream("iter_marks", 2)
         self.op_stacks = Stream("op_stacks", 1)
+        self.op_sigs = Stream("op_sigs", 1)
 
     def streams(self) -> list[Stream]:
         return [self.ops, self.accesses, self.blocks, self.frees, self.marks, self.iter_marks,
-                self.op_stacks]
+                self.op_stacks, self.op_sigs]
 
     @property
     def nbytes(self) -> int:

@@ -56,12 +56,30 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
     })
+    for col, values in _cost_columns(session, n).items():
+        ops[col] = values
     if session.stack_table is not None:   # one stack id per op, appended right after the op record
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
         sid = pd.array(np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)]), dtype="Int64")
         sid[sid < 0] = pd.NA
         ops["stack_id"] = sid
     return ops, module_idx, source
+
+
+def _cost_columns(session: Session, n: int) -> dict:
+    """flops / bytes_read / bytes_written / dtype / shapes per op, from the deduplicated cost signatures
+    (computed here, once per distinct signature, not while recording)."""
+    from memlens.record.costs import compiled_record, facts_table, per_op_columns
+    if getattr(session, "backend", "python") == "compiled":
+        # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): decode each once
+        records = [compiled_record(*session.decode_signature(i)) for i in range(len(session.signatures))]
+        sig = np.asarray(session.sig_of_op, dtype=np.int64)[:n]
+        facts = facts_table(records)
+    else:
+        sig = session.buf.op_sigs.to_numpy()[:n, 0]
+        facts = session.costs.facts()
+    sig = np.concatenate([sig, np.full(n - len(sig), -1, dtype=np.int64)])
+    return per_op_columns(facts, sig)
 
 
 def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.record.attribution import Attribution
 from memlens.record.buffers import EventBuffers
+from memlens.record.costs import CostCache, signature_args, signature_value
 from memlens.record.opinfo import METADATA, VIEW
 from memlens.record.opinfo import classify_cached as classify
 from memlens.record.stacks import StackTable
@@ -37,6 +38,44 @@ def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
     """Whether the schema's written positions apply to this call: the op writes some argument, and its
     conditional-write argument (`write_if` >= 0, e.g. an optional out=) is passed and set."""
     return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
+
+
+_orphaned_modes: list = []   # (thread ident, mode) of recordings stopped from another thread
+_orphans_lock = threading.Lock()
+
+
+def reap_orphaned_modes() -> int:
+    """Pop, in the calling thread, the dispatch modes of its recordings that another thread stopped
+    (while they are on top of this thread's mode stack); returns how many were popped."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    me = threading.get_ident()
+    popped = 0
+    with _orphans_lock:
+        mine = [m for owner, m in _orphaned_modes if owner == me]
+        if not mine:
+            return 0
+        while mine and _get_current_dispatch_mode() in mine:
+            mode = _get_current_dispatch_mode()
+            mode.__exit__(None, None, None)
+            mine.remove(mode)
+            popped += 1
+        _orphaned_modes[:] = [(o, m) for o, m in _orphaned_modes if o != me or m in mine]
+    from memlens.record import hooks
+    live = hooks.all_sessions()
+    hooks.thread_sessions()[:] = [s for s in hooks.thread_sessions() if s in live]
+    return popped
+
+
+def _inner_tensors(value) -> list:
+    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``), e.g. a jagged nested
+    tensor's values and offsets; [] for ordinary tensors."""
+    if type(value) is Tensor or not hasattr(value, "__tensor_flatten__"):
+        return []
+    try:
+        names, _ = value.__tensor_flatten__()
+        return [x for x in (getattr(value, n, None) for n in names) if isinstance(x, Tensor)]
+    except Exception:
+        return []
 
 
 class _RecordingMode(TorchDispatchMode):
@@ -97,6 +136,9 @@ class Session(Attribution):
         self.model = model
         self.module_prefix = module_prefix
         self.op_names: list[str] = []
+        self.op_funcs: list = []                 # the OpOverload of each name index
+        self.costs = CostCache()                 # per-op cost signatures, facts computed at build time
+        self._costs_index = self.costs.index
         self._op_cache: dict[int, tuple] = {}    # id(OpOverload) -> learn_op entry
         self.op_cache_get = self._op_cache.get
         self.module_paths: list[str] = [""]
@@ -111,6 +153,7 @@ class Session(Attribution):
         self.n_blocks = 0
         self.active = False
         self.stop_reason: str | None = None
+        self.owner_thread = threading.get_ident()
         self.lock = threading.RLock()   # reentrant: a free callback may run inside an op record (GC)
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
@@ -126,10 +169,13 @@ class Session(Attribution):
         self._acc_append = b.accesses.data.append
         self._blocks_extend = b.blocks.data.extend
         self._frees_extend = b.frees.data.extend
+        self._sigs_append = b.op_sigs.data.append
 
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
         """Begin recording in the calling thread (pushes the dispatch mode)."""
+        reap_orphaned_modes()
+        self.owner_thread = threading.get_ident()
         self.t_start = perf_counter_ns()
         self.active = True
         self._mode.__enter__()
@@ -145,7 +191,14 @@ class Session(Attribution):
         try:
             if self._mode_pushed:
                 self._mode_pushed = False
-                self._mode.__exit__(None, None, None)
+                if threading.get_ident() == self.owner_thread:
+                    self._mode.__exit__(None, None, None)
+                else:
+                    # the dispatch-mode stack is per thread: this thread cannot pop the owner's. The mode
+                    # passes every op through from now on (active is False) and the owner thread pops it
+                    # at its next memlens call (record, step)
+                    with _orphans_lock:
+                        _orphaned_modes.append((self.owner_thread, self._mode))
         finally:
             self._release_refs()
 
@@ -220,9 +273,11 @@ class Session(Attribution):
                     acc((b << 1) | 1)
         if resizes and args:
             self._check_reallocated(args[0], op, start, end)
+        sig = self._cost_signature(name_idx, kind, args, kwargs, out)
         node = _current_autograd_node()
         aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        self._sigs_append(sig)
         if self.stack_table is not None:
             self.buf.op_stacks.data.append(self.stack_table.capture())
         if op >= self._next_budget_check:
@@ -246,22 +301,44 @@ class Session(Attribution):
             for k, v in kwargs.items():
                 self._touch_safely(v, int(k in kw_writes), op, start)
         self._touch_safely(out, 0 if kind == VIEW else 1, op, start, fresh=kind != VIEW)
+        try:
+            sig = self._cost_signature(name_idx, kind, args, kwargs, out)
+        except Exception:   # arguments whose shape cannot be read: no cost facts for this op
+            sig = -1
         node = _current_autograd_node()
         aseq = _get_sequence_nr() if node is None else -2 - min(node._sequence_nr(), _SEQ_CAP)
         self._ops_extend((name_idx, self._ctx, start, end, aseq, len(self._acc_data)))
+        del self.buf.op_sigs.data[self.n_ops - 1:]       # drop the failed fast path's entry, if any
+        self._sigs_append(sig)
         if self.stack_table is not None:
             self.buf.op_stacks.data.append(self.stack_table.capture())
 
+    def _cost_signature(self, name_idx: int, kind: int, args, kwargs, out) -> int:
+        """The op's cost-signature number (-1 for views: they cost nothing). The signature is the
+        op plus each argument's (shape, dtype) or scalar value and the results' (shape, dtype); facts
+        are computed once per distinct signature when the trace is built."""
+        if kind == VIEW:
+            return -1
+        a = signature_args(args)
+        k = signature_value(tuple(kwargs.items())) if kwargs else ()
+        o = (out.shape, out.dtype) if isinstance(out, Tensor) else signature_value(out)
+        return self._costs_index((name_idx, a, k, o), self.op_funcs[name_idx], a, dict(k), o)
+
     def _touch_safely(self, value, write: int, op: int, t: int, fresh: bool = False) -> None:
         if isinstance(value, Tensor):
+            inner = _inner_tensors(value)
+            if inner:  # a wrapper subclass (jagged nested tensor, ...): its memory is in its inner tensors
+                for x in inner:
+                    self._touch_safely(x, write, op, t, fresh)
+                return
             try:
                 st = value.untyped_storage()
+                b = self._live.get(id(st))
+                if b is None:
+                    b = self._discover(st, op, t, not fresh)
             except Exception:
                 self.tensors_without_storage += 1
                 return
-            b = self._live.get(id(st))
-            if b is None:
-                b = self._discover(st, op, t, not fresh)
             if b >= 0:
                 self._acc_append((b << 1) | write)
         elif type(value) is list or type(value) is tuple:
@@ -289,6 +366,7 @@ class Session(Attribution):
         7 whether it may reallocate `self` in place)."""
         info = classify(func)
         self.op_names.append(info.name)
+        self.op_funcs.append(func)
         call = getattr(func, "_op", func)
         pos_writes = tuple(int(w) for w in info.pos_writes)      # 0/1, ready to pack into accesses
         entry = (len(self.op_names) - 1, info.kind, pos_writes, info.kw_writes, info.write_if_arg, call, func,

@@ -29,7 +29,8 @@ def _summary(ctx) -> list:
 
 
 def _overlay(ctx) -> list:
-    return [ctx.d.figure()]
+    from memlens.viz.diff import diff_figure
+    return [diff_figure(ctx.d)]
 
 
 def _peak(ctx) -> list:

@@ -65,12 +65,20 @@ def peak(ctx: ReportContext) -> list:
     fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
     from memlens.viz.peak import peak_composition
 
+    from memlens.analysis.peak import live_at
+    from memlens.analysis.peak_cause import peak_cause
+
     by = "module" if (ctx.trace.blocks["module"].astype(str) != "").any() else "op"
     parts = [peak_composition(ctx.peaks, by=by, top=min(ctx.options.top, 15))]
+    causes = peak_cause(ctx.trace)
     for dev, pb in ctx.peaks.items():
         parts.append(tag("h3", f"{dev}: peak {format_bytes(pb.peak_bytes)} at {format_ns(pb.peak_ns)}"))
+        if dev in causes:
+            parts.append(paragraph(tag("strong", causes[dev].cause)))
         parts.append(paragraph(pb.describe() + (f" The allocation that reached it came from {pb.op_at_peak}."
                                                 if pb.op_at_peak else "")))
+        parts.append(tag("h4", "allocation sites live at the peak (hover a site for its stack)"))
+        parts.append(sites_table(ctx.trace, live_at(ctx.trace, dev, pb.peak_seq, pb.peak_ns), ctx.options.top))
         for note_text in pb.notes:
             parts.append(note(note_text))
         for key, frame in (("category", pb.by_category), ("module", pb.by_module), ("op", pb.by_op)):
@@ -79,6 +87,23 @@ def peak(ctx: ReportContext) -> list:
         parts.append(tag("h4", "largest blocks live at the peak"))
         parts.append(table(pb.largest, fmt))
     return parts
+
+
+def sites_table(trace, blocks, top: int):
+    """Bytes by allocation site (`memlens.analysis.peak_cause.sites`); each site's cell carries the stack of
+    its largest block as hover text (Python frames innermost first, C++ frames folded)."""
+    from memlens.analysis.peak_cause import sites, stack_lines
+    from memlens.report.markup import Safe, esc
+
+    df = sites(trace, blocks=blocks).head(top)
+    head = "".join(f"<th>{esc(h)}</th>" for h in ("site", "bytes", "blocks", "category", "op"))
+    rows = []
+    for r in df.itertuples(index=False):
+        stack = "\n".join(stack_lines(trace.stacks, r.stack_id, 16)) or "no stack recorded"
+        rows.append(f"<tr><td>{tag('span', r.site, title=stack, cls='memlens-stack')}</td>"
+                    f"<td>{esc(bytes_text(r.bytes))}</td><td>{int(r.blocks):,}</td><td>{esc(r.category)}</td>"
+                    f"<td>{esc(r.op)}</td></tr>")
+    return Safe(f'<table class="memlens-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
 def largest(ctx: ReportContext) -> list:

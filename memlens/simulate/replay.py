@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from memlens.reserved import RELEASE_ACTIONS, RESERVE_ACTIONS, reserved_curve
 from memlens.simulate.config import AllocatorConfig
 from memlens.simulate.warmstart import (
     InitialSegment, initial_expandable_runs, initial_segments, int_column, live_at_start, place_live_blocks,
@@ -124,28 +125,26 @@ def _requests_from_blocks(b: pd.DataFrame) -> tuple[np.ndarray, ...]:
             np.concatenate([a_t[has_alloc], f_t[has_free]])[order], seq[order])
 
 
-def _recorded(ev: pd.DataFrame, segs: pd.DataFrame | None) -> Recorded | None:
-    """Reserved bytes over the recording: final segments minus the net of the segment events."""
-    if segs is None:
+def _recorded(trace, device: str, ev: pd.DataFrame) -> Recorded | None:
+    """What the recording says was reserved: `memlens.reserved.reserved_curve`, the one curve the report,
+    info, fragmentation and diff also use; None when the trace records no segments for `device`."""
+    curve = reserved_curve(trace, device)
+    if curve is None:
         return None
-    final = int(segs["total_size"].sum())
     action = ev["action"].to_numpy(dtype=object)
     size = ev["size"].to_numpy(dtype=np.int64)
-    delta = np.where(np.isin(action, _RESERVE), size, np.where(np.isin(action, _RELEASE), -size, 0))
-    running = np.cumsum(delta)
-    initial = final - (int(running[-1]) if len(running) else 0)
-    peak = initial + max(0, int(running.max()) if len(running) else 0)
-    allocs = np.isin(action, _RESERVE)
+    allocs = np.isin(action, RESERVE_ACTIONS)
     oom_capacity = None
     oom = action == "oom"
     if oom.any() and "device_free" in ev.columns:
         free = pd.array(ev["device_free"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)[oom]
-        reserved_then = initial + running[oom]
+        reserved_then = curve.at(ev["seq"].to_numpy(dtype=np.int64)[oom])
         known = free >= 0
         if known.any():
             oom_capacity = int((reserved_then[known] + free[known]).min())
-    return Recorded(initial, final, peak, size[allocs].tolist(), ev["seq"].to_numpy()[allocs].tolist(),
-                    size[np.isin(action, _RELEASE)].tolist(), oom_capacity)
+    return Recorded(curve.initial, curve.final, curve.peak, size[allocs].tolist(),
+                    ev["seq"].to_numpy()[allocs].tolist(), size[np.isin(action, RELEASE_ACTIONS)].tolist(),
+                    oom_capacity)
 
 
 def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceRequests:
@@ -167,7 +166,7 @@ def device_requests(trace, device: str, config: AllocatorConfig) -> DeviceReques
     else:
         kind, bid, size, stream, t_ns, seq = _requests_from_blocks(blocks)
     live = live_at_start(blocks)
-    recorded = _recorded(ev, segs) if segs is not None else None
+    recorded = _recorded(trace, device, ev)
     warm: list[InitialSegment] = []
     if segs is not None:
         if "segment_pool_id" in segs.columns and (~segs["segment_pool_id"].isin(["", "0,0"])).any():

@@ -5,6 +5,8 @@ per pixel column by `lod.extrema_indices`, so the peak is never lost however man
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +53,11 @@ def live_series(trace, device: str, by: str = "category", x: str = "time", max_p
         return LiveSeries(device=device, x=np.zeros(0), total=np.zeros(0, dtype=np.int64))
     live = curve["live"].to_numpy(dtype=np.int64)
     xs = curve["t_ns"].to_numpy(dtype=np.float64) if x == "time" else np.arange(n, dtype=np.float64)
-    keep = extrema_indices(xs, live, max(max_points // 4, 1))
+    # blocks alive before recording all enter at the first instant: show the level they make, not a ramp
+    # from 0 through each of them (a curve that seemed to jump up from 0 at the start)
+    before = curve["seq"].to_numpy() < 0
+    visible = np.flatnonzero(~before | (np.arange(n) == (np.flatnonzero(before)[-1] if before.any() else -1)))
+    keep = visible[extrema_indices(xs[visible], live[visible], max(max_points // 4, 1))]
     i_peak = int(np.argmax(live))
     series = LiveSeries(device=device, x=xs[keep], total=live[keep], peak_x=float(xs[i_peak]),
                         peak_bytes=int(live[i_peak]), events=n)
@@ -59,7 +65,7 @@ def live_series(trace, device: str, by: str = "category", x: str = "time", max_p
         series.groups = {"live": live[keep]}
         return series
     blocks = trace.blocks[trace.blocks["device"] == device]
-    labels = blocks[by].astype(str).replace("", "(none)").to_numpy()
+    labels = blocks[by].astype(str).replace("", "(unknown)").to_numpy()
     row = pd.Index(blocks["block_id"].to_numpy()).get_indexer(curve["block_id"].to_numpy())
     event_label = labels[row]
     delta = curve["delta"].to_numpy(dtype=np.int64)
@@ -94,15 +100,32 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     from memlens.units import format_bytes
 
     devices = trace.devices if device is None else [device]
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[plot_text(d) for d in devices] or None)
     seen_legend: set[str] = set()
     series = [live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
                           curve=(curves or {}).get(dev)) for dev in devices]
-    div, unit = byte_unit(max((s.peak_bytes for s in series), default=0))
+    from memlens.reserved import reserved_curve
+    reserved = {dev: reserved_curve(trace, dev) for dev in devices}
+    div, unit = byte_unit(max([s.peak_bytes for s in series] + [r.peak for r in reserved.values() if r],
+                              default=0))
     for row, (dev, s) in enumerate(zip(devices, series), start=1):
         xs = s.x / scale
+        res = reserved[dev]
+        if res is not None and s.events:
+            # what the allocator held from the device (memory reserved before recording included)
+            rx = res.t_ns.astype(np.float64) if x == "time" else np.searchsorted(
+                (curves or {}).get(dev, trace.live_bytes(dev))["seq"].to_numpy(), res.seq, side="left").astype(
+                np.float64)
+            rx = np.append(rx, xs[-1] * scale if len(xs) else rx[-1])
+            ry = np.append(res.reserved, res.reserved[-1])
+            label = f"reserved (peak {format_bytes(res.peak)})"
+            fig.add_trace(go.Scatter(
+                x=rx / scale, y=ry / div, mode="lines", name="reserved", legendgroup="reserved",
+                showlegend="reserved" not in seen_legend, line=dict(color="#555555", dash="dot", width=1.2, shape="hv"),
+                hovertemplate=f"{plot_text(label)}: %{{y:,.2f}} {unit}<extra></extra>"), row=row, col=1)
+            seen_legend.add("reserved")
         for i, (label, values) in enumerate(s.groups.items()):
             name = plot_text(label)
             fig.add_trace(go.Scatter(

@@ -8,10 +8,12 @@ on-screen area are drawn one by one (hover shows their details); all others are 
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import color_for, plot_text, safe_labels, time_axis
+from memlens.viz.labels import binary_ticks, color_for, plot_text, safe_labels, time_axis
 from memlens.viz.lod import compress_gaps, rasterize
 
 WIDTH_PX, HEIGHT_PX = 1200, 480
@@ -56,7 +58,8 @@ def block_rects(trace, device: str, x: str = "time", curve=None) -> pd.DataFrame
     out = pd.DataFrame({"block_id": blocks["block_id"].to_numpy(), "x0": x0, "x1": np.maximum(x1, x0),
                         "y0": y0, "y1": y0 + size, "size": blocks["size"].to_numpy(),
                         "addr": blocks["addr"].to_numpy(), "category": blocks["category"].to_numpy(),
-                        "op": blocks["op"].to_numpy(), "module": blocks["module"].to_numpy()})
+                        "op": blocks["op"].to_numpy(), "module": blocks["module"].to_numpy(),
+                        "stack_id": pd.array(blocks["stack_id"], dtype="Int64")})
     out.attrs["y_mode"] = y_mode
     out.attrs["regions"] = info
     return out
@@ -119,7 +122,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     if device is None:
         peaks = trace.peak_live_bytes()
         device = max(peaks, key=peaks.get) if peaks else None
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = go.Figure()
     if device is None:
         fig.update_layout(title="no blocks")
@@ -145,7 +148,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     groups = np.where(pd.Series(labels).isin(own).to_numpy(), labels, "other") if len(shown) else labels
     size_txt = np.array([format_bytes(s) for s in shown["size"].to_numpy()], dtype=object)
     custom = np.stack([shown["block_id"].to_numpy().astype(str), size_txt, safe_labels(shown["category"]),
-                       safe_labels(shown["op"]), safe_labels(shown["module"])], axis=1) if len(shown) else None
+                       safe_labels(shown["op"]), safe_labels(shown["module"]), _stack_hover(trace, shown)],
+                      axis=1) if len(shown) else None
     for i, group in enumerate(pd.unique(groups)):
         m = groups == group
         g = shown[m]
@@ -154,7 +158,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
             y=((g["y0"] + g["y1"]) / 2).to_numpy(), width=(g["y1"] - g["y0"]).to_numpy(), name=str(group),
             marker=dict(color=color_for(str(group), i, color_by), line=dict(width=0)), customdata=custom[m],
             hovertemplate=("block %{customdata[0]}: %{customdata[1]}<br>%{customdata[2]} / "
-                           "%{customdata[3]}<br>%{customdata[4]}<extra></extra>")))
+                           "%{customdata[3]}<br>%{customdata[4]}%{customdata[5]}<extra></extra>")))
     if accesses:
         ax, ay = _access_marks(trace, shown, curve, x, max_access_marks)
         if len(ax):
@@ -170,7 +174,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
         vals, text = _address_ticks(rects.attrs["regions"])
         fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     else:
-        fig.update_yaxes(title_text=y_title, tickformat=".3s", ticksuffix="B")
+        vals, text = binary_ticks(0.0, float(rects["y1"].max()) if len(rects) else 1.0)
+        fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     return fig
 
 
@@ -183,3 +188,21 @@ def _address_ticks(regions: dict, max_ticks: int = 12) -> tuple[list[float], lis
         return [], []
     pick = np.unique(np.linspace(0, len(ys) - 1, min(max_ticks, len(ys))).round().astype(np.int64))
     return ys[pick].tolist(), [f"0x{int(a):x}" for a in addrs[pick]]
+
+
+HOVER_FRAMES = 8
+
+
+def _stack_hover(trace, shown: pd.DataFrame) -> np.ndarray:
+    """Hover text of each drawn block's allocation stack: "<br>" then Python frames innermost first, C++
+    frames folded (`memlens.analysis.peak_cause.stack_lines`), escaped; "" for blocks without a stack."""
+    from memlens.analysis.peak_cause import stack_lines
+
+    out = np.full(len(shown), "", dtype=object)
+    if trace.stacks is None or "stack_id" not in shown.columns or len(shown) == 0:
+        return out
+    sid = pd.array(shown["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
+    for s in np.unique(sid[sid >= 0]):
+        lines = safe_labels(pd.Series(stack_lines(trace.stacks, int(s), HOVER_FRAMES), dtype=object))
+        out[sid == s] = "<br>stack:<br>" + "<br>".join(lines) if len(lines) else ""
+    return out

@@ -53,10 +53,9 @@ def live_at(geom: BlockGeometry, mask: np.ndarray, axis: str, x: float, top: int
 
 
 def _stack(trace, stack_id) -> list[str]:
-    if trace.stacks is None or pd.isna(stack_id):
-        return []
-    frames = trace.stacks[trace.stacks["stack_id"] == int(stack_id)].sort_values("depth").head(MAX_FRAMES)
-    return [f"{r.name} ({r.filename}:{r.line})" for r in frames.itertuples(index=False)]
+    """Python frames innermost first, C++ frames folded (`memlens.analysis.peak_cause.stack_lines`)."""
+    from memlens.analysis.peak_cause import stack_lines
+    return stack_lines(trace.stacks, stack_id, MAX_FRAMES)
 
 
 def block_details(trace, geom: BlockGeometry, pos: int, intervals: pd.DataFrame | None = None) -> dict:
@@ -93,8 +92,8 @@ def details_html(d: dict) -> str:
             _row("address", "unknown" if d.get("addr") is None else hex(int(d["addr"]))),
             _row("device / stream", f"{d['device']} / {d.get('stream')}"),
             _row("allocated", alloc), _row("freed", free), _row("lifetime", format_ns(d["lifetime_ns"])),
-            _row("category", d.get("category") or "unknown"), _row("allocating op", d.get("op") or "(none)"),
-            _row("module", d.get("module") or "(none)"), _row("seen by", d.get("source"))]
+            _row("category", d.get("category") or "unknown"), _row("allocating op", d.get("op") or "(unknown)"),
+            _row("module", d.get("module") or "(unknown)"), _row("seen by", d.get("source"))]
     parts = [f"<div class='memlens-details' data-block-id='{int(d['block_id'])}'>",
              f"<b>Block {int(d['block_id'])}</b><table>{''.join(rows)}</table>"]
     if d.get("stack"):

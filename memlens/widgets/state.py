@@ -94,7 +94,7 @@ def colour_groups(geom: BlockGeometry, colour_by: str, mask: np.ndarray | None =
         top = sorted(top, key=lambda c: canonical.get(factor.names[c], len(canonical)))
     lookup = np.full(len(factor.names), len(top), dtype=np.int32)
     lookup[np.asarray(top, dtype=np.int64)] = np.arange(len(top), dtype=np.int32)
-    names = [str(factor.names[c]) or "(none)" for c in top]
+    names = [str(factor.names[c]) or "(unknown)" for c in top]
     if len(ranked) > len(top):
         names.append("other")
     colours = [color_for(name, i, colour_by) for i, name in enumerate(names)]

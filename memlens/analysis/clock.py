@@ -1,0 +1,23 @@
+"""Which clock a trace's times are on, said in every output that shows a time.
+
+``trace.metadata["clock"]`` is ``{"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``; absent means
+host (REFERENCE.md section 2: a CPU recording runs ~100x slower than a GPU, and on CUDA host timestamps are
+launch times, not kernel times, so an interval is only meaningful on the clock it was measured on).
+"""
+from __future__ import annotations
+
+from memlens.clock import clock_of  # noqa: F401  (one definition, shared with the recorder and retime)
+
+HOST_CLOCK = {"kind": "host"}
+
+
+def describe_clock(clock: dict | None) -> str:
+    """One phrase for people, built on `memlens.clock.clock_label`: 'host clock (times as the recording
+    process saw them)', 'modeled H100 SXM clock (model: ...)', 'measured CUDA kernel clock (NVIDIA H100 ...)'."""
+    from memlens.clock import clock_label
+    clock = clock or HOST_CLOCK
+    label = clock_label(clock)
+    if str(clock.get("kind", "host")) == "host":
+        return label + " (times as the recording process saw them)"
+    model = clock.get("model")
+    return label + (f" (model: {model})" if model and clock.get("kind") == "modeled" else "")

@@ -1,0 +1,99 @@
+"""Limits that keep a hostile or broken input file from exhausting memory or time.
+
+Each limit has a default generous enough for real PyTorch files and an environment variable that raises
+it (or lowers it) for one run:
+
+=============================  ==========  =================================================================
+variable                       default     what it bounds
+=============================  ==========  =================================================================
+``MEMLENS_MAX_DECOMPRESSED``   ``1GiB``    bytes a gzip file may decompress to, and the uncompressed size of a
+                                           saved trace's Parquet tables (a size, e.g. ``4GiB``)
+``MEMLENS_MAX_FRAMES``         ``4096``    frames in one stack of a CUDA memory snapshot
+``MEMLENS_MAX_NESTING``        ``100``     nesting depth of containers in a pickle or JSON document
+=============================  ==========  =================================================================
+
+Going over a limit is bad input (`InputError`, exit code 2) with a message that names the variable.
+"""
+from __future__ import annotations
+
+import os
+
+from memlens.errors import InputError
+
+DEFAULT_MAX_DECOMPRESSED = 1 << 30
+DEFAULT_MAX_FRAMES = 4096
+DEFAULT_MAX_NESTING = 100
+
+
+def _env_int(name: str, default: int, *, size: bool = False) -> int:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        if size:
+            from memlens.units import parse_bytes
+            value = parse_bytes(raw)
+        else:
+            value = int(raw.strip())
+    except (InputError, ValueError, OverflowError):
+        raise InputError(f"environment variable {name}={raw!r} is not a "
+                         f"{'size (e.g. 4GiB)' if size else 'whole number'}") from None
+    if value <= 0:
+        raise InputError(f"environment variable {name}={raw!r} must be positive")
+    return value
+
+
+def max_decompressed() -> int:
+    """Most bytes a compressed input may expand to (``MEMLENS_MAX_DECOMPRESSED``, default 1 GiB)."""
+    return _env_int("MEMLENS_MAX_DECOMPRESSED", DEFAULT_MAX_DECOMPRESSED, size=True)
+
+
+def max_frames() -> int:
+    """Most frames one snapshot stack may hold (``MEMLENS_MAX_FRAMES``, default 4096)."""
+    return _env_int("MEMLENS_MAX_FRAMES", DEFAULT_MAX_FRAMES)
+
+
+def max_nesting() -> int:
+    """Deepest container nesting accepted in pickles and JSON (``MEMLENS_MAX_NESTING``, default 100)."""
+    return _env_int("MEMLENS_MAX_NESTING", DEFAULT_MAX_NESTING)
+
+
+def check_environment() -> None:
+    """Raise `InputError` now when a limit variable is set to nonsense (the CLI calls this first, so a
+    typo is reported even for inputs that would never reach the limit)."""
+    max_decompressed()
+    max_frames()
+    max_nesting()
+
+
+def too_big(what: str) -> str:
+    """Message for an input that would decompress past `max_decompressed`: "`what` the limit of ..."."""
+    from memlens.units import format_bytes
+    return (f"{what} the limit of {format_bytes(max_decompressed())} "
+            "(a decompression bomb? set MEMLENS_MAX_DECOMPRESSED, e.g. MEMLENS_MAX_DECOMPRESSED=8GiB, "
+            "to read it anyway)")
+
+
+def check_nesting(obj, where=None, limit: int | None = None) -> None:
+    """Raise `InputError` when dicts/lists/tuples in `obj` nest deeper than `limit` (iterative walk,
+    so the check itself cannot overflow the stack; each container is visited once)."""
+    limit = max_nesting() if limit is None else limit
+    stack = [(obj, 1)]
+    seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            children = item.values()
+        elif type(item) in (list, tuple, set, frozenset):
+            children = item
+        else:
+            continue
+        if seen.get(id(item), 0) >= depth:
+            continue
+        seen[id(item)] = depth
+        if depth > limit:
+            raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
+                             "the limit)", where)
+        for child in children:
+            if type(child) in (dict, list, tuple, set, frozenset):
+                stack.append((child, depth + 1))
