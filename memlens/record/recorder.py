@@ -113,7 +113,6 @@ class Recorder:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         session, self._session = self._session, None
-        self._last_session = session
         if session is None:
             return False
         try:
