@@ -227,11 +227,14 @@ struct Session {
   size_t sig_bytes = 0;
   std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
   std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
-  std::vector<int32_t> unreported;                      // live blocks whose free the allocator may not report
-  std::vector<c10::StorageImpl*> unreported_keys;
+  struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
+  std::vector<Unreported> unreported;   // live blocks whose free the allocator may not report
+  std::vector<uint8_t> freed;           // per block: its free is recorded (`Unreported::live` is stale)
   size_t sweep_every = 1, since_sweep = 0;
   std::vector<std::string> devices;
   std::unordered_map<std::string, int16_t> device_idx;
+  c10::Device last_device{c10::DeviceType::CPU};
+  int16_t last_device_idx = -1;
 
   int64_t mem_bytes() const {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
@@ -251,13 +254,16 @@ struct Session {
   }
 
   int16_t device_index(const c10::Device& d) {
+    if (d == last_device && last_device_idx >= 0) return last_device_idx;   // nearly always one device
     std::string s = d.str();
+    last_device = d;
+    last_device_idx = -1;
     auto it = device_idx.find(s);
-    if (it != device_idx.end()) return it->second;
+    if (it != device_idx.end()) return last_device_idx = it->second;
     int16_t i = int16_t(devices.size());
     devices.push_back(s);
     device_idx.emplace(s, i);
-    return i;
+    return last_device_idx = i;
   }
 
   // The block of `st` (discovering it if new). `before`: existed before op `op`. -1: no bytes.
@@ -288,12 +294,12 @@ struct Session {
       }
     }
     bool claimed = b.alloc_dt != UINT32_MAX;
-    live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()});
+    auto placed = live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()}).first;
+    freed.push_back(0);
     by_ptr[ptr] = impl;
     if (!claimed) {         // the allocator may never report its free (allocated before recording)
-      unreported.push_back(bid);
-      unreported_keys.push_back(impl);
-      sweep_every = std::max<size_t>(1, unreported.size() / 32);
+      unreported.push_back(Unreported{bid, impl, &placed->second});
+      sweep_every = std::max<size_t>(1, unreported.size() / 8);
     }
     return bid;
   }
@@ -301,6 +307,7 @@ struct Session {
   void free_block(int32_t bid, c10::StorageImpl* impl, int64_t ptr, int64_t t) {
     FreeRec& f = frees.push();
     f.t = t; f.block = int32_t(bid);
+    if (size_t(bid) < freed.size()) freed[bid] = 1;
     live.erase(impl);
     auto it = by_ptr.find(ptr);
     if (it != by_ptr.end() && it->second == impl) by_ptr.erase(it);
@@ -310,20 +317,13 @@ struct Session {
   void sweep(int64_t t) {
     size_t w = 0;
     for (size_t i = 0; i < unreported.size(); ++i) {
-      c10::StorageImpl* impl = unreported_keys[i];
-      auto it = live.find(impl);
-      if (it == live.end() || it->second.block != unreported[i]) continue;   // already freed
-      if (it->second.weak.expired()) {
-        free_block(it->second.block, impl, it->second.ptr, t);
-        continue;
-      }
-      unreported[w] = unreported[i];
-      unreported_keys[w] = impl;
-      ++w;
+      Unreported u = unreported[i];
+      if (freed[u.block]) continue;                         // freed (and its map entry gone) already
+      if (u.live->weak.expired()) { free_block(u.block, u.impl, u.live->ptr, t); continue; }
+      unreported[w++] = u;
     }
     unreported.resize(w);
-    unreported_keys.resize(w);
-    sweep_every = std::max<size_t>(1, unreported.size() / 32);
+    sweep_every = std::max<size_t>(1, unreported.size() / 8);
   }
 
   void on_memory(void* p, int64_t delta, const c10::Device& device, int64_t t, Frame* frame) {
@@ -470,7 +470,8 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
 }
 
 int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
-int64_t g_spin_ns = 0;   // tests only: make each op callback this much slower (the clock must not show it)
+int64_t g_spin_ns = 0;
+bool g_quiet = false;    // switch RecordFunction off inside recorded kernels (costs a callback-cache rebuild)   // tests only: make each op callback this much slower (the clock must not show it)
 
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -501,7 +502,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           // The ops nested inside this op's kernel are not recorded: switch RecordFunction off for
           // them (no boxing of their arguments) unless someone else observes ops in this thread
           // (a profiler's debug info, or global callbacks).
-          if (at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
+          if (g_quiet && at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
             auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
             if (top == nullptr || dynamic_cast<Reporter*>(top) != nullptr) {
               at::enableRecordFunction(false);
@@ -761,7 +762,6 @@ struct Handle {
     s->live.clear();            // drop the weak pointers
     s->by_ptr.clear();
     s->unreported.clear();
-    s->unreported_keys.clear();
     s->slot = -1;
   }
 
@@ -841,6 +841,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
+  m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
   m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
   m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
