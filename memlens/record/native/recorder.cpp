@@ -491,9 +491,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
       if (!info->skip) {
         auto inputs = fn.inputs();
-        bool nested = false;
-        for (auto& v : inputs) if (v.isTensor() && v.toTensor().is_nested()) { nested = true; break; }
-        bool transparent = nested ? info->transparent_nested : info->transparent;
+        bool nested = false, subclass = false;
+        for (auto& v : inputs) {
+          if (!v.isTensor()) continue;
+          const at::Tensor& t = v.toTensor();
+          if (t.is_nested()) nested = true;
+          if (t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) subclass = true;
+        }
+        // An op on a Python tensor subclass (a jagged nested tensor...) has no storages of its own: the
+        // ops its __torch_dispatch__ runs on the inner tensors are the ones that touch memory.
+        bool transparent = subclass || (nested ? info->transparent_nested : info->transparent);
         if (!transparent) {
           f.recorded = true;
           f.info = info;
