@@ -48,6 +48,11 @@ def test_gpu_lookup_aliases_and_fallback_rates():
     assert a100.peak_flops("float8_e4m3fn") == a100.flops["fp16"]       # no fp8 on Ampere
 
 
+def test_custom_gpu_accepts_torch_dtype_keys():
+    g = GPU(name="x", flops={torch.bfloat16: 4e14, "float32": 5e13}, mem_bw=1e12)
+    assert g.flops == {"bf16": 4e14, "fp32": 5e13} and g.peak_flops("bfloat16") == 4e14
+
+
 def test_custom_gpu_is_validated():
     with pytest.raises(InputError, match="unknown flops keys"):
         GPU(name="x", flops={"bf17": 1.0}, mem_bw=1e12)
@@ -265,3 +270,19 @@ def test_model_matches_real_bert_small_kernels(shared):
             assert abs(table.loc[c, "model_ratio"] - 1) <= 0.35, (name, c, table)
         # and the naive roofline is far off (the issue: ~0.1x)
         assert table.loc["total", "roofline_ratio"] < 0.2
+
+
+def test_optimizer_step_counters_read_on_the_host_cost_nothing():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+    opt = torch.optim.Adam(model.parameters(), foreach=True)
+    x = torch.randn(4, 16)
+    with memlens.record(model) as rec:
+        model(x).sum().backward()
+        opt.step()
+    r = memlens.retime(rec.trace, gpu="H100")
+    items = r.ops[r.ops["name"].str.startswith("aten::_local_scalar_dense")]
+    assert len(items) and (items["phase"] == "optimizer").all()     # Adam's step counters
+    assert (items["device_ns"] == 0).all() and (items["kernels"] == 0).all()
+    foreach = r.ops[r.ops["op_class"] == "foreach"]
+    assert len(foreach) >= 3 and (foreach["kernels"] >= 1).all()
