@@ -21,7 +21,16 @@ _LAZY = {
     "GPU": ("memlens.devicetime.gpus", "GPU"),
     "load_many": ("memlens.analysis.runs", "load_many"),
     "RunSet": ("memlens.analysis.runs", "RunSet"),
+    "predict": ("memlens.predict", "predict"),
+    "fake": ("memlens.predict", "fake"),
+    "max_batch": ("memlens.predict.sweep", "max_batch"),
 }
+
+# On a CPU-only torch, `memlens.predict` needs its fake-CUDA shim loaded before torch initialises: when
+# memlens is imported first, load it just before torch (cheap; see memlens.predict.shim).
+from memlens.predict.shim import watch_torch_import as _watch_torch_import  # noqa: E402
+
+_watch_torch_import()
 
 
 def __getattr__(name):
@@ -41,5 +50,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "retime", "gpus", "GPU",
-           "__version__"]
+           "retime", "gpus", "GPU", "predict", "fake", "max_batch", "__version__"]

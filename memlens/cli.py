@@ -22,9 +22,14 @@ EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's default prints usage; keep the one-line contract + usage
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_INPUT, f"memlens: error: {message}\n")
+    def __init__(self, *args, **kwargs):
+        # a bad option value (a type= check of memlens.commands.options) raises ArgumentError, which
+        # main() reports like any other bad input: one line, exit 2, returned rather than exited
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # one line (argparse's default adds the usage): what is wrong, where to look
+        self.exit(EXIT_INPUT, printable(f"memlens: error: {message} (see '{self.prog} --help')") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"memlens.commands.{info.name}")
-        module.register(sub)
+        if hasattr(module, "register"):  # helpers such as commands/options.py are not verbs
+            module.register(sub)
     return parser
 
 
@@ -51,7 +57,11 @@ def print_json(obj) -> None:
 def main(argv=None) -> int:
     """Entry point of the `memlens` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as exc:
+        print(printable(f"memlens: error: {exc}"), file=sys.stderr)
+        return EXIT_INPUT
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_INPUT

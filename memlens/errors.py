@@ -31,6 +31,17 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
+def visible_format_chars(text: str) -> str:
+    """`text` with invisible format characters (category Cf: bidi overrides such as U+202E that reorder
+    what follows, zero-width characters) and C0/C1 controls other than tab and newline written as
+    visible ``\\uXXXX`` text. For HTML and other output where newlines must stay."""
+    text = str(text)
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(ch if ch in "\t\n" or unicodedata.category(ch) not in ("Cf", "Cc") else f"\\u{ord(ch):04x}"
+                   for ch in text)
+
+
 class MemlensError(Exception):
     """Base class of memlens's own errors."""
 

@@ -1,6 +1,8 @@
 """The --engine / --scheduler / --workers options shared by the commands that can run out of core."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def add_engine_options(p) -> None:
     """Add the engine options to a command's parser."""
@@ -11,7 +13,7 @@ def add_engine_options(p) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run the dask engine on this dask.distributed scheduler (tcp://host:8786); the trace and "
                         "--scratch must be readable by its workers. Implies --engine dask")
-    p.add_argument("--workers", type=int, default=None,
+    p.add_argument("--workers", type=options.count(1, 4096), default=None,
                    help="threads of the local dask scheduler (default: the CPU count)")
     p.add_argument("--scratch", metavar="DIR",
                    help="where the dask engine keeps its intermediate pieces (default: the temp directory)")

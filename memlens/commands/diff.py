@@ -1,6 +1,8 @@
 """`memlens diff A B [--json] [-o diff.html]`: what changed between two runs."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("diff", help="compare two traces (peak, live at peak, blocks, iterations, ATI)",
@@ -10,8 +12,8 @@ def register(sub) -> None:
     p.add_argument("a", help="trace A (before): a .memlens directory or any importable file")
     p.add_argument("b", help="trace B (after)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("-o", "--output", default=None, help="also write an HTML page with the overlay figure")
-    p.add_argument("--top", type=int, default=20, help="rows per table (default 20)")
+    p.add_argument("-o", "--output", default=None, type=options.output_path, help="also write an HTML page with the overlay figure")
+    p.add_argument("--top", type=options.count(1), default=20, help="rows per table (default 20)")
     p.set_defaults(func=run)
 
 

@@ -1,6 +1,8 @@
 """`memlens import SRC -o DST.memlens`: convert any supported file into memlens's own trace format."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 from pathlib import Path
 
 _SUFFIXES = (".pickle", ".pkl", ".json.gz", ".json", ".raw.gz", ".gz", ".csv", ".memlens")
@@ -22,7 +24,7 @@ def register(sub) -> None:
                                    "memory-timeline export or a buffer-lifetime CSV (detected from the content) "
                                    "and save it as a .memlens trace directory.")
     p.add_argument("src", help="the file to import")
-    p.add_argument("-o", "--output", help="destination NAME.memlens (default: SRC's name + .memlens here)")
+    p.add_argument("-o", "--output", type=options.output_path, help="destination NAME.memlens (default: SRC's name + .memlens here)")
     p.add_argument("--format", help="force a format instead of detecting it "
                                     "(cuda_snapshot, kineto, memory_timeline, lifetimes_csv, memlens)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it is already a memlens trace")

@@ -1,19 +1,21 @@
 """`memlens plan INPUT [--time-limit S] [--out plan.csv] [--json]`: a static offset plan and its bound."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="static offset plan (one arena, fixed offsets) vs the max-live bound",
                        description="Plan a fixed offset for every block (heuristic portfolio, exact search, "
                                    "local search) and compare its height with max-live.")
     p.add_argument("input", help="any trace memlens can load, or a buffer CSV id,lower,upper,size")
-    p.add_argument("--time-limit", type=float, default=5.0, metavar="S",
+    p.add_argument("--time-limit", type=options.duration_s_or_zero, default=5.0, metavar="S",
                    help="seconds of search after the heuristics (default 5)")
-    p.add_argument("--alignment", type=int, default=1, metavar="BYTES", help="offset alignment (default 1)")
+    p.add_argument("--alignment", type=options.alignment, default=1, metavar="BYTES", help="offset alignment (default 1)")
     p.add_argument("--device", help="device of a multi-device trace (default: the largest peak)")
-    p.add_argument("--iteration", type=int, help="plan only this iteration (by iteration marks, optimizer "
+    p.add_argument("--iteration", type=options.count(0), help="plan only this iteration (by iteration marks, optimizer "
                    "steps or the detected repeating allocation pattern)")
-    p.add_argument("--out", metavar="plan.csv", help="write the plan as id,lower,upper,size,offset")
+    p.add_argument("--out", type=options.output_path, metavar="plan.csv", help="write the plan as id,lower,upper,size,offset")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -24,8 +26,6 @@ def run(args) -> int:
     from memlens.plan import plan
     from memlens.units import format_bytes
 
-    if args.time_limit < 0:
-        raise InputError("--time-limit must be >= 0 seconds")
     result = plan(args.input, time_limit_s=args.time_limit, alignment=args.alignment,
                   iteration=args.iteration, device=args.device)
     if args.out:

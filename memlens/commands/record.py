@@ -2,24 +2,30 @@
 
 The script runs in this process (the recorder must see its PyTorch calls), with `sys.argv` set to
 its own arguments, `__name__ == "__main__"`, and `memlens.step()` available as usual. The trace is
-saved even when the script fails or calls `sys.exit()`; the script's exit status becomes ours.
+saved even when the script fails, calls `sys.exit()`, or is interrupted by Ctrl-C (SIGINT) or SIGTERM
+(then the trace is marked ``metadata["interrupted"]``); the script's exit status becomes ours (130 and
+143 for the two signals, as a shell reports them). The output path is checked before the script runs,
+and a save that fails anyway falls back to a path in the temporary directory, so no recording is lost.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
+
+from memlens.commands import options
 
 
 def register(sub) -> None:
     p = sub.add_parser("record", help="run a Python script under the memlens recorder and save its trace",
                        description="Run `python script.py args` (or `python -m module args`) in this process "
                                    "under memlens.record() and save the trace.")
-    p.add_argument("-o", "--output", required=True, help="trace directory to write (NAME.memlens)")
+    p.add_argument("-o", "--output", required=True, type=options.output_path, help="trace directory to write (NAME.memlens)")
     p.add_argument("--force", action="store_true", help="replace an existing trace at OUTPUT")
     p.add_argument("--stacks", action="store_true", help="record Python stacks of every op (slower)")
     p.add_argument("--allocator", choices=["auto", "none"], default="auto",
                    help="allocator-level events: auto (default) or none (tensor level only, fastest)")
-    p.add_argument("--max-buffer", default="512MiB", help="bound on the recorder's event memory (default 512MiB)")
+    p.add_argument("--max-buffer", default="512MiB", type=options.positive_size, help="bound on the recorder's event memory (default 512MiB)")
     p.add_argument("command", nargs="+", metavar="-- python script.py ARGS",
                    help="the command to run, after `--`")
     p.set_defaults(func=run)
@@ -47,46 +53,113 @@ def _target(command: list[str]):
     return "path", argv[0], argv[1:]
 
 
+class _Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler while the script runs."""
+
+
+def _check_output(out, force: bool) -> None:
+    """Everything about OUT that would make the save fail, checked before the script runs."""
+    from memlens.errors import InputError
+    from memlens.io.store import is_trace_dir
+    if out.exists():
+        if not force:
+            raise InputError("already exists (use --force to replace it)", out)
+        if not is_trace_dir(out):
+            raise InputError("exists and is not a memlens trace; refusing to replace it", out)
+    options.check_output(out, "-o/--output")
+
+
+def _save(trace, out, force: bool):
+    """Save to OUT; if that fails, to a fallback path in the temporary directory. Returns (path, error)."""
+    import tempfile
+    from pathlib import Path
+
+    from memlens.errors import InputError
+    try:
+        return trace.save(out, overwrite=force), None
+    except (OSError, InputError) as exc:
+        fallback = Path(tempfile.gettempdir()) / f"{out.name.removesuffix('.memlens')}.{os.getpid()}.memlens"
+        return trace.save(fallback, overwrite=True), exc
+
+
 def run(args) -> int:
     import runpy
     import traceback
     from pathlib import Path
 
     import memlens
-    from memlens.errors import InputError
-    from memlens.units import format_bytes, parse_bytes
+    from memlens.errors import printable
+    from memlens.units import format_bytes
 
     out = Path(args.output)
-    if out.exists() and not args.force:
-        raise InputError("already exists (use --force to replace it)", out)
+    _check_output(out, args.force)
     kind, target, script_args = _target(args.command)
-    status = 0
+    status, interrupted = 0, None
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = [target] + script_args
     # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
-    rec = memlens.record(stacks=args.stacks, allocator=args.allocator,
-                         max_buffer_bytes=parse_bytes(args.max_buffer))
+    rec = memlens.record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer)
+
+    def on_sigterm(signum, frame):
+        raise _Terminated()
+
+    in_main = threading_is_main()
+    old_term = signal.signal(signal.SIGTERM, on_sigterm) if in_main else None
+    failure = None
     try:
-        with rec:
+        rec.__enter__()
+        try:
             if kind == "path":
                 runpy.run_path(target, run_name="__main__")
             else:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except SystemExit as exc:
-        code = exc.code
-        status = code if isinstance(code, int) else (0 if code is None else 1)
-    except Exception:  # the user's script failed: show its traceback, keep the partial trace
-        traceback.print_exc()
-        status = 1
+        except SystemExit as exc:
+            code = exc.code
+            status = code if isinstance(code, int) else (0 if code is None else 1)
+            failure = exc
+        except KeyboardInterrupt as exc:
+            status, interrupted, failure = 128 + signal.SIGINT, "SIGINT", exc
+        except _Terminated as exc:
+            status, interrupted, failure = 128 + signal.SIGTERM, "SIGTERM", exc
+        except Exception as exc:  # the user's script failed: show its traceback, keep the partial trace
+            traceback.print_exc()
+            status, failure = 1, exc
+    except KeyboardInterrupt:  # Ctrl-C before the recorder was fully started
+        status, interrupted = 128 + signal.SIGINT, "SIGINT"
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
-    if rec.trace is None:
-        print("memlens: no trace was recorded", file=sys.stderr)
-        return 1
-    path = rec.trace.save(out, overwrite=args.force)
+        # from here on, signals must not cost the recording: finish and save, then exit
+        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        exc_info = (type(failure), failure, failure.__traceback__) if failure else (None, None, None)
+        rec.__exit__(*exc_info)
+        if rec.trace is None:
+            print("memlens: no trace was recorded", file=sys.stderr)
+            return status or 1
+        if interrupted:
+            rec.trace.metadata["interrupted"] = interrupted
+            rec.trace.metadata.setdefault("notes", []).append(
+                f"The recording was interrupted by {interrupted}: the script did not finish; the trace holds "
+                "everything up to the interruption.")
+        path, error = _save(rec.trace, out, args.force)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, old_int)
+            signal.signal(signal.SIGTERM, old_term)
     s = rec.trace.summary()
     peaks = ", ".join(f"{d} {format_bytes(v)}" for d, v in s["peak_live_bytes"].items()) or "none"
+    if error is not None:
+        print(printable(f"memlens: error: could not save to {out} ({error}); the recording was saved to {path}"),
+              file=sys.stderr)
+        return status or 2
     print(f"memlens: saved {path} ({s['blocks']:,} blocks, {s['accesses']:,} accesses, {s['ops']:,} ops; "
-          f"peak live {peaks})", file=sys.stderr)
+          f"peak live {peaks}){' - interrupted by ' + interrupted if interrupted else ''}", file=sys.stderr)
     return status
+
+
+def threading_is_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()

@@ -1,6 +1,8 @@
 """`memlens report TRACE -o report.html`: one self-contained HTML report (opens offline)."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 
 def register(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML report of a trace",
@@ -10,17 +12,18 @@ def register(sub) -> None:
     p.add_argument("trace", nargs="+",
                    help="a .memlens directory or any importable file; several (the ranks of a job) give one page "
                         "comparing their peaks, with a run selector")
-    p.add_argument("-o", "--output", default=None, help="HTML file to write (default: TRACE name + .html)")
+    p.add_argument("-o", "--output", default=None, type=options.output_path,
+                   help="HTML file to write (default: TRACE name + .html)")
     p.add_argument("--title", default=None, help="page title")
-    p.add_argument("--bandwidth", default=None,
+    p.add_argument("--bandwidth", default=None, type=options.bandwidth,
                    help="host<->device link for ATI/swapping (e.g. 25GB/s or a preset such as pcie4_x16)")
     p.add_argument("--x", choices=("time", "event"), default="time",
                    help="x axis of time plots: wall-clock time or event index")
-    p.add_argument("--sections", default=None,
+    p.add_argument("--sections", default=None, type=options.name_list(),
                    help="comma-separated subset of sections (summary,live,peak,largest,allocator,timeline,ati,"
                         "outliers,iterations,whatif,metadata)")
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
-    p.add_argument("--memory-limit", default=None, help="memory limit for the swapping what-if (e.g. 2GB)")
+    p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
@@ -43,7 +46,7 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.io import load
     from memlens.report import build_report
-    from memlens.units import parse_bytes
+    from memlens.units import format_bytes
 
     if len(args.trace) > 1:
         return _run_many(args)
@@ -52,24 +55,23 @@ def run(args) -> int:
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
     trace = load(args.trace)
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else None
-    options = {"x": args.x, "whatif": not args.no_whatif}
+    sections = args.sections
+    report_options = {"x": args.x, "whatif": not args.no_whatif}
     if args.bandwidth:
-        from memlens.analysis.bandwidth import BandwidthModel
-        options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
+        report_options["bandwidth"] = args.bandwidth
     if args.memory_limit:
-        options["memory_limit"] = parse_bytes(args.memory_limit)
+        report_options["memory_limit"] = args.memory_limit
     if args.gpu:
-        options["gpu"] = args.gpu
-        options["tf32"] = args.tf32
+        report_options["gpu"] = args.gpu
+        report_options["tf32"] = args.tf32
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
-                         source_name=args.trace, **options)
+                         source_name=args.trace, **report_options)
     out = built.write(args.output or _default_output(args.trace))
     if args.json:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
                     "sections": [s.to_dict() for s in built.sections]})
         return 0
-    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {built.seconds:.1f} s)")
+    print(f"report: {out} ({format_bytes(out.stat().st_size)}, {built.seconds:.1f} s)")
     for s in built.sections:
         if s.status != "ok":
             print(f"  {s.key}: {s.status}: {s.message}")
@@ -79,16 +81,14 @@ def run(args) -> int:
 def _run_many(args) -> int:
     from memlens.cli import print_json
     from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
-    from memlens.units import parse_bytes
 
-    sections = [s.strip() for s in args.sections.split(",") if s.strip()] if args.sections else DEFAULT_SECTIONS
-    options = {"x": args.x, "whatif": not args.no_whatif}
+    sections = args.sections or DEFAULT_SECTIONS
+    report_options = {"x": args.x, "whatif": not args.no_whatif}
     if args.bandwidth:
-        from memlens.analysis.bandwidth import BandwidthModel
-        options["bandwidth"] = BandwidthModel.parse(args.bandwidth)
+        report_options["bandwidth"] = args.bandwidth
     if args.memory_limit:
-        options["memory_limit"] = parse_bytes(args.memory_limit)
-    built = build_runs_report(args.trace, title=args.title, sections=sections, **options)
+        report_options["memory_limit"] = args.memory_limit
+    built = build_runs_report(args.trace, title=args.title, sections=sections, **report_options)
     out = built.write(args.output or "runs.html")
     if args.json:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),

@@ -2,6 +2,8 @@
 (PyTorch's caching allocator under given settings, or a baseline) would reserve for the trace's requests."""
 from __future__ import annotations
 
+from memlens.commands import options
+
 ALLOCATOR_CHOICES = ("caching", "malloc", "bestfit", "bump")
 
 
@@ -36,7 +38,9 @@ def run(args) -> int:
 
     from memlens.commands._device import apply_gpu, clock_line
 
-    trace, _ = apply_gpu(load(args.trace), args)
+    trace = load(args.trace)
+    options.check_device(trace, args.device)
+    trace, _ = apply_gpu(trace, args)
     result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
                       device=args.device, initial_state=args.initial_state)
     if args.json:
@@ -53,11 +57,16 @@ def run(args) -> int:
         print(f"  peak reserved:   {format_bytes(r.peak_reserved)} ({r.peak_reserved:,} bytes)")
         print(f"  peak allocated:  {format_bytes(r.peak_allocated)} ({r.peak_allocated:,} bytes)")
         print(f"  final reserved:  {format_bytes(r.final_reserved)}")
-        print(f"  peak reserved - allocated: {format_bytes(r.peak_fragmentation)}")
+        # the largest gap at any moment, not the difference of the two peaks (they need not coincide)
+        print(f"  cached unused:   {format_bytes(r.peak_fragmentation)} at most (reserved minus allocated, "
+              "largest over the replay)")
         print(f"  segment allocs:  {len(sizes):,} ({format_bytes(sum(sizes))}); frees: {len(r.segment_frees):,}")
         if r.recorded is not None:
             rec = r.recorded
             diff = r.peak_reserved - rec["peak_reserved"]
+            if rec.get("initial_reserved"):
+                print(f"  recorded reserved at start: {format_bytes(rec['initial_reserved'])} (reserved before "
+                      "recording began)")
             print(f"  recorded peak reserved: {format_bytes(rec['peak_reserved'])} "
                   f"(simulated {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}), "
                   f"{len(rec['segment_allocs']):,} recorded segment allocs")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import builtins
 import mmap
 import pickle
-import pickletools
+import struct
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -76,56 +76,104 @@ class _MmapReader:
         return self._mm[pos:pos + max(n, 1)]
 
 
-_PUTS = {"PUT", "BINPUT", "LONG_BINPUT"}
-_GETS = {"GET", "BINGET", "LONG_BINGET"}
-_MEMOIZE = "MEMOIZE"
+# argument layout of every opcode of protocols 0-5: a fixed byte count, or a kind of variable argument
+_FIXED = {b"(": 0, b".": 0, b"0": 0, b"1": 0, b"2": 0, b"J": 4, b"K": 1, b"M": 2, b"N": 0, b"R": 0, b"}": 0,
+          b"e": 0, b"]": 0, b"a": 0, b"b": 0, b"d": 0, b"l": 0, b"o": 0, b"s": 0, b"t": 0, b")": 0, b"u": 0,
+          b"G": 8, b"\x80": 1, b"\x81": 0, b"\x82": 1, b"\x83": 2, b"\x84": 4, b"\x85": 0, b"\x86": 0,
+          b"\x87": 0, b"\x88": 0, b"\x89": 0, b"\x8f": 0, b"\x90": 0, b"\x91": 0, b"\x92": 0, b"\x93": 0,
+          b"\x94": 0, b"\x95": 8, b"\x97": 0, b"\x98": 0, b"h": 1, b"q": 1, b"j": 4, b"r": 4}
+_LENGTH = {b"\x8a": 1, b"\x8c": 1, b"C": 1, b"U": 1, b"\x8b": 4, b"X": 4, b"B": 4, b"T": 4, b"\x8d": 8,
+           b"\x8e": 8, b"\x96": 8}  # length-prefixed: size of the length field
+_LINES = {b"I": 1, b"L": 1, b"F": 1, b"S": 1, b"V": 1, b"g": 1, b"p": 1, b"c": 2, b"i": 2}
+_POPS_MARK = frozenset(b"etld1\x90\x91oiu")
+# per opcode byte: ("fixed", n) / ("length", n) / ("lines", n) / None (unknown)
+_TABLE = [None] * 256
+for _table, _kind in ((_FIXED, 0), (_LENGTH, 1), (_LINES, 2)):
+    for _op, _n in _table.items():
+        _TABLE[_op[0]] = (_kind, _n)
+_MEMOIZE, _BINGET, _LONG_BINGET, _BINPUT, _LONG_BINPUT, _MARK = 0x94, 0x68, 0x6A, 0x71, 0x72, 0x28
+_PUT, _GET, _STOP = 0x70, 0x67, 0x2E
 
 
 def check_opcodes(buf, path=None) -> None:
     """Walk the pickle opcodes of `buf` (bytes or mmap) without building objects; raise `InputError` for
     a memo index that is not the next free slot (or a reference to a slot never filled), a length field
-    past the end of the data, MARKs nested deeper than `limits.max_nesting`, persistent ids, or a
-    corrupt stream. What passes can be given to the C unpickler without it allocating more than the
-    data could describe."""
+    past the end of the data, MARKs nested deeper than `limits.max_nesting`, persistent ids, unknown
+    opcodes, or data after STOP is missing. What passes can be given to the C unpickler without it
+    allocating more than the data could describe (its memo table is sized by the largest index)."""
     nesting = limits.max_nesting()
-    stream = buf if isinstance(buf, mmap.mmap) else _ViewReader(buf)
-    if isinstance(buf, mmap.mmap):
-        buf.seek(0)
-    filled = 0
-    depth = 0
-    try:
-        for opcode, arg, pos in pickletools.genops(stream):
-            name = opcode.name
-            if name in _PUTS:
-                if not isinstance(arg, int) or arg < 0 or arg > filled:
-                    raise InputError(f"pickle memo index {arg} at byte {pos} skips ahead of the {filled} "
-                                     "objects stored so far (corrupt or crafted file)", path)
-                filled = max(filled, arg + 1)
-            elif name == _MEMOIZE:
+    data = buf
+    n = len(data)
+    table, pops_mark = _TABLE, _POPS_MARK
+    u32 = struct.Struct("<I").unpack_from
+    u64 = struct.Struct("<Q").unpack_from
+    pos = filled = depth = 0
+
+    def bad(message):
+        raise InputError(message, path)
+
+    while True:
+        if pos >= n:
+            bad("pickle data is truncated (no STOP opcode)")
+        op = data[pos]
+        entry = table[op]
+        if entry is None:
+            bad(f"not a valid pickle (unknown opcode {op:#04x} at byte {pos})")
+        kind, size = entry
+        at = pos
+        pos += 1
+        if kind == 0:
+            if op == _MEMOIZE:
                 filled += 1
-            elif name in _GETS:
-                if not isinstance(arg, int) or arg < 0 or arg >= filled:
-                    raise InputError(f"pickle refers to memo slot {arg} at byte {pos}, which was never "
-                                     "stored (corrupt file)", path)
-            elif name in ("PERSID", "BINPERSID"):
-                raise InputError("refusing to unpickle: the file uses persistent ids", path)
-            if name == "MARK":
+            elif op == _MARK:
                 depth += 1
                 if depth > nesting:
-                    raise InputError(f"pickle nests more than {nesting} levels deep (set MEMLENS_MAX_NESTING "
-                                     "to raise the limit)", path)
-            elif pickletools.markobject in opcode.stack_before:
+                    bad(f"pickle nests more than {nesting} levels deep (set MEMLENS_MAX_NESTING to raise the limit)")
+            elif op in pops_mark:
                 depth -= 1
-    except InputError:
-        raise
-    except Exception as exc:  # genops raises ValueError for truncated/unknown opcodes
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "remain" in msg or "truncat" in msg or "EOF" in msg or "end of" in msg:
-            raise InputError("pickle data is truncated (a length field points past the end)", path) from None
-        raise InputError(f"not a valid pickle ({msg[:160]})", path) from None
-    finally:
-        if isinstance(buf, mmap.mmap):
-            buf.seek(0)
+            elif op == _STOP:
+                return
+            elif op == _BINGET or op == _LONG_BINGET or op == _BINPUT or op == _LONG_BINPUT:
+                if pos + size > n:
+                    bad("pickle data is truncated")
+                index = data[pos] if size == 1 else u32(data, pos)[0]
+                if op == _BINPUT or op == _LONG_BINPUT:
+                    if index > filled:
+                        bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored so "
+                            "far (corrupt or crafted file)")
+                    filled = max(filled, index + 1)
+                elif index >= filled:
+                    bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored (corrupt file)")
+            pos += size
+        elif kind == 1:
+            if pos + size > n:
+                bad("pickle data is truncated")
+            length = data[pos] if size == 1 else u32(data, pos)[0] if size == 4 else u64(data, pos)[0]
+            pos += size + length
+            if pos > n:
+                bad(f"pickle data is truncated (a length field at byte {at} points past the end)")
+        else:
+            if op == 0x50:  # PERSID
+                bad("refusing to unpickle: the file uses persistent ids")
+            for _ in range(size):
+                end = data.find(b"\n", pos)
+                if end < 0:
+                    bad("pickle data is truncated (a text argument has no end of line)")
+                if op == _PUT or op == _GET:
+                    try:
+                        index = int(bytes(data[pos:end]).decode("ascii"))
+                    except (ValueError, UnicodeDecodeError):
+                        bad(f"pickle memo index at byte {at} is not a number")
+                    if op == _PUT:
+                        if index > filled or index < 0:
+                            bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored "
+                                "so far (corrupt or crafted file)")
+                        filled = max(filled, index + 1)
+                    elif not 0 <= index < filled:
+                        bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored")
+                pos = end + 1
+        if op == 0x51:  # BINPERSID
+            bad("refusing to unpickle: the file uses persistent ids")
 
 
 class _ViewReader:

@@ -185,9 +185,10 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
     with iteration marks; `device` picks the device of a multi-device trace (default: the one with the
     largest peak). The result is validated.
     """
+    # bad input fails before the kernels are compiled (that can take seconds on a cold cache)
+    problem = as_problem(source, device=device, iteration=iteration, alignment=alignment)
     load_kernels()
     t0 = time.perf_counter()
-    problem = as_problem(source, device=device, iteration=iteration, alignment=alignment)
     max_live = problem.max_live()
     best = _Best(problem)
     scores: dict[str, int] = {}

@@ -63,6 +63,9 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         },
         "join": stats,
         "recorder": getattr(session, "backend", "python"),
+        # ns of the recorder's own time (its callbacks and hooks, in the recording thread) taken out of
+        # the trace's clock: recording_ns + recorder_own_ns is the wall time the block took
+        "recorder_own_ns": int(getattr(session, "own_ns", 0)),
         # the recorder's own memory at its peak (bytes): compiled = its record buffers and tables;
         # python = its event buffer + the estimated cost of the storages it watched
         "recorder_bytes": int(getattr(session, "recorder_bytes", 0)

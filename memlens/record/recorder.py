@@ -49,6 +49,9 @@ def choose_backend(requested: str | None, stacks: bool) -> tuple[str, object, st
 class Recorder:
     """Records blocks, accesses and ops of the PyTorch code run inside it. See `record`."""
 
+    # the Session type to record with (memlens.predict records fake tensors with its own subclass)
+    session_class = None
+
     def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
                  kernel_times: bool = True, backend: str | None = None):
@@ -76,10 +79,17 @@ class Recorder:
         if self._session is not None:
             raise RuntimeError("this memlens recorder is already recording; create a new one to nest")
         from memlens.record.instruments import Instruments
-        from memlens.record.session import Session
+        from memlens.record.session import Session, reap_orphaned_modes
+        reap_orphaned_modes()  # recordings of this thread that another thread stopped
         self.trace = None
-        backend, native, note = choose_backend(self.backend, self.stacks)
-        if backend == "compiled":
+        if self.session_class is not None:   # a Session subclass (memlens.predict): the Python backend
+            backend, native, note = "python", None, None
+        else:
+            backend, native, note = choose_backend(self.backend, self.stacks)
+        if self.session_class is not None:
+            session = self.session_class(model=self.model, stacks=self.stacks,
+                                         max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
+        elif backend == "compiled":
             from memlens.record.compiled import CompiledSession
             session = CompiledSession(native=native, memory=self.allocator != "none", model=self.model,
                                       max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
@@ -110,7 +120,12 @@ class Recorder:
             session.stop()
         finally:
             hooks.deactivate(session)
-            allocator_data = self._instruments.stop()
+            try:
+                allocator_data = self._instruments.stop()
+            except Exception as stop_error:  # e.g. a profiler stopped from another thread than its own
+                warnings.warn(f"memlens: allocator events lost ({type(stop_error).__name__}: {stop_error})",
+                              RuntimeWarning, stacklevel=2)
+                allocator_data = None
         try:
             self.trace = self._build(session, allocator_data, exc)
         except Exception as build_error:   # never raise into user code from the recorder itself
@@ -172,4 +187,8 @@ def record(model=None, stacks: bool = False, **options) -> Recorder:
 
 def step() -> None:
     """Mark an iteration boundary in the active recordings; a no-op when nothing is recording."""
+    import sys
+    session_module = sys.modules.get("memlens.record.session")
+    if session_module is not None and session_module._orphaned_modes:
+        session_module.reap_orphaned_modes()
     hooks.step()

@@ -40,6 +40,44 @@ def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
     return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
 
 
+_orphaned_modes: list = []   # (thread ident, mode) of recordings stopped from another thread
+_orphans_lock = threading.Lock()
+
+
+def reap_orphaned_modes() -> int:
+    """Pop, in the calling thread, the dispatch modes of its recordings that another thread stopped
+    (while they are on top of this thread's mode stack); returns how many were popped."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    me = threading.get_ident()
+    popped = 0
+    with _orphans_lock:
+        mine = [m for owner, m in _orphaned_modes if owner == me]
+        if not mine:
+            return 0
+        while mine and _get_current_dispatch_mode() in mine:
+            mode = _get_current_dispatch_mode()
+            mode.__exit__(None, None, None)
+            mine.remove(mode)
+            popped += 1
+        _orphaned_modes[:] = [(o, m) for o, m in _orphaned_modes if o != me or m in mine]
+    from memlens.record import hooks
+    live = hooks.all_sessions()
+    hooks.thread_sessions()[:] = [s for s in hooks.thread_sessions() if s in live]
+    return popped
+
+
+def _inner_tensors(value) -> list:
+    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``), e.g. a jagged nested
+    tensor's values and offsets; [] for ordinary tensors."""
+    if type(value) is Tensor or not hasattr(value, "__tensor_flatten__"):
+        return []
+    try:
+        names, _ = value.__tensor_flatten__()
+        return [x for x in (getattr(value, n, None) for n in names) if isinstance(x, Tensor)]
+    except Exception:
+        return []
+
+
 class _RecordingMode(TorchDispatchMode):
     """Sees every ATen op below autograd (forward, backward, optimizer) and reports it to the session."""
 
@@ -115,6 +153,7 @@ class Session(Attribution):
         self.n_blocks = 0
         self.active = False
         self.stop_reason: str | None = None
+        self.owner_thread = threading.get_ident()
         self.lock = threading.RLock()   # reentrant: a free callback may run inside an op record (GC)
         self.stack_table = StackTable() if stacks else None
         self.t_start = self.t_stop = 0
@@ -135,6 +174,8 @@ class Session(Attribution):
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
         """Begin recording in the calling thread (pushes the dispatch mode)."""
+        reap_orphaned_modes()
+        self.owner_thread = threading.get_ident()
         self.t_start = perf_counter_ns()
         self.active = True
         self._mode.__enter__()
@@ -150,7 +191,14 @@ class Session(Attribution):
         try:
             if self._mode_pushed:
                 self._mode_pushed = False
-                self._mode.__exit__(None, None, None)
+                if threading.get_ident() == self.owner_thread:
+                    self._mode.__exit__(None, None, None)
+                else:
+                    # the dispatch-mode stack is per thread: this thread cannot pop the owner's. The mode
+                    # passes every op through from now on (active is False) and the owner thread pops it
+                    # at its next memlens call (record, step)
+                    with _orphans_lock:
+                        _orphaned_modes.append((self.owner_thread, self._mode))
         finally:
             self._release_refs()
 
@@ -278,14 +326,19 @@ class Session(Attribution):
 
     def _touch_safely(self, value, write: int, op: int, t: int, fresh: bool = False) -> None:
         if isinstance(value, Tensor):
+            inner = _inner_tensors(value)
+            if inner:  # a wrapper subclass (jagged nested tensor, ...): its memory is in its inner tensors
+                for x in inner:
+                    self._touch_safely(x, write, op, t, fresh)
+                return
             try:
                 st = value.untyped_storage()
+                b = self._live.get(id(st))
+                if b is None:
+                    b = self._discover(st, op, t, not fresh)
             except Exception:
                 self.tensors_without_storage += 1
                 return
-            b = self._live.get(id(st))
-            if b is None:
-                b = self._discover(st, op, t, not fresh)
             if b >= 0:
                 self._acc_append((b << 1) | write)
         elif type(value) is list or type(value) is tuple:
@@ -380,6 +433,11 @@ class Session(Attribution):
         device = st.device
         if size == 0 or device.type == "meta":
             return -1
+        try:                        # before any state changes: it raises for the storage of a
+            addr = st.data_ptr()    # wrapper subclass (a jagged nested tensor): no block of its own
+        except RuntimeError:
+            self.tensors_without_storage += 1
+            return -1
         di = self._device_idx.get(device)
         if di is None:
             di = self._device_idx[device] = len(self.devices)
@@ -390,7 +448,7 @@ class Session(Attribution):
         self._live[key] = bid
         ref = _weakref(st, self._on_free)      # a plain C weakref: ~4x cheaper than a KeyedRef
         self._refs[id(ref)] = (ref, bid, key)
-        self._blocks_extend((bid, di, st.data_ptr(), size, -1 if before else t, op, 1 if before else 0))
+        self._blocks_extend((bid, di, addr, size, -1 if before else t, op, 1 if before else 0))
         return bid
 
     def _on_free(self, ref) -> None:

@@ -24,6 +24,7 @@ SECTIONS = (
     ("timeline", "Block timeline", "memlens.report.sections_memory:timeline"),
     ("ati", "Access time intervals (ATI)", "memlens.report.sections_access:ati"),
     ("outliers", "Outliers: large blocks idle for long", "memlens.report.sections_access:outliers"),
+    ("phases", "Phases", "memlens.report.sections_runs:phases"),
     ("iterations", "Iterations", "memlens.report.sections_runs:iterations"),
     ("whatif", "What if: allocator settings, static plan, swapping", "memlens.report.sections_whatif:whatif"),
     ("metadata", "Trace metadata", "memlens.report.sections_runs:metadata"),

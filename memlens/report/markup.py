@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from typing import Callable, Iterable
 
 import pandas as pd
 
+from memlens.errors import visible_format_chars
 
 MAX_VALUE_CHARS = 20_000  # longest metadata value shown in full
 
@@ -23,7 +25,9 @@ def esc(value) -> Safe:
     """`value` as escaped text (a `Safe` value passes through unchanged)."""
     if isinstance(value, Safe):
         return value
-    return Safe(html.escape("" if value is None else str(value), quote=True))
+    # bidi overrides (U+202E) and other invisible format characters from a trace would reorder or hide
+    # the text around them: show them as \\u202e instead
+    return Safe(html.escape(visible_format_chars("" if value is None else str(value)), quote=True))
 
 
 def tag(name: str, *children, cls: str | None = None, **attrs) -> Safe:
@@ -77,6 +81,12 @@ def key_values(pairs: Iterable[tuple[str, object]]) -> Safe:
     return Safe(f'<table class="memlens-kv"><tbody>{"".join(rows)}</tbody></table>')
 
 
+_FORMAT_CHARS = "\u061c\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff"
+_RAW_FORMAT_CHAR = re.compile(f"[{_FORMAT_CHARS}]")
+# \\uXXXX of a format character, preceded by an even number of backslashes (so it is an escape, not text)
+_ESCAPED_FORMAT_CHAR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(061[cC]|200[b-fB-F]|202[a-eA-E]|206[0-9]|[fF][eE][fF][fF])")
+
+
 def script_json(obj_json: str) -> str:
     """JSON text made safe to sit inside a ``<script>`` element.
 
@@ -84,8 +94,12 @@ def script_json(obj_json: str) -> str:
     characters, so no ``</script>`` or ``<!--`` can end or confuse the element; U+2028/2029 are escaped for
     old JavaScript parsers.
     """
-    return (obj_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    text = (obj_json.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    # invisible format characters (bidi overrides, zero-width), raw or as \\uXXXX escapes, become the
+    # visible text "\\uXXXX" in the decoded string (an escaped backslash), so no label can reorder itself
+    text = _RAW_FORMAT_CHAR.sub(lambda m: f"\\\\u{ord(m.group(0)):04x}", text)
+    return _ESCAPED_FORMAT_CHAR.sub(lambda m: m.group(1) + "\\\\u" + m.group(2), text)
 
 
 def bytes_text(value) -> str:
@@ -102,7 +116,8 @@ def ns_text(value) -> str:
 
 def share_text(value) -> str:
     """A fraction as a percentage ('12.5%'); empty for a missing value."""
-    return "" if value is None or pd.isna(value) else f"{value:.1%}"
+    from memlens.units import format_share
+    return "" if value is None or pd.isna(value) else format_share(value)
 
 
 def _default_format(value) -> str:

@@ -13,7 +13,7 @@ from memlens.clock import clock_label
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import color_for, plot_text, safe_labels, time_axis
+from memlens.viz.labels import binary_ticks, color_for, plot_text, safe_labels, time_axis
 from memlens.viz.lod import compress_gaps, rasterize
 
 WIDTH_PX, HEIGHT_PX = 1200, 480
@@ -174,7 +174,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
         vals, text = _address_ticks(rects.attrs["regions"])
         fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     else:
-        fig.update_yaxes(title_text=y_title, tickformat=".3s", ticksuffix="B")
+        vals, text = binary_ticks(0.0, float(rects["y1"].max()) if len(rects) else 1.0)
+        fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     return fig
 
 
