@@ -286,3 +286,17 @@ def test_optimizer_step_counters_read_on_the_host_cost_nothing():
     assert (items["device_ns"] == 0).all() and (items["kernels"] == 0).all()
     foreach = r.ops[r.ops["op_class"] == "foreach"]
     assert len(foreach) >= 3 and (foreach["kernels"] >= 1).all()
+
+
+def test_split_k_when_the_tiles_cannot_fill_the_device():
+    # a weight-gradient-like GEMM: 768 x 768 output (36 tiles of 128x128 on 132 units), K = 8192
+    g = gpu("H100")
+    k = 8192
+    flops = 2 * 768 * 768 * k
+    _, _, ns = cm.model_op(g, "aten::mm", flops, 2 * 2 * 768 * k, 2 * 768 * 768, "bfloat16",
+                           f"bf16[768,{k}],bf16[{k},768]->bf16[768,768]")
+    # without splitting, one wave of 128x128 tiles would take the whole K loop at 0.7 of the per-unit peak
+    one_wave = 2 * 128 * 128 * k / (g.flops["bf16"] * g.gemm_efficiency / g.compute_units) * 1e9
+    assert ns < g.gemm_floor_ns + one_wave
+    # and never faster than the whole device at its achieved peak
+    assert ns > g.gemm_floor_ns + flops / (g.flops["bf16"] * g.gemm_efficiency) * 1e9
