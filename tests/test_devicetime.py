@@ -300,3 +300,27 @@ def test_split_k_when_the_tiles_cannot_fill_the_device():
     assert ns < g.gemm_floor_ns + one_wave
     # and never faster than the whole device at its achieved peak
     assert ns > g.gemm_floor_ns + flops / (g.flops["bf16"] * g.gemm_efficiency) * 1e9
+
+
+def test_devicetime_sits_between_trace_and_the_analyses():
+    """devicetime never imports an analysis or anything above; the recorder, io and the shared clock
+    helpers never import devicetime (they use memlens.clock / memlens.gpu_activity below it)."""
+    import ast
+    from pathlib import Path
+    root = Path(memlens.__file__).resolve().parent
+    above = ("memlens.analysis", "memlens.viz", "memlens.report", "memlens.widgets", "memlens.commands",
+             "memlens.simulate", "memlens.plan", "memlens.swap", "memlens.whatif", "memlens.diff",
+             "memlens.magics", "memlens.cli")
+    rules = {root / "devicetime": above,
+             root / "record": ("memlens.devicetime",) + above,
+             root / "io": ("memlens.devicetime",) + above}
+    files = {f: banned for d, banned in rules.items() for f in d.glob("*.py")}
+    files.update({root / "clock.py": ("memlens.devicetime",) + above,
+                  root / "gpu_activity.py": ("memlens.devicetime", "memlens.record") + above})
+    bad = []
+    for f, banned in files.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{f.name}: {n}" for n in names if n.startswith(banned)]
+    assert not bad, bad
