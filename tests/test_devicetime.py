@@ -2,7 +2,6 @@
 self-consistency on recorded training steps, and the model against real H100 / MI300X kernels."""
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import replace
 
