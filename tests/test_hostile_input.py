@@ -150,3 +150,12 @@ def test_deeply_nested_json(tmp_path, depth):
 def test_memory_ceiling_is_meaningful():
     # the ceiling must sit well above an ordinary run, or the checks above would be vacuous
     assert MEMORY_CEILING == 1 << 30
+
+
+def test_frames_limit_holds_for_in_memory_snapshots():
+    # the C-unpickler path and snapshot_to_trace(dict) reach the interner without the streaming check
+    from memlens.errors import InputError
+    from memlens.io.snapshot import snapshot_to_trace
+    frame = dict(FRAME)
+    with pytest.raises(InputError, match="MEMLENS_MAX_FRAMES"):
+        snapshot_to_trace(_snapshot([_entry(0, [frame] * 5000)]))
