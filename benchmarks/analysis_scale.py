@@ -2,7 +2,9 @@
 
 The trace: ``--iterations`` steps (default 100) of ``--blocks-per-iteration`` allocations (default 10,000:
 1,000,000 blocks), each block accessed ``--accesses-per-block`` times (default 10: 10,000,000 accesses).
-Every step repeats one template of (op, size) with jittered times, as a training loop does. Goal (issue 5):
+Every step repeats one template of (op, size) with jittered times, as a training loop does; every access has
+its op (1-20 us long, numbered by step), since an ATI runs from the end of one op to the start of the next.
+Goal (issue 5):
 under 5 s on a 2-core machine and under 4 GB of memory for the three analyses.
 
 Also times a naive per-block Python loop for ATI on a slice of the blocks, extrapolated to all of them, and
@@ -58,19 +60,28 @@ def synthetic_trace(iterations: int, per_iteration: int, accesses_per_block: int
     owner, t = owner[by_time], t[by_time]
     accesses = pd.DataFrame({"block_id": owner, "t_ns": t, "op_id": np.arange(len(owner), dtype=np.int64),
                              "is_write": rng.random(len(owner)) < 0.3})
-    return Trace.from_tables(blocks, accesses, metadata={"source_kind": "synthetic"})
+    # one op per access, 1-20 us long: an ATI runs from the end of one op to the start of the next
+    ops = pd.DataFrame({"op_id": np.arange(len(owner), dtype=np.int64), "name": "aten::op", "start_ns": t,
+                        "end_ns": t + rng.integers(1_000, 20_000, len(owner)),
+                        "iteration": t // STEP_NS})
+    return Trace.from_tables(blocks, accesses, ops, metadata={"source_kind": "synthetic"})
 
 
 def naive_ati_seconds_per_block(trace: Trace, sample_blocks: int) -> float:
     """Seconds per block of a straightforward per-block Python loop computing the same intervals."""
     blocks = trace.blocks.iloc[:sample_blocks]
     acc = trace.accesses[trace.accesses["block_id"] < sample_blocks]
-    by_block = dict(tuple(acc.groupby("block_id")["t_ns"]))
+    op_end = trace.ops.set_index("op_id")["end_ns"]
+    acc = acc.assign(op_end=acc["op_id"].map(op_end).to_numpy())
+    by_block = {b: g for b, g in acc.groupby("block_id")[["t_ns", "op_end"]]}
     t0 = time.perf_counter()
     lengths = []  # the same intervals as access_intervals, one block at a time
     for row in blocks.itertuples():
-        times = [row.alloc_ns, *sorted(by_block.get(row.block_id, [])), row.free_ns]
-        lengths.extend(b - a for a, b in zip(times, times[1:]))
+        g = by_block.get(row.block_id)
+        events = sorted(zip(g["t_ns"], g["op_end"])) if g is not None else []
+        starts = [row.alloc_ns, *(end for _, end in events)]
+        ends = [*(t for t, _ in events), row.free_ns]
+        lengths.extend(max(b - a, 0) for a, b in zip(starts, ends))
     return (time.perf_counter() - t0) / len(blocks)
 
 
@@ -102,7 +113,10 @@ def main() -> None:
     filtered = timed("bandwidth filter", lambda: bandwidth_filter(iv, bw))
     summary = filter_summary(filtered)
     ranked = timed("outliers (top 20)", lambda: outliers(trace, bw, top=20, intervals=filtered))
-    its = timed("iteration split (detected)", lambda: split_iterations(trace))
+    its = timed("iteration split (detected)", lambda: split_iterations(trace, method="detected"))
+    marked = split_iterations(trace)
+    steady = timed("steady-state ATI (last step)", lambda: access_intervals(
+        trace, steady_state=True, iteration=int(marked["iteration"].iloc[-1]), iterations=marked))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
 
     load = os.getloadavg()[0]
@@ -117,7 +131,7 @@ def main() -> None:
     print(f"results: {stats['count']:,} intervals, p50 {stats['p50_ns']:.0f} ns, p90 {stats['p90_ns']:.0f} ns; "
           f"{summary['filtered_out_fraction']:.1%} filtered out at {bw.name}; top outlier block "
           f"{int(ranked['block_id'].iloc[0])}; {len(its)} iterations ({its['source'].iloc[0]}, "
-          f"expected {args.iterations})")
+          f"expected {args.iterations}); last step in steady state: {int(steady['wraps'].sum()):,} wrap-around ATIs")
     per_block = naive_ati_seconds_per_block(trace, min(20_000, len(trace.blocks)))
     naive_total = per_block * len(trace.blocks)
     print(f"naive per-block Python ATI loop: {per_block * 1e6:.1f} us/block -> {naive_total:.1f} s for all "

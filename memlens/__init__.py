@@ -16,9 +16,21 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "retime": ("memlens.devicetime.retiming", "retime"),
+    "gpus": ("memlens.devicetime.gpus", "gpus"),
+    "GPU": ("memlens.devicetime.gpus", "GPU"),
     "load_many": ("memlens.analysis.runs", "load_many"),
     "RunSet": ("memlens.analysis.runs", "RunSet"),
+    "predict": ("memlens.predict", "predict"),
+    "fake": ("memlens.predict", "fake"),
+    "max_batch": ("memlens.predict.sweep", "max_batch"),
 }
+
+# On a CPU-only torch, `memlens.predict` needs its fake-CUDA shim loaded before torch initialises: when
+# memlens is imported first, load it just before torch (cheap; see memlens.predict.shim).
+from memlens.predict.shim import watch_torch_import as _watch_torch_import  # noqa: E402
+
+_watch_torch_import()
 
 
 def __getattr__(name):
@@ -38,4 +50,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "__version__"]
+           "retime", "gpus", "GPU", "predict", "fake", "max_batch", "__version__"]

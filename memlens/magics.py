@@ -1,12 +1,15 @@
 """IPython magics: ``%load_ext memlens`` registers ``%%memlens`` (record a cell) and ``%memlens VERB ...``.
 
-    %%memlens [-o NAME] [-m MODEL] [--stacks] [--save PATH] [--show|--no-show]
-    <cell body>                      # recorded; the Trace lands in NAME (default `memlens_trace`)
+    %%memlens [-o NAME] [-m MODEL] [--stacks] [--save PATH] [--show|--no-show] [--gpu GPU]
+    <cell body>                      # recorded; the Trace lands in NAME (default `memlens_trace`);
+                                     # with --gpu it is put on that GPU's modeled clock (memlens.retime)
+                                     # and the recorded (host-clock) trace is kept in NAME_recorded
 
     %memlens load PATH [-o NAME]     # memlens.load -> NAME (default `memlens_trace`)
-    %memlens explore TRACE           # the explorer widget for a trace (variable name or path)
+    %memlens explore TRACE [--gpu G] # the explorer widget for a trace (variable name or path)
     %memlens save TRACE PATH         # Trace.save
-    %memlens VERB ARGS...            # any CLI verb (info, report, simulate, plan, swap, ati, ...)
+    %memlens VERB ARGS...            # any CLI verb (info, report, simulate, plan, swap, ati, retime, gpus
+                                     # ...); ati, outliers, swap, report, simulate take --gpu NAME
 
 CLI verbs run through `memlens.cli.main`, so the magic accepts exactly the CLI's arguments; a TRACE argument
 may name a Trace held in a notebook variable, which is written to a temporary ``.memlens`` directory for the
@@ -52,6 +55,8 @@ def cell_parser() -> argparse.ArgumentParser:
     p.add_argument("-m", "--model", metavar="VAR", help="notebook variable holding the nn.Module being run")
     p.add_argument("--stacks", action="store_true", help="record the Python stack of every op (slower)")
     p.add_argument("--save", metavar="PATH", help="also write the trace to PATH (a .memlens directory)")
+    p.add_argument("--gpu", metavar="GPU", help="put the trace on this GPU's modeled clock (see `memlens gpus`); "
+                                               "the recorded trace is kept in NAME_recorded")
     show = p.add_mutually_exclusive_group()
     show.add_argument("--show", dest="show", action="store_true", default=True,
                       help="display the explorer widget after the cell (default)")
@@ -70,6 +75,7 @@ def _explore_parser() -> argparse.ArgumentParser:
     p = _ArgParser(prog="%memlens explore", description="Show the explorer widget for a trace.")
     p.add_argument("trace", nargs="?", default=DEFAULT_NAME, help="variable name or path")
     p.add_argument("--device", help="device to show first (e.g. cuda:0)")
+    p.add_argument("--gpu", metavar="GPU", help="show the trace on this GPU's modeled clock")
     return p
 
 
@@ -122,6 +128,9 @@ class MemlensMagics(Magics):
             if args.model not in ns:
                 raise UsageError(f"%%memlens: no variable named {args.model!r} for --model")
             model = ns[args.model]
+        if args.gpu:   # a bad GPU name is a usage error before the cell runs
+            from memlens.devicetime.gpus import gpu
+            _user_errors(gpu, args.gpu)
         body, last = split_last_expression(self.shell.transform_cell(cell))
         recorder = record(model, stacks=args.stacks)
         value = None
@@ -133,8 +142,12 @@ class MemlensMagics(Magics):
         finally:
             # stored even when the cell raised: the recorder keeps the partial trace
             ns[args.output] = recorder.trace
-            if recorder.trace is not None and args.save:
-                path = recorder.trace.save(args.save, overwrite=True)
+            if recorder.trace is not None and args.gpu:
+                from memlens.devicetime.retiming import retime
+                ns[f"{args.output}_recorded"] = recorder.trace
+                ns[args.output] = _user_errors(retime, recorder.trace, gpu=args.gpu)
+            if ns[args.output] is not None and args.save:
+                path = ns[args.output].save(args.save, overwrite=True)
                 print(f"memlens: trace saved to {path}")
         if value is not None:
             display(value)
@@ -142,7 +155,7 @@ class MemlensMagics(Magics):
             print("memlens: the recorder could not build a trace (see the warning above)", file=sys.stderr)
         elif args.show:
             from memlens.widgets import explore
-            display(explore(recorder.trace))
+            display(explore(ns[args.output]))
         return None
 
     # ---- %memlens VERB ---------------------------------------------------------------------------
@@ -170,7 +183,11 @@ class MemlensMagics(Magics):
     def _explore(self, argv):
         from memlens.widgets import explore
         args = _explore_parser().parse_args(argv)
-        return explore(self._trace(args.trace), device=args.device)
+        trace = self._trace(args.trace)
+        if args.gpu:
+            from memlens.devicetime.retiming import retime
+            trace = _user_errors(retime, trace, gpu=args.gpu)
+        return explore(trace, device=args.device)
 
     def _save(self, argv):
         args = _save_parser().parse_args(argv)

@@ -68,6 +68,19 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def format_share(x: float) -> str:
+    """A fraction as a percentage, the same way everywhere: one decimal ('99.8%', '12.5%'), and never
+    rounded to 0% or 100% when it is not exactly that ('<0.1%', '>99.9%')."""
+    x = float(x)
+    if x != x:  # NaN
+        return "n/a"
+    if 0 < x < 0.0005:
+        return "<0.1%"
+    if 0.9995 <= x < 1:
+        return ">99.9%"
+    return f"{100 * x:.1f}%"
+
+
 def format_ns(ns: float) -> str:
     """Human duration from nanoseconds: '850 ns', '12.3 us', '4.56 ms', '1.23 s'."""
     ns = float(ns)

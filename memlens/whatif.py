@@ -9,7 +9,8 @@ For every device, from the most memory to the least:
 3. ``static plan``: the height of the best static offset plan (``memlens.plan``);
 4. ``max-live``: the largest sum of live block sizes, the bound of any plan that keeps every block resident;
 5. ``swapping``: the peak after swapping idle blocks at the stated bandwidth (``memlens.swap``);
-6. ``infinite bandwidth``: the peak if every idle interval between two accesses could be swapped for free.
+6. ``infinite bandwidth``: the peak if every ATI (idle interval between two accesses) could be swapped for
+   free.
 
 A stage that cannot be computed for this trace stays in the table with no bytes and a note saying why.
 """
@@ -57,7 +58,7 @@ def _allocator_rows(trace, device, conf_variants, max_live) -> list[dict]:
     return rows
 
 
-def _swap_rows(trace, device, bandwidth, limit, max_live) -> list[dict]:
+def _swap_rows(trace, device, bandwidth, limit, max_live, plans: dict | None = None) -> list[dict]:
     from memlens.analysis.bandwidth import BandwidthModel
     from memlens.swap import plan_swaps
 
@@ -68,11 +69,13 @@ def _swap_rows(trace, device, bandwidth, limit, max_live) -> list[dict]:
         return [_row(device, "swapping", model.describe(), None, why, max_live),
                 _row(device, "infinite bandwidth", "", None, why, max_live)]
     sp = plan_swaps(trace, bandwidth=model, limit=limit, device=device)
-    note = (f"{len(sp.swaps)} swaps ({sp.priority}), {sp.transfer_bytes:,} bytes copied, "
-            f"stall {sp.stall_ns:,} ns")
+    if plans is not None:
+        plans[device] = sp
+    note = (f"{len(sp.swaps)} swaps ({sp.priority}) of blocks >= {sp.min_size:,} bytes, "
+            f"{sp.transfer_bytes:,} bytes copied, stall {sp.stall_ns:,} ns")
     return [_row(device, "swapping", model.describe(), sp.peak_after, note, max_live),
             _row(device, "infinite bandwidth", "", sp.infinite_bandwidth_peak,
-                 "every idle interval between two accesses swapped at no cost", max_live)]
+                 "every ATI (access->access interval) swapped at no cost", max_live)]
 
 
 def compare(trace, bandwidth="pcie4", conf_variants=None, time_limit_s: float = 2.0, limit=None,
@@ -82,6 +85,8 @@ def compare(trace, bandwidth="pcie4", conf_variants=None, time_limit_s: float = 
     `bandwidth`: a BandwidthModel or text ('25GB/s', 'pcie4'); `conf_variants`: extra
     PYTORCH_CUDA_ALLOC_CONF settings to simulate (e.g. ["expandable_segments:True"]); `time_limit_s`: search
     time of the static planner per device; `limit`: memory limit for the swap planner (None: minimise).
+    The swap plans themselves (`memlens.swap.SwapPlan`, for `memlens.viz.swap_load_curves` and friends)
+    are in ``attrs["swap_plans"]`` ({device: plan}).
     """
     from memlens.plan import plan
 
@@ -89,6 +94,7 @@ def compare(trace, bandwidth="pcie4", conf_variants=None, time_limit_s: float = 
         from memlens.io import load
         trace = load(trace)
     rows: list[dict] = []
+    plans: dict = {}
     for device in devices or trace.devices:
         pr = plan(trace, time_limit_s=time_limit_s, device=device)
         max_live = pr.max_live
@@ -97,9 +103,10 @@ def compare(trace, bandwidth="pcie4", conf_variants=None, time_limit_s: float = 
                          "proven optimal" if pr.optimal else f"lower bound {pr.lower_bound:,} bytes", max_live))
         rows.append(_row(device, "max-live", "", max_live, "bound of any plan keeping every block resident",
                          max_live))
-        rows += _swap_rows(trace, device, bandwidth, limit, max_live)
+        rows += _swap_rows(trace, device, bandwidth, limit, max_live, plans)
     out = pd.DataFrame(rows, columns=list(COLUMNS))
     out["bytes"] = out["bytes"].astype("Int64")
+    out.attrs["swap_plans"] = plans
     return out
 
 

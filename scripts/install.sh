@@ -10,3 +10,5 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[$EXTRA]"
+# the console script lives in .venv/bin, which is not on PATH until the venv is activated
+echo "memlens is installed in .venv: run .venv/bin/memlens --help, or 'source .venv/bin/activate' first to type just memlens"

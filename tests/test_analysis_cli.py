@@ -32,39 +32,48 @@ def snapshot_like(tmp_path):
 def test_ati_json(saved, capsys):
     assert main(["ati", saved, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    # lengths 10 90 10 | 10 20 | 5 195 10  -> sorted 5 10 10 10 10 20 90 195
-    assert doc["intervals"] == 8
-    assert doc["p50_ns"] == 10.0
-    assert doc["p90_ns"] == pytest.approx(90 + 0.3 * (195 - 90))  # rank 0.9 * 7 = 6.3
-    assert doc["p99_ns"] == pytest.approx(90 + 0.93 * (195 - 90))
-    assert sum(row["count"] for row in doc["histogram"]) == 8
+    # the ATIs of idle_trace: 88 (A), 194 (C), 19 (D), from the end of one op to the start of the next
+    assert doc["intervals"] == 3
+    assert doc["p50_ns"] == 88.0 and doc["max_ns"] == 194
+    assert doc["p90_ns"] == pytest.approx(88 + 0.8 * (194 - 88))  # rank 0.9 * 2 = 1.8
+    assert sum(row["count"] for row in doc["histogram"]) == 3
+    # edges beside it: B's alloc->first 10, last->free 19; A 10 and 7; C 5 and 6; D 25 and 8
+    assert doc["edges"]["alloc_to_first"]["count"] == 4 and doc["edges"]["last_to_free"]["count"] == 4
+    assert doc["edges"]["last_to_free"]["total_ns"] == 19 + 7 + 6 + 8
+    assert doc["clock"] == {"kind": "host"} and doc["steady_state"] is False
 
 
 def test_ati_text_and_grouping(saved, capsys):
     assert main(["ati", saved, "--by", "category"]) == 0
     out = capsys.readouterr().out
-    assert "intervals: 8 over 3 blocks" in out and "optimizer_state" in out and "p90" in out
+    assert "3 intervals over 3 blocks" in out and "optimizer_state" in out and "p90" in out
+    assert "host clock" in out and "lifetime edges" in out
 
 
 def test_outliers_json_and_text(saved, capsys):
     assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0", "--top", "2", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    rows = doc["blocks"]
     assert [r["block_id"] for r in rows] == [3, 1]
-    assert rows[0]["size"] == 5 and rows[0]["max_idle_ns"] == 195 and rows[0]["swappable_bytes_ns"] == 925
-    assert rows[1]["swappable_bytes_ns"] == 700 and rows[1]["category"] == "activation"
+    assert rows[0]["size"] == 5 and rows[0]["max_idle_ns"] == 194 and rows[0]["swappable_bytes_ns"] == 920
+    assert rows[1]["swappable_bytes_ns"] == 680 and rows[1]["category"] == "activation"
+    assert doc["clock"] == {"kind": "host"} and doc["bandwidth"]["h2d_latency_ns"] == 0
+    assert doc["filter"]["intervals"] == 3 and doc["filter"]["swappable"] == 2
     assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0"]) == 0
     out = capsys.readouterr().out
-    assert "62.5% of 8 access intervals are too short" in out and "aten::zeros" in out
+    assert "33.3% of 3 ATIs (access->access) are too short" in out and "aten::zeros" in out
+    assert "host clock" in out
 
 
 def test_outliers_zhang_priority_and_min_size(saved, capsys):
     assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0", "--priority", "doa",
                  "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []  # 1 MiB floor: these blocks are bytes
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["blocks"] == [] and doc["min_size"] == 1 << 20  # 1 MiB floor: these blocks are bytes
     assert main(["outliers", saved, "--bandwidth", "1GB/s", "--latency-us", "0", "--priority", "doa",
                  "--min-size", "0", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [(r["block_id"], r["doa_ns"]) for r in rows] == [(3, 185.0), (1, 70.0), (2, -50.0)]
+    rows = json.loads(capsys.readouterr().out)["blocks"]
+    assert [(r["block_id"], r["doa_ns"]) for r in rows] == [(3, 184.0), (1, 68.0)]
     assert main(["outliers", saved, "--min-size", "lots"]) == 2
 
 
@@ -88,8 +97,8 @@ def test_findings_with_accesses():
     text = " ".join(sentences)
     assert sentences[0].startswith("The trace (unknown) holds")
     assert "6 iterations were found by detecting the repeating allocation pattern (12 allocations per step)" in text
-    assert "0% of access intervals are shorter than the time to move" in text  # infinite bandwidth: none
-    assert "idle for more than 40% of the step" in text
+    assert "0.0% of the ATIs are shorter than the time to move" in text  # infinite bandwidth: none
+    assert "idle for more than 40.0% of the step" in text
     assert "cuda:0 peaks at" in text
 
 

@@ -92,7 +92,8 @@ def test_diff_of_constructed_runs_matches_hand_computation():
     assert d.blocks["appeared_bytes"] == 4 * 2000 + 7000 and d.blocks["disappeared_bytes"] == 4 * 1000
     assert d.appeared.iloc[0]["block_id"] == 999
     assert d.blocks["matched"] == len(a.blocks) - 4
-    assert d.ati is not None and d.ati["delta"]["count"] == 1  # the untouched buffer: one alloc-to-free interval
+    # the untouched buffer adds a lifetime edge (alloc -> free), not an ATI
+    assert d.ati is not None and d.ati["delta"]["count"] == 0
     assert d.iterations["count_a"] == d.iterations["count_b"] == 4
     assert (d.op_counts["delta"] == 0).all() and d.op_counts["count_a"].sum() == len(a.ops)
     json.dumps(d.to_json())  # JSON-ready
@@ -107,13 +108,14 @@ def test_ati_change_against_python_intervals():
     b = Trace.from_tables(a.blocks, acc, a.ops, dict(a.metadata))
 
     def intervals(t):
-        lo, hi = t.time_span_ns()
+        """The ATIs: from the end of the op of one access to the start of the op of the next."""
+        op_end = t.ops.set_index("op_id")["end_ns"]
         out = []
         for row in t.blocks.itertuples():
-            times = sorted(set(t.accesses.loc[t.accesses["block_id"] == row.block_id, "t_ns"].tolist()))
-            ev = [lo if pd.isna(row.alloc_ns) else int(row.alloc_ns), *times, hi if pd.isna(row.free_ns)
-                  else int(row.free_ns)]
-            out += [y - x for x, y in zip(ev, ev[1:])]
+            mine = t.accesses[t.accesses["block_id"] == row.block_id]
+            events = sorted(set(zip(mine["t_ns"].tolist(), mine["op_id"].tolist())))
+            out += [max(nxt[0] - max(int(op_end.get(prev[1], prev[0])), prev[0]), 0)
+                    for prev, nxt in zip(events, events[1:])]
         return np.array(out, dtype=float)
 
     d = memlens.diff(a, b)

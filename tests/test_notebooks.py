@@ -64,6 +64,9 @@ def test_quickstart(tmp_path, artifacts_dir, monkeypatch):
 def test_cuda_snapshot(tmp_path, artifacts_dir, monkeypatch):
     nb, _ = _run("02_cuda_snapshot.ipynb", tmp_path, artifacts_dir, monkeypatch)
     assert any(_widget_outputs(c) for c in nb.cells if c.cell_type == "code")
+    # the notebook states what caused the peak, in a sentence with numbers
+    text = " ".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "The peak of cuda:0 (" in text and "MiB" in text
 
 
 def test_ati_outliers(tmp_path, artifacts_dir, monkeypatch):

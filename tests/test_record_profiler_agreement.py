@@ -92,7 +92,8 @@ def test_dispatch_blocks_are_profiler_allocations(name):
     t0 = trace.metadata["t0_unix_ns"]
     events = profiler_allocations(prof)
     events = events[(events["t_unix_ns"] >= t0 - 1_000_000) &
-                    (events["t_unix_ns"] <= t0 + trace.metadata["recording_ns"] + 1_000_000)]
+                    (events["t_unix_ns"] <= t0 + trace.metadata["recording_ns"] + trace.metadata["recorder_own_ns"]
+                     + 1_000_000)]
     made = trace.blocks[trace.blocks["alloc_ns"].notna()]
     ours = Counter(zip(made["addr"].astype(int), made["size"]))
     theirs = Counter(zip(events["addr"], events["size"]))
@@ -114,7 +115,7 @@ def test_joined_trace_matches_plain_profiler_run(name):
     with memlens.record(model) as rec:
         run()
     trace = rec.trace
-    assert "profiler" in trace.metadata["sources"]
+    assert {"profiler", "memory_hook"} & set(trace.metadata["sources"])
     made = trace.blocks[trace.blocks["alloc_ns"].notna() & trace.blocks["source"].str.contains("profiler")]
     recorded = Counter(made["size"])
     assert not (plain - recorded), f"allocations the recorder missed: {dict(plain - recorded)}"

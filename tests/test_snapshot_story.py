@@ -203,6 +203,12 @@ def test_training_snapshot_categories_leave_under_10_percent_unknown_at_the_peak
     # every parameter has a same-size gradient and optimizer-state block
     sizes = set(b.loc[b["category"] == "gradient", "size"]) & set(b.loc[b["category"] == "optimizer_state", "size"])
     assert set(params["size"]) <= sizes
+    # one gradient per parameter: the gradients the backward pass made weigh what the parameters weigh
+    made_in_backward = b[(b["category"] == "gradient") & (b["phase"] == "backward")]
+    assert made_in_backward["size"].sum() == params["size"].sum()
+    # what the optimizer step released of what predates the recording is the previous step's state
+    released = b[b["allocated_before"] & (b["category_rule"].str.contains("released by the optimizer step"))]
+    assert len(released) and (released["category"] == "optimizer_state").all()
     # the rule is the one that decided: gradients from AccumulateGrad come from the engine's stacks
     acc = b[b["category_rule"] == "allocated under autograd's AccumulateGrad"]
     assert len(acc) and (acc["phase"] == "backward").all()
@@ -267,3 +273,42 @@ def test_flow_stays_one_way(package):
                 [a.name for a in node.names] if isinstance(node, ast.Import) else []
             bad += [f"{f.name}: {n}" for n in names if n.startswith(LOWER[package])]
     assert not bad
+
+
+def test_explorer_hover_shows_the_stack_of_blocks_thinner_than_a_pixel(shared):
+    pytest.importorskip("ipywidgets")
+    from memlens.widgets import explore
+
+    trace = memlens.load(shared(TRAINING))
+    ex = explore(trace)
+    hover = [t for t in ex.view_data.traces if t["name"] == "block details (hover)"]
+    assert len(hover) == 1 and len(hover[0]["text"]) > 100  # the device's blocks are all under 2 px tall
+    with_stack = [h for h in hover[0]["text"] if "stack:" in h]
+    # Python frames where the stack has them (the autograd engine's own allocations have only C++ frames)
+    assert sum(".py:" in h for h in with_stack) > 0.5 * len(with_stack)
+    # the largest blocks in view come first to get markers: the device's largest block has one
+    from memlens.units import format_bytes
+    b = trace.blocks[trace.blocks["addr"].notna()]
+    largest = b.loc[b["size"].idxmax()]
+    assert any(h.startswith(f"block {int(largest['block_id'])}: {format_bytes(largest['size'])}")
+               for h in hover[0]["text"])
+
+
+def test_byte_axes_use_binary_units():
+    from memlens.viz.labels import binary_ticks
+
+    vals, text = binary_ticks(0, 7 * 2**30)
+    assert text[:3] == ["0 GiB", "2 GiB", "4 GiB"] and vals[1] == 2 * 2**30
+    vals, text = binary_ticks(2**20, 9 * 2**20)
+    assert all(t.endswith(" MiB") for t in text) and vals == [v * 2**20 for v in (2, 4, 6, 8)]
+
+
+def test_report_states_phases_cause_and_sites_with_stacks(shared):
+    from memlens.report import build_report
+
+    built = build_report(shared(TRAINING), sections=["phases", "peak", "timeline"])
+    assert built.status() == {"phases": "ok", "peak": "ok", "timeline": "ok"}
+    html = built.html()
+    assert "Optimizer.step#AdamW.step" in html and "backward" in html
+    assert "The peak of cuda:0 (" in html and "in the optimizer step" in html
+    assert 'class="memlens-stack" title="' in html and "optimizer.py:" in html

@@ -207,3 +207,39 @@ def test_time_unit_suits_the_span():
     assert time_axis("time") == (1e6, "time since trace start (ms)")  # no span: milliseconds, as before
     with pytest.raises(ValueError):
         time_axis("wallclock")
+
+
+def test_swap_figures_show_the_plan():
+    """Load curves, copy timeline and priority ranking drawn from a plan whose numbers are known: A (1 GB)
+    idles from 1 ms to 500 ms while B (2 GB) lives 200-300 ms."""
+    import pandas as pd
+
+    from memlens.analysis.bandwidth import BandwidthModel
+    from memlens.swap import plan_swaps
+    from memlens.trace import Trace
+    from memlens.viz import swap_load_curves, swap_priorities, swap_timeline
+
+    gb, ms = 1_000_000_000, 1_000_000
+    blocks = pd.DataFrame({"block_id": [0, 1], "device": "cuda:0", "size": [gb, 2 * gb],
+                           "alloc_ns": [0, 200 * ms], "free_ns": [600 * ms, 300 * ms]})
+    ops = pd.DataFrame({"op_id": [0, 1, 2, 3], "name": "op", "start_ns": [0, 200 * ms, 299 * ms, 500 * ms],
+                        "end_ns": [ms, 201 * ms, 300 * ms, 501 * ms]})
+    acc = pd.DataFrame({"block_id": [0, 1, 1, 0], "t_ns": [0, 200 * ms, 299 * ms, 500 * ms],
+                        "op_id": [0, 1, 2, 3], "is_write": False})
+    plan = plan_swaps(Trace.from_tables(blocks, acc, ops), bandwidth=BandwidthModel(10 * gb, 10 * gb, 10_000))
+    assert plan.peak_after == 2 * gb
+    curves = swap_load_curves(plan)
+    after = [t for t in curves.data if t.name == "after swapping"][0]
+    before = [t for t in curves.data if t.name == "recorded"][0]
+    assert max(after.y) == 2 * gb and max(before.y) == 3 * gb
+    assert "host clock" in curves.layout.title.text and "10.0 us" in curves.layout.title.text
+    timeline = swap_timeline(plan)
+    lanes = {t.name: t for t in timeline.data}
+    out = lanes["copy-out (device->host)"]
+    # 1 GB at 10 GB/s + 10 us: 100.01 ms, starting when the op that used A ends (1 ms)
+    assert list(out.base) == [pytest.approx(1.0)] and list(out.x) == [pytest.approx(100.01)]
+    back = lanes["copy-in (host->device)"]
+    assert back.base[0] + back.x[0] == pytest.approx(500.0)  # just in time for the next access
+    prio = swap_priorities(plan)
+    assert len(prio.data) == 3 and all(len(t.y) == 1 for t in prio.data)
+    assert list(prio.data[0].marker.color) == ["#54A24B"]  # the kept swap is coloured

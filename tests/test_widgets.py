@@ -107,7 +107,8 @@ def test_stacked_live_keeps_the_exact_peak(sample):
 
 def test_explorer_handlers_update_every_view(sample):
     ex = Explorer(sample)
-    assert len(ex.timeline.data) == 1 + len(colour_groups(ex.geometry(), "category")[1]) + 2
+    # raster, one polygon trace per colour group, the hover markers (stacks), reads, writes
+    assert len(ex.timeline.data) == 1 + len(colour_groups(ex.geometry(), "category")[1]) + 3
     ex.update(categories=("activation",))
     n_act = int((sample.blocks["category"] == "activation").sum())
     assert f"{n_act:,} of" in ex.status.value
@@ -119,8 +120,10 @@ def test_explorer_handlers_update_every_view(sample):
     from memlens.analysis.ati import access_intervals
     iv = access_intervals(sample, "cpu")
     act = set(sample.blocks.loc[sample.blocks["category"] == "activation", "block_id"])
-    expected = iv[iv["block_id"].isin(act) & (iv["end_ns"] >= lo) & (iv["start_ns"] <= hi)]
-    assert f"<b>{len(expected):,}</b> intervals" in ex.ati_summary.value
+    # the ATIs only (access->access); the lifetime edges are not idle intervals a link could use
+    expected = iv[iv["block_id"].isin(act) & (iv["end_ns"] >= lo) & (iv["start_ns"] <= hi)
+                  & (iv["kind"] == "access_to_access")]
+    assert f"<b>{len(expected):,}</b> ATIs" in ex.ati_summary.value
     # a click in the centre of a drawn block shows that block
     geom = ex.geometry()
     ex.update(categories=tuple(sample.blocks["category"].unique()))

@@ -88,8 +88,8 @@ def access_intervals(trace, device: str | None = None, *, steady_state: bool = F
 def period_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tuple[int, int, int]:
     """(window start, window end, period) in ns of `iteration` (default: the last one).
 
-    A window is ``[start_k, start_{k+1})``; the last iteration, which runs to the trace end (and so may
-    include teardown), gets the median length of the complete ones as its period when there are any.
+    A window is ``[start_k, start_{k+1})``; the last iteration runs to the trace end, inclusive
+    (``end - start + 1``: whatever the recording holds after the last step counts in its period).
     Raises `InputError` when `iteration` is not in `iterations`.
     """
     its = iterations.sort_values("start_ns").reset_index(drop=True)
@@ -111,11 +111,8 @@ def period_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tup
     w0 = int(starts[pos])
     if pos < len(its) - 1:
         period = int(starts[pos + 1] - w0)
-    elif len(its) > 1:
-        period = int(np.median(np.diff(starts)))
-        period = min(period, max(int(ends[pos] - w0), 1)) if ends[pos] > w0 else period
-    else:
-        period = int(ends[pos] - w0)
+    else:  # the last runs to the trace end: its window holds the trace's last instant (half-open: +1)
+        period = int(ends[pos] - w0) + 1
     period = max(period, 1)
     return w0, w0 + period, period
 

@@ -6,22 +6,18 @@ launch times, not kernel times, so an interval is only meaningful on the clock i
 """
 from __future__ import annotations
 
+from memlens.clock import clock_of  # noqa: F401  (one definition, shared with the recorder and retime)
+
 HOST_CLOCK = {"kind": "host"}
 
 
-def clock_of(trace) -> dict:
-    """The trace's clock as a plain dict (a copy; ``{"kind": "host"}`` when the metadata names none)."""
-    clock = getattr(trace, "metadata", {}).get("clock") if trace is not None else None
-    if not isinstance(clock, dict) or not clock.get("kind"):
-        return dict(HOST_CLOCK)
-    return dict(clock)
-
-
 def describe_clock(clock: dict | None) -> str:
-    """One phrase for people: 'host clock (launch/CPU times)', 'modeled clock (H100, roofline)', ..."""
+    """One phrase for people, built on `memlens.clock.clock_label`: 'host clock (times as the recording
+    process saw them)', 'modeled H100 SXM clock (model: ...)', 'measured CUDA kernel clock (NVIDIA H100 ...)'."""
+    from memlens.clock import clock_label
     clock = clock or HOST_CLOCK
-    kind = str(clock.get("kind", "host"))
-    extra = ", ".join(str(clock[k]) for k in ("gpu", "model") if clock.get(k))
-    if kind == "host" and not extra:
-        return "host clock (times as the recording process saw them)"
-    return f"{kind} clock" + (f" ({extra})" if extra else "")
+    label = clock_label(clock)
+    if str(clock.get("kind", "host")) == "host":
+        return label + " (times as the recording process saw them)"
+    model = clock.get("model")
+    return label + (f" (model: {model})" if model and clock.get("kind") == "modeled" else "")

@@ -17,7 +17,8 @@ IDLE_SHARE = 0.4  # "idle for more than 40% of the step" - the share named in th
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.0f}%" if x >= 0.01 or x == 0 else f"{100 * x:.1f}%"
+    from memlens.units import format_share  # one percentage format everywhere (issue 17: 100% vs 99.8%)
+    return format_share(x)
 
 
 def _count(n: int, noun: str, plural: str | None = None) -> str:
@@ -74,13 +75,15 @@ def _access_findings(trace, bw: BandwidthModel, its, iv) -> list[str]:
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
     s = ati_stats(iv)
     if s["count"] == 0:
-        return ["The trace has accesses but no block with a lifetime to measure intervals in."]
-    out = [f"Of {_count(s['count'], 'access interval')}, half are shorter than {format_ns(s['p50_ns'])} and 90% "
+        return ["The trace has accesses but no block accessed twice: there is no access time interval (ATI) "
+                "to measure."]
+    out = [f"Of {_count(s['count'], 'access time interval')} (ATI: from the end of one op using a block to the "
+           f"start of the next; lifetime edges apart), half are shorter than {format_ns(s['p50_ns'])} and 90% "
            f"shorter than {format_ns(s['p90_ns'])}; {_pct(s['fraction_below']['100us'])} are under 100 us "
            f"and {_pct(s['fraction_below']['1ms'])} under 1 ms."]
     flt = filter_summary(bandwidth_filter(iv, bw))
     share = flt["swappable_share"]
-    out.append(f"{_pct(flt['filtered_out_fraction'])} of access intervals are shorter than the time to move "
+    out.append(f"{_pct(flt['filtered_out_fraction'])} of the ATIs are shorter than the time to move "
                f"their block out and back in over {bw.describe()}; the {flt['swappable']:,} that are long enough "
                f"hold {_pct(share) if share is not None else 'none'} of the idle byte-time.")
     ranked = outliers(trace, bw, top=None, intervals=iv)

@@ -203,7 +203,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
              priority: str = "size_x_idle", *, device: str | None = None, min_size: int | None = None,
              limit_bytes: float | None = None, intervals: pd.DataFrame | None = None,
              include_unobserved: bool = False, steady_state: bool = False,
-             iteration: int | None = None, live_curves: dict | None = None) -> pd.DataFrame:
+             iteration: int | None = None, peak_context: dict | None = None) -> pd.DataFrame:
     """Blocks ranked by idle memory, one row per block, best first (the first `top`; all with None).
 
     Idle means the block's ATIs (`access_intervals`; wrap-around intervals in steady state). Columns:
@@ -224,9 +224,9 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
     can be recorded, so their lifetime is not idle time (they have no ATI in any case).
 
-    `live_curves` ({device: frame with ``t_ns`` and ``live``, as `live.live_curve` returns}) replaces the
-    curves computed from `trace`: the out-of-core engine ranks a part of the blocks against the whole
-    trace's curves.
+    `peak_context` ({device: {"t_peak": ns, "times", "cum": `load_weight`'s arrays}}) replaces what is
+    otherwise computed from `trace`'s live curves: the out-of-core engine ranks a part of the blocks
+    against the whole trace's peak and load.
     """
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -260,7 +260,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     lifetime, accesses = _lifetimes_and_accesses(trace, block[first])
 
     dev_codes, dev_names = _codes(iv["device"])
-    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, live_curves)
+    has_peak, doa, wdoa = _peak_measures(trace, iv, run_start, dev_codes, dev_names, limit_bytes, peak_context)
 
     out = pd.DataFrame({
         "block_id": block[first],
@@ -325,8 +325,8 @@ def _lifetimes_and_accesses(trace, block_ids: np.ndarray) -> tuple[np.ndarray, n
 
 
 def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np.ndarray,
-                   dev_names: np.ndarray, limit_bytes: float | None, live_curves: dict | None = None):
-    """Zhang et al.'s measures per block, from the ATI spanning its device's peak.
+                   dev_names: np.ndarray, limit_bytes: float | None, peak_context: dict | None = None):
+    """Zhang et al.'s measures per block, from the interval spanning its device's peak.
 
     Returns (has_peak: the block is idle across the peak, doa_ns, wdoa_ns), NaN where it is not. With an
     iteration window (``iv.attrs["window_ns"]``), the peak is that iteration's and an interval wrapping
@@ -342,21 +342,27 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     period = iv.attrs.get("period_ns") if window is not None else None
     spans_peak = np.zeros(len(iv), dtype=bool)
     curves = {}
+    context = peak_context or {}
     for code, dev in enumerate(dev_names):
-        curves[dev] = live = live_curves[dev] if live_curves and dev in live_curves else live_curve(trace, dev)[0]
-        if len(live) == 0:
-            continue
-        t = live["t_ns"].to_numpy()
-        load = live["live"].to_numpy()
-        if window is not None:  # the peak of the iteration (the level carried into it included)
-            inside = (t >= window[0]) & (t < window[1])
-            if inside.any():
-                idx = np.flatnonzero(inside)
-                t_peak = int(t[idx[int(np.argmax(load[idx]))]])
-            else:
-                t_peak = int(window[0])
+        if dev in context:
+            if context[dev]["t_peak"] is None:
+                continue
+            t_peak = int(context[dev]["t_peak"])
         else:
-            t_peak = int(t[int(np.argmax(load))])
+            curves[dev] = live = live_curve(trace, dev)[0]
+            if len(live) == 0:
+                continue
+            t = live["t_ns"].to_numpy()
+            load = live["live"].to_numpy()
+            if window is not None:  # the peak of the iteration (the level carried into it included)
+                inside = (t >= window[0]) & (t < window[1])
+                if inside.any():
+                    idx = np.flatnonzero(inside)
+                    t_peak = int(t[idx[int(np.argmax(load[idx]))]])
+                else:
+                    t_peak = int(window[0])
+            else:
+                t_peak = int(t[int(np.argmax(load))])
         spanning = (start <= t_peak) & (end > t_peak)
         if period is not None:
             spanning |= (start <= t_peak + period) & (end > t_peak + period)
@@ -374,7 +380,10 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
         on_dev = dev_codes[at_peak] == code
         if not on_dev.any():
             continue
-        times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
+        if dev in context:
+            times, cum = context[dev]["times"], context[dev]["cum"]
+        else:
+            times, cum, _, _ = load_weight(trace, dev, limit_bytes, live=curves[dev])
         weighted[on_dev] = wdoa_ns(times, cum, lo_w[on_dev], hi_w[on_dev], window, period)
     wdoa = np.full(n_runs, np.nan)
     wdoa[has_peak] = np.where(swappable[at_peak], weighted, 0.0)

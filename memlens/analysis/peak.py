@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from memlens.units import format_bytes, format_ns
+from memlens.units import format_bytes, format_ns, format_share
 
 LARGEST_COLUMNS = ("block_id", "size", "category", "op", "module", "stack_id", "alloc_ns", "free_ns")
 
@@ -58,7 +58,7 @@ class PeakBreakdown:
         if len(known) == 0:
             return head + " (the source does not say what the blocks hold)."
         top = known.iloc[0]
-        return head + f"; {top['category']} holds {format_bytes(top['bytes'])} ({top['share']:.0%}) of it."
+        return head + f"; {top['category']} holds {format_bytes(top['bytes'])} ({format_share(top['share'])}) of it."
 
 
 def _group(live: pd.DataFrame, key: str, peak: int) -> pd.DataFrame:

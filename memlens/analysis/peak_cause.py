@@ -11,14 +11,16 @@ Allocation sites: a block's site is the innermost Python frame of its stack outs
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from memlens.units import format_bytes
+from memlens.units import format_bytes, format_ns
 
 TOP_SITES = 10
+_ATEN_CALL = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
 PHASE_WORDS = {"forward": "the forward pass", "backward": "the backward pass",
                "optimizer_step": "the optimizer step", "zero_grad": "zero_grad"}
 
@@ -55,9 +57,11 @@ def stack_lines(stacks: pd.DataFrame | None, stack_id, max_frames: int = 12) -> 
         # a run of C++ frames: the first one (allocator, ATen) or one naming an ATen op / the autograd engine
         # is worth a line; interpreter glue between two Python frames is not
         if folded:
-            telling = [n for n in folded if "at::_ops::" in n or "autograd::" in n]
-            if not out or telling:
-                what = (telling[-1] if telling else folded[-1]).split("(")[0][:60]
+            ops = [m.group(1) for m in map(_ATEN_CALL.match, folded) if m]
+            engine = any("autograd::Engine" in n for n in folded)
+            if not out or ops or engine:
+                what = (f"aten::{ops[-1]}" if ops else "autograd engine" if engine
+                        else folded[-1].split("(")[0][:60])
                 out.append(f"... {len(folded)} C++ frame{'s' if len(folded) > 1 else ''} ({what})")
             folded.clear()
     for name, filename, line in zip(frames["name"].astype(str), frames["filename"].astype(str), frames["line"]):
@@ -157,7 +161,7 @@ def _phase_of(trace, t_ns: int) -> dict | None:
 def _group_label(category: str, op: str) -> str:
     what = {"optimizer_state": "optimizer state", "temporary": "temporaries", "activation": "activations",
             "gradient": "gradients", "parameter": "parameters", "workspace": "workspaces",
-            "input": "inputs", "unknown": "blocks of unknown role"}.get(category, category.replace("_", " "))
+            "input": "inputs", "unknown": "blocks the source does not describe"}.get(category, category.replace("_", " "))
     return what + (f" created by {op}" if op else "")
 
 
@@ -166,15 +170,26 @@ def peak_cause(trace, top_sites: int = TOP_SITES) -> dict[str, PeakCause]:
     from memlens.analysis.peak import live_at, peak_breakdown
     from memlens.reserved import reserved_curve
 
+    from memlens.analysis.iterations import split_iterations
+
+    iterations = None if trace.metadata.get("phases") else split_iterations(trace)
     out = {}
     for dev, pb in peak_breakdown(trace, largest=0).items():
         live = live_at(trace, dev, pb.peak_seq, pb.peak_ns)
         res = reserved_curve(trace, dev)
         by_cat = {str(r.category): int(r.bytes) for r in pb.by_category.itertuples(index=False)}
         phase = _phase_of(trace, pb.peak_ns)
-        start = phase["start_ns"] if phase else None
+        start, where = None, f"at {format_ns(pb.peak_ns)}"
+        if phase:
+            start, where = phase["start_ns"], f"in {PHASE_WORDS[phase['name']]}"
+        elif iterations is not None and str(iterations["source"].iloc[0]) != "none":
+            hit = iterations[(iterations["start_ns"] <= pb.peak_ns) & (iterations["end_ns"] >= pb.peak_ns)]
+            if len(hit):
+                start = int(hit["start_ns"].iloc[0])
+                where = f"in iteration {int(hit['iteration'].iloc[0])} (at {format_ns(pb.peak_ns)})"
         alloc = live["alloc_ns"].to_numpy("float64", na_value=-np.inf)
-        new = alloc >= start if start is not None else np.ones(len(live), dtype=bool)
+        # what the phase / iteration added, or without either what was allocated during the recording
+        new = alloc >= start if start is not None else ~live["allocated_before"].to_numpy(dtype=bool)
         fresh = live[new].assign(op=live.loc[new, "op"].astype(str),
                                  category=live.loc[new, "category"].astype(str))
         groups = fresh.groupby("category")["size"].sum().sort_values(ascending=False, kind="stable")
@@ -185,21 +200,25 @@ def peak_cause(trace, top_sites: int = TOP_SITES) -> dict[str, PeakCause]:
             op = str(ops.index[0]) if len(ops) and ops.index[0] else ""
             pushed = {"category": cat, "op": op, "bytes": nbytes,
                       "op_bytes": int(ops.iloc[0]) if len(ops) else 0}
-        where = f"in {PHASE_WORDS[phase['name']]}" if phase else f"at {pb.peak_ns / 1e6:,.1f} ms"
         sentence = f"The peak of {dev} ({format_bytes(pb.peak_bytes)}) is reached {where}"
         if pushed:
             made = (f", {format_bytes(pushed['op_bytes'])} of it by {pushed['op']}" if pushed["op"] and
                     pushed["op_bytes"] < pushed["bytes"] else f" by {pushed['op']}" if pushed["op"] else "")
-            sentence += (f": {_group_label(pushed['category'], '')} allocated "
-                         f"{'in it' if phase else 'at that point'} ({format_bytes(pushed['bytes'])}{made})")
+            since = "in it" if start is not None else "during the recording"
+            sentence += (f": {_group_label(pushed['category'], '')} allocated {since} "
+                         f"({format_bytes(pushed['bytes'])}{made})")
             rest = dict(by_cat)
             rest[pushed["category"]] = rest.get(pushed["category"], 0) - pushed["bytes"]
             others = [(c, v) for c, v in sorted(rest.items(), key=lambda kv: -kv[1]) if v > 0]
             if others:
                 sentence += " on top of " + ", ".join(
-                    f"{_group_label(c, '')} ({format_bytes(v)})" for c, v in others[:4])
+                    (f"{format_bytes(v)} already live" if c == pushed["category"] == "unknown" else
+                     f"{_group_label(c, '')} ({format_bytes(v)})") for c, v in others[:4])
                 if len(others) > 4:
                     sentence += f" and {format_bytes(sum(v for _, v in others[4:]))} more"
+        elif by_cat:  # nothing allocated during the recording is live at the peak (e.g. a final state only)
+            sentence += ": everything live then was allocated before recording began (" + ", ".join(
+                f"{_group_label(c, '')} {format_bytes(v)}" for c, v in sorted(by_cat.items(), key=lambda kv: -kv[1])[:4]) + ")"
         sentence += "."
         if res is not None:
             sentence += f" The allocator had reserved {format_bytes(res.peak)} at most."

@@ -8,7 +8,8 @@ Similarities between iteration k-1 and k, each in [0, 1] (1 = identical):
 - ``bytes``: smaller / larger allocated bytes; ``peak``: smaller / larger peak live bytes;
   ``duration``: shorter / longer wall time.
 - ``ati`` (traces with accesses): 1 - total-variation distance between the two iterations' log-binned ATI
-  histograms (intervals are placed in the iteration where they start).
+  histograms (access->access intervals only, placed in the iteration where they start). Per block, matched
+  across iterations: `memlens.analysis.block_stability`.
 
 The stability score is the median over consecutive pairs of each pair's mean similarity: robust to one
 warm-up step and to a partial last step, which would otherwise dominate a mean.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.ati import access_intervals, iteration_of
+from memlens.analysis.ati import access_intervals, ati_only, iteration_of
 from memlens.analysis.distributions import log_bins
 from memlens.analysis.iterations import split_iterations
 from memlens.analysis.live import live_curve
@@ -59,7 +60,7 @@ def iteration_stats(trace, iterations: pd.DataFrame | None = None,
             grouped.sum().reindex(index, fill_value=0).to_numpy()
     out["peak_live_bytes"] = _peak_per_window(trace, out["start_ns"].to_numpy(), out["end_ns"].to_numpy())
     if trace.has_accesses:
-        iv = access_intervals(trace) if intervals is None else intervals
+        iv = ati_only(access_intervals(trace) if intervals is None else intervals)
         it = iteration_of(iv["start_ns"].to_numpy(), its)
         frame = pd.DataFrame({"it": it, "length": iv["length_ns"].to_numpy()})
         grouped = frame[frame["it"] >= 0].groupby("it")["length"]
@@ -112,6 +113,7 @@ def _multiset_similarity(trace, its: pd.DataFrame) -> pd.Series:
 def _ati_similarity(trace, its: pd.DataFrame, iv: pd.DataFrame | None) -> pd.Series | None:
     if iv is None:
         return None
+    iv = ati_only(iv)
     labels = its["iteration"].to_numpy(dtype=np.int64)
     it = iteration_of(iv["start_ns"].to_numpy(), its)
     length = iv["length_ns"].to_numpy(dtype=np.float64)

@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -44,6 +46,7 @@ def run(args) -> int:
     from memlens.cli import print_json
     from memlens.io import load
     from memlens.report import build_report
+    from memlens.units import format_bytes
 
     if len(args.trace) > 1:
         return _run_many(args)
@@ -58,6 +61,9 @@ def run(args) -> int:
         report_options["bandwidth"] = args.bandwidth
     if args.memory_limit:
         report_options["memory_limit"] = args.memory_limit
+    if args.gpu:
+        report_options["gpu"] = args.gpu
+        report_options["tf32"] = args.tf32
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
                          source_name=args.trace, **report_options)
     out = built.write(args.output or _default_output(args.trace))
@@ -65,7 +71,7 @@ def run(args) -> int:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
                     "sections": [s.to_dict() for s in built.sections]})
         return 0
-    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {built.seconds:.1f} s)")
+    print(f"report: {out} ({format_bytes(out.stat().st_size)}, {built.seconds:.1f} s)")
     for s in built.sections:
         if s.status != "ok":
             print(f"  {s.key}: {s.status}: {s.message}")

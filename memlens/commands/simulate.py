@@ -25,6 +25,8 @@ def register(sub) -> None:
     p.add_argument("--initial-state", choices=("auto", "warm", "empty"), default="auto",
                    help="start from the state rebuilt from the recording (warm) or empty (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object: device -> results")
+    from memlens.commands._device import add_gpu_option
+    add_gpu_option(p)
     p.set_defaults(func=run)
 
 
@@ -34,8 +36,11 @@ def run(args) -> int:
     from memlens.simulate import simulate
     from memlens.units import format_bytes
 
+    from memlens.commands._device import apply_gpu, clock_line
+
     trace = load(args.trace)
     options.check_device(trace, args.device)
+    trace, _ = apply_gpu(trace, args)
     result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
                       device=args.device, initial_state=args.initial_state)
     if args.json:
@@ -43,6 +48,7 @@ def run(args) -> int:
         return 0
     conf = result.conf or "(defaults)" if args.allocator == "caching" else "-"
     print(f"trace:      {args.trace}")
+    print(clock_line(trace).replace("clock: ", "clock:      "))
     print(f"allocator:  {args.allocator}  conf: {conf}"
           + (f"  capacity: {format_bytes(result.capacity)}" if result.capacity else ""))
     for dev, r in result.devices.items():
@@ -51,11 +57,16 @@ def run(args) -> int:
         print(f"  peak reserved:   {format_bytes(r.peak_reserved)} ({r.peak_reserved:,} bytes)")
         print(f"  peak allocated:  {format_bytes(r.peak_allocated)} ({r.peak_allocated:,} bytes)")
         print(f"  final reserved:  {format_bytes(r.final_reserved)}")
-        print(f"  peak reserved - allocated: {format_bytes(r.peak_fragmentation)}")
+        # the largest gap at any moment, not the difference of the two peaks (they need not coincide)
+        print(f"  cached unused:   {format_bytes(r.peak_fragmentation)} at most (reserved minus allocated, "
+              "largest over the replay)")
         print(f"  segment allocs:  {len(sizes):,} ({format_bytes(sum(sizes))}); frees: {len(r.segment_frees):,}")
         if r.recorded is not None:
             rec = r.recorded
             diff = r.peak_reserved - rec["peak_reserved"]
+            if rec.get("initial_reserved"):
+                print(f"  recorded reserved at start: {format_bytes(rec['initial_reserved'])} (reserved before "
+                      "recording began)")
             print(f"  recorded peak reserved: {format_bytes(rec['peak_reserved'])} "
                   f"(simulated {'+' if diff >= 0 else '-'}{format_bytes(abs(diff))}), "
                   f"{len(rec['segment_allocs']):,} recorded segment allocs")

@@ -28,17 +28,32 @@ SOURCE = "memory_timeline"
 CATEGORY_ORDER = ("parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
                   "autograd_detail", "unknown")
 PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4
-DEVICE = "cuda:0"
+# the export does not say which device it describes (export_memory_timeline(device="cpu") and "cuda:0" write
+# the same rows): naming it cuda:0 made a CPU profile look like a GPU one; pass `device` when you know it
+DEVICE = "unknown"
 
 
-def import_memory_timeline(path):
-    """Read a memory-timeline export (raw rows or coalesced curves, plain or gzip) as a `memlens.Trace`."""
-    return memory_timeline_to_trace(load_json(path, "memory-timeline export"), source=str(path), path=path)
+def import_memory_timeline(path, device: str | None = None):
+    """Read a memory-timeline export (raw rows or coalesced curves, plain or gzip) as a `memlens.Trace`.
+    `device` names the device it was exported for ("cpu", "cuda:0"); the file does not say, so it is
+    "unknown" by default."""
+    return memory_timeline_to_trace(load_json(path, "memory-timeline export"), source=str(path), path=path,
+                                    device=device)
 
 
-def memory_timeline_to_trace(obj, source: str = "<in-memory timeline>", path=None):
-    """Convert parsed export content into a `memlens.Trace`."""
+def memory_timeline_to_trace(obj, source: str = "<in-memory timeline>", path=None, device: str | None = None):
+    """Convert parsed export content into a `memlens.Trace` (see `import_memory_timeline` for `device`)."""
     where = path if path is not None else source
+    trace = _to_trace(obj, source, where)
+    if device:
+        trace.blocks["device"] = str(device)
+        if trace.events is not None:
+            trace.events["device"] = str(device)
+        trace.metadata["devices"] = [str(device)]
+    return trace
+
+
+def _to_trace(obj, source: str, where):
     if not isinstance(obj, list) or not obj:
         raise InputError("not a memory-timeline export (expected a non-empty JSON list)", where)
     # coalesced: [times, sizes] where each sizes[i] is itself a list (bytes per category); a raw export
@@ -121,7 +136,8 @@ def _raw(rows: np.ndarray, source: str, where):
 
 def _common_notes() -> list[str]:
     return ["A memory-timeline export holds category totals over time: no accesses, addresses, ops or "
-            "stacks. It does not name its device either; memlens calls it cuda:0 (the exporter's default)."]
+            "stacks. It does not name its device either (the same rows are written for cpu and cuda): memlens calls it "
+            "'unknown' unless told (memlens.io.memory_timeline.import_memory_timeline(path, device=...))."]
 
 
 def _coalesced(times, sizes, source: str, where):

@@ -138,6 +138,9 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
         # an entry without an action string says nothing about what happened: kept verbatim in events
         # under a name no allocator action has, and counted in the notes
         odd = np.fromiter((type(a) is not str for a in action), dtype=bool, count=len(action))
+        if odd.all():  # nothing in the file says what happened: this is not a snapshot memlens can read
+            raise InputError(f"none of the {len(action):,} device-trace entries has an 'action' string "
+                             "(not a CUDA memory snapshot, or a corrupt one)")
         action = action.copy()
         action[odd] = "(no action)"
         repairs["trace entries without an action (kept as '(no action)')"] = int(odd.sum())

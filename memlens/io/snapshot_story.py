@@ -21,18 +21,21 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 1. ``optimizer_state``: allocated in the optimizer step and alive when it ends (AdamW ``exp_avg`` ...).
 2. ``temporary`` (optimizer): allocated in the optimizer step and freed within it.
 3. ``workspace``: a cuBLAS / cuDNN frame on the stack.
+3b. ``parameter``: made by model construction (a torch.nn module's ``__init__``, ``Module.to`` / ``_apply``,
+    weight init or state-dict / checkpoint loading frames) and alive to the end; ``optimizer_state``:
+    made under a function that builds an optimizer (Megatron's ``get_megatron_optimizer``...).
 4. ``gradient``: allocated under autograd's AccumulateGrad, or in the backward pass and alive when it ends.
 5. ``temporary`` (backward): allocated in the backward pass and freed within it.
 6. ``activation``: allocated in the forward pass and alive when it ends (saved for backward, or outputs).
 7. ``temporary`` (forward): allocated in the forward pass and freed within it.
 8. ``input``: allocated outside any phase by a copy to the device (``to`` / ``copy_``), before a forward.
-9. ``parameter`` (structure): alive before recording, no stack, with a same-size block that is a gradient
-   or optimizer state (each parameter has a gradient and, with Adam, two state tensors of its size); the
-   number of parameters of a size is half the state tensors of that size (Adam), else the gradients.
-10. ``gradient`` / ``optimizer_state`` (structure): alive before recording with no stack, of a parameter's
-    size, beyond the parameters' count (the previous step's gradients, the optimizer's state). Which of
-    the same-size blocks is which is a guess by address order: the bytes per category are right, the
-    individual assignment may not be.
+9. Structure, for blocks alive before recording without a stack, of a size at which the recording made
+   gradients or optimizer state (each parameter has a gradient and, with Adam, two state tensors of its
+   size): released by the optimizer step -> ``optimizer_state`` (the previous step's state, replaced out of
+   place); released by zero_grad or the backward pass -> ``gradient``; alive to the end -> ``parameter``,
+   one per gradient of that size made in the step (or per pair of state tensors), the rest
+   ``optimizer_state``. Which of several same-size blocks alive to the end is the parameter is a guess by
+   address: the bytes per category are right, the individual assignment may not be.
 10b. ``parameter`` (forward-only): a recording with a forward pass and no backward / optimizer step: alive
     before and after recording, no stack (the model's weights and buffers).
 11. ``activation`` (free stack): allocation unseen, freed by the autograd engine (a saved tensor released
@@ -41,13 +44,15 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 MIN_RUN = 3  # a run of fewer events between two runs of the same phase is absorbed by them
 PHASE_NAMES = ("forward", "backward", "optimizer_step", "zero_grad")
-_OPTIMIZER_ANNOTATION = r"^Optimizer\.step#|^optimizer\.step$"
-_ZERO_GRAD_ANNOTATION = r"^Optimizer\.zero_grad#"
+_OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#|^optimizer\.step$")
+_ZERO_GRAD_ANNOTATION = re.compile(r"^Optimizer\.zero_grad#")
 _COPY_OPS = {"to", "_to_copy", "copy_", "_copy_from", "pin_memory", "empty_strided", "empty"}
 _WORKSPACE = ("cublas", "cudnn", "CUDABlasHandle", "getCurrentCUDABlasHandle", "cublasLt", "workspace")
 
@@ -58,60 +63,87 @@ def _norm(path: str) -> str:
 
 def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     """Per stack_id: ``phase`` (a name of `PHASE_NAMES` or ""), ``accumulate_grad``, ``workspace``,
-    ``model_key`` (outermost module forward function and its caller, "" outside a module call) and
-    ``model_line`` (line executing in that forward, -1 when none)."""
-    cols = {"stack_id": [], "phase": [], "accumulate_grad": [], "workspace": [], "model_key": [], "model_line": []}
+    ``setup`` (what model / optimizer construction makes, outside backward / optimizer step / zero_grad:
+    "parameter" for Module.to / _apply, a torch.nn module's constructor, a constructor run under
+    ``with torch.device(...)``, weight init or loading; "optimizer_state" under a function that builds an
+    optimizer; else ""), ``model_key`` (outermost module forward function and its caller, "" outside a
+    module call) and ``model_line`` (line executing in that forward, -1 when none).
+
+    Vectorised: each distinct frame name / file name is tested once, and per-stack answers are reductions
+    over the frames of each stack (big snapshots have hundreds of thousands of stacks)."""
+    cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line")
     if stacks is None or len(stacks) == 0:
-        return pd.DataFrame(cols)
+        return pd.DataFrame({c: [] for c in cols})
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
-    # one conversion of each column, then plain list slices per stack: a groupby with per-group pandas
-    # calls cost ~2 ms a stack (minutes for a snapshot whose every entry has its own stack)
-    all_ids = st["stack_id"].to_numpy()
-    all_names = st["name"].astype(str).tolist()
-    all_files = [_norm(f) for f in st["filename"].astype(str).tolist()]
-    all_lines = st["line"].tolist()
-    bounds = np.flatnonzero(np.diff(all_ids)) + 1
-    starts = np.concatenate([[0], bounds]).tolist()
-    ends = np.append(bounds, len(all_ids)).tolist()
-    for lo, hi in zip(starts, ends):
-        sid = all_ids[lo]
-        names, files, lines = all_names[lo:hi], all_files[lo:hi], all_lines[lo:hi]
-        phase, accumulate, workspace = "", False, False
-        in_optim = any("/torch/optim/" in f or f.startswith("torch/optim/") for f in files)
-        if in_optim:
-            phase = "zero_grad" if any(n == "zero_grad" for n, f in zip(names, files) if "/optim/" in f) \
-                else "optimizer_step"
-        elif any(n == "zero_grad" for n in names):
-            phase = "zero_grad"
-        elif any("torch::autograd::Engine::" in n or "AccumulateGrad" in n for n in names) or any(
-                n in ("backward", "_engine_run_backward") and ("/torch/autograd/" in f or f.endswith("torch/_tensor.py"))
-                for n, f in zip(names, files)):
-            phase = "backward"
-        elif any(n in ("_call_impl", "_wrapped_call_impl") and f.endswith("torch/nn/modules/module.py")
-                 for n, f in zip(names, files)):
-            phase = "forward"
-        accumulate = any("AccumulateGrad" in n for n in names)
-        workspace = any(any(w in n for w in _WORKSPACE) for n in names)
-        key, line = "", -1
-        # outermost module call: the last _call_impl frame (frames are innermost first); the model's forward is
-        # the first Python frame inside it, its caller the first Python frame outside it
-        call = [i for i, (n, f) in enumerate(zip(names, files))
-                if n in ("_call_impl", "_wrapped_call_impl") and f.endswith("torch/nn/modules/module.py")]
-        if call:
-            outer = max(call)
-            inner = next((i for i in range(outer - 1, -1, -1) if files[i].endswith(".py")
-                          and not files[i].endswith("torch/nn/modules/module.py")), None)
-            caller = next((i for i in range(outer + 1, len(names)) if files[i].endswith(".py")), None)
-            if inner is not None:
-                key = f"{files[inner]}:{names[inner]}<-" + (f"{files[caller]}:{lines[caller]}" if caller is not None else "")
-                line = int(lines[inner])
-        cols["stack_id"].append(int(sid))
-        cols["phase"].append(phase)
-        cols["accumulate_grad"].append(accumulate)
-        cols["workspace"].append(workspace)
-        cols["model_key"].append(key)
-        cols["model_line"].append(line)
-    return pd.DataFrame(cols)
+    ids = st["stack_id"].to_numpy(dtype=np.int64)
+    n = len(ids)
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(ids)) + 1])
+    ends = np.append(starts[1:], n)
+    name_codes, name_u = pd.factorize(st["name"].astype(str).to_numpy())
+    file_codes, file_u = pd.factorize(st["filename"].astype(str).to_numpy())
+    name_u = [str(x) for x in name_u]
+    file_u = [_norm(str(f)) for f in file_u]
+    lines = st["line"].to_numpy(dtype=np.int64)
+
+    def by_name(pred):
+        return np.fromiter((bool(pred(x)) for x in name_u), dtype=bool, count=len(name_u))[name_codes]
+
+    def by_file(pred):
+        return np.fromiter((bool(pred(f)) for f in file_u), dtype=bool, count=len(file_u))[file_codes]
+
+    def any_(mask):  # per stack: does any of its frames match
+        return np.logical_or.reduceat(mask, starts)
+
+    is_py = by_file(lambda f: f.endswith(".py"))
+    module_py = by_file(lambda f: f.endswith("torch/nn/modules/module.py"))
+    optim_file = by_file(lambda f: "/torch/optim/" in f or f.startswith("torch/optim/"))
+    zero = by_name(lambda x: x == "zero_grad")
+    call = by_name(lambda x: x in ("_call_impl", "_wrapped_call_impl")) & module_py
+    engine = by_name(lambda x: "torch::autograd::Engine::" in x or "AccumulateGrad" in x)
+    py_backward = by_name(lambda x: x in ("backward", "_engine_run_backward")) & by_file(
+        lambda f: "/torch/autograd/" in f or f.endswith("torch/_tensor.py"))
+    in_optim = any_(optim_file)
+    phase = np.select(
+        [in_optim & any_(zero & by_file(lambda f: "/optim/" in f)), in_optim, any_(zero),
+         any_(engine) | any_(py_backward), any_(call)],
+        ["zero_grad", "optimizer_step", "zero_grad", "backward", "forward"], "").astype(object)
+
+    builds_optimizer = any_(is_py & by_name(lambda x: "optimizer" in x.lower() and x not in ("step", "zero_grad")))
+    init = by_name(lambda x: x == "__init__")
+    under_device = any_(is_py & by_file(lambda f: f.endswith("torch/utils/_device.py"))) & any_(is_py & init)
+    makes_weights = (any_(module_py & by_name(lambda x: x in ("_apply", "convert", "to", "cuda", "to_empty")))
+                     | any_(by_file(lambda f: "/torch/nn/modules/" in f) & init)
+                     | any_(by_file(lambda f: f.endswith("torch/nn/parameter.py")))
+                     | any_(is_py & by_name(lambda x: _WEIGHT_NAMES.search(x))))
+    skip = np.isin(phase, ["backward", "optimizer_step", "zero_grad"])
+    setup = np.select([skip, builds_optimizer, under_device | makes_weights], ["", "optimizer_state", "parameter"],
+                      "").astype(object)
+
+    # outermost module call: the last _call_impl frame (frames are innermost first); the model's forward is
+    # the nearest Python frame inside it (not module.py), its caller the nearest Python frame outside it
+    idx = np.arange(n, dtype=np.int64)
+    outer = np.maximum.reduceat(np.where(call, idx, -1), starts)
+    last_inner = np.maximum.accumulate(np.where(is_py & ~module_py, idx, -1))
+    next_py = np.minimum.accumulate(np.where(is_py, idx, n)[::-1])[::-1]
+    keys = np.full(len(starts), "", dtype=object)
+    model_line = np.full(len(starts), -1, dtype=np.int64)
+    for k in np.flatnonzero(outer > starts):
+        o, a, b = int(outer[k]), int(starts[k]), int(ends[k])
+        inner = int(last_inner[o - 1])
+        if inner < a:
+            continue
+        caller = int(next_py[o + 1]) if o + 1 < b else n
+        where = f"{file_u[file_codes[caller]]}:{lines[caller]}" if caller < b else ""
+        keys[k] = f"{file_u[file_codes[inner]]}:{name_u[name_codes[inner]]}<-{where}"
+        model_line[k] = lines[inner]
+    return pd.DataFrame({
+        "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x)),
+        "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE))), "setup": setup,
+        "model_key": keys, "model_line": model_line})
+
+
+_WEIGHT_NAMES = re.compile(r"(^|_)(init_weights?|init_weight_list|create_weights|reset_parameters|"
+                           r"load_state_dict|_load_from_state_dict|from_pretrained|load_checkpoint)($|_)")
 
 
 def _smooth(labels: np.ndarray) -> np.ndarray:
@@ -151,8 +183,8 @@ def _annotation_phases(ops: pd.DataFrame) -> list[dict]:
     out = []
     for r in ann.itertuples(index=False):
         name = str(r.name)
-        kind = ("optimizer_step" if pd.Series([name]).str.contains(_OPTIMIZER_ANNOTATION).iloc[0] else
-                "zero_grad" if pd.Series([name]).str.contains(_ZERO_GRAD_ANNOTATION).iloc[0] else name)
+        kind = ("optimizer_step" if _OPTIMIZER_ANNOTATION.search(name) else
+                "zero_grad" if _ZERO_GRAD_ANNOTATION.search(name) else name)
         out.append({"name": kind, "start_ns": int(r.start_ns), "end_ns": int(r.end_ns), "source": "annotation",
                     "label": name})
     return out
@@ -175,9 +207,13 @@ def infer_phases(trace) -> tuple[list[dict], np.ndarray, pd.DataFrame]:
     if len(facts):
         labels[has] = phase_of.reindex(sid[has]).fillna("").to_numpy(dtype=object)
     t = ev["t_ns"].to_numpy(dtype=np.int64)
+    by_time = np.argsort(t, kind="stable")
+    t_sorted = t[by_time]
     for p in annotated:  # an annotation is the phase of every event inside it
         if p["name"] in PHASE_NAMES:
-            labels[(t >= p["start_ns"]) & (t <= p["end_ns"])] = p["name"]
+            lo_i, hi_i = np.searchsorted(t_sorted, [p["start_ns"], p["end_ns"]], side="left")[0], \
+                np.searchsorted(t_sorted, p["end_ns"], side="right")
+            labels[by_time[lo_i:hi_i]] = p["name"]
     # events without a phase (no stack, or no telling frame) take the phase around them
     filled = pd.Series(labels).replace("", np.nan).ffill().fillna("").to_numpy(dtype=object)
     smooth = _smooth(filled)
@@ -213,13 +249,22 @@ def model_calls(trace, facts: pd.DataFrame) -> list[int]:
 
 
 def _phase_at(t: np.ndarray, phases: list[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(name, end_ns) of the phase holding each time (the latest starting one), "" / -1 outside phases."""
+    """(name, end_ns) of the phase holding each time (the latest starting one), "" / -1 outside phases.
+    O((n + phases) log phases)."""
+    named = sorted((p for p in phases if p["name"] in PHASE_NAMES), key=lambda p: p["start_ns"])
     name = np.full(len(t), "", dtype=object)
     end = np.full(len(t), -1, dtype=np.int64)
-    for p in sorted((p for p in phases if p["name"] in PHASE_NAMES), key=lambda p: p["start_ns"]):
-        inside = (t >= p["start_ns"]) & (t < p["end_ns"]) if p["end_ns"] > p["start_ns"] else (t == p["start_ns"])
-        name[inside] = p["name"]
-        end[inside] = p["end_ns"]
+    if not named or not len(t):
+        return name, end
+    starts = np.array([p["start_ns"] for p in named], dtype=np.int64)
+    ends = np.array([p["end_ns"] for p in named], dtype=np.int64)
+    names = np.array([p["name"] for p in named], dtype=object)
+    k = np.searchsorted(starts, t, side="right") - 1
+    ok = k >= 0
+    kk = np.clip(k, 0, None)
+    inside = ok & ((t < ends[kk]) | ((ends[kk] == starts[kk]) & (t == starts[kk])))
+    name[inside] = names[kk[inside]]
+    end[inside] = ends[kk[inside]]
     return name, end
 
 
@@ -284,6 +329,10 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(in_opt, "temporary", "allocated and freed within the optimizer step")
     assign(alloc_phase == "zero_grad", "temporary", "allocated in zero_grad")
     assign(fact("workspace", False).astype(bool) & (sid >= 0), "workspace", "cuBLAS / cuDNN frame on the stack")
+    setup = fact("setup", "").astype(object)
+    assign((setup == "parameter") & np.isinf(free_t), "parameter",
+           "made by model construction, weight init/loading or Module.to (stack) and never freed")
+    assign(setup == "optimizer_state", "optimizer_state", "made while building the optimizer (stack)")
     assign(fact("accumulate_grad", False).astype(bool) & (sid >= 0), "gradient",
            "allocated under autograd's AccumulateGrad")
     in_bwd = alloc_phase == "backward"
@@ -303,28 +352,37 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         partner_sizes = pd.Series(size[partner]).value_counts()
         grads = pd.Series(size[cat == "gradient"]).value_counts()
         states = pd.Series(size[cat == "optimizer_state"]).value_counts()
+        addr = b["addr"].to_numpy("float64", na_value=0)
+
+        def mark(rows, category, why):
+            mask = np.zeros(n, dtype=bool)
+            mask[rows] = True
+            assign(mask, category, why)
+
         for s, rows in pd.Series(np.flatnonzero(before)).groupby(size[before]):
             if s not in partner_sizes.index:
                 continue
             rows = rows.to_numpy()
             g, o = int(grads.get(s, 0)), int(states.get(s, 0))
-            # Adam-like optimizers keep two state tensors per parameter, SGD with momentum one: the state
-            # count (or else the gradient count) of a size is the number of parameters of that size
-            n_params = min(len(rows), max(1, o // 2 if o >= 2 else (o or g)))
-            order = rows[np.argsort(b["addr"].to_numpy("float64", na_value=0)[rows], kind="stable")]
-            mask = np.zeros(n, dtype=bool)
-            mask[order[:n_params]] = True
-            assign(mask, "parameter", "alive before recording, no stack, the size of a gradient / optimizer state")
-            rest = order[n_params:]
-            if len(rest):
-                n_grad = len(rest) if o == 0 else min(len(rest), n_params) if g else 0
-                mask = np.zeros(n, dtype=bool)
-                mask[rest[:n_grad]] = True
-                assign(mask, "gradient", "alive before recording beyond the parameters of its size (gradients)")
-                mask = np.zeros(n, dtype=bool)
-                mask[rest[n_grad:]] = True
-                assign(mask, "optimizer_state",
-                       "alive before recording beyond the parameters and gradients of its size (optimizer state)")
+            # what happened to them says most: the optimizer step replacing them (the previous step's state,
+            # updated out of place), zero_grad / backward releasing them (the previous step's gradients)
+            fate = free_phase[rows]
+            mark(rows[fate == "optimizer_step"], "optimizer_state" if o else "gradient",
+                 "alive before recording, no stack, released by the optimizer step that re-creates blocks of its "
+                 "size (the previous step's " + ("optimizer state)" if o else "gradients)"))
+            mark(rows[np.isin(fate, ["zero_grad", "backward"])], "gradient",
+                 "alive before recording, no stack, released by zero_grad / the backward pass (the previous "
+                 "step's gradients)")
+            alive = rows[np.isinf(free_t[rows])]
+            # alive throughout: one parameter per gradient of its size made in the step (or, without
+            # gradients, per pair of Adam state tensors); beyond that, state kept by the optimizer
+            n_params = min(len(alive), g if g else (o // 2 if o >= 2 else o) or len(alive))
+            order = alive[np.argsort(addr[alive], kind="stable")]
+            mark(order[:n_params], "parameter", "alive before and after recording, no stack, the size of a "
+                 "gradient / optimizer state made in the step (each parameter has such partners)")
+            mark(order[n_params:], "optimizer_state" if o or not g else "gradient",
+                 "alive before and after recording, no stack, beyond the parameters of its size (which of the "
+                 "same-size blocks is which is a guess by address)")
 
     # a recording with no backward pass and no optimizer step (inference): what was alive before recording,
     # has no stack and is still alive at the end is the model's weights

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-import pandas as pd
-
 from memlens.record.build import build_accesses, build_blocks, build_ops, refine_autograd_seeds
 from memlens.record.instruments import AllocatorData
 from memlens.record.session import Session
@@ -65,6 +63,9 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         },
         "join": stats,
         "recorder": getattr(session, "backend", "python"),
+        # ns of the recorder's own time (its callbacks and hooks, in the recording thread) taken out of
+        # the trace's clock: recording_ns + recorder_own_ns is the wall time the block took
+        "recorder_own_ns": int(getattr(session, "own_ns", 0)),
         # the recorder's own memory at its peak (bytes): compiled = its record buffers and tables;
         # python = its event buffer + the estimated cost of the storages it watched
         "recorder_bytes": int(getattr(session, "recorder_bytes", 0)
@@ -73,7 +74,8 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     }
     if getattr(session, "spilled_bytes", 0):
         metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
-    if allocator.kernels is not None and len(allocator.kernels):
+    measured = allocator.kernels is not None and len(allocator.kernels) > 0
+    if measured:
         ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
     extra = {}
     if session.stack_table is not None:
@@ -84,7 +86,26 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     # without markers or optimizer steps the ops keep no iteration number: the analyses detect iterations
     # from the repeating allocation pattern when asked (memlens.analysis.iterations), so that recording
     # never depends on an analysis
-    return Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
+    trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
+    if measured and trace.ops["kernel_start_ns"].notna().any():
+        trace = _onto_kernel_clock(trace)
+    return trace
+
+
+def _onto_kernel_clock(trace: Trace) -> Trace:
+    """Recorded on CUDA with kernel activity: op times become the GPU's (each op spans its kernels), so
+    every interval is on the device clock; the host interval of each op stays in recorded_start_ns /
+    recorded_end_ns. A failure keeps the host clock and says so in the notes."""
+    import torch
+
+    from memlens.clock import onto_kernel_clock
+    try:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+        return onto_kernel_clock(trace, gpu=name)
+    except Exception as exc:  # the host-clock trace is still a complete recording
+        trace.metadata["notes"].append(f"could not move the trace onto the CUDA kernel clock "
+                                       f"({type(exc).__name__}: {exc}); times are host times")
+        return trace
 
 
 TRACKING_BYTES_PER_STORAGE = 300
@@ -106,13 +127,17 @@ def _peak_tracked(session: Session) -> int:
 
 
 def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: int) -> pd.DataFrame:
-    """Add kernel_start_ns / kernel_end_ns (CUDA kernel times of each op's launches) to the ops table."""
+    """Add kernel_start_ns / kernel_end_ns / kernels / kernel_busy_ns (the GPU activity each op launched,
+    trace ns) to the ops table."""
     from memlens.record.cuda import kernel_times_per_op
     k = pd.DataFrame({"launch_ns": kernels["launch_unix_ns"] + to_trace_ns,
                       "start_ns": kernels["start_unix_ns"] + to_trace_ns,
                       "end_ns": kernels["end_unix_ns"] + to_trace_ns})
+    for col in ("name", "category"):
+        if col in kernels.columns:
+            k[col] = kernels[col].to_numpy()
     per_op = kernel_times_per_op(k, ops)
     out = ops.merge(per_op, on="op_id", how="left")
-    for col in ("kernel_start_ns", "kernel_end_ns", "kernels"):
+    for col in ("kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns"):
         out[col] = out[col].astype("Int64")
     return out

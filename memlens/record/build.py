@@ -69,10 +69,17 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
 def _cost_columns(session: Session, n: int) -> dict:
     """flops / bytes_read / bytes_written / dtype / shapes per op, from the deduplicated cost signatures
     (computed here, once per distinct signature, not while recording)."""
-    from memlens.record.costs import per_op_columns
-    sig = session.buf.op_sigs.to_numpy()[:n, 0]
+    from memlens.record.costs import compiled_record, facts_table, per_op_columns
+    if getattr(session, "backend", "python") == "compiled":
+        # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): decode each once
+        records = [compiled_record(*session.decode_signature(i)) for i in range(len(session.signatures))]
+        sig = np.asarray(session.sig_of_op, dtype=np.int64)[:n]
+        facts = facts_table(records)
+    else:
+        sig = session.buf.op_sigs.to_numpy()[:n, 0]
+        facts = session.costs.facts()
     sig = np.concatenate([sig, np.full(n - len(sig), -1, dtype=np.int64)])
-    return per_op_columns(session.costs.facts(), sig)
+    return per_op_columns(facts, sig)
 
 
 def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.ndarray) -> np.ndarray:

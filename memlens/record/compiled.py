@@ -51,6 +51,8 @@ class CompiledSession(Session):
         self.recorder_bytes = 0
         self.spilled_bytes = 0
         self._spill_dir = None
+        self._own0 = 0
+        self.own_ns = 0                    # the recorder's own time subtracted from this thread's clock
 
     # the module context word lives in C++ (copied into every op record)
     @property
@@ -81,6 +83,7 @@ class CompiledSession(Session):
         self._handle = self.native.Recording(int(self.buf.max_bytes), os.path.join(self._spill_dir, "rec"),
                                              bool(self.memory))
         self.t_start = self.native.now()
+        self._own0 = self.native.own_ns()
         self.active = True
         self._handle.set_ctx(self._ctx_value)
         if self.model is not None:
@@ -95,6 +98,7 @@ class CompiledSession(Session):
         if self.active:
             self.t_stop = self.native.now()
         self.active = False
+        self.own_ns = self.native.own_ns() - self._own0
         try:
             handle.stop()           # callbacks and the memory hook are gone after this
         finally:
@@ -164,11 +168,11 @@ class CompiledSession(Session):
 
     # ---- drain: C++ records -> the Session's int64 streams ----------------------------------
     def _drain(self, d: dict) -> None:
-        ops = d["ops"].numpy().view(OP_DTYPE)
-        acc = d["accesses"].numpy().view("<i4").astype(np.int64)
-        blocks = d["blocks"].numpy().view(BLOCK_DTYPE)
-        frees = d["frees"].numpy().view(FREE_DTYPE)
-        mem = d["memory"].numpy().view(MEM_DTYPE)
+        ops = np.frombuffer(d["ops"], dtype=np.uint8).view(OP_DTYPE)
+        acc = np.frombuffer(d["accesses"], dtype=np.uint8).view("<i4").astype(np.int64)
+        blocks = np.frombuffer(d["blocks"], dtype=np.uint8).view(BLOCK_DTYPE)
+        frees = np.frombuffer(d["frees"], dtype=np.uint8).view(FREE_DTYPE)
+        mem = np.frombuffer(d["memory"], dtype=np.uint8).view(MEM_DTYPE)
         self.op_names = list(d["op_names"])
         self.signatures = list(d["sigs"])
         self.devices = list(d["devices"])
@@ -176,6 +180,10 @@ class CompiledSession(Session):
         self.recorder_bytes = int(d["peak_bytes"])
         self.spilled_bytes = int(d["spilled_bytes"])
         self.memory_note = d["memory_note"]
+        if d["late_frees"]:
+            note = (f"{d['late_frees']} storages were freed in threads without the memory hook; their free "
+                    "time is the end of the recording")
+            self.memory_note = f"{self.memory_note}; {note}" if self.memory_note else note
         if d["stop_reason"] and not self.stop_reason:
             self.stop_reason = d["stop_reason"]
         n = len(ops)

@@ -366,6 +366,50 @@ def _dominant_dtype(arg_metas: list, out_metas: list) -> str:
     return largest(arg_metas, True) or largest(out_metas, False) or largest(arg_metas, False)
 
 
+# ---- signatures logged by the compiled recorder -------------------------------------------------------
+# c10::ScalarType in enum order (c10/core/ScalarType.h): the dtype codes recorder.cpp writes
+SCALAR_TYPE_NAMES = (
+    "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64", "complex32", "complex64",
+    "complex128", "bool", "qint8", "quint8", "qint32", "bfloat16", "quint4x2", "quint2x4", "bits1x8", "bits2x4",
+    "bits4x2", "bits8", "bits16", "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz",
+    "uint16", "uint32", "uint64",
+)
+
+
+def _from_compiled(value):
+    """One decoded compiled-recorder value -> the signature form `op_costs` reads."""
+    if isinstance(value, tuple) and len(value) == 3 and value[0] == "tensor":
+        code, shape = value[1], value[2]
+        name = SCALAR_TYPE_NAMES[code] if 0 <= code < len(SCALAR_TYPE_NAMES) else ""
+        return None if shape is None else (tuple(shape), name)
+    if isinstance(value, tuple) and len(value) == 2 and value[0] == "scalar":
+        return 1                        # a Python number wrapped as a 0-d tensor: a scalar argument
+    if isinstance(value, list):
+        return tuple(_from_compiled(v) for v in value)
+    return value
+
+
+def compiled_record(name: str, inputs: list, outputs: list) -> tuple:
+    """``(op, args, kwargs, out)`` for `facts_table` from one signature decoded by
+    `memlens.record.compiled.decode_signature` (tensors as ("tensor", ScalarType code, shape))."""
+    values = [_from_compiled(v) for v in inputs]
+    outs = tuple(_from_compiled(v) for v in outputs)
+    # the compiled recorder logs every schema argument in order; keyword-only ones (addmm's beta/alpha,
+    # out=) go back to keywords, as a Python call passes them
+    func = resolve_op(name)
+    schema = getattr(func, "_schema", None)
+    kwargs = {}
+    if schema is not None and len(schema.arguments) == len(values):
+        positional = []
+        for arg, value in zip(schema.arguments, values):
+            if arg.kwarg_only:
+                kwargs[arg.name] = value
+            else:
+                positional.append(value)
+        values = positional
+    return name, tuple(values), kwargs, (outs[0] if len(outs) == 1 else outs)
+
+
 # ---- deduplicated facts for a whole recording ---------------------------------------------------------
 class CostCache:
     """Signatures seen during a recording, each stored once; facts computed once per signature.

@@ -54,23 +54,28 @@ def snapshot_segments(snapshot: dict) -> dict[str, pd.DataFrame]:
 
 
 def kernel_times_per_op(kernels: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
-    """Per op: first kernel start and last kernel end (trace ns) of the kernels it launched.
+    """Per op: first kernel start, last kernel end, count and busy time of the GPU activity it launched.
 
-    `kernels` has launch_ns, start_ns, end_ns on the trace clock; a kernel belongs to the op whose
-    host interval contains its launch. Returns op_id, kernel_start_ns, kernel_end_ns, kernels.
+    `kernels` has launch_ns, start_ns, end_ns on the trace clock; an activity belongs to the op whose host
+    interval contains its launch (`memlens.gpu_activity.attribute_activity`: memlens ops carry no
+    External id, so containment decides). Returns op_id, kernel_start_ns, kernel_end_ns, kernels,
+    kernel_busy_ns (ns).
     """
-    empty = pd.DataFrame({"op_id": pd.Series(dtype=np.int64), "kernel_start_ns": pd.Series(dtype=np.int64),
-                          "kernel_end_ns": pd.Series(dtype=np.int64), "kernels": pd.Series(dtype=np.int64)})
+    from memlens.gpu_activity import attribute_activity, kernels_per_op
+    empty = pd.DataFrame({c: pd.Series(dtype=np.int64) for c in
+                          ("op_id", "kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns")})
     if kernels is None or len(kernels) == 0 or len(ops) == 0:
         return empty
-    starts = ops["start_ns"].to_numpy()
-    ends = ops["end_ns"].to_numpy()
-    launch = kernels["launch_ns"].to_numpy(dtype=np.int64)
-    idx = np.searchsorted(starts, launch, side="right") - 1
-    ok = (idx >= 0) & (launch <= ends[np.clip(idx, 0, None)])
-    if not ok.any():
+    corr = np.arange(len(kernels), dtype=np.int64)
+    launches = pd.DataFrame({"name": "launch", "start_ns": kernels["launch_ns"].to_numpy(np.int64),
+                             "correlation": corr, "external_id": np.int64(-1)})
+    activity = pd.DataFrame({"name": kernels["name"] if "name" in kernels else "kernel",
+                             "category": kernels["category"] if "category" in kernels else "kernel",
+                             "start_ns": kernels["start_ns"].to_numpy(np.int64),
+                             "end_ns": kernels["end_ns"].to_numpy(np.int64), "correlation": corr, "stream": -1})
+    host_ops = ops[["start_ns", "end_ns"]].reset_index(drop=True)
+    per = kernels_per_op(host_ops, attribute_activity(host_ops, launches, activity))
+    if len(per) == 0:
         return empty
-    k = pd.DataFrame({"op_id": ops["op_id"].to_numpy()[idx[ok]], "s": kernels["start_ns"].to_numpy()[ok],
-                      "e": kernels["end_ns"].to_numpy()[ok]})
-    g = k.groupby("op_id").agg(kernel_start_ns=("s", "min"), kernel_end_ns=("e", "max"), kernels=("s", "size"))
-    return g.reset_index()
+    per.insert(0, "op_id", ops["op_id"].to_numpy()[per["op"].to_numpy()])
+    return per.drop(columns=["op"])

@@ -66,17 +66,28 @@ def allocation_events_from_tree(roots) -> pd.DataFrame:
 
 
 def kernel_events(kineto_events) -> pd.DataFrame:
-    """CUDA kernels with the host time of their launch, from the profiler's kineto events."""
-    launches, kernels = {}, []
+    """GPU activity (kernels, memcpys, memsets) with the host time of the runtime call that launched it,
+    from the profiler's kineto events (`_ProfilerResult.events()`), matched by CUPTI correlation id.
+
+    Columns: name, category ("kernel" | "gpu_memcpy" | "gpu_memset"), launch_unix_ns, start_unix_ns,
+    end_unix_ns, correlation. Activity whose launch was not seen is left out.
+    """
+    from memlens.gpu_activity import LAUNCH_NAMES
+    launches, acts = {}, []
     for e in kineto_events:
-        dtype = str(e.device_type())
-        if dtype.endswith("CUDA"):
-            kernels.append((e.correlation_id(), e.start_ns(), e.start_ns() + e.duration_ns()))
-        elif e.name() in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaMemcpyAsync",
-                          "cudaMemsetAsync"):
+        name = e.name()
+        if str(e.device_type()).endswith(("CUDA", "HIP")):
+            category = "gpu_memcpy" if name.startswith("Memcpy") else \
+                "gpu_memset" if name.startswith("Memset") else "kernel"
+            acts.append((name, category, e.correlation_id(), e.start_ns(), e.start_ns() + e.duration_ns()))
+        elif name in LAUNCH_NAMES:
             launches[e.correlation_id()] = e.start_ns()
-    rows = [(launches[c], s, f) for c, s, f in kernels if c in launches]
-    return pd.DataFrame(rows, columns=["launch_unix_ns", "start_unix_ns", "end_unix_ns"], dtype=np.int64)
+    rows = [(n, c, launches[k], s, f, k) for n, c, k, s, f in acts if k in launches]
+    df = pd.DataFrame(rows, columns=["name", "category", "launch_unix_ns", "start_unix_ns", "end_unix_ns",
+                                     "correlation"])
+    for col in ("launch_unix_ns", "start_unix_ns", "end_unix_ns", "correlation"):
+        df[col] = df[col].astype(np.int64)
+    return df
 
 
 def _start_allocation_profiler(torch, activities: set):

@@ -49,6 +49,9 @@ def choose_backend(requested: str | None, stacks: bool) -> tuple[str, object, st
 class Recorder:
     """Records blocks, accesses and ops of the PyTorch code run inside it. See `record`."""
 
+    # the Session type to record with (memlens.predict records fake tensors with its own subclass)
+    session_class = None
+
     def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
                  kernel_times: bool = True, backend: str | None = None):
@@ -79,8 +82,14 @@ class Recorder:
         from memlens.record.session import Session, reap_orphaned_modes
         reap_orphaned_modes()  # recordings of this thread that another thread stopped
         self.trace = None
-        backend, native, note = choose_backend(self.backend, self.stacks)
-        if backend == "compiled":
+        if self.session_class is not None:   # a Session subclass (memlens.predict): the Python backend
+            backend, native, note = "python", None, None
+        else:
+            backend, native, note = choose_backend(self.backend, self.stacks)
+        if self.session_class is not None:
+            session = self.session_class(model=self.model, stacks=self.stacks,
+                                         max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
+        elif backend == "compiled":
             from memlens.record.compiled import CompiledSession
             session = CompiledSession(native=native, memory=self.allocator != "none", model=self.model,
                                       max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)

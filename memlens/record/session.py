@@ -433,7 +433,11 @@ class Session(Attribution):
         device = st.device
         if size == 0 or device.type == "meta":
             return -1
-        addr = st.data_ptr()  # before any state changes: it raises for a wrapper subclass's empty storage
+        try:                        # before any state changes: it raises for the storage of a
+            addr = st.data_ptr()    # wrapper subclass (a jagged nested tensor): no block of its own
+        except RuntimeError:
+            self.tensors_without_storage += 1
+            return -1
         di = self._device_idx.get(device)
         if di is None:
             di = self._device_idx[device] = len(self.devices)

@@ -24,10 +24,14 @@ SECTIONS = (
     ("timeline", "Block timeline", "memlens.report.sections_memory:timeline"),
     ("ati", "Access time intervals (ATI)", "memlens.report.sections_access:ati"),
     ("outliers", "Outliers: large blocks idle for long", "memlens.report.sections_access:outliers"),
+    ("phases", "Phases", "memlens.report.sections_runs:phases"),
     ("iterations", "Iterations", "memlens.report.sections_runs:iterations"),
     ("whatif", "What if: allocator settings, static plan, swapping", "memlens.report.sections_whatif:whatif"),
     ("metadata", "Trace metadata", "memlens.report.sections_runs:metadata"),
 )
+
+# sections whose figures and numbers are times: their headings name the clock
+TIMED_SECTIONS = frozenset({"live", "timeline", "ati", "outliers", "iterations", "whatif"})
 
 
 @dataclass
@@ -117,15 +121,28 @@ def build_report(trace, *, title: str | None = None, sections: list[str] | None 
     except TypeError as exc:
         raise InputError(f"bad report option: {exc}") from None
     start = time.perf_counter()
-    ctx = ReportContext(trace, opts)
-    chosen = [s for s in SECTIONS if sections is None or s[0] in sections]
+    recorded = None
+    if opts.gpu is not None:
+        from memlens.devicetime.gpus import gpu as resolve_gpu
+        from memlens.devicetime.retiming import retime
+        g = resolve_gpu(opts.gpu)
+        recorded, trace = trace, retime(trace, gpu=g, tf32=opts.tf32)
+        if opts.bandwidth is None:   # the GPU's own host link, unless the caller chose one
+            from memlens.analysis.bandwidth import BandwidthModel
+            opts.bandwidth = BandwidthModel(h2d_bytes_per_s=g.host_bw[1], d2h_bytes_per_s=g.host_bw[0],
+                                            latency_ns=g.latency_ns, name=f"{g.name} {g.host_link}")
+    from memlens.clock import clock_label
+    clock = clock_label(trace)
+    ctx = ReportContext(trace, opts, recorded=recorded)
+    chosen = [(k, f"{h} - {clock}" if k in TIMED_SECTIONS else h, spec) for k, h, spec in SECTIONS
+              if sections is None or k in sections]
     if progress:
         from tqdm import tqdm
         chosen = tqdm(chosen, desc="report sections", unit="section", leave=False)
     built = [run_section(key, heading, _builder(spec), ctx) for key, heading, spec in chosen]
     s = trace.summary()
     subtitle = (f"{source_name} - {s['source_kind']}, {s['blocks']:,} blocks, {s['accesses']:,} accesses, "
-                f"{format_ns(s['duration_ns'])}")
+                f"{format_ns(s['duration_ns'])} on the {clock}")
     return Report(title=title or f"memlens report: {os.path.basename(source_name.rstrip('/')) or 'trace'}",
                   subtitle=subtitle, sections=built, seconds=time.perf_counter() - start)
 

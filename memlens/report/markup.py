@@ -116,7 +116,8 @@ def ns_text(value) -> str:
 
 def share_text(value) -> str:
     """A fraction as a percentage ('12.5%'); empty for a missing value."""
-    return "" if value is None or pd.isna(value) else f"{value:.1%}"
+    from memlens.units import format_share
+    return "" if value is None or pd.isna(value) else format_share(value)
 
 
 def _default_format(value) -> str:

@@ -47,7 +47,9 @@ class ReportOptions:
     ``whatif`` (run allocator / plan / swap what-ifs), ``whatif_time_limit_s`` (static planner search time
     per device, s), ``whatif_max_blocks`` (larger traces run the what-ifs on a window around the peak;
     None: 10,000 blocks for traces with accesses, 50,000 without),
-    ``memory_limit`` (bytes, for swapping what-ifs)."""
+    ``memory_limit`` (bytes, for swapping what-ifs), ``gpu`` (put the trace on this GPU's modeled clock
+    first: `memlens.retime`; the ATI and what-if sections then show the recorded clock beside it; the
+    swap link defaults to the GPU's host link), ``tf32`` (with ``gpu``: fp32 matmuls at the TF32 rate)."""
 
     bandwidth: Any = None
     max_points: int = 4000
@@ -58,14 +60,17 @@ class ReportOptions:
     whatif_time_limit_s: float = 1.0
     whatif_max_blocks: int | None = None
     memory_limit: int | None = None
+    gpu: Any = None
+    tf32: bool = False
 
 
 class ReportContext:
     """The trace, the options, and analyses shared by several sections (computed once, on demand)."""
 
-    def __init__(self, trace, options: ReportOptions):
+    def __init__(self, trace, options: ReportOptions, recorded=None):
         self.trace = trace
         self.options = options
+        self.recorded = recorded      # the trace on its recorded clock, when `trace` was retimed for the report
 
     @cached_property
     def curves(self) -> dict:
@@ -80,7 +85,7 @@ class ReportContext:
     @cached_property
     def intervals(self):
         from memlens.analysis.ati import access_intervals
-        return access_intervals(self.trace)
+        return access_intervals(self.trace)       # attrs["clock"]: figures built from it name the clock
 
     @cached_property
     def iterations(self):

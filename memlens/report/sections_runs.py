@@ -4,11 +4,33 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.report.markup import bytes_text, key_values, note, paragraph, share_text, table, tag
+from memlens.report.markup import bytes_text, key_values, note, ns_text, paragraph, share_text, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
-from memlens.units import format_bytes, format_ns
+from memlens.units import format_bytes, format_ns, format_share
 
 MAX_TABLE_ROWS = 200  # per-iteration rows listed in the page (the figure shows every iteration)
+
+
+MAX_PHASE_ROWS = 200
+
+
+def phases(ctx: ReportContext) -> list:
+    """The run's phases (forward, backward, optimizer step, zero_grad, record_function ranges) as the source
+    tells them: a snapshot's ``external_annotations`` and, where its stacks show them, phases read from frames."""
+    rows = ctx.trace.metadata.get("phases") or []
+    if not rows:
+        raise SectionUnavailable("the source tells no phases (no record_function annotations, and no stack "
+                                 "frames showing the forward pass, backward pass or optimizer step)")
+    df = pd.DataFrame([{"phase": p["name"], "start": p["start_ns"], "end": p["end_ns"],
+                        "duration": p["end_ns"] - p["start_ns"], "from": p.get("source", ""),
+                        "annotation": p.get("label", "")} for p in rows])
+    parts = [paragraph(f"{len(df):,} phases: annotated ranges (record_function) as recorded, and the forward "
+                       "pass, backward pass and optimizer step where the allocation stacks show them (module "
+                       "calls, the autograd engine, torch.optim). Times are since the trace start.")]
+    if len(df) > MAX_PHASE_ROWS:
+        parts.append(note(f"The table lists the first {MAX_PHASE_ROWS} of {len(df):,} phases."))
+    parts.append(table(df.head(MAX_PHASE_ROWS), {"start": ns_text, "end": ns_text, "duration": ns_text}))
+    return parts
 
 
 def iterations(ctx: ReportContext) -> list:
@@ -25,9 +47,9 @@ def iterations(ctx: ReportContext) -> list:
     parts = [paragraph(f"{len(its):,} iterations found (from {source}).")]
     stability = iteration_stability(ctx.trace, its, intervals=intervals)
     if stability["score"] is not None:
-        components = ", ".join(f"{k} {v:.0%}" for k, v in stability["components"].items())
-        parts.append(paragraph(f"Consecutive iterations are {stability['score']:.0%} alike (median over pairs; "
-                               f"{components}); the least alike pair scores {stability['min_score']:.0%}."))
+        components = ", ".join(f"{k} {format_share(v)}" for k, v in stability["components"].items())
+        parts.append(paragraph(f"Consecutive iterations are {format_share(stability['score'])} alike (median over pairs; "
+                               f"{components}); the least alike pair scores {format_share(stability['min_score'])}."))
     parts.append(_iteration_figure(stats))
     fmt = {c: (lambda v: "" if pd.isna(v) else format_bytes(v)) for c in stats.columns
            if c.endswith("bytes") or c.startswith("peak")}
@@ -52,7 +74,10 @@ def _iteration_figure(stats: pd.DataFrame):
     fig.add_trace(go.Scatter(x=stats["iteration"], y=stats["duration_ns"] / 1e6, name="duration (ms)", yaxis="y2",
                              mode="lines+markers", marker_color="#E45756",
                              hovertemplate="iteration %{x}: %{y:,.2f} ms<extra></extra>"))
-    fig.update_layout(height=320, margin=dict(l=60, r=60, t=30, b=50), xaxis_title="iteration",
+    # iterations are whole numbers: ticks only on them (a single iteration had ticks at -0.5, 0, 0.5)
+    step = max(1, int(np.ceil(len(stats) / 20)))
+    fig.update_layout(height=320, margin=dict(l=60, r=60, t=30, b=50),
+                      xaxis=dict(title="iteration", tickmode="linear", tick0=0, dtick=step),
                       yaxis=dict(title=f"peak live memory ({unit})", rangemode="tozero"),
                       yaxis2=dict(title="duration (ms)", overlaying="y", side="right", rangemode="tozero",
                                   showgrid=False), legend=dict(orientation="h", y=1.12))

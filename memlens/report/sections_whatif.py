@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.markup import note, paragraph, table
+from memlens.report.markup import note, paragraph, table, tag
 from memlens.report.sections import ReportContext, SectionUnavailable
 from memlens.report.window import peak_window
 from memlens.units import format_bytes, format_ns
@@ -48,8 +48,53 @@ def whatif(ctx: ReportContext) -> list:
     fmt = {"bytes": lambda v: "n/a" if pd.isna(v) else f"{format_bytes(v)} ({int(v):,} B)",
            "ratio_to_max_live": lambda v: "" if pd.isna(v) else f"{v:.3f}x"}
     parts.append(table(df, fmt, {"ratio_to_max_live": "vs max-live"}))
+    parts += _swap_figures(df.attrs.get("swap_plans") or {}, window)
     parts.append(paragraph("The caching allocator replayed under the recorded settings (memlens.simulate): what "
                            "it reserves from the device, what it hands out, and the live bytes of the trace."))
     parts.append(allocator_timeline(window.trace, max_points=ctx.options.max_points,
                                     x_offset_ns=window.start_ns if window.blocks < window.total_blocks else 0))
+    if ctx.recorded is not None and ctx.trace.has_accesses and window.blocks == window.total_blocks:
+        parts += _two_clocks_swap(ctx)
+    return parts
+
+
+def _two_clocks_swap(ctx: ReportContext) -> list:
+    """Swapping planned on the recorded clock beside the modeled GPU clock (same link, same limit)."""
+    from memlens.clock import clock_label
+    from memlens.swap import plan_swaps
+
+    rows = []
+    for trace in (ctx.recorded, ctx.trace):
+        sp = plan_swaps(trace, bandwidth=ctx.options.bandwidth or "pcie4", limit=ctx.options.memory_limit)
+        rows.append({"clock": clock_label(trace), "device": sp.device, "peak before": sp.peak_before,
+                     "peak after swapping": sp.peak_after, "swaps": len(sp.swaps),
+                     "bytes copied": sp.transfer_bytes, "stall_ns": sp.stall_ns})
+    df = pd.DataFrame(rows)
+    fmt = {"peak before": format_bytes, "peak after swapping": format_bytes, "bytes copied": format_bytes,
+           "stall_ns": format_ns}
+    return [tag("h3", "swapping: recorded clock vs modeled clock"),
+            paragraph("The swap plan depends on time: on the recorded (host) clock idle intervals are inflated "
+                      "and swapping looks free; on the GPU clock fewer intervals fit a round trip over the link."),
+            table(df, fmt, {"stall_ns": "estimated stall"})]
+
+
+def _swap_figures(plans: dict, window) -> list:
+    """The swap plan of each device: load before/after, the copies on their two streams, the priorities."""
+    from memlens.viz.swap import swap_load_curves, swap_priorities, swap_timeline
+
+    parts = []
+    for device, plan in plans.items():
+        parts.append(paragraph(
+            f"Swapping on {device}: {len(plan.swaps):,} swaps ({plan.priority}) of blocks of at least "
+            f"{format_bytes(plan.min_size)} (Zhang et al.'s 1 MB floor) over {plan.bandwidth_text}, each copy "
+            f"paying its latency; peak {format_bytes(plan.peak_before)} -> {format_bytes(plan.peak_after)} "
+            f"(infinite bandwidth: {format_bytes(plan.infinite_bandwidth_peak)}), estimated stall "
+            f"{format_ns(plan.stall_ns)}. Candidates are the ATIs (end of one op to the start of the next); "
+            "times are on the trace's clock" + (" of the what-if window." if window.blocks < window.total_blocks
+                                                else ".") +
+            " `memlens swap --steady-state` plans one iteration as a repeating period."))
+        if len(plan.swaps):
+            parts += [swap_load_curves(plan), swap_timeline(plan)]
+        if plan.candidates_table is not None and len(plan.candidates_table):
+            parts.append(swap_priorities(plan))
     return parts

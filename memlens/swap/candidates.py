@@ -24,8 +24,9 @@ def idle_intervals(trace, device: str, *, steady_state: bool = False, iteration:
 
     Columns: block_id, size (bytes), idle_from_ns (end of the op of the earlier access), idle_to_ns (start of
     the op of the next access), idle_ns, wraps (crosses the iteration boundary), plus the block's
-    category/op/module. ``attrs`` carry the intervals' clock, window and period. Raises NeedsAccessesError
-    when the trace has no accesses.
+    category/op/module. ``attrs`` carry the intervals' clock, window and period. With `iteration`, the
+    intervals are those of a period that repeats exactly: each ends by the block's first access in the
+    window shifted by the period. Raises NeedsAccessesError when the trace has no accesses.
     """
     iv = ati_only(access_intervals(trace, device, steady_state=steady_state, iteration=iteration,
                                    iterations=iterations))
@@ -35,8 +36,7 @@ def idle_intervals(trace, device: str, *, steady_state: bool = False, iteration:
                         "wraps": iv["wraps"].to_numpy(bool)})
     period = iv.attrs.get("period_ns")
     if iteration is not None and period:
-        # a periodic schedule cannot keep a block out longer than one period
-        out["idle_to_ns"] = np.minimum(out["idle_to_ns"].to_numpy(), out["idle_from_ns"].to_numpy() + period)
+        out["idle_to_ns"] = _periodic_deadline(trace, out, tuple(iv.attrs["window_ns"]), int(period))
     out["idle_ns"] = out["idle_to_ns"] - out["idle_from_ns"]
     blocks = trace.blocks.drop_duplicates("block_id").set_index("block_id")
     for col in ATTRIBUTION:
@@ -62,3 +62,19 @@ def swap_candidates(intervals: pd.DataFrame, bandwidth, min_size: int = 0) -> pd
     out["in_ns"] = in_ns[keep]
     out["doa_ns"] = doa[keep]
     return out.reset_index(drop=True)
+
+
+def _periodic_deadline(trace, iv: pd.DataFrame, window: tuple[int, int], period: int) -> np.ndarray:
+    """The end of each interval when the iteration repeats exactly: a block's first access in the window
+    comes back one period later, so no interval may run past it (the next recorded iteration may have been
+    slower), and none lasts a whole period (1 ns less: the block is back for its access)."""
+    w0, w1 = window
+    acc = trace.accesses
+    t = acc["t_ns"].to_numpy(np.int64)
+    inside = (t >= w0) & (t < w1)
+    first = pd.Series(t[inside]).groupby(acc["block_id"].to_numpy(np.int64)[inside]).min()
+    again = first.reindex(iv["block_id"].to_numpy(np.int64)).to_numpy(np.float64) + period
+    idle_from = iv["idle_from_ns"].to_numpy(np.int64)
+    deadline = np.minimum(iv["idle_to_ns"].to_numpy(np.int64), idle_from + period - 1)
+    deadline = np.where(np.isnan(again), deadline, np.minimum(deadline, np.nan_to_num(again).astype(np.int64)))
+    return np.maximum(deadline, idle_from)

@@ -8,6 +8,8 @@
 - `diff_overlay(a, b)`: two runs' live memory on one axis
 - `whatif_comparison(trace)`: bytes needed under each memory policy (allocator settings, plan, swapping)
 - `allocator_timeline(trace)`: the simulated caching allocator's reserved / allocated bytes vs live bytes
+- `swap_load_curves(plan)` / `swap_timeline(plan)` / `swap_priorities(plan)`: a `memlens.swap` plan's load
+  curve beside the original, its copies on the two copy streams, and its candidates by DOA / AOA / WDOA
 
 All accept the options documented on each function; `memlens.viz.lod` holds the level-of-detail
 reductions (max-preserving decimation, rasterised aggregation, address-gap compression) they share.
@@ -24,7 +26,9 @@ from memlens.viz.live import live_memory, live_series
 from memlens.viz.peak import peak_composition
 from memlens.viz.tables import largest_blocks, largest_blocks_table
 from memlens.viz.timeline import block_rects, timeline
+from memlens.viz.swap import swap_load_curves, swap_priorities, swap_timeline
 from memlens.viz.whatif import whatif_comparison
 
 __all__ = ["allocator_timeline", "ati_ecdf", "ati_histogram", "block_rects", "diff_overlay", "largest_blocks",
-           "largest_blocks_table", "live_memory", "live_series", "peak_composition", "timeline", "whatif_comparison"]
+           "largest_blocks_table", "live_memory", "live_series", "peak_composition", "swap_load_curves", "swap_priorities", "swap_timeline", "timeline",
+           "whatif_comparison"]

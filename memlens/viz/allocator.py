@@ -6,6 +6,8 @@ peaks stay exact.
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 import numpy as np
 
 from memlens.viz.labels import byte_unit, plot_text, time_axis
@@ -38,7 +40,7 @@ def allocator_timeline(trace, result=None, device: str | None = None, max_points
     div, unit = byte_unit(max(sim.peak_reserved, int(live["live"].max()) if len(live) else 0))
     fig = go.Figure()
     bins = max(max_points // 4, 1)
-    scale, x_title = time_axis("time", span_ns=trace.duration_ns)
+    scale, x_title = time_axis("time", span_ns=trace.duration_ns, clock=clock_label(trace))
     series = (("reserved (simulated)", tl["t_ns"].to_numpy(np.float64), tl["reserved"].to_numpy(np.float64),
                "#E45756"),
               ("allocated (simulated)", tl["t_ns"].to_numpy(np.float64), tl["allocated"].to_numpy(np.float64),

@@ -20,8 +20,23 @@ def _filtered(trace_or_intervals, bandwidth, device):
 
     if isinstance(trace_or_intervals, pd.DataFrame) and "swappable" in trace_or_intervals.columns:
         iv = trace_or_intervals
-        return iv if device is None else iv[iv["device"].astype(str) == device]
-    return bandwidth_filter(trace_or_intervals, bandwidth, device)
+        out = iv if device is None else iv[iv["device"].astype(str) == device]
+    else:
+        out = bandwidth_filter(trace_or_intervals, bandwidth, device)
+    label = _clock(trace_or_intervals)
+    if label:
+        out.attrs["clock_label"] = label
+    return out
+
+
+def _clock(trace_or_intervals) -> str:
+    """The clock label of a Trace, or of the clock an intervals frame carries in ``attrs["clock"]``
+    ("" if none)."""
+    from memlens.clock import clock_label
+    if isinstance(trace_or_intervals, pd.DataFrame):
+        clock = trace_or_intervals.attrs.get("clock")
+        return clock_label(clock) if isinstance(clock, dict) else str(clock or "")
+    return clock_label(trace_or_intervals)
 
 
 def _reference_threshold(iv, bandwidth) -> tuple[float, int, str]:
@@ -68,7 +83,7 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
     fig.update_layout(barmode="stack", height=380, margin=dict(l=60, r=20, t=40, b=50),
                       title=plot_text(f"{len(iv):,} access intervals" +
                                  ("" if weight == "count" else ", weighted by size x length (idle byte-time)") +
-                                 f"; link {link}"),
+                                 f"; link {link}" + (f"; {iv.attrs['clock_label']}" if iv.attrs.get("clock_label") else "")),
                       xaxis=dict(type="log", title="interval length (ns)"),
                       yaxis=dict(title="intervals" if weight == "count" else "bytes x ns", tickformat=".3s"))
     return fig
@@ -93,7 +108,9 @@ def ati_ecdf(trace_or_intervals, bandwidth=None, device: str | None = None, max_
         fig.add_vline(x=max(threshold, 1.0), line_dash="dash", line_color="#E45756",
                       annotation_text=plot_text(f"{below:.0%} shorter than the round trip of a {format_bytes(ref_size)} "
                                            f"block ({format_ns(threshold)})"), annotation_position="bottom right")
-    fig.update_layout(height=340, margin=dict(l=60, r=20, t=40, b=50), title=plot_text(f"ECDF; link {link}"),
+    fig.update_layout(height=340, margin=dict(l=60, r=20, t=40, b=50), title=plot_text(f"ECDF; link {link}" +
+                                                                             (f"; {iv.attrs['clock_label']}"
+                                                                              if iv.attrs.get("clock_label") else "")),
                       xaxis=dict(type="log", title="interval length (ns)"),
                       yaxis=dict(title="fraction of intervals <= x", range=[0, 1.02]))
     return fig

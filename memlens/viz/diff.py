@@ -13,9 +13,13 @@ def _offset(trace, align: str, x: str) -> tuple[float, str]:
         return 0.0, "trace start"
     from memlens.analysis.iterations import split_iterations
     its = split_iterations(trace)
-    if str(its["source"].iloc[0]) == "none":
-        return 0.0, "trace start"
-    return float(its["start_ns"].iloc[0]), "first iteration"
+    if str(its["source"].iloc[0]) != "none":
+        return float(its["start_ns"].iloc[0]), "first iteration"
+    # no iterations: the first forward pass the snapshot's stacks show (setup before it differs between runs)
+    forward = [p for p in trace.metadata.get("phases") or [] if p.get("name") == "forward"]
+    if forward:
+        return float(min(p["start_ns"] for p in forward)), "first forward pass"
+    return 0.0, "trace start"
 
 
 def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", max_points: int = 4000,
@@ -63,8 +67,8 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
                     marker=dict(symbol="triangle-down", size=11, color=color), showlegend=False,
                     hovertemplate=f"{label} peak {s.peak_bytes:,} B<extra></extra>"), row=row, col=1)
         fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
-    if how_a == "first iteration":
-        x_title = x_title.replace("time since trace start", "time from each trace's first iteration start")
+    if how_a in ("first iteration", "first forward pass"):
+        x_title = x_title.replace("time since trace start", f"time from each trace's {how_a} start")
     fig.update_xaxes(title_text=x_title, row=rows, col=1)
     fig.update_layout(height=240 + 220 * rows, margin=dict(l=60, r=20, t=40, b=50), hovermode="x unified")
     return fig

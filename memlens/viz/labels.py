@@ -62,15 +62,30 @@ def time_unit(span_ns: float) -> tuple[float, str]:
     return 1.0, "ns"
 
 
-def time_axis(x: str, span_ns: float | None = None) -> tuple[float, str]:
+def time_axis(x: str, span_ns: float | None = None, clock: str | None = None) -> tuple[float, str]:
     """(divisor from ns, axis title) for an x mode: 'time' plots time since the trace start (milliseconds, or
-    the unit that suits `span_ns` when given), 'event' the event index."""
+    the unit that suits `span_ns` when given) on the named `clock` (e.g. "modeled H100 SXM clock"; see
+    `memlens.clock.clock_label`), 'event' the event index."""
     if x == "time":
         divisor, unit = (1e6, "ms") if span_ns is None else time_unit(span_ns)
-        return divisor, f"time since trace start ({unit})"
+        return divisor, f"time since trace start ({unit}{', ' + clock if clock else ''})"
     if x == "event":
         return 1.0, "event index (allocs and frees, in order)"
     raise ValueError(f"x must be 'time' or 'event', got {x!r}")
+
+
+def binary_ticks(lo: float, hi: float, target: int = 6) -> tuple[list[float], list[str]]:
+    """Tick positions (bytes) over [lo, hi] at a round step of a binary unit (1, 2, 5 x 2**k-ish: 1, 2, 4,
+    5, 8, 10, 16, 20, 25, 32, 40, 50, 64 ... of KiB / MiB / GiB), with labels like "512 MiB" (plotly's own
+    ".3s" ticks would say "537MB")."""
+    span = max(float(hi) - float(lo), 1.0)
+    div, unit = byte_unit(max(abs(lo), abs(hi), 1.0))
+    raw = span / div / max(target, 1)
+    mag = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
+    step = next((m * mag for m in (1, 2, 2.5, 4, 5, 8, 10) if m * mag >= raw), 10 * mag)
+    first = np.ceil(lo / div / step) * step
+    values = np.arange(first, hi / div + step * 1e-9, step)
+    return [float(v * div) for v in values], [f"{v:g} {unit}" for v in values]
 
 
 def byte_unit(max_bytes: float) -> tuple[float, str]:

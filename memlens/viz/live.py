@@ -5,6 +5,8 @@ per pixel column by `lod.extrema_indices`, so the peak is never lost however man
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +53,11 @@ def live_series(trace, device: str, by: str = "category", x: str = "time", max_p
         return LiveSeries(device=device, x=np.zeros(0), total=np.zeros(0, dtype=np.int64))
     live = curve["live"].to_numpy(dtype=np.int64)
     xs = curve["t_ns"].to_numpy(dtype=np.float64) if x == "time" else np.arange(n, dtype=np.float64)
-    keep = extrema_indices(xs, live, max(max_points // 4, 1))
+    # blocks alive before recording all enter at the first instant: show the level they make, not a ramp
+    # from 0 through each of them (a curve that seemed to jump up from 0 at the start)
+    before = curve["seq"].to_numpy() < 0
+    visible = np.flatnonzero(~before | (np.arange(n) == (np.flatnonzero(before)[-1] if before.any() else -1)))
+    keep = visible[extrema_indices(xs[visible], live[visible], max(max_points // 4, 1))]
     i_peak = int(np.argmax(live))
     series = LiveSeries(device=device, x=xs[keep], total=live[keep], peak_x=float(xs[i_peak]),
                         peak_bytes=int(live[i_peak]), events=n)
@@ -94,7 +100,7 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     from memlens.units import format_bytes
 
     devices = trace.devices if device is None else [device]
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[plot_text(d) for d in devices] or None)
     seen_legend: set[str] = set()

@@ -13,7 +13,7 @@ def peak_composition(trace_or_breakdowns, by: str = "module", top: int = 15):
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    from memlens.units import format_bytes
+    from memlens.units import format_bytes, format_share
 
     if by not in ("module", "op"):
         raise ValueError(f"by must be 'module' or 'op', got {by!r}")
@@ -34,7 +34,7 @@ def peak_composition(trace_or_breakdowns, by: str = "module", top: int = 15):
             name = plot_text(r.category)
             fig.add_trace(go.Bar(x=[plot_text(dev)], y=[r.bytes / div], name=name, legendgroup=name,
                                  showlegend=name not in seen, marker_color=color_for(str(r.category), i, "category"),
-                                 hovertemplate=f"{name}: {format_bytes(r.bytes)} ({r.share:.0%})<extra></extra>"),
+                                 hovertemplate=f"{name}: {format_bytes(r.bytes)} ({format_share(r.share)})<extra></extra>"),
                           row=row, col=1)
             seen.add(name)
         groups = getattr(pb, f"by_{by}").head(top).iloc[::-1]

@@ -8,10 +8,12 @@ on-screen area are drawn one by one (hover shows their details); all others are 
 """
 from __future__ import annotations
 
+from memlens.clock import clock_label
+
 import numpy as np
 import pandas as pd
 
-from memlens.viz.labels import color_for, plot_text, safe_labels, time_axis
+from memlens.viz.labels import binary_ticks, color_for, plot_text, safe_labels, time_axis
 from memlens.viz.lod import compress_gaps, rasterize
 
 WIDTH_PX, HEIGHT_PX = 1200, 480
@@ -120,7 +122,7 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
     if device is None:
         peaks = trace.peak_live_bytes()
         device = max(peaks, key=peaks.get) if peaks else None
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns)
+    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
     fig = go.Figure()
     if device is None:
         fig.update_layout(title="no blocks")
@@ -172,7 +174,8 @@ def timeline(trace, device: str | None = None, x: str = "time", color_by: str = 
         vals, text = _address_ticks(rects.attrs["regions"])
         fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     else:
-        fig.update_yaxes(title_text=y_title, tickformat=".3s", ticksuffix="B")
+        vals, text = binary_ticks(0.0, float(rects["y1"].max()) if len(rects) else 1.0)
+        fig.update_yaxes(title_text=y_title, tickvals=vals, ticktext=text)
     return fig
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.outliers import bandwidth_filter, filter_summary
-from memlens.units import format_bytes, format_ns
+from memlens.units import format_bytes, format_ns, format_share
 from memlens.viz.labels import safe
 from memlens.widgets.geometry import BlockGeometry
 
@@ -43,13 +43,16 @@ def ati_figure(intervals: pd.DataFrame, bandwidth, as_ecdf: bool = False):
 def ati_summary_html(filtered: pd.DataFrame) -> str:
     """One paragraph: how many intervals, how many the link filters out, the swappable share of idle bytes."""
     if len(filtered) == 0:
-        return "<i>No access intervals in the current selection.</i>"
+        return "<i>No access->access intervals (ATIs) in the current selection.</i>"
     s = filter_summary(filtered)
     bw = s.get("bandwidth") or {}
     share = s["swappable_share"]
     lengths = filtered["length_ns"].to_numpy(dtype=np.float64)
-    return (f"<b>{s['intervals']:,}</b> intervals, median {safe(format_ns(float(np.median(lengths))))}; "
-            f"at <b>{safe(bw.get('name', ''))}</b> {s['filtered_out_fraction']:.1%} are too short to swap; "
+    from memlens.analysis.clock import describe_clock
+    return (f"<b>{s['intervals']:,}</b> ATIs (access->access), median {safe(format_ns(float(np.median(lengths))))}; "
+            f"at <b>{safe(bw.get('name', ''))}</b> {format_share(s['filtered_out_fraction'])} are too short to swap; "
             f"{s['swappable']:,} swappable in {s['blocks_with_swappable']:,} blocks, holding "
-            f"{'n/a' if share is None else f'{share:.1%}'} of the idle byte-time "
-            f"(largest swappable block {safe(format_bytes(int(filtered.loc[filtered['swappable'], 'size'].max())) if s['swappable'] else '-')}).")
+            f"{'n/a' if share is None else format_share(share)} of the idle byte-time "
+            f"(largest swappable block {safe(format_bytes(int(filtered.loc[filtered['swappable'], 'size'].max())) if s['swappable'] else '-')}); "
+            f"{safe(describe_clock(s['clock']))}, copy latency {bw.get('d2h_latency_ns', 0) / 1e3:g} us out / "
+            f"{bw.get('h2d_latency_ns', 0) / 1e3:g} us in.")

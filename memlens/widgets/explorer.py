@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from memlens.errors import InputError
 from memlens.trace import CATEGORIES
 from memlens.units import format_bytes, format_ns, parse_bytes
-from memlens.viz.labels import safe
+from memlens.viz.labels import binary_ticks, safe
 from memlens.widgets.details import block_details, details_html, hit_test, live_at, live_html
 from memlens.widgets.geometry import block_geometry
 from memlens.widgets.state import AXES, COLOUR_BY, VIEWS, ExplorerState, colour_groups, iteration_window, \
@@ -31,6 +31,9 @@ ALL = -1   # the iteration selector's "all" (ipywidgets treats a None value as n
 def _default_device(trace) -> str:
     peaks = trace.peak_live_bytes()
     return max(peaks, key=lambda d: (peaks[d], d)) if peaks else "cpu"
+
+
+LABEL = {"description_width": "initial"}  # a label as wide as its text (the default box cut labels off)
 
 
 class Explorer(W.VBox):
@@ -58,6 +61,7 @@ class Explorer(W.VBox):
         # only the timeline needs a FigureWidget (zoom and click events); the panels' figures are shown through
         # plotly's mimetype renderer in Output widgets, which avoids shipping plotly.js (5 MB) once per figure
         self.ati_figure, self.whatif_figure = go.Figure(), go.Figure()
+        self.swap_figures: list = []  # the what-if's swap plan: load before/after, copy timeline
         self.ati_output = W.Output(layout=W.Layout(min_height="300px"))
         self.whatif_output = W.Output()
         self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
@@ -74,33 +78,33 @@ class Explorer(W.VBox):
         categories = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
         self.status = W.HTML()
         self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
-                                   description="device", layout=W.Layout(width="180px"))
+                                   description="device", layout=W.Layout(width="180px"), style=LABEL)
         self.w_view = W.ToggleButtons(options=VIEWS, value=self.state.view, description="view",
-                                      style={"button_width": "80px"})
+                                      style={"button_width": "80px", **LABEL})
         self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
-                                      style={"button_width": "60px"})
+                                      style={"button_width": "60px", **LABEL})
         self.w_colour = W.Dropdown(options=COLOUR_BY, value="category", description="colour by",
-                                   layout=W.Layout(width="190px"))
+                                   layout=W.Layout(width="190px"), style=LABEL)
         self.w_iteration = W.Dropdown(options=[("all", ALL)], value=ALL, description="iteration",
-                                      layout=W.Layout(width="170px"))
+                                      layout=W.Layout(width="170px"), style=LABEL)
         self.w_reset = W.Button(description="reset zoom", layout=W.Layout(width="100px"))
         self.w_categories = W.SelectMultiple(options=categories, value=tuple(categories), rows=4,
-                                             description="category", layout=W.Layout(width="260px"))
+                                             description="category", layout=W.Layout(width="260px"), style=LABEL)
         modules = sorted(m for m in self.trace.blocks["module"].unique() if m)
         self.w_module = W.Combobox(options=modules[:2000], placeholder="module prefix, e.g. model.layers.0",
                                    description="module", ensure_option=False, continuous_update=False,
-                                   layout=W.Layout(width="330px"))
+                                   layout=W.Layout(width="330px"), style=LABEL)
         self.w_min_size = W.Text(value="0", description="min size", placeholder="e.g. 1MiB",
-                                 continuous_update=False, layout=W.Layout(width="180px"))
+                                 continuous_update=False, layout=W.Layout(width="180px"), style=LABEL)
         self.w_bandwidth = W.FloatLogSlider(value=25.0, base=10, min=-1, max=3, step=0.05,
                                             description="link GB/s", continuous_update=False,
-                                            layout=W.Layout(width="420px"))
+                                            layout=W.Layout(width="420px"), style=LABEL)
         self.w_ecdf = W.Checkbox(value=False, description="ECDF")
         self.ati_summary = W.HTML()
         self.w_allocator = W.Dropdown(options=["caching", "malloc", "bestfit", "bump"], value="caching",
-                                      description="allocator", layout=W.Layout(width="200px"))
+                                      description="allocator", layout=W.Layout(width="200px"), style=LABEL)
         self.w_conf = W.Text(value="expandable_segments:True", description="ALLOC_CONF",
-                             layout=W.Layout(width="360px"))
+                             layout=W.Layout(width="360px"), style=LABEL)
         self.w_run_whatif = W.Button(description="compare", button_style="primary")
         self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration, a "
                                     "static plan and swapping at the ATI panel's link.</i>")
@@ -243,7 +247,7 @@ class Explorer(W.VBox):
 
     def run_whatif(self):
         """Run the what-if comparison for the current device with the panel's allocator settings."""
-        from memlens.widgets.whatif_panel import whatif_table, whatif_traces, whatif_html
+        from memlens.widgets.whatif_panel import swap_figures, whatif_html, whatif_table, whatif_traces
         configs = {"caching (recorded settings)": ("caching", None),
                    f"{self.w_allocator.value} {self.w_conf.value}".strip(): (self.w_allocator.value,
                                                                             self.w_conf.value or None)}
@@ -256,7 +260,8 @@ class Explorer(W.VBox):
         self.whatif_figure = go.Figure(whatif_traces(table), layout=dict(
             xaxis_title="peak bytes", width=640, height=60 + 40 * len(table), template="plotly_white",
             margin=dict(l=190, r=10, t=20, b=40)))
-        show_figure(self.whatif_output, self.whatif_figure)
+        self.swap_figures = swap_figures(table)
+        show_figure(self.whatif_output, self.whatif_figure, *self.swap_figures)
         return table
 
     # ---- plotly events ---------------------------------------------------------------------------
@@ -287,6 +292,26 @@ class Explorer(W.VBox):
         if list(self.w_iteration.options) != options and its["source"].iloc[0] != "none":
             self.w_iteration.options = options
 
+    def hover_text(self, geom, positions) -> list[str]:
+        """Hover text of blocks (positions in `geom`): id, size, category, op, then the allocation stack
+        (Python frames innermost first, C++ frames folded), escaped; stacks are formatted once each."""
+        from memlens.analysis.peak_cause import stack_lines
+        from memlens.units import format_bytes
+
+        cache = self.__dict__.setdefault("_stack_hover", {})
+        blocks = self.trace.blocks
+        rows = geom.rows[positions]
+        sids = blocks["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[rows]
+        out = []
+        for p, r, sid in zip(positions, rows, sids):
+            key = None if np.isnan(sid) else int(sid)
+            if key not in cache:
+                lines = stack_lines(self.trace.stacks, key, 10) if key is not None else []
+                cache[key] = ("<br>stack:<br>" + "<br>".join(safe(ln) for ln in lines)) if lines else ""
+            out.append(f"block {int(geom.block_id[p])}: {safe(format_bytes(geom.size[p]))}, "
+                       f"{safe(blocks['category'].iat[r])} / {safe(blocks['op'].iat[r]) or '(unknown)'}{cache[key]}")
+        return out
+
     def refresh(self):
         """Recompute and redraw the timeline, status line and ATI panel for the current state."""
         self._busy = True
@@ -297,7 +322,8 @@ class Explorer(W.VBox):
             full = selection_mask(geom, state.with_(x_range=None))  # drawing: LOD decides what is in view
             group, names, colours = colour_groups(geom, state.colour_by, full)
             if state.view == "blocks":
-                data = blocks_view(geom, self.access_marks(), state, full, group, names, colours)
+                data = blocks_view(geom, self.access_marks(), state, full, group, names, colours,
+                                   hover=lambda pos: self.hover_text(geom, pos))
             else:
                 data = stacked_view(geom, state, full, group, names, colours)
             self.view_data = data
@@ -325,12 +351,17 @@ class Explorer(W.VBox):
         with fig.batch_update():
             fig.layout.xaxis.update(title_text=data.x_title,
                                     range=[data.x_range[0] / data.scale, data.x_range[1] / data.scale])
+            # binary units on the byte axis, as everywhere else (plotly's ".3s" would say "8.39MB")
             if data.y_range is not None:
-                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickformat=".3s",
-                                        ticksuffix="B", autorange=False)
+                vals, text = binary_ticks(*data.y_range)
+                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickvals=vals,
+                                        ticktext=text, autorange=False)
             else:
-                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickformat=".3s",
-                                        ticksuffix="B")
+                top = max((float(np.nanmax(t["y"])) for t in data.traces if len(t.get("y", [])) and
+                           t.get("type") == "scattergl"), default=1.0)
+                vals, text = binary_ticks(0.0, top)
+                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickvals=vals,
+                                        ticktext=text)
 
     def _status(self, geom, mask, data):
         lo, hi = geom.to_time(np.array(data.x_range), self.state.axis)
@@ -365,10 +396,13 @@ class Explorer(W.VBox):
         show_figure(self.ati_output, self.ati_figure)
 
 
-def show_figure(output: W.Output, fig) -> None:
-    """Show `fig` in `output` as plotly's JSON mime bundle (rendered by the notebook's plotly extension)."""
-    bundle = {"application/vnd.plotly.v1+json": json.loads(fig.to_json()), "text/plain": "plotly figure"}
-    output.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+def show_figure(output: W.Output, fig, *more) -> None:
+    """Show `fig` (and `more` figures below it) in `output` as plotly's JSON mime bundles (rendered by the
+    notebook's plotly extension)."""
+    output.outputs = tuple(
+        {"output_type": "display_data", "metadata": {},
+         "data": {"application/vnd.plotly.v1+json": json.loads(f.to_json()), "text/plain": "plotly figure"}}
+        for f in (fig, *more))
 
 
 def explore(trace, device: str | None = None) -> Explorer:

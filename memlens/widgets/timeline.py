@@ -17,7 +17,7 @@ import numpy as np
 from memlens.units import format_bytes
 from memlens.viz.labels import safe, time_axis
 from memlens.widgets.geometry import BlockGeometry
-from memlens.widgets.lod import dedupe_pixels, rectangles_lod, stacked_live
+from memlens.widgets.lod import dedupe_pixels, rectangles_lod, stacked_live, visible
 from memlens.widgets.state import ExplorerState
 
 PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 720, 360   # plot area (inside the margins) that LOD is computed for
@@ -100,10 +100,16 @@ def default_ranges(geom: BlockGeometry, axis: str) -> tuple[tuple[float, float],
     return geom.full_x_range(axis), (0.0, max(geom.address_span, 1.0))
 
 
+HOVER_BLOCKS = 3000
+
+
 def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerState, mask: np.ndarray,
                 group: np.ndarray, names: list[str], colours: list[str],
-                width_px: int = PLOT_WIDTH_PX, height_px: int = PLOT_HEIGHT_PX) -> TimelineData:
-    """Blocks as rectangles in time x address for the selected blocks (`mask`) in the state's ranges."""
+                width_px: int = PLOT_WIDTH_PX, height_px: int = PLOT_HEIGHT_PX, hover=None) -> TimelineData:
+    """Blocks as rectangles in time x address for the selected blocks (`mask`) in the state's ranges.
+
+    `hover(positions)` (positions in `geom`) returns the hover text of the blocks drawn one by one (their
+    stacks, escaped): an invisible marker at the middle of each block's visible part shows it."""
     scale, x_title = time_axis(state.axis)
     full_x, full_y = default_ranges(geom, state.axis)
     x_range = state.x_range or full_x
@@ -123,6 +129,17 @@ def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerS
                            fill="toself", fillcolor=_rgba(colour, 0.85),
                            line=dict(color="rgba(255,255,255,0.9)", width=0.5),
                            hoverinfo="skip", legendgroup=safe(name)))
+    if hover is not None:
+        # the blocks drawn one by one, and the largest in view even when they are thinner than a pixel (a
+        # multi-GiB device draws most blocks into the raster): at most HOVER_BLOCKS markers
+        in_view = np.flatnonzero(visible(x0, x1, y0, y1, x_range, y_range) & np.isfinite(y0))
+        biggest = in_view[np.argsort(-geom.size[sel[in_view]], kind="stable")[:HOVER_BLOCKS]]
+        pos = sel[np.union1d(lod.drawn, biggest).astype(np.int64)]
+        cx = (np.clip(geom.x0(state.axis)[pos], *x_range) + np.clip(geom.x1(state.axis)[pos], *x_range)) / 2
+        cy = geom.y0[pos] + geom.size[pos] / 2
+        traces.append(dict(type="scattergl", mode="markers", name="block details (hover)", x=cx / scale, y=cy,
+                           marker=dict(size=10, color="rgba(0,0,0,0)"), text=list(hover(pos)),
+                           hovertemplate="%{text}<extra></extra>", showlegend=False))
     shown = 0
     for is_write, label, colour in ((False, "reads", "#222222"), (True, "writes", "#d00000")):
         ax, ay = np.zeros(0), np.zeros(0)
@@ -163,8 +180,10 @@ def stacked_view(geom: BlockGeometry, state: ExplorerState, mask: np.ndarray, gr
     for g, (name, colour) in enumerate(zip(names, colours)):
         traces.append(dict(type="scattergl", mode="lines", name=safe(name), x=xs / scale, y=stacked[g],
                            fill="tozeroy" if g == 0 else "tonexty", fillcolor=_rgba(colour, 0.7),
-                           line=dict(color=colour, width=1), customdata=live[g],
-                           hovertemplate=f"{safe(name)}: %{{customdata:.4s}}B<extra></extra>"))
+                           line=dict(color=colour, width=1),
+                           # binary units, as everywhere else (plotly's ".4s" would say "8.389MB")
+                           customdata=np.array([format_bytes(v) for v in live[g]], dtype=object),
+                           hovertemplate=f"{safe(name)}: %{{customdata}}<extra></extra>"))
     total = stacked[-1] if len(stacked) else np.zeros(0)
     if len(total):
         i = int(np.argmax(total))

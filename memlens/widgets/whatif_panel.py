@@ -9,7 +9,8 @@ ratio to the recorded peak of live bytes. Scenarios:
 - ``static plan``: the arena height of `memlens.plan.plan` (offsets fixed ahead of time, MemoMalloc-style),
   whose lower bound is the peak of live bytes;
 - ``swapping``: the peak of live bytes after `memlens.swap.plan_swaps` at the given link (idle blocks copied
-  to the host and prefetched back), and the infinite-bandwidth bound; only for traces with accesses.
+  to the host and prefetched back), and the infinite-bandwidth bound; only for traces with accesses. The
+  plan is kept in ``attrs["swap_plan"]``; `swap_figures` draws it (`memlens.viz.swap`).
 """
 from __future__ import annotations
 
@@ -52,11 +53,13 @@ def whatif_table(trace, device: str, configs: dict | None = None, plan_seconds: 
     if trace.has_accesses:
         swaps = plan_swaps(trace, bandwidth=bandwidth, device=device)
         rows.append({"scenario": "swapping", "peak_bytes": int(swaps.peak_after),
-                     "detail": f"{len(swaps.swaps)} swaps at {swaps.bandwidth.get('name', bandwidth)}, "
-                               f"{format_bytes(swaps.transfer_bytes)} moved, stall {format_ns(swaps.stall_ns)}"})
+                     "detail": f"{len(swaps.swaps)} swaps of blocks >= {format_bytes(swaps.min_size)} over "
+                               f"{swaps.bandwidth_text}, {format_bytes(swaps.transfer_bytes)} moved, "
+                               f"stall {format_ns(swaps.stall_ns)}"})
         rows.append({"scenario": "swapping, infinite bandwidth", "peak_bytes": int(swaps.infinite_bandwidth_peak),
-                     "detail": "every idle interval swapped for free: the bound"})
+                     "detail": "every ATI swapped for free: the bound"})
     out = pd.DataFrame(rows)
+    out.attrs["swap_plan"] = swaps if trace.has_accesses else None
     out["vs_recorded"] = out["peak_bytes"] / live_peak if live_peak else float("nan")
     return out
 
@@ -77,3 +80,16 @@ def whatif_html(table: pd.DataFrame) -> str:
         for r in table.itertuples(index=False))
     return ("<table class='memlens-whatif'><tr><th>scenario</th><th>peak</th><th>vs recorded live</th>"
             f"<th></th></tr>{rows}</table>")
+
+
+def swap_figures(table: pd.DataFrame) -> list:
+    """The swap plan behind a `whatif_table` as figures: load before/after and the copy timeline (none
+    without a plan or swaps)."""
+    from memlens.viz.swap import swap_load_curves, swap_timeline
+    plan = table.attrs.get("swap_plan")
+    if plan is None or len(plan.swaps) == 0:
+        return []
+    figs = [swap_load_curves(plan), swap_timeline(plan)]
+    for fig in figs:
+        fig.update_layout(width=640, height=300, title_font_size=12)
+    return figs

@@ -28,7 +28,10 @@ def bucket_of(block_ids: np.ndarray, n_buckets: int) -> np.ndarray:
     return ((h >> np.uint64(32)) % np.uint64(n_buckets)).astype(np.int64)
 
 
-BATCH_ROWS = 1 << 20  # rows read at once inside a task (a row group may be larger)
+BATCH_ROWS = 1 << 20  # accesses read at once inside a task (a row group may be larger)
+BLOCK_BATCH_ROWS = 1 << 18  # blocks rows are wider (strings): read fewer at once
+ATI_BLOCK_COLUMNS = ("block_id", "device", "size", "alloc_ns", "free_ns")
+OUTLIER_BLOCK_COLUMNS = ATI_BLOCK_COLUMNS + ("source", "category", "op", "module", "stack_id")
 
 
 def _access_piece(scratch: Path, bucket: int, part: int, sub: int) -> Path:
@@ -57,17 +60,17 @@ def split_accesses(files, row_groups: list[int], part: int, n_buckets: int, scra
     return counts
 
 
-def split_blocks(files, row_groups: list[int], part: int, n_buckets: int, scratch: str) -> dict:
-    """Task: split some row groups of ``blocks`` into bucket pieces; returns rows per bucket and the
-    block-level facts `memlens info` reports (counts of flags, devices)."""
-    out = {"counts": np.zeros(n_buckets, dtype=np.int64), "devices": set(), "allocated_before": 0,
-           "free_without_alloc": 0, "alive_at_end": 0}
-    for sub, df in enumerate(files.iter_batches("blocks", row_groups, BATCH_ROWS)):
-        out["counts"] += _write_split(
+def split_blocks(files, row_groups: list[int], part: int, n_buckets: int, scratch: str,
+                 columns=ATI_BLOCK_COLUMNS) -> np.ndarray:
+    """Task: split the `columns` of some row groups of ``blocks`` into bucket pieces (the other columns get
+    their schema defaults when a bucket is loaded); returns rows per bucket."""
+    counts = np.zeros(n_buckets, dtype=np.int64)
+    present = [c for c in columns if c in files.columns("blocks")]
+    for sub, df in enumerate(files.iter_batches("blocks", row_groups, BLOCK_BATCH_ROWS, present)):
+        counts += _write_split(
             df, df["block_id"].to_numpy(dtype=np.int64), n_buckets,
             lambda b, piece: piece.to_parquet(_block_piece(Path(scratch), b, part, sub), index=False))
-        add_block_facts(out, df)
-    return out
+    return counts
 
 
 def add_block_facts(out: dict, df: pd.DataFrame) -> None:
@@ -112,8 +115,30 @@ def load_bucket(files, scratch: str, bucket: int, span: tuple[int, int], has_acc
     rec = np.concatenate(acc) if acc else np.empty(0, dtype=ACCESS_DTYPE)
     accesses = pd.DataFrame({name: rec[name] for name in ACCESS_DTYPE.names}, copy=False)
     blocks_df = pd.concat(blocks, ignore_index=True) if blocks else conform("blocks", None)
-    trace = _BucketTrace(blocks=conform("blocks", blocks_df), accesses=accesses, ops=conform("ops", None),
+    trace = _BucketTrace(blocks=conform("blocks", blocks_df), accesses=accesses,
+                         ops=conform("ops", _ops_of(files, accesses["op_id"].to_numpy() if len(accesses) else None)),
                          metadata=dict(files.metadata))
     trace._span = (int(span[0]), int(span[1]))
     trace._has_accesses = has_accesses
     return trace
+
+
+OPS_BATCH_ROWS = 1 << 20
+
+
+def _ops_of(files, op_ids) -> pd.DataFrame | None:
+    """The ops (op_id, start_ns, end_ns) that made this bucket's accesses, read a row-group batch at a time:
+    an ATI runs from the end of the op of one access to the start of the next (`memlens.analysis.ati`), so
+    the bucket needs its ops' end times. None when the trace has no ops table or the bucket no access."""
+    if op_ids is None or "ops" not in getattr(files, "files", {}):
+        return None
+    wanted = np.unique(np.asarray(op_ids, dtype=np.int64))
+    found = []
+    for rgs in files.batches("ops", OPS_BATCH_ROWS):
+        part = files.read("ops", rgs, columns=["op_id", "start_ns", "end_ns"])
+        keep = np.isin(part["op_id"].to_numpy(np.int64), wanted)
+        if keep.any():
+            found.append(part[keep])
+    if not found:
+        return None
+    return pd.concat(found, ignore_index=True)

@@ -13,10 +13,10 @@ in-memory analysis answers on the whole trace:
     the quantiles need from the few bins that hold them (`outofcore.quantiles`) and the histogram.
     Memory: one bucket per task (about `rows_per_bucket` accesses and their blocks).
 ``outliers``
-    pass 1 as for ati, plus each device's whole live curve (16 bytes per alloc/free: the peak's time and
-    Zhang et al.'s WDOA need it whole); pass 2 runs `memlens.analysis.outliers.outliers` on each bucket
-    against the whole trace's curves and keeps its top N; the top N of those is the answer (the ranking
-    is a total order: score, size, block id).
+    pass 1 as for ati, plus each device's peak time and Zhang et al.'s WDOA weight integral from the time
+    buckets (a memory-mapped file of 16 bytes per alloc/free event); pass 2 runs
+    `memlens.analysis.outliers.outliers` on each bucket against the whole trace's peak and weights and
+    keeps its top N; the top N of those is the answer (the ranking is a total order: score, size, block id).
 
 Equal to the in-memory engine: counts, minimum, maximum, sums, quantiles, histograms and rankings are
 identical; the standard deviation (a sum of squares added in another order) agrees to float rounding.
@@ -30,14 +30,16 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.outofcore import quantiles as qmod
-from memlens.analysis.outofcore.buckets import load_bucket, split_accesses, split_blocks
+from memlens.analysis.outofcore.buckets import (ATI_BLOCK_COLUMNS, OUTLIER_BLOCK_COLUMNS, load_bucket,
+                                                split_accesses, split_blocks)
 from memlens.analysis.outofcore.files import TraceFiles
-from memlens.analysis.outofcore.live import (assemble_curve, combine_peak, curve_piece, load_curve,
+from memlens.analysis.outofcore.live import (combine_peak, curve_piece, load_context, peak_context,
                                               split_events, time_edges)
 from memlens.analysis.outofcore.runner import Runner
+from memlens.analysis.outliers import ATTRIBUTION
 from memlens.errors import NeedsAccessesError
 
-DEFAULT_ROWS_PER_BUCKET = 1_000_000
+DEFAULT_ROWS_PER_BUCKET = 500_000  # accesses per bucket task: ~0.3 GiB of intervals and blocks at the peak
 BELOW = {"1us": 1e3, "10us": 1e4, "100us": 1e5, "1ms": 1e6, "10ms": 1e7}  # as ati_stats reports them
 STAT_QUANTILES = (0.5, 0.9, 0.99)
 
@@ -63,9 +65,9 @@ def summary(path, runner: Runner) -> dict:
     }
 
 
-def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None):
+def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None):
     """Split alloc/free events into time buckets and sum them: (block facts, {device: {"peak", "t_peak",
-    "curve" (path, when written)}})."""
+    and with `write_curves` "context" (`live.peak_context`)}})."""
     batches = files.batches("blocks", DEFAULT_ROWS_PER_BUCKET)
     edges = time_edges(files, max(len(batches), 1), span)
     results = runner.map(split_events, [(files, rgs, i, edges, span[0], str(runner.scratch))
@@ -86,29 +88,31 @@ def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices
         peak, t_peak = combine_peak([p for _, p in mine])
         out[d] = {"peak": peak, "t_peak": t_peak}
         if write_curves and mine:
-            out[d]["curve"] = str(assemble_curve(str(runner.scratch), d, [tb for tb, _ in mine],
-                                                 [p for _, p in mine]))
+            out[d]["context"] = peak_context(str(runner.scratch), d, [tb for tb, _ in mine], [p for _, p in mine],
+                                             span, limit_bytes, runner)
     return facts, out
 
 
 # ---- pass 1: regroup by block -----------------------------------------------------------------------
-def _regroup(files: TraceFiles, runner: Runner, rows_per_bucket: int) -> int:
-    """Split accesses and blocks into buckets in the scratch directory; returns the bucket count."""
+def _regroup(files: TraceFiles, runner: Runner, rows_per_bucket: int, block_columns=ATI_BLOCK_COLUMNS) -> int:
+    """Split accesses and (the `block_columns` of) blocks into buckets in the scratch directory; returns
+    the bucket count."""
     n_buckets = max(1, math.ceil(files.rows["accesses"] / max(int(rows_per_bucket), 1)))
     scratch = str(runner.scratch)
     acc = files.batches("accesses", rows_per_bucket)
     blk = files.batches("blocks", rows_per_bucket)
     runner.map(split_accesses, [(files, rgs, i, n_buckets, scratch) for i, rgs in enumerate(acc)])
-    runner.map(split_blocks, [(files, rgs, i, n_buckets, scratch) for i, rgs in enumerate(blk)])
+    runner.map(split_blocks, [(files, rgs, i, n_buckets, scratch, block_columns) for i, rgs in enumerate(blk)])
     return n_buckets
 
 
 def _require_accesses(files: TraceFiles, what: str) -> None:
     if files.rows["accesses"] == 0:
+        from types import SimpleNamespace
+
         from memlens.analysis.ati import require_accesses
-        from memlens.trace import Trace
-        empty = Trace.from_tables(pd.DataFrame({"block_id": [], "size": []}),
-                                  metadata={"source_kind": files.metadata.get("source_kind", "unknown")})
+        empty = SimpleNamespace(has_accesses=False,
+                                metadata={"source_kind": files.metadata.get("source_kind", "unknown")})
         try:
             require_accesses(empty, what)
         except NeedsAccessesError as exc:
@@ -120,15 +124,25 @@ def _ati_bucket(files, scratch, bucket, span, device):
     """Pass 2 of one bucket: its intervals (by the ATI module), their partial statistics and fine-bin
     counts; the lengths are kept in the scratch directory for pass 3."""
     from memlens.analysis.ati import access_intervals
+    from memlens.analysis.ati import ATI_KIND, EDGE_KINDS
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = access_intervals(trace, device=device)
-    lengths = iv["length_ns"].to_numpy(dtype=np.int64)
+    kind = iv["kind"].to_numpy()
+    all_lengths = iv["length_ns"].to_numpy(dtype=np.int64)
+    is_ati = kind == ATI_KIND
+    lengths = all_lengths[is_ati]  # the headline is the ATI; the lifetime edges are summed beside it
     np.save(Path(scratch) / f"len-{bucket:05d}.npy", lengths)
     kinds = iv["kind"].value_counts()
     n = len(lengths)
+    edges = {}
+    for k in EDGE_KINDS:
+        e = all_lengths[kind == k]
+        edges[k] = {"count": len(e), "sum": int(e.sum(dtype=np.int64)) if len(e) else 0,
+                    "min": int(e.min()) if len(e) else None, "max": int(e.max()) if len(e) else None}
     return {
+        "edges": edges,
         "count": n,
-        "blocks": len(pd.unique(iv["block_id"].to_numpy())),
+        "blocks": len(pd.unique(iv["block_id"].to_numpy()[is_ati])),
         "sum": int(lengths.sum(dtype=np.int64)) if n else 0,
         "min": int(lengths.min()) if n else None, "max": int(lengths.max()) if n else None,
         "zero_count": int((lengths == 0).sum()),
@@ -197,22 +211,53 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
         "truncated": int(sum(p["truncated"] for p in parts)),
         "fraction_below": {k: (sum(p["below"][k] for p in parts) / n if n else None) for k in BELOW},
         "by_kind": by_kind,
+        "wrap_around": 0,
+        "edges": _edge_stats(parts),
+        "clock": clock_of_files(files),
+        "steady_state": False, "iteration": None, "period_ns": None,
         "histogram": hist,
         "accesses_outside_lifetime": int(sum(p["outside"] for p in parts)),
     }
 
 
+def _edge_stats(parts) -> dict:
+    """The lifetime edges beside the ATI, summed over the buckets: count, total, mean, min and max (ns); their
+    quantiles are not computed out of core (None)."""
+    from memlens.analysis.ati import EDGE_KINDS
+    out = {}
+    for k in EDGE_KINDS:
+        es = [p["edges"][k] for p in parts]
+        n = sum(e["count"] for e in es)
+        total = sum(e["sum"] for e in es)
+        mins = [e["min"] for e in es if e["min"] is not None]
+        maxs = [e["max"] for e in es if e["max"] is not None]
+        out[k] = {"count": int(n), "total_ns": float(total), "mean_ns": total / n if n else None,
+                  "std_ns": None, "min_ns": float(min(mins)) if mins else None,
+                  "max_ns": float(max(maxs)) if maxs else None, "p50_ns": None, "p90_ns": None, "p99_ns": None}
+    return out
+
+
+def clock_of_files(files) -> dict:
+    """The clock named in a saved trace's metadata (host when none)."""
+    from memlens.analysis.clock import clock_of
+
+    class _Meta:
+        metadata = dict(files.metadata or {})
+    return clock_of(_Meta())
+
+
 # ---- memlens outliers -----------------------------------------------------------------------------
-def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, min_size, limit_bytes, curves):
+def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, min_size, limit_bytes, contexts):
     """Pass 2 of one bucket: `outliers()` on its blocks against the whole trace's live curves (its top
     `top`), and the bandwidth filter's partial sums."""
     from memlens.analysis.ati import access_intervals
     from memlens.analysis.outliers import bandwidth_filter, outliers
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = bandwidth_filter(access_intervals(trace, device=device), bw)
-    live = {d: load_curve(p) for d, p in curves.items()}
     ranked = outliers(trace, bw, top=top, priority=priority, device=device, intervals=iv, min_size=min_size,
-                      limit_bytes=limit_bytes, live_curves=live)
+                      limit_bytes=limit_bytes, peak_context={d: load_context(c) for d, c in contexts.items()})
+    # attribution is attached once to the final rows (its dtypes depend on which rows are picked)
+    ranked = ranked.drop(columns=[c for c in ATTRIBUTION if c in ranked.columns])
     swappable = iv["swappable"].to_numpy()
     part = {"intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
             "idle_bytes_ns": float(np.dot(iv["size"].to_numpy(np.float64), iv["length_ns"].to_numpy(np.float64))),
@@ -221,25 +266,41 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     return ranked, part
 
 
+class _BlocksOf:
+    """The blocks-table rows of some block ids, read back from their buckets' pieces (a `Trace` stand-in
+    for `outliers._attach_attribution`)."""
+
+    def __init__(self, files, scratch: str, block_ids: np.ndarray, n_buckets: int):
+        from memlens.analysis.outofcore.buckets import bucket_of, pieces
+        from memlens.trace import conform
+        frames = []
+        for b in np.unique(bucket_of(block_ids, n_buckets)):
+            for piece in pieces(scratch, "blk", int(b)):
+                df = pd.read_parquet(piece)
+                frames.append(df[df["block_id"].isin(block_ids)])
+        self.blocks = conform("blocks", pd.concat(frames, ignore_index=True) if frames else None)
+
+
 def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priority: str = "size_x_idle", *,
              device: str | None = None, min_size: int | None = None, limit_bytes: float | None = None,
              rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET) -> tuple[pd.DataFrame, dict]:
     """(`memlens.analysis.outliers.outliers` of a saved trace, `filter_summary` of its bandwidth filter).
-    Needs each device's whole live curve: 16 bytes per alloc/free event (`memory_needed`)."""
+    Each device's peak and WDOA weight integral are built a time bucket at a time (`live.peak_context`)."""
     from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
-    from memlens.analysis.outliers import PRIORITIES, _rank
+    from memlens.analysis.outliers import PRIORITIES, _attach_attribution, _rank
     if priority not in PRIORITIES:
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
     files = _open(path)
     _require_accesses(files, "access time interval (ATI) analysis")
     span = files.time_span_ns()
-    _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device])
-    curves = {d: p["curve"] for d, p in peaks.items() if "curve" in p}
-    n_buckets = _regroup(files, runner, rows_per_bucket)
+    _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device],
+                       limit_bytes=limit_bytes)
+    contexts = {d: p["context"] for d, p in peaks.items() if "context" in p}
+    n_buckets = _regroup(files, runner, rows_per_bucket, OUTLIER_BLOCK_COLUMNS)
     scratch = str(runner.scratch)
     results = runner.map(_outliers_bucket, [(files, scratch, b, span, device, bw, top, priority, min_size,
-                                             limit_bytes, curves) for b in range(n_buckets)])
+                                             limit_bytes, contexts) for b in range(n_buckets)])
     frames = [r[0] for r in results if len(r[0])]
     if frames:
         merged = pd.concat(frames, ignore_index=True)
@@ -249,6 +310,8 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
         ranked = merged.iloc[order].reset_index(drop=True)
     else:
         ranked = results[0][0] if results else pd.DataFrame()
+    ranked = _attach_attribution(ranked, _BlocksOf(files, scratch, ranked["block_id"].to_numpy(np.int64),
+                                                   n_buckets))
     ranked.attrs["bandwidth"] = bw.to_dict()
     ranked.attrs["priority"] = priority
     parts = [r[1] for r in results]
@@ -260,5 +323,7 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
                 "idle_bytes_ns": idle, "swappable_bytes_ns": saved,
                 "swappable_share": saved / idle if idle > 0 else None,
                 "blocks_with_swappable": int(sum(p["blocks_with_swappable"] for p in parts)),
-                "bandwidth": bw.to_dict()}
+                "bandwidth": bw.to_dict(), "clock": clock_of_files(files), "steady_state": False,
+                "iteration": None}
+    ranked.attrs["clock"] = summary_["clock"]
     return ranked, summary_

@@ -138,6 +138,11 @@ class TraceFiles:
         except Exception as exc:
             raise InputError(f"cannot read Parquet table ({type(exc).__name__}: {exc})", fpath) from None
 
+    def columns(self, table: str) -> list[str]:
+        """Column names of `table` as stored."""
+        import pyarrow.parquet as pq
+        return list(pq.ParquetFile(self.files[table]).schema_arrow.names)
+
     def nbytes(self) -> int:
         """Bytes of the table files on disk."""
         return int(sum(Path(f).stat().st_size for f in self.files.values()))

@@ -3,9 +3,9 @@
 The blocks table is read a batch at a time; each batch's allocs and frees go to *time buckets* (consecutive
 time ranges) per device. Each time bucket is sorted on its own (by time, then event order, as `live_curve`
 sorts) and summed; the running total entering a bucket is the sum of the buckets before it, so the peak
-and its time come out exact from a few numbers per bucket. The whole curve is assembled only when an
-analysis needs it whole (Zhang et al.'s WDOA weighs every instant of a swapped-out window by the load
-then): 16 bytes per alloc/free event, the one part of the engine that grows with the trace.
+and its time come out exact from a few numbers per bucket. Zhang et al.'s WDOA weighs every instant of a
+swapped-out window by the load then: its cumulative weight integral is built bucket by bucket too, into a
+memory-mapped file (16 bytes per alloc/free event on disk) that the outlier tasks look up.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from memlens.trace import conform
 
 EVENT_DTYPE = np.dtype([("t_ns", "<i8"), ("seq", "<i8"), ("delta", "<i8")])
 _BLOCK_COLUMNS = ["device", "size", "alloc_ns", "free_ns", "alloc_seq", "free_seq"]
@@ -47,10 +49,13 @@ def _piece(scratch, device: str, tb: int, part: int, sub: int) -> Path:
 def split_events(files, row_groups: list[int], part: int, edges: np.ndarray, lo: int, scratch: str) -> dict:
     """Task: the allocs and frees of some blocks row groups, split into time-bucket pieces per device.
     Also returns the block-level facts of `buckets.add_block_facts`."""
-    from memlens.analysis.outofcore.buckets import BATCH_ROWS, add_block_facts
+    from memlens.analysis.outofcore.buckets import BLOCK_BATCH_ROWS, add_block_facts
     facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0,
              "pieces": set()}
-    for sub, b in enumerate(files.iter_batches("blocks", row_groups, BATCH_ROWS)):
+    stored = files.columns("blocks")
+    columns = [c for c in ["block_id", *_BLOCK_COLUMNS, "allocated_before", "free_without_alloc"] if c in stored]
+    for sub, b in enumerate(files.iter_batches("blocks", row_groups, BLOCK_BATCH_ROWS, columns)):
+        b = conform("blocks", b)
         add_block_facts(facts, b)
         for device, rows in b.groupby(b["device"].astype(str), sort=True):
             size = rows["size"].to_numpy(dtype=np.int64)
@@ -97,24 +102,64 @@ def combine_peak(parts: list[dict]) -> tuple[int, int | None]:
     return (0, None) if best is None else (best, t_best)
 
 
-def assemble_curve(scratch: str, device: str, tbs: list[int], parts: list[dict]) -> Path:
-    """Write the device's whole live curve (t_ns, live) to one .npy in the scratch directory; returns it.
-    Memory: 16 bytes per event while assembling."""
-    out_t, out_live, offset = [], [], 0
-    for tb, p in zip(tbs, parts):
-        f = Path(scratch) / f"curve-{device.encode().hex()}-{tb:05d}.npy"
-        steps = np.load(f)
-        out_t.append(steps[0])
-        out_live.append(steps[1] + offset)
-        offset += p["total"]
-        f.unlink()
-    path = Path(scratch) / f"curve-{device.encode().hex()}.npy"
-    np.save(path, np.stack([np.concatenate(out_t), np.concatenate(out_live)]))
-    return path
+def _steps(scratch: str, device: str, tb: int) -> np.ndarray:
+    return np.load(Path(scratch) / f"curve-{device.encode().hex()}-{tb:05d}.npy")
 
 
-def load_curve(path) -> pd.DataFrame:
-    """A curve written by `assemble_curve` as the frame `live_curve` returns (``t_ns``, ``live``),
-    memory-mapped: threads of one worker share the pages."""
-    steps = np.load(path, mmap_mode="r")
-    return pd.DataFrame({"t_ns": steps[0], "live": steps[1]}, copy=False)
+def curve_sums(scratch: str, device: str, tb: int, offset: int, next_t: float) -> dict:
+    """Task: one time bucket's share of `distributions.time_weighted_mean` of the live curve: sums of
+    live x dt, dt and live (each step holds until the next event, the last until `next_t`)."""
+    steps = _steps(scratch, device, tb)
+    t = steps[0].astype(np.float64)
+    load = (steps[1] + offset).astype(np.float64)
+    dt = np.diff(np.append(t, next_t))
+    return {"vdt": float((load * dt).sum()), "dt": float(dt.sum()), "v": float(load.sum()), "n": len(t)}
+
+
+def peak_context(scratch: str, device: str, tbs: list[int], parts: list[dict], span: tuple[int, int],
+                 limit_bytes: float | None, runner) -> dict:
+    """What `outliers` needs of a device's whole live curve, built a time bucket at a time: ``t_peak`` and
+    the cumulative WDOA weight integral (``times``, ``cum``: `outliers.load_weight`'s arrays, written to a
+    memory-mapped .npy that every task reads). Memory: one bucket; disk: 16 bytes per event."""
+    peak, t_peak = combine_peak(parts)
+    hi = span[1]
+    offsets = np.concatenate([[0], np.cumsum([p["total"] for p in parts])])[:-1].astype(np.int64)
+    firsts = [float(_steps(scratch, device, tb)[0][0]) for tb in tbs]
+    n_total = sum(p["n"] for p in parts)
+    last_t = float(_steps(scratch, device, tbs[-1])[0][-1]) if tbs else 0.0
+    end = max(float(hi), last_t)
+    if limit_bytes is None:
+        sums = runner.map(curve_sums, [(scratch, device, tb, int(off), firsts[i + 1] if i + 1 < len(tbs) else
+                                        float(hi)) for i, (tb, off) in enumerate(zip(tbs, offsets))])
+        span_t = sum(x["dt"] for x in sums)
+        limit = (sum(x["vdt"] for x in sums) / span_t if span_t > 0
+                 else sum(x["v"] for x in sums) / max(sum(x["n"] for x in sums), 1))
+    else:
+        limit = float(limit_bytes)
+    path = Path(scratch) / f"weight-{device.encode().hex()}.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(2, n_total + 1))
+    carry, pos = 0.0, 0
+    scale = max(float(peak) - limit, 1.0)
+    for i, (tb, off) in enumerate(zip(tbs, offsets)):
+        steps = _steps(scratch, device, tb)
+        t = steps[0].astype(np.float64)
+        load = (steps[1] + off).astype(np.float64)
+        weight = np.clip((load - limit) / scale, 0.0, 1.0)
+        nxt = firsts[i + 1] if i + 1 < len(tbs) else end
+        dt = np.diff(np.append(t, nxt))
+        cum = np.cumsum(np.concatenate([[carry], weight * dt]))  # sequential, as one cumsum over the curve
+        out[0, pos:pos + len(t)] = t
+        out[1, pos:pos + len(t)] = cum[:-1]
+        carry = float(cum[-1])
+        pos += len(t)
+    out[0, n_total] = end
+    out[1, n_total] = carry
+    out.flush()
+    del out
+    return {"t_peak": t_peak, "weights": str(path), "limit": limit, "peak": peak}
+
+
+def load_context(ctx: dict) -> dict:
+    """A `peak_context` with its weight arrays memory-mapped (threads of a worker share the pages)."""
+    arrays = np.load(ctx["weights"], mmap_mode="r")
+    return {"t_peak": ctx["t_peak"], "times": arrays[0], "cum": arrays[1]}

@@ -68,47 +68,54 @@ struct BlockRec {         // 32 bytes; block id = index
 struct FreeRec { int64_t t, block; };              // 16 bytes
 struct MemRec { int64_t t, ptr, delta_dev; };      // 24 bytes: delta << 8 | device index
 
-// A chunked append-only stream of fixed-size records, spillable to a file.
+// A chunked append-only stream of fixed-size records, spillable to a file. Chunks grow from 256
+// records to 64 Ki records, so a short recording holds little and a long one few chunks.
 template <typename T>
 struct Stream {
-  static constexpr size_t kChunk = 4096;
-  std::vector<std::unique_ptr<T[]>> chunks;
+  struct Chunk { std::unique_ptr<T[]> data; size_t cap, used; };
+  std::vector<Chunk> chunks;
   size_t n = 0;              // records in memory (over all chunks)
+  size_t cap_total = 0;      // records allocated in memory
   size_t spilled = 0;        // records already written to `file`
   std::FILE* file = nullptr;
 
   T& push() {
-    size_t i = n % kChunk;
-    if (i == 0 && n / kChunk == chunks.size()) chunks.emplace_back(new T[kChunk]);
-    T& r = chunks[n / kChunk][i];
+    if (chunks.empty() || chunks.back().used == chunks.back().cap) {
+      size_t cap = chunks.empty() ? 256 : std::min<size_t>(chunks.back().cap * 2, 65536);
+      chunks.push_back(Chunk{std::unique_ptr<T[]>(new T[cap]), cap, 0});
+      cap_total += cap;
+    }
+    Chunk& c = chunks.back();
     ++n;
-    return r;
+    return c.data[c.used++];
   }
   size_t size() const { return spilled + n; }
-  size_t mem_bytes() const { return chunks.size() * kChunk * sizeof(T); }
-  // Write all full chunks to the spill file, keep the partial last one. Returns bytes freed.
+  size_t mem_bytes() const { return cap_total * sizeof(T); }
+  // Write all chunks but the last to the spill file. Returns the bytes freed.
   size_t spill(const std::string& path) {
-    size_t full = n / kChunk;
-    if (full == 0) return 0;
+    if (chunks.size() < 2) return 0;
     if (!file) {
       file = std::fopen(path.c_str(), "w+b");
       if (!file) throw std::runtime_error("memlens: cannot open spill file " + path);
     }
-    for (size_t c = 0; c < full; ++c)
-      if (std::fwrite(chunks[c].get(), sizeof(T), kChunk, file) != kChunk)
+    size_t freed = 0;
+    for (size_t c = 0; c + 1 < chunks.size(); ++c) {
+      if (std::fwrite(chunks[c].data.get(), sizeof(T), chunks[c].used, file) != chunks[c].used)
         throw std::runtime_error("memlens: spill write failed for " + path);
-    std::vector<std::unique_ptr<T[]>> rest;
-    for (size_t c = full; c < chunks.size(); ++c) rest.push_back(std::move(chunks[c]));
-    chunks.swap(rest);
-    spilled += full * kChunk;
-    n -= full * kChunk;
-    return full * kChunk * sizeof(T);
+      spilled += chunks[c].used;
+      n -= chunks[c].used;
+      cap_total -= chunks[c].cap;
+      freed += chunks[c].cap * sizeof(T);
+    }
+    chunks.erase(chunks.begin(), chunks.end() - 1);
+    return freed;
   }
-  // Everything (spilled then in memory) as one contiguous byte tensor.
-  at::Tensor to_bytes() {
+  // Everything (spilled then in memory) as one contiguous byte string (not a tensor: the drain
+  // must not allocate through PyTorch, where an outer recorder or a user's profiler would see it).
+  py::bytes to_bytes() {
     size_t total = size();
-    auto out = at::empty({int64_t(total * sizeof(T))}, at::kByte);
-    auto* dst = reinterpret_cast<char*>(out.data_ptr());
+    std::string out(total * sizeof(T), '\0');
+    char* dst = out.data();
     if (spilled) {
       std::fflush(file);
       std::rewind(file);
@@ -116,16 +123,15 @@ struct Stream {
         throw std::runtime_error("memlens: could not read back spilled records");
       dst += spilled * sizeof(T);
     }
-    for (size_t i = 0; i < n; i += kChunk) {
-      size_t k = std::min(kChunk, n - i);
-      std::memcpy(dst, chunks[i / kChunk].get(), k * sizeof(T));
-      dst += k * sizeof(T);
+    for (auto& c : chunks) {
+      std::memcpy(dst, c.data.get(), c.used * sizeof(T));
+      dst += c.used * sizeof(T);
     }
-    return out;
+    return py::bytes(out);
   }
   void clear() {
     chunks.clear();
-    n = spilled = 0;
+    n = spilled = cap_total = 0;
     if (file) { std::fclose(file); file = nullptr; }
   }
 };
@@ -147,6 +153,7 @@ struct PendingAlloc { int64_t t, ptr, size; int16_t dev; };
 
 struct Frame {
   bool recorded = false;
+  bool quieted = false;                // this frame turned RecordFunction off for the op's kernel
   int64_t start = 0;
   OpInfo* info = nullptr;
   std::vector<std::pair<c10::StorageImpl*, uint8_t>> inputs;  // storages of the inputs (post-op check)
@@ -171,8 +178,18 @@ Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
 
 struct ThreadState {
-  std::vector<Frame> frames;   // one per RecordFunction in flight (recorded or not)
+  std::vector<Frame> frames;   // frames[0, depth): one per RecordFunction in flight (reused, not freed)
+  size_t depth = 0;
   int suppress = 0;            // recorded ops in flight: nested ops are inside their kernels
+  Frame& push() {
+    if (depth == frames.size()) frames.emplace_back();
+    Frame& f = frames[depth++];
+    f.recorded = f.quieted = false;
+    f.info = nullptr;
+    f.inputs.clear(); f.pins.clear(); f.allocs.clear();
+    f.self_block = -1; f.no_storage = 0; f.any_nested = false;
+    return f;
+  }
 };
 thread_local ThreadState tl_state[kSlots];
 
@@ -194,6 +211,7 @@ struct Session {
 
   std::atomic<int32_t> ctx{0};
   int64_t tensors_without_storage = 0;
+  int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
   std::unordered_map<const char*, OpInfo> op_cache;
@@ -343,7 +361,7 @@ struct Reporter : public c10::MemoryReportingInfoBase {
       if (!s) continue;
       ThreadState& ts = tl_state[k];
       Frame* frame = nullptr;
-      for (size_t i = ts.frames.size(); i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
+      for (size_t i = ts.depth; i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
       try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
     }
     tl_own_ns += raw_now() - t0;
@@ -439,12 +457,14 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
   return s->op_cache.emplace(key, std::move(info)).first->second;
 }
 
+int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
+
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (g_probe == 1) return nullptr;
   int64_t t0 = raw_now();
   ThreadState& ts = tl_state[K];
-  ts.frames.emplace_back();
-  Frame& f = ts.frames.back();
+  Frame& f = ts.push();
   Session* s = g_slots[K];
   if (s && s->active && ts.suppress == 0) {
     try {
@@ -464,6 +484,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           f.info = info;
           f.any_nested = nested;
           ts.suppress++;
+          // The ops nested inside this op's kernel are not recorded: switch RecordFunction off for
+          // them (no boxing of their arguments) unless someone else observes ops in this thread
+          // (a profiler's debug info, or global callbacks).
+          if (at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
+            auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
+            if (top == nullptr || dynamic_cast<Reporter*>(top) != nullptr) {
+              at::enableRecordFunction(false);
+              f.quieted = true;
+            }
+          }
           f.sig.clear();
           put(f.sig, info->name_id);
           bool writes_apply = info->any_write &&
@@ -526,7 +556,9 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     int32_t b;
     auto it = s->live.find(impl);
     if (it != s->live.end()) b = it->second.block;
-    else if (info->resizes && f.self_block >= 0 && impl == f.pins[0].unsafeGetStorageImpl()) b = f.self_block;
+    else if (info->resizes && !f.pins.empty() && impl == f.pins[0].unsafeGetStorageImpl())
+      // resize_/set_ on `self`: its block before the op, or -- when it had no bytes -- a block made here
+      b = f.self_block >= 0 ? f.self_block : s->block_of(f.pins[0], op, false, &f);
     else {
       c10::Storage st(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
       b = s->block_of(st, op, true, &f);
@@ -593,11 +625,13 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
 
 template <int K>
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (g_probe == 1) return;
   int64_t t0 = raw_now();
   int64_t end = t0 - tl_own_ns;
   ThreadState& ts = tl_state[K];
-  if (ts.frames.empty()) return;
-  Frame& f = ts.frames.back();
+  if (ts.depth == 0) return;
+  Frame& f = ts.frames[ts.depth - 1];
+  if (f.quieted) { at::enableRecordFunction(true); f.quieted = false; }
   if (f.recorded) {
     ts.suppress--;
     Session* s = g_slots[K];
@@ -610,7 +644,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   std::vector<c10::Storage> pins;
   pins.swap(f.pins);
-  ts.frames.pop_back();
+  ts.depth--;
   pins.clear();   // may free the old storage of set_ (the memory hook runs): after the frame is gone
   tl_own_ns += raw_now() - t0;
 }
@@ -672,6 +706,11 @@ struct Handle {
     if (s->slot < 0) return;
     {
       std::lock_guard<std::mutex> g(s->mu);
+      // storages that died where no memory hook was installed (dropped by another thread): freed by now
+      int64_t t = now();
+      std::vector<std::pair<c10::StorageImpl*, Live*>> dead;
+      for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
+      for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
       s->active = false;
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
@@ -720,6 +759,7 @@ struct Handle {
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
   py::dict drain() {
+    at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
     std::lock_guard<std::mutex> g(s->mu);
     py::dict d;
     d["ops"] = s->ops.to_bytes();
@@ -738,6 +778,7 @@ struct Handle {
     d["bytes"] = s->mem_bytes();
     d["spilled_bytes"] = s->spilled_bytes;
     d["memory_note"] = memory_note;
+    d["late_frees"] = s->late_frees;
     s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
     return d;
   }
@@ -757,6 +798,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("drain", &Handle::drain);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
+  m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
   m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
   m.attr("BLOCK_RECORD_BYTES") = int(sizeof(memlens::BlockRec));

@@ -1,0 +1,174 @@
+"""Which clock a trace's times are on, and moving a trace from one clock to another.
+
+``trace.metadata["clock"] = {"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``; absent means
+the host clock. `restamp` puts a trace on a new clock given each op's new interval; `onto_kernel_clock`
+does it with the measured CUDA kernel times of each op (the recorder's CUDA path). `memlens.retime`
+(in `memlens.devicetime`) does it with modeled durations.
+
+Re-stamping rules (the same for every clock): accesses move inside their op (reads at its new start,
+writes at its new end); every other time (block alloc/free, allocator events, accesses without an op)
+goes through one monotone map: a time inside an op keeps its relative position in the op, a time between
+ops lands on the boundary between them. The map never reverses order and op boundaries map exactly, so
+an access inside its block's lifetime stays inside it.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+
+from memlens.trace import Trace
+
+
+def clock_of(trace) -> dict:
+    """The clock a trace's times are on, as a plain dict (a copy): ``{"kind": "host"|"cuda"|"modeled",
+    ...}``; ``{"kind": "host"}`` when the metadata names none (or only a unit string, as some importers do)."""
+    clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
+    return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
+
+
+def clock_label(trace_or_clock) -> str:
+    """A short phrase naming the clock, for titles and report sections: "host clock",
+    "measured CUDA kernel clock (NVIDIA H100 80GB HBM3)", "modeled H100 SXM clock"."""
+    clock = trace_or_clock if isinstance(trace_or_clock, dict) else clock_of(trace_or_clock)
+    kind = clock.get("kind", "host")
+    if kind == "modeled":
+        return f"modeled {clock.get('gpu', 'GPU')} clock"
+    if kind == "cuda":
+        return "measured CUDA kernel clock" + (f" ({clock['gpu']})" if clock.get("gpu") else "")
+    return "host clock"
+
+
+class ClockMap:
+    """Monotone map from the old clock to the new one, defined by op intervals old [s, e] -> new [S, E]
+    (new starts non-decreasing in old-start order)."""
+
+    def __init__(self, old_start, old_end, new_start, new_end):
+        order = np.lexsort((np.arange(len(old_start)), np.asarray(old_start)))
+        self.hs = np.asarray(old_start, dtype=np.int64)[order]
+        self.he = np.asarray(old_end, dtype=np.int64)[order]
+        self.S = np.asarray(new_start, dtype=np.int64)[order]
+        self.E = np.asarray(new_end, dtype=np.int64)[order]
+        # running max of the new ends: a time after a nested or overlapping op never maps backwards
+        self.E_run = np.maximum.accumulate(self.E) if len(self.E) else self.E
+
+    def __call__(self, t) -> np.ndarray:
+        """Map old-clock times (int64 array, ns) to the new clock; times before the first op map to the
+        first op's new start."""
+        t = np.asarray(t, dtype=np.int64)
+        if len(self.hs) == 0:
+            return np.zeros_like(t)
+        i = np.searchsorted(self.hs, t, side="right") - 1
+        safe = np.clip(i, 0, None)
+        hs, he, S, E = self.hs[safe], self.he[safe], self.S[safe], self.E[safe]
+        span = np.maximum(he - hs, 1)
+        inside = (t < he) & (i >= 0)
+        frac = np.clip((t - hs) / span, 0.0, 1.0)
+        mapped = np.where(inside, S + np.rint(frac * (E - S)).astype(np.int64),
+                          np.maximum(self.E_run[safe], S))
+        return np.where(i < 0, self.S[0], mapped).astype(np.int64)
+
+
+def _map_nullable(series: pd.Series, fmap: ClockMap) -> pd.Series:
+    values = series.to_numpy(dtype="float64", na_value=np.nan)
+    known = ~np.isnan(values)
+    out = pd.array(np.zeros(len(values), dtype=np.int64), dtype="Int64")
+    if known.any():
+        out[known] = fmap(values[known].astype(np.int64))
+    out[~known] = pd.NA
+    return pd.Series(out, index=series.index)
+
+
+def restamp(trace: Trace, start, end, clock: dict, *, op_columns: dict | None = None,
+            drop_columns=(), note: str | None = None) -> Trace:
+    """A new Trace whose op i runs over [start[i], end[i]] (ns, aligned with `trace.ops` rows; starts
+    non-decreasing in recorded order), with accesses, blocks and events re-stamped (module docstring).
+
+    The old op interval is kept as ``recorded_start_ns`` / ``recorded_end_ns`` (the first recording's, when
+    the trace was already re-stamped). `op_columns` adds columns to the ops table; `clock` becomes
+    ``metadata["clock"]`` (with ``"from"``: the old clock's kind). The input trace is not modified.
+    """
+    ops = trace.ops
+    start = np.asarray(start, dtype=np.int64)
+    end = np.asarray(end, dtype=np.int64)
+    fmap = ClockMap(ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64), start, end)
+    new_ops = ops.drop(columns=[c for c in drop_columns if c in ops.columns]).copy()
+    for col, src in (("recorded_start_ns", "start_ns"), ("recorded_end_ns", "end_ns")):
+        new_ops[col] = (ops[col] if col in ops.columns else ops[src]).to_numpy(np.int64)
+    new_ops["start_ns"] = start
+    new_ops["end_ns"] = end
+    for col, values in (op_columns or {}).items():
+        new_ops[col] = values
+
+    acc = trace.accesses.copy()
+    if len(acc):
+        pos = pd.Index(ops["op_id"].to_numpy()).get_indexer(acc["op_id"].to_numpy())
+        known = pos >= 0
+        t = fmap(acc["t_ns"].to_numpy(np.int64))
+        safe = np.clip(pos, 0, None)
+        t = np.where(known, np.where(acc["is_write"].to_numpy(bool), end[safe], start[safe]), t)
+        acc["t_ns"] = t.astype(np.int64)
+    blocks = trace.blocks.copy()
+    blocks["alloc_ns"] = _map_nullable(blocks["alloc_ns"], fmap)
+    blocks["free_ns"] = _map_nullable(blocks["free_ns"], fmap)
+    extra = {name: trace.table(name).copy() for name in ("segments", "segment_blocks", "stacks")
+             if trace.table(name) is not None}
+    if trace.events is not None:
+        ev = trace.events.copy()
+        ev["t_ns"] = fmap(ev["t_ns"].to_numpy(np.int64))
+        extra["events"] = ev
+    meta = copy.deepcopy(trace.metadata)
+    old = clock_of(trace)
+    meta["clock"] = {**clock, "from": old.get("kind", "host")}
+    notes = list(meta.get("notes", []))
+    notes.append(note or f"times are on the {clock_label(meta['clock'])} (re-stamped from the "
+                         f"{old.get('kind', 'host')} clock)")
+    meta["notes"] = notes
+    return Trace.from_tables(blocks, acc, new_ops, metadata=meta, **extra)
+
+
+def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per op (rows of `ops`), the measured device interval from its ``kernel_start_ns`` /
+    ``kernel_end_ns`` (trace ns): ops that launched nothing sit at zero length where the device is at
+    that point; starts are made non-decreasing in recorded order (one position per op even when
+    kernels of different streams overlap)."""
+    n = len(ops)
+    order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
+    ks = ops["kernel_start_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
+    ke = ops["kernel_end_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
+    has = ~np.isnan(ks)
+    first = ks[has].min() if has.any() else 0.0
+    S = np.empty(n, dtype=np.int64)
+    E = np.empty(n, dtype=np.int64)
+    pos_s = pos_e = int(first)
+    for i in range(n):           # one pass; ops are few compared with accesses (Python is fine here)
+        if has[i]:
+            s = max(int(ks[i]), pos_s)
+            e = max(int(ke[i]), s)
+            pos_s, pos_e = s, max(pos_e, e)
+        else:
+            s = e = max(pos_s, pos_e)
+            pos_s = s
+        S[i], E[i] = s, e
+    start, end = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+    start[order], end[order] = S - int(first), E - int(first)
+    return start, end
+
+
+def onto_kernel_clock(trace: Trace, gpu: str | None = None) -> Trace:
+    """The trace on the measured CUDA clock: each op spans its kernels (first start to last end, from
+    the ``kernel_start_ns`` / ``kernel_end_ns`` columns the recorder fills from CUDA activity); ops that
+    launched no kernel take 0 ns. ``metadata["clock"] = {"kind": "cuda", "gpu": gpu}``. Raises
+    `InputError` when the trace has no kernel times."""
+    from memlens.errors import InputError
+    ops = trace.ops
+    if "kernel_start_ns" not in ops.columns or ops["kernel_start_ns"].notna().sum() == 0:
+        raise InputError("the trace has no CUDA kernel times per op (record on CUDA with kernel_times=True)")
+    start, end = kernel_intervals(ops)
+    busy = ops["kernel_busy_ns"] if "kernel_busy_ns" in ops.columns else None
+    clock = {"kind": "cuda", "gpu": gpu, "model": None,
+             "device_busy_ns": int(busy.fillna(0).sum()) if busy is not None else int((end - start).sum())}
+    return restamp(trace, start, end, clock, op_columns={"device_ns": end - start},
+                   note="times are on the measured CUDA kernel clock: each op spans the kernels it launched "
+                        "(first start to last end); ops without kernels take 0 ns")

@@ -1,0 +1,92 @@
+"""`memlens predict --gpu H100 --capacity 80GiB [--out run.memlens] -- python train.py ARGS`.
+
+Runs a script under `memlens.predict` (fake `cuda`, no GPU, no real memory) and prints the predicted peaks;
+`--out` writes the predicted trace (a `.memlens` directory any memlens command reads). The script runs in
+this process after memlens has loaded its fake-CUDA shim, which is why this route works where the script
+itself imports torch first.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser("predict", help="predict a script's GPU memory without a GPU",
+                       description="Run `-- python script.py args` on fake cuda tensors and predict peak "
+                                   "allocated/reserved bytes through the caching-allocator simulator.")
+    p.add_argument("--gpu", default="H100", help="GPU model (H100, H200, A100, L4, ...; default H100)")
+    p.add_argument("--capacity", default=None, help="device memory to check against, e.g. 80GiB "
+                                                    "(default: the GPU's)")
+    p.add_argument("--conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's)")
+    p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("command", nargs=argparse_remainder(), help="-- python script.py [args]")
+    p.set_defaults(func=run)
+
+
+def argparse_remainder():
+    import argparse
+    return argparse.REMAINDER
+
+
+def _script_argv(command: list[str]) -> list[str]:
+    from memlens.errors import InputError
+    cmd = list(command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if cmd and (cmd[0].endswith("python") or cmd[0].split("/")[-1].startswith("python")):
+        cmd = cmd[1:]
+    if not cmd or not cmd[0].endswith(".py"):
+        raise InputError("predict: give the script after --, e.g. `memlens predict -- python train.py`")
+    return cmd
+
+
+def run(args) -> int:
+    import os
+    import runpy
+
+    from memlens.cli import print_json
+    from memlens.errors import InputError
+    from memlens.predict.predictor import Prediction
+    from memlens.units import format_bytes
+
+    argv = _script_argv(args.command)
+    script = argv[0]
+    if not os.path.isfile(script):
+        raise InputError(f"{script}: no such script")
+    p = Prediction(args.gpu, args.capacity, conf=args.conf)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    sys.argv = argv
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    failure = None
+    try:
+        with p:
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            failure = f"the script exited with {exc.code}"
+    except Exception as exc:  # the script's own error: report it, keep the prediction up to it
+        failure = f"the script raised {type(exc).__name__}: {exc}"
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    if p.trace is None:
+        raise InputError(f"{script}: nothing was predicted ({failure or 'no trace'})")
+    if args.out:
+        p.trace.save(args.out)
+    s = p.summary()
+    oom = p.oom
+    s["oom"] = str(oom) if oom is not None else None
+    s["script_error"] = failure
+    if args.json:
+        print_json(s)
+    else:
+        print(f"gpu:                {s['gpu']}")
+        print(f"peak allocated:     {format_bytes(s['peak_allocated'])} ({s['peak_allocated']:,} bytes)")
+        print(f"peak reserved:      {format_bytes(s['peak_reserved'])} ({s['peak_reserved']:,} bytes)")
+        print(f"device memory need: {format_bytes(s['device_bytes_needed'])} (reserved + CUDA context)")
+        print(f"fits:               {s['fits']}" + (f"  ({s['oom']})" if s["oom"] else ""))
+        if failure:
+            print(f"note:               {failure}")
+        if args.out:
+            print(f"trace:              {args.out}")
+    return 0 if failure is None else 1

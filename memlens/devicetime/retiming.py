@@ -1,0 +1,73 @@
+"""`retime(trace, gpu="H100")`: the same trace on the modeled clock of a GPU.
+
+What changes (and why it stays a consistent trace):
+- Ops keep their recorded order and run back to back on one device stream, each for its modeled
+  duration (`memlens.devicetime.costmodel`): a device that is never starved by its host. Ops that launch
+  no kernel take 0 ns. New columns: ``device_ns``, ``op_class``, ``kernels``, and the old interval as
+  ``recorded_start_ns`` / ``recorded_end_ns`` (the recorded clock, for side-by-side views).
+- Accesses are re-stamped inside their op: reads at its start, writes at its end.
+- Every other time (block alloc/free, allocator events, accesses without an op) goes through one
+  monotone map from the old clock to the new: a time inside an op keeps its relative position in the
+  op, a time between ops lands at the boundary between them. Because the map never reverses order and
+  op boundaries map exactly, every access stays inside its block's lifetime when it was inside before.
+- ``trace.metadata["clock"] = {"kind": "modeled", "gpu": ..., "model": ..., "from": <old clock kind>}``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.clock import clock_label, clock_of, restamp
+from memlens.devicetime.costmodel import MODEL_NAME, device_times, has_cost_facts
+from memlens.devicetime.gpus import gpu as resolve_gpu
+from memlens.errors import InputError
+from memlens.trace import Trace
+
+
+def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
+    """A new Trace on the modeled clock of `gpu` (a name from `memlens.gpus()` or a `memlens.GPU`).
+
+    `tf32`: fp32 matmuls run at the TF32 tensor-core rate (``torch.backends.cuda.matmul.allow_tf32``;
+    off by default in PyTorch). Needs the ops table's cost facts (recorded by memlens); raises
+    `InputError` for a trace without them. The input trace is not modified.
+    """
+    g = resolve_gpu(gpu)
+    if not isinstance(trace, Trace):
+        raise InputError(f"retime needs a memlens.Trace, not {type(trace).__name__}")
+    ops = trace.ops
+    if len(ops) == 0:
+        raise InputError("the trace has no ops (an allocation-only source such as a snapshot, a profiler "
+                         "memory timeline or a buffer list), so there is nothing to put on a device clock; "
+                         "record the run with memlens.record")
+    if not has_cost_facts(ops):
+        raise InputError("the trace has no per-op cost facts (flops/bytes per op), so it cannot be put on a "
+                         "device clock; record it with memlens.record (imported snapshots and profiler traces "
+                         "carry no op shapes)")
+    dt = device_times(ops, g, tf32=tf32)
+    start, end = op_schedule(ops, dt["device_ns"].to_numpy())
+    old = clock_of(trace)
+    clock = {"kind": "modeled", "gpu": g.name, "model": MODEL_NAME, "tf32": bool(tf32),
+             "device_busy_ns": int(dt["device_ns"].sum()), "kernels": int(dt["kernels"].sum())}
+    out = restamp(trace, start, end, clock,
+                  op_columns={"device_ns": dt["device_ns"].to_numpy(), "op_class": dt["op_class"].to_numpy(),
+                              "kernels": dt["kernels"].to_numpy()},
+                  drop_columns=("kernel_start_ns", "kernel_end_ns", "kernel_busy_ns", "kernels", "device_ns",
+                                "op_class"),
+                  note=f"times are on the {clock_label(clock)} (retimed from the {old.get('kind', 'host')} "
+                       "clock: ops back to back in recorded order, durations from the per-op cost model)")
+    out.metadata["gpu"] = g.to_dict()
+    return out
+
+
+def op_schedule(ops: pd.DataFrame, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Back-to-back (start, end) ns, aligned with `ops` rows, for ops lasting `durations` and run in
+    their recorded order (by start, then op_id) from t = 0."""
+    n = len(ops)
+    order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
+    dur = np.asarray(durations, dtype=np.int64)[order]
+    end_sorted = np.cumsum(dur)
+    start = np.empty(n, dtype=np.int64)
+    end = np.empty(n, dtype=np.int64)
+    start[order] = end_sorted - dur
+    end[order] = end_sorted
+    return start, end

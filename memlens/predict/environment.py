@@ -1,0 +1,197 @@
+"""The fake-CUDA environment a prediction runs in: FakeTensorMode plus the patches ordinary code needs.
+
+Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no compute) and the
+`torch.cuda` functions that scripts call report one device of the modelled GPU. What is patched, and why:
+
+- ``torch.cuda.is_available`` / ``device_count`` / ``current_device`` / ``get_device_capability`` /
+  ``get_device_name`` / ``synchronize`` / ``set_device`` / memory-stat and snapshot functions: on a CPU build
+  they raise or say "no GPU", and ``torch.autocast("cuda")`` silently disables itself unless
+  ``is_available()`` is true.
+- ``nn.init.trunc_normal_`` (and friends that call ``.item()``): a data-dependent ``.item()`` cannot run on
+  fake tensors; the patched version fills in place (``uniform_``), allocating what the real one allocates
+  (nothing).
+- ``nn.Module._apply`` (``.to()``, ``.cuda()``, ``.half()``): torch swaps fake parameters with
+  ``swap_tensors``, which fails ("Couldn't swap ... weakref"); the patch sets ``param.data`` and the fake
+  device instead, so parameters keep their identity (an optimizer built before ``.to()`` still sees them),
+  and the old storage is freed as in a real run.
+- ``F.scaled_dot_product_attention``: picks the fused kernel CUDA would pick (flash / memory-efficient)
+  instead of the CPU build's math fallback (see `_predicted_sdpa`).
+- ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
+  default foreach path as a real run does (not the per-parameter loop).
+Everything is restored on exit.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+
+def _no_grad_fill(tensor, *args, **kwargs):
+    with torch.no_grad():
+        return tensor.uniform_(-1.0, 1.0)
+
+
+def _fake_apply(self, fn, recurse=True):
+    """`nn.Module._apply` for fake parameters: `.data =` plus the fake device (see module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    if recurse:
+        for module in self.children():
+            module._apply(fn)
+    for key, param in self._parameters.items():
+        if param is None:
+            continue
+        with torch.no_grad():
+            applied = fn(param)
+        if applied is param:
+            pass
+        elif isinstance(param, FakeTensor) and isinstance(applied, FakeTensor):
+            param.data = applied
+            param.fake_device = applied.fake_device
+        else:
+            self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+            param = self._parameters[key]
+        if param.grad is not None:
+            with torch.no_grad():
+                grad_applied = fn(param.grad)
+            if isinstance(grad_applied, FakeTensor) and isinstance(param.grad, FakeTensor):
+                param.grad.data = grad_applied
+                param.grad.fake_device = grad_applied.fake_device
+            else:
+                param.grad = grad_applied
+    for key, buf in self._buffers.items():
+        if buf is not None:
+            self._buffers[key] = fn(buf)
+    return self
+
+
+def _predicted_sdpa(original, capability: tuple[int, int]):
+    """`F.scaled_dot_product_attention` choosing the fused CUDA kernel a real run would choose.
+
+    On a CPU build the fused kernels do not exist, so fake `cuda` inputs fall back to the math path, which
+    materialises the (batch, heads, q, k) scores (and keeps them for backward): gigabytes a real GPU never
+    allocates. torch's CUDA selection (``sdp_utils.cpp``), simplified: flash attention for fp16/bf16 on
+    sm80+ without an explicit mask and head dim <= 256 and a multiple of 8; else memory-efficient attention
+    (any float dtype, masks allowed, head dim a multiple of 8, or 4 in fp32); else math. Both fused ops have
+    meta kernels and autograd formulas, so forward and backward allocate what the real kernels allocate
+    (output, logsumexp; their backward's gradients).
+    """
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        from torch._subclasses.fake_tensor import FakeTensor
+        if (isinstance(query, FakeTensor) and query.device.type == "cuda" and not enable_gqa and query.dim() == 4
+                and key.shape[-1] == query.shape[-1] == value.shape[-1]):
+            d = query.shape[-1]
+            half = query.dtype in (torch.float16, torch.bfloat16)
+            if half and attn_mask is None and capability >= (8, 0) and d % 8 == 0 and d <= 256:
+                return torch.ops.aten._scaled_dot_product_flash_attention(
+                    query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+            if query.dtype.is_floating_point and d % (8 if half else 4) == 0 and capability >= (5, 0):
+                needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+                return torch.ops.aten._scaled_dot_product_efficient_attention(
+                    query, key, value, attn_mask, needs_lse, dropout_p, is_causal, scale=scale)[0]
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                        scale=scale, enable_gqa=enable_gqa)
+    return sdpa
+
+
+class _Patches:
+    """Attribute patches applied on enter and restored on exit (nested predictions are refused)."""
+
+    def __init__(self, gpu_name: str, capability: tuple[int, int], total_memory: int | None):
+        self.gpu_name = gpu_name
+        self.capability = capability
+        self.total_memory = total_memory
+        self._saved: list[tuple[Any, str, Any]] = []
+        self._undo: list = []
+
+    def _set(self, owner, name: str, value) -> None:
+        self._saved.append((owner, name, getattr(owner, name, _MISSING)))
+        setattr(owner, name, value)
+
+    def apply(self) -> None:
+        cuda = torch.cuda
+        props = _DeviceProperties(self.gpu_name, self.capability, self.total_memory)
+        self._set(cuda, "is_available", lambda: True)
+        self._set(cuda, "device_count", lambda: 1)
+        self._set(cuda, "current_device", lambda: 0)
+        self._set(cuda, "set_device", lambda device: None)
+        self._set(cuda, "synchronize", lambda device=None: None)
+        self._set(cuda, "get_device_capability", lambda device=None: self.capability)
+        self._set(cuda, "get_device_name", lambda device=None: self.gpu_name)
+        self._set(cuda, "get_device_properties", lambda device=None: props)
+        self._set(cuda, "is_bf16_supported", lambda including_emulation=True: self.capability >= (8, 0))
+        self._set(cuda, "empty_cache", lambda: None)
+        for name in ("reset_peak_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_allocated"):
+            self._set(cuda, name, lambda device=None: None)
+        self._set(cuda.memory, "_record_memory_history", lambda *a, **k: None)
+        self._set(cuda.memory, "_dump_snapshot", lambda *a, **k: None)
+        nvtx = cuda.nvtx
+        self._set(nvtx, "range_push", lambda msg: 0)
+        self._set(nvtx, "range_pop", lambda: 0)
+        self._set(nvtx, "mark", lambda msg: None)
+        self._set(nvtx, "range", _null_range)
+        init = torch.nn.init
+        for name in ("trunc_normal_",):
+            self._set(init, name, _no_grad_fill)
+        self._set(torch.nn.Module, "_apply", _fake_apply)
+        F = torch.nn.functional
+        self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
+        # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
+        # plain, so fake ones must count as plain too, or AdamW & co. take the per-parameter path, whose
+        # temporaries differ (foreach allocates one intermediate per parameter at once)
+        from torch._subclasses.fake_tensor import FakeTensor
+        from torch.optim import optimizer as _optimizer
+        types = _optimizer._foreach_supported_types
+        if FakeTensor not in types:
+            types.append(FakeTensor)
+            self._undo.append(lambda: types.remove(FakeTensor) if FakeTensor in types else None)
+
+    def restore(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        while self._saved:
+            owner, name, value = self._saved.pop()
+            if value is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def _null_range(*args, **kwargs):
+    yield
+
+
+class _DeviceProperties:
+    """What ``torch.cuda.get_device_properties`` reports for the modelled GPU."""
+
+    def __init__(self, name: str, capability: tuple[int, int], total_memory: int | None):
+        self.name = name
+        self.major, self.minor = capability
+        self.total_memory = total_memory or 0
+        self.multi_processor_count = 0
+
+    def __repr__(self) -> str:
+        return f"_DeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, " \
+               f"total_memory={self.total_memory})"
+
+
+@contextlib.contextmanager
+def fake_cuda(gpu_name: str = "H100", capability: tuple[int, int] = (9, 0), total_memory: int | None = None):
+    """FakeTensorMode with a working fake `cuda` device and the patches above; yields the mode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from memlens.predict import shim
+    shim.require()
+    patches = _Patches(gpu_name, capability, total_memory)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode.memlens_patches = patches     # a prediction adds its own (memory-stat answers) and restores them
+    patches.apply()
+    try:
+        with mode:
+            yield mode
+    finally:
+        patches.restore()

@@ -1,0 +1,378 @@
+"""`memlens.predict`: run a training step on fake `cuda` tensors and predict its GPU memory.
+
+    import memlens                      # before torch, on a CPU-only build (see memlens.predict.shim)
+    import torch
+    with memlens.predict(gpu="H100", capacity="80GiB") as p:
+        model = Model().cuda(); opt = torch.optim.AdamW(model.parameters())
+        loss = model(torch.randint(0, 1000, (8, 512), device="cuda")).sum(); loss.backward(); opt.step()
+    p.peak_allocated, p.peak_reserved, p.fits("40GiB"), p.oom, p.trace
+
+How a prediction is made:
+1. The code runs under FakeTensorMode with a fake `cuda` device (`environment.fake_cuda`): shapes, dtypes
+   and strides are computed, no memory is touched and nothing is computed.
+2. memlens's recorder sees every ATen op and every storage's birth and death (`PredictSession`), which gives
+   the blocks (sizes in bytes, lifetimes), accesses, ops, modules, categories and iterations of the step.
+3. What fake tensors never see is added explicitly (`gpus.py`): one cuBLAS workspace per (thread, stream)
+   at its first GEMM, never freed.
+4. The blocks are replayed through memlens's caching-allocator simulator (`memlens.simulate`) under the
+   run's ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM
+   path. That gives peak allocated (torch's ``max_memory_allocated``), peak reserved
+   (``max_memory_reserved``) and, against a capacity, the first allocation that would fail.
+The CUDA context (outside the caching allocator) and NCCL buffers count against the capacity only.
+`torch.compile` is out of scope: compiled regions are not traced by FakeTensorMode the same way and their
+Inductor buffers are planned by Inductor, not requested op by op.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from memlens.errors import InputError
+from memlens.predict.gpus import GPUMemoryFacts, gpu_facts
+
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+                      "_addmm_activation", "_scaled_mm", "_int_mm"})
+_active = threading.local()
+
+
+def _capacity_bytes(capacity) -> int | None:
+    if capacity is None:
+        return None
+    from memlens.units import parse_bytes
+    try:
+        return int(parse_bytes(capacity))
+    except Exception as exc:
+        raise InputError(f"capacity {capacity!r} is not a size in bytes ({exc})") from None
+
+
+@dataclass
+class OOM:
+    """The first allocation that would not fit: its size (bytes, as requested), op, module, stack (when
+    recorded), when (trace ns) and what was live then (the largest blocks first)."""
+
+    block_id: int
+    size: int
+    op: str
+    module: str
+    t_ns: int
+    reserved: int
+    allocated: int
+    capacity: int
+    stack: pd.DataFrame | None
+    live: pd.DataFrame
+
+    def __str__(self) -> str:
+        from memlens.units import format_bytes
+        return (f"OOM: {self.op} in {self.module or '(no module)'} asks for {format_bytes(self.size)} with "
+                f"{format_bytes(self.allocated)} allocated and {format_bytes(self.reserved)} reserved of "
+                f"{format_bytes(self.capacity)}")
+
+
+class Prediction:
+    """A predicted run. Use as a context manager (`memlens.predict`); read the results after the block.
+
+    Results (bytes): `peak_allocated`, `peak_reserved`, `peak_allocated_since_reset` (after the last
+    ``torch.cuda.reset_peak_memory_stats()`` the code called, as a real run reports it), `oom`, `fits()`,
+    `trace` (a `memlens.Trace` with blocks on ``cuda:0``, sizes rounded as the caching allocator rounds
+    them; `requested_size` holds the bytes asked for), `simulation` (the allocator replay).
+    """
+
+    def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
+                 model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
+                 cublas_workspaces: bool = True):
+        self.gpu = gpu_facts(gpu) if cuda_context is None else gpu_facts(gpu, cuda_context=int(cuda_context))
+        self.capacity = _capacity_bytes(capacity)
+        self.conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if conf is None else conf
+        self.model = model
+        self.stacks = stacks
+        self.nccl_bytes = int(nccl_bytes)
+        self.cublas_workspaces = bool(cublas_workspaces)
+        self.trace = None
+        self.simulation = None
+        self._sims: dict[Any, Any] = {}
+        self._env = None
+        self._recorder = None
+        self._reset_marks: list[int] = []
+        self.wall_ns = 0
+
+    # ---- the block --------------------------------------------------------------------------
+    def __enter__(self) -> "Prediction":
+        if getattr(_active, "prediction", None) is not None:
+            raise RuntimeError("memlens.predict blocks do not nest")
+        from memlens.predict.environment import fake_cuda
+        from memlens.predict.session import PredictSession
+        from memlens.record.recorder import Recorder
+        self._t0 = perf_counter_ns()
+        self._env = fake_cuda(self.gpu.name, self.gpu.capability, self.gpu.total_memory)
+        self.mode = self._env.__enter__()
+        try:
+            recorder = Recorder(self.model, stacks=self.stacks, allocator="none", kernel_times=False)
+            recorder.session_class = PredictSession
+            recorder.__enter__()
+            self._recorder = recorder
+            self._session = recorder._session
+            self._patch_stats()
+        except BaseException:
+            self._env.__exit__(None, None, None)
+            raise
+        _active.prediction = self
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        _active.prediction = None
+        session = self._recorder._session
+        t_start = session.t_start if session is not None else 0
+        try:
+            self._recorder.__exit__(exc_type, exc, tb)
+        finally:
+            self._env.__exit__(None, None, None)
+        self._reset_marks = [m - t_start for m in self._reset_marks]
+        if self._recorder.trace is not None:
+            self.trace = self._finish(self._recorder.trace, self._recorder)
+        self.wall_ns = perf_counter_ns() - self._t0
+        return False
+
+    def _patch_stats(self) -> None:
+        """``torch.cuda.reset_peak_memory_stats`` marks the window `peak_allocated_since_reset` reports;
+        ``memory_allocated`` / ``max_memory_allocated`` answer from the live fake blocks (unrounded)."""
+        import torch
+        session = self._recorder._session
+        marks = self._reset_marks
+
+        def reset_peak(device=None):
+            marks.append(perf_counter_ns())
+
+        def reset_and_mark(device=None):
+            reset_peak(device)
+            session.peak_cuda_bytes = session.live_cuda_bytes
+
+        patches = self.mode.memlens_patches
+        patches._set(torch.cuda, "reset_peak_memory_stats", reset_and_mark)
+        patches._set(torch.cuda, "memory_allocated", lambda device=None: session.live_cuda_bytes)
+        patches._set(torch.cuda, "max_memory_allocated", lambda device=None: session.peak_cuda_bytes)
+
+    # ---- building the prediction ------------------------------------------------------------
+    def _finish(self, trace, recorder):
+        from memlens.predict.corrections import apply_corrections
+        from memlens.simulate.config import parse_conf, round_size
+        threads = self._session.op_threads
+        op_ids = trace.ops["op_id"].to_numpy()
+        if len(threads) >= len(op_ids) and len(op_ids):
+            trace.ops["thread"] = np.asarray(threads, dtype=np.int64)[op_ids]
+        blocks = trace.blocks.copy()
+        cuda = blocks["device"].str.startswith("cuda")
+        blocks.loc[cuda, "addr"] = pd.NA
+        config = parse_conf(self.conf or None)
+        blocks["requested_size"] = blocks["size"]
+        sizes = blocks.loc[cuda, "size"].to_numpy()
+        blocks.loc[cuda, "size"] = np.array([round_size(int(s), config) for s in sizes], dtype=np.int64)
+        trace.blocks = blocks
+        trace = apply_corrections(trace)
+        if self.cublas_workspaces:
+            trace = self._add_workspaces(trace)
+        trace.metadata.update({
+            "source_kind": "memlens_predict",
+            "clock": {"kind": "host", "gpu": self.gpu.name,
+                      "model": "fake-tensor execution on the CPU: op times are not GPU times"},
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": self.conf},
+            "prediction": {
+                "gpu": self.gpu.name, "capability": list(self.gpu.capability),
+                "capacity": self.capacity, "conf": self.conf,
+                "cuda_context_bytes": self.gpu.cuda_context, "nccl_bytes": self.nccl_bytes,
+                "cublas_workspace_bytes": self.gpu.cublas_workspace if self.cublas_workspaces else 0,
+                "reset_peak_ns": self._reset_marks,
+            },
+        })
+        # the recorder's note about its allocator instrument does not apply: fake tensors have no allocator
+        trace.metadata["notes"] = [n for n in trace.metadata.get("notes", []) if "allocator='none'" not in n]
+        trace.metadata["notes"].append(
+            "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
+            f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
+        return trace
+
+    def _add_workspaces(self, trace):
+        """One cuBLAS workspace block per thread, at that thread's first GEMM (never freed)."""
+        ops = trace.ops
+        threads = ops["thread"] if "thread" in ops.columns else pd.Series(0, index=ops.index)
+        base = ops["name"].str.split("::").str[-1].str.split(".").str[0]   # "aten::addmm.default" -> "addmm"
+        gemm = ops[base.isin(GEMM_OPS)]
+        if len(gemm) == 0:
+            return trace
+        firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
+        blocks = trace.blocks
+        next_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
+        rows = []
+        size = self.gpu.cublas_workspace
+        for i, op in enumerate(firsts.itertuples(index=False)):
+            rows.append({"block_id": next_id + i, "device": "cuda:0", "addr": pd.NA, "size": size,
+                         "requested_size": size, "alloc_ns": int(op.start_ns), "free_ns": pd.NA,
+                         "category": "unknown", "op": "cublas_workspace (modelled)",
+                         "alloc_op_id": int(op.op_id), "module": op.module, "stream": 0,
+                         "allocated_before": False, "free_without_alloc": False, "source": "predict:model"})
+        new = pd.DataFrame(rows)
+        merged = pd.concat([blocks, new], ignore_index=True)
+        merged["alloc_seq"] = pd.array([pd.NA] * len(merged), dtype="Int64")
+        merged["free_seq"] = pd.array([pd.NA] * len(merged), dtype="Int64")
+        from memlens.trace import Trace
+        extra = {t: getattr(trace, t) for t in ("segments", "segment_blocks", "events", "stacks")
+                 if getattr(trace, t, None) is not None}
+        return Trace.from_tables(merged, trace.accesses, trace.ops, metadata=trace.metadata, **extra)
+
+    # ---- results ----------------------------------------------------------------------------
+    def _need_trace(self):
+        if self.trace is None:
+            raise RuntimeError("no prediction yet: read the results after the `with memlens.predict()` block")
+        return self.trace
+
+    def simulate(self, capacity=None):
+        """The caching-allocator replay of the predicted trace on ``cuda:0`` (cached per capacity)."""
+        from memlens.simulate import simulate
+        trace = self._need_trace()
+        cap = _capacity_bytes(capacity) if capacity is not None else None
+        if cap is not None:
+            cap = max(cap - self.gpu.cuda_context - self.nccl_bytes, 1)
+        if cap not in self._sims:
+            if not (trace.blocks["device"] == "cuda:0").any():
+                self._sims[cap] = None
+            else:
+                self._sims[cap] = simulate(trace, conf=self.conf, capacity=cap if cap is not None else "unlimited",
+                                           device="cuda:0", initial_state="empty").devices["cuda:0"]
+        return self._sims[cap]
+
+    @property
+    def peak_allocated(self) -> int:
+        """Predicted ``torch.cuda.max_memory_allocated()`` over the whole block, bytes."""
+        sim = self.simulate()
+        return sim.peak_allocated if sim is not None else 0
+
+    @property
+    def peak_reserved(self) -> int:
+        """Predicted ``torch.cuda.max_memory_reserved()`` over the whole block, bytes."""
+        sim = self.simulate()
+        return sim.peak_reserved if sim is not None else 0
+
+    def _since_reset(self, column: str) -> int:
+        sim = self.simulate()
+        if sim is None:
+            return 0
+        tl = sim.timeline
+        if not self._reset_marks:
+            return int(tl[column].max())
+        t = self._reset_marks[-1]
+        before = tl[tl["t_ns"] <= t]
+        start = int(before[column].iloc[-1]) if len(before) else 0
+        after = tl.loc[tl["t_ns"] > t, column]
+        return max(start, int(after.max()) if len(after) else start)
+
+    @property
+    def peak_allocated_since_reset(self) -> int:
+        """Peak allocated after the last ``torch.cuda.reset_peak_memory_stats()`` in the block, bytes (what
+        ``max_memory_allocated()`` reports at the end of a real run); the whole block when there was none."""
+        return self._since_reset("allocated")
+
+    @property
+    def device_bytes_needed(self) -> int:
+        """Peak reserved + CUDA context + NCCL buffers: the device memory the run needs, bytes."""
+        return self.peak_reserved + self.gpu.cuda_context + self.nccl_bytes
+
+    def fits(self, capacity=None) -> bool:
+        """Whether the run completes within `capacity` (bytes or "80GiB"; default: the prediction's) of
+        device memory, counting the CUDA context and NCCL buffers; the allocator's OOM path (freeing cached
+        blocks and retrying) is simulated."""
+        cap = self.capacity if capacity is None else _capacity_bytes(capacity)
+        if cap is None:
+            cap = self.gpu.total_memory
+        sim = self.simulate(cap)
+        return sim is None or not sim.ooms
+
+    @property
+    def oom(self) -> OOM | None:
+        """The first allocation that would fail at the prediction's capacity (default: the GPU's memory)."""
+        cap = self.capacity if self.capacity is not None else self.gpu.total_memory
+        sim = self.simulate(cap)
+        if sim is None or not sim.ooms:
+            return None
+        first = sim.ooms[0]
+        trace = self.trace
+        blocks = trace.blocks
+        # the failing request is the allocation at the OOM's position in the replayed order (alloc_seq)
+        hit = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_seq"] == int(first["seq"]))]
+        row = hit.iloc[0] if len(hit) else None
+        bid = int(row["block_id"]) if row is not None else None
+        t_ns = int(row["alloc_ns"]) if row is not None else int(first.get("t_ns", 0))
+        alive = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_ns"].fillna(-1) < t_ns)
+                       & (blocks["free_ns"].isna() | (blocks["free_ns"].fillna(0) > t_ns))]
+        live = alive.sort_values("size", ascending=False)[["block_id", "size", "category", "op", "module"]]
+        stack = None
+        if row is not None and trace.stacks is not None and pd.notna(row["stack_id"]):
+            stack = trace.stacks[trace.stacks["stack_id"] == int(row["stack_id"])]
+        return OOM(bid if bid is not None else -1, int(row["requested_size"]) if row is not None else
+                   int(first.get("requested", 0)), str(row["op"]) if row is not None else "",
+                   str(row["module"]) if row is not None else "", t_ns, int(first.get("reserved", 0)),
+                   int(live["size"].sum()), cap, stack, live.reset_index(drop=True))
+
+    def summary(self) -> dict:
+        """The headline figures (bytes, ns)."""
+        return {"gpu": self.gpu.name, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
+                "peak_allocated_since_reset": self.peak_allocated_since_reset,
+                "device_bytes_needed": self.device_bytes_needed,
+                "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
+                "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
+                "predict_wall_ns": self.wall_ns}
+
+
+def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPUMemoryFacts = "H100",
+            capacity=None, **options) -> Prediction:
+    """Predict GPU memory without a GPU.
+
+    ``with memlens.predict(gpu="H100", capacity="80GiB") as p: ...`` runs the block on fake `cuda` tensors;
+    ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
+    finished `Prediction`. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
+    (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
+    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`.
+    """
+    if fn is None or isinstance(fn, (str, GPUMemoryFacts)):
+        if fn is not None:
+            gpu = fn
+        return Prediction(gpu, capacity, **options)
+    if not callable(fn):
+        raise InputError(f"memlens.predict takes a callable or a gpu name, not {type(fn).__name__}")
+    p = Prediction(gpu, capacity, **options)
+    with p:
+        fn()
+    return p
+
+
+def active_prediction() -> Prediction | None:
+    return getattr(_active, "prediction", None)
+
+
+def fake(model):
+    """Move a real `nn.Module` onto fake `cuda` inside an active prediction, without allocating real memory.
+
+    Each parameter and buffer is replaced by a fake `cuda` tensor of the same shape, dtype and strides
+    (values are not copied: predictions need none). Returns the module (changed in place).
+    """
+    import torch
+    p = active_prediction()
+    if p is None:
+        raise RuntimeError("memlens.fake(model) works inside `with memlens.predict(...)`")
+    for module in model.modules():
+        for key, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            new = torch.empty_strided(param.shape, param.stride(), dtype=param.dtype, device="cuda")
+            module._parameters[key] = torch.nn.Parameter(new, requires_grad=param.requires_grad)
+        for key, buf in list(module._buffers.items()):
+            if buf is not None:
+                module._buffers[key] = torch.empty_strided(buf.shape, buf.stride(), dtype=buf.dtype, device="cuda")
+    session = p._recorder._session
+    if session is not None and p.model is model:
+        session._register_modules(model, session.module_prefix)
+    return model

@@ -1,0 +1,142 @@
+"""The recording session under prediction: memlens's recorder, taught that fake tensors live on `cuda`.
+
+Fake tensors (FakeTensorMode) keep their bytes nowhere: their storage is a `meta` storage, which the plain
+recorder skips. Here a meta storage of a fake tensor is a block on the device the fake tensor claims
+(``cuda:0``), with no address (the caching-allocator simulator gives it one). Fake tensors on the CPU
+(a ``torch.tensor(1.0)`` step counter, a CPU-built model before ``.to("cuda")``) are blocks on ``cpu``.
+"""
+from __future__ import annotations
+
+from threading import get_ident as _get_ident
+from weakref import ref as _weakref
+
+import torch
+
+from memlens.record.session import Session, _RecordingMode
+
+Tensor = torch.Tensor
+_PRIM_DEVICE = torch.ops.prim.device.default
+_COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
+
+
+def _all_contiguous(args) -> bool:
+    for a in args:
+        if isinstance(a, Tensor):
+            if not a.is_contiguous():
+                return False
+        elif type(a) is list or type(a) is tuple:
+            if not _all_contiguous(a):
+                return False
+    return True
+
+
+def _is_composite(func) -> bool:
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+    except Exception:
+        return False
+
+
+class _PredictMode(_RecordingMode):
+    """The recorder's dispatch mode, decomposing composite ops first.
+
+    Under ``inference_mode`` (no Autograd key) composite ops such as ``einsum``, ``reshape`` and ``to``
+    reach dispatch modes whole; FakeTensorMode then decomposes them inside itself, so the copies they make
+    (``einsum`` making a transposed operand contiguous, ``reshape`` copying) would be invisible. A real CUDA
+    run executes the decomposition op by op, so the prediction does too.
+    """
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _PRIM_DEVICE:     # autograd asks fake tensors their device ~100k times a step: no memory
+            return func(*args, **(kwargs or {}))
+        composite = _COMPOSITE.get(id(func))
+        if composite is None:
+            composite = _COMPOSITE[id(func)] = _is_composite(func)
+        # Decomposing is slow (the inner ops miss FakeTensorMode's cache); the copies worth seeing come from
+        # operands that are not contiguous, so composites of contiguous tensors run whole. Their outputs
+        # are seen either way.
+        if composite and self.session.active and not _all_contiguous(args):
+            with self:
+                out = func.decompose(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class PredictSession(Session):
+    """A `Session` that records fake tensors' storages as blocks on their fake device."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._mode = _PredictMode(self)
+        self._fake_device: dict[int, torch.device] = {}   # id(storage) -> device, for storages not yet seen
+        self._cuda_sizes: dict[int, int] = {}   # block_id -> bytes, live cuda blocks (for memory_allocated())
+        self.live_cuda_bytes = 0
+        self.peak_cuda_bytes = 0
+        self.op_threads: list[int] = []   # per op: the thread that ran it (the cuBLAS workspace is per thread)
+
+    def _note_devices(self, value) -> None:
+        """Remember the fake device of every tensor in `value` whose storage is new to the session."""
+        if isinstance(value, Tensor):
+            st = value.untyped_storage()
+            key = id(st)
+            if key not in self._live:
+                self._fake_device[key] = value.device
+        elif type(value) is list or type(value) is tuple:
+            for v in value:
+                self._note_devices(v)
+
+    def on_op(self, entry, args, kwargs, out, start, end) -> None:
+        self._note_devices(out)
+        self._note_devices(args)
+        if kwargs:
+            self._note_devices(tuple(kwargs.values()))
+        self.op_threads.append(_get_ident())
+        super().on_op(entry, args, kwargs, out, start, end)
+
+    def on_op_carefully(self, entry, args, kwargs, out, start, end) -> None:
+        # on_op appended this op's thread before it raised; the careful path records the op again
+        if self.op_threads and len(self.op_threads) > len(self.buf.ops.data) // self.buf.OPS_WIDTH:
+            self.op_threads.pop()
+        self._note_devices(out)
+        self._note_devices(args)
+        self.op_threads.append(_get_ident())
+        super().on_op_carefully(entry, args, kwargs, out, start, end)
+
+    def _mark_locked(self, tensor, category: int, module_idx: int) -> None:
+        self._note_devices(tensor)
+        super()._mark_locked(tensor, category, module_idx)
+
+    def _discover(self, st, op: int, t: int, before: bool) -> int:
+        if st.device.type != "meta":
+            return super()._discover(st, op, t, before)
+        size = st.nbytes()
+        device = self._fake_device.pop(id(st), None)
+        if size == 0 or device is None or device.type == "meta":
+            return -1
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", 0)
+        di = self._device_idx.get(device)
+        if di is None:
+            di = self._device_idx[device] = len(self.devices)
+            self.devices.append(str(device))
+        bid = self.n_blocks
+        self.n_blocks = bid + 1
+        key = id(st)
+        self._live[key] = bid
+        ref = _weakref(st, self._on_free)
+        self._refs[id(ref)] = (ref, bid, key)
+        self._blocks_extend((bid, di, 0, size, -1 if before else t, op, 1 if before else 0))
+        if device.type == "cuda":
+            self._cuda_sizes[bid] = size
+            self.live_cuda_bytes += size
+            if self.live_cuda_bytes > self.peak_cuda_bytes:
+                self.peak_cuda_bytes = self.live_cuda_bytes
+        return bid
+
+    def _on_free(self, ref) -> None:
+        entry = self._refs.get(id(ref))
+        if entry is not None:
+            size = self._cuda_sizes.pop(entry[1], 0)
+            self.live_cuda_bytes -= size
+        super()._on_free(ref)

@@ -1,0 +1,199 @@
+"""memlens.predict: fake-cuda predictions of GPU memory, checked against real CUDA snapshots and arithmetic.
+
+Each prediction runs in a child process that imports memlens before torch, as users must on a CPU-only
+build (the fake-CUDA shim has to be in place before torch initialises); the test process's own torch was
+imported long before.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def built_shim():
+    """Build the fake-CUDA shim once (a child process: building must not initialise torch here)."""
+    proc = subprocess.run([sys.executable, "-c", "import memlens.predict.shim as s; print(s.build())"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def run_child(body: str, timeout: int = 900) -> dict:
+    """Run `body` after ``import memlens; import torch`` in a fresh interpreter; it must set `result`."""
+    code = "import json, sys\nsys.path.insert(0, %r)\nimport memlens\nimport torch\n" % str(ROOT)
+    code += textwrap.dedent(body) + "\nprint('RESULT=' + json.dumps(result))\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT=")]
+    assert lines, f"child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1][len("RESULT="):])
+
+
+MLP = """
+import torch.nn as nn
+def step(batch, gpu="H100", capacity=None):
+    with memlens.predict(gpu=gpu, capacity=capacity) as p:
+        model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+        opt = torch.optim.AdamW(model.parameters(), foreach=False)
+        x = torch.randn(batch, 1024, device="cuda")
+        model(x).pow(2).mean().backward()
+        opt.step()
+    return p
+"""
+
+
+def test_training_step_blocks_and_workspaces():
+    r = run_child(MLP + """
+p = step(256)
+b = p.trace.blocks
+cuda = b[b.device == "cuda:0"]
+params = cuda[cuda.category == "parameter"]
+ws = cuda[cuda.op.str.startswith("cublas_workspace")]
+p2 = step(256, gpu="A100")
+ws2 = p2.trace.blocks[p2.trace.blocks.op.str.startswith("cublas_workspace")]
+result = {"param_bytes": int(params.requested_size.sum()), "ws": ws["size"].tolist(), "ws_a100": ws2["size"].tolist(),
+          "peak": p.peak_allocated, "reserved": p.peak_reserved, "devices": sorted(b.device.unique().tolist()),
+          "opt_state": int(cuda[cuda.category == "optimizer_state"].requested_size.sum()),
+          "clock": p.trace.metadata["clock"]["kind"], "sizes_rounded": bool((cuda["size"] % 512 == 0).all())}
+""")
+    n_params = 1024 * 4096 + 4096 + 4096 * 1024 + 1024
+    assert r["param_bytes"] == 4 * n_params
+    # exp_avg and exp_avg_sq per parameter (the CPU step counters are not on the GPU)
+    assert r["opt_state"] == 2 * 4 * n_params
+    # one workspace for the forward's thread and one for autograd's device thread: 32 MiB on sm90, 8,320 KiB before
+    assert r["ws"] == [32 << 20, 32 << 20]
+    assert r["ws_a100"] == [8519680, 8519680]
+    # at least params + grads + both moments + the workspaces are alive at the end
+    assert r["peak"] >= 4 * 4 * n_params + 2 * (32 << 20)
+    assert r["reserved"] >= r["peak"]
+    assert r["devices"] == ["cpu", "cuda:0"] or r["devices"] == ["cuda:0"]
+    assert r["sizes_rounded"]
+
+
+def test_fits_oom_and_max_batch():
+    r = run_child(MLP + """
+p = step(256)
+need = p.device_bytes_needed
+small = p.fits(need - 64 * 2**20)
+oom = step(256, capacity=need - 64 * 2**20).oom
+def stepper(n):
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    model(torch.randn(n, 1024, device="cuda")).pow(2).mean().backward(); opt.step()
+cap = step(4096).device_bytes_needed
+mb = memlens.max_batch(stepper, capacity=cap, gpu="H100", low=1024)
+result = {"fits_big": p.fits(need + 2**20), "fits_small": small, "oom": str(oom) if oom else None,
+          "oom_op": oom.op if oom else None, "max": mb["max"], "tried": {str(k): v for k, v in mb["tried"].items()}}
+""")
+    assert r["fits_big"] is True
+    assert r["fits_small"] is False
+    assert r["oom"] and "OOM" in r["oom"] and r["oom_op"]
+    tried = {int(k): v for k, v in r["tried"].items()}
+    # batch 4096 needs exactly `cap`, so it fits; the answer fits and the next size tried above it does not
+    assert r["max"] >= 4096
+    assert all(v > tried[4096] for n, v in tried.items() if n > r["max"])
+
+
+def test_torch_imported_first_gives_the_cli_route():
+    code = ("import torch, memlens\n"
+            "try:\n    memlens.predict(gpu='H100').__enter__()\n"
+            "except Exception as e:\n    print(type(e).__name__, e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}).stdout
+    assert "ShimError" in out and "memlens predict" in out and "before torch" in out
+
+
+def test_cli_predict_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        model = torch.nn.Linear(2048, 2048, bias=False).cuda()
+        model(torch.randn(512, 2048, device="cuda")).sum().backward()
+        print("done", torch.cuda.is_available())
+    """))
+    out = tmp_path / "pred.memlens"
+    proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", "--json", "--out", str(out),
+                           "--", "python", str(script)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout[proc.stdout.index("{"):])
+    weight = 2048 * 2048 * 4
+    # at the peak (the weight gradient's GEMM): weight, its gradient, the saved input (4 MiB), two cuBLAS
+    # workspaces; the output (4 MiB) is not saved by sum's backward, so it is gone; the rest is scalars
+    expected = 2 * weight + 512 * 2048 * 4 + 2 * (32 << 20)
+    assert expected <= s["peak_allocated"] <= expected + 4096
+    assert s["fits"] is True and out.exists()
+
+
+REAL = {  # from the real snapshots (memlens.simulate on them reproduces the recorded segments)
+    "inference": ("snapshots/cs336_wedsonlin_medium_128_inference.pickle",),
+    "training": ("snapshots/cs336_wedsonlin_medium_128_training.pickle",),
+}
+
+
+@pytest.mark.parametrize("kind", ["inference", "training"])
+def test_cs336_matches_real_snapshot(kind, shared):
+    path = shared(REAL[kind][0])
+    import memlens
+    from memlens.simulate import simulate
+    real = simulate(memlens.load(path)).devices["cuda:0"]
+    real_allocated, real_reserved = real.peak_allocated, real.recorded["peak_reserved"]
+    r = run_child(f"""
+from tests.workloads import cs336_lm
+# the snapshots' 8,519,680-byte cuBLAS workspaces say: a pre-Hopper GPU (A100 class)
+with memlens.predict(gpu="A100") as p:
+    cs336_lm.{kind}_run()
+result = {{"allocated": p.peak_allocated_since_reset, "reserved": p.peak_reserved}}
+""", timeout=1200)
+    assert abs(r["allocated"] - real_allocated) / real_allocated < 0.005, (r, real_allocated)
+    assert abs(r["reserved"] - real_reserved) / real_reserved < 0.02, (r, real_reserved)
+
+
+def test_optimizer_takes_cudas_foreach_path():
+    r = run_child("""
+import torch.nn as nn
+def run(**opt_kwargs):
+    with memlens.predict(gpu="H100") as p:
+        model = nn.Sequential(*[nn.Linear(1024, 1024, bias=False) for _ in range(8)]).cuda()
+        opt = torch.optim.AdamW(model.parameters(), **opt_kwargs)
+        model(torch.randn(8, 1024, device="cuda")).sum().backward()
+        opt.step()
+    return p
+default, loop = run(), run(foreach=False)
+result = {"foreach_ops": int(default.trace.ops["name"].str.contains("_foreach_").sum()),
+          "loop_foreach_ops": int(loop.trace.ops["name"].str.contains("_foreach_").sum()),
+          "default": default.peak_allocated, "loop": loop.peak_allocated}
+""")
+    # on CUDA, AdamW defaults to foreach; fake parameters must not push it onto the per-parameter loop
+    assert r["foreach_ops"] > 0 and r["loop_foreach_ops"] == 0
+    # foreach computes sqrt(exp_avg_sq) for all 8 weights (4 MiB each) at once, the loop for one weight at a
+    # time (plus its division's temporary): at least half the weights' worth more at the optimizer's peak
+    assert r["default"] - r["loop"] >= 4 * (4 << 20)
+
+
+def test_attention_uses_the_fused_kernel_cuda_would_pick():
+    r = run_child("""
+import torch.nn.functional as F
+def run(dtype, gpu):
+    with memlens.predict(gpu=gpu) as p:
+        q = torch.randn(1, 8, 1024, 64, device="cuda", dtype=dtype, requires_grad=True)
+        F.scaled_dot_product_attention(q, q, q, is_causal=True).sum().backward()
+    b = p.trace.blocks
+    return {"ops": sorted(set(p.trace.ops["name"])), "largest": int(b[b.device == "cuda:0"]["requested_size"].max())}
+result = {"bf16_h100": run(torch.bfloat16, "H100"), "fp32_h100": run(torch.float32, "H100"),
+          "bf16_v100": run(torch.bfloat16, "V100")}
+""")
+    q_bytes_bf16, scores_bf16 = 8 * 1024 * 64 * 2, 8 * 1024 * 1024 * 2
+    assert "aten::_scaled_dot_product_flash_attention" in r["bf16_h100"]["ops"]
+    assert "aten::_scaled_dot_product_flash_attention_backward" in r["bf16_h100"]["ops"]
+    # flash never materialises the 8 x 1024 x 1024 scores; the largest block is a q-sized tensor
+    assert r["bf16_h100"]["largest"] == q_bytes_bf16 < scores_bf16
+    assert "aten::_scaled_dot_product_efficient_attention" in r["fp32_h100"]["ops"]
+    # flash needs sm80; on a V100 bf16 goes to the memory-efficient kernel
+    assert "aten::_scaled_dot_product_efficient_attention" in r["bf16_v100"]["ops"]
