@@ -301,3 +301,12 @@ def test_out_of_core_engine_checks_the_same_manifest(tmp_path):
     good = save_trace(small_trace(), tmp_path / "ooc2.memlens")
     _rewrite_manifest(good, lambda m: m.update(schema_version=True))
     assert_refused(run_memlens("info", good, "--engine", "dask"), "schema version")
+
+
+def test_load_trace_refuses_a_boolean_schema_version(tmp_path):
+    # in-process: the CLI also meets the out-of-core engine's own manifest check, which would hide a
+    # regression in load_trace
+    path = save_trace(small_trace(), tmp_path / "bool.memlens")
+    _rewrite_manifest(path, lambda m: m.update(schema_version=True))
+    with pytest.raises(InputError, match="schema version True"):
+        load_trace(path)
