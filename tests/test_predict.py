@@ -74,6 +74,8 @@ result = {"param_bytes": int(params.requested_size.sum()), "ws": ws["size"].toli
     assert r["reserved"] >= r["peak"]
     assert r["devices"] == ["cpu", "cuda:0"] or r["devices"] == ["cuda:0"]
     assert r["sizes_rounded"]
+    # the predicted trace is on the modeled clock of the GPU (memlens.retime), not the CPU's
+    assert r["clock"] == "modeled"
 
 
 def test_fits_oom_and_max_batch():
