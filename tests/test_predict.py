@@ -199,3 +199,21 @@ result = {"bf16_h100": run(torch.bfloat16, "H100"), "fp32_h100": run(torch.float
     assert "aten::_scaled_dot_product_efficient_attention" in r["fp32_h100"]["ops"]
     # flash needs sm80; on a V100 bf16 goes to the memory-efficient kernel
     assert "aten::_scaled_dot_product_efficient_attention" in r["bf16_v100"]["ops"]
+
+
+def test_fake_moves_an_existing_model_without_allocating():
+    r = run_child("""
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))  # real, CPU
+with memlens.predict(gpu="H100", model=model) as p:
+    memlens.fake(model)
+    model(torch.randn(16, 512, device="cuda")).sum().backward()
+b = p.trace.blocks
+cuda = b[b.device == "cuda:0"]
+result = {"device": str(model[0].weight.device), "fake": type(model[0].weight).__name__,
+          "param_bytes": int(cuda.loc[cuda.category == "parameter", "requested_size"].sum()),
+          "grad_bytes": int(cuda.loc[cuda.category == "gradient", "requested_size"].sum())}
+""")
+    n = 512 * 2048 + 2048 + 2048 * 512 + 512
+    assert r["device"] == "cuda:0" and r["fake"] == "FakeTensor"
+    assert r["param_bytes"] == 4 * n
+    assert r["grad_bytes"] == 4 * n
