@@ -139,6 +139,8 @@ REAL = {  # from the real snapshots (memlens.simulate on them reproduces the rec
 }
 
 
+@pytest.mark.slow
+@pytest.mark.shared
 @pytest.mark.parametrize("kind", ["inference", "training"])
 def test_cs336_matches_real_snapshot(kind, shared):
     path = shared(REAL[kind][0])
