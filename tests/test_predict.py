@@ -219,3 +219,17 @@ result = {"device": str(model[0].weight.device), "fake": type(model[0].weight)._
     assert r["device"] == "cuda:0" and r["fake"] == "FakeTensor"
     assert r["param_bytes"] == 4 * n
     assert r["grad_bytes"] == 4 * n
+
+
+def test_shim_reports_the_device_only_during_a_prediction():
+    r = run_child("""
+before = torch.accelerator.is_available()
+x = torch.randn(4, 4, requires_grad=True); (x * 2).sum().backward()   # a CPU backward before any prediction
+with memlens.predict(gpu="H100") as p:
+    inside = torch.accelerator.is_available()
+    m = torch.nn.Linear(256, 256).cuda(); m(torch.randn(8, 256, device="cuda")).sum().backward()
+result = {"before": before, "inside": inside, "after": torch.accelerator.is_available(),
+          "cuda_available_after": torch.cuda.is_available()}
+""")
+    # importing memlens first must not make a CPU-only torch claim a GPU outside predictions
+    assert r == {"before": False, "inside": True, "after": False, "cuda_available_after": False}
