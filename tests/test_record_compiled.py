@@ -23,7 +23,8 @@ def test_recorder_time_is_not_on_the_clock():
     """Each op callback made 300 us slower: the trace's gaps between ops must not contain it.
 
     Without the correction every gap would hold >= 300 us (the start callback of the next op); with it
-    the gaps are the program's own (a few us for these tiny ops). Margin: 10x."""
+    the gaps are the program's own (a few us for these tiny ops; tens of us when a loaded machine
+    preempts the process). Margin: 3x."""
     m = native.load()
     x = torch.randn(16)
     m._set_spin_ns(300_000)
@@ -37,7 +38,7 @@ def test_recorder_time_is_not_on_the_clock():
     assert len(ops) == 40
     gaps = ops["start_ns"].to_numpy()[1:] - ops["end_ns"].to_numpy()[:-1]
     assert (gaps >= 0).all()
-    assert np.median(gaps) < 30_000, np.median(gaps)
+    assert np.median(gaps) < 100_000, np.median(gaps)
     md = rec.trace.metadata
     assert md["recorder_own_ns"] >= 40 * 300_000                 # what was taken out
     assert md["recording_ns"] < md["recorder_own_ns"]

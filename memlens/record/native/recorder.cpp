@@ -735,6 +735,12 @@ struct Handle {
     }
   }
 
+  // A recording dropped without stop() (an interpreter shutting down...) must not leave a callback
+  // that points at freed memory.
+  ~Handle() {
+    try { stop(); } catch (...) {}
+  }
+
   // Stop recording: remove the callback and the memory hook (safe to call twice).
   void stop() {
     if (s->slot < 0) return;
