@@ -184,6 +184,17 @@ def require() -> None:
                         f"run the script under prediction instead: `{CLI_ROUTE}`")
 
 
+def set_enabled(on: bool) -> None:
+    """Let the shim's hooks report the fake device (inside a prediction) or not (outside: a CPU-only torch
+    then looks exactly as without the shim). A no-op where the shim is not in use."""
+    if torch_has_cuda_build() or not is_built() or "torch" not in sys.modules:
+        return
+    try:
+        _module().set_enabled(bool(on))
+    except Exception:   # an older build without the switch: it always reports the device
+        pass
+
+
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
     """Loads the shim the moment `import torch` starts (only when memlens was imported first)."""
 
