@@ -78,6 +78,11 @@ def assert_same(py, cc):
     assert _dispatch_blocks(py) == _dispatch_blocks(cc)
     assert _allocator_blocks(py) == _allocator_blocks(cc)
     assert len(_accumulations(py)) == len(_accumulations(cc))
+    # the per-op cost facts agree too (computed from the signatures each backend logged)
+    if "flops" in cc.ops.columns:
+        keep = lambda t: t.ops[~t.ops["op_id"].isin(_accumulations(t)["op_id"])]   # noqa: E731
+        for col in ("flops", "bytes_written"):
+            assert keep(py)[col].sum() == keep(cc)[col].sum(), col
 
 
 def _train(model, opt, batch, target, steps=2, accumulate=1):

@@ -10,7 +10,8 @@ on it). `split_iterations` takes the most explicit evidence the trace has:
    each iteration ends where an optimizer step ends.
 2b. phases (CUDA snapshots, `memlens.io.snapshot_story`): optimizer steps seen in the stacks
    (``optimizer``), else backward passes (``backward``), else repeated calls of the model itself
-   (``model calls``). When the stacks tell phases, step 3 is never used: a pattern that repeats inside
+   (``model calls``); without steps or backward passes, two or more zero_grad calls start iterations
+   (``zero_grad``). When the stacks tell phases, step 3 is never used: a pattern that repeats inside
    them is a layer loop, not an iteration.
 3. ``detected``: the period of the allocation sequence, each allocation a symbol ``(op, size)`` (or the op
    alone when sizes change every step, as with dynamic shapes), by autocorrelation
@@ -33,7 +34,7 @@ from memlens.analysis.period import detect_period, iteration_starts
 
 OPTIMIZER_PATTERN = r"^Optimizer\.step#|^optimizer\.step$|^memlens\.optimizer_step$"
 ANCHOR_WINDOWS = 8  # candidate iteration starts tried, spread evenly over the trace
-SOURCES = ("marker", "optimizer", "backward", "model calls", "detected", "none")
+SOURCES = ("marker", "optimizer", "backward", "zero_grad", "model calls", "detected", "none")
 
 
 def _frame(starts: np.ndarray, end_of_trace: int, source: str, **extra) -> pd.DataFrame:
@@ -115,6 +116,12 @@ def _from_phases(trace) -> pd.DataFrame | None:
     backward = [p for p in phases if p.get("name") == "backward"]
     if backward:
         return _iterations_ending_at(trace, _merged_ends(backward), "backward", nested_ops=False)
+    # a training loop calls zero_grad once per step even when its update is not an optimizer step
+    # (zeroth-order methods, manual updates): two or more zero_grad calls start iterations
+    zero = sorted(int(p["start_ns"]) for p in phases if p.get("name") == "zero_grad")
+    if len(zero) >= 2:
+        _, hi = trace.time_span_ns()
+        return _frame(np.asarray(zero, dtype=np.int64), hi, "zero_grad")
     calls = trace.metadata.get("model_calls") or []
     if len(calls) >= 2:
         _, hi = trace.time_span_ns()

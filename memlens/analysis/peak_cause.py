@@ -104,16 +104,25 @@ def block_sites(trace, blocks: pd.DataFrame | None = None) -> np.ndarray:
     return site
 
 
-def sites(trace, device: str | None = None, blocks: pd.DataFrame | None = None) -> pd.DataFrame:
+def sites(trace, device: str | None = None, blocks: pd.DataFrame | None = None, by: str = "site") -> pd.DataFrame:
     """Bytes grouped by allocation site: ``site``, ``bytes``, ``blocks``, ``category`` (the one holding the
     most bytes there), ``op`` and ``stack_id`` (of the largest block, for its full stack). `blocks` limits it
-    to some blocks (e.g. those live at the peak); `device` to one device. Largest first."""
+    to some blocks (e.g. those live at the peak); `device` to one device. `by` "site" groups by the site label
+    (one line of user code, whatever called it); "stack" by the whole stack (the same line reached through
+    different callers is split; the label then ends with the stack id). Largest first."""
+    if by not in ("site", "stack"):
+        raise ValueError(f"by must be 'site' or 'stack', got {by!r}")
     b = trace.blocks if blocks is None else blocks
     if device is not None:
         b = b[b["device"] == device]
     if len(b) == 0:
         return pd.DataFrame(columns=["site", "bytes", "blocks", "category", "op", "stack_id"])
-    df = pd.DataFrame({"site": block_sites(trace, b), "size": b["size"].to_numpy(np.int64),
+    label = block_sites(trace, b)
+    if by == "stack":
+        sid = pd.array(b["stack_id"], dtype="Int64")
+        label = np.where(sid.isna(), label, label.astype(object) + " [stack " +
+                         np.asarray(sid.fillna(-1), dtype=np.int64).astype(str).astype(object) + "]")
+    df = pd.DataFrame({"site": label, "size": b["size"].to_numpy(np.int64),
                        "category": b["category"].astype(str).to_numpy(), "op": b["op"].astype(str).to_numpy(),
                        "stack_id": pd.array(b["stack_id"], dtype="Int64")})
     g = df.groupby("site", sort=False)

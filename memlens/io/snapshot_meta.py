@@ -59,6 +59,10 @@ def describe(ev: EventColumns, kind: np.ndarray, blocks: pd.DataFrame, final: Fi
 
     notes = ["A CUDA memory snapshot records allocator events only: no op reads or writes are in it, so "
              "the trace has no accesses and access-based analyses (idle intervals, swapping) cannot run."]
+    if other:  # a newer torch (or a tool) added keys: say so rather than drop them silently
+        shown = ", ".join(other[:8]) + (f" and {len(other) - 8} more" if len(other) > 8 else "")
+        notes.append(f"Top-level keys memlens does not interpret: {shown} (their names are kept in "
+                     "metadata['other_keys']).")
     if len(ev) == 0:
         notes.append("The snapshot holds no device trace (memory history was not recorded or was empty): "
                      "blocks are the live blocks of the final allocator state, with no alloc or free times.")

@@ -53,7 +53,8 @@ MIN_RUN = 3  # a run of fewer events between two runs of the same phase is absor
 PHASE_NAMES = ("forward", "backward", "optimizer_step", "zero_grad")
 _OPTIMIZER_ANNOTATION = re.compile(r"^Optimizer\.step#|^optimizer\.step$")
 _ZERO_GRAD_ANNOTATION = re.compile(r"^Optimizer\.zero_grad#")
-_COPY_OPS = {"to", "_to_copy", "copy_", "_copy_from", "pin_memory", "empty_strided", "empty"}
+_COPY_OPS = {"to", "_to_copy", "copy_", "_copy_from", "pin_memory", "empty_strided", "empty", "to_dtype_layout",
+             "to_device", "to_dtype", "to_other", "copy", "clone", "contiguous", "from_blob"}
 _WORKSPACE = ("cublas", "cudnn", "CUDABlasHandle", "getCurrentCUDABlasHandle", "cublasLt", "workspace")
 
 
@@ -214,8 +215,14 @@ def infer_phases(trace) -> tuple[list[dict], np.ndarray, pd.DataFrame]:
             lo_i, hi_i = np.searchsorted(t_sorted, [p["start_ns"], p["end_ns"]], side="left")[0], \
                 np.searchsorted(t_sorted, p["end_ns"], side="right")
             labels[by_time[lo_i:hi_i]] = p["name"]
-    # events without a phase (no stack, or no telling frame) take the phase around them
+    # events without a phase take the phase before them (no stack: the autograd engine's thread records no
+    # Python frames; a stack naming no phase: glue such as the loss) - except after an optimizer step or
+    # zero_grad, where a stack naming no phase is the loop's own code (loading the next batch): outside
+    before = pd.Series(labels).replace("", np.nan).ffill().fillna("").to_numpy(dtype=object)
+    labels = labels.copy()
+    labels[(labels == "") & (sid >= 0) & np.isin(before, ["optimizer_step", "zero_grad"])] = "outside"
     filled = pd.Series(labels).replace("", np.nan).ffill().fillna("").to_numpy(dtype=object)
+    filled[filled == "outside"] = ""
     smooth = _smooth(filled)
     inferred = _runs(t, smooth, hi, "frames")
     spans = [(p["start_ns"], p["end_ns"]) for p in annotated if p["name"] in PHASE_NAMES]
