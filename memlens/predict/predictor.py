@@ -110,6 +110,8 @@ class Prediction:
     def __enter__(self) -> "Prediction":
         if getattr(_active, "prediction", None) is not None:
             raise RuntimeError("memlens.predict blocks do not nest")
+        from memlens.predict import shim
+        shim.prepare()        # before anything below imports torch (first use in a fresh environment)
         from memlens.predict.environment import fake_cuda
         from memlens.predict.session import PredictSession
         from memlens.record.recorder import Recorder
