@@ -3,7 +3,7 @@
 The trace: ``--iterations`` steps (default 100) of ``--blocks-per-iteration`` allocations (default 10,000:
 1,000,000 blocks), each block accessed ``--accesses-per-block`` times (default 10: 10,000,000 accesses).
 Every step repeats one template of (op, size) with jittered times, as a training loop does; every access has
-its op (1-20 us long, numbered by step), since an ATI runs from the end of one op to the start of the next.
+its op (1-20 us long; no iteration marks, the steps are detected), since an ATI runs from the end of one op to the start of the next.
 Goal (issue 5):
 under 5 s on a 2-core machine and under 4 GB of memory for the three analyses.
 
@@ -62,8 +62,7 @@ def synthetic_trace(iterations: int, per_iteration: int, accesses_per_block: int
                              "is_write": rng.random(len(owner)) < 0.3})
     # one op per access, 1-20 us long: an ATI runs from the end of one op to the start of the next
     ops = pd.DataFrame({"op_id": np.arange(len(owner), dtype=np.int64), "name": "aten::op", "start_ns": t,
-                        "end_ns": t + rng.integers(1_000, 20_000, len(owner)),
-                        "iteration": t // STEP_NS})
+                        "end_ns": t + rng.integers(1_000, 20_000, len(owner))})  # no marks: steps are detected
     return Trace.from_tables(blocks, accesses, ops, metadata={"source_kind": "synthetic"})
 
 
@@ -113,10 +112,9 @@ def main() -> None:
     filtered = timed("bandwidth filter", lambda: bandwidth_filter(iv, bw))
     summary = filter_summary(filtered)
     ranked = timed("outliers (top 20)", lambda: outliers(trace, bw, top=20, intervals=filtered))
-    its = timed("iteration split (detected)", lambda: split_iterations(trace, method="detected"))
-    marked = split_iterations(trace)
+    its = timed("iteration split (detected)", lambda: split_iterations(trace))
     steady = timed("steady-state ATI (last step)", lambda: access_intervals(
-        trace, steady_state=True, iteration=int(marked["iteration"].iloc[-1]), iterations=marked))
+        trace, steady_state=True, iteration=int(its["iteration"].iloc[-1]), iterations=its))
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
 
     load = os.getloadavg()[0]

@@ -13,7 +13,15 @@ busy time of the real profiles, in total and per op class, beside a naive roofli
     .venv/bin/python benchmarks/device_time.py
 
 The issue's targets: total within 25%, each class within 35%, on both GPUs. The model's constants are
-not fitted to these totals (see memlens/devicetime/gpus.py for where each one comes from).
+not fitted to these totals (see memlens/devicetime/gpus.py for where each one comes from); note that the
+H100 / MI300X latency floors were read from individual small kernels of these same profiles, so this
+checks the model's structure more than it validates those constants.
+
+Measured (modeled / real kernel busy time; naive roofline in brackets):
+
+    GPU       total         GEMM          attention     normalization  elementwise
+    H100      0.96 (0.12)   0.94 (0.12)   0.99 (0.02)   1.04 (0.03)    0.99 (0.30)
+    MI300X    0.92 (0.06)   0.88 (0.08)   0.94 (0.00)   1.08 (0.01)    0.86 (0.13)
 """
 from __future__ import annotations
 
@@ -21,7 +29,6 @@ import math
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 import torch.nn as nn

@@ -151,6 +151,11 @@ def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
     return blocks
 
 
+def _clock_of(trace) -> dict:
+    from memlens.clock import clock_of   # memlens.clock builds on this module: imported when used
+    return clock_of(trace)
+
+
 @dataclass
 class Trace:
     """A memory trace: blocks, their accesses, the ops that made them, and metadata.
@@ -293,6 +298,7 @@ class Trace:
             "duration_ns": int(self.duration_ns),
             "peak_live_bytes": self.peak_live_bytes(),
             "source_kind": self.metadata.get("source_kind", "unknown"),
+            "clock": _clock_of(self),
             "has_accesses": self.has_accesses,
             "allocated_before": int(self.blocks["allocated_before"].sum()),
             "free_without_alloc": int(self.blocks["free_without_alloc"].sum()),

@@ -2,6 +2,9 @@
 # Create .venv (if needed) and install memlens editable with the given extra (e.g. "dev" or "notebook").
 # torch==2.13.0 is installed first and explicitly so that pip never pulls a multi-GB CUDA build on a CPU
 # machine; where .venv already has a torch (e.g. your own CUDA build) it is kept.
+# Then the compiled recorder (memlens/record/native) is built against that torch (once per machine,
+# cached; MEMLENS_BUILD_DIR moves the cache). Without a C++ compiler this says so and memlens records
+# with its Python recorder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=${1:?usage: scripts/install.sh EXTRA}
@@ -10,5 +13,13 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[$EXTRA]"
+.venv/bin/python - <<'PYEOF' || true
+from memlens.record import native
+try:
+    native.load()
+    print(f"memlens: compiled recorder ready ({native.build_dir()})")
+except native.NativeUnavailable as exc:
+    print(f"memlens: compiled recorder not built ({exc}); recording uses the Python recorder")
+PYEOF
 # the console script lives in .venv/bin, which is not on PATH until the venv is activated
 echo "memlens is installed in .venv: run .venv/bin/memlens --help, or 'source .venv/bin/activate' first to type just memlens"

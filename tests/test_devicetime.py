@@ -2,7 +2,6 @@
 self-consistency on recorded training steps, and the model against real H100 / MI300X kernels."""
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import replace
 
@@ -46,6 +45,11 @@ def test_gpu_lookup_aliases_and_fallback_rates():
     a100 = gpu("A100")
     assert a100.peak_flops("float32") == 19.5e12 and a100.peak_flops("float32", tf32=True) == 156e12
     assert a100.peak_flops("float8_e4m3fn") == a100.flops["fp16"]       # no fp8 on Ampere
+
+
+def test_custom_gpu_accepts_torch_dtype_keys():
+    g = GPU(name="x", flops={torch.bfloat16: 4e14, "float32": 5e13}, mem_bw=1e12)
+    assert g.flops == {"bf16": 4e14, "fp32": 5e13} and g.peak_flops("bfloat16") == 4e14
 
 
 def test_custom_gpu_is_validated():
@@ -265,3 +269,57 @@ def test_model_matches_real_bert_small_kernels(shared):
             assert abs(table.loc[c, "model_ratio"] - 1) <= 0.35, (name, c, table)
         # and the naive roofline is far off (the issue: ~0.1x)
         assert table.loc["total", "roofline_ratio"] < 0.2
+
+
+def test_optimizer_step_counters_read_on_the_host_cost_nothing():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 16))
+    opt = torch.optim.Adam(model.parameters(), foreach=True)
+    x = torch.randn(4, 16)
+    with memlens.record(model) as rec:
+        model(x).sum().backward()
+        opt.step()
+    r = memlens.retime(rec.trace, gpu="H100")
+    items = r.ops[r.ops["name"].str.startswith("aten::_local_scalar_dense")]
+    assert len(items) and (items["phase"] == "optimizer").all()     # Adam's step counters
+    assert (items["device_ns"] == 0).all() and (items["kernels"] == 0).all()
+    foreach = r.ops[r.ops["op_class"] == "foreach"]
+    assert len(foreach) >= 3 and (foreach["kernels"] >= 1).all()
+
+
+def test_split_k_when_the_tiles_cannot_fill_the_device():
+    # a weight-gradient-like GEMM: 768 x 768 output (36 tiles of 128x128 on 132 units), K = 8192
+    g = gpu("H100")
+    k = 8192
+    flops = 2 * 768 * 768 * k
+    _, _, ns = cm.model_op(g, "aten::mm", flops, 2 * 2 * 768 * k, 2 * 768 * 768, "bfloat16",
+                           f"bf16[768,{k}],bf16[{k},768]->bf16[768,768]")
+    # without splitting, one wave of 128x128 tiles would take the whole K loop at 0.7 of the per-unit peak
+    one_wave = 2 * 128 * 128 * k / (g.flops["bf16"] * g.gemm_efficiency / g.compute_units) * 1e9
+    assert ns < g.gemm_floor_ns + one_wave
+    # and never faster than the whole device at its achieved peak
+    assert ns > g.gemm_floor_ns + flops / (g.flops["bf16"] * g.gemm_efficiency) * 1e9
+
+
+def test_devicetime_sits_between_trace_and_the_analyses():
+    """devicetime never imports an analysis or anything above; the recorder, io and the shared clock
+    helpers never import devicetime (they use memlens.clock / memlens.gpu_activity below it)."""
+    import ast
+    from pathlib import Path
+    root = Path(memlens.__file__).resolve().parent
+    above = ("memlens.analysis", "memlens.viz", "memlens.report", "memlens.widgets", "memlens.commands",
+             "memlens.simulate", "memlens.plan", "memlens.swap", "memlens.whatif", "memlens.diff",
+             "memlens.magics", "memlens.cli")
+    rules = {root / "devicetime": above,
+             root / "record": ("memlens.devicetime",) + above,
+             root / "io": ("memlens.devicetime",) + above}
+    files = {f: banned for d, banned in rules.items() for f in d.glob("*.py")}
+    files.update({root / "clock.py": ("memlens.devicetime",) + above,
+                  root / "gpu_activity.py": ("memlens.devicetime", "memlens.record") + above})
+    bad = []
+    for f, banned in files.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            bad += [f"{f.name}: {n}" for n in names if n.startswith(banned)]
+    assert not bad, bad

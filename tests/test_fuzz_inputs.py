@@ -174,3 +174,14 @@ def test_fuzz_saved_trace_manifest(tmp_path_factory):
             assert len(err.strip().splitlines()) == 1, err
 
     fuzz()
+
+
+@pytest.mark.parametrize("text", [
+    b"id,lower,upper,size\n0,0,id,lower,upper,size\n0,0,10,512\n",  # found by this fuzzer: was exit 1
+    b"id,lower,upper,size\n0,0,10,512,7,8\n",                         # extra fields were silently dropped
+])
+def test_csv_rows_with_more_fields_than_the_header(tmp_path, text):
+    path = tmp_path / "extra.csv"
+    path.write_bytes(text)
+    code, _, err = _run("info", path)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err

@@ -150,3 +150,23 @@ def test_deeply_nested_json(tmp_path, depth):
 def test_memory_ceiling_is_meaningful():
     # the ceiling must sit well above an ordinary run, or the checks above would be vacuous
     assert MEMORY_CEILING == 1 << 30
+
+
+def test_frames_limit_holds_for_in_memory_snapshots():
+    # the C-unpickler path and snapshot_to_trace(dict) reach the interner without the streaming check
+    from memlens.errors import InputError
+    from memlens.io.snapshot import snapshot_to_trace
+    frame = dict(FRAME)
+    with pytest.raises(InputError, match="MEMLENS_MAX_FRAMES"):
+        snapshot_to_trace(_snapshot([_entry(0, [frame] * 5000)]))
+
+
+def test_gzip_bomb_is_stopped_early_by_its_ratio(tmp_path):
+    path = tmp_path / "ratio.pickle.gz"
+    _gzip_bomb(path, b"\x80\x04", b"N", 256 << 20)  # under the 1 GiB limit, but ~1000x
+    outcome = run_memlens("info", path, env={"MEMLENS_MAX_DECOMPRESSED": "1GiB"})
+    assert_refused(outcome, "500x", "MEMLENS_MAX_DECOMPRESSED")
+    # raising the limit raises the point where the ratio is judged (256 MiB < 8 GiB / 16); the flood of
+    # NONE opcodes is then refused by the parser's bound on loose objects, still without the memory
+    outcome = run_memlens("info", path, env={"MEMLENS_MAX_DECOMPRESSED": "8GiB"})
+    assert_refused(outcome, "loose objects")

@@ -54,7 +54,8 @@ def test_parquet_row_groups_past_the_limit_are_refused_before_reading(tmp_path):
         m["tables"]["accesses"].update(rows=rows_per_batch * batches, bytes=table_path.stat().st_size,
                                        sha256=hashlib.sha256(table_path.read_bytes()).hexdigest())
     _rewrite_manifest(path, edit)
-    assert_refused(run_memlens("info", path), "accesses.parquet", "MEMLENS_MAX_DECOMPRESSED")
+    for engine in ("auto", "memory", "dask"):  # a row group at a time or not: refused before reading
+        assert_refused(run_memlens("info", path, "--engine", engine), "accesses.parquet", "MEMLENS_MAX_DECOMPRESSED")
 
 
 def test_parquet_row_count_checked_against_manifest_before_reading(tmp_path):
@@ -79,7 +80,8 @@ def test_sparse_terabyte_without_manifest_size_hits_the_limit(tmp_path):
     _rewrite_manifest(path, lambda m: m["tables"]["ops"].pop("bytes"))  # as in traces saved before sizes
     with open(path / "ops.parquet", "r+b") as f:
         f.truncate(1 << 40)
-    assert_refused(run_memlens("info", path), "ops.parquet", "MEMLENS_MAX_DECOMPRESSED")
+    assert_refused(run_memlens("info", path), "ops.parquet")  # the out-of-core engine: no footer there
+    assert_refused(run_memlens("info", path, "--engine", "memory"), "ops.parquet", "MEMLENS_MAX_DECOMPRESSED")
 
 
 # ---------------------------------------------------------------- 9. atomic save, recovery, concurrency
@@ -272,3 +274,39 @@ def test_what_is_imported_reloads_after_save(tmp_path):
     info = run_memlens("info", "--json", out)
     assert info.code == 0, info.stderr
     assert json.loads(info.stdout)["blocks"] == 1
+
+
+def test_load_trace_checks_sizes_before_hashing(tmp_path, monkeypatch):
+    import memlens.io.store as store
+    path = save_trace(small_trace(), tmp_path / "order.memlens")
+    with open(path / "ops.parquet", "r+b") as f:
+        f.truncate(1 << 40)
+
+    real_sha256 = store._sha256
+
+    def no_hashing(p):
+        if p.name == "ops.parquet":
+            raise AssertionError(f"hashed {p} before checking its size")
+        return real_sha256(p)
+    monkeypatch.setattr(store, "_sha256", no_hashing)
+    with pytest.raises(InputError, match="bytes"):
+        load_trace(path)
+
+
+def test_out_of_core_engine_checks_the_same_manifest(tmp_path):
+    path = save_trace(small_trace(), tmp_path / "ooc.memlens")
+    with open(path / "ops.parquet", "r+b") as f:
+        f.truncate(1 << 40)
+    assert_refused(run_memlens("info", path, "--engine", "dask"), "ops.parquet", "bytes")
+    good = save_trace(small_trace(), tmp_path / "ooc2.memlens")
+    _rewrite_manifest(good, lambda m: m.update(schema_version=True))
+    assert_refused(run_memlens("info", good, "--engine", "dask"), "schema version")
+
+
+def test_load_trace_refuses_a_boolean_schema_version(tmp_path):
+    # in-process: the CLI also meets the out-of-core engine's own manifest check, which would hide a
+    # regression in load_trace
+    path = save_trace(small_trace(), tmp_path / "bool.memlens")
+    _rewrite_manifest(path, lambda m: m.update(schema_version=True))
+    with pytest.raises(InputError, match="schema version True"):
+        load_trace(path)

@@ -74,6 +74,8 @@ result = {"param_bytes": int(params.requested_size.sum()), "ws": ws["size"].toli
     assert r["reserved"] >= r["peak"]
     assert r["devices"] == ["cpu", "cuda:0"] or r["devices"] == ["cuda:0"]
     assert r["sizes_rounded"]
+    # the predicted trace is on the modeled clock of the GPU (memlens.retime), not the CPU's
+    assert r["clock"] == "modeled"
 
 
 def test_fits_oom_and_max_batch():
@@ -137,6 +139,8 @@ REAL = {  # from the real snapshots (memlens.simulate on them reproduces the rec
 }
 
 
+@pytest.mark.slow
+@pytest.mark.shared
 @pytest.mark.parametrize("kind", ["inference", "training"])
 def test_cs336_matches_real_snapshot(kind, shared):
     path = shared(REAL[kind][0])
@@ -197,3 +201,35 @@ result = {"bf16_h100": run(torch.bfloat16, "H100"), "fp32_h100": run(torch.float
     assert "aten::_scaled_dot_product_efficient_attention" in r["fp32_h100"]["ops"]
     # flash needs sm80; on a V100 bf16 goes to the memory-efficient kernel
     assert "aten::_scaled_dot_product_efficient_attention" in r["bf16_v100"]["ops"]
+
+
+def test_fake_moves_an_existing_model_without_allocating():
+    r = run_child("""
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))  # real, CPU
+with memlens.predict(gpu="H100", model=model) as p:
+    memlens.fake(model)
+    model(torch.randn(16, 512, device="cuda")).sum().backward()
+b = p.trace.blocks
+cuda = b[b.device == "cuda:0"]
+result = {"device": str(model[0].weight.device), "fake": type(model[0].weight).__name__,
+          "param_bytes": int(cuda.loc[cuda.category == "parameter", "requested_size"].sum()),
+          "grad_bytes": int(cuda.loc[cuda.category == "gradient", "requested_size"].sum())}
+""")
+    n = 512 * 2048 + 2048 + 2048 * 512 + 512
+    assert r["device"] == "cuda:0" and r["fake"] == "FakeTensor"
+    assert r["param_bytes"] == 4 * n
+    assert r["grad_bytes"] == 4 * n
+
+
+def test_shim_reports_the_device_only_during_a_prediction():
+    r = run_child("""
+before = torch.accelerator.is_available()
+x = torch.randn(4, 4, requires_grad=True); (x * 2).sum().backward()   # a CPU backward before any prediction
+with memlens.predict(gpu="H100") as p:
+    inside = torch.accelerator.is_available()
+    m = torch.nn.Linear(256, 256).cuda(); m(torch.randn(8, 256, device="cuda")).sum().backward()
+result = {"before": before, "inside": inside, "after": torch.accelerator.is_available(),
+          "cuda_available_after": torch.cuda.is_available()}
+""")
+    # importing memlens first must not make a CPU-only torch claim a GPU outside predictions
+    assert r == {"before": False, "inside": True, "after": False, "cuda_available_after": False}

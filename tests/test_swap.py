@@ -234,3 +234,19 @@ def test_peak_and_overload_match_the_curve():
         peak, over = curve.peak_and_overload(size, sched, goal)
         assert peak == max(int(live.max()), 0)
         assert over == pytest.approx(float((np.diff(t) * np.maximum(live[:-1] - goal, 0)).sum()))
+
+
+def test_a_swap_that_ends_up_saving_nothing_is_dropped():
+    """X (1 GB) is idle 1-140 ms, Y (3 GB) 90-210 ms, B (10 GB) lives 100-200 ms: 14 GB against an 11 GB limit.
+    DOA picks X first (139 ms idle vs 120 ms): it lowers the load over the limit on [100, 139) but not the peak.
+    Y then brings the peak to 11 GB on its own, so X saves nothing any more and must not be kept."""
+    blocks = {"X": (GB, 0, 300 * MS), "Y": (3 * GB, 0, 300 * MS), "B": (10 * GB, 100 * MS, 200 * MS)}
+    uses = [(0, 1 * MS, ["X"]), (89 * MS, 1 * MS, ["Y"]), (100 * MS, 1 * MS, ["B"]), (140 * MS, 1 * MS, ["X"]),
+            (210 * MS, 1 * MS, ["Y"])]
+    trace = build_trace(blocks, uses, 300 * MS)
+    model = BandwidthModel(1000 * GB, 1000 * GB, 0)
+    plan = plan_swaps(trace, bandwidth=model, limit=11 * GB, priority="doa", min_size=0)
+    table = plan.candidates_table.set_index("block_id")
+    assert table.loc[0, "rank_doa"] == 1 and table.loc[1, "rank_doa"] == 2  # X first, then Y
+    assert plan.swaps["block_id"].tolist() == [1] and plan.peak_after == 11 * GB and plan.met_limit
+    assert simulate_and_check(trace, plan, model) == 11 * GB

@@ -54,7 +54,8 @@ def _print(path: str, s: dict) -> None:
           f"{s['allocated_before']:,}, freed without alloc {s['free_without_alloc']:,})")
     print(f"accesses:  {s['accesses']:,}" + ("" if s["has_accesses"] else "  (this source records none)"))
     print(f"ops:       {s['ops']:,}")
-    print(f"duration:  {format_ns(s['duration_ns'])}")
+    from memlens.clock import clock_label
+    print(f"duration:  {format_ns(s['duration_ns'])} on the {clock_label(s.get('clock') or {'kind': 'host'})}")
     for dev, peak in s["peak_live_bytes"].items():
         print(f"peak live: {dev}: {format_bytes(peak)} ({peak:,} bytes)")
         cause = s.get("peak", {}).get(dev)

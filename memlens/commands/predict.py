@@ -84,6 +84,9 @@ def run(args) -> int:
         print(f"peak allocated:     {format_bytes(s['peak_allocated'])} ({s['peak_allocated']:,} bytes)")
         print(f"peak reserved:      {format_bytes(s['peak_reserved'])} ({s['peak_reserved']:,} bytes)")
         print(f"device memory need: {format_bytes(s['device_bytes_needed'])} (reserved + CUDA context)")
+        if s.get("device_busy_ns") is not None:
+            from memlens.units import format_ns
+            print(f"modeled GPU time:   {format_ns(s['device_busy_ns'])} busy (memlens.retime's cost model)")
         print(f"fits:               {s['fits']}" + (f"  ({s['oom']})" if s["oom"] else ""))
         if failure:
             print(f"note:               {failure}")

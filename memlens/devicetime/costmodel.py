@@ -10,6 +10,8 @@ Inputs are the ops table's cost facts (`flops`, `bytes_read`, `bytes_written`, `
   of output tiles over the compute units. The library picks the tile (256x128 ... 16x16; smaller tiles
   reuse operands less, so they reach a lower share of the peak) that finishes first; each wave lasts
   ``max(K x gemm_k_ns`` (the serial main loop's latency) ``, tile flops / (per-unit peak x efficiency))``;
+  when the tiles cannot fill the device, K may be split (2-16 ways, slices of >= 256) at the cost of
+  writing and reducing fp32 partial sums;
   the whole is ``gemm_floor_ns + max(waves x wave, bytes / achieved bandwidth)``. Tiles that hang
   over M or N (141 rows in 128-row tiles) do the padded work; GEMMs whose innermost dimensions break
   16-byte alignment fall back to narrow loads (x `misaligned_gemm_penalty` on the compute part).
@@ -100,6 +102,9 @@ _FOREACH_BLOCKS, _FOREACH_CHUNK = 320, 65536
 # candidate GEMM tiles and the share of the peak each reaches (operand reuse falls with the tile size)
 GEMM_TILES = ((256, 128, 1.0), (128, 128, 1.0), (128, 64, 0.9), (64, 64, 0.8), (32, 32, 0.5), (16, 16, 0.3))
 _ATTN_BLOCK = 128
+# split-K factors a library may use when the output has too few tiles to fill the device (small M x N,
+# long K: weight gradients, tall-skinny products)
+SPLIT_K = (1, 2, 4, 8, 16)
 
 _TENSOR_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _MORE_RE = re.compile(r"\.\.\.\+(\d+)")
@@ -159,11 +164,18 @@ def _gemm_ns(g: GPU, flops: float, out_shape: tuple, conv: bool, dtype: str, byt
     best = math.inf
     for tm, tn, eff in GEMM_TILES:
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / g.compute_units)
         tile_ns = 2.0 * tm * tn * k / (per_unit * eff) * 1e9
         if not aligned:
             tile_ns *= g.misaligned_gemm_penalty
-        best = min(best, waves * max(k * g.gemm_k_ns, tile_ns))
+        for split in SPLIT_K:
+            if split > 1 and (tiles * split > g.compute_units or k / split < 256):
+                break
+            waves = math.ceil(tiles * split / g.compute_units)
+            # split-K: each slice runs 1/split of the main loop; the partial sums (fp32) are written and
+            # reduced once more (one more pass over split x the output)
+            reduce_ns = 0.0 if split == 1 else \
+                (split + 1) * 4.0 * batch * m * n / (g.mem_bw * g.mem_efficiency) * 1e9
+            best = min(best, waves * max(k / split * g.gemm_k_ns, tile_ns / split) + reduce_ns)
     mem_ns = bytes_moved / (g.mem_bw * g.mem_efficiency) * 1e9
     return g.gemm_floor_ns + max(best, mem_ns)
 

@@ -33,6 +33,13 @@ _T = 1e12
 _GB = 1e9
 
 
+def _peak_key(key) -> str:
+    """"bf16" stays; "bfloat16", "torch.bfloat16" or torch.bfloat16 -> "bf16"; "tf32" stays; else as given."""
+    text = str(key).strip().lower()
+    text = text[6:] if text.startswith("torch.") else text
+    return text if text in DTYPE_KEYS else DTYPE_TO_KEY.get(text, text)
+
+
 @dataclass(frozen=True)
 class GPU:
     """One device for `memlens.retime`.
@@ -69,6 +76,8 @@ class GPU:
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
             raise InputError(f"GPU {self.name!r}: flops must be a dict {{dtype: FLOP/s}}")
+        # keys may be torch dtypes or their names ("bfloat16", torch.bfloat16): stored as peak keys ("bf16")
+        object.__setattr__(self, "flops", {_peak_key(k): float(v) for k, v in self.flops.items()})
         bad = [k for k in self.flops if k not in DTYPE_KEYS]
         if bad:
             raise InputError(f"GPU {self.name!r}: unknown flops keys {bad} (known: {', '.join(DTYPE_KEYS)})")

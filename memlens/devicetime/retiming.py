@@ -11,6 +11,13 @@ What changes (and why it stays a consistent trace):
   op, a time between ops lands at the boundary between them. Because the map never reverses order and
   op boundaries map exactly, every access stays inside its block's lifetime when it was inside before.
 - ``trace.metadata["clock"] = {"kind": "modeled", "gpu": ..., "model": ..., "from": <old clock kind>}``.
+
+What the model cannot know: it times the ops that were recorded. A CPU recording runs what PyTorch runs
+on the CPU, which is not always what it would launch on a GPU: optimizers default to their per-parameter
+loop on CPU tensors (``foreach`` is picked only for CUDA tensors), so a retimed CPU training step pays one
+small kernel per parameter and per update term where CUDA would run a few multi-tensor kernels; pass
+``foreach=True`` to the optimizer when recording on CPU to model the CUDA default. Likewise SDPA that
+falls back to its math path on CPU is timed as its bmm/softmax ops, not as one fused kernel.
 """
 from __future__ import annotations
 
@@ -44,6 +51,13 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
                          "device clock; record it with memlens.record (imported snapshots and profiler traces "
                          "carry no op shapes)")
     dt = device_times(ops, g, tf32=tf32)
+    if "phase" in ops.columns:
+        # optimizer step counters stay on the host in PyTorch (unless capturable/fused): their .item()
+        # reads host memory and launches nothing on the device
+        host_scalar = ((dt["op_class"] == "transfer") & (ops["phase"] == "optimizer")).to_numpy()
+        if host_scalar.any():
+            dt.loc[host_scalar, ["device_ns", "kernels"]] = 0
+            dt.loc[host_scalar, "op_class"] = "none"
     start, end = op_schedule(ops, dt["device_ns"].to_numpy())
     old = clock_of(trace)
     clock = {"kind": "modeled", "gpu": g.name, "model": MODEL_NAME, "tf32": bool(tf32),

@@ -5,6 +5,7 @@ treats one unit as one nanosecond. ``id`` may be any string; it is kept in the `
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -22,9 +23,15 @@ def read_lifetimes_csv(path) -> pd.DataFrame:
     if not path.is_file():
         raise InputError("no such file", path)
     try:
-        df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True)
+        # index_col=False: a row with more fields than the header is not read as an index column; pandas
+        # then drops the extra fields with a ParserWarning, which is an error here
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", pd.errors.ParserWarning)
+            df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False)
     except pd.errors.EmptyDataError:
         raise InputError("file is empty", path) from None
+    except pd.errors.ParserWarning as exc:
+        raise InputError(f"a row has more fields than the header ({str(exc).splitlines()[0][:120]})", path) from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"not a readable CSV ({exc})", path) from None
     df.columns = [str(c).strip().lower() for c in df.columns]

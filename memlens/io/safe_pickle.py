@@ -91,6 +91,12 @@ _TABLE = [None] * 256
 for _table, _kind in ((_FIXED, 0), (_LENGTH, 1), (_LINES, 2)):
     for _op, _n in _table.items():
         _TABLE[_op[0]] = (_kind, _n)
+# net stack effect of each opcode (ops that pop to a MARK are handled apart), from pickletools' descriptions
+_NET = [0] * 256
+for _opcode in __import__("pickletools").opcodes:
+    if _opcode.name != "MARK" and __import__("pickletools").markobject not in _opcode.stack_before:
+        _NET[ord(_opcode.code.encode("latin-1"))] = len(_opcode.stack_after) - len(_opcode.stack_before)
+MAX_STACK = 1_000_000  # loose objects on the unpickler's stack: real pickles hold a few thousand at most
 _MEMOIZE, _BINGET, _LONG_BINGET, _BINPUT, _LONG_BINPUT, _MARK = 0x94, 0x68, 0x6A, 0x71, 0x72, 0x28
 _PUT, _GET, _STOP = 0x70, 0x67, 0x2E
 
@@ -108,6 +114,8 @@ def check_opcodes(buf, path=None) -> None:
     u32 = struct.Struct("<I").unpack_from
     u64 = struct.Struct("<Q").unpack_from
     pos = filled = depth = 0
+    stack_size, marks = 0, []
+    net = _NET
 
     def bad(message):
         raise InputError(message, path)
@@ -122,6 +130,17 @@ def check_opcodes(buf, path=None) -> None:
         kind, size = entry
         at = pos
         pos += 1
+        if op == _MARK:
+            marks.append(stack_size)
+        elif op in pops_mark:
+            if not marks:
+                bad(f"not a valid pickle (no MARK for the opcode at byte {at})")
+            stack_size = marks.pop() + (op != 0x31)  # POP_MARK leaves nothing; the others one object
+        else:
+            stack_size += net[op]
+            if stack_size > MAX_STACK:
+                bad(f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); "
+                    "not a memory snapshot")
         if kind == 0:
             if op == _MEMOIZE:
                 filled += 1

@@ -29,6 +29,14 @@ _RELEASED = object()  # memo slot of an entry already converted to columns
 _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
 
 
+MAX_STACK = 1_000_000  # loose objects on the stack; the same bound as memlens.io.safe_pickle.check_opcodes
+
+
+def too_many_loose() -> InputError:
+    return InputError(f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); "
+                      "not a memory snapshot")
+
+
 class _Unsupported(Exception):
     """The stream uses something this reader does not interpret (the C unpickler will decide)."""
 
@@ -147,12 +155,16 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("reference to a converted entry")
             stack.extend(values)
             pos = end
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x68:  # BINGET
             value = memo[data[pos]]
             if value is _RELEASED:
                 raise _Unsupported("reference to a converted entry")
             stack.append(value)
             pos += 1
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x94:  # MEMOIZE
             top = stack[-1]
             if type(top) is dict or type(top) is list:
@@ -171,6 +183,8 @@ def _parse(data, interner: StackInterner):
             pos += 4
         elif op == 0x7D:  # EMPTY_DICT
             stack.append({})
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x75:  # SETITEMS
             items = stack
             stack = metastack.pop()
@@ -181,8 +195,12 @@ def _parse(data, interner: StackInterner):
         elif op == 0x4B:  # BININT1
             stack.append(data[pos])
             pos += 1
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x5D:  # EMPTY_LIST
             stack.append([])
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x65:  # APPENDS
             items = stack
             stack = metastack.pop()
@@ -220,10 +238,16 @@ def _parse(data, interner: StackInterner):
             stack[-1][key] = value
         elif op == 0x4E:  # NONE
             stack.append(None)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x88:  # NEWTRUE
             stack.append(True)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x89:  # NEWFALSE
             stack.append(False)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x47:  # BINFLOAT
             stack.append(_F64.unpack_from(data, pos)[0])
             pos += 8
@@ -236,6 +260,8 @@ def _parse(data, interner: StackInterner):
             pos += 8
         elif op == 0x29:  # EMPTY_TUPLE
             stack.append(())
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
         elif op == 0x85:  # TUPLE1
             stack[-1:] = [(stack[-1],)]
         elif op == 0x86:  # TUPLE2

@@ -44,6 +44,9 @@ from memlens.errors import InputError
 from memlens.trace import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, Trace, conform
 
 MANIFEST = "manifest.json"
+# uncompressed / on-disk bytes of a Parquet table beyond which it is treated as a bomb (real memlens tables
+# compress 2-30x; a table of one repeated value can reach ~100x)
+MAX_PARQUET_RATIO = 256
 FORMAT_NAME = "memlens-trace"
 
 
@@ -237,9 +240,13 @@ def load_trace(path, *, verify_checksums: bool = True) -> Trace:
         return _load_locked(path, verify_checksums)
 
 
-def _check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: bool = True) -> None:
+def check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: bool = True,
+                     whole_table: bool = True) -> None:
     """Sizes first (cheap, and before anything is hashed or decompressed): the file's size against the
-    manifest and the limit, then the Parquet footer's row count and uncompressed size."""
+    manifest and the limit, then the Parquet footer's row count and uncompressed size.
+
+    `whole_table`: the table is read at once, so its whole uncompressed size must fit the limit; readers
+    that go a row group at a time (the out-of-core engine) pass False and only each row group must."""
     limit = limits.max_decompressed()
     size = fpath.stat().st_size
     expected = info.get("bytes")
@@ -249,7 +256,7 @@ def _check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: bo
         if size != expected and verify_checksums:
             raise InputError(f"file is {size} bytes, the manifest says {expected}: it was modified or "
                              "truncated (checksum mismatch)", fpath)
-    if size > limit:
+    if size > limit and whole_table:
         raise InputError(limits.too_big(f"table file is {size} bytes, past"), fpath)
     if size < 12:
         raise InputError("not a Parquet file (too short)", fpath)
@@ -261,16 +268,22 @@ def _check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: bo
     try:
         import pyarrow.parquet as pq
         meta = pq.ParquetFile(fpath).metadata
-        uncompressed = sum(meta.row_group(i).column(j).total_uncompressed_size
-                           for i in range(meta.num_row_groups) for j in range(meta.num_columns))
-        uncompressed = max(uncompressed, sum(meta.row_group(i).total_byte_size
-                                             for i in range(meta.num_row_groups)))
+        per_group = [max(sum(meta.row_group(i).column(j).total_uncompressed_size for j in range(meta.num_columns)),
+                         meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
+        uncompressed = sum(per_group) if whole_table else max(per_group, default=0)
         rows = meta.num_rows
     except Exception as exc:  # pyarrow raises many types for corrupt footers
         raise InputError(f"cannot read Parquet metadata ({type(exc).__name__}: {str(exc)[:160]})",
                          fpath) from None
+    # read a row group at a time, a big table is fine; a small file that expands past the limit by a
+    # factor no real table reaches is a bomb all the same
+    total = sum(per_group)
+    if not whole_table and total > limit and total > MAX_PARQUET_RATIO * size:
+        raise InputError(limits.too_big(f"table decompresses to {total} bytes from {size} ({total // size}x; "
+                                        "a decompression bomb?), past"), fpath)
     if uncompressed > limit:
-        raise InputError(limits.too_big(f"table decompresses to {uncompressed} bytes, past"), fpath)
+        raise InputError(limits.too_big(f"{'table' if whole_table else 'a row group'} decompresses to "
+                                         f"{uncompressed} bytes, past"), fpath)
     if "rows" in info and rows != info["rows"]:
         raise InputError(f"has {rows} rows, manifest says {info['rows']}", fpath)
 
@@ -314,7 +327,7 @@ def _load_locked(path: Path, verify_checksums: bool) -> Trace:
         fpath = path / info["file"]
         if not fpath.is_file():
             raise InputError("table file is missing (manifest lists it)", fpath)
-        _check_table_file(fpath, info, mpath, verify_checksums)
+        check_table_file(fpath, info, mpath, verify_checksums)
         if verify_checksums and info.get("sha256") and _sha256(fpath) != info["sha256"]:
             raise InputError("checksum mismatch: the file was modified or is corrupt", fpath)
         try:

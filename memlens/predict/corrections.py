@@ -12,12 +12,14 @@ freed before the next op starts (the engine held its last reference).
   dense non-subclass tensor; with fake tensors always ``old + new``. Seen in the trace as an ``aten::add`` in
   the backward phase whose operands were both made in backward, one of them by an earlier backward node
   (the buffered gradient, tried first).
-- **Reduction backward** (``value_selecting_reduction_backward`` for max/min/median/kthvalue with ``dim``):
-  real tensors ``zeros(...).scatter_(dim, indices, grad)`` in place; the subclass path scatters out of place.
-  Seen as an ``aten::scatter`` in backward whose ``self`` operand was made in the same backward node.
+- **Scatter-into-zeros backward formulas** (``value_selecting_reduction_backward`` for max/min with ``dim``,
+  ``index_backward`` for advanced indexing such as an embedding lookup ``weight[ids]``, slice/select
+  backward): on real tensors ``zeros(...).scatter_(...)`` / ``.index_put_(...)`` / ``.copy_()`` in place; the
+  subclass branch calls the out-of-place variant. Seen as ``aten::scatter`` / ``index_put`` /
+  ``slice_scatter`` ... in backward whose ``self`` operand was made in the same backward node.
 
-Not corrected (the notes say so): setitem's backward clone, reshape vs view under subclasses, and
-AccumulateGrad's copy-or-steal of a parameter's first gradient.
+Not corrected (the notes say so): reshape vs view under subclasses and AccumulateGrad's copy-or-steal of a
+parameter's first gradient.
 """
 from __future__ import annotations
 
@@ -25,7 +27,12 @@ import numpy as np
 import pandas as pd
 
 ACCUMULATE_OPS = frozenset({"aten::add", "aten::add.Tensor"})
-SCATTER_OPS = frozenset({"aten::scatter", "aten::scatter.src", "aten::scatter.value"})
+# backward formulas that write into fresh zeros in place on real tensors and out of place on subclasses
+# (torch/csrc/autograd/FunctionsManual.cpp: value_selecting_reduction_backward, index_backward,
+# slice/select backward, ... all branch on isTensorSubclassLike)
+SCATTER_OPS = frozenset({"aten::scatter", "aten::scatter_add", "aten::index_put", "aten::index_add",
+                         "aten::masked_scatter", "aten::slice_scatter", "aten::select_scatter",
+                         "aten::diagonal_scatter", "aten::as_strided_scatter"})
 
 
 def fold_in_place(trace) -> dict:

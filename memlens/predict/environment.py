@@ -189,9 +189,11 @@ def fake_cuda(gpu_name: str = "H100", capability: tuple[int, int] = (9, 0), tota
     patches = _Patches(gpu_name, capability, total_memory)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     mode.memlens_patches = patches     # a prediction adds its own (memory-stat answers) and restores them
+    shim.set_enabled(True)
     patches.apply()
     try:
         with mode:
             yield mode
     finally:
         patches.restore()
+        shim.set_enabled(False)

@@ -55,7 +55,12 @@ def gpu_facts(gpu: str | GPUMemoryFacts, **overrides) -> GPUMemoryFacts:
     if isinstance(gpu, GPUMemoryFacts):
         facts = gpu
     else:
-        key = {k.upper(): k for k in _TABLE}.get(str(gpu).upper().replace(" ", ""))
+        norm = str(gpu).upper().replace(" ", "")
+        keys = {k.upper(): k for k in _TABLE}
+        key = keys.get(norm)
+        if key is None:   # "H100 SXM", "A100 SXM 80GB" (memlens.gpus() names): the longest table key they start with
+            prefixes = [k for k in keys if norm.startswith(k)]
+            key = keys[max(prefixes, key=len)] if prefixes else None
         if key is None:
             raise InputError(f"unknown gpu '{gpu}' (known: {', '.join(_TABLE)}; or pass a GPUMemoryFacts)")
         facts = _TABLE[key]

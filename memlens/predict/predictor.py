@@ -80,12 +80,17 @@ class Prediction:
     Results (bytes): `peak_allocated`, `peak_reserved`, `peak_allocated_since_reset` (after the last
     ``torch.cuda.reset_peak_memory_stats()`` the code called, as a real run reports it), `oom`, `fits()`,
     `trace` (a `memlens.Trace` with blocks on ``cuda:0``, sizes rounded as the caching allocator rounds
-    them; `requested_size` holds the bytes asked for), `simulation` (the allocator replay).
+    them; `requested_size` holds the bytes asked for; on the modeled clock of the GPU via `memlens.retime`
+    unless ``clock="host"``), `simulate()` (the allocator replay).
     """
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
-                 cublas_workspaces: bool = True):
+                 cublas_workspaces: bool = True, clock: str = "modeled"):
+        if clock not in ("modeled", "host"):
+            raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
+        self.clock = clock
+        self.gpu_name = gpu if isinstance(gpu, str) else None
         self.gpu = gpu_facts(gpu) if cuda_context is None else gpu_facts(gpu, cuda_context=int(cuda_context))
         self.capacity = _capacity_bytes(capacity)
         self.conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "") if conf is None else conf
@@ -105,6 +110,8 @@ class Prediction:
     def __enter__(self) -> "Prediction":
         if getattr(_active, "prediction", None) is not None:
             raise RuntimeError("memlens.predict blocks do not nest")
+        from memlens.predict import shim
+        shim.prepare()        # before anything below imports torch (first use in a fresh environment)
         from memlens.predict.environment import fake_cuda
         from memlens.predict.session import PredictSession
         from memlens.record.recorder import Recorder
@@ -189,12 +196,34 @@ class Prediction:
                 "reset_peak_ns": self._reset_marks,
             },
         })
+        if self.clock == "modeled":
+            trace = self._retime(trace)
         # the recorder's note about its allocator instrument does not apply: fake tensors have no allocator
         trace.metadata["notes"] = [n for n in trace.metadata.get("notes", []) if "allocator='none'" not in n]
         trace.metadata["notes"].append(
             "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
             f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
         return trace
+
+    def _retime(self, trace):
+        """Put the trace on the modeled clock of the GPU (memlens.retime: ops back to back, durations from
+        the per-op cost model); the reset marks follow the first op after them. Keeps the host clock, with a
+        note, when the GPU is not in memlens.gpus() or retiming fails."""
+        from memlens.devicetime.retiming import retime
+        ops = trace.ops.sort_values(["start_ns", "op_id"])
+        starts = ops["start_ns"].to_numpy()
+        marks = [int(ops["op_id"].iloc[i]) for i in np.searchsorted(starts, self._reset_marks) if i < len(ops)]
+        try:
+            out = retime(trace, gpu=self.gpu_name or self.gpu.name)
+        except Exception as exc:   # an unknown GPU for the cost model, or no cost facts: keep the host clock
+            trace.metadata.setdefault("notes", []).append(
+                f"predict: not retimed onto a GPU clock ({type(exc).__name__}: {exc}); times are host times of "
+                "fake execution")
+            return trace
+        new_start = out.ops.set_index("op_id")["start_ns"]
+        self._reset_marks = [int(new_start.loc[m]) - 1 for m in marks]
+        out.metadata["prediction"]["reset_peak_ns"] = self._reset_marks
+        return out
 
     def _add_workspaces(self, trace):
         """One cuBLAS workspace block per thread, at that thread's first GEMM (never freed)."""
@@ -324,7 +353,9 @@ class Prediction:
                 "device_bytes_needed": self.device_bytes_needed,
                 "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
                 "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
-                "predict_wall_ns": self.wall_ns}
+                "predict_wall_ns": self.wall_ns, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
+                # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
+                "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
 
 
 def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPUMemoryFacts = "H100",

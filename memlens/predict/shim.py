@@ -31,7 +31,7 @@ from memlens.errors import MemlensError
 EXTENSION_NAME = "memlens_fake_cuda"
 SOURCE = Path(__file__).with_name("csrc") / "fake_cuda.cpp"
 
-_state = {"preloaded": False, "module": None, "error": None}
+_state = {"preloaded": False, "module": None, "error": None, "probing": False}
 
 
 class ShimError(MemlensError):
@@ -39,9 +39,13 @@ class ShimError(MemlensError):
 
 
 def _torch_dir() -> Path | None:
-    spec = importlib.util.find_spec("torch") if "torch" not in sys.modules else None
     if "torch" in sys.modules:
         return Path(sys.modules["torch"].__file__).parent
+    _state["probing"] = True      # our own look-up must not look like the torch import to the watcher
+    try:
+        spec = importlib.util.find_spec("torch")
+    finally:
+        _state["probing"] = False
     if spec is None or spec.origin is None:
         return None
     return Path(spec.origin).parent
@@ -100,6 +104,13 @@ def build(verbose: bool = False) -> Path:
         raise ShimError(f"could not build the fake-CUDA shim in {out} (needs a C++ compiler and torch's "
                         f"headers):\n{tail}")
     return path
+
+
+def prepare() -> None:
+    """Build the shim now if it is needed and missing and torch is not imported yet, so that the import
+    watcher can load it when torch comes (the first prediction in a fresh environment then just works)."""
+    if "torch" not in sys.modules and not torch_has_cuda_build() and not is_built():
+        build()
 
 
 def preload() -> bool:
@@ -184,11 +195,22 @@ def require() -> None:
                         f"run the script under prediction instead: `{CLI_ROUTE}`")
 
 
+def set_enabled(on: bool) -> None:
+    """Let the shim's hooks report the fake device (inside a prediction) or not (outside: a CPU-only torch
+    then looks exactly as without the shim). A no-op where the shim is not in use."""
+    if torch_has_cuda_build() or not is_built() or "torch" not in sys.modules:
+        return
+    try:
+        _module().set_enabled(bool(on))
+    except Exception:   # an older build without the switch: it always reports the device
+        pass
+
+
 class _TorchImportWatcher(importlib.abc.MetaPathFinder):
     """Loads the shim the moment `import torch` starts (only when memlens was imported first)."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname == "torch":
+        if fullname == "torch" and not _state["probing"]:
             try:
                 sys.meta_path.remove(self)
             except ValueError:

@@ -72,6 +72,8 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
                               or max(session.peak_buffer_bytes, session.buf.nbytes)
                               + peak_tracked * TRACKING_BYTES_PER_STORAGE),
     }
+    if getattr(session, "recorder_parts", None):   # compiled: bytes held per record stream, and counts
+        metadata["recorder_buffers"] = {k: int(v) for k, v in session.recorder_parts.items()}
     if getattr(session, "spilled_bytes", 0):
         metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
     measured = allocator.kernels is not None and len(allocator.kernels) > 0

@@ -22,11 +22,12 @@ import pandas as pd
 from memlens.record.buffers import EventBuffers
 from memlens.record.session import Session
 
-OP_DTYPE = np.dtype([("start", "<i8"), ("end", "<i8"), ("aseq", "<i4"), ("sig", "<i4"), ("ctx", "<i4"),
-                     ("nacc", "<u4")])
-BLOCK_DTYPE = np.dtype([("ptr", "<i8"), ("size", "<i8"), ("alloc_t", "<i8"), ("op", "<i4"), ("dev", "<i2"),
-                        ("before", "i1"), ("claimed", "i1")])
-FREE_DTYPE = np.dtype([("t", "<i8"), ("block", "<i8")])
+OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
+WIDE_DTYPE = np.dtype([("op", "<i8"), ("kind", "<i8"), ("value", "<i8")])
+CTX_DTYPE = np.dtype([("op", "<i8"), ("ctx", "<i8")])
+BLOCK_DTYPE = np.dtype([("ptr", "<i8"), ("size_dev", "<i8"), ("op_before", "<u4"), ("alloc_dt", "<u4")])
+_U32_MAX = (1 << 32) - 1
+FREE_DTYPE = np.dtype([("t", "<i8"), ("block", "<i4")])
 MEM_DTYPE = np.dtype([("t", "<i8"), ("ptr", "<i8"), ("delta_dev", "<i8")])
 _NATIVE_SEQ_CAP = 1 << 30       # recorder.cpp caps backward node numbers here (int32 records)
 _SEQ_CAP = 1 << 62              # the Python recorder's cap (session._SEQ_CAP)
@@ -179,6 +180,7 @@ class CompiledSession(Session):
         self.tensors_without_storage += int(d["tensors_without_storage"])
         self.recorder_bytes = int(d["peak_bytes"])
         self.spilled_bytes = int(d["spilled_bytes"])
+        self.recorder_parts = dict(d["parts"])
         self.memory_note = d["memory_note"]
         if d["late_frees"]:
             note = (f"{d['late_frees']} storages were freed in threads without the memory hook; their free "
@@ -187,30 +189,39 @@ class CompiledSession(Session):
         if d["stop_reason"] and not self.stop_reason:
             self.stop_reason = d["stop_reason"]
         n = len(ops)
+        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=np.uint8).view(WIDE_DTYPE),
+                               np.frombuffer(d["ctx"], dtype=np.uint8).view(CTX_DTYPE), int(d["first_start"]))
+        start, end, sig, nacc, ctx = raw
         sig_name = np.asarray([int.from_bytes(s[:8], "little", signed=True) for s in self.signatures],
                               dtype=np.int64)
-        self.sig_of_op = ops["sig"].astype(np.int64)
+        self.sig_of_op = sig
         aseq = ops["aseq"].astype(np.int64)
         aseq = np.where(aseq == -2 - _NATIVE_SEQ_CAP, -2 - _SEQ_CAP, aseq)
         table = np.empty((n, 6), dtype=np.int64)
-        table[:, 0] = sig_name[self.sig_of_op] if n else 0
-        table[:, 1] = ops["ctx"]
-        table[:, 2] = ops["start"]
-        table[:, 3] = ops["end"]
+        table[:, 0] = sig_name[sig] if n else 0
+        table[:, 1] = ctx
+        table[:, 2] = start
+        table[:, 3] = end
         table[:, 4] = aseq
-        table[:, 5] = np.cumsum(ops["nacc"].astype(np.int64))
+        table[:, 5] = np.cumsum(nacc)
         self._fill(self.buf.ops, table)
         self._fill(self.buf.accesses, acc.reshape(-1, 1))
         nb = len(blocks)
-        before = blocks["before"].astype(np.int64)
-        op = blocks["op"].astype(np.int64)
-        starts = ops["start"]
-        made_t = np.where((before == 0) & (op < n), starts[np.clip(op, 0, max(n - 1, 0))] if n else -1, -1)
+        size = blocks["size_dev"] & ((1 << 48) - 1)
+        dev = blocks["size_dev"] >> 48
+        before = (blocks["op_before"] >> 31).astype(np.int64)
+        op = (blocks["op_before"] & 0x7FFFFFFF).astype(np.int64)
+        safe = np.clip(op, 0, max(n - 1, 0))
+        made_t = np.where((before == 0) & (op < n), start[safe] if n else -1, -1)
+        claimed = blocks["alloc_dt"] != _U32_MAX
+        self._block_cols = {"ptr": blocks["ptr"], "size": size, "dev": dev, "claimed": claimed,
+                            "alloc_t": np.where(claimed & (op < n), (start[safe] if n else 0)
+                                                + blocks["alloc_dt"].astype(np.int64), -1)}
         btable = np.empty((nb, 7), dtype=np.int64)
         btable[:, 0] = np.arange(nb)
-        btable[:, 1] = blocks["dev"]
+        btable[:, 1] = dev
         btable[:, 2] = blocks["ptr"]
-        btable[:, 3] = blocks["size"]
+        btable[:, 3] = size
         btable[:, 4] = np.where(before == 1, -1, made_t)
         btable[:, 5] = op
         btable[:, 6] = before
@@ -218,7 +229,36 @@ class CompiledSession(Session):
         ftable = np.stack([frees["block"], frees["t"]], axis=1) if len(frees) else np.empty((0, 2), np.int64)
         self._fill(self.buf.frees, ftable)
         self.n_blocks = nb
-        self.memory_events = self._memory_events(mem, blocks, frees) if self.memory else None
+        self.memory_events = self._memory_events(mem, self._block_cols, frees) if self.memory else None
+
+    @staticmethod
+    def _decode_ops(ops, wide, ctxs, first_start: int):
+        """Absolute (start, end, signature, access count, context) per op from the 16-byte records."""
+        n = len(ops)
+        d = ops["dstart"].astype(np.int64)
+        dur = ops["dur"].astype(np.int64)
+        sig = (ops["sig_nacc"] >> 8).astype(np.int64)
+        nacc = (ops["sig_nacc"] & 0xFF).astype(np.int64)
+        absolute = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        for kind, target in ((1, dur), (2, nacc), (3, sig)):
+            w = wide[wide["kind"] == kind]
+            target[w["op"]] = w["value"]
+        w = wide[wide["kind"] == 0]
+        absolute[w["op"]] = w["value"]
+        escaped = absolute != np.iinfo(np.int64).min
+        d[escaped] = 0
+        cs = np.cumsum(d)
+        # start[j] = offset + cs[j], the offset reset at each escaped (absolute) start
+        offset_at = np.where(escaped, absolute - cs, first_start)
+        last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1)) if n else np.empty(0, np.int64)
+        offset = np.where(last >= 0, offset_at[np.clip(last, 0, None)], first_start)
+        start = offset + cs
+        ctx = np.zeros(n, dtype=np.int64)
+        if len(ctxs) and n:
+            # a change recorded when `op` ops existed applies from op `op` on (the last one wins)
+            at = np.searchsorted(ctxs["op"], np.arange(n), side="right") - 1
+            ctx = np.where(at >= 0, ctxs["ctx"][np.clip(at, 0, None)], 0)
+        return start, start + dur, sig, nacc, ctx
 
     @staticmethod
     def _fill(stream, table: np.ndarray) -> None:
@@ -228,15 +268,13 @@ class CompiledSession(Session):
     def _memory_events(self, mem, blocks, frees) -> pd.DataFrame:
         """Every allocator event as the profiler would list it: the raw ones plus the allocations (and
         frees) folded into block records, put back."""
-        claimed = np.flatnonzero(blocks["claimed"] == 1)
+        claimed = np.flatnonzero(blocks["claimed"])
         t = [mem["t"], blocks["alloc_t"][claimed]]
         ptr = [mem["ptr"], blocks["ptr"][claimed]]
         delta = [mem["delta_dev"] >> 8, blocks["size"][claimed]]
         dev = [mem["delta_dev"] & 0xFF, blocks["dev"][claimed].astype(np.int64)]
-        is_claimed = np.zeros(len(blocks), dtype=bool)
-        is_claimed[claimed] = True
         fb = frees["block"]
-        fc = is_claimed[fb] if len(fb) else np.zeros(0, bool)
+        fc = blocks["claimed"][fb] if len(fb) else np.zeros(0, bool)
         t.append(frees["t"][fc])
         ptr.append(blocks["ptr"][fb[fc]])
         delta.append(-blocks["size"][fb[fc]])

@@ -116,8 +116,10 @@ class Recorder:
         if session is None:
             return False
         try:
-            session.mark_model_gradients()
-            session.stop()
+            try:
+                session.mark_model_gradients()
+            finally:
+                session.stop()      # always: removes the compiled recorder's callbacks and memory hook
         finally:
             hooks.deactivate(session)
             try:

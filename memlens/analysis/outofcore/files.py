@@ -36,7 +36,7 @@ class TraceFiles:
     def open(cls, path) -> "TraceFiles":
         """Read and check the manifest of the trace directory `path` (no table data is read)."""
         import pyarrow.parquet as pq
-        from memlens.io.store import FORMAT_NAME, MANIFEST
+        from memlens.io.store import FORMAT_NAME, MANIFEST, check_metadata, check_table_file
         path = Path(path)
         if not path.exists():
             raise InputError("no such file or directory", path)
@@ -51,7 +51,7 @@ class TraceFiles:
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
             raise InputError("manifest is not a memlens trace manifest", mpath)
         version = manifest.get("schema_version")
-        if not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
             raise InputError(f"unsupported schema version {version!r}", mpath)
         tables = manifest.get("tables")
         if not isinstance(tables, dict):
@@ -66,6 +66,8 @@ class TraceFiles:
             fpath = path / fname
             if not fpath.is_file():
                 raise InputError("table file is missing (manifest lists it)", fpath)
+            # sizes against the manifest and footers against the limit, per row group (read one at a time)
+            check_table_file(fpath, info, mpath, whole_table=False)
             try:
                 meta = pq.ParquetFile(fpath).metadata
             except Exception as exc:  # pyarrow raises many types for corrupt files
@@ -75,6 +77,7 @@ class TraceFiles:
             rows[name] = int(meta.num_rows)
             files[name] = str(fpath)
             groups[name] = [int(meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+        check_metadata(manifest.get("metadata") or {}, mpath)
         for name in REQUIRED_TABLES:
             if name not in rows:
                 raise InputError(f"manifest lacks the required table '{name}'", mpath)

@@ -19,6 +19,12 @@ namespace {
 
 constexpr c10::DeviceIndex kDevices = 1;
 
+// The hooks report a device only while a prediction runs (memlens switches this on and off), so that merely
+// loading the shim never makes a CPU build of torch claim an accelerator (torch.accelerator, libraries that
+// pick "cuda" when at::hasCUDA() says so). The device guard always reports one device: autograd's engine
+// sizes its device threads once, at the first backward, which may come before any prediction.
+std::atomic<bool> g_enabled{false};
+
 struct FakeCUDAGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   FakeCUDAGuardImpl() = default;
   explicit FakeCUDAGuardImpl(c10::DeviceType) {}
@@ -76,11 +82,11 @@ struct FakeCUDAHooks final : public at::CUDAHooksInterface {
   explicit FakeCUDAHooks(at::CUDAHooksArgs) {}
   void init() const override {}
   bool isBuilt() const override { return true; }
-  bool isAvailable() const override { return true; }
-  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
-  bool hasCUDA() const override { return true; }
-  c10::DeviceIndex deviceCount() const override { return kDevices; }
-  int getNumGPUs() const override { return kDevices; }
+  bool isAvailable() const override { return g_enabled.load(); }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return g_enabled.load(); }
+  bool hasCUDA() const override { return g_enabled.load(); }
+  c10::DeviceIndex deviceCount() const override { return g_enabled.load() ? kDevices : 0; }
+  int getNumGPUs() const override { return g_enabled.load() ? kDevices : 0; }
   c10::DeviceIndex current_device() const override { return 0; }
   c10::DeviceIndex getCurrentDevice() const override { return 0; }
   void setCurrentDevice(c10::DeviceIndex) const override {}
@@ -140,4 +146,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("install", &install, "register the fake CUDA guard and hooks; true when the hooks are in use");
   m.def("hooks_active", &hooks_active, "true when torch's CUDA hooks are memlens's fake ones");
   m.def("guard_active", &guard_active, "true when the CUDA device guard is memlens's fake one");
+  m.def("set_enabled", [](bool on) { g_enabled.store(on); }, "report the fake device (during a prediction) or not");
+  m.def("enabled", []() { return g_enabled.load(); }, "whether the hooks report the fake device now");
 }

@@ -49,6 +49,12 @@ def load(verbose: bool = False):
         if shutil.which(compiler) is None and shutil.which("g++") is None:
             _error = f"no C++ compiler found ({compiler!r} / 'g++' not on PATH)"
             raise NativeUnavailable(_error)
+        if shutil.which("ninja") is None:      # the pip `ninja` package, in a venv that is not activated
+            try:
+                import ninja
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except ImportError:
+                pass
         try:
             from torch.utils.cpp_extension import load as _load
             path = build_dir()

@@ -51,25 +51,27 @@ thread_local int64_t tl_own_ns = 0;
 static inline int64_t now() { return raw_now() - tl_own_ns; }
 
 // ---- records --------------------------------------------------------------------------------
-struct OpRec {            // 32 bytes
-  int64_t start, end;     // corrected monotonic ns
-  int32_t aseq;           // autograd sequence counter after the op, or -2 - backward node's number
-  int32_t sig;            // interned signature (op name + shapes/dtypes/scalars)
-  int32_t ctx;            // module index << 2 | phase bits (set by the Python hooks)
-  uint32_t nacc;          // accesses appended by this op
+struct OpRec {             // 16 bytes (an escape record in `wide` holds what does not fit)
+  int32_t dstart;          // start - previous op record's start (ns, corrected clock); INT32_MIN: see wide
+  uint32_t dur;            // end - start (ns); UINT32_MAX: see wide
+  int32_t aseq;            // autograd sequence counter after the op, or -2 - backward node's number
+  uint32_t sig_nacc;       // interned signature << 8 | accesses appended by this op (255: see wide)
 };
-struct BlockRec {         // 32 bytes; block id = index
-  int64_t ptr, size, alloc_t;  // alloc_t: the allocator's time when claimed, else -1
-  int32_t op;             // op index that made it (or the op count when first seen)
-  int16_t dev;
-  int8_t before;          // first seen as an input / by a hook: existed before this op
-  int8_t claimed;         // its allocation event was folded in here (not in the raw events)
+struct WideRec { int64_t op, kind, value; };   // escapes: kind 0 start, 1 duration, 2 accesses, 3 signature
+struct CtxRec { int64_t op, ctx; };            // module context (module index << 2 | phase) from op `op` on
+struct BlockRec {          // 24 bytes; block id = index
+  int64_t ptr;
+  int64_t size_dev;        // size | device index << 48
+  uint32_t op_before;      // op index that made it (or the op count when first seen) | before << 31
+  uint32_t alloc_dt;       // claimed: its allocation's time - the op's start (ns); UINT32_MAX: not claimed
 };
-struct FreeRec { int64_t t, block; };              // 16 bytes
+#pragma pack(push, 4)
+struct FreeRec { int64_t t; int32_t block; };      // 12 bytes
+#pragma pack(pop)
 struct MemRec { int64_t t, ptr, delta_dev; };      // 24 bytes: delta << 8 | device index
 
 // A chunked append-only stream of fixed-size records, spillable to a file. Chunks grow from 256
-// records to 64 Ki records, so a short recording holds little and a long one few chunks.
+// KiB to 8 KiB, so little memory is allocated and not yet used.
 template <typename T>
 struct Stream {
   struct Chunk { std::unique_ptr<T[]> data; size_t cap, used; };
@@ -81,7 +83,8 @@ struct Stream {
 
   T& push() {
     if (chunks.empty() || chunks.back().used == chunks.back().cap) {
-      size_t cap = chunks.empty() ? 256 : std::min<size_t>(chunks.back().cap * 2, 65536);
+      size_t cap = chunks.empty() ? std::max<size_t>(1, 1024 / sizeof(T))
+                                  : std::min<size_t>(chunks.back().cap * 2, std::max<size_t>(1, 8192 / sizeof(T)));
       chunks.push_back(Chunk{std::unique_ptr<T[]>(new T[cap]), cap, 0});
       cap_total += cap;
     }
@@ -90,6 +93,7 @@ struct Stream {
     return c.data[c.used++];
   }
   size_t size() const { return spilled + n; }
+  T& back() { return chunks.back().data[chunks.back().used - 1]; }
   size_t mem_bytes() const { return cap_total * sizeof(T); }
   // Write all chunks but the last to the spill file. Returns the bytes freed.
   size_t spill(const std::string& path) {
@@ -209,7 +213,9 @@ struct Session {
   Stream<FreeRec> frees;
   Stream<MemRec> mem;
 
-  std::atomic<int32_t> ctx{0};
+  Stream<WideRec> wide;
+  Stream<CtxRec> ctxs;
+  int64_t last_start = 0, first_start = 0;   // op starts are deltas from the previous record's
   int64_t tensors_without_storage = 0;
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
@@ -221,15 +227,18 @@ struct Session {
   size_t sig_bytes = 0;
   std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
   std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
-  std::vector<int32_t> unreported;                      // live blocks whose free the allocator may not report
-  std::vector<c10::StorageImpl*> unreported_keys;
+  struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
+  std::vector<Unreported> unreported;   // live blocks whose free the allocator may not report
+  std::vector<uint8_t> freed;           // per block: its free is recorded (`Unreported::live` is stale)
   size_t sweep_every = 1, since_sweep = 0;
   std::vector<std::string> devices;
   std::unordered_map<std::string, int16_t> device_idx;
+  c10::Device last_device{c10::DeviceType::CPU};
+  int16_t last_device_idx = -1;
 
   int64_t mem_bytes() const {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + sig_bytes + live.size() * 64 + by_ptr.size() * 32);
+                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes + live.size() * 64 + by_ptr.size() * 32);
   }
   void check_budget() {
     int64_t used = mem_bytes();
@@ -240,16 +249,21 @@ struct Session {
     spilled_bytes += mem.spill(spill_prefix + ".mem");
     spilled_bytes += frees.spill(spill_prefix + ".frees");
     spilled_bytes += blocks.spill(spill_prefix + ".blocks");
+    spilled_bytes += wide.spill(spill_prefix + ".wide");
+    spilled_bytes += ctxs.spill(spill_prefix + ".ctx");
   }
 
   int16_t device_index(const c10::Device& d) {
+    if (d == last_device && last_device_idx >= 0) return last_device_idx;   // nearly always one device
     std::string s = d.str();
+    last_device = d;
+    last_device_idx = -1;
     auto it = device_idx.find(s);
-    if (it != device_idx.end()) return it->second;
+    if (it != device_idx.end()) return last_device_idx = it->second;
     int16_t i = int16_t(devices.size());
     devices.push_back(s);
     device_idx.emplace(s, i);
-    return i;
+    return last_device_idx = i;
   }
 
   // The block of `st` (discovering it if new). `before`: existed before op `op`. -1: no bytes.
@@ -264,31 +278,36 @@ struct Session {
     int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
     int32_t bid = int32_t(blocks.size());
     BlockRec& b = blocks.push();
-    b.ptr = ptr; b.size = size; b.alloc_t = -1; b.op = op; b.dev = device_index(dev);
-    b.before = before ? 1 : 0; b.claimed = 0;
+    b.ptr = ptr;
+    b.size_dev = size | (int64_t(device_index(dev)) << 48);
+    b.op_before = uint32_t(op) | (before ? (1u << 31) : 0u);
+    b.alloc_dt = UINT32_MAX;
     if (!before && frame) {   // a fresh output: its allocation, seen during this op, is folded in
       auto& al = frame->allocs;
       for (size_t i = 0; i < al.size(); ++i) {
-        if (al[i].ptr == ptr && al[i].size == size) {
-          b.alloc_t = al[i].t; b.claimed = 1;
+        int64_t dt = al[i].t - frame->start;
+        if (al[i].ptr == ptr && al[i].size == size && dt >= 0 && dt < int64_t(UINT32_MAX)) {
+          b.alloc_dt = uint32_t(dt);
           al.erase(al.begin() + i);
           break;
         }
       }
     }
-    live.emplace(impl, Live{bid, b.claimed != 0, ptr, st.getWeakStorageImpl()});
+    bool claimed = b.alloc_dt != UINT32_MAX;
+    auto placed = live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()}).first;
+    freed.push_back(0);
     by_ptr[ptr] = impl;
-    if (!b.claimed) {         // the allocator may never report its free (allocated before recording)
-      unreported.push_back(bid);
-      unreported_keys.push_back(impl);
-      sweep_every = std::max<size_t>(1, unreported.size() / 32);
+    if (!claimed) {         // the allocator may never report its free (allocated before recording)
+      unreported.push_back(Unreported{bid, impl, &placed->second});
+      sweep_every = std::max<size_t>(1, unreported.size() / 8);
     }
     return bid;
   }
 
   void free_block(int32_t bid, c10::StorageImpl* impl, int64_t ptr, int64_t t) {
     FreeRec& f = frees.push();
-    f.t = t; f.block = bid;
+    f.t = t; f.block = int32_t(bid);
+    if (size_t(bid) < freed.size()) freed[bid] = 1;
     live.erase(impl);
     auto it = by_ptr.find(ptr);
     if (it != by_ptr.end() && it->second == impl) by_ptr.erase(it);
@@ -298,20 +317,13 @@ struct Session {
   void sweep(int64_t t) {
     size_t w = 0;
     for (size_t i = 0; i < unreported.size(); ++i) {
-      c10::StorageImpl* impl = unreported_keys[i];
-      auto it = live.find(impl);
-      if (it == live.end() || it->second.block != unreported[i]) continue;   // already freed
-      if (it->second.weak.expired()) {
-        free_block(it->second.block, impl, it->second.ptr, t);
-        continue;
-      }
-      unreported[w] = unreported[i];
-      unreported_keys[w] = impl;
-      ++w;
+      Unreported u = unreported[i];
+      if (freed[u.block]) continue;                         // freed (and its map entry gone) already
+      if (u.live->weak.expired()) { free_block(u.block, u.impl, u.live->ptr, t); continue; }
+      unreported[w++] = u;
     }
     unreported.resize(w);
-    unreported_keys.resize(w);
-    sweep_every = std::max<size_t>(1, unreported.size() / 32);
+    sweep_every = std::max<size_t>(1, unreported.size() / 8);
   }
 
   void on_memory(void* p, int64_t delta, const c10::Device& device, int64_t t, Frame* frame) {
@@ -458,11 +470,14 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
 }
 
 int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
+int64_t g_spin_ns = 0;
+bool g_quiet = false;    // switch RecordFunction off inside recorded kernels (costs a callback-cache rebuild)   // tests only: make each op callback this much slower (the clock must not show it)
 
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g_probe == 1) return nullptr;
   int64_t t0 = raw_now();
+  if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
   ThreadState& ts = tl_state[K];
   Frame& f = ts.push();
   Session* s = g_slots[K];
@@ -476,9 +491,16 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       }
       if (!info->skip) {
         auto inputs = fn.inputs();
-        bool nested = false;
-        for (auto& v : inputs) if (v.isTensor() && v.toTensor().is_nested()) { nested = true; break; }
-        bool transparent = nested ? info->transparent_nested : info->transparent;
+        bool nested = false, subclass = false;
+        for (auto& v : inputs) {
+          if (!v.isTensor()) continue;
+          const at::Tensor& t = v.toTensor();
+          if (t.is_nested()) nested = true;
+          if (t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) subclass = true;
+        }
+        // An op on a Python tensor subclass (a jagged nested tensor...) has no storages of its own: the
+        // ops its __torch_dispatch__ runs on the inner tensors are the ones that touch memory.
+        bool transparent = subclass || (nested ? info->transparent_nested : info->transparent);
         if (!transparent) {
           f.recorded = true;
           f.info = info;
@@ -487,7 +509,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           // The ops nested inside this op's kernel are not recorded: switch RecordFunction off for
           // them (no boxing of their arguments) unless someone else observes ops in this thread
           // (a profiler's debug info, or global callbacks).
-          if (at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
+          if (g_quiet && at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
             auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
             if (top == nullptr || dynamic_cast<Reporter*>(top) != nullptr) {
               at::enableRecordFunction(false);
@@ -618,8 +640,19 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     aseq = int64_t(at::sequence_number::peek());
   }
   OpRec& r = s->ops.push();
-  r.start = f.start; r.end = end; r.aseq = int32_t(std::max<int64_t>(std::min<int64_t>(aseq, INT32_MAX), INT32_MIN));
-  r.sig = sig; r.ctx = s->ctx.load(std::memory_order_relaxed); r.nacc = nacc;
+  int64_t d = f.start - s->last_start;
+  s->last_start = f.start;
+  if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
+  else { r.dstart = INT32_MIN; s->wide.push() = WideRec{op, 0, f.start}; }
+  int64_t dur = end - f.start;
+  if (dur >= 0 && dur < int64_t(UINT32_MAX)) r.dur = uint32_t(dur);
+  else { r.dur = UINT32_MAX; s->wide.push() = WideRec{op, 1, dur}; }
+  r.aseq = int32_t(std::max<int64_t>(std::min<int64_t>(aseq, INT32_MAX), INT32_MIN));
+  uint32_t sig_field = sig < (1 << 24) - 1 ? uint32_t(sig) : (1u << 24) - 1;
+  if (sig_field != uint32_t(sig)) s->wide.push() = WideRec{op, 3, sig};
+  uint32_t nacc_field = nacc < 255 ? nacc : 255;
+  if (nacc_field == 255) s->wide.push() = WideRec{op, 2, int64_t(nacc)};
+  r.sig_nacc = (sig_field << 8) | nacc_field;
   if ((op & 255) == 0) s->check_budget();
 }
 
@@ -680,6 +713,7 @@ struct Handle {
     std::lock_guard<std::mutex> g(g_slots_mutex);
     for (int k = 0; k < kSlots; ++k) if (!g_slots[k]) { s->slot = k; break; }
     if (s->slot < 0) throw std::runtime_error("memlens: more than 16 compiled recordings at once");
+    s->last_start = s->first_start = now();
     g_slots[s->slot] = s.get();
     s->active = true;
     tl_state[s->slot] = ThreadState();
@@ -699,6 +733,12 @@ struct Handle {
       }
       if (reporter) reporter->mask.fetch_or(1u << s->slot);
     }
+  }
+
+  // A recording dropped without stop() (an interpreter shutting down...) must not leave a callback
+  // that points at freed memory.
+  ~Handle() {
+    try { stop(); } catch (...) {}
   }
 
   // Stop recording: remove the callback and the memory hook (safe to call twice).
@@ -735,7 +775,6 @@ struct Handle {
     s->live.clear();            // drop the weak pointers
     s->by_ptr.clear();
     s->unreported.clear();
-    s->unreported_keys.clear();
     s->slot = -1;
   }
 
@@ -755,7 +794,12 @@ struct Handle {
     return r;
   }
   int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
-  void set_ctx(int64_t c) { s->ctx.store(int32_t(c), std::memory_order_relaxed); }
+  void set_ctx(int64_t c) {
+    std::lock_guard<std::mutex> g(s->mu);
+    int64_t op = int64_t(s->ops.size());
+    if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;   // no op ran under the last one
+    else s->ctxs.push() = CtxRec{op, c};
+  }
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
   py::dict drain() {
@@ -767,6 +811,9 @@ struct Handle {
     d["blocks"] = s->blocks.to_bytes();
     d["frees"] = s->frees.to_bytes();
     d["memory"] = s->mem.to_bytes();
+    d["wide"] = s->wide.to_bytes();
+    d["ctx"] = s->ctxs.to_bytes();
+    d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
     for (auto& b : s->sigs) sigs.append(py::bytes(b));
@@ -779,7 +826,15 @@ struct Handle {
     d["spilled_bytes"] = s->spilled_bytes;
     d["memory_note"] = memory_note;
     d["late_frees"] = s->late_frees;
+    py::dict parts;
+    parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
+    parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
+    parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sig_bytes;
+    parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
+    parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
+    d["parts"] = parts;
     s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
+    s->wide.clear(); s->ctxs.clear();
     return d;
   }
 };
@@ -799,6 +854,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
+  m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
+  m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
   m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
   m.attr("BLOCK_RECORD_BYTES") = int(sizeof(memlens::BlockRec));
