@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from memlens.analysis.ati import access_intervals, ati_stats
+from memlens.analysis.ati import ati_only
 from memlens.analysis.distributions import log_histogram
 from memlens.analysis.outliers import outliers
 from memlens.errors import InputError
@@ -65,8 +66,9 @@ def two_device_trace(seed: int = 0, n_blocks: int = 400, n_acc: int = 5000) -> T
 def reference_ati(trace, device=None) -> dict:
     iv = access_intervals(trace, device=device)
     doc = ati_stats(iv)
-    doc["histogram"] = log_histogram(iv["length_ns"].to_numpy(), per_decade=1)
+    doc["histogram"] = log_histogram(ati_only(iv)["length_ns"].to_numpy(), per_decade=1)  # the ATI only
     doc["accesses_outside_lifetime"] = iv.attrs["accesses_outside_lifetime"]
+    doc["overlapping_ops"] = iv.attrs["overlapping_ops"]
     return doc
 
 
@@ -77,6 +79,14 @@ def assert_same_ati(got: dict, want: dict) -> None:
             pd.testing.assert_frame_equal(got[k], v)
         elif k == "std_ns" and v is not None:
             assert got[k] == pytest.approx(v, rel=1e-12)  # a sum of squares added in another order
+        elif k == "edges":  # the lifetime edges: exact quantiles too, std to the last bits
+            assert set(got[k]) == set(v)
+            for kind, e in v.items():
+                g = dict(got[k][kind])
+                e = dict(e)
+                g_std, e_std = g.pop("std_ns"), e.pop("std_ns")
+                assert g == e, kind
+                assert (g_std is None and e_std is None) or g_std == pytest.approx(e_std, rel=1e-12), kind
         else:
             assert got[k] == v, k
 
@@ -172,8 +182,15 @@ def test_recorded_trace_through_the_cli(tmp_path):
             rc, out, err = cli(*verb, str(path), "--json", "--engine", eng, "--workers", "2")
             assert rc == 0, err
             docs.append(json.loads(out))
-        if verb == ["ati"]:
+        if verb == ["ati"]:  # standard deviations are sums in another order: equal to the last bits
             assert docs[1].pop("std_ns") == pytest.approx(docs[0].pop("std_ns"), rel=1e-12)
+            for kind, e in docs[0]["edges"].items():
+                got = docs[1]["edges"][kind].pop("std_ns")
+                assert got == pytest.approx(e.pop("std_ns"), rel=1e-12), kind
+        if verb == ["info"]:  # the peak story (cause, sites, phases) needs the whole trace: memory engine only
+            story = {"peak", "iterations", "iteration_source", "phases"}
+            assert set(docs[0]) - set(docs[1]) == story
+            docs[0] = {k: v for k, v in docs[0].items() if k not in story}
         assert docs[0] == docs[1], verb
 
 

@@ -48,7 +48,8 @@ def run(args) -> int:
         with runner_for(args) as runner:
             stats = engine.ati(args.trace, runner, device=args.device)
         hist = stats.pop("histogram")
-        extra = {"accesses_outside_lifetime": stats.pop("accesses_outside_lifetime")}
+        extra = {"accesses_outside_lifetime": stats.pop("accesses_outside_lifetime"),
+                 "overlapping_ops": stats.pop("overlapping_ops"), "window_ns": None, "iteration_source": None}
         groups = None
     else:
         trace = load(args.trace)

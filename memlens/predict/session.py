@@ -116,17 +116,7 @@ class PredictSession(Session):
             return -1
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", 0)
-        di = self._device_idx.get(device)
-        if di is None:
-            di = self._device_idx[device] = len(self.devices)
-            self.devices.append(str(device))
-        bid = self.n_blocks
-        self.n_blocks = bid + 1
-        key = id(st)
-        self._live[key] = bid
-        ref = _weakref(st, self._on_free)
-        self._refs[id(ref)] = (ref, bid, key)
-        self._blocks_extend((bid, di, 0, size, -1 if before else t, op, 1 if before else 0))
+        bid = self._new_block(st, device, 0, size, op, t, before)
         if device.type == "cuda":
             self._cuda_sizes[bid] = size
             self.live_cuda_bytes += size

@@ -438,6 +438,11 @@ class Session(Attribution):
         except RuntimeError:
             self.tensors_without_storage += 1
             return -1
+        return self._new_block(st, device, addr, size, op, t, before)
+
+    def _new_block(self, st, device, addr: int, size: int, op: int, t: int, before: bool) -> int:
+        """Give storage `st` (on `device`, `size` bytes at `addr`) a block id, watch for its free and
+        append its block record; returns the id."""
         di = self._device_idx.get(device)
         if di is None:
             di = self._device_idx[device] = len(self.devices)

@@ -5,7 +5,6 @@ returns the `Report` with every `Section` and its status for programmatic checks
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
@@ -53,23 +52,9 @@ class Report:
         return {s.key: s.status for s in self.sections}
 
     def write(self, path) -> Path:
-        """Write the HTML to `path` atomically (a temporary sibling renamed into place); returns the path."""
-        from memlens.errors import InputError
-
-        out = Path(path)
-        text = self.html()
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, out)
-        except OSError as exc:
-            raise InputError(f"cannot write the report: {exc.strerror or exc}", out) from None
-        finally:
-            # when the directory itself could not be created there is no temporary file to remove
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-        return out
+        """Write the HTML atomically (a temporary sibling renamed into place); returns the path."""
+        from memlens.report.page import write_html
+        return write_html(self.html(), path)
 
     def html(self) -> str:
         """The complete self-contained HTML document."""

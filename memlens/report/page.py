@@ -75,3 +75,26 @@ def document(title: str, subtitle: str, sections, statuses: list[dict]) -> str:
             f"<header>{tag('h1', title)}{tag('p', subtitle)}</header><nav>{nav}</nav><main>{body}</main>"
             f'<script type="application/json" id="memlens-report-status">{status_json}</script>'
             f"<script>{BOOT}</script></body></html>\n")
+
+
+def write_html(text: str, path):
+    """Write an HTML document to `path` atomically (a temporary sibling renamed into place); returns the
+    path. An unwritable destination is bad input (`InputError` naming it)."""
+    import contextlib
+    import os
+    from pathlib import Path
+
+    from memlens.errors import InputError
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise InputError(f"cannot write the report: {exc.strerror or exc}", out) from None
+    finally:
+        # when the directory itself could not be created there is no temporary file to remove
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    return out

@@ -99,25 +99,9 @@ class RunsReport:
                 f"<script>{BOOT}</script><script>{SELECT_JS}</script></body></html>\n")
 
     def write(self, path):
-        """Write the HTML atomically; returns the path."""
-        import contextlib
-        import os
-        from pathlib import Path
-
-        from memlens.errors import InputError
-        out = Path(path)
-        text = self.html()
-        tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, out)
-        except OSError as exc:
-            raise InputError(f"cannot write the report: {exc.strerror or exc}", out) from None
-        finally:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-        return out
+        """Write the HTML atomically (a temporary sibling renamed into place); returns the path."""
+        from memlens.report.page import write_html
+        return write_html(self.html(), path)
 
 
 def peaks_figure(peaks):

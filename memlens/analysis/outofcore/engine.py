@@ -59,6 +59,7 @@ def summary(path, runner: Runner) -> dict:
         "devices": sorted(facts["devices"]), "duration_ns": int(span[1] - span[0]),
         "peak_live_bytes": {d: int(max(peaks[d]["peak"], 0)) for d in sorted(facts["devices"])},
         "source_kind": files.metadata.get("source_kind", "unknown"),
+        "clock": clock_of_files(files),
         "has_accesses": files.rows["accesses"] > 0,
         "allocated_before": facts["allocated_before"], "free_without_alloc": facts["free_without_alloc"],
         "alive_at_end": facts["alive_at_end"], "notes": list(files.metadata.get("notes", [])),
@@ -137,8 +138,10 @@ def _ati_bucket(files, scratch, bucket, span, device):
     edges = {}
     for k in EDGE_KINDS:
         e = all_lengths[kind == k]
+        np.save(Path(scratch) / f"edge-{k}-{bucket:05d}.npy", e)  # for pass 3: exact std and quantiles
         edges[k] = {"count": len(e), "sum": int(e.sum(dtype=np.int64)) if len(e) else 0,
-                    "min": int(e.min()) if len(e) else None, "max": int(e.max()) if len(e) else None}
+                    "min": int(e.min()) if len(e) else None, "max": int(e.max()) if len(e) else None,
+                    "bins": qmod.bin_counts(e)}
     return {
         "edges": edges,
         "count": n,
@@ -151,20 +154,28 @@ def _ati_bucket(files, scratch, bucket, span, device):
         "by_kind": {str(k): int(v) for k, v in kinds.items()},
         "bins": qmod.bin_counts(lengths),
         "outside": int(iv.attrs.get("accesses_outside_lifetime", 0)),
+        "overlapping": int(iv.attrs.get("overlapping_ops", 0)),  # counted per interval: sums over buckets
     }
 
 
-def _ati_pass3(scratch, bucket, mean, edges, bins):
+def _ati_pass3(scratch, bucket, mean, edges, bins, edge_needs=None):
     """Pass 3 of one bucket: squared deviations from the global mean, the histogram on the final edges,
-    and the distinct values inside the bins that hold the quantiles."""
+    and the distinct values inside the bins that hold the quantiles; the same (but the histogram) for each
+    lifetime-edge kind in `edge_needs` ({kind: (mean, needed bins)})."""
     f = Path(scratch) / f"len-{bucket:05d}.npy"
     lengths = np.load(f)
     x = lengths.astype(np.float64)
     dev = x - mean
     counts, _ = np.histogram(x, bins=edges)
     out = {"sqdev": float(np.dot(dev, dev)), "hist": counts.astype(np.int64),
-           "values": qmod.values_in_bins(lengths, bins)}
+           "values": qmod.values_in_bins(lengths, bins), "edges": {}}
     f.unlink()
+    for k, (k_mean, k_bins) in (edge_needs or {}).items():
+        g = Path(scratch) / f"edge-{k}-{bucket:05d}.npy"
+        e = np.load(g)
+        d = e.astype(np.float64) - k_mean
+        out["edges"][k] = {"sqdev": float(np.dot(d, d)), "values": qmod.values_in_bins(e, k_bins)}
+        g.unlink()
     return out
 
 
@@ -190,7 +201,8 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
     lo_hi = np.array([float(max(maxs))]) if maxs else np.array([], dtype=np.float64)
     edges = log_bins(lo_hi, per_decade=histogram_per_decade)
     needed = qmod.needed_bins(bins, STAT_QUANTILES)
-    third = runner.map(_ati_pass3, [(scratch, b, mean if mean is not None else 0.0, edges, needed)
+    edge_needs = _edge_needs(parts)
+    third = runner.map(_ati_pass3, [(scratch, b, mean if mean is not None else 0.0, edges, needed, edge_needs)
                                     for b in range(n_buckets)])
     q = qmod.exact_quantiles(bins, [t["values"] for t in third], STAT_QUANTILES)
     hist_counts = sum(t["hist"] for t in third)
@@ -212,17 +224,31 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
         "fraction_below": {k: (sum(p["below"][k] for p in parts) / n if n else None) for k in BELOW},
         "by_kind": by_kind,
         "wrap_around": 0,
-        "edges": _edge_stats(parts),
+        "edges": _edge_stats(parts, third, edge_needs),
         "clock": clock_of_files(files),
         "steady_state": False, "iteration": None, "period_ns": None,
         "histogram": hist,
         "accesses_outside_lifetime": int(sum(p["outside"] for p in parts)),
+        "overlapping_ops": int(sum(p["overlapping"] for p in parts)),
     }
 
 
-def _edge_stats(parts) -> dict:
-    """The lifetime edges beside the ATI, summed over the buckets: count, total, mean, min and max (ns); their
-    quantiles are not computed out of core (None)."""
+def _edge_needs(parts) -> dict:
+    """{edge kind: (its mean over all buckets, the fine bins holding its quantiles)} for pass 3."""
+    from memlens.analysis.ati import EDGE_KINDS
+    needs = {}
+    for k in EDGE_KINDS:
+        es = [p["edges"][k] for p in parts]
+        n = sum(e["count"] for e in es)
+        bins = sum(e["bins"] for e in es)
+        mean = sum(e["sum"] for e in es) / n if n else 0.0
+        needs[k] = (float(mean), qmod.needed_bins(bins, STAT_QUANTILES))
+    return needs
+
+
+def _edge_stats(parts, third, edge_needs) -> dict:
+    """The lifetime edges beside the ATI, from the buckets' sums (count, total, mean, min, max) and pass 3
+    (std and exact quantiles, as for the ATI); ns."""
     from memlens.analysis.ati import EDGE_KINDS
     out = {}
     for k in EDGE_KINDS:
@@ -231,9 +257,12 @@ def _edge_stats(parts) -> dict:
         total = sum(e["sum"] for e in es)
         mins = [e["min"] for e in es if e["min"] is not None]
         maxs = [e["max"] for e in es if e["max"] is not None]
+        bins = sum(e["bins"] for e in es)
+        q = qmod.exact_quantiles(bins, [t["edges"][k]["values"] for t in third], STAT_QUANTILES) if n else {}
         out[k] = {"count": int(n), "total_ns": float(total), "mean_ns": total / n if n else None,
-                  "std_ns": None, "min_ns": float(min(mins)) if mins else None,
-                  "max_ns": float(max(maxs)) if maxs else None, "p50_ns": None, "p90_ns": None, "p99_ns": None}
+                  "std_ns": math.sqrt(sum(t["edges"][k]["sqdev"] for t in third) / n) if n else None,
+                  "min_ns": float(min(mins)) if mins else None, "max_ns": float(max(maxs)) if maxs else None,
+                  "p50_ns": q.get(0.5), "p90_ns": q.get(0.9), "p99_ns": q.get(0.99)}
     return out
 
 
