@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from memlens.clock import clock_label
+
 
 @dataclass
 class Factor:
@@ -52,6 +54,7 @@ class BlockGeometry:
     op: Factor
     event_t: np.ndarray       # times (ns) of the device's alloc/free events, sorted, for axis conversion
     address_span: float       # bytes on the compacted address axis
+    clock: str = ""           # the clock the times are on ("host clock", "modeled H100 SXM clock", ...)
     _events: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -168,4 +171,4 @@ def block_geometry(trace, device: str) -> BlockGeometry:
         device=device, rows=rows, block_id=b["block_id"].to_numpy(dtype=np.int64), size=size,
         t0=t0, t1=np.maximum(t1, t0), e0=e0, e1=np.maximum(e1, e0 + 0.5), y0=y0, addr=addr,
         category=Factor.of(b["category"]), module=Factor.of(b["module"]), op=Factor.of(b["op"]),
-        event_t=event_t, address_span=span)
+        event_t=event_t, address_span=span, clock=clock_label(trace))

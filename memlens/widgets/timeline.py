@@ -110,7 +110,7 @@ def blocks_view(geom: BlockGeometry, marks: AccessMarks | None, state: ExplorerS
 
     `hover(positions)` (positions in `geom`) returns the hover text of the blocks drawn one by one (their
     stacks, escaped): an invisible marker at the middle of each block's visible part shows it."""
-    scale, x_title = time_axis(state.axis)
+    scale, x_title = time_axis(state.axis, clock=geom.clock or None)
     full_x, full_y = default_ranges(geom, state.axis)
     x_range = state.x_range or full_x
     y_range = state.y_range or full_y
@@ -171,7 +171,7 @@ def live_events(geom: BlockGeometry, mask: np.ndarray, axis: str) -> tuple[np.nd
 def stacked_view(geom: BlockGeometry, state: ExplorerState, mask: np.ndarray, group: np.ndarray,
                  names: list[str], colours: list[str], width_px: int = PLOT_WIDTH_PX) -> TimelineData:
     """Live bytes over time, stacked by colour group, for the selected blocks."""
-    scale, x_title = time_axis(state.axis)
+    scale, x_title = time_axis(state.axis, clock=geom.clock or None)
     x_range = state.x_range or geom.full_x_range(state.axis)
     x, delta, pos = live_events(geom, mask, state.axis)
     xs, live = stacked_live(x, delta, group[pos], len(names), x_range, width_px)
