@@ -46,10 +46,12 @@ def run_python(args: list, env: dict | None = None, timeout: float = TIME_CEILIN
                                 cwd=cwd)
         killer = threading.Timer(timeout, proc.kill)
         killer.start()
+        hwm = _HighWaterMark(proc.pid)
         try:
             _, status, usage = os.wait4(proc.pid, 0)
         finally:
             killer.cancel()
+            hwm.stop()
         seconds = time.monotonic() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
@@ -57,7 +59,39 @@ def run_python(args: list, env: dict | None = None, timeout: float = TIME_CEILIN
         stdout, stderr = out.read().decode("utf-8", "replace"), err.read().decode("utf-8", "replace")
     if seconds >= timeout:
         raise AssertionError(f"python {' '.join(map(str, args))} ran past {timeout} s (a hang)")
-    return Outcome(proc.returncode, stdout, stderr, usage.ru_maxrss * 1024, seconds)
+    # ru_maxrss of a child counts the high-water mark of the memory it was forked from (Linux records the
+    # old mm's at exec): once this test process is large it would blame the child. The child's own mm
+    # high-water mark (VmHWM, fresh after exec) is sampled instead; ru_maxrss is the fallback.
+    peak = hwm.peak if hwm.peak else usage.ru_maxrss * 1024
+    return Outcome(proc.returncode, stdout, stderr, peak, seconds)
+
+
+class _HighWaterMark:
+    """Samples /proc/PID/status VmHWM (bytes; monotonic over the life of the exec'd image) until stopped."""
+
+    def __init__(self, pid: int, interval_s: float = 0.005):
+        self.pid, self.interval_s, self.peak = pid, interval_s, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            with open(f"/proc/{self.pid}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"VmHWM:"):
+                        self.peak = max(self.peak, int(line.split()[1]) * 1024)
+                        return
+        except (OSError, ValueError, IndexError):
+            pass
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self._read()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def assert_refused(outcome: Outcome, *needles: str) -> str:
