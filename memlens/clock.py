@@ -18,14 +18,7 @@ import copy
 import numpy as np
 import pandas as pd
 
-from memlens.trace import Trace
-
-
-def clock_of(trace) -> dict:
-    """The clock a trace's times are on, as a plain dict (a copy): ``{"kind": "host"|"cuda"|"modeled",
-    ...}``; ``{"kind": "host"}`` when the metadata names none (or only a unit string, as some importers do)."""
-    clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
-    return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
+from memlens.trace import Trace, clock_of  # noqa: F401  (clock_of: re-exported)
 
 
 def clock_label(trace_or_clock) -> str:

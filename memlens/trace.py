@@ -151,9 +151,12 @@ def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
     return blocks
 
 
-def _clock_of(trace) -> dict:
-    from memlens.clock import clock_of   # memlens.clock builds on this module: imported when used
-    return clock_of(trace)
+def clock_of(trace) -> dict:
+    """The clock a trace's times are on, as a plain dict (a copy): ``{"kind": "host"|"cuda"|"modeled",
+    ...}``; ``{"kind": "host"}`` when the metadata names none (or only a unit string, as some importers do).
+    (`memlens.clock` re-exports it beside the re-stamping that moves a trace between clocks.)"""
+    clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
+    return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
 
 
 @dataclass
@@ -298,7 +301,7 @@ class Trace:
             "duration_ns": int(self.duration_ns),
             "peak_live_bytes": self.peak_live_bytes(),
             "source_kind": self.metadata.get("source_kind", "unknown"),
-            "clock": _clock_of(self),
+            "clock": clock_of(self),
             "has_accesses": self.has_accesses,
             "allocated_before": int(self.blocks["allocated_before"].sum()),
             "free_without_alloc": int(self.blocks["free_without_alloc"].sum()),
