@@ -392,26 +392,26 @@ _SIZE_COLUMNS = {"blocks": ("size",), "segments": ("total_size", "allocated_size
                  "segment_blocks": ("size", "requested_size"), "events": ("size",)}
 
 
+def _column_values(trace: Trace, spec: dict):
+    """(table, column, values as float64 with NA as 0) of each non-empty column named in `spec`."""
+    for table, columns in spec.items():
+        df = trace.table(table)
+        for col in columns:
+            if df is None or col not in df.columns or not len(df):
+                continue
+            yield table, col, pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=0.0)
+
+
 def _check_ranges(trace: Trace) -> None:
-    for table, columns in _TIME_COLUMNS.items():
-        df = trace.table(table)
-        for col in columns:
-            if df is None or col not in df.columns or not len(df):
-                continue
-            values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=0.0)
-            if not np.isfinite(values).all() or (np.abs(values) >= _MAX_ABS_NS).any():
-                raise InputError(f"{table}: {col} has a time that is not finite or beyond 2**62 ns "
-                                 "(NaN, inf or an overflowed value)")
-    for table, columns in _SIZE_COLUMNS.items():
-        df = trace.table(table)
-        for col in columns:
-            if df is None or col not in df.columns or not len(df):
-                continue
-            values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=0.0)
-            if (values < 0).any():
-                raise InputError(f"{table}: negative {col.replace('_', ' ')}")
-            if (values >= _MAX_SIZE).any() or not np.isfinite(values).all():
-                raise InputError(f"{table}: a {col.replace('_', ' ')} is 2**56 bytes (64 PiB) or more")
+    for table, col, values in _column_values(trace, _TIME_COLUMNS):
+        if not np.isfinite(values).all() or (np.abs(values) >= _MAX_ABS_NS).any():
+            raise InputError(f"{table}: {col} has a time that is not finite or beyond 2**62 ns "
+                             "(NaN, inf or an overflowed value)")
+    for table, col, values in _column_values(trace, _SIZE_COLUMNS):
+        if (values < 0).any():
+            raise InputError(f"{table}: negative {col.replace('_', ' ')}")
+        if (values >= _MAX_SIZE).any() or not np.isfinite(values).all():
+            raise InputError(f"{table}: a {col.replace('_', ' ')} is 2**56 bytes (64 PiB) or more")
     if float(trace.blocks["size"].to_numpy(dtype="float64").sum()) >= _MAX_ABS_NS:
         raise InputError("blocks: sizes add up past 2**62 bytes; byte sums would overflow")
 

@@ -111,12 +111,7 @@ class TraceFiles:
         except Exception as exc:
             raise InputError(f"cannot read Parquet table ({type(exc).__name__}: {exc})", fpath) from None
         df = arrow.to_pandas()
-        if columns is None:
-            try:
-                df = conform(table, df, strict=True)
-            except InputError as exc:
-                raise InputError(exc.message, fpath) from None
-        return df
+        return _conformed(table, df, fpath) if columns is None else df
 
     def iter_batches(self, table: str, row_groups: list[int], batch_rows: int, columns=None):
         """The given row groups of `table` as frames of at most `batch_rows` rows (a big row group is not
@@ -127,12 +122,7 @@ class TraceFiles:
             pf = pq.ParquetFile(fpath)
             for batch in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=columns):
                 df = batch.to_pandas()
-                if columns is None:
-                    try:
-                        df = conform(table, df, strict=True)
-                    except InputError as exc:
-                        raise InputError(exc.message, fpath) from None
-                yield df
+                yield _conformed(table, df, fpath) if columns is None else df
         except InputError:
             raise
         except Exception as exc:
@@ -195,3 +185,11 @@ def empty_like(table: str) -> pd.DataFrame:
 def as_int64(values) -> np.ndarray:
     """A column as int64 numpy (the schema guarantees integers)."""
     return np.asarray(values, dtype=np.int64)
+
+
+def _conformed(table: str, df, fpath):
+    """`df` conformed to `table`'s schema; a mismatch is bad input naming the file."""
+    try:
+        return conform(table, df, strict=True)
+    except InputError as exc:
+        raise InputError(exc.message, fpath) from None
