@@ -26,6 +26,8 @@ def run(args) -> int:
     from memlens.plan import plan
     from memlens.units import format_bytes
 
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.input, "the offset planner")
     result = plan(args.input, time_limit_s=args.time_limit, alignment=args.alignment,
                   iteration=args.iteration, device=args.device)
     if args.out:
