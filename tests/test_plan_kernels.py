@@ -32,13 +32,16 @@ def reference_neighbours(p) -> list[set[int]]:
              and p.start[i] < p.end[j] and p.start[j] < p.end[i]} for i in range(p.n)]
 
 
-def reference_place(p, order, fit) -> list[int]:
+def reference_place(p, order, fit, kept: dict[int, int] | None = None) -> list[int]:
     """Greedy placement by its definition: try every candidate offset (0 and each placed neighbour's top,
     rounded up to the alignment) in increasing order; "first" takes the lowest that fits, "best" the one
-    whose gap up to the next neighbour above is smallest (lowest on ties), else the top."""
+    whose gap up to the next neighbour above is smallest (lowest on ties), else the top. `kept`: buffers
+    already placed (index -> offset) before the others of `order` are."""
     nbrs = reference_neighbours(p)
-    off: dict[int, int] = {}
+    off: dict[int, int] = dict(kept or {})
     for i in order.tolist():
+        if i in off:
+            continue
         z, a = int(p.size[i]), int(p.alignment[i])
         placed = [(off[j], off[j] + int(p.size[j])) for j in nbrs[i] if j in off]
         top = max((t for _, t in placed), default=0)
@@ -80,15 +83,24 @@ def test_placement_matches_reference(seed, fit):
     assert plan_violations(p, got) == []
 
 
-def test_placement_keeps_a_prefix_and_places_the_rest():
+@pytest.mark.parametrize("fit", ["best", "first"])
+def test_placement_keeps_a_prefix_and_places_the_rest(fit):
     p = random_problem(3, always=2)
     order = order_by(p, "size")
-    full = place_in_order(p, order, "best")
+    full = place_in_order(p, order, fit)
     half = p.n // 2
+    # move the prefix up by the whole plan's height: still a valid placement of those buffers, and not
+    # where a fresh placement would put them, so the rest must be placed around the moved ones
+    lift = int(plan_height(p, full))
     shifted = full.copy()
-    shifted[order[:half]] += 0  # the prefix keeps exactly these offsets
-    again = place_in_order(p, order, "best", prefix=half, offsets=shifted)
-    assert again.tolist() == full.tolist()
+    shifted[order[:half]] += lift
+    shifted[order[half:]] = -1  # whatever is here for the rest must be ignored
+    again = place_in_order(p, order, fit, prefix=half, offsets=shifted)
+    assert again[order[:half]].tolist() == (full[order[:half]] + lift).tolist()
+    kept = {int(i): int(full[i]) + lift for i in order[:half]}
+    assert again.tolist() == reference_place(p, order, fit, kept)
+    assert again.tolist() != full.tolist()
+    assert plan_violations(p, again) == []
 
 
 def test_always_live_buffers_stack_like_any_other():
