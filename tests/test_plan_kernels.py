@@ -143,7 +143,25 @@ def test_heuristics_over_budget_are_skipped_but_online_best_fit_runs():
     got = dict(_run_heuristics(p, [h[0] for h in HEURISTICS], budget_s=0.0, skipped=skipped))
     assert list(got) == ["online_best_fit"] and len(skipped) == len(HEURISTICS) - 1
     result = plan(p, time_limit_s=0.0)
-    assert result.heuristics  # the portfolio itself gives the heuristics at least its minimum budget
+    assert list(result.heuristics) == ["online_best_fit"]  # no time: the one plan that always runs
+
+
+@pytest.mark.parametrize("fit", ["best", "first"])
+def test_sliced_placement_is_the_same_placement(fit, monkeypatch):
+    """With a deadline the placement runs in slices (each continuing from the last one's offsets); tiny
+    slices must give exactly the one-call result, also after a kept prefix. A passed deadline gives None."""
+    import time
+
+    import memlens.plan.heuristics as heuristics
+    p = random_problem(11, n=2000, horizon=400, always=3, align=True)
+    order = order_by(p, "size")
+    whole = place_in_order(p, order, fit)
+    monkeypatch.setattr(heuristics, "SLICE_S", 1e-9)  # every slice the minimum of 64 buffers
+    far = time.perf_counter() + 600
+    assert place_in_order(p, order, fit, deadline=far).tolist() == whole.tolist()
+    kept = place_in_order(p, order, fit, prefix=700, offsets=whole + 64, deadline=far)
+    assert kept.tolist() == place_in_order(p, order, fit, prefix=700, offsets=whole + 64).tolist()
+    assert place_in_order(p, order, fit, deadline=time.perf_counter() - 1) is None
 
 
 def test_importing_the_planners_does_not_import_numba():
