@@ -124,9 +124,15 @@ def main(variants, layers: int = 32, whatif: bool = True):
         s = p.summary()
         secs = time.perf_counter() - t
         oom = p.oom
+        # what must be alive at the optimizer step, by hand: bf16 weights (2 B/param) and, with bf16 AdamW,
+        # bf16 gradients and two bf16 moments (6 B); with fp32 AdamW, fp32 masters, fp32 gradients and two
+        # fp32 moments (16 B; the bf16 gradients are dropped once copied)
+        bound = n_params * (2 + (16 if variant == "fp32-adam" else 6))
+        assert s["peak_allocated"] >= bound and s["peak_reserved"] >= s["peak_allocated"], (s, bound)
         print(f"{variant}: {n_params / 1e9:.2f}B params, {layers} layers: predicted in {secs:.1f} s "
               f"({s['ops']:,} ops, {s['blocks']:,} blocks); peak allocated {s['peak_allocated'] / 2**30:.2f} GiB, "
-              f"peak reserved {s['peak_reserved'] / 2**30:.2f} GiB, fits 80GiB: {s['fits']}"
+              f"peak reserved {s['peak_reserved'] / 2**30:.2f} GiB (by-hand floor {bound / 2**30:.2f} GiB), "
+              f"fits 80GiB: {s['fits']}"
               + (f"; first OOM: {oom.op} in {oom.module or '-'} ({oom.size / 2**20:.0f} MiB)" if oom else ""))
         if whatif:
             with tempfile.TemporaryDirectory() as tmp:
