@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 if [ "${1:-}" = "--spot" ]; then
-  exec "$PY" scripts/mutants.py
+  shift; exec "$PY" scripts/mutants.py "$@"
 fi
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then

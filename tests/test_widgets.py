@@ -132,7 +132,8 @@ def test_explorer_handlers_update_every_view(sample):
     html = ex.click((geom.t0[i] + geom.t1[i]) / 2 / ex.view_data.scale, geom.y0[i] + geom.size[i] / 2)
     assert ex.selected_block == int(geom.block_id[i]) and f"data-block-id='{ex.selected_block}'" in html
     n_acc = int((sample.accesses["block_id"] == ex.selected_block).sum())
-    assert f"<b>Accesses</b>: {n_acc:,}" in html or n_acc == 0
+    assert n_acc > 0  # the largest block of the sample is read by the ops after it
+    assert f"<b>Accesses</b>: {n_acc:,}" in html
     # the stacked view: a click lists what is live there, with the exact live bytes
     ex.update(view="stacked")
     t = float((geom.t0[i] + geom.t1[i]) / 2)
@@ -225,7 +226,7 @@ def test_real_snapshot_click_and_details(shared):
     row = trace.blocks.set_index("block_id").loc[ex.selected_block]
     assert int(row["size"]) == int(geom.size[i])
     assert hex(int(row["addr"])) in html and f"{int(row['size']):,} bytes" in html
-    assert "no access" in ex.ati_summary.value.lower() or "no accesses" in ex.ati_summary.value
+    assert "records no accesses" in ex.ati_summary.value and "no access time intervals" in ex.ati_summary.value
 
 
 @pytest.mark.shared
