@@ -48,16 +48,68 @@ def pieces(scratch, prefix: str, bucket: int) -> list[Path]:
 
 
 def split_accesses(files, row_groups: list[int], part: int, n_buckets: int, scratch: str) -> np.ndarray:
-    """Task: split some row groups of ``accesses`` into bucket pieces; returns rows per bucket."""
+    """Task: split some row groups of ``accesses`` into bucket pieces, each with the ops (op_id, start_ns,
+    end_ns) its accesses name; returns rows per bucket."""
     counts = np.zeros(n_buckets, dtype=np.int64)
     for sub, df in enumerate(files.iter_batches("accesses", row_groups, BATCH_ROWS, list(ACCESS_DTYPE.names))):
         rec = np.empty(len(df), dtype=ACCESS_DTYPE)
         for name in ACCESS_DTYPE.names:
             rec[name] = df[name].to_numpy(dtype=ACCESS_DTYPE[name])
         del df
-        counts += _write_split(rec, rec["block_id"], n_buckets,
-                               lambda b, piece: np.save(_access_piece(Path(scratch), b, part, sub), piece))
+        ops = _ops_for(files, rec["op_id"])
+        if ops is not None:
+            ops = ops[np.argsort(ops["op_id"], kind="stable")]
+
+        def write(b, piece, sub=sub, ops=ops):
+            np.save(_access_piece(Path(scratch), b, part, sub), piece)
+            if ops is not None:
+                np.save(Path(scratch) / f"ops-{b:05d}-{part:06d}-{sub:05d}.npy",
+                        ops[_rows_with_ids(ops["op_id"], np.unique(piece["op_id"]))])
+        counts += _write_split(rec, rec["block_id"], n_buckets, write)
     return counts
+
+
+def _rows_with_ids(sorted_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Positions of every row of the sorted `sorted_ids` whose id is in `wanted` (duplicates included)."""
+    left = np.searchsorted(sorted_ids, wanted, side="left")
+    counts = np.searchsorted(sorted_ids, wanted, side="right") - left
+    total = int(counts.sum())
+    starts = np.cumsum(counts) - counts
+    return np.repeat(left, counts) + (np.arange(total) - np.repeat(starts, counts))
+
+
+OP_DTYPE = np.dtype([("op_id", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8")])
+
+
+def _ops_for(files, op_ids: np.ndarray) -> np.ndarray | None:
+    """The ops rows (`OP_DTYPE`) whose op_id is among `op_ids`: only the ops row groups whose op_id range
+    (Parquet statistics) meets [min, max] of `op_ids` are read, so a time-ordered batch of accesses reads
+    about one row group of ops, and pass 1 reads the ops table about once in all (not once per bucket).
+    None when the trace has no ops table."""
+    import pyarrow.parquet as pq
+    if "ops" not in getattr(files, "files", {}) or files.rows.get("ops", 0) == 0 or len(op_ids) == 0:
+        return None
+    lo, hi = int(op_ids.min()), int(op_ids.max())
+    pf = pq.ParquetFile(files.files["ops"])
+    idx = pf.schema_arrow.get_field_index("op_id")
+    groups = []
+    for g in range(pf.metadata.num_row_groups):
+        st = pf.metadata.row_group(g).column(idx).statistics
+        if st is None or not st.has_min_max or (int(st.min) <= hi and int(st.max) >= lo):
+            groups.append(g)
+    wanted = np.unique(op_ids)
+    found = []
+    for g in groups:
+        part = files.read("ops", [g], columns=["op_id", "start_ns", "end_ns"])
+        ids = part["op_id"].to_numpy(np.int64)
+        keep = np.isin(ids, wanted)
+        if keep.any():
+            rows = np.empty(int(keep.sum()), dtype=OP_DTYPE)
+            rows["op_id"] = ids[keep]
+            rows["start_ns"] = part["start_ns"].to_numpy(np.int64)[keep]
+            rows["end_ns"] = part["end_ns"].to_numpy(np.int64)[keep]
+            found.append(rows)
+    return np.concatenate(found) if found else np.empty(0, dtype=OP_DTYPE)
 
 
 def split_blocks(files, row_groups: list[int], part: int, n_buckets: int, scratch: str,
@@ -116,29 +168,20 @@ def load_bucket(files, scratch: str, bucket: int, span: tuple[int, int], has_acc
     accesses = pd.DataFrame({name: rec[name] for name in ACCESS_DTYPE.names}, copy=False)
     blocks_df = pd.concat(blocks, ignore_index=True) if blocks else conform("blocks", None)
     trace = _BucketTrace(blocks=conform("blocks", blocks_df), accesses=accesses,
-                         ops=conform("ops", _ops_of(files, accesses["op_id"].to_numpy() if len(accesses) else None)),
+                         ops=conform("ops", _ops_of(scratch, bucket) if len(accesses) else None),
                          metadata=dict(files.metadata))
     trace._span = (int(span[0]), int(span[1]))
     trace._has_accesses = has_accesses
     return trace
 
 
-OPS_BATCH_ROWS = 1 << 20
-
-
-def _ops_of(files, op_ids) -> pd.DataFrame | None:
-    """The ops (op_id, start_ns, end_ns) that made this bucket's accesses, read a row-group batch at a time:
-    an ATI runs from the end of the op of one access to the start of the next (`memlens.analysis.ati`), so
-    the bucket needs its ops' end times. None when the trace has no ops table or the bucket no access."""
-    if op_ids is None or "ops" not in getattr(files, "files", {}):
-        return None
-    wanted = np.unique(np.asarray(op_ids, dtype=np.int64))
-    found = []
-    for rgs in files.batches("ops", OPS_BATCH_ROWS):
-        part = files.read("ops", rgs, columns=["op_id", "start_ns", "end_ns"])
-        keep = np.isin(part["op_id"].to_numpy(np.int64), wanted)
-        if keep.any():
-            found.append(part[keep])
+def _ops_of(scratch: str, bucket: int) -> pd.DataFrame | None:
+    """The ops (op_id, start_ns, end_ns) that made this bucket's accesses, from the pieces pass 1 wrote
+    beside them: an ATI runs from the end of the op of one access to the start of the next
+    (`memlens.analysis.ati`), so the bucket needs its ops' end times. None when there are none."""
+    found = [np.load(p) for p in pieces(scratch, "ops", bucket)]
+    found = [f for f in found if len(f)]
     if not found:
         return None
-    return pd.concat(found, ignore_index=True)
+    rows = np.unique(np.concatenate(found))  # an op whose accesses straddle two batches comes twice
+    return pd.DataFrame({name: rows[name] for name in OP_DTYPE.names})
