@@ -37,6 +37,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace memlens {
@@ -53,6 +54,9 @@ static inline int64_t raw_now() {
 // The recorder's own time in this thread (ns), subtracted from every timestamp.
 thread_local int64_t tl_own_ns = 0;
 static inline int64_t now() { return raw_now() - tl_own_ns; }
+// The recorder's own time in this thread split by where it was spent: op start, op end, memory hook
+// (benchmarks/recorder_overhead.py prints it).
+thread_local int64_t tl_split[3] = {0, 0, 0};
 
 // ---- records --------------------------------------------------------------------------------
 struct OpRec {             // 16 bytes (an escape record in `wide` holds what does not fit)
@@ -374,6 +378,10 @@ struct ThreadState {
   std::vector<Frame> frames;   // frames[0, depth): one per RecordFunction in flight (reused, not freed)
   size_t depth = 0;
   int suppress = 0;            // recorded ops in flight: nested ops are inside their kernels
+  // Ops started inside a recorded op's kernel (not recorded): only counted, so that their end
+  // callbacks are matched without a frame or a clock read. Their callbacks' few ns stay in the
+  // recorded op's duration (as RecordFunction's own boxing of them does).
+  size_t nested = 0;
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
     Frame& f = frames[depth++];
@@ -409,6 +417,7 @@ struct Session {
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
+  std::unordered_set<int64_t> marked;   // block << 8 | category already marked (see Handle::mark)
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
   // Signatures are stored once (the map's keys view the deque's strings, whose addresses are stable).
@@ -430,7 +439,7 @@ struct Session {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
                    mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
-                   live.size() * 64 + by_ptr.size() * 40 + freed.capacity() +
+                   live.size() * 64 + by_ptr.size() * 40 + marked.size() * 32 + freed.capacity() +
                    unreported.capacity() * sizeof(Unreported));
   }
   void check_budget() {
@@ -571,7 +580,7 @@ struct Reporter : public c10::MemoryReportingInfoBase {
       for (size_t i = ts.depth; i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
       try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
     }
-    tl_own_ns += raw_now() - t0;
+    { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[2] += d; }
   }
   bool memoryProfilingEnabled() const override { return true; }
 };
@@ -628,6 +637,15 @@ static void put_value(std::string& s, const c10::IValue& v) {
 }
 
 // ---- the callbacks --------------------------------------------------------------------------
+// What the schema and the dispatcher say about an op (read/write arguments, view, composite...): the
+// same for every recording, so learned once per process (a recording of a few steps would otherwise
+// spend a good part of its time here). Keyed by the op name's address, checked against the name.
+struct OpFacts { std::string name, overload; OpInfo info; };
+std::mutex g_facts_mu;
+std::unordered_map<const char*, std::unique_ptr<OpFacts>> g_facts;
+
+static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname);
+
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) {
   const char* key = fn.name();
   auto it = s->op_cache.find(key);
@@ -637,11 +655,26 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
   auto opname = fn.operator_name();
   if (!opname) { cacheable = false; skip_info.skip = true; return skip_info; }
   OpInfo info;
+  {
+    std::lock_guard<std::mutex> g(g_facts_mu);
+    auto f = g_facts.find(key);
+    if (f != g_facts.end() && f->second->name == opname->name && f->second->overload == opname->overload_name) {
+      info = f->second->info;
+    } else {
+      info = learn_facts(fn, &*opname);
+      g_facts[key] = std::unique_ptr<OpFacts>(new OpFacts{opname->name, opname->overload_name, info});
+    }
+  }
+  info.name_id = int32_t(s->op_names.size());
+  s->op_names.push_back(opname->name);
+  return s->op_cache.emplace(key, std::move(info)).first->second;
+}
+
+static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname) {
+  OpInfo info;
   auto schema = fn.operator_schema();
   auto handle = c10::Dispatcher::singleton().findOp(*opname);
   const std::string& name = opname->name;
-  info.name_id = int32_t(s->op_names.size());
-  s->op_names.push_back(name);
   static const std::unordered_map<std::string, std::pair<std::vector<int>, int>> omitted = {
       {"aten::native_batch_norm", {{3, 4}, 5}}, {"aten::cudnn_batch_norm", {{3, 4}, 5}},
       {"aten::miopen_batch_norm", {{3, 4}, 5}}, {"aten::_batch_norm_with_update", {{3, 4}, -1}}};
@@ -680,7 +713,7 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
     info.transparent_nested = cia_nested || (cia && !handle->hasKernelForDispatchKey(DK::NestedTensorCPU) &&
                                              !handle->hasKernelForDispatchKey(DK::NestedTensorCUDA));
   }
-  return s->op_cache.emplace(key, std::move(info)).first->second;
+  return info;
 }
 
 int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
@@ -690,9 +723,10 @@ bool g_quiet = false;    // switch RecordFunction off inside recorded kernels (c
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g_probe == 1) return nullptr;
+  ThreadState& ts = tl_state[K];
+  if (ts.suppress > 0) { ts.nested++; return nullptr; }
   int64_t t0 = raw_now();
   if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
-  ThreadState& ts = tl_state[K];
   Frame& f = ts.push();
   Session* s = g_slots[K];
   if (s && s->active && ts.suppress == 0) {
@@ -774,7 +808,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
   }
   int64_t t1 = raw_now();
-  tl_own_ns += t1 - t0;
+  tl_own_ns += t1 - t0; tl_split[0] += t1 - t0;
   f.start = t1 - tl_own_ns;
   return nullptr;
 }
@@ -874,9 +908,10 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
 template <int K>
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (g_probe == 1) return;
+  ThreadState& ts = tl_state[K];
+  if (ts.nested > 0) { ts.nested--; return; }
   int64_t t0 = raw_now();
   int64_t end = t0 - tl_own_ns;
-  ThreadState& ts = tl_state[K];
   if (ts.depth == 0) return;
   Frame& f = ts.frames[ts.depth - 1];
   if (f.quieted) { at::enableRecordFunction(true); f.quieted = false; }
@@ -894,7 +929,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   pins.swap(f.pins);
   ts.depth--;
   pins.clear();   // may free the old storage of set_ (the memory hook runs): after the frame is gone
-  tl_own_ns += raw_now() - t0;
+  { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[1] += d; }
 }
 
 template <int K> struct Callbacks {
@@ -1009,6 +1044,34 @@ struct Handle {
     tl_own_ns += raw_now() - t0;
     return r;
   }
+  // Categories (parameter, gradient, optimizer state...) for many tensors in one call: returns a flat
+  // [block, category, op, module] list of the (block, category) pairs not marked before (the hooks
+  // mark the same parameters and state every step; only the first time is a record).
+  std::vector<int64_t> mark(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& categories,
+                            int64_t module) {
+    if (categories.size() != tensors.size()) throw std::invalid_argument("mark: one category per tensor");
+    int64_t t0 = raw_now();
+    std::vector<int64_t> out;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (s->active) {
+        int64_t op = int64_t(s->ops.size());
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const at::Tensor& t = tensors[i];
+          int64_t category = categories[i];
+          if (!t.defined()) continue;
+          auto* impl = t.unsafeGetTensorImpl();
+          const c10::Storage& st = impl->unsafe_storage();
+          if (!st || impl->key_set().has(c10::DispatchKey::Python)) continue;
+          int32_t b = s->block_of(st, int32_t(op), true, nullptr);
+          if (b < 0 || !s->marked.insert((int64_t(b) << 8) | (category & 0xFF)).second) continue;
+          out.insert(out.end(), {int64_t(b), category, op, module});
+        }
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+    return out;
+  }
   int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
@@ -1064,6 +1127,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stop", &Handle::stop)
       .def("block_of", &Handle::block_of_tensor)
       .def("n_ops", &Handle::n_ops)
+      .def("mark", &Handle::mark)
       .def("set_ctx", &Handle::set_ctx)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain);
@@ -1073,6 +1137,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
   m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
+  m.def("own_ns_split", []() {
+    return std::vector<int64_t>(memlens::tl_split, memlens::tl_split + 3);
+  }, "this thread's recorder time so far (ns) in op-start callbacks, op-end callbacks, the memory hook");
   m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
   m.attr("BLOCK_RECORD_BYTES") = int(sizeof(memlens::BlockRec));
 }
