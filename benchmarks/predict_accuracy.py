@@ -44,7 +44,8 @@ def with_memtracker(kind: str):
     from memlens.predict.environment import fake_cuda
     from tests.workloads import cs336_lm as w
     t = time.perf_counter()
-    with fake_cuda("NVIDIA A100-SXM4-80GB", (8, 0)):
+    # FakeTensorMode as torch ships it (memlens's faster cache key is memlens's, not MemTracker's)
+    with fake_cuda("NVIDIA A100-SXM4-80GB", (8, 0), fast_cache_key=False):
         model = w.TransformerLM(**w.MEDIUM)
         model.to("cuda")
         v, s, b = w.MEDIUM["vocab_size"], w.MEDIUM["context_length"], w.BATCH

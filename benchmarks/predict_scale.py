@@ -1,11 +1,20 @@
 """How long memlens.predict takes for one training step of a Llama-style model, on this CPU-only machine.
 
 A 7B-parameter Llama-style decoder (32 layers, d_model 4096, 32 heads, SwiGLU d_ff 11008, vocab 32000,
-RMSNorm, no biases) with bf16 weights and torch.optim.AdamW (fused=False, foreach default), one step of
-batch 1 x 2048 tokens. Prints the wall-clock seconds of the prediction (model build + step + trace +
-allocator replay) and the predicted peaks; nothing is allocated for real.
+RMSNorm, no biases), one step of batch 1 x 2048 tokens, in two variants:
 
-    python benchmarks/predict_scale.py [num_layers]
+- ``bf16``: bf16 weights, torch.optim.AdamW (foreach default) whose states follow the weights (bf16);
+- ``fp32-adam`` (the issue's "bf16 weights, AdamW in fp32"): bf16 weights and gradients in the model, fp32
+  master weights in the optimizer (the usual mixed-precision recipe): the bf16 gradients are copied into
+  fp32 gradients of the masters, torch.optim.AdamW (foreach) steps the masters with fp32 states, and the
+  masters are copied back into the bf16 weights.
+
+Prints the wall-clock seconds of the prediction (model build + step + trace + allocator replay), the
+predicted peaks and the first op that would not fit in 80 GiB; then runs the swap and plan what-ifs
+(`memlens swap` / `memlens plan` on the predicted trace, through their CLI commands) and prints their
+figures and seconds. Nothing is allocated for real.
+
+    python benchmarks/predict_scale.py [bf16|fp32-adam ...] [--layers N] [--no-whatif]
 """
 from __future__ import annotations
 
@@ -61,23 +70,86 @@ class Llama(nn.Module):
         return self.head(self.norm(x))
 
 
-def main(layers: int = 32):
-    t = time.perf_counter()
+def predicted_step(variant: str, layers: int):
     with memlens.predict(gpu="H100", capacity="80GiB") as p:
         with torch.device("cuda"):
             model = Llama(layers).to(torch.bfloat16)
-        opt = torch.optim.AdamW(model.parameters())
+        params = list(model.parameters())
+        if variant == "fp32-adam":
+            masters = [q.detach().float().requires_grad_() for q in params]   # fp32 master weights
+            opt = torch.optim.AdamW(masters)
+        else:
+            opt = torch.optim.AdamW(params)
         ids = torch.randint(0, 32000, (1, 2048), device="cuda")
         logits = model(ids)
         F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), ids.view(-1)).backward()
-        opt.step()
-    s = p.summary()
-    secs = time.perf_counter() - t
-    n_params = sum(x.numel() for x in model.parameters())
-    print(f"{n_params / 1e9:.2f}B params, {layers} layers: predicted in {secs:.1f} s "
-          f"({s['ops']:,} ops, {s['blocks']:,} blocks); peak allocated {s['peak_allocated'] / 2**30:.2f} GiB, "
-          f"peak reserved {s['peak_reserved'] / 2**30:.2f} GiB, fits 80GiB: {s['fits']}")
+        del logits
+        if variant == "fp32-adam":
+            for q, m in zip(params, masters):
+                m.grad = q.grad.float()       # fp32 copy of the bf16 gradient
+                q.grad = None
+            opt.step()
+            with torch.no_grad():
+                for q, m in zip(params, masters):
+                    q.copy_(m)                # back into the bf16 weights
+        else:
+            opt.step()
+    n_params = sum(x.numel() for x in params)
+    return p, n_params
+
+
+def whatifs(trace_path: str) -> None:
+    """`memlens swap` and `memlens plan` on the predicted trace, as a user would run them."""
+    import json
+    import subprocess
+    for name, args in (("swap", ["swap", "--gpu", "H100", "--json", trace_path]),
+                       ("plan", ["plan", "--time-limit", "5", "--json", trace_path])):
+        t = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "memlens.cli", *args], capture_output=True, text=True)
+        secs = time.perf_counter() - t
+        if proc.returncode != 0:
+            print(f"  memlens {name}: failed (rc {proc.returncode}): {proc.stderr.strip()[-300:]}")
+            continue
+        out = json.loads(proc.stdout)
+        keys = [k for k in ("peak_before", "peak_after", "bound", "stall_ns", "height", "max_live", "gap",
+                            "status") if k in out]
+        print(f"  memlens {name}: {secs:.1f} s; " + ", ".join(f"{k}={out[k]}" for k in keys))
+
+
+def main(variants, layers: int = 32, whatif: bool = True):
+    import tempfile
+    for variant in variants:
+        t = time.perf_counter()
+        p, n_params = predicted_step(variant, layers)
+        s = p.summary()
+        secs = time.perf_counter() - t
+        oom = p.oom
+        # what must be alive at the optimizer step, by hand: bf16 weights (2 B/param) and, with bf16 AdamW,
+        # bf16 gradients and two bf16 moments (6 B); with fp32 AdamW, fp32 masters, fp32 gradients and two
+        # fp32 moments (16 B; the bf16 gradients are dropped once copied)
+        bound = n_params * (2 + (16 if variant == "fp32-adam" else 6))
+        assert s["peak_allocated"] >= bound and s["peak_reserved"] >= s["peak_allocated"], (s, bound)
+        print(f"{variant}: {n_params / 1e9:.2f}B params, {layers} layers: predicted in {secs:.1f} s "
+              f"({s['ops']:,} ops, {s['blocks']:,} blocks); peak allocated {s['peak_allocated'] / 2**30:.2f} GiB, "
+              f"peak reserved {s['peak_reserved'] / 2**30:.2f} GiB (by-hand floor {bound / 2**30:.2f} GiB), "
+              f"fits 80GiB: {s['fits']}"
+              + (f"; first OOM: {oom.op} in {oom.module or '-'} ({oom.size / 2**20:.0f} MiB)" if oom else ""))
+        if whatif:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = f"{tmp}/predicted.memlens"
+                t = time.perf_counter()
+                p.trace.save(path)
+                print(f"  saved the predicted trace in {time.perf_counter() - t:.1f} s")
+                whatifs(path)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 32)
+    argv = sys.argv[1:]
+    layers = 32
+    if "--layers" in argv:
+        i = argv.index("--layers")
+        layers = int(argv[i + 1])
+        del argv[i:i + 2]
+    whatif = "--no-whatif" not in argv
+    argv = [a for a in argv if a != "--no-whatif"]
+    main(argv or ["bf16", "fp32-adam"], layers, whatif)

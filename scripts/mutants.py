@@ -1,7 +1,11 @@
 """Mutation spot-check: apply small plausible bugs one at a time and check the named tests catch each.
 
-Each mutant is (file, original text, mutated text, tests). The file is restored after every run, also on
-Ctrl-C. Exit status 1 when a mutant survives (its tests still pass). Run: ``bash scripts/mutation.sh --spot``.
+Each mutant is (name, file, original text, mutated text, tests); the texts may instead be tuples of
+several edits applied together (one bug spread over lines, e.g. a guard checked in two places). Each
+original text must occur in the file exactly once, or the number of times given as a third element
+(then every occurrence is mutated). The file is restored after every run, also on Ctrl-C. Exit status 1
+when a mutant survives (its tests still pass). Run: ``bash scripts/mutation.sh --spot`` (all) or
+``--spot NAME-SUBSTRING`` (those whose name contains it).
 """
 from __future__ import annotations
 
@@ -52,8 +56,8 @@ MUTANTS = [
      "f\"{ns_text(st['p50_ns'])}, 99th",
      ["tests/test_mutants.py::test_report_ati_percentiles_are_the_real_ones"]),
     ("negative sizes accepted", "memlens/io/store.py",
-     "            if (values < 0).any():",
-     "            if (values < -(1 << 40)).any():",
+     "        if (values < 0).any():",
+     "        if (values < -(1 << 40)).any():",
      ["tests/test_hostile_store.py::test_snapshot_values_out_of_range"]),
     ("checksum before the size check", "memlens/io/store.py",
      "        check_table_file(fpath, info, mpath, verify_checksums)\n",
@@ -69,7 +73,77 @@ MUTANTS = [
      "    if value >= MAX_BYTES:\n        raise InputError(f\"size",
      "    if value >= MAX_BYTES * 1024:\n        raise InputError(f\"size",
      ["tests/test_hostile_cli.py::test_option_helpers_values"]),
+    # ---- mutants the issue listed as surviving the suite (issue 18, item 18), and weak tests rewritten
+    ("swap stall guard removed", "memlens/swap/optimise.py",
+     ("        if max_stall is not None and stall > max_stall:", ("if s2 <= stall and p2 <= peak", 3)),
+     ("        if False:", "if p2 <= peak"),
+     ["tests/test_mutants.py::test_swap_plans_never_trade_stall_for_a_lower_peak"]),
+    ("GC spares a block of exactly the mean age", "memlens/simulate/caching.py",
+     "clock - block.gc_base < mean_age:", "clock - block.gc_base <= mean_age:",
+     ["tests/test_simulate_rules.py::test_garbage_collection_frees_a_block_of_exactly_the_mean_age"]),
+    ("a block of exactly max_split_size serves smaller requests", "memlens/simulate/caching.py",
+     "if size < max_split and block.size >= max_split:", "if size < max_split and block.size > max_split:",
+     ["tests/test_simulate_rules.py::test_a_block_of_exactly_max_split_size_is_oversize_for_a_smaller_request"]),
+    ("a request of exactly max_split_size rounds up without bound", "memlens/simulate/caching.py",
+     "            if size >= max_split and block.size", "            if size > max_split and block.size",
+     ["tests/test_simulate_rules.py::test_a_request_of_exactly_max_split_size_is_not_split_and_rounds_up_by_less_than_20mib"]),
+    ("oversize reuse allowed at exactly size + 20 MiB", "memlens/simulate/caching.py",
+     "block.size >= size + self.config.max_non_split_rounding_size:",
+     "block.size > size + self.config.max_non_split_rounding_size:",
+     ["tests/test_simulate_rules.py::test_a_request_of_exactly_max_split_size_is_not_split_and_rounds_up_by_less_than_20mib"]),
+    ("a request of exactly max_split_size is split", "memlens/simulate/caching.py",
+     "return size < self._max_split and remaining", "return size <= self._max_split and remaining",
+     ["tests/test_simulate_rules.py::test_a_request_of_exactly_max_split_size_is_not_split_and_rounds_up_by_less_than_20mib"]),
+    ("a large remainder of exactly 1 MiB is split", "memlens/simulate/caching.py",
+     "remaining > K_SMALL_SIZE", "remaining >= K_SMALL_SIZE",
+     ["tests/test_simulate_rules.py::test_large_remainder_of_exactly_1mib_is_not_split"]),
+    ("a small remainder of exactly 512 B is kept", "memlens/simulate/caching.py",
+     "return remaining >= K_MIN_BLOCK", "return remaining > K_MIN_BLOCK",
+     ["tests/test_simulate_rules.py::test_small_remainder_of_exactly_512_bytes_is_split"]),
+    ("OOM path spares blocks of exactly max_split_size", "memlens/simulate/caching.py",
+     "            if block.size < max_split:\n                break",
+     "            if block.size <= max_split:\n                break",
+     ["tests/test_simulate_rules.py::test_oom_path_releases_blocks_of_exactly_max_split_size_first"]),
+    ("warm start splits off a gap of exactly 1 MiB", "memlens/simulate/warmstart.py",
+     "if 0 < nxt - (r.addr + size) <= K_SMALL_SIZE:", "if 0 < nxt - (r.addr + size) < K_SMALL_SIZE:",
+     ["tests/test_simulate_replay.py::test_warm_start_gap_of_exactly_1mib_is_the_blocks_unsplit_remainder"]),
+    ("ATI skew counter counts an access at alloc", "memlens/analysis/ati.py",
+     "((first_acc < start) & has_acc)", "((first_acc <= start) & has_acc)",
+     ["tests/test_mutants.py::test_an_access_exactly_at_alloc_or_free_is_not_skew",
+      "tests/test_mutants.py::test_accesses_outside_lifetime_counts_each_skewed_end"]),
+    ("ATI skew counter forgets late accesses", "memlens/analysis/ati.py",
+     " + ((last_acc > end) & has_acc).sum())", ")",
+     ["tests/test_mutants.py::test_accesses_outside_lifetime_counts_each_skewed_end"]),
+    ("kernel attribution: a launch at an op's end is outside it", "memlens/gpu_activity.py",
+     "while j >= 0 and ends[j] < t[i]:", "while j >= 0 and ends[j] <= t[i]:",
+     ["tests/test_mutants.py::test_kernel_attribution_matches_its_definition"]),
+    ("kernel attribution: a launch at an op's start is outside it", "memlens/gpu_activity.py",
+     "np.searchsorted(starts, t[i], side=\"right\")", "np.searchsorted(starts, t[i], side=\"left\")",
+     ["tests/test_mutants.py::test_kernel_attribution_matches_its_definition"]),
+    ("kernel attribution ignores the launch's thread", "memlens/gpu_activity.py",
+     "if tid is None or \"tid\" not in ops.columns else", "if True else",
+     ["tests/test_mutants.py::test_kernel_attribution_matches_its_definition"]),
+    ("kernel attribution ignores External ids", "memlens/gpu_activity.py",
+     "    if \"external_id\" in ops.columns and len(ops):", "    if False:",
+     ["tests/test_mutants.py::test_kernel_attribution_matches_its_definition"]),
+    ("report ignores --bandwidth", "memlens/commands/report.py",
+     ("        report_options[\"bandwidth\"] = args.bandwidth", 2), "        pass",
+     ["tests/test_mutants.py::test_report_uses_the_bandwidth_option"]),
+    ("plan placement ignores the kept prefix", "memlens/plan/heuristics.py",
+     "int(prefix) if offsets is not None else 0", "0",
+     ["tests/test_plan_kernels.py::test_placement_keeps_a_prefix_and_places_the_rest"]),
 ]
+
+
+def _edits(old, new) -> list[tuple[str, str, int]]:
+    """(original, mutated, expected count) for each edit of a mutant."""
+    olds = old if isinstance(old, tuple) and not isinstance(old[1], int) else (old,)
+    news = new if isinstance(new, tuple) else (new,) * len(olds)
+    out = []
+    for o, n in zip(olds, news):
+        text, count = o if isinstance(o, tuple) else (o, 1)
+        out.append((text, n, count))
+    return out
 
 
 def run(tests: list[str], timeout: float) -> int:
@@ -80,15 +154,22 @@ def run(tests: list[str], timeout: float) -> int:
         return 124  # a hang counts as killed: the suite noticed
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     survived = []
-    for name, rel, old, new, tests in MUTANTS:
+    chosen = [m for m in MUTANTS if not argv or any(a in m[0] for a in argv)]
+    for name, rel, old, new, tests in chosen:
         path = ROOT / rel
         original = path.read_text()
-        if original.count(old) != 1:
-            print(f"STALE    {name}: the text to mutate is not in {rel} exactly once; update scripts/mutants.py")
+        edits = _edits(old, new)
+        stale = [text for text, _, count in edits if original.count(text) != count]
+        if stale:
+            print(f"STALE    {name}: {stale[0]!r} is not in {rel} the expected number of times; "
+                  "update scripts/mutants.py")
             survived.append(name)
             continue
+        mutated = original
+        for text, replacement, _ in edits:
+            mutated = mutated.replace(text, replacement)
         # the tests must pass unmutated, or a "kill" would mean nothing
         if run(tests, 600) != 0:
             print(f"BROKEN   {name}: {' '.join(tests)} fail without the mutant")
@@ -96,7 +177,7 @@ def main() -> int:
             continue
         t = time.perf_counter()
         try:
-            path.write_text(original.replace(old, new))
+            path.write_text(mutated)
             code = run(tests, 600)
         finally:
             path.write_text(original)
@@ -104,10 +185,10 @@ def main() -> int:
         print(f"{status:8} {name} ({rel}; {time.perf_counter() - t:.0f} s)")
         if code == 0:
             survived.append(name)
-    killed = len(MUTANTS) - len(survived)
-    print(f"mutation score: {killed}/{len(MUTANTS)} killed")
+    killed = len(chosen) - len(survived)
+    print(f"mutation score: {killed}/{len(chosen)} killed")
     return 1 if survived else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -32,13 +32,16 @@ def reference_neighbours(p) -> list[set[int]]:
              and p.start[i] < p.end[j] and p.start[j] < p.end[i]} for i in range(p.n)]
 
 
-def reference_place(p, order, fit) -> list[int]:
+def reference_place(p, order, fit, kept: dict[int, int] | None = None) -> list[int]:
     """Greedy placement by its definition: try every candidate offset (0 and each placed neighbour's top,
     rounded up to the alignment) in increasing order; "first" takes the lowest that fits, "best" the one
-    whose gap up to the next neighbour above is smallest (lowest on ties), else the top."""
+    whose gap up to the next neighbour above is smallest (lowest on ties), else the top. `kept`: buffers
+    already placed (index -> offset) before the others of `order` are."""
     nbrs = reference_neighbours(p)
-    off: dict[int, int] = {}
+    off: dict[int, int] = dict(kept or {})
     for i in order.tolist():
+        if i in off:
+            continue
         z, a = int(p.size[i]), int(p.alignment[i])
         placed = [(off[j], off[j] + int(p.size[j])) for j in nbrs[i] if j in off]
         top = max((t for _, t in placed), default=0)
@@ -80,15 +83,24 @@ def test_placement_matches_reference(seed, fit):
     assert plan_violations(p, got) == []
 
 
-def test_placement_keeps_a_prefix_and_places_the_rest():
+@pytest.mark.parametrize("fit", ["best", "first"])
+def test_placement_keeps_a_prefix_and_places_the_rest(fit):
     p = random_problem(3, always=2)
     order = order_by(p, "size")
-    full = place_in_order(p, order, "best")
+    full = place_in_order(p, order, fit)
     half = p.n // 2
+    # move the prefix up by the whole plan's height: still a valid placement of those buffers, and not
+    # where a fresh placement would put them, so the rest must be placed around the moved ones
+    lift = int(plan_height(p, full))
     shifted = full.copy()
-    shifted[order[:half]] += 0  # the prefix keeps exactly these offsets
-    again = place_in_order(p, order, "best", prefix=half, offsets=shifted)
-    assert again.tolist() == full.tolist()
+    shifted[order[:half]] += lift
+    shifted[order[half:]] = -1  # whatever is here for the rest must be ignored
+    again = place_in_order(p, order, fit, prefix=half, offsets=shifted)
+    assert again[order[:half]].tolist() == (full[order[:half]] + lift).tolist()
+    kept = {int(i): int(full[i]) + lift for i in order[:half]}
+    assert again.tolist() == reference_place(p, order, fit, kept)
+    assert again.tolist() != full.tolist()
+    assert plan_violations(p, again) == []
 
 
 def test_always_live_buffers_stack_like_any_other():
@@ -131,7 +143,25 @@ def test_heuristics_over_budget_are_skipped_but_online_best_fit_runs():
     got = dict(_run_heuristics(p, [h[0] for h in HEURISTICS], budget_s=0.0, skipped=skipped))
     assert list(got) == ["online_best_fit"] and len(skipped) == len(HEURISTICS) - 1
     result = plan(p, time_limit_s=0.0)
-    assert result.heuristics  # the portfolio itself gives the heuristics at least its minimum budget
+    assert list(result.heuristics) == ["online_best_fit"]  # no time: the one plan that always runs
+
+
+@pytest.mark.parametrize("fit", ["best", "first"])
+def test_sliced_placement_is_the_same_placement(fit, monkeypatch):
+    """With a deadline the placement runs in slices (each continuing from the last one's offsets); tiny
+    slices must give exactly the one-call result, also after a kept prefix. A passed deadline gives None."""
+    import time
+
+    import memlens.plan.heuristics as heuristics
+    p = random_problem(11, n=2000, horizon=400, always=3, align=True)
+    order = order_by(p, "size")
+    whole = place_in_order(p, order, fit)
+    monkeypatch.setattr(heuristics, "SLICE_S", 1e-9)  # every slice the minimum of 64 buffers
+    far = time.perf_counter() + 600
+    assert place_in_order(p, order, fit, deadline=far).tolist() == whole.tolist()
+    kept = place_in_order(p, order, fit, prefix=700, offsets=whole + 64, deadline=far)
+    assert kept.tolist() == place_in_order(p, order, fit, prefix=700, offsets=whole + 64).tolist()
+    assert place_in_order(p, order, fit, deadline=time.perf_counter() - 1) is None
 
 
 def test_importing_the_planners_does_not_import_numba():

@@ -253,3 +253,17 @@ def test_warm_start_rebuilds_mapped_pages_of_expandable_segments():
     assert list(zip(fb["addr"], fb["size"], fb["state"])) == [
         (S_LARGE, 30 * MiB, "allocated"), (S_LARGE + 30 * MiB, 15 * MiB, "allocated"),
         (S_LARGE + 45 * MiB, 15 * MiB, "inactive")]
+
+
+@pytest.mark.parametrize("gap, absorbed", [(MiB, True), (MiB + 512, False)])
+def test_warm_start_gap_of_exactly_1mib_is_the_blocks_unsplit_remainder(gap, absorbed):
+    """REFERENCE.md section 6 rule 7: a large-pool block splits only when the remainder is > 1 MiB, so a gap
+    of exactly 1 MiB after a block live at the start was its unsplit remainder (the block held 9 MiB); a
+    gap of 1 MiB + 512 B would have been split off (the block held its rounded 8 MiB request)."""
+    entries = [entry("free_requested", S_LARGE, 8 * MiB, 0), entry("free_completed", S_LARGE, 8 * MiB, 0)]
+    live = 20 * MiB - 8 * MiB - gap
+    segments = [seg(S_LARGE, 20 * MiB, [(0, 8 * MiB + gap, 0, "inactive"),
+                                        (8 * MiB + gap, live, live, "active_allocated")])]
+    dev = simulate(trace_of(entries, segments)).devices["cuda:0"]
+    y_size = 8 * MiB + gap if absorbed else 8 * MiB
+    assert dev.timeline["allocated"].iloc[0] == y_size + live

@@ -313,3 +313,83 @@ def test_expandable_best_fit_counts_the_room_a_block_can_grow_into():
     # best fit by size alone would take the 8 MiB tail; torch ranks it by the size it can grow to
     # (8 MiB + the unmapped range) and prefers the 10 MiB block
     assert a.malloc(3, 7 * MiB, 0).addr == first_addr
+
+
+# ---- boundary values (issue 18: each of these survived a mutation spot-check) -------------------------
+# The expected outcomes follow REFERENCE.md section 6 (CUDACachingAllocator.cpp): "GC frees blocks whose
+# age >= the mean age", "a request below max_split_size never takes a block >= it", "a request >= it takes a
+# block only if block < size + 20 MiB", "large pool splits if size < max_split_size and remainder > 1 MiB",
+# "small pool splits if the remainder >= 512 B"; the oversize blocks released on the OOM path are those
+# >= max_split_size.
+def test_garbage_collection_frees_a_block_of_exactly_the_mean_age():
+    a = make("garbage_collection_threshold:0.5", capacity=100 * MiB)
+    a.malloc(1, 24 * MiB, 0)
+    a.malloc(2, 30 * MiB, 0)
+    a.free(1)
+    a.free(2)  # both cached at the same get_free_block count: equal ages, each exactly the mean age
+    a.malloc(3, 40 * MiB, 0)  # reserved 54 MiB > 50 MiB threshold: age >= mean frees both
+    assert [s for act, s in reservations(a) if act == "segment_free"] == [24 * MiB, 30 * MiB]
+    assert a.reserved == 40 * MiB
+
+
+def test_a_block_of_exactly_max_split_size_is_oversize_for_a_smaller_request():
+    a = make("max_split_size_mb:40")
+    a.malloc(1, 40 * MiB, 0)
+    a.free(1)  # a cached block of exactly max_split_size
+    block = a.malloc(2, 30 * MiB, 0)  # below max_split_size: must not take (and split) the 40 MiB block
+    assert reservations(a) == [("segment_alloc", 40 * MiB), ("segment_alloc", 30 * MiB)]
+    assert block.size == 30 * MiB and a.inactive_split == 0
+
+
+def test_a_request_of_exactly_max_split_size_is_not_split_and_rounds_up_by_less_than_20mib():
+    a = make("max_split_size_mb:40")
+    a.malloc(1, 50 * MiB, 0)
+    a.free(1)
+    block = a.malloc(2, 40 * MiB, 0)  # size == max_split_size: 50 < 40 + 20, taken whole, never split
+    assert block.size == 50 * MiB and a.inactive_split == 0
+    assert len(reservations(a)) == 1
+    b = make("max_split_size_mb:40")
+    b.malloc(1, 60 * MiB, 0)
+    b.free(1)
+    block = b.malloc(2, 40 * MiB, 0)  # 60 is not < 40 + 20: a new segment instead
+    assert block.size == 40 * MiB
+    assert reservations(b) == [("segment_alloc", 60 * MiB), ("segment_alloc", 40 * MiB)]
+
+
+def test_oom_path_releases_blocks_of_exactly_max_split_size_first():
+    a = make("max_split_size_mb:40", capacity=100 * MiB)
+    for bid, size in ((1, 40 * MiB), (2, 40 * MiB), (3, 12 * MiB)):
+        a.malloc(bid, size, 0)
+    for bid in (1, 2, 3):
+        a.free(bid)  # cached: two oversize blocks of exactly 40 MiB and one 12 MiB block
+    # 60 MiB: no cached block fits; 92 + 60 > 100. Releasing the oversize blocks (>= 40 MiB) frees 80 MiB
+    # >= 60 MiB, so the 12 MiB block stays cached (releasing everything would drop it too)
+    a.malloc(4, 60 * MiB, 0)
+    assert [s for act, s in reservations(a) if act == "segment_free"] == [40 * MiB, 40 * MiB]
+    assert a.reserved == 12 * MiB + 60 * MiB and not a.ooms
+
+
+@pytest.mark.parametrize("request_size, split", [(19 * MiB, False), (19 * MiB - 512, True)])
+def test_large_remainder_of_exactly_1mib_is_not_split(request_size, split):
+    a = make()
+    a.malloc(1, 20 * MiB, 0)
+    a.free(1)
+    block = a.malloc(2, request_size, 0)  # remainder exactly 1 MiB: kept; 1 MiB + 512 B: split off
+    assert block.size == (request_size if split else 20 * MiB)
+    assert a.inactive_split == (20 * MiB - request_size if split else 0)
+
+
+@pytest.mark.parametrize("request_size, split", [(2 * MiB - 512, True), (2 * MiB - 511, False)])
+def test_small_remainder_of_exactly_512_bytes_is_split(request_size, split):
+    # a 2 MiB small segment is reserved only for requests <= 1 MiB; carve it first, then reuse the rest
+    a = make()
+    a.malloc(1, MiB, 0)
+    a.malloc(2, MiB, 0)
+    a.free(1)
+    a.free(2)  # one free 2 MiB small block again (merged)
+    a.malloc(3, MiB, 0)
+    # the 1 MiB left is served to a request of 1 MiB - 512 (remainder 512: split) or 1 MiB - 511
+    # (rounds to 1 MiB: remainder 0)
+    block = a.malloc(4, request_size - MiB, 0)
+    assert block.size == -(-(request_size - MiB) // 512) * 512
+    assert a.inactive_split == (512 if split else 0)

@@ -85,7 +85,8 @@ def test_live_series_reduces_big_curve_but_keeps_exact_peak():
     assert len(s.x) <= 2001
     assert s.peak_bytes == trace.peak_live_bytes()["cuda:0"]
     assert s.total.max() == s.peak_bytes
-    assert set(s.groups) == {"activation", "gradient", "temporary"} or "other" in s.groups
+    # 3 groups with top_groups=2: folding a single group into "other" would hide it for nothing
+    assert set(s.groups) == {"activation", "gradient", "temporary"}
     assert np.array_equal(np.sum(list(s.groups.values()), axis=0), s.total)
 
 
@@ -105,7 +106,7 @@ def test_figure_text_from_the_trace_is_escaped():
     for fig in (live_memory(trace, by="module"), timeline(trace), largest_blocks_table(trace)):
         text = fig.to_json()
         assert "<script" not in text and "<img" not in text and "<svg" not in text
-        assert "&lt;script&gt;" in text or "\\u0026lt;script" in text
+        assert "&lt;script&gt;" in text
 
 
 def test_largest_blocks_agree_with_a_plain_sort():

@@ -4,13 +4,17 @@ from __future__ import annotations
 from memlens.commands import options
 
 
+EXIT_RESERVE_S = 0.3  # seconds kept for writing the plan and exiting
+
+
 def register(sub) -> None:
     p = sub.add_parser("plan", help="static offset plan (one arena, fixed offsets) vs the max-live bound",
                        description="Plan a fixed offset for every block (heuristic portfolio, exact search, "
                                    "local search) and compare its height with max-live.")
     p.add_argument("input", help="any trace memlens can load, or a buffer CSV id,lower,upper,size")
     p.add_argument("--time-limit", type=options.duration_s_or_zero, default=5.0, metavar="S",
-                   help="seconds of search after the heuristics (default 5)")
+                   help="seconds the whole command may take, from its start to the validated plan (default 5; "
+                        "below the time one plan needs, that one plan is the result)")
     p.add_argument("--alignment", type=options.alignment, default=1, metavar="BYTES", help="offset alignment (default 1)")
     p.add_argument("--device", help="device of a multi-device trace (default: the largest peak)")
     p.add_argument("--iteration", type=options.count(0), help="plan only this iteration (by iteration marks, optimizer "
@@ -26,8 +30,18 @@ def run(args) -> int:
     from memlens.plan import plan
     from memlens.units import format_bytes
 
-    result = plan(args.input, time_limit_s=args.time_limit, alignment=args.alignment,
-                  iteration=args.iteration, device=args.device)
+    import gc
+
+    # the limit holds for the command as a whole: its clock started with the process, and what follows the
+    # plan (writing it, exiting) is kept out of the planner's share
+    started = command_started_at()
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.input, "the offset planner")
+    result = plan(args.input, time_limit_s=max(args.time_limit - EXIT_RESERVE_S, 0.0), alignment=args.alignment,
+                  iteration=args.iteration, device=args.device, started_at=started)
+    # the interpreter's last garbage collection walks every object numba and pandas made (~1 s on a busy
+    # machine); nothing of ours needs finalizing, so leave them out of it
+    gc.freeze()
     if args.out:
         result.to_csv(args.out)
     s = result.summary()
@@ -50,3 +64,30 @@ def run(args) -> int:
     if args.out:
         print(f"written:      {args.out}")
     return 0
+
+
+def seconds_since_process_start() -> float:
+    """Seconds since this process started (Linux: /proc; 0 where that cannot be read)."""
+    import os
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def command_started_at() -> float:
+    """`time.perf_counter()` value at which this command began: the process start when memlens is the
+    process's program (the `memlens` script, `python -m memlens`), else now (called in-process: a test,
+    a notebook)."""
+    import os
+    import sys
+    import time
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    own = (spec is not None and spec.name == "memlens.__main__") or os.path.basename(sys.argv[0] or "") == "memlens"
+    now = time.perf_counter()
+    return now - seconds_since_process_start() if own else now

@@ -13,29 +13,53 @@ fitting) or first (lowest) gap left by the already-placed buffers that conflict 
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from memlens.plan.problem import PlanProblem
 
 
+SLICE_S = 0.02  # with a deadline, the placement runs in slices of about this many seconds
+
+
 def place_in_order(problem: PlanProblem, order: np.ndarray, fit: str = "best",
-                   prefix: int = 0, offsets: np.ndarray | None = None) -> np.ndarray:
+                   prefix: int = 0, offsets: np.ndarray | None = None,
+                   deadline: float | None = None) -> np.ndarray | None:
     """Offsets (bytes, int64) from placing buffers in `order`, each in the best or first fitting gap.
 
     A gap is a free address range below, between or above the placed buffers that conflict with the
     buffer in time; "best" takes the smallest gap that fits (lowest on ties), "first" the lowest. When no
     gap below the top fits, the buffer goes on top of its conflicts. With `prefix` > 0, the first
     `prefix` buffers of `order` keep their `offsets` (a previous run's) and only the rest are placed.
+
+    With a `deadline` (a `time.perf_counter()` value), the placement runs in slices of ~20 ms (each slice
+    continues from the previous one's offsets, so the result is the same) and returns None when the
+    deadline passes before it is done.
     """
     if fit not in ("best", "first"):
         raise ValueError(f"fit must be 'best' or 'first', not {fit!r}")
     from memlens.plan._kernels import place
 
     indptr, indices = problem.conflicts()
-    prior = offsets if offsets is not None and prefix else np.zeros(problem.n, np.int64)
-    return place(indptr, indices, _kernel_array(problem.size), _kernel_array(problem.alignment),
-                 _kernel_array(order), fit == "best", int(prefix) if offsets is not None else 0,
-                 _kernel_array(prior))
+    prefix = int(prefix) if offsets is not None else 0
+    prior = _kernel_array(offsets if offsets is not None and prefix else np.zeros(problem.n, np.int64))
+    size, align, order = _kernel_array(problem.size), _kernel_array(problem.alignment), _kernel_array(order)
+    if deadline is None:
+        return place(indptr, indices, size, align, order, fit == "best", prefix, prior)
+    done, step = prefix, 512
+    while True:
+        if time.perf_counter() >= deadline:
+            return None
+        end = min(len(order), done + step)
+        began = time.perf_counter()
+        # placing order[:end] with order[:done] kept is the same sequence of decisions as one full run
+        prior = place(indptr, indices, size, align, order[:end], fit == "best", done, prior)
+        done = end
+        if done >= len(order):
+            return prior
+        took = time.perf_counter() - began
+        step = int(min(max(step * SLICE_S / max(took, 1e-5), 64), len(order)))
 
 
 def _kernel_array(values) -> np.ndarray:
@@ -116,16 +140,18 @@ def plan_height(problem: PlanProblem, offsets: np.ndarray) -> int:
     return int((offsets + problem.size).max(initial=0))
 
 
-def run_heuristic(problem: PlanProblem, name: str) -> np.ndarray:
-    """Offsets of the named heuristic (a name in `HEURISTICS`)."""
+def run_heuristic(problem: PlanProblem, name: str, deadline: float | None = None) -> np.ndarray | None:
+    """Offsets of the named heuristic (a name in `HEURISTICS`); None when a `deadline` (a
+    `time.perf_counter()` value) passes before a graph-based heuristic is done (online best-fit, which
+    needs no conflict graph, always finishes)."""
     if name == "online_best_fit" and not (problem.alignment > 1).any():
         from memlens.plan.online import online_best_fit
         return online_best_fit(problem)  # same offsets as the generic placement, without the conflict graph
     for hname, key, fit in HEURISTICS:
         if hname == name:
-            return place_in_order(problem, order_by(problem, key), fit)
+            return place_in_order(problem, order_by(problem, key), fit, deadline=deadline)
     if name == "zhang_size_best_fit":
-        return place_in_order(problem, order_by(problem, "zhang"), "best")
+        return place_in_order(problem, order_by(problem, "zhang"), "best", deadline=deadline)
     raise ValueError(f"unknown heuristic {name!r}")
 
 

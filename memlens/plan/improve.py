@@ -39,6 +39,7 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
     rng = np.random.default_rng(seed)
     deadline = time.perf_counter() + time_limit_s
     order = np.asarray(order).copy()
+    began = time.perf_counter()
     offsets = place_in_order(problem, order, fit)
     height = plan_height(problem, offsets)
     best = ImproveResult(offsets, height, order.copy(), fit, 0, 0)
@@ -47,7 +48,9 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
     indptr, indices = problem.conflicts()
     pos = np.empty(problem.n, np.int64)
     steps = 0
-    step_s = 0.0  # the last step's duration: a step that would end past the deadline is not started
+    # the last step's duration (at first: a full placement's, the most a step re-places): a step that
+    # would end past the deadline is not started, and one that runs past it is abandoned
+    step_s = time.perf_counter() - began
     while (height > target and time.perf_counter() + step_s < deadline
            and (max_steps is None or steps < max_steps)):
         began = time.perf_counter()
@@ -71,7 +74,9 @@ def improve(problem: PlanProblem, order: np.ndarray, fit: str = "best", time_lim
             first = int(rng.integers(0, pc))
             candidate[first + 1:pc + 1] = order[first:pc]
             candidate[first] = c
-        new_offsets = place_in_order(problem, candidate, fit, prefix=first, offsets=offsets)
+        new_offsets = place_in_order(problem, candidate, fit, prefix=first, offsets=offsets, deadline=deadline)
+        if new_offsets is None:
+            break
         new_height = plan_height(problem, new_offsets)
         if new_height <= height:
             order, offsets, height = candidate, new_offsets, new_height
@@ -123,6 +128,8 @@ def repair_peak(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float =
             break
         stuck = False
         for c in np.flatnonzero(tops == height).tolist():
+            if time.perf_counter() >= deadline:
+                break
             o = _lowest_fit(problem, c, off, height - 1)
             if o is not None:
                 off[c] = o
@@ -181,7 +188,9 @@ def window_search(problem: PlanProblem, offsets: np.ndarray, time_limit_s: float
         freed = free[np.argsort(-size[free] * (1.0 + noise), kind="stable")]
         order = np.concatenate([np.flatnonzero(keep), freed])
         trial = place_in_order(problem, order, "best" if rng.random() < 0.5 else "first",
-                               prefix=problem.n - len(freed), offsets=off)
+                               prefix=problem.n - len(freed), offsets=off, deadline=deadline)
+        if trial is None:
+            break
         trial_tops = trial + size
         new_height = int(trial_tops.max(initial=0))
         new_touching = int((trial_tops == new_height).sum())

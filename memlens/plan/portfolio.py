@@ -11,8 +11,9 @@ Stages, each keeping the best plan so far:
    max-live too);
 4. with the time left: the window search around the peak (`improve.window_search`), then the local
    search over placement orders (`improve.improve`), both from the best plan so far.
-Problems above `EXACT_MAX_BUFFERS` skip stage 3. The numba kernels are compiled (first run on a machine)
-or loaded before the clock starts (`load_kernels`).
+Problems above `EXACT_MAX_BUFFERS` skip stage 3. The time limit holds end to end (input, kernels, every
+stage, validation): the heuristics place in slices and give up at the deadline, later stages get what is
+left, and time for the final validation is kept back (`plan`).
 """
 from __future__ import annotations
 
@@ -31,10 +32,6 @@ from memlens.plan.problem import PlanProblem, as_problem
 from memlens.plan.validate import validate_plan
 
 EXACT_MAX_BUFFERS = 20_000
-# the heuristics run within max(time_limit_s, this) seconds; on instances so large that some are estimated
-# not to fit they are skipped (online best-fit, which needs no conflict graph, always runs). 62,000
-# buffers of a training trace need about 5 s on 2 cores, so every heuristic runs there.
-MIN_HEURISTIC_BUDGET_S = 8.0
 
 
 @dataclass
@@ -44,8 +41,8 @@ class PlanResult:
     `offsets`: one row per buffer (id, lower, upper, size, offset and attribution columns when the source
     has them); `height` (bytes): the arena size the plan needs; `lower_bound` (bytes): max-live, or higher
     when the exact search proved that no plan fits below it; `ratio` = height / max-live; `algorithm`:
-    the method that produced the plan; `optimal`: height proven minimal; `seconds`: wall time (after
-    `load_kernels`, which compiles the numba kernels once per machine).
+    the method that produced the plan; `optimal`: height proven minimal; `seconds`: wall time from the
+    clock's start (the call, or `started_at`: what the time limit bounds).
     """
 
     offsets: pd.DataFrame
@@ -128,31 +125,55 @@ def _exact_stage(problem: PlanProblem, best: _Best, lower: int, deadline: float)
     return lower
 
 
-def _run_heuristics(problem: PlanProblem, names: list[str], budget_s: float,
-                    skipped: list[str]) -> list[tuple[str, np.ndarray]]:
+def _run_heuristics(problem: PlanProblem, names: list[str], budget_s: float, skipped: list[str],
+                    deadline: float | None = None,
+                    timings: dict[str, float] | None = None) -> list[tuple[str, np.ndarray]]:
     """(name, offsets) of each heuristic in `names` order, run concurrently on the machine's cores.
 
     The compiled placement releases the GIL, so the graph-based heuristics run in a thread pool while
-    online best-fit (pure Python, no conflict graph) runs in this thread. Heuristics estimated not to
-    finish within `budget_s` seconds are appended to `skipped` instead (online best-fit always runs).
+    online best-fit (pure Python, no conflict graph) runs in this thread. They stop at `deadline` (a
+    `time.perf_counter()` value; default: `budget_s` seconds from now): the graph-based ones place in
+    slices and give up when it passes, and none starts when building the conflict graph alone is estimated
+    to overrun it. Those not done are appended to `skipped`. Online best-fit always runs (when alignment
+    rules it out, the first graph-based heuristic runs to the end instead), so there is always a plan.
+    `timings` receives each finished heuristic's seconds.
     """
+    deadline = time.perf_counter() + budget_s if deadline is None else deadline
     graph_free = [n for n in names if n == "online_best_fit" and not (problem.alignment > 1).any()]
     graph_names = [n for n in names if n not in graph_free]
     workers = max(1, min(len(graph_names), os.cpu_count() or 1))
-    build, per = graph_cost_estimate_s(problem)
-    rounds = int(max(budget_s - build, 0.0) // max(per, 1e-9))
-    fits = rounds * workers if graph_free else max(rounds * workers, 1)  # at least one heuristic runs
-    run_now, skipped[len(skipped):] = graph_names[:fits], graph_names[fits:]
-    results: dict[str, np.ndarray] = {}
-    if run_now:
+    must_finish = graph_names[:1] if not graph_free else []
+    # the graph build is not interruptible; its estimate is for an idle machine (up to 5x off on a busy one)
+    if graph_names and not must_finish and time.perf_counter() + 4 * graph_cost_estimate_s(problem)[0] >= deadline:
+        skipped.extend(graph_names)
+        graph_names = []
+    results: dict[str, np.ndarray | None] = {}
+    timings = {} if timings is None else timings
+
+    def timed(name: str, until: float | None):
+        began = time.perf_counter()
+        out = run_heuristic(problem, name, deadline=until)
+        if out is not None:
+            timings[name] = time.perf_counter() - began
+        return out
+
+    if graph_names:
         problem.conflicts()  # built once, before the threads share it
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="memlens-plan") as pool:
-            futures = {name: pool.submit(run_heuristic, problem, name) for name in run_now}
-            results.update({name: run_heuristic(problem, name) for name in graph_free})
+            futures = {name: pool.submit(timed, name, None if name in must_finish else deadline)
+                       for name in graph_names}
+            results.update({name: timed(name, None) for name in graph_free})
             results.update({name: f.result() for name, f in futures.items()})
     else:
-        results.update({name: run_heuristic(problem, name) for name in graph_free})
-    return [(name, results[name]) for name in names if name in results]
+        results.update({name: timed(name, None) for name in graph_free})
+    skipped.extend(name for name in graph_names if results.get(name) is None)
+    return [(name, results[name]) for name in names if results.get(name) is not None]
+
+
+def _validation_reserve_s(problem: PlanProblem) -> float:
+    """Seconds kept for the final validation and the result table: a sweep over the buffers (measured
+    0.2-0.6 s for 28,000 buffers on a busy 2-core machine), with a margin."""
+    return 0.1 + 3e-5 * problem.n
 
 
 _kernels_ready = False
@@ -176,31 +197,36 @@ def load_kernels() -> float:
 
 
 def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int | None = None,
-         device: str | None = None, exact_search: bool = True) -> PlanResult:
+         device: str | None = None, exact_search: bool = True, started_at: float | None = None) -> PlanResult:
     """Plan static offsets for a Trace, a buffer DataFrame/CSV path or a PlanProblem.
 
-    `time_limit_s` bounds the whole search (s); the heuristics get at least `MIN_HEURISTIC_BUDGET_S`, and
-    on instances so large that they would overrun it the remaining ones are skipped (listed in
-    ``skipped``); `alignment` (bytes) applies to every offset; `iteration` plans one iteration of a trace
-    with iteration marks; `device` picks the device of a multi-device trace (default: the one with the
-    largest peak). The result is validated.
+    `time_limit_s` bounds the whole call end to end (s): reading the input, loading the compiled kernels,
+    the heuristics, the conflict graph, the search and the final validation; the clock starts at
+    `started_at` (a `time.perf_counter()` value, e.g. when a command began) or at the call. The stages
+    share the time: the heuristics stop when it runs out (those not done are listed in ``skipped``), the
+    search stages get what is left, and time for the validation is kept back. Below the time one plan
+    takes (reading the input, online best-fit, validation; a first-ever run also compiles the kernels,
+    ~10 s) the limit cannot hold: the result is then that one plan. `alignment` (bytes) applies to every
+    offset; `iteration` plans one iteration of a trace with iteration marks; `device` picks the device
+    of a multi-device trace (default: the one with the largest peak). The result is validated.
     """
+    t0 = time.perf_counter() if started_at is None else started_at
     # bad input fails before the kernels are compiled (that can take seconds on a cold cache)
     problem = as_problem(source, device=device, iteration=iteration, alignment=alignment)
     load_kernels()
-    t0 = time.perf_counter()
     max_live = problem.max_live()
     best = _Best(problem)
     scores: dict[str, int] = {}
     skipped: list[str] = []
-    budget = max(time_limit_s, MIN_HEURISTIC_BUDGET_S)
-    for name, offsets in _run_heuristics(problem, heuristic_names(problem), budget, skipped):
+    timings: dict[str, float] = {}
+    deadline = t0 + time_limit_s - _validation_reserve_s(problem)
+    for name, offsets in _run_heuristics(problem, heuristic_names(problem), 0.0, skipped, deadline=deadline,
+                                         timings=timings):
         scores[name] = best.offer(offsets, name)
     # an empty-lifetime buffer conflicts with nothing but still needs its bytes
     lower = max(max_live, int(problem.size.max(initial=0)))
-    deadline = t0 + time_limit_s
     # the search stages need the conflict graph: skip them when building it would overrun the limit
-    if graph_cost_estimate_s(problem)[0] > deadline - time.perf_counter():
+    if 4 * graph_cost_estimate_s(problem)[0] > deadline - time.perf_counter():
         deadline = time.perf_counter()
     if best.height > lower and deadline > time.perf_counter():
         repaired = repair_peak(problem, best.offsets, target=lower,
@@ -208,13 +234,17 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
         best.offer(repaired, f"peak_repair({best.algorithm})")
     if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and deadline > time.perf_counter():
         lower = _exact_stage(problem, best, lower, min(deadline, t0 + 0.6 * time_limit_s))
+    # the local search starts with one full placement (not interruptible): only worth starting when a few
+    # more fit in the time; a full placement takes what the slowest heuristic took (or the estimate)
+    placement_s = max([v for k, v in timings.items() if k != "online_best_fit"] or
+                      [2 * graph_cost_estimate_s(problem)[1]])
     if best.height > lower and time.perf_counter() < deadline:
         source = best.algorithm
         left = deadline - time.perf_counter()
-        best.offer(window_search(problem, best.offsets, time_limit_s=0.5 * left, target=lower),
+        share = 0.5 if 3 * placement_s < 0.5 * left else 1.0  # all of it when no local search would follow
+        best.offer(window_search(problem, best.offsets, time_limit_s=share * left, target=lower),
                    f"window_search({source})")
-    # the local search starts with one full placement: only worth starting when a few more fit in the time
-    if best.height > lower and time.perf_counter() + 3 * graph_cost_estimate_s(problem)[1] < deadline:
+    if best.height > lower and time.perf_counter() + 3 * placement_s < deadline:
         # start from the best plan itself: placing its buffers in offset order, each at the lowest gap,
         # reproduces it or does better (every buffer below it in the plan ends at or under its offset)
         start = np.lexsort((problem.start, best.offsets))

@@ -180,14 +180,37 @@ class _DeviceProperties:
                f"total_memory={self.total_memory})"
 
 
-@contextlib.contextmanager
-def fake_cuda(gpu_name: str = "H100", capability: tuple[int, int] = (9, 0), total_memory: int | None = None):
-    """FakeTensorMode with a working fake `cuda` device and the patches above; yields the mode."""
+def _predict_mode_class():
     from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class PredictFakeTensorMode(FakeTensorMode):
+        """FakeTensorMode that never runs real CUDA ops. Constant propagation (a small tensor made with
+        ``torch.tensor(...)`` keeps its real CPU value) runs ops on the real values; moving such a tensor to
+        ``cuda`` (BatchNorm's ``num_batches_tracked`` under ``model.cuda()``) would then run a real CUDA
+        copy, which a CPU-only build cannot. torch skips that propagation when no CUDA device is available;
+        under the shim one is reported, so this mode says what is true: there is no device to initialise."""
+
+        @property
+        def avoid_device_init(self) -> bool:
+            return True
+
+    return PredictFakeTensorMode
+
+
+@contextlib.contextmanager
+def fake_cuda(gpu_name: str = "H100", capability: tuple[int, int] = (9, 0), total_memory: int | None = None,
+              fast_cache_key: bool = True):
+    """FakeTensorMode with a working fake `cuda` device and the patches above; yields the mode.
+    `fast_cache_key`: build FakeTensorMode's dispatch-cache keys with `memlens.predict.fastkey` (same
+    cache, same entries, a cheaper key); False leaves FakeTensorMode exactly as torch ships it."""
     from memlens.predict import shim
     shim.require()
+    _PredictFakeTensorMode = _predict_mode_class()
     patches = _Patches(gpu_name, capability, total_memory)
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _PredictFakeTensorMode(allow_non_fake_inputs=True)
+    if fast_cache_key:
+        from memlens.predict import fastkey
+        fastkey.install(mode)
     mode.memlens_patches = patches     # a prediction adds its own (memory-stat answers) and restores them
     shim.set_enabled(True)
     patches.apply()

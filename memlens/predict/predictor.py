@@ -86,7 +86,7 @@ class Prediction:
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
-                 cublas_workspaces: bool = True, clock: str = "modeled"):
+                 cublas_workspaces: bool = True, clock: str = "modeled", fast_cache_key: bool = True):
         if clock not in ("modeled", "host"):
             raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
         self.clock = clock
@@ -98,6 +98,7 @@ class Prediction:
         self.stacks = stacks
         self.nccl_bytes = int(nccl_bytes)
         self.cublas_workspaces = bool(cublas_workspaces)
+        self.fast_cache_key = bool(fast_cache_key)
         self.trace = None
         self.simulation = None
         self._sims: dict[Any, Any] = {}
@@ -116,7 +117,8 @@ class Prediction:
         from memlens.predict.session import PredictSession
         from memlens.record.recorder import Recorder
         self._t0 = perf_counter_ns()
-        self._env = fake_cuda(self.gpu.name, self.gpu.capability, self.gpu.total_memory)
+        self._env = fake_cuda(self.gpu.name, self.gpu.capability, self.gpu.total_memory,
+                              fast_cache_key=self.fast_cache_key)
         self.mode = self._env.__enter__()
         try:
             recorder = Recorder(self.model, stacks=self.stacks, allocator="none", kernel_times=False)
@@ -229,8 +231,10 @@ class Prediction:
         """One cuBLAS workspace block per thread, at that thread's first GEMM (never freed)."""
         ops = trace.ops
         threads = ops["thread"] if "thread" in ops.columns else pd.Series(0, index=ops.index)
-        base = ops["name"].str.split("::").str[-1].str.split(".").str[0]   # "aten::addmm.default" -> "addmm"
-        gemm = ops[base.isin(GEMM_OPS)]
+        names = ops["name"].astype("category")     # few distinct names: parse each once ("aten::addmm.default")
+        is_gemm = np.array([str(n).split("::")[-1].split(".")[0] in GEMM_OPS for n in names.cat.categories],
+                           dtype=bool)
+        gemm = ops[is_gemm[names.cat.codes.to_numpy()]] if len(is_gemm) else ops.iloc[:0]
         if len(gemm) == 0:
             return trace
         firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
@@ -323,7 +327,12 @@ class Prediction:
     @property
     def oom(self) -> OOM | None:
         """The first allocation that would fail at the prediction's capacity (default: the GPU's memory)."""
-        cap = self.capacity if self.capacity is not None else self.gpu.total_memory
+        return self.oom_at(self.capacity if self.capacity is not None else self.gpu.total_memory)
+
+    def oom_at(self, capacity) -> OOM | None:
+        """The first allocation that would fail with `capacity` (bytes or "40GiB") of device memory, counting
+        the CUDA context and NCCL buffers like `fits`; None when the run fits."""
+        cap = _capacity_bytes(capacity)
         sim = self.simulate(cap)
         if sim is None or not sim.ooms:
             return None
@@ -366,7 +375,8 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
     finished `Prediction`. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
-    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`.
+    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `fast_cache_key` (False:
+    FakeTensorMode's own dispatch-cache keys, see `memlens.predict.fastkey`).
     """
     if fn is None or isinstance(fn, (str, GPUMemoryFacts)):
         if fn is not None:
