@@ -16,12 +16,14 @@ time is not in the trace; issue 14 item 5).
     .venv/bin/python benchmarks/recorder_overhead.py [--workload gpt|cnn|both] [--reps 7] [--steps 3]
 
 Measured (torch 2.13 CPU, 1 thread, a 2-core machine shared with other jobs, load average 4-8; CPU-time
-ratios, medians of 9 rounds x 3 per-step samples; two runs on 2026-11-25, the second after op facts
-were made process-wide; figures are "first run, second run" or ranges):
+ratios, medians of 9 rounds x 3 per-step samples; runs on 2026-11-25, the first before op facts were
+made process-wide; figures are "first run, second run, ..." or ranges):
 
     workload                       plain/step   python        compiled      torch.profiler   compiled/profiler
-    GPT train (d128, 3 layers)     59 ms        1.86-2.19x    1.13-1.28x    1.12-1.47x       1.01, 0.88
-    CNN train (BN, SGD momentum)   21 ms        1.38-1.43x    1.08-1.10x    1.06-1.13x       0.95, 1.04
+    GPT train (d128, 3 layers)     59 ms        1.86-2.19x    1.13-1.28x    1.12-1.47x       0.88, 1.01, (0.86)
+    CNN train (BN, SGD momentum)   21 ms        1.38-1.43x    1.08-1.10x    1.06-1.13x       1.04, 0.95, (0.97)
+
+(a third run, in parentheses, had an inflated plain baseline: only its compiled/profiler ratio is used)
 
 Recorder memory (records delta+varint coded, plus chunk slack, signature table and block maps), per
 recorded access: 22.5 B (GPT, 20 steps), 30.0 B (CNN, 20 steps); a 3-step recording holds 39 B (GPT) /
