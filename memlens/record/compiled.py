@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from time import perf_counter_ns
 
 import numpy as np
@@ -23,7 +22,6 @@ import torch
 
 from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_OPTIMIZER_STATE, MARK_PARAMETER,
                                         PHASE_OPTIMIZER)
-from memlens.record.buffers import EventBuffers
 from memlens.record.session import Session
 
 OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
