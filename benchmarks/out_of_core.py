@@ -9,11 +9,16 @@ optimizer step (reads each gradient and both state tensors, writes the parameter
 are jittered per step. It is generated step by step and written with `PartitionedTraceWriter`, so generating
 100M accesses needs no more memory than 20M.
 
-Each (engine, analysis) runs as its own `memlens` process; time is wall-clock, peak RSS that process's
-(``os.wait4``). The two engines' JSON answers are compared field by field.
+Each (engine, analysis) runs as its own `memlens` process; time is wall-clock, peak RSS that process's own
+high-water mark (``VmHWM`` from /proc, written by the child as it exits: ``wait4``'s ``ru_maxrss`` would also
+count this benchmark process, which forked it). The two engines' JSON answers are compared field by field.
 
     .venv/bin/python benchmarks/out_of_core.py --accesses 20000000          # both engines
     .venv/bin/python benchmarks/out_of_core.py --accesses 100000000 --engines dask
+    .venv/bin/python benchmarks/out_of_core.py --sweep 2M,5M,10M,20M        # peak RSS against trace length
+
+``--sweep`` generates one trace per length and runs every (analysis, engine) on each; the in-memory engine
+is skipped where its estimated need (`outofcore.choose.memory_needed`) exceeds ``--memory-cap``.
 """
 from __future__ import annotations
 
@@ -207,72 +212,140 @@ def _du(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).iterdir())
 
 
+# The child runs the CLI and, as it exits (atexit runs on SystemExit too), writes its own VmHWM to a file.
+_CHILD = """
+import atexit, sys
+def _hwm(path=sys.argv[1]):
+    for line in open('/proc/self/status'):
+        if line.startswith('VmHWM:'):
+            open(path, 'w').write(str(int(line.split()[1]) * 1024))
+atexit.register(_hwm)
+from memlens.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def run_cli(args: list[str]) -> tuple[float, int, str, int]:
-    """(seconds, peak RSS bytes, stdout, exit code) of one `memlens` process."""
+    """(seconds, peak RSS bytes of the child itself, stdout, exit code) of one `memlens` process."""
     start = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "memlens", *args], stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile(suffix=".hwm") as hwm:
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, hwm.name, *args], stdout=out, stderr=err)
+        proc.wait()
         seconds = time.perf_counter() - start
         out.seek(0)
         err.seek(0)
         text = out.read().decode()
         if proc.returncode:
-            sys.stderr.write(err.read().decode())
-    return seconds, usage.ru_maxrss * 1024, text, proc.returncode
+            sys.stderr.write(err.read().decode()[-2000:])
+        peak = Path(hwm.name).read_text().strip()
+    return seconds, int(peak) if peak else -1, text, proc.returncode
 
 
-def compare(a, b, path="") -> list[str]:
-    """Fields where two JSON answers differ (floats: exactly, except std_ns to 1e-9 relative)."""
+# Sums of float products added bucket by bucket (another order than numpy's pairwise sum of the whole
+# column), and WDOA, whose memory limit is such a sum: equal to float rounding, not bit for bit.
+FLOAT_SUMS = ("std_ns", "wdoa_ns", "idle_bytes_ns", "swappable_bytes_ns", "swappable_share")
+
+
+def compare(a, b, path="", rel=1e-9) -> list[str]:
+    """Fields where two JSON answers differ: exactly, except the `FLOAT_SUMS` fields to `rel` relative."""
     diffs = []
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
-            diffs += compare(a.get(k), b.get(k), f"{path}.{k}")
+            diffs += compare(a.get(k), b.get(k), f"{path}.{k}", rel)
     elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b)):
-            diffs += compare(x, y, f"{path}[{i}]")
-    elif path.endswith("std_ns") and isinstance(a, float) and isinstance(b, float):
-        if abs(a - b) > 1e-9 * max(abs(a), 1.0):
+            diffs += compare(x, y, f"{path}[{i}]", rel)
+    elif path.endswith(FLOAT_SUMS) and isinstance(a, float) and isinstance(b, float):
+        if abs(a - b) > rel * max(abs(a), 1.0):
             diffs.append(path)
     elif a != b:
         diffs.append(path)
     return diffs
 
 
+def _count(text: str) -> int:
+    """'20M' / '500k' / '2000000' -> an int."""
+    text = text.strip().lower()
+    scale = {"k": 1_000, "m": 1_000_000, "g": 1_000_000_000}.get(text[-1:], 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def _make(trace: Path, accesses: int, reuse: bool) -> None:
+    if reuse and trace.exists():
+        return
+    start = time.perf_counter()
+    facts = generate(trace, accesses)
+    print(f"generated {facts['accesses']:,} accesses, {facts['blocks']:,} blocks, {facts['ops']:,} ops "
+          f"({facts['steps']} steps) in {time.perf_counter() - start:.1f} s; "
+          f"{facts['bytes_on_disk'] / 2**30:.2f} GiB on disk: {trace}", flush=True)
+
+
+def measure(trace: Path, engines: list[str], analyses: list[str], workers: int, memory_cap: float,
+            label: str = "") -> list[dict]:
+    """Run every (analysis, engine) on `trace` in its own process; print and return one row per run."""
+    from memlens.analysis.outofcore.choose import memory_needed
+    from memlens.analysis.outofcore.files import TraceFiles
+    rows = TraceFiles.open(trace).rows
+    need = memory_needed(rows)["memory"]
+    answers, out = {}, []
+    for analysis in analyses:
+        for engine in engines:
+            if engine == "memory" and need > memory_cap:
+                print(f"{label:>6} {analysis:<10} {engine:<7} skipped: needs ~{need / 2**30:.1f} GiB "
+                      f"> --memory-cap {memory_cap / 2**30:.1f} GiB", flush=True)
+                continue
+            cmd = [analysis, str(trace), "--json", "--engine", engine]
+            if engine == "dask":
+                cmd += ["--workers", str(workers)]
+            seconds, rss, text, rc = run_cli(cmd)
+            print(f"{label:>6} {analysis:<10} {engine:<7} {seconds:8.1f} s {rss / 2**30:8.2f} GiB"
+                  + ("" if rc == 0 else f"  (exit {rc})"), flush=True)
+            out.append({"accesses": rows["accesses"], "blocks": rows["blocks"], "analysis": analysis,
+                        "engine": engine, "seconds": seconds, "peak_rss_bytes": rss, "exit": rc})
+            if rc == 0:
+                answers[(analysis, engine)] = json.loads(text)
+        got = [answers.get((analysis, e)) for e in engines]
+        if len(got) == 2 and None not in got:
+            diffs = compare(*got)
+            exact = compare(*got, rel=0.0)
+            print(f"{label:>6} {analysis}: engines agree ({len(exact)} float sums to rounding: "
+                  f"{sorted(set(x.rsplit('.', 1)[-1] for x in exact))})" if not diffs
+                  else f"{label:>6} {analysis}: engines differ in {diffs[:10]}", flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--accesses", type=int, default=20_000_000, help="accesses to generate (issue: 100M)")
-    p.add_argument("--trace", type=Path, default=None, help="where to write it (default: a temp directory)")
-    p.add_argument("--reuse", action="store_true", help="reuse --trace if it exists")
+    p.add_argument("--accesses", type=_count, default=20_000_000, help="accesses to generate (issue: 100M)")
+    p.add_argument("--sweep", default=None, help="comma-separated lengths (2M,5M,10M,20M): one trace each")
+    p.add_argument("--trace", type=Path, default=None, help="where to write it (default: a temp directory); "
+                   "with --sweep, the directory of the traces")
+    p.add_argument("--reuse", action="store_true", help="reuse the trace(s) if they exist")
     p.add_argument("--engines", default="memory,dask")
     p.add_argument("--analyses", default="ati,outliers")
     p.add_argument("--workers", type=int, default=2, help="threads of the dask engine")
+    p.add_argument("--memory-cap", type=float, default=12.0,
+                   help="GiB: skip the in-memory engine where it would need more (default 12)")
     args = p.parse_args()
+    engines, analyses = args.engines.split(","), args.analyses.split(",")
+    cap = args.memory_cap * 2**30
+    if args.sweep:
+        where = args.trace or Path(tempfile.mkdtemp(prefix="memlens-ooc-sweep-"))
+        where.mkdir(parents=True, exist_ok=True)
+        results = []
+        for n in [_count(x) for x in args.sweep.split(",")]:
+            trace = where / f"{n}.memlens"
+            _make(trace, n, args.reuse)
+            results += measure(trace, engines, analyses, args.workers, cap, label=f"{n / 1e6:g}M")
+        print("\naccesses,blocks,analysis,engine,seconds,peak_rss_gib")
+        for r in results:
+            print(f"{r['accesses']},{r['blocks']},{r['analysis']},{r['engine']},{r['seconds']:.1f},"
+                  f"{r['peak_rss_bytes'] / 2**30:.3f}")
+        return 0
     trace = args.trace or Path(tempfile.mkdtemp(prefix="memlens-ooc-bench-")) / "big.memlens"
-    if not (args.reuse and trace.exists()):
-        start = time.perf_counter()
-        facts = generate(trace, args.accesses)
-        print(f"generated {facts['accesses']:,} accesses, {facts['blocks']:,} blocks, {facts['ops']:,} ops "
-              f"({facts['steps']} steps) in {time.perf_counter() - start:.1f} s; "
-              f"{facts['bytes_on_disk'] / 2**30:.2f} GiB on disk: {trace}")
-    answers = {}
-    print(f"{'analysis':<10} {'engine':<7} {'seconds':>8} {'peak RSS':>10}")
-    for analysis in args.analyses.split(","):
-        for engine in args.engines.split(","):
-            cmd = [analysis, str(trace), "--json", "--engine", engine]
-            if engine == "dask":
-                cmd += ["--workers", str(args.workers)]
-            seconds, rss, text, rc = run_cli(cmd)
-            print(f"{analysis:<10} {engine:<7} {seconds:8.1f} {rss / 2**30:8.2f} GiB" + ("" if rc == 0 else
-                                                                                     f"  (exit {rc})"),
-                  flush=True)
-            if rc == 0:
-                answers[(analysis, engine)] = json.loads(text)
-        got = [answers.get((analysis, e)) for e in args.engines.split(",")]
-        if len(got) == 2 and None not in got:
-            diffs = compare(*got)
-            print(f"{analysis}: engines agree" if not diffs else f"{analysis}: engines differ in {diffs[:10]}")
+    _make(trace, args.accesses, args.reuse)
+    measure(trace, engines, analyses, args.workers, cap)
     return 0
 
 

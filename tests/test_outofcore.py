@@ -278,3 +278,29 @@ def test_corrupt_table_is_bad_input(saved, tmp_path):
     (broken / "accesses.parquet").write_bytes(b"PAR1 not really")
     rc, _, err = cli("ati", str(broken), "--engine", "dask")
     assert rc == 2 and "accesses.parquet" in err and "Traceback" not in err
+
+
+def test_whole_trace_commands_refuse_with_the_memory_they_need(saved, monkeypatch, tmp_path, capsys):
+    """Report, swap planning, allocator replay and the offset planner need every block at once: `--engine
+    dask` on the report, or a saved trace larger than the memory available, is refused before loading, with
+    one line naming the trace's size and the memory figures; with enough memory they run as before."""
+    from memlens.analysis.outofcore import choose
+    from memlens.cli import main
+    trace, path = saved
+    n_acc, n_blk = len(trace.accesses), len(trace.blocks)
+    out = tmp_path / "r.html"
+    assert main(["report", str(path), "--engine", "dask", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no out-of-core engine" in err and f"{n_acc:,} accesses" in err and f"{n_blk:,} blocks" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+    monkeypatch.setattr(choose, "available_memory", lambda: 1 << 20)  # 1 MiB free: the trace needs more
+    for argv in (["swap", str(path)], ["simulate", str(path)], ["plan", str(path)],
+                 ["report", str(path), "-o", str(out)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert "needs the whole trace in memory" in err and "1.0 MiB available" in err, (argv, err)
+        assert f"{n_acc:,} accesses" in err
+    assert not out.exists()
+    monkeypatch.setattr(choose, "available_memory", lambda: 100 << 30)
+    assert main(["swap", str(path), "--json"]) == 0
+    assert isinstance(json.loads(capsys.readouterr().out), dict)  # the plan, as before

@@ -237,3 +237,30 @@ def test_trace_without_addresses_opens_on_live_memory(shared):
     stacked = [t for t in ex.timeline.data if t.fill in ("tozeroy", "tonexty")]
     top = np.asarray(stacked[-1].y)
     assert top.max() == pytest.approx(trace.peak_live_bytes()[ex.state.device])
+
+
+def test_run_selector_shows_the_selected_run_in_the_explorer(tmp_path):
+    """A RunSet's run selector: one entry per rank in rank order, the rank that peaks highest shown first,
+    and picking another rank (through the dropdown, as a user does) shows that run's blocks in the
+    explorer's timeline, on the same device."""
+    from memlens.widgets import explore
+    small, big = _toy_trace(), _toy_trace()
+    big.blocks["size"] = big.blocks["size"] * 10  # rank 1 peaks 10x higher
+    small.save(tmp_path / "rank0.memlens")
+    big.save(tmp_path / "rank1.memlens")
+    w = explore(memlens.load_many(str(tmp_path / "rank*.memlens")))
+    assert [v for _, v in w.w_run.options] == [0, 1]
+    # toy peak: all four blocks are live in [300, 400): 4096 + 4096 + 1024 + 2048 = 11 KiB; rank 1 has 10x
+    assert w.rank == 1
+    assert [label for label, _ in w.w_run.options] == ["rank 0: peak 11.0 KiB on cuda:0",
+                                                       "rank 1: peak 110.0 KiB on cuda:0"]
+    assert int(w.explorer.trace.blocks["size"].sum()) == 10 * (4096 + 4096 + 1024 + 2048)
+    assert w.explorer in w.children
+    before = w.explorer
+    w.w_run.value = 0  # the dropdown's observer switches the run
+    assert w.rank == 0 and w.explorer is not before and w.explorer in w.children and before not in w.children
+    assert int(w.explorer.trace.blocks["size"].sum()) == 4096 + 4096 + 1024 + 2048
+    assert w.explorer.state.device == "cuda:0"
+    shown = [tr for tr in w.explorer.timeline.data if getattr(tr, "x", None) is not None and len(tr.x)]
+    assert shown, "the timeline of the selected run draws its blocks"
+    assert "rank 1" in w.imbalance.value  # the imbalance sentence names the rank that peaks

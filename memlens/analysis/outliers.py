@@ -188,15 +188,22 @@ def wdoa_ns(times: np.ndarray, cum: np.ndarray, lo, hi, window: tuple[int, int] 
     With `window` and `period_ns` (steady state), a window ending past the period's end wraps around:
     ``[lo, w1)`` plus ``[w0, hi - period)``. Empty windows (hi <= lo) weigh 0.
     """
+    return wdoa_of_integral(lambda x: np.interp(x, times, cum), lo, hi, window, period_ns)
+
+
+def wdoa_of_integral(integral, lo, hi, window: tuple[int, int] | None = None,
+                     period_ns: int | None = None) -> np.ndarray:
+    """`wdoa_ns` with the cumulative weight integral given as a function of time (ns -> ns): the
+    out-of-core engine evaluates it a piece of the curve at a time."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.maximum(np.asarray(hi, dtype=np.float64), lo)
     if window is None or period_ns is None:
-        return np.interp(hi, times, cum) - np.interp(lo, times, cum)
+        return integral(hi) - integral(lo)
     w0, w1 = float(window[0]), float(window[1])
     first_hi = np.minimum(hi, w1)
-    out = np.interp(first_hi, times, cum) - np.interp(np.minimum(lo, first_hi), times, cum)
+    out = integral(first_hi) - integral(np.minimum(lo, first_hi))
     rest = np.clip(hi - period_ns, w0, w1)
-    return out + np.where(hi > w1, np.interp(rest, times, cum) - np.interp(w0, times, cum), 0.0)
+    return out + np.where(hi > w1, integral(rest) - integral(np.asarray([w0])), 0.0)
 
 
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
@@ -224,7 +231,8 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
     access are left out unless `include_unobserved`: their bytes are used inside the op, where no access
     can be recorded, so their lifetime is not idle time (they have no ATI in any case).
 
-    `peak_context` ({device: {"t_peak": ns, "times", "cum": `load_weight`'s arrays}}) replaces what is
+    `peak_context` ({device: {"t_peak": ns, "times", "cum": `load_weight`'s arrays, or "integral": a
+    function of time giving their interpolation}}) replaces what is
     otherwise computed from `trace`'s live curves: the out-of-core engine ranks a part of the blocks
     against the whole trace's peak and load.
     """
@@ -379,6 +387,10 @@ def _peak_measures(trace, iv: pd.DataFrame, run_start: np.ndarray, dev_codes: np
     for code, dev in enumerate(dev_names):
         on_dev = dev_codes[at_peak] == code
         if not on_dev.any():
+            continue
+        if dev in context and "integral" in context[dev]:
+            weighted[on_dev] = wdoa_of_integral(context[dev]["integral"], lo_w[on_dev], hi_w[on_dev], window,
+                                                period)
             continue
         if dev in context:
             times, cum = context[dev]["times"], context[dev]["cum"]

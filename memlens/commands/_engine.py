@@ -37,3 +37,37 @@ def runner_for(args):
     """A `Runner` (context manager) for the dask engine with this command's options."""
     from memlens.analysis.outofcore.runner import Runner
     return Runner(scheduler=args.scheduler, workers=args.workers, scratch=args.scratch)
+
+
+NOTE_ABOVE_BYTES = 1 << 30  # say what a whole-trace analysis will hold from this need up
+
+
+def require_in_memory(path, what: str, engine: str = "memory") -> None:
+    """For an analysis with no out-of-core engine (it needs every block at once: the swap planner, the
+    allocator replay, the offset planner, the report): before anything is loaded, refuse `engine` "dask"
+    and a saved trace whose estimated in-memory size exceeds the memory available now (`InputError`
+    naming both figures), and say on stderr what a big one will hold. Other files are loaded as they are
+    (their size in memory is known only after parsing)."""
+    import sys
+
+    from memlens.analysis.outofcore.choose import available_memory, memory_needed
+    from memlens.errors import InputError
+    from memlens.io.store import is_trace_dir
+    from memlens.units import format_bytes
+    if not is_trace_dir(path):
+        if engine == "dask":
+            raise InputError(f"{what} has no out-of-core engine: it needs the whole trace in memory", path)
+        return
+    from memlens.analysis.outofcore.files import TraceFiles
+    rows = TraceFiles.open(path).rows
+    need, available = memory_needed(rows)["memory"], available_memory()
+    figures = (f"about {format_bytes(need)} for {rows.get('accesses', 0):,} accesses and "
+               f"{rows.get('blocks', 0):,} blocks; {format_bytes(available)} available now")
+    if engine == "dask":
+        raise InputError(f"{what} has no out-of-core engine: it needs every block at once, so the whole trace in "
+                         f"memory ({figures}); `memlens info|ati|outliers --engine dask` answer out of core", path)
+    if need > available:
+        raise InputError(f"{what} needs the whole trace in memory ({figures}): not enough memory on this "
+                         "machine; `memlens info|ati|outliers --engine dask` answer out of core", path)
+    if need >= NOTE_ABOVE_BYTES:
+        print(f"memlens: {what} loads the whole trace: {figures}", file=sys.stderr)

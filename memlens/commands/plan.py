@@ -35,6 +35,8 @@ def run(args) -> int:
     # the limit holds for the command as a whole: its clock started with the process, and what follows the
     # plan (writing it, exiting) is kept out of the planner's share
     started = command_started_at()
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.input, "the offset planner")
     result = plan(args.input, time_limit_s=max(args.time_limit - EXIT_RESERVE_S, 0.0), alignment=args.alignment,
                   iteration=args.iteration, device=args.device, started_at=started)
     # the interpreter's last garbage collection walks every object numba and pandas made (~1 s on a busy

@@ -25,6 +25,10 @@ def register(sub) -> None:
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
+    p.add_argument("--engine", choices=["auto", "memory", "dask"], default="auto",
+                   help="the report draws every block (live curve, largest blocks, timeline), so it runs in memory; "
+                        "dask is refused with the memory it would need, and auto refuses a saved trace larger "
+                        "than the memory available (use info/ati/outliers --engine dask for those)")
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
     p.set_defaults(func=run)
@@ -51,6 +55,8 @@ def run(args) -> int:
     if len(args.trace) > 1:
         return _run_many(args)
     args.trace = args.trace[0]
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.trace, "the report", "dask" if args.engine == "dask" else "memory")
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)

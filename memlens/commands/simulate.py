@@ -38,6 +38,8 @@ def run(args) -> int:
 
     from memlens.commands._device import apply_gpu, clock_line
 
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.trace, "the allocator replay")
     trace = load(args.trace)
     options.check_device(trace, args.device)
     trace, _ = apply_gpu(trace, args)

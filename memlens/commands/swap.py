@@ -37,6 +37,8 @@ def run(args) -> int:
     from memlens.swap import plan_swaps
     from memlens.units import format_bytes, format_ns
 
+    from memlens.commands._engine import require_in_memory
+    require_in_memory(args.trace, "swap planning")
     trace = load(args.trace)
     options.check_device(trace, args.device)
     trace, g = apply_gpu(trace, args)

@@ -145,6 +145,36 @@ def _recover(path: Path) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
 
 
+ROWS_PER_GROUP = 1 << 20  # rows per Parquet row group (and per slice converted to Arrow at once)
+
+
+def write_table(df: pd.DataFrame, fpath: Path, rows_per_group: int = ROWS_PER_GROUP) -> int:
+    """Write a conformed table to the Parquet file `fpath` a row group at a time; returns the row-group
+    count. Only one slice of `rows_per_group` rows is converted to Arrow at once, so saving a big trace
+    needs a slice's worth of memory beside the trace, not a second copy of every table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    # the schema from the whole frame (a column at a time), so a slice whose strings are all missing still
+    # gets the string type
+    schema = pa.Schema.from_pandas(df, preserve_index=False)
+    groups = 0
+    with pq.ParquetWriter(fpath, schema) as writer:
+        if len(df) == 0:
+            writer.write_table(pa.Table.from_pandas(df, schema=schema, preserve_index=False))
+            return 1
+        for lo in range(0, len(df), rows_per_group):
+            part = pa.Table.from_pandas(df.iloc[lo:lo + rows_per_group], schema=schema, preserve_index=False)
+            writer.write_table(part, row_group_size=rows_per_group)
+            groups += 1
+            del part
+    return groups
+
+
+def _time_ordered(accesses: pd.DataFrame) -> bool:
+    t = accesses["t_ns"].to_numpy(dtype=np.int64)
+    return bool(len(t) < 2 or (t[1:] >= t[:-1]).all())
+
+
 def save_trace(trace: Trace, path, *, overwrite: bool = False) -> Path:
     """Write `trace` to the directory `path` atomically; returns the final path.
 
@@ -174,11 +204,14 @@ def save_trace(trace: Trace, path, *, overwrite: bool = False) -> Path:
                 continue
             df = conform(name, df)
             fname = f"{name}.parquet"
-            df.to_parquet(tmp / fname, index=False, engine="pyarrow")
+            groups = write_table(df, tmp / fname, ROWS_PER_GROUP)
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
             tables[name] = {"file": fname, "rows": int(len(df)), "bytes": (tmp / fname).stat().st_size,
-                            "sha256": _sha256(tmp / fname)}
+                            "sha256": _sha256(tmp / fname), "row_groups": groups,
+                            "rows_per_group": ROWS_PER_GROUP}
+            if name == "accesses" and _time_ordered(df):
+                tables[name]["sorted_by"] = "t_ns"  # each row group one time range: the dask engine uses it
         manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
                     "metadata": _jsonable(trace.metadata), "tables": tables}
         with open(tmp / MANIFEST, "w") as f:

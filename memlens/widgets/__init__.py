@@ -2,6 +2,7 @@
 
     import memlens.widgets
     memlens.widgets.explore(trace)          # or, after %load_ext memlens, just evaluate `trace`
+    memlens.widgets.explore(memlens.load_many("job/rank*.pt.trace.json.gz"))   # a run selector + explorer
 
 The widget's logic lives in plain modules (`state`, `geometry`, `lod`, `timeline`, `details`, `ati_panel`,
 `whatif_panel`) so it runs and is tested without a browser; `explorer` wires it to ipywidgets and plotly.
@@ -10,9 +11,19 @@ from __future__ import annotations
 
 
 def explore(trace, device: str | None = None):
-    """The explorer widget for `trace` (a Trace or a path `memlens.load` reads); see `memlens.widgets.explorer`."""
+    """The explorer widget for `trace` (a Trace or a path `memlens.load` reads); see `memlens.widgets.explorer`.
+    A `RunSet` (`memlens.load_many`) gets the run selector linked to the explorer (`explore_runs`)."""
+    from memlens.analysis.runs import RunSet
+    if isinstance(trace, RunSet):
+        return explore_runs(trace)
     from memlens.widgets.explorer import explore as _explore
     return _explore(trace, device=device)
 
 
-__all__ = ["explore"]
+def explore_runs(runs, rank: int | None = None):
+    """The run selector of a `RunSet` (or a glob of files) linked to the explorer; see `memlens.widgets.runs`."""
+    from memlens.widgets.runs import explore_runs as _explore_runs
+    return _explore_runs(runs, rank=rank)
+
+
+__all__ = ["explore", "explore_runs"]

@@ -141,7 +141,7 @@ def _ati_bucket(files, scratch, bucket, span, device):
         np.save(Path(scratch) / f"edge-{k}-{bucket:05d}.npy", e)  # for pass 3: exact std and quantiles
         edges[k] = {"count": len(e), "sum": int(e.sum(dtype=np.int64)) if len(e) else 0,
                     "min": int(e.min()) if len(e) else None, "max": int(e.max()) if len(e) else None,
-                    "bins": qmod.bin_counts(e)}
+                    "bins": qmod.sparse_counts(e)}
     return {
         "edges": edges,
         "count": n,
@@ -152,7 +152,7 @@ def _ati_bucket(files, scratch, bucket, span, device):
         "truncated": int(iv["truncated"].sum()),
         "below": {k: int(np.count_nonzero(lengths < v)) for k, v in BELOW.items()},
         "by_kind": {str(k): int(v) for k, v in kinds.items()},
-        "bins": qmod.bin_counts(lengths),
+        "bins": qmod.sparse_counts(lengths),
         "outside": int(iv.attrs.get("accesses_outside_lifetime", 0)),
         "overlapping": int(iv.attrs.get("overlapping_ops", 0)),  # counted per interval: sums over buckets
     }
@@ -194,7 +194,7 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
     parts = runner.map(_ati_bucket, [(files, scratch, b, span, device) for b in range(n_buckets)])
     n = sum(p["count"] for p in parts)
     total = sum(p["sum"] for p in parts)
-    bins = sum(p["bins"] for p in parts)
+    bins = qmod.add_sparse(p["bins"] for p in parts)
     mins = [p["min"] for p in parts if p["min"] is not None]
     maxs = [p["max"] for p in parts if p["max"] is not None]
     mean = float(total) / n if n else None
@@ -240,7 +240,7 @@ def _edge_needs(parts) -> dict:
     for k in EDGE_KINDS:
         es = [p["edges"][k] for p in parts]
         n = sum(e["count"] for e in es)
-        bins = sum(e["bins"] for e in es)
+        bins = qmod.add_sparse(e["bins"] for e in es)
         mean = sum(e["sum"] for e in es) / n if n else 0.0
         needs[k] = (float(mean), qmod.needed_bins(bins, STAT_QUANTILES))
     return needs
@@ -257,7 +257,7 @@ def _edge_stats(parts, third, edge_needs) -> dict:
         total = sum(e["sum"] for e in es)
         mins = [e["min"] for e in es if e["min"] is not None]
         maxs = [e["max"] for e in es if e["max"] is not None]
-        bins = sum(e["bins"] for e in es)
+        bins = qmod.add_sparse(e["bins"] for e in es)
         q = qmod.exact_quantiles(bins, [t["edges"][k]["values"] for t in third], STAT_QUANTILES) if n else {}
         out[k] = {"count": int(n), "total_ns": float(total), "mean_ns": total / n if n else None,
                   "std_ns": math.sqrt(sum(t["edges"][k]["sqdev"] for t in third) / n) if n else None,

@@ -4,8 +4,9 @@ The blocks table is read a batch at a time; each batch's allocs and frees go to 
 time ranges) per device. Each time bucket is sorted on its own (by time, then event order, as `live_curve`
 sorts) and summed; the running total entering a bucket is the sum of the buckets before it, so the peak
 and its time come out exact from a few numbers per bucket. Zhang et al.'s WDOA weighs every instant of a
-swapped-out window by the load then: its cumulative weight integral is built bucket by bucket too, into a
-memory-mapped file (16 bytes per alloc/free event on disk) that the outlier tasks look up.
+swapped-out window by the load then: its cumulative weight integral is built bucket by bucket too, one
+file per time bucket (16 bytes per alloc/free event on disk), and the outlier tasks look it up a piece at
+a time (`ChunkedIntegral`), so no process ever holds the whole curve.
 """
 from __future__ import annotations
 
@@ -119,8 +120,8 @@ def curve_sums(scratch: str, device: str, tb: int, offset: int, next_t: float) -
 def peak_context(scratch: str, device: str, tbs: list[int], parts: list[dict], span: tuple[int, int],
                  limit_bytes: float | None, runner) -> dict:
     """What `outliers` needs of a device's whole live curve, built a time bucket at a time: ``t_peak`` and
-    the cumulative WDOA weight integral (``times``, ``cum``: `outliers.load_weight`'s arrays, written to a
-    memory-mapped .npy that every task reads). Memory: one bucket; disk: 16 bytes per event."""
+    the cumulative WDOA weight integral (`outliers.load_weight`'s arrays, one .npy piece per time bucket
+    that `ChunkedIntegral` reads back). Memory: one bucket; disk: 16 bytes per event."""
     peak, t_peak = combine_peak(parts)
     hi = span[1]
     offsets = np.concatenate([[0], np.cumsum([p["total"] for p in parts])])[:-1].astype(np.int64)
@@ -136,30 +137,52 @@ def peak_context(scratch: str, device: str, tbs: list[int], parts: list[dict], s
                  else sum(x["v"] for x in sums) / max(sum(x["n"] for x in sums), 1))
     else:
         limit = float(limit_bytes)
-    path = Path(scratch) / f"weight-{device.encode().hex()}.npy"
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float64, shape=(2, n_total + 1))
-    carry, pos = 0.0, 0
+    carry = 0.0
     scale = max(float(peak) - limit, 1.0)
+    chunks = []
     for i, (tb, off) in enumerate(zip(tbs, offsets)):
         steps = _steps(scratch, device, tb)
         t = steps[0].astype(np.float64)
         load = (steps[1] + off).astype(np.float64)
         weight = np.clip((load - limit) / scale, 0.0, 1.0)
         nxt = firsts[i + 1] if i + 1 < len(tbs) else end
-        dt = np.diff(np.append(t, nxt))
-        cum = np.cumsum(np.concatenate([[carry], weight * dt]))  # sequential, as one cumsum over the curve
-        out[0, pos:pos + len(t)] = t
-        out[1, pos:pos + len(t)] = cum[:-1]
+        times = np.append(t, nxt)
+        cum = np.cumsum(np.concatenate([[carry], weight * np.diff(times)]))  # sequential, as one cumsum
+        # this bucket's piece of the integral, closed by the next bucket's first point (its value there),
+        # so interpolating inside the piece uses the same two breakpoints as on the whole curve
+        chunk = Path(scratch) / f"weight-{device.encode().hex()}-{tb:05d}.npy"
+        np.save(chunk, np.stack([times, cum]))
+        chunks.append(str(chunk))
         carry = float(cum[-1])
-        pos += len(t)
-    out[0, n_total] = end
-    out[1, n_total] = carry
-    out.flush()
-    del out
-    return {"t_peak": t_peak, "weights": str(path), "limit": limit, "peak": peak}
+        del steps, t, load, weight, times, cum
+    return {"t_peak": t_peak, "chunks": chunks, "firsts": firsts, "limit": limit, "peak": peak,
+            "events": n_total}
+
+
+class ChunkedIntegral:
+    """The cumulative WDOA weight integral of a whole live curve (``np.interp(x, times, cum)`` of
+    `outliers.load_weight`'s arrays), evaluated a time bucket's piece at a time: memory is one piece
+    (16 bytes per event of a time bucket), whatever the trace's length."""
+
+    def __init__(self, chunks: list[str], firsts: list[float]):
+        self.chunks = list(chunks)
+        self.firsts = np.asarray(firsts, dtype=np.float64)
+
+    def __call__(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        out = np.empty(x.shape, dtype=np.float64)
+        if not self.chunks:
+            out[...] = 0.0
+            return out
+        which = np.clip(np.searchsorted(self.firsts, x, side="right") - 1, 0, len(self.chunks) - 1)
+        for k in np.unique(which):
+            piece = np.load(self.chunks[int(k)])
+            sel = which == k
+            out[sel] = np.interp(x[sel], piece[0], piece[1])
+        return out
 
 
 def load_context(ctx: dict) -> dict:
-    """A `peak_context` with its weight arrays memory-mapped (threads of a worker share the pages)."""
-    arrays = np.load(ctx["weights"], mmap_mode="r")
-    return {"t_peak": ctx["t_peak"], "times": arrays[0], "cum": arrays[1]}
+    """A `peak_context` as `outliers.outliers` takes it: the peak time and the weight integral (a
+    `ChunkedIntegral` over the pieces on disk)."""
+    return {"t_peak": ctx["t_peak"], "integral": ChunkedIntegral(ctx["chunks"], ctx["firsts"])}

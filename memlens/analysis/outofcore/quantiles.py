@@ -36,6 +36,22 @@ def bin_counts(values: np.ndarray) -> np.ndarray:
     return np.bincount(fine_bin(values), minlength=N_BINS).astype(np.int64)
 
 
+def sparse_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`bin_counts` as (bins that are not empty, their counts): what a task sends back, so the driver's
+    memory is the bins the data actually fills, not `N_BINS` per piece."""
+    dense = bin_counts(values)
+    idx = np.flatnonzero(dense)
+    return idx.astype(np.int32), dense[idx]
+
+
+def add_sparse(pieces) -> np.ndarray:
+    """The dense per-bin counts (length `N_BINS`) of a list of `sparse_counts` results."""
+    out = np.zeros(N_BINS, dtype=np.int64)
+    for idx, counts in pieces:
+        np.add.at(out, idx, counts)
+    return out
+
+
 def order_positions(n: int, qs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(previous index, next index, gamma) of each quantile in a sorted array of `n` values, exactly as
     `numpy.quantile(..., method="linear")` computes them."""

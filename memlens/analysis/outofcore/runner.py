@@ -16,6 +16,40 @@ from pathlib import Path
 from memlens.errors import InputError
 
 
+def release_memory() -> None:
+    """Hand the memory a finished task freed back to the operating system: glibc keeps freed heap pages
+    (one arena per worker thread) and Arrow's allocator keeps its pool, so without this the process's RSS
+    is the sum of every task's high-water mark rather than one task's."""
+    try:
+        import pyarrow
+        pyarrow.default_memory_pool().release_unused()
+    except Exception:  # an allocator without the call: nothing to release
+        pass
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+            _LIBC = ctypes.CDLL("libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):  # not glibc: its allocator returns memory its own way
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+_LIBC = None
+
+
+def run_task(func, *args):
+    """One task: ``func(*args)``, then `release_memory` (its garbage freed first)."""
+    import gc
+    try:
+        return func(*args)
+    finally:
+        gc.collect()
+        release_memory()
+
+
 class Runner:
     """Runs lists of tasks on Dask. `scheduler` is None (local threads, `workers` of them; default the
     CPU count) or the address of a running ``dask.distributed`` scheduler (``tcp://host:8786``)."""
@@ -45,7 +79,7 @@ class Runner:
         import dask
         if not arg_lists:
             return []
-        tasks = [dask.delayed(func, pure=False)(*args) for args in arg_lists]
+        tasks = [dask.delayed(run_task, pure=False)(func, *args) for args in arg_lists]
         if self._client is not None:
             return list(self._client.gather(self._client.compute(tasks)))
         return list(dask.compute(*tasks, scheduler="threads", num_workers=self.workers))
