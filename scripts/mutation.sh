@@ -2,8 +2,12 @@
 # Mutation testing, run on demand (slow; not part of scripts/test.sh).
 #   bash scripts/mutation.sh --spot   the known-mutant spot-check (scripts/mutants.py): each small plausible
 #                                     bug of issue 18 must make its tests fail; prints the score
-#   bash scripts/mutation.sh [MODULE...]  mutmut over the core input-handling modules (installs mutmut
-#                                     into .venv if missing); prints mutmut's results
+#   bash scripts/mutation.sh [--tests "TEST..."] [--patch DIFF] [MODULE...]  mutmut over MODULEs (default: the core
+#                                     input-handling modules), each mutant checked by TESTs (default: the
+#                                     hostile-input suites); installs mutmut into .venv if missing; prints
+#                                     mutmut's results. --patch DIFF: only the lines that unified diff adds
+#                                     (a scope: e.g. the functions under test). mutmut edits the files in
+#                                     place while it runs: run it in a copy of the tree if you keep working.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
@@ -11,14 +15,23 @@ PY="${PYTHON:-.venv/bin/python}"
 if [ "${1:-}" = "--spot" ]; then
   shift; exec "$PY" scripts/mutants.py "$@"
 fi
+tests="tests/test_hostile_input.py tests/test_hostile_store.py tests/test_hostile_cli.py tests/test_mutants.py"
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --tests) tests="$2"; shift 2 ;;
+    --patch) extra=(--use-patch-file "$2"); shift 2 ;;  # mutate only the lines a unified diff adds
+    *) break ;;
+  esac
+done
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
   modules=(memlens/io/safe_pickle.py memlens/io/gzipfile.py memlens/limits.py memlens/io/store.py
            memlens/units.py memlens/commands/options.py memlens/plan/validate.py)
 fi
-"$PY" -c "import mutmut" 2>/dev/null || "$PY" -m pip install -q "mutmut>=2.4,<3"
+"$PY" -c "import mutmut, whatthepatch" 2>/dev/null || "$PY" -m pip install -q "mutmut>=2.4,<3" whatthepatch
 paths=$(IFS=,; echo "${modules[*]}")
-"$PY" -m mutmut run --paths-to-mutate "$paths" \
-  --runner "$PY -m pytest -x -q -p no:cacheprovider tests/test_hostile_input.py tests/test_hostile_store.py tests/test_hostile_cli.py tests/test_mutants.py" \
+"$PY" -m mutmut run --paths-to-mutate "$paths" "${extra[@]}" \
+  --runner "$PY -m pytest -x -q -p no:cacheprovider $tests" \
   || true  # mutmut exits non-zero when mutants survive; the results below say which
 "$PY" -m mutmut results

@@ -291,3 +291,31 @@ def test_report_uses_the_bandwidth_option(tmp_path):
     assert f"the {slow:,} that are long enough" in pages["1GB/s"]
     assert "1GB/s" in pages["1GB/s"]
     assert f"the {fast:,} that are long enough" in pages["default"]
+
+
+def test_kernel_attribution_edge_cases():
+    """The corners a mutation run (mutmut, scoped to the attribution) found untested: one op, one launch,
+    a thread without ops listed first, ops with threads queried without one, and the documented cut-off
+    (walking back past ops that ended, an op that began more than 10 s before the launch is not its owner:
+    no op lasts 10 s around a launch)."""
+    from memlens.gpu_activity import innermost_containing
+    S = 1_000_000_000
+    one = pd.DataFrame({"start_ns": [10], "end_ns": [20], "tid": ["1"]})
+    assert innermost_containing(one, np.array([15, 25])).tolist() == [0, -1]
+    two = pd.DataFrame({"start_ns": [0, 10], "end_ns": [100, 20], "tid": ["1", "2"]})
+    assert innermost_containing(two, np.array([15])).tolist() == [1]  # tid None: threads are ignored
+    assert innermost_containing(two, np.array([15]), np.array(["1"])).tolist() == [0]
+    # a launch on a thread with no ops, listed first, must not stop the others from being attributed
+    assert innermost_containing(two, np.array([15, 15, 50]), np.array(["9", "2", "1"])).tolist() == [-1, 1, 0]
+    # one kernel from one launch: attributed like any other
+    from memlens.gpu_activity import attribute_activity
+    launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "start_ns": [15], "tid": ["2"], "correlation": [4],
+                           "external_id": [-1]})
+    kernel = pd.DataFrame({"name": ["k"], "category": ["kernel"], "start_ns": [30], "end_ns": [31],
+                           "correlation": [4], "stream": [7]})
+    assert attribute_activity(two.assign(external_id=-1), launch, kernel)["op"].tolist() == [1]
+    for begin, owner in ((5 * S, 0), (5 * S - 1, -1)):
+        # A [begin, 20 s] contains t = 15 s; B [11 s, 12 s] ended before it, so the walk goes back to A,
+        # which began exactly 10 s before t (kept) or 1 ns earlier (cut off)
+        ops = pd.DataFrame({"start_ns": [begin, 11 * S], "end_ns": [20 * S, 12 * S]})
+        assert innermost_containing(ops, np.array([15 * S])).tolist() == [owner], begin

@@ -234,15 +234,16 @@ def plan(source, time_limit_s: float = 5.0, alignment: int = 1, iteration: int |
         best.offer(repaired, f"peak_repair({best.algorithm})")
     if best.height > lower and exact_search and problem.n <= EXACT_MAX_BUFFERS and deadline > time.perf_counter():
         lower = _exact_stage(problem, best, lower, min(deadline, t0 + 0.6 * time_limit_s))
-    if best.height > lower and time.perf_counter() < deadline:
-        source = best.algorithm
-        left = deadline - time.perf_counter()
-        best.offer(window_search(problem, best.offsets, time_limit_s=0.5 * left, target=lower),
-                   f"window_search({source})")
     # the local search starts with one full placement (not interruptible): only worth starting when a few
     # more fit in the time; a full placement takes what the slowest heuristic took (or the estimate)
     placement_s = max([v for k, v in timings.items() if k != "online_best_fit"] or
                       [2 * graph_cost_estimate_s(problem)[1]])
+    if best.height > lower and time.perf_counter() < deadline:
+        source = best.algorithm
+        left = deadline - time.perf_counter()
+        share = 0.5 if 3 * placement_s < 0.5 * left else 1.0  # all of it when no local search would follow
+        best.offer(window_search(problem, best.offsets, time_limit_s=share * left, target=lower),
+                   f"window_search({source})")
     if best.height > lower and time.perf_counter() + 3 * placement_s < deadline:
         # start from the best plan itself: placing its buffers in offset order, each at the lowest gap,
         # reproduces it or does better (every buffer below it in the plan ends at or under its offset)

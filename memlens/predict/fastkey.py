@@ -29,6 +29,7 @@ _MARK = object()     # first element of every key built here
 _SCALAR_TYPES = frozenset({int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
                            torch.layout})
 _STRIDED = torch.strided
+_SIZE = torch.Size       # a shape passed as an argument (``x.view(y.shape)``): a tuple, typed as torch types it
 Tensor = torch.Tensor
 
 
@@ -52,7 +53,7 @@ def _flatten(mode, out: list, seq) -> None:
             append(a.is_conj()); append(a.is_neg()); append(a.is_inference())
         elif tp in _SCALAR_TYPES:
             append(tp); append(a)
-        elif tp is list or tp is tuple:
+        elif tp is list or tp is tuple or tp is _SIZE:
             append(tp); append(len(a))
             _flatten(mode, out, a)
         elif isinstance(a, Tensor):

@@ -63,6 +63,20 @@ class _PredictMode(_RecordingMode):
         return super().__torch_dispatch__(func, types, args, kwargs)
 
 
+_TO_DTYPE = torch.ops.aten.to.dtype
+
+
+def _to_dtype_call(run):
+    """``aten::to.dtype`` as ATen runs it: when nothing changes (same dtype, no copy, memory format kept) it
+    returns `self` itself. Under ``inference_mode`` this composite reaches the dispatch modes whole and
+    FakeTensorMode would take its uncached slow path for what is a no-op (cs336 inference: 589 calls)."""
+    def call(self, dtype, non_blocking=False, copy=False, memory_format=None):
+        if not copy and self.dtype == dtype and (memory_format is None or memory_format == torch.preserve_format):
+            return self
+        return run(self, dtype, non_blocking, copy, memory_format)
+    return call
+
+
 class PredictSession(Session):
     """A `Session` that records fake tensors' storages as blocks on their fake device."""
 
@@ -74,6 +88,13 @@ class PredictSession(Session):
         self.live_cuda_bytes = 0
         self.peak_cuda_bytes = 0
         self.op_threads: list[int] = []   # per op: the thread that ran it (the cuBLAS workspace is per thread)
+
+    def learn_op(self, func) -> tuple:
+        entry = super().learn_op(func)
+        if func is _TO_DTYPE:
+            entry = entry[:5] + (_to_dtype_call(entry[5]),) + entry[6:]
+            self._op_cache[id(func)] = entry
+        return entry
 
     def _note_devices(self, value) -> None:
         """Remember the fake device of every tensor in `value` whose storage is new to the session."""
