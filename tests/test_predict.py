@@ -153,10 +153,32 @@ from tests.workloads import cs336_lm
 # the snapshots' 8,519,680-byte cuBLAS workspaces say: a pre-Hopper GPU (A100 class)
 with memlens.predict(gpu="A100") as p:
     cs336_lm.{kind}_run()
-result = {{"allocated": p.peak_allocated_since_reset, "reserved": p.peak_reserved}}
+b = p.trace.blocks
+scratch = b[b.op.str.startswith(("index_put sort", "cub radix_sort")).fillna(False)]
+last = scratch[scratch.alloc_op_id == scratch.alloc_op_id.max()] if len(scratch) else scratch
+ev = sorted([(int(x.alloc_seq), "alloc", int(x.requested_size)) for x in last.itertuples()]
+            + [(int(x.free_seq), "free", int(x.requested_size)) for x in last.itertuples()])
+result = {{"allocated": p.peak_allocated_since_reset, "reserved": p.peak_reserved,
+          "sort_calls": int(scratch.alloc_op_id.nunique()), "sort_events": [e[1:] for e in ev]}}
 """, timeout=1200)
     assert abs(r["allocated"] - real_allocated) / real_allocated < 0.005, (r, real_allocated)
     assert abs(r["reserved"] - real_reserved) / real_reserved < 0.02, (r, real_reserved)
+    # The embedding lookup's backward sorts its token ids (index_put_with_sort_kernel): the real snapshot's
+    # allocations made inside that kernel (read from their C++ frames), in order, against the modelled blocks
+    # of the last predicted step (one lookup per step; 5 warm-up steps + the recorded one).
+    import pickle
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    real_events = [("alloc" if e["action"] == "alloc" else "free", int(e["size"]))
+                   for e in snap["device_traces"][0] if e["action"] in ("alloc", "free_requested")
+                   and any("index_put_with_sort_kernel" in fr["name"] for fr in e.get("frames", []))]
+    assert [tuple(e) for e in r["sort_events"]] == real_events
+    if kind == "training":
+        # 512 int64 token ids: five 4096-byte index temporaries and cub's 1-byte single-tile request
+        assert sorted(s for a, s in real_events if a == "alloc") == [1, 4096, 4096, 4096, 4096, 4096]
+        assert r["sort_calls"] == 6
+    else:
+        assert r["sort_calls"] == 0 and real_events == []
 
 
 def test_optimizer_takes_cudas_foreach_path():
@@ -390,3 +412,63 @@ result = {{"peak": p.peak_allocated}}
     assert figures["swap"]["peak_after"] <= figures["swap"]["peak_before"]
     assert figures["plan"]["max_live"] == r["peak"]
     assert figures["plan"]["height"] >= figures["plan"]["max_live"]
+
+
+def test_sorted_index_put_temporaries_follow_atens_cuda_code():
+    """index_put with accumulate (or under deterministic algorithms) sorts its indices on CUDA
+    (Indexing.cu index_put_with_sort_kernel): its temporaries are modelled blocks, in the kernel's order.
+    Expectations worked out by hand from the ATen/cub source (memlens/predict/scratch.py docstring)."""
+    r = run_child("""
+def events(p):
+    b = p.trace.blocks
+    m = b[(b.source == "predict:model") & ~b.op.str.startswith("cublas")]
+    ev = sorted([(int(x.alloc_seq), "alloc", int(x.requested_size)) for x in m.itertuples()]
+                + [(int(x.free_seq), "free", int(x.requested_size)) for x in m.itertuples()])
+    return [list(e[1:]) for e in ev], sorted(set(m.category))
+with memlens.predict(gpu="A100") as p1:
+    x = torch.zeros(100, 8, device="cuda")
+    x.index_put_((torch.randint(0, 100, (3000,), device="cuda"),), torch.ones(3000, 8, device="cuda"), accumulate=True)
+with memlens.predict(gpu="A100") as p2:
+    x = torch.zeros(100, 50, 8, device="cuda")
+    i = torch.randint(0, 50, (10, 20), device="cuda", dtype=torch.int32)
+    x.index_put_((i, i), torch.ones(10, 20, 8, device="cuda"), accumulate=True)
+with memlens.predict(gpu="A100") as p3:
+    x = torch.zeros(10, 4, device="cuda")
+    x[torch.arange(6, device="cuda")] = torch.ones(6, 4, device="cuda")
+torch.use_deterministic_algorithms(True)
+try:
+    with memlens.predict(gpu="A100") as p4:
+        x = torch.zeros(10, 4, device="cuda")
+        x[torch.arange(6, device="cuda")] = torch.ones(6, 4, device="cuda")
+finally:
+    torch.use_deterministic_algorithms(False)
+with memlens.predict(gpu="A100", kernel_scratch=False) as p5:
+    x = torch.zeros(100, 8, device="cuda")
+    x.index_put_((torch.randint(0, 100, (3000,), device="cuda"),), torch.ones(3000, 8, device="cuda"), accumulate=True)
+result = {"p1": events(p1), "p2": events(p2), "p3": events(p3), "p4": events(p4), "p5": events(p5),
+          "n1": p1.trace.metadata["prediction"]["kernel_scratch_blocks"]}
+""")
+    A, F = "alloc", "free"
+    # 1) 3000 int64 indices, a user's index_put_ (range checked): max and min scalars (8 B each), remainder
+    # (3000 x 8 = 24000 B) and index*stride (24000 B, the linear index), remainder freed; sorted_indices,
+    # orig_indices, arange (24000 B each); 3000 > 2304 (one cub tile of 8-byte pairs): the multi-pass sort's
+    # two alternate buffers, 2 x 24000 B; then freed in reverse, the linear index last.
+    n = 24000
+    assert r["p1"][0] == [[A, 8], [F, 8], [A, 8], [F, 8], [A, n], [A, n], [F, n], [A, n], [A, n], [A, n],
+                          [A, 2 * n], [F, 2 * n], [F, n], [F, n], [F, n], [F, n]]
+    assert r["p1"][1] == ["temporary"] and r["n1"] == 8   # max, min, remainder, linear, sorted, orig, range, cub
+    # 2) two int32 index tensors of 10 x 20 = 200 elements: each converted to int64 first (1600 B, kept);
+    # per tensor: max/min checks, remainder + product (1600 B each), remainder freed; the second product is
+    # added into the first and freed; sorted/orig/arange (1600 B); 200 items fit one tile: cub asks for 1 byte.
+    m = 1600
+    per_index = [[A, 8], [F, 8], [A, 8], [F, 8], [A, m], [A, m], [F, m]]
+    assert r["p2"][0] == ([[A, m], [A, m]] + per_index + per_index + [[F, m]]
+                          + [[A, m], [A, m], [A, m], [A, 1], [F, 1], [F, m], [F, m], [F, m], [F, m], [F, m], [F, m]])
+    # 3) setitem without accumulate and without deterministic algorithms: the unsorted kernel, no temporaries
+    assert r["p3"][0] == []
+    # 4) the same under torch.use_deterministic_algorithms(True): the sorted path, 6 int64 indices (48 B)
+    k = 48
+    assert r["p4"][0] == [[A, 8], [F, 8], [A, 8], [F, 8], [A, k], [A, k], [F, k], [A, k], [A, k], [A, k],
+                          [A, 1], [F, 1], [F, k], [F, k], [F, k], [F, k]]
+    # 5) switched off
+    assert r["p5"][0] == []
