@@ -472,3 +472,38 @@ result = {"p1": events(p1), "p2": events(p2), "p3": events(p3), "p4": events(p4)
                           [A, 1], [F, 1], [F, k], [F, k], [F, k], [F, k]]
     # 5) switched off
     assert r["p5"][0] == []
+
+
+def test_cudnn_workspace_allowance_is_off_by_default_and_transient_per_conv_call():
+    r = run_child("""
+def run(**kw):
+    with memlens.predict(gpu="A100", **kw) as p:
+        m = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 3)).cuda()
+        m(torch.randn(4, 3, 32, 32, device="cuda")).sum().backward()
+        with torch.inference_mode():        # conv2d reaches the recorder whole here
+            m(torch.randn(4, 3, 32, 32, device="cuda"))
+    b = p.trace.blocks
+    ws = b[b.op.str.startswith("cudnn workspace")]
+    ops = p.trace.ops.set_index("op_id")
+    inside = all(ops.loc[x.alloc_op_id, "start_ns"] <= x.alloc_ns < x.free_ns <= ops.loc[x.alloc_op_id, "end_ns"]
+                 for x in ws.itertuples())
+    return {"n": len(ws), "sizes": sorted(set(ws.requested_size.tolist())), "inside": inside,
+            "ops": sorted(ops.loc[ws.alloc_op_id, "name"].tolist()), "peak": p.peak_allocated}
+base, ws, fn = run(), run(cudnn_workspace="64MiB"), run(cudnn_workspace=lambda op: 1 << 20)
+try:
+    memlens.predict(gpu="A100", cudnn_workspace="lots")
+    bad = None
+except memlens.errors.InputError as exc:
+    bad = str(exc)
+result = {"base": base, "ws": ws, "fn": fn, "bad": bad}
+""")
+    # off by default: no block at all
+    assert r["base"]["n"] == 0
+    # 2 convolutions forward + 2 convolution_backward + 2 conv2d under inference_mode: one allowance each
+    assert r["ws"]["n"] == 6 and r["ws"]["sizes"] == [64 << 20] and r["ws"]["inside"]
+    assert r["ws"]["ops"] == sorted(["aten::convolution"] * 2 + ["aten::convolution_backward"] * 2
+                                    + ["aten::conv2d"] * 2)
+    # transient: the peak rises by at most one allowance (never two at once), and by some of it
+    assert 0 < r["ws"]["peak"] - r["base"]["peak"] <= 64 << 20
+    assert r["fn"]["n"] == 6 and r["fn"]["sizes"] == [1 << 20]
+    assert r["bad"] and "cudnn_workspace" in r["bad"]

@@ -87,8 +87,8 @@ class Prediction:
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
-                 cublas_workspaces: bool = True, kernel_scratch: bool = True, clock: str = "modeled",
-                 fast_cache_key: bool = True):
+                 cublas_workspaces: bool = True, kernel_scratch: bool = True, cudnn_workspace=None,
+                 clock: str = "modeled", fast_cache_key: bool = True):
         if clock not in ("modeled", "host"):
             raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
         self.clock = clock
@@ -102,6 +102,15 @@ class Prediction:
         self.cublas_workspaces = bool(cublas_workspaces)
         self.kernel_scratch = bool(kernel_scratch)
         self.kernel_scratch_blocks = 0     # modelled kernel temporaries added to the trace (scratch.py)
+        if cudnn_workspace is not None and not callable(cudnn_workspace):
+            from memlens.units import parse_bytes
+            try:
+                cudnn_workspace = int(parse_bytes(cudnn_workspace))
+            except Exception as exc:
+                raise InputError(f"cudnn_workspace {cudnn_workspace!r} is not a size in bytes ({exc})") from None
+            if cudnn_workspace < 0:
+                raise InputError(f"cudnn_workspace {cudnn_workspace!r} is negative")
+        self.cudnn_workspace = cudnn_workspace   # bytes per convolution call, a callable, or None (off)
         self.fast_cache_key = bool(fast_cache_key)
         self.trace = None
         self.simulation = None
@@ -194,6 +203,10 @@ class Prediction:
             scratch = sort_scratch_blocks(trace, self._session.index_put_facts, lambda s: round_size(s, config))
             trace = add_blocks(trace, scratch)
             self.kernel_scratch_blocks = len(scratch)
+        if self.cudnn_workspace:
+            from memlens.predict.scratch import add_blocks, conv_workspace_blocks
+            trace = add_blocks(trace, conv_workspace_blocks(trace, self.cudnn_workspace,
+                                                            lambda s: round_size(s, config)))
         trace.metadata.update({
             "source_kind": "memlens_predict",
             "clock": {"kind": "host", "gpu": self.gpu.name,
@@ -205,6 +218,8 @@ class Prediction:
                 "cuda_context_bytes": self.gpu.cuda_context, "nccl_bytes": self.nccl_bytes,
                 "cublas_workspace_bytes": self.gpu.cublas_workspace if self.cublas_workspaces else 0,
                 "kernel_scratch_blocks": self.kernel_scratch_blocks,
+                "cudnn_workspace": (None if self.cudnn_workspace is None else
+                                    "per-op callable" if callable(self.cudnn_workspace) else self.cudnn_workspace),
                 "reset_peak_ns": self._reset_marks,
             },
         })
@@ -386,7 +401,9 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     finished `Prediction`. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
     `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
-    leave out the modelled kernel temporaries of `memlens.predict.scratch`), `fast_cache_key` (False:
+    leave out the modelled kernel temporaries of `memlens.predict.scratch`), `cudnn_workspace` (bytes, "64MiB",
+    or ``fn(op_row) -> bytes``: an allowance per convolution call; default None adds none, since cuDNN's
+    algorithm choice cannot be known without the GPU), `fast_cache_key` (False:
     FakeTensorMode's own dispatch-cache keys, see `memlens.predict.fastkey`).
     """
     if fn is None or isinstance(fn, (str, GPUMemoryFacts)):

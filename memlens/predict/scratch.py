@@ -34,8 +34,23 @@ The embedding-style lookup ``weight[ids]`` has this in its backward (``index_bac
 lookup. Checked against the real cs336 training snapshot (512 token ids): 4096, 4096 (remainder freed),
 4096, 4096, 4096, 1 bytes, in that order (``tests/test_predict.py``).
 
+**cuDNN convolution workspaces: an allowance, off by default.** The workspace of a cuDNN convolution depends on
+the algorithm cuDNN picks for that shape, GPU and cuDNN version (heuristics, or ``cudnn.benchmark``'s timed
+search, which PyTorch lets use as much memory as the allocator can still give), so it cannot be known without
+the GPU: from 0 bytes (implicit GEMM) to gigabytes (FFT / Winograd variants). There is no defensible default,
+so none is added unless asked: ``memlens.predict(..., cudnn_workspace=BYTES)`` adds one transient block of
+BYTES inside every convolution op (forward, and backward: its grad-input and grad-weight cuDNN calls run one
+after the other, so one allowance covers both, the second reusing the first's cached block), or
+``cudnn_workspace=fn`` with ``fn(op_row) -> bytes`` (the op's ``name`` and ``shapes``) per call. A
+measured value from a real run of the same shapes (``torch.cuda.memory_stats`` around one conv) is the right
+input; cuDNN 8+ also honours ``CUDNN_CONV_WSCAP_DBG`` (a cap in MiB) on the real run, which makes that cap a
+safe allowance.
+
 Not modelled: boolean-mask indices (data-dependent ``nonzero``), broadcast ``values`` copies, sort / argsort /
-topk / unique's own cub or segmented-sort temporaries, reduction staging buffers, cuDNN workspaces.
+topk / unique's own cub or segmented-sort temporaries, CUDA reduction staging buffers and semaphores
+(Reduce.cuh's ``global_memory_size`` / ``semaphore_size``: its ``setReduceConfig`` depends on the
+TensorIterator's reordered layout, vectorisation and the SM count, and no shared snapshot has such a block to
+check a port against).
 """
 from __future__ import annotations
 
@@ -186,5 +201,34 @@ def sort_scratch_blocks(trace, facts: dict, round_size) -> list[dict]:
     return rows
 
 
-__all__ = ["index_put_sort_facts", "cub_sort_pairs_temp_bytes", "index_put_sort_events", "events_to_blocks",
+CONV_OPS = frozenset({"aten::convolution", "aten::_convolution", "aten::convolution_backward",
+                      "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::conv_transpose1d",
+                      "aten::conv_transpose2d", "aten::conv_transpose3d", "aten::cudnn_convolution",
+                      "aten::cudnn_convolution_transpose", "aten::convolution_overrideable"})
+
+
+def conv_workspace_blocks(trace, allowance, round_size) -> list[dict]:
+    """One transient block per convolution op on cuda (outermost op only: a composite ``conv2d`` and its
+    ``convolution`` are one cuDNN call), of `allowance` bytes (an int, or a callable op_row -> bytes; 0 or
+    None skips that op). See the module docstring for why this is an allowance, not a prediction."""
+    if not allowance:
+        return []
+    ops = trace.ops
+    conv = ops[ops["name"].isin(CONV_OPS)].sort_values(["start_ns", "op_id"])
+    next_id = int(trace.blocks["block_id"].max()) + 1 if len(trace.blocks) else 0
+    rows: list[dict] = []
+    outer_end = None
+    for op in conv.itertuples(index=False):
+        if outer_end is not None and int(op.start_ns) < outer_end:
+            continue          # nested inside the previous convolution op (its decomposition)
+        outer_end = int(op.end_ns)
+        size = allowance(op) if callable(allowance) else allowance
+        if not size or int(size) <= 0:
+            continue
+        ev = [("alloc", "ws", int(size), "cudnn workspace allowance"), ("free", "ws")]
+        rows += events_to_blocks(ev, op, next_id + len(rows), round_size)
+    return rows
+
+
+__all__ = ["conv_workspace_blocks", "index_put_sort_facts", "cub_sort_pairs_temp_bytes", "index_put_sort_events", "events_to_blocks",
            "add_blocks", "sort_scratch_blocks"]
