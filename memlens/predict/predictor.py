@@ -14,7 +14,7 @@ How a prediction is made:
    the blocks (sizes in bytes, lifetimes), accesses, ops, modules, categories and iterations of the step.
 3. What fake tensors never see is added explicitly: one cuBLAS workspace per (thread, stream) at its first
    GEMM, never freed (`gpus.py`); CUDA kernels' own temporaries as transient blocks inside their op
-   (`scratch.py`: the sorted accumulate of ``index_put``).
+   (`scratch.py`: the sorted accumulate of ``index_put``, CUDA reductions' global staging buffers).
 4. The blocks are replayed through memlens's caching-allocator simulator (`memlens.simulate`) under the
    run's ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM
    path. That gives peak allocated (torch's ``max_memory_allocated``), peak reserved
@@ -199,8 +199,13 @@ class Prediction:
         if self.cublas_workspaces:
             trace = self._add_workspaces(trace)
         if self.kernel_scratch:
-            from memlens.predict.scratch import add_blocks, sort_scratch_blocks
-            scratch = sort_scratch_blocks(trace, self._session.index_put_facts, lambda s: round_size(s, config))
+            from memlens.predict.scratch import add_blocks, reduce_scratch_blocks, sort_scratch_blocks
+            rounded = lambda s: round_size(s, config)   # noqa: E731
+            scratch = sort_scratch_blocks(trace, self._session.index_put_facts, rounded)
+            scratch += reduce_scratch_blocks(trace, self._session.reduce_facts, self.gpu.sm_count,
+                                             self.gpu.max_threads_per_sm, rounded)
+            for i, row in enumerate(scratch):       # ids follow on from the trace's, in one sequence
+                row["block_id"] = int(trace.blocks["block_id"].max()) + 1 + i
             trace = add_blocks(trace, scratch)
             self.kernel_scratch_blocks = len(scratch)
         if self.cudnn_workspace:
