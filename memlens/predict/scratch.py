@@ -43,8 +43,9 @@ BYTES inside every convolution op (forward, and backward: its grad-input and gra
 after the other, so one allowance covers both, the second reusing the first's cached block), or
 ``cudnn_workspace=fn`` with ``fn(op_row) -> bytes`` (the op's ``name`` and ``shapes``) per call. A
 measured value from a real run of the same shapes (``torch.cuda.memory_stats`` around one conv) is the right
-input; cuDNN 8+ also honours ``CUDNN_CONV_WSCAP_DBG`` (a cap in MiB) on the real run, which makes that cap a
-safe allowance.
+input. PyTorch sets no workspace cap of its own; frameworks that do chose very different ones (Caffe2's
+``kCONV_CUDNN_WORKSPACE_LIMIT_BYTES`` 64 MiB, PaddlePaddle's ``FLAGS_conv_workspace_size_limit`` 512 MiB), which is
+a range to try, not a default.
 
 Not modelled: boolean-mask indices (data-dependent ``nonzero``), broadcast ``values`` copies, sort / argsort /
 topk / unique's own cub or segmented-sort temporaries, CUDA reduction staging buffers and semaphores
