@@ -307,6 +307,13 @@ def test_kernel_attribution_edge_cases():
     assert innermost_containing(two, np.array([15]), np.array(["1"])).tolist() == [0]
     # a launch on a thread with no ops, listed first, must not stop the others from being attributed
     assert innermost_containing(two, np.array([15, 15, 50]), np.array(["9", "2", "1"])).tolist() == [-1, 1, 0]
+    # one kernel from one launch: attributed like any other
+    from memlens.gpu_activity import attribute_activity
+    launch = pd.DataFrame({"name": ["cudaLaunchKernel"], "start_ns": [15], "tid": ["2"], "correlation": [4],
+                           "external_id": [-1]})
+    kernel = pd.DataFrame({"name": ["k"], "category": ["kernel"], "start_ns": [30], "end_ns": [31],
+                           "correlation": [4], "stream": [7]})
+    assert attribute_activity(two.assign(external_id=-1), launch, kernel)["op"].tolist() == [1]
     for begin, owner in ((5 * S, 0), (5 * S - 1, -1)):
         # A [begin, 20 s] contains t = 15 s; B [11 s, 12 s] ended before it, so the walk goes back to A,
         # which began exactly 10 s before t (kept) or 1 ns earlier (cut off)

@@ -95,9 +95,11 @@ def test_bounded_memory_spills_instead_of_dropping():
 
 @needs_native
 def test_recorder_memory_per_access_is_small():
-    """Records are fixed-size (16 B per op, 4 B per access, 24 B per block, 12 B per free, 24 B per raw
-    allocator event) in chunks of at most 8 KiB: over a repeating training loop the recorder holds
-    under 48 B per recorded access (this MLP has ~0.84 ops per access, views included)."""
+    """The issue's budget: <= 32 B of recorder memory per recorded access, counting everything the
+    recorder holds at its peak (coded records, chunk slack, signature table, block maps). Fixed-size
+    records (16 B per op, 4 B per access, 24 B per block, 12 B per free) would already need ~32 B per
+    access here (this MLP has ~0.84 ops per access, views included); the delta/varint coding must bring
+    the whole recorder under it."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -109,7 +111,11 @@ def test_recorder_memory_per_access_is_small():
             opt.zero_grad(set_to_none=True)
     md = rec.trace.metadata
     per_access = md["recorder_bytes"] / len(rec.trace.accesses)
-    assert per_access < 48, per_access
+    assert per_access <= 32, per_access
+    parts = md["recorder_buffers"]
+    assert parts["n_acc"] >= len(rec.trace.accesses) and parts["n_ops"] == len(rec.trace.ops)
+    # the records really are coded below their fixed-size width (16 B per op, 4 B per access)
+    assert parts["ops"] < 16 * parts["n_ops"] and parts["accesses"] < 4 * parts["n_acc"]
 
 
 def test_fallback_to_python_without_compiler(monkeypatch):

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from time import perf_counter_ns
 
 import numpy as np
 import pandas as pd
 
-from memlens.record.buffers import EventBuffers
+import torch
+
+from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_OPTIMIZER_STATE, MARK_PARAMETER,
+                                        PHASE_OPTIMIZER)
 from memlens.record.session import Session
 
 OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
@@ -150,22 +152,61 @@ class CompiledSession(Session):
         self._timed(super().exit_module, module)
 
     def optimizer_pre(self, optimizer) -> None:
-        self._timed(super().optimizer_pre, optimizer)
+        self._timed(self._optimizer_pre, optimizer)
 
     def optimizer_post(self, optimizer) -> None:
-        self._timed(super().optimizer_post, optimizer)
+        self._timed(self._optimizer_post, optimizer)
 
     def mark_step(self) -> None:
         self._timed(super().mark_step)
 
+    # Categories: the hooks mark the same parameters, gradients and optimizer state at every step; the
+    # compiled session hands each hook's tensors to C++ in one call (which keeps the "marked once" set),
+    # in the order the Python session marks them, so blocks are discovered in the same order.
     def _mark_locked(self, tensor, category: int, module_idx: int) -> None:
         handle = self._handle
-        if handle is None:
+        if handle is not None:
+            self.buf.marks.data.extend(handle.mark([tensor], [category], module_idx))
+
+    def _mark_many(self, tensors: list, categories: list, module_idx: int = 0) -> None:
+        handle = self._handle
+        if handle is None or not self.active or not tensors:
             return
-        b = handle.block_of(tensor)
-        if b >= 0 and (b, category) not in self._marked:
-            self._marked.add((b, category))
-            self.buf.marks.data.extend((b, category, handle.n_ops(), module_idx))
+        try:
+            with self.lock:
+                self.buf.marks.data.extend(handle.mark(tensors, categories, module_idx))
+        except Exception as exc:
+            self.fail(exc)
+
+    def _optimizer_pre(self, optimizer) -> None:
+        if not self.active:
+            return
+        self._ctx |= PHASE_OPTIMIZER
+        tensors, cats = [], []
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if isinstance(p, torch.Tensor):
+                    tensors.append(p)
+                    cats.append(MARK_PARAMETER)
+                    if isinstance(p.grad, torch.Tensor):
+                        tensors.append(p.grad)
+                        cats.append(MARK_GRADIENT)
+        self._mark_many(tensors, cats)
+
+    def _optimizer_post(self, optimizer) -> None:
+        self._ctx &= ~PHASE_OPTIMIZER
+        if not self.active:
+            return
+        tensors = [v for state in list(optimizer.state.values()) for v in state.values()
+                   if isinstance(v, torch.Tensor)]
+        self._mark_many(tensors, [MARK_OPTIMIZER_STATE] * len(tensors))
+        self.buf.iter_marks.data.extend((self.n_ops, ITER_OPTIMIZER))
+
+    def mark_model_gradients(self) -> None:
+        if self.model is None or not self.active:
+            return
+        grads = [p.grad for p in self.model.parameters() if isinstance(p.grad, torch.Tensor)]
+        self._mark_many(grads, [MARK_GRADIENT] * len(grads))
 
     # ---- drain: C++ records -> the Session's int64 streams ----------------------------------
     def _drain(self, d: dict) -> None:

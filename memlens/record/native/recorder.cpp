@@ -15,8 +15,10 @@
 // (`now()` = monotonic clock minus the recorder's own time so far in this thread), so a trace's gaps
 // are those of the program, not of the recorder.
 //
-// Buffers are chunked append-only streams of fixed-size records; over the byte budget, full chunks
-// are spilled to a file and read back at drain time: nothing is dropped.
+// Buffers are chunked append-only streams; the large ones (ops, accesses, blocks, frees, allocator
+// events) hold their records delta-coded as varints (~9 B per op, ~2 B per access), decoded into the
+// fixed-size records at drain. Over the byte budget, full chunks are spilled to a file and read back
+// at drain time: nothing is dropped.
 #include <torch/extension.h>
 #include <ATen/record_function.h>
 #include <ATen/SequenceNumber.h>
@@ -28,11 +30,14 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <string_view>
 #include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace memlens {
@@ -49,6 +54,9 @@ static inline int64_t raw_now() {
 // The recorder's own time in this thread (ns), subtracted from every timestamp.
 thread_local int64_t tl_own_ns = 0;
 static inline int64_t now() { return raw_now() - tl_own_ns; }
+// The recorder's own time in this thread split by where it was spent: op start, op end, memory hook
+// (benchmarks/recorder_overhead.py prints it).
+thread_local int64_t tl_split[3] = {0, 0, 0};
 
 // ---- records --------------------------------------------------------------------------------
 struct OpRec {             // 16 bytes (an escape record in `wide` holds what does not fit)
@@ -70,8 +78,8 @@ struct FreeRec { int64_t t; int32_t block; };      // 12 bytes
 #pragma pack(pop)
 struct MemRec { int64_t t, ptr, delta_dev; };      // 24 bytes: delta << 8 | device index
 
-// A chunked append-only stream of fixed-size records, spillable to a file. Chunks grow from 256
-// KiB to 8 KiB, so little memory is allocated and not yet used.
+// A chunked append-only stream of fixed-size records (the rare ones: escapes, module contexts),
+// spillable to a file. Chunks grow from 1 KiB to 8 KiB, so little memory is allocated and not yet used.
 template <typename T>
 struct Stream {
   struct Chunk { std::unique_ptr<T[]> data; size_t cap, used; };
@@ -140,6 +148,191 @@ struct Stream {
   }
 };
 
+// ---- compact streams: delta + varint coded records ----------------------------------------------
+// The fixed-size records above are what drain() hands to Python; in memory, the large streams keep
+// them delta-coded (each field against the previous record's) as LEB128 varints: an op takes ~8 bytes
+// instead of 16, an access ~2 instead of 4, a block ~10 instead of 24, a free ~5 instead of 12.
+static inline uint64_t zz(int64_t v) { return (uint64_t(v) << 1) ^ uint64_t(v >> 63); }
+static inline int64_t unzz(uint64_t u) { return int64_t(u >> 1) ^ -int64_t(u & 1); }
+static inline uint8_t* put_var(uint8_t* p, uint64_t v) {
+  while (v >= 0x80) { *p++ = uint8_t(v) | 0x80; v >>= 7; }
+  *p++ = uint8_t(v);
+  return p;
+}
+static inline const uint8_t* get_var(const uint8_t* p, uint64_t& v) {
+  uint64_t r = 0;
+  int shift = 0;
+  while (*p & 0x80) { r |= uint64_t(*p++ & 0x7F) << shift; shift += 7; }
+  v = r | (uint64_t(*p++) << shift);
+  return p;
+}
+static inline int64_t dif(int64_t a, int64_t b) { return int64_t(uint64_t(a) - uint64_t(b)); }
+static inline int64_t add(int64_t a, int64_t b) { return int64_t(uint64_t(a) + uint64_t(b)); }
+
+// Each codec holds the previous record's fields (one instance encodes, a fresh one decodes).
+struct OpCodec {                  // start gap = dstart - previous duration (the idle time between ops)
+  int64_t dur = 0, aseq = 0;
+  uint8_t* enc(uint8_t* p, const OpRec& r) {
+    p = put_var(p, zz(dif(r.dstart, dur)));
+    p = put_var(p, r.dur);
+    p = put_var(p, zz(dif(r.aseq, aseq)));
+    p = put_var(p, r.sig_nacc >> 8);
+    p = put_var(p, r.sig_nacc & 0xFF);
+    dur = r.dur; aseq = r.aseq;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, OpRec& r) {
+    uint64_t v, sig;
+    p = get_var(p, v); r.dstart = int32_t(add(unzz(v), dur));
+    p = get_var(p, v); r.dur = uint32_t(v);
+    p = get_var(p, v); r.aseq = int32_t(add(unzz(v), aseq));
+    p = get_var(p, sig); p = get_var(p, v); r.sig_nacc = uint32_t(sig << 8 | v);
+    dur = r.dur; aseq = r.aseq;
+    return p;
+  }
+};
+struct AccCodec {                 // block id against the previous access's, read/write bit kept
+  int64_t block = 0;
+  uint8_t* enc(uint8_t* p, const int32_t& r) {
+    p = put_var(p, zz(dif(r >> 1, block)) << 1 | uint64_t(r & 1));
+    block = r >> 1;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, int32_t& r) {
+    uint64_t v;
+    p = get_var(p, v);
+    block = add(unzz(v >> 1), block);
+    r = int32_t(block << 1 | int64_t(v & 1));
+    return p;
+  }
+};
+struct BlockCodec {
+  int64_t ptr = 0, op = 0;
+  uint8_t* enc(uint8_t* p, const BlockRec& r) {
+    int64_t op_ = r.op_before & 0x7FFFFFFF;
+    p = put_var(p, zz(dif(r.ptr, ptr)));
+    p = put_var(p, uint64_t(r.size_dev));
+    p = put_var(p, zz(dif(op_, op)) << 1 | (r.op_before >> 31));
+    p = put_var(p, uint32_t(r.alloc_dt + 1u));        // UINT32_MAX (not claimed) -> 0
+    ptr = r.ptr; op = op_;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, BlockRec& r) {
+    uint64_t v;
+    p = get_var(p, v); r.ptr = ptr = add(unzz(v), ptr);
+    p = get_var(p, v); r.size_dev = int64_t(v);
+    p = get_var(p, v); op = add(unzz(v >> 1), op); r.op_before = uint32_t(op) | uint32_t(v & 1) << 31;
+    p = get_var(p, v); r.alloc_dt = uint32_t(v) - 1u;
+    return p;
+  }
+};
+struct FreeCodec {
+  int64_t t = 0, block = 0;
+  uint8_t* enc(uint8_t* p, const FreeRec& r) {
+    p = put_var(p, zz(dif(r.t, t)));
+    p = put_var(p, zz(dif(r.block, block)));
+    t = r.t; block = r.block;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, FreeRec& r) {
+    uint64_t v;
+    p = get_var(p, v); r.t = t = add(unzz(v), t);
+    p = get_var(p, v); block = add(unzz(v), block); r.block = int32_t(block);
+    return p;
+  }
+};
+struct MemCodec {
+  int64_t t = 0, ptr = 0;
+  uint8_t* enc(uint8_t* p, const MemRec& r) {
+    p = put_var(p, zz(dif(r.t, t)));
+    p = put_var(p, zz(dif(r.ptr, ptr)));
+    p = put_var(p, zz(r.delta_dev));
+    t = r.t; ptr = r.ptr;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, MemRec& r) {
+    uint64_t v;
+    p = get_var(p, v); r.t = t = add(unzz(v), t);
+    p = get_var(p, v); r.ptr = ptr = add(unzz(v), ptr);
+    p = get_var(p, v); r.delta_dev = unzz(v);
+    return p;
+  }
+};
+
+// A chunked append-only stream of varint-coded records (chunks of 512 B growing to 8 KiB), spillable
+// to a file; drained back into fixed-size records T.
+template <typename T, typename Codec>
+struct VarStream {
+  static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (5 varints of <= 10 B)
+  struct Chunk { std::unique_ptr<uint8_t[]> data; size_t cap, used; };
+  std::vector<Chunk> chunks;
+  Codec codec;
+  size_t n = 0;               // records (in memory and spilled)
+  size_t cap_total = 0;       // bytes allocated in memory
+  size_t spilled_bytes = 0;
+  std::FILE* file = nullptr;
+
+  void push(const T& r) {
+    if (chunks.empty() || chunks.back().cap - chunks.back().used < kMaxRecord) {
+      size_t cap = chunks.empty() ? 512 : std::min<size_t>(chunks.back().cap * 2, 8192);
+      chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap, 0});
+      cap_total += cap;
+    }
+    Chunk& c = chunks.back();
+    c.used = size_t(codec.enc(c.data.get() + c.used, r) - c.data.get());
+    ++n;
+  }
+  size_t size() const { return n; }
+  size_t mem_bytes() const { return cap_total; }
+  size_t spill(const std::string& path) {
+    if (chunks.size() < 2) return 0;
+    if (!file) {
+      file = std::fopen(path.c_str(), "w+b");
+      if (!file) throw std::runtime_error("memlens: cannot open spill file " + path);
+    }
+    size_t freed = 0;
+    for (size_t c = 0; c + 1 < chunks.size(); ++c) {
+      if (std::fwrite(chunks[c].data.get(), 1, chunks[c].used, file) != chunks[c].used)
+        throw std::runtime_error("memlens: spill write failed for " + path);
+      spilled_bytes += chunks[c].used;
+      cap_total -= chunks[c].cap;
+      freed += chunks[c].cap;
+    }
+    chunks.erase(chunks.begin(), chunks.end() - 1);
+    return freed;
+  }
+  // All records, decoded into fixed-size records, as one byte string.
+  py::bytes to_bytes() {
+    std::string coded;
+    if (spilled_bytes) {
+      coded.resize(spilled_bytes);
+      std::fflush(file);
+      std::rewind(file);
+      if (std::fread(coded.data(), 1, spilled_bytes, file) != spilled_bytes)
+        throw std::runtime_error("memlens: could not read back spilled records");
+    }
+    for (auto& c : chunks) coded.append(reinterpret_cast<const char*>(c.data.get()), c.used);
+    std::string out(n * sizeof(T), '\0');
+    Codec dec;
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(coded.data());
+    const uint8_t* e = p + coded.size();
+    T* dst = reinterpret_cast<T*>(out.data());
+    for (size_t i = 0; i < n; ++i) {
+      if (p >= e) throw std::runtime_error("memlens: truncated record stream");
+      T r;
+      p = dec.dec(p, r);
+      std::memcpy(dst + i, &r, sizeof(T));
+    }
+    return py::bytes(out);
+  }
+  void clear() {
+    chunks.clear();
+    n = cap_total = spilled_bytes = 0;
+    codec = Codec();
+    if (file) { std::fclose(file); file = nullptr; }
+  }
+};
+
 // ---- per-op facts from the schema, learned once ----------------------------------------------
 struct OpInfo {
   int32_t name_id = -1;
@@ -185,6 +378,10 @@ struct ThreadState {
   std::vector<Frame> frames;   // frames[0, depth): one per RecordFunction in flight (reused, not freed)
   size_t depth = 0;
   int suppress = 0;            // recorded ops in flight: nested ops are inside their kernels
+  // Ops started inside a recorded op's kernel (not recorded): only counted, so that their end
+  // callbacks are matched without a frame or a clock read. Their callbacks' few ns stay in the
+  // recorded op's duration (as RecordFunction's own boxing of them does).
+  size_t nested = 0;
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
     Frame& f = frames[depth++];
@@ -207,11 +404,11 @@ struct Session {
   int64_t spilled_bytes = 0;
   int64_t peak_bytes = 0;
 
-  Stream<OpRec> ops;
-  Stream<int32_t> acc;
-  Stream<BlockRec> blocks;
-  Stream<FreeRec> frees;
-  Stream<MemRec> mem;
+  VarStream<OpRec, OpCodec> ops;
+  VarStream<int32_t, AccCodec> acc;
+  VarStream<BlockRec, BlockCodec> blocks;
+  VarStream<FreeRec, FreeCodec> frees;
+  VarStream<MemRec, MemCodec> mem;
 
   Stream<WideRec> wide;
   Stream<CtxRec> ctxs;
@@ -220,11 +417,13 @@ struct Session {
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
+  std::unordered_set<int64_t> marked;   // block << 8 | category already marked (see Handle::mark)
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
-  std::unordered_map<std::string, int32_t> sig_ids;
-  std::vector<std::string> sigs;
-  size_t sig_bytes = 0;
+  // Signatures are stored once (the map's keys view the deque's strings, whose addresses are stable).
+  std::deque<std::string> sigs;
+  std::unordered_map<std::string_view, int32_t> sig_ids;
+  size_t sig_bytes = 0;               // the strings plus ~96 B of string object and map node each
   std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
   std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
   struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
@@ -238,7 +437,10 @@ struct Session {
 
   int64_t mem_bytes() const {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes + live.size() * 64 + by_ptr.size() * 32);
+                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes +
+                   // hash-map nodes with their allocation overhead and bucket pointer, side vectors
+                   live.size() * 64 + by_ptr.size() * 40 + marked.size() * 32 + freed.capacity() +
+                   unreported.capacity() * sizeof(Unreported));
   }
   void check_budget() {
     int64_t used = mem_bytes();
@@ -277,7 +479,7 @@ struct Session {
     if (dev.type() == c10::DeviceType::Meta) return -1;
     int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
     int32_t bid = int32_t(blocks.size());
-    BlockRec& b = blocks.push();
+    BlockRec b;
     b.ptr = ptr;
     b.size_dev = size | (int64_t(device_index(dev)) << 48);
     b.op_before = uint32_t(op) | (before ? (1u << 31) : 0u);
@@ -293,6 +495,7 @@ struct Session {
         }
       }
     }
+    blocks.push(b);
     bool claimed = b.alloc_dt != UINT32_MAX;
     auto placed = live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()}).first;
     freed.push_back(0);
@@ -305,8 +508,9 @@ struct Session {
   }
 
   void free_block(int32_t bid, c10::StorageImpl* impl, int64_t ptr, int64_t t) {
-    FreeRec& f = frees.push();
+    FreeRec f;
     f.t = t; f.block = int32_t(bid);
+    frees.push(f);
     if (size_t(bid) < freed.size()) freed[bid] = 1;
     live.erase(impl);
     auto it = by_ptr.find(ptr);
@@ -333,12 +537,12 @@ struct Session {
     int16_t dev = device_index(device);
     if (delta > 0) {
       if (frame) { frame->allocs.push_back(PendingAlloc{t, ptr, delta, dev}); return; }
-      MemRec& m = mem.push(); m.t = t; m.ptr = ptr; m.delta_dev = (delta << 8) | dev;
+      mem.push(MemRec{t, ptr, (delta << 8) | dev});
     } else {
       if (frame) {   // a temporary of this op: its allocation becomes a raw event first
         auto& al = frame->allocs;
         for (size_t i = 0; i < al.size(); ++i) if (al[i].ptr == ptr) {
-          MemRec& m = mem.push(); m.t = al[i].t; m.ptr = ptr; m.delta_dev = (al[i].size << 8) | al[i].dev;
+          mem.push(MemRec{al[i].t, ptr, (al[i].size << 8) | al[i].dev});
           al.erase(al.begin() + i);
           break;
         }
@@ -355,7 +559,7 @@ struct Session {
           by_ptr.erase(it);
         }
       }
-      if (!claimed) { MemRec& m = mem.push(); m.t = t; m.ptr = ptr; m.delta_dev = (delta << 8) | dev; }
+      if (!claimed) { mem.push(MemRec{t, ptr, (delta << 8) | dev}); }
     }
   }
 };
@@ -376,13 +580,32 @@ struct Reporter : public c10::MemoryReportingInfoBase {
       for (size_t i = ts.depth; i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
       try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
     }
-    tl_own_ns += raw_now() - t0;
+    { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[2] += d; }
   }
   bool memoryProfilingEnabled() const override { return true; }
 };
 
 // ---- signatures -----------------------------------------------------------------------------
-static inline void put(std::string& s, int64_t v) { s.append(reinterpret_cast<const char*>(&v), 8); }
+// A signature is a sequence of int64 words (see compiled.py decode_signature), kept as zigzag varints
+// (a tag, a dtype, a dimension: 1-2 bytes instead of 8) and expanded to 8-byte words at drain.
+static inline void put(std::string& s, int64_t v) {
+  uint8_t buf[10];
+  uint8_t* e = put_var(buf, zz(v));
+  s.append(reinterpret_cast<const char*>(buf), size_t(e - buf));
+}
+static std::string expand_words(const std::string& coded) {
+  std::string out;
+  out.reserve(coded.size() * 8);
+  const uint8_t* p = reinterpret_cast<const uint8_t*>(coded.data());
+  const uint8_t* e = p + coded.size();
+  while (p < e) {
+    uint64_t v;
+    p = get_var(p, v);
+    int64_t w = unzz(v);
+    out.append(reinterpret_cast<const char*>(&w), 8);
+  }
+  return out;
+}
 static inline void put_tensor(std::string& s, const at::Tensor& t) {
   if (!t.defined()) { put(s, 'N'); return; }
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) { put(s, 'W'); put(s, int64_t(t.scalar_type())); return; }
@@ -414,6 +637,15 @@ static void put_value(std::string& s, const c10::IValue& v) {
 }
 
 // ---- the callbacks --------------------------------------------------------------------------
+// What the schema and the dispatcher say about an op (read/write arguments, view, composite...): the
+// same for every recording, so learned once per process (a recording of a few steps would otherwise
+// spend a good part of its time here). Keyed by the op name's address, checked against the name.
+struct OpFacts { std::string name, overload; OpInfo info; };
+std::mutex g_facts_mu;
+std::unordered_map<const char*, std::unique_ptr<OpFacts>> g_facts;
+
+static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname);
+
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) {
   const char* key = fn.name();
   auto it = s->op_cache.find(key);
@@ -423,11 +655,26 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
   auto opname = fn.operator_name();
   if (!opname) { cacheable = false; skip_info.skip = true; return skip_info; }
   OpInfo info;
+  {
+    std::lock_guard<std::mutex> g(g_facts_mu);
+    auto f = g_facts.find(key);
+    if (f != g_facts.end() && f->second->name == opname->name && f->second->overload == opname->overload_name) {
+      info = f->second->info;
+    } else {
+      info = learn_facts(fn, &*opname);
+      g_facts[key] = std::unique_ptr<OpFacts>(new OpFacts{opname->name, opname->overload_name, info});
+    }
+  }
+  info.name_id = int32_t(s->op_names.size());
+  s->op_names.push_back(opname->name);
+  return s->op_cache.emplace(key, std::move(info)).first->second;
+}
+
+static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname) {
+  OpInfo info;
   auto schema = fn.operator_schema();
   auto handle = c10::Dispatcher::singleton().findOp(*opname);
   const std::string& name = opname->name;
-  info.name_id = int32_t(s->op_names.size());
-  s->op_names.push_back(name);
   static const std::unordered_map<std::string, std::pair<std::vector<int>, int>> omitted = {
       {"aten::native_batch_norm", {{3, 4}, 5}}, {"aten::cudnn_batch_norm", {{3, 4}, 5}},
       {"aten::miopen_batch_norm", {{3, 4}, 5}}, {"aten::_batch_norm_with_update", {{3, 4}, -1}}};
@@ -466,7 +713,7 @@ static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) 
     info.transparent_nested = cia_nested || (cia && !handle->hasKernelForDispatchKey(DK::NestedTensorCPU) &&
                                              !handle->hasKernelForDispatchKey(DK::NestedTensorCUDA));
   }
-  return s->op_cache.emplace(key, std::move(info)).first->second;
+  return info;
 }
 
 int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
@@ -476,9 +723,10 @@ bool g_quiet = false;    // switch RecordFunction off inside recorded kernels (c
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g_probe == 1) return nullptr;
+  ThreadState& ts = tl_state[K];
+  if (ts.suppress > 0) { ts.nested++; return nullptr; }
   int64_t t0 = raw_now();
   if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
-  ThreadState& ts = tl_state[K];
   Frame& f = ts.push();
   Session* s = g_slots[K];
   if (s && s->active && ts.suppress == 0) {
@@ -560,7 +808,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
   }
   int64_t t1 = raw_now();
-  tl_own_ns += t1 - t0;
+  tl_own_ns += t1 - t0; tl_split[0] += t1 - t0;
   f.start = t1 - tl_own_ns;
   return nullptr;
 }
@@ -572,7 +820,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   int32_t op = int32_t(s->ops.size());
   if (s->unreported.size() && ++s->since_sweep >= s->sweep_every) { s->since_sweep = 0; s->sweep(f.start); }
   uint32_t nacc = 0;
-  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { s->acc.push() = (b << 1) | w; ++nacc; } };
+  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { s->acc.push((b << 1) | w); ++nacc; } };
   for (auto& in : f.inputs) {
     c10::StorageImpl* impl = in.first;
     int32_t b;
@@ -619,7 +867,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     }
   }
   for (auto& a : f.allocs) {   // allocations no output claimed: temporaries (raw events)
-    MemRec& m = s->mem.push(); m.t = a.t; m.ptr = a.ptr; m.delta_dev = (a.size << 8) | a.dev;
+    s->mem.push(MemRec{a.t, a.ptr, (a.size << 8) | a.dev});
   }
   f.allocs.clear();
   auto sit = s->sig_ids.find(f.sig);
@@ -628,8 +876,8 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   else {
     sig = int32_t(s->sigs.size());
     s->sigs.push_back(f.sig);
-    s->sig_bytes += f.sig.size() * 2 + 64;
-    s->sig_ids.emplace(f.sig, sig);
+    s->sig_bytes += f.sig.size() + 96;
+    s->sig_ids.emplace(std::string_view(s->sigs.back()), sig);
   }
   int64_t aseq;
   auto node = torch::autograd::get_current_node();
@@ -639,7 +887,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   } else {
     aseq = int64_t(at::sequence_number::peek());
   }
-  OpRec& r = s->ops.push();
+  OpRec r;
   int64_t d = f.start - s->last_start;
   s->last_start = f.start;
   if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
@@ -653,15 +901,17 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   uint32_t nacc_field = nacc < 255 ? nacc : 255;
   if (nacc_field == 255) s->wide.push() = WideRec{op, 2, int64_t(nacc)};
   r.sig_nacc = (sig_field << 8) | nacc_field;
+  s->ops.push(r);
   if ((op & 255) == 0) s->check_budget();
 }
 
 template <int K>
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (g_probe == 1) return;
+  ThreadState& ts = tl_state[K];
+  if (ts.nested > 0) { ts.nested--; return; }
   int64_t t0 = raw_now();
   int64_t end = t0 - tl_own_ns;
-  ThreadState& ts = tl_state[K];
   if (ts.depth == 0) return;
   Frame& f = ts.frames[ts.depth - 1];
   if (f.quieted) { at::enableRecordFunction(true); f.quieted = false; }
@@ -679,7 +929,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   pins.swap(f.pins);
   ts.depth--;
   pins.clear();   // may free the old storage of set_ (the memory hook runs): after the frame is gone
-  tl_own_ns += raw_now() - t0;
+  { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[1] += d; }
 }
 
 template <int K> struct Callbacks {
@@ -752,6 +1002,7 @@ struct Handle {
       for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
       for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
       s->active = false;
+      s->peak_bytes = std::max(s->peak_bytes, s->mem_bytes());   // the maps are cleared below
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
     if (reporter) {
@@ -793,6 +1044,34 @@ struct Handle {
     tl_own_ns += raw_now() - t0;
     return r;
   }
+  // Categories (parameter, gradient, optimizer state...) for many tensors in one call: returns a flat
+  // [block, category, op, module] list of the (block, category) pairs not marked before (the hooks
+  // mark the same parameters and state every step; only the first time is a record).
+  std::vector<int64_t> mark(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& categories,
+                            int64_t module) {
+    if (categories.size() != tensors.size()) throw std::invalid_argument("mark: one category per tensor");
+    int64_t t0 = raw_now();
+    std::vector<int64_t> out;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (s->active) {
+        int64_t op = int64_t(s->ops.size());
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          const at::Tensor& t = tensors[i];
+          int64_t category = categories[i];
+          if (!t.defined()) continue;
+          auto* impl = t.unsafeGetTensorImpl();
+          const c10::Storage& st = impl->unsafe_storage();
+          if (!st || impl->key_set().has(c10::DispatchKey::Python)) continue;
+          int32_t b = s->block_of(st, int32_t(op), true, nullptr);
+          if (b < 0 || !s->marked.insert((int64_t(b) << 8) | (category & 0xFF)).second) continue;
+          out.insert(out.end(), {int64_t(b), category, op, module});
+        }
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+    return out;
+  }
   int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
@@ -816,7 +1095,7 @@ struct Handle {
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
-    for (auto& b : s->sigs) sigs.append(py::bytes(b));
+    for (auto& b : s->sigs) sigs.append(py::bytes(expand_words(b)));
     d["sigs"] = sigs;
     d["devices"] = s->devices;
     d["tensors_without_storage"] = s->tensors_without_storage;
@@ -848,6 +1127,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("stop", &Handle::stop)
       .def("block_of", &Handle::block_of_tensor)
       .def("n_ops", &Handle::n_ops)
+      .def("mark", &Handle::mark)
       .def("set_ctx", &Handle::set_ctx)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain);
@@ -857,6 +1137,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
   m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
+  m.def("own_ns_split", []() {
+    return std::vector<int64_t>(memlens::tl_split, memlens::tl_split + 3);
+  }, "this thread's recorder time so far (ns) in op-start callbacks, op-end callbacks, the memory hook");
   m.attr("OP_RECORD_BYTES") = int(sizeof(memlens::OpRec));
   m.attr("BLOCK_RECORD_BYTES") = int(sizeof(memlens::BlockRec));
 }
