@@ -330,10 +330,10 @@ def reduce_global_bytes(shape, strides, reduced, arg_bytes: int, sm_count: int, 
     return int(size), 4 * int(grid_x), int(ctas)
 
 
-def _reduce_ops():
+def reduce_op_table() -> dict:
+    """OpOverload -> (position of its dim argument or None for all dims, accumulator kind)."""
     import torch
     a = torch.ops.aten
-    # op -> (index of the dim argument or None for all dims, accumulator kind)
     table = {a.sum.default: (None, "acc"), a.sum.dim_IntList: (1, "acc"), a.mean.default: (None, "acc"),
              a.mean.dim: (1, "acc"), a.amax.default: (1, "acc"), a.amin.default: (1, "acc"),
              a.prod.default: (None, "acc"), a.prod.dim_int: (1, "acc"), a.linalg_vector_norm.default: (2, "acc"),
@@ -352,7 +352,7 @@ def reduce_facts(func, args, kwargs) -> tuple | None:
     global _REDUCE_TABLE
     import torch
     if _REDUCE_TABLE is None:
-        _REDUCE_TABLE = _reduce_ops()
+        _REDUCE_TABLE = reduce_op_table()
     spec = _REDUCE_TABLE.get(func)
     if spec is None:
         return None
@@ -362,8 +362,7 @@ def reduce_facts(func, args, kwargs) -> tuple | None:
     pos, kind = spec
     dim = None
     if pos is not None:
-        name = {1: "dim", 2: "dim"}[pos]
-        dim = args[pos] if len(args) > pos else (kwargs or {}).get(name)
+        dim = args[pos] if len(args) > pos else (kwargs or {}).get("dim")
     ndim = x.dim()
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
         reduced = tuple(range(ndim))
@@ -395,4 +394,4 @@ def reduce_scratch_blocks(trace, facts: dict, sm_count: int, max_threads_per_sm:
     return rows
 
 
-__all__ += ["reduce_global_bytes", "reduce_facts", "reduce_scratch_blocks"]
+__all__ += ["reduce_global_bytes", "reduce_facts", "reduce_op_table", "reduce_scratch_blocks"]

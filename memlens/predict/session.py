@@ -12,7 +12,7 @@ from weakref import ref as _weakref
 
 import torch
 
-from memlens.predict.scratch import _reduce_ops, index_put_sort_facts, reduce_facts
+from memlens.predict.scratch import index_put_sort_facts, reduce_facts, reduce_op_table
 from memlens.record.session import Session, _RecordingMode
 
 Tensor = torch.Tensor
@@ -69,7 +69,7 @@ _TO_DTYPE = torch.ops.aten.to.dtype
 _INDEX_PUT_OPS = frozenset({torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                             torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index_put.default})
 # ops whose CUDA kernel may need a global reduction buffer (memlens.predict.scratch.reduce_global_bytes)
-_REDUCE_OPS = frozenset(_reduce_ops())
+_REDUCE_OPS = frozenset(reduce_op_table())
 _SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS
 
 
