@@ -530,7 +530,9 @@ cols = lambda: torch.randn(8192, 4096, device="cuda").sum(0)
 rows = lambda: torch.randn(512, 10000, device="cuda").amax(-1)
 full = lambda: torch.randn(2 ** 21, device="cuda").sum()
 tall = lambda: torch.randn(65536, 8, device="cuda").max(0)
-result = {"cols_h100": scratch("H100", cols), "cols_a100": scratch("A100", cols), "rows": scratch("A100", rows),
+# logits of 4 x 128 tokens over a 10000 vocabulary laid out vocab-major (as a transposed matmul leaves them)
+rowmax = lambda: torch.randn(10000, 4, 128, device="cuda").permute(1, 2, 0).max(-1)
+result = {"rowmax": scratch("H100", rowmax), "cols_h100": scratch("H100", cols), "cols_a100": scratch("A100", cols), "rows": scratch("A100", rows),
           "full": scratch("A100", full), "tall": scratch("A100", tall)}
 """)
     # (8192, 4096).sum(0): 4096 outputs of 8192 inputs, reduced dim not the fastest -> outputs vectorised by 4
@@ -551,3 +553,8 @@ result = {"cols_h100": scratch("H100", cols), "cols_a100": scratch("A100", cols)
     # 65536 values per output -> split over warps: 1024 values; grid ceil(2/2) = 1 <= 1728 ->
     # ctas = max(min(1728, 64), 4) = 64; buffer 16 x 8 x 64 x (2 x 4) = 65,536 B; sem 4 B
     assert r["tall"] == [["reduce global buffer", 65536], ["reduce semaphores", 4]]
+    # the issue's "157 MiB for a loss's row max at 4x128 tokens" (a real run): 512 outputs (stride 1) of 10000
+    # values (stride 512), value+index pairs. Outputs vectorised by 4 -> 128, block 32 x 4, outputs over lanes,
+    # 10000 >= 64 -> inputs over 4 warps: 2500 values; grid 512/4/32 = 4 <= 2112 ->
+    # ctas = max(min(528, ceil(2500/16) = 157), 10) = 157; 16 B x 512 x 157 x (32 x 4) = 164,626,432 B = 157 MiB
+    assert r["rowmax"] == [["reduce global buffer", 164626432], ["reduce semaphores", 16]]
