@@ -558,3 +558,26 @@ result = {"rowmax": scratch("H100", rowmax), "cols_h100": scratch("H100", cols),
     # 10000 >= 64 -> inputs over 4 warps: 2500 values; grid 512/4/32 = 4 <= 2112 ->
     # ctas = max(min(528, ceil(2500/16) = 157), 10) = 157; 16 B x 512 x 157 x (32 x 4) = 164,626,432 B = 157 MiB
     assert r["rowmax"] == [["reduce global buffer", 164626432], ["reduce semaphores", 16]]
+
+
+def test_cli_predict_cudnn_allowance_and_bad_size(tmp_path):
+    script = tmp_path / "cnn.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        conv = torch.nn.Conv2d(3, 8, 3).cuda()
+        conv(torch.randn(2, 3, 16, 16, device="cuda")).sum().backward()
+    """))
+    out = tmp_path / "cnn.memlens"
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "memlens", "predict", "--gpu", "A100", "--json", "--out", str(out)]
+    proc = subprocess.run(cmd + ["--cudnn-workspace", "16MiB", "--", "python", str(script)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import memlens
+    blocks = memlens.load(out).blocks
+    ws = blocks[blocks["op"].str.startswith("cudnn workspace").fillna(False)]
+    # one forward convolution and one convolution_backward: one 16 MiB allowance each, freed inside the op
+    assert ws["requested_size"].tolist() == [16 << 20, 16 << 20] and ws["free_ns"].notna().all()
+    bad = subprocess.run(cmd + ["--cudnn-workspace", "lots", "--", "python", str(script)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=600, env=env)
+    assert bad.returncode == 2 and "cudnn_workspace" in bad.stderr and "Traceback" not in bad.stderr
