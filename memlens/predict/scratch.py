@@ -6,7 +6,7 @@ return); the allocator replay must see those too (they take cached blocks and ca
 modelled temporary is a block with ``source == "predict:model"`` and ``op`` naming what it stands for,
 allocated and freed inside the op's interval, in the order the CUDA code allocates them.
 
-Modelled (sources: PyTorch 2.13 ``aten/src/ATen/native/cuda/Indexing.cu`` and ``ATen/cuda/cub.cuh``):
+Modelled (sources: PyTorch 2.x ``aten/src/ATen/native/cuda/Indexing.cu``, ``ATen/cuda/cub.cuh``, ``Reduce.cuh``):
 
 **Sorted accumulate of ``index_put`` with ``accumulate=True``** (or any ``index_put`` under
 ``torch.use_deterministic_algorithms(True)``): on CUDA ``_index_put_impl_`` runs ``index_put_with_sort_kernel``,
@@ -47,11 +47,19 @@ input. PyTorch sets no workspace cap of its own; frameworks that do chose very d
 ``kCONV_CUDNN_WORKSPACE_LIMIT_BYTES`` 64 MiB, PaddlePaddle's ``FLAGS_conv_workspace_size_limit`` 512 MiB), which is
 a range to try, not a default.
 
+**CUDA reductions' global staging buffer and semaphores** (``aten/src/ATen/native/cuda/Reduce.cuh``): when
+``setReduceConfig`` splits each output's inputs across several CTAs (ctas_per_output > 1, decided from the
+TensorIterator layout, the block shape and the GPU's SM count and threads per SM: `reduce_global_bytes`),
+``gpu_reduce_kernel`` takes ``global_memory_size()`` bytes and then ``semaphore_size()`` bytes from the caching
+allocator for the launch and frees them after it. Applied to sum / mean / prod / amax / amin /
+linalg_vector_norm (float accumulator; double for fp64) and max/min with ``dim`` / argmax / argmin (value + int64
+index pairs, 16 bytes). Reproduces the issue's real 157 MiB row-max buffer (tests/test_predict.py); the cs336
+runs need none, as their snapshots show.
+
 Not modelled: boolean-mask indices (data-dependent ``nonzero``), broadcast ``values`` copies, sort / argsort /
-topk / unique's own cub or segmented-sort temporaries, CUDA reduction staging buffers and semaphores
-(Reduce.cuh's ``global_memory_size`` / ``semaphore_size``: its ``setReduceConfig`` depends on the
-TensorIterator's reordered layout, vectorisation and the SM count, and no shared snapshot has such a block to
-check a port against).
+topk / unique's own cub or segmented-sort temporaries, reductions' ``acc_buf`` (only for > 2^31-element inputs
+split into sub-iterators), multi-output reductions (var_mean, aminmax, std/var's Welford), wider-than-4 vector
+loads some half/bf16 reductions use.
 """
 from __future__ import annotations
 
