@@ -18,6 +18,11 @@ def register(sub) -> None:
     p.add_argument("--capacity", default=None, help="device memory to check against, e.g. 80GiB "
                                                     "(default: the GPU's)")
     p.add_argument("--conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's)")
+    p.add_argument("--cudnn-workspace", default=None, metavar="SIZE",
+                   help="cuDNN workspace allowance per convolution call, e.g. 256MiB (default: none; cuDNN's "
+                        "algorithm choice cannot be known without the GPU)")
+    p.add_argument("--no-kernel-scratch", action="store_true",
+                   help="leave out the modelled CUDA kernel temporaries (index_put sort, reduction buffers)")
     p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("command", nargs=argparse_remainder(), help="-- python script.py [args]")
@@ -54,7 +59,8 @@ def run(args) -> int:
     script = argv[0]
     if not os.path.isfile(script):
         raise InputError(f"{script}: no such script")
-    p = Prediction(args.gpu, args.capacity, conf=args.conf)
+    p = Prediction(args.gpu, args.capacity, conf=args.conf, cudnn_workspace=args.cudnn_workspace,
+                   kernel_scratch=not args.no_kernel_scratch)
     saved_argv, saved_path = sys.argv, list(sys.path)
     sys.argv = argv
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

@@ -6,6 +6,10 @@ Each figure is overridable (``memlens.predict(..., overrides={...})``). Sources:
   = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training step has two (the
   forward's thread and autograd's device thread). It comes from the caching allocator at the first GEMM of
   that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
+- SM count and max resident threads per SM (what ATen's reduction kernels size their grid with, see
+  ``memlens.predict.scratch``): SM counts from NVIDIA's product pages / architecture whitepapers (H100 SXM5 132,
+  H200 132, A100 108, L4 58, A10G 80, RTX 4090 128, V100 80, T4 40); threads per SM from the CUDA C++
+  Programming Guide's per-compute-capability table (2048 on 7.0, 8.0 and 9.0; 1536 on 8.6 and 8.9; 1024 on 7.5).
 - CUDA context: the driver's per-process reservation outside the caching allocator (not in
   ``memory_allocated``/``memory_reserved`` but it takes device memory); typical CUDA 12 values with lazy module
   loading, measured with nvidia-smi by many users: ~500 MiB on H100/H200, ~420 MiB on A100, ~300 MiB on
@@ -30,6 +34,8 @@ class GPUMemoryFacts:
     capability: tuple[int, int]
     total_memory: int          # device memory, bytes
     cuda_context: int          # driver/context reservation outside the caching allocator, bytes
+    sm_count: int = 108        # multiProcessorCount
+    max_threads_per_sm: int = 2048   # maxThreadsPerMultiProcessor
 
     @property
     def cublas_workspace(self) -> int:
@@ -38,15 +44,15 @@ class GPUMemoryFacts:
 
 
 _TABLE = {
-    "H100": GPUMemoryFacts("NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB, 500 * MiB),
-    "H200": GPUMemoryFacts("NVIDIA H200", (9, 0), 141 * 10**9, 500 * MiB),
-    "A100": GPUMemoryFacts("NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB, 420 * MiB),
-    "A100-40GB": GPUMemoryFacts("NVIDIA A100-SXM4-40GB", (8, 0), 40 * GiB, 420 * MiB),
-    "L4": GPUMemoryFacts("NVIDIA L4", (8, 9), 24 * GiB, 300 * MiB),
-    "A10G": GPUMemoryFacts("NVIDIA A10G", (8, 6), 24 * GiB, 300 * MiB),
-    "RTX4090": GPUMemoryFacts("NVIDIA GeForce RTX 4090", (8, 9), 24 * GiB, 300 * MiB),
-    "V100": GPUMemoryFacts("Tesla V100-SXM2-32GB", (7, 0), 32 * GiB, 300 * MiB),
-    "T4": GPUMemoryFacts("Tesla T4", (7, 5), 16 * GiB, 250 * MiB),
+    "H100": GPUMemoryFacts("NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB, 500 * MiB, 132, 2048),
+    "H200": GPUMemoryFacts("NVIDIA H200", (9, 0), 141 * 10**9, 500 * MiB, 132, 2048),
+    "A100": GPUMemoryFacts("NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB, 420 * MiB, 108, 2048),
+    "A100-40GB": GPUMemoryFacts("NVIDIA A100-SXM4-40GB", (8, 0), 40 * GiB, 420 * MiB, 108, 2048),
+    "L4": GPUMemoryFacts("NVIDIA L4", (8, 9), 24 * GiB, 300 * MiB, 58, 1536),
+    "A10G": GPUMemoryFacts("NVIDIA A10G", (8, 6), 24 * GiB, 300 * MiB, 80, 1536),
+    "RTX4090": GPUMemoryFacts("NVIDIA GeForce RTX 4090", (8, 9), 24 * GiB, 300 * MiB, 128, 1536),
+    "V100": GPUMemoryFacts("Tesla V100-SXM2-32GB", (7, 0), 32 * GiB, 300 * MiB, 80, 2048),
+    "T4": GPUMemoryFacts("Tesla T4", (7, 5), 16 * GiB, 250 * MiB, 40, 1024),
 }
 
 

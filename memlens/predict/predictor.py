@@ -12,8 +12,9 @@ How a prediction is made:
    and strides are computed, no memory is touched and nothing is computed.
 2. memlens's recorder sees every ATen op and every storage's birth and death (`PredictSession`), which gives
    the blocks (sizes in bytes, lifetimes), accesses, ops, modules, categories and iterations of the step.
-3. What fake tensors never see is added explicitly (`gpus.py`): one cuBLAS workspace per (thread, stream)
-   at its first GEMM, never freed.
+3. What fake tensors never see is added explicitly: one cuBLAS workspace per (thread, stream) at its first
+   GEMM, never freed (`gpus.py`); CUDA kernels' own temporaries as transient blocks inside their op
+   (`scratch.py`: the sorted accumulate of ``index_put``, CUDA reductions' global staging buffers).
 4. The blocks are replayed through memlens's caching-allocator simulator (`memlens.simulate`) under the
    run's ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM
    path. That gives peak allocated (torch's ``max_memory_allocated``), peak reserved
@@ -86,7 +87,8 @@ class Prediction:
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
-                 cublas_workspaces: bool = True, clock: str = "modeled", fast_cache_key: bool = True):
+                 cublas_workspaces: bool = True, kernel_scratch: bool = True, cudnn_workspace=None,
+                 clock: str = "modeled", fast_cache_key: bool = True):
         if clock not in ("modeled", "host"):
             raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
         self.clock = clock
@@ -98,6 +100,17 @@ class Prediction:
         self.stacks = stacks
         self.nccl_bytes = int(nccl_bytes)
         self.cublas_workspaces = bool(cublas_workspaces)
+        self.kernel_scratch = bool(kernel_scratch)
+        self.kernel_scratch_blocks = 0     # modelled kernel temporaries added to the trace (scratch.py)
+        if cudnn_workspace is not None and not callable(cudnn_workspace):
+            from memlens.units import parse_bytes
+            try:
+                cudnn_workspace = int(parse_bytes(cudnn_workspace))
+            except Exception as exc:
+                raise InputError(f"cudnn_workspace {cudnn_workspace!r} is not a size in bytes ({exc})") from None
+            if cudnn_workspace < 0:
+                raise InputError(f"cudnn_workspace {cudnn_workspace!r} is negative")
+        self.cudnn_workspace = cudnn_workspace   # bytes per convolution call, a callable, or None (off)
         self.fast_cache_key = bool(fast_cache_key)
         self.trace = None
         self.simulation = None
@@ -185,6 +198,20 @@ class Prediction:
         trace = apply_corrections(trace)
         if self.cublas_workspaces:
             trace = self._add_workspaces(trace)
+        if self.kernel_scratch:
+            from memlens.predict.scratch import add_blocks, reduce_scratch_blocks, sort_scratch_blocks
+            rounded = lambda s: round_size(s, config)   # noqa: E731
+            scratch = sort_scratch_blocks(trace, self._session.index_put_facts, rounded)
+            scratch += reduce_scratch_blocks(trace, self._session.reduce_facts, self.gpu.sm_count,
+                                             self.gpu.max_threads_per_sm, rounded)
+            for i, row in enumerate(scratch):       # ids follow on from the trace's, in one sequence
+                row["block_id"] = int(trace.blocks["block_id"].max()) + 1 + i
+            trace = add_blocks(trace, scratch)
+            self.kernel_scratch_blocks = len(scratch)
+        if self.cudnn_workspace:
+            from memlens.predict.scratch import add_blocks, conv_workspace_blocks
+            trace = add_blocks(trace, conv_workspace_blocks(trace, self.cudnn_workspace,
+                                                            lambda s: round_size(s, config)))
         trace.metadata.update({
             "source_kind": "memlens_predict",
             "clock": {"kind": "host", "gpu": self.gpu.name,
@@ -195,6 +222,9 @@ class Prediction:
                 "capacity": self.capacity, "conf": self.conf,
                 "cuda_context_bytes": self.gpu.cuda_context, "nccl_bytes": self.nccl_bytes,
                 "cublas_workspace_bytes": self.gpu.cublas_workspace if self.cublas_workspaces else 0,
+                "kernel_scratch_blocks": self.kernel_scratch_blocks,
+                "cudnn_workspace": (None if self.cudnn_workspace is None else
+                                    "per-op callable" if callable(self.cudnn_workspace) else self.cudnn_workspace),
                 "reset_peak_ns": self._reset_marks,
             },
         })
@@ -375,7 +405,10 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
     finished `Prediction`. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
-    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `fast_cache_key` (False:
+    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
+    leave out the modelled kernel temporaries of `memlens.predict.scratch`), `cudnn_workspace` (bytes, "64MiB",
+    or ``fn(op_row) -> bytes``: an allowance per convolution call; default None adds none, since cuDNN's
+    algorithm choice cannot be known without the GPU), `fast_cache_key` (False:
     FakeTensorMode's own dispatch-cache keys, see `memlens.predict.fastkey`).
     """
     if fn is None or isinstance(fn, (str, GPUMemoryFacts)):

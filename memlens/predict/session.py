@@ -12,6 +12,7 @@ from weakref import ref as _weakref
 
 import torch
 
+from memlens.predict.scratch import index_put_sort_facts, reduce_facts, reduce_op_table
 from memlens.record.session import Session, _RecordingMode
 
 Tensor = torch.Tensor
@@ -64,6 +65,12 @@ class _PredictMode(_RecordingMode):
 
 
 _TO_DTYPE = torch.ops.aten.to.dtype
+# ops whose CUDA kernel may take the sorted-accumulate path with its own temporaries (memlens.predict.scratch)
+_INDEX_PUT_OPS = frozenset({torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
+                            torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index_put.default})
+# ops whose CUDA kernel may need a global reduction buffer (memlens.predict.scratch.reduce_global_bytes)
+_REDUCE_OPS = frozenset(reduce_op_table())
+_SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS
 
 
 def _to_dtype_call(run):
@@ -88,6 +95,8 @@ class PredictSession(Session):
         self.live_cuda_bytes = 0
         self.peak_cuda_bytes = 0
         self.op_threads: list[int] = []   # per op: the thread that ran it (the cuBLAS workspace is per thread)
+        self.index_put_facts: dict[int, tuple] = {}   # op index -> scratch.index_put_sort_facts (sorted path)
+        self.reduce_facts: dict[int, tuple] = {}      # op index -> scratch.reduce_facts (CUDA reductions)
 
     def learn_op(self, func) -> tuple:
         entry = super().learn_op(func)
@@ -113,6 +122,15 @@ class PredictSession(Session):
         if kwargs:
             self._note_devices(tuple(kwargs.values()))
         self.op_threads.append(_get_ident())
+        if entry[6] in _SCRATCH_OPS:
+            if entry[6] in _INDEX_PUT_OPS:
+                facts = index_put_sort_facts(entry[6], args, kwargs)
+                if facts is not None:
+                    self.index_put_facts[len(self.op_threads) - 1] = facts
+            else:
+                facts = reduce_facts(entry[6], args, kwargs)
+                if facts is not None:
+                    self.reduce_facts[len(self.op_threads) - 1] = facts
         super().on_op(entry, args, kwargs, out, start, end)
 
     def on_op_carefully(self, entry, args, kwargs, out, start, end) -> None:
