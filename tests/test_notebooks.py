@@ -29,7 +29,8 @@ def _run(name: str, tmp_path: Path, artifacts_dir: Path, monkeypatch):
     work = tmp_path / "notebooks"
     shutil.copytree(NOTEBOOKS, work, ignore=shutil.ignore_patterns("*.memlens", "*.html", ".ipynb_checkpoints"))
     nb = nbformat.read(work / name, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
+    # startup_timeout: a kernel starting on a loaded 2-core machine can take more than nbclient's 60 s
+    client = nbclient.NotebookClient(nb, timeout=600, startup_timeout=180, kernel_name="python3",
                                      resources={"metadata": {"path": str(work)}})
     try:
         client.execute()
