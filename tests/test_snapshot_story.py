@@ -370,3 +370,57 @@ def test_sites_by_line_or_by_whole_stack_account_for_every_byte(shared):
     lines = by_stack["site"].str.replace(r" \[stack \d+\]$", "", regex=True)
     regrouped = by_stack.groupby(lines)["bytes"].sum()
     assert (regrouped.sort_index() == by_line.set_index("site")["bytes"].sort_index()).all()
+
+
+# ---- stack facts: Arrow kernels give the Python predicates' answers ----------------------------------
+def _python_only(monkeypatch):
+    """Make every distinct string take the Python predicate (the reference) instead of Arrow's kernels."""
+    from memlens.io import snapshot_story
+
+    original = snapshot_story._Distinct.__init__
+
+    def init(self, values):
+        original(self, values)
+        self._other_at = np.arange(len(values))
+        self._plain_at = np.arange(0)
+
+    monkeypatch.setattr(snapshot_story._Distinct, "__init__", init)
+
+
+def _tricky_stacks() -> pd.DataFrame:
+    # names/files on each side of every rule, plus what Arrow and Python could read differently: a trailing
+    # newline (Python's `$` matches before it), non-ASCII case (U+0130 lowers to two characters), a Kelvin
+    # sign, backslashes (stack tables hold no lone surrogates: `stack_facts`' `astype(str)` refuses them)
+    frames = [
+        [("zero_grad", "/x/torch/optim/optimizer.py", 3), ("step", "train.py", 9)],
+        [("_call_impl", "/x/torch/nn/modules/module.py", 1), ("forward", "model.py", 12),
+         ("_call_impl", "/x/torch/nn/modules/module.py", 1), ("main", "train.py", 40)],
+        [("torch::autograd::Engine::evaluate_function", "", 0), ("backward", "/x/torch/_tensor.py", 5)],
+        [("init_weights\n", "model.py", 2), ("helper", "C:\\x\\util.py", 3)],
+        [("init_weights", "model.py", 2), ("make_OPTIMIZER", "setup.py", 1)],
+        [("make_optİmizer", "setup.py", 1), ("build_\u212aoptimizer", "setup.py", 2)],
+        [("bad\u00ff", "m\u00ff.py", 1), ("cublasLt_gemm", "", 0), ("AccumulateGrad", "", 0)],
+        [("reset_parameters_x", "model.py", 3), ("to", "/x/torch/nn/modules/module.py", 8)],
+        [("__init__", "/x/torch/utils/_device.py", 1), ("__init__", "model.py", 4)],
+        [("xinit_weights", "torch/optim/sgd.py", 1), ("Optimizer", "a.py", 1)],
+    ]
+    rows = [(sid, depth, name, filename, line) for sid, stack in enumerate(frames)
+            for depth, (name, filename, line) in enumerate(stack)]
+    return pd.DataFrame(rows, columns=["stack_id", "depth", "name", "filename", "line"])
+
+
+@pytest.mark.parametrize("source", ["tricky", TRAINING, "snapshots/decomfl_memory.pickle"])
+def test_stack_facts_arrow_kernels_match_python_predicates(source, shared, monkeypatch):
+    from memlens.io.snapshot_story import stack_facts
+
+    stacks = _tricky_stacks() if source == "tricky" else memlens.load(shared(source)).stacks
+    fast = stack_facts(stacks)
+    _python_only(monkeypatch)
+    pd.testing.assert_frame_equal(fast, stack_facts(stacks))
+    if source == "tricky":  # the rules read by hand off the frames above
+        assert list(fast["phase"]) == ["zero_grad", "forward", "backward", "", "", "", "backward", "",
+                                       "", "optimizer_step"]
+        assert list(fast["setup"]) == ["", "", "", "parameter", "optimizer_state", "optimizer_state", "",
+                                       "parameter", "parameter", ""]
+        assert list(fast["workspace"]) == [False] * 6 + [True] + [False] * 3
+        assert list(fast["accumulate_grad"]) == [False] * 6 + [True] + [False] * 3

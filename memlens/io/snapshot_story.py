@@ -48,6 +48,8 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 MIN_RUN = 3  # a run of fewer events between two runs of the same phase is absorbed by them
 PHASE_NAMES = ("forward", "backward", "optimizer_step", "zero_grad")
@@ -82,40 +84,64 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     ends = np.append(starts[1:], n)
     name_codes, name_u = pd.factorize(st["name"].astype(str).to_numpy())
     file_codes, file_u = pd.factorize(st["filename"].astype(str).to_numpy())
-    name_u = [str(x) for x in name_u]
-    file_u = [_norm(str(f)) for f in file_u]
+    names = _Distinct([str(x) for x in name_u])
+    files = _Distinct([_norm(str(f)) for f in file_u])
+    name_u, file_u = names.values, files.values
     lines = st["line"].to_numpy(dtype=np.int64)
 
-    def by_name(pred):
-        return np.fromiter((bool(pred(x)) for x in name_u), dtype=bool, count=len(name_u))[name_codes]
+    def by_name(pred, kernel):
+        return names.test(pred, kernel)[name_codes]
 
-    def by_file(pred):
-        return np.fromiter((bool(pred(f)) for f in file_u), dtype=bool, count=len(file_u))[file_codes]
+    def by_file(pred, kernel):
+        return files.test(pred, kernel)[file_codes]
 
     def any_(mask):  # per stack: does any of its frames match
         return np.logical_or.reduceat(mask, starts)
 
-    is_py = by_file(lambda f: f.endswith(".py"))
-    module_py = by_file(lambda f: f.endswith("torch/nn/modules/module.py"))
-    optim_file = by_file(lambda f: "/torch/optim/" in f or f.startswith("torch/optim/"))
-    zero = by_name(lambda x: x == "zero_grad")
-    call = by_name(lambda x: x in ("_call_impl", "_wrapped_call_impl")) & module_py
-    engine = by_name(lambda x: "torch::autograd::Engine::" in x or "AccumulateGrad" in x)
-    py_backward = by_name(lambda x: x in ("backward", "_engine_run_backward")) & by_file(
-        lambda f: "/torch/autograd/" in f or f.endswith("torch/_tensor.py"))
+    def has(text):
+        return lambda a: pc.match_substring(a, text)
+
+    def either(*kernels):
+        return lambda a: _any_of(a, kernels)
+
+    def equals(*values):
+        return lambda a: pc.is_in(a, value_set=pa.array(values, pa.string()))
+
+    def suffix(text):
+        return lambda a: pc.ends_with(a, text)
+
+    is_py = by_file(lambda f: f.endswith(".py"), suffix(".py"))
+    module_py = by_file(lambda f: f.endswith("torch/nn/modules/module.py"), suffix("torch/nn/modules/module.py"))
+    optim_file = by_file(lambda f: "/torch/optim/" in f or f.startswith("torch/optim/"),
+                         either(has("/torch/optim/"), lambda a: pc.starts_with(a, "torch/optim/")))
+    zero = by_name(lambda x: x == "zero_grad", equals("zero_grad"))
+    call = by_name(lambda x: x in ("_call_impl", "_wrapped_call_impl"),
+                   equals("_call_impl", "_wrapped_call_impl")) & module_py
+    engine = by_name(lambda x: "torch::autograd::Engine::" in x or "AccumulateGrad" in x,
+                     either(has("torch::autograd::Engine::"), has("AccumulateGrad")))
+    py_backward = by_name(lambda x: x in ("backward", "_engine_run_backward"),
+                          equals("backward", "_engine_run_backward")) & by_file(
+        lambda f: "/torch/autograd/" in f or f.endswith("torch/_tensor.py"),
+        either(has("/torch/autograd/"), suffix("torch/_tensor.py")))
     in_optim = any_(optim_file)
     phase = np.select(
-        [in_optim & any_(zero & by_file(lambda f: "/optim/" in f)), in_optim, any_(zero),
+        [in_optim & any_(zero & by_file(lambda f: "/optim/" in f, has("/optim/"))), in_optim, any_(zero),
          any_(engine) | any_(py_backward), any_(call)],
         ["zero_grad", "optimizer_step", "zero_grad", "backward", "forward"], "").astype(object)
 
-    builds_optimizer = any_(is_py & by_name(lambda x: "optimizer" in x.lower() and x not in ("step", "zero_grad")))
-    init = by_name(lambda x: x == "__init__")
-    under_device = any_(is_py & by_file(lambda f: f.endswith("torch/utils/_device.py"))) & any_(is_py & init)
-    makes_weights = (any_(module_py & by_name(lambda x: x in ("_apply", "convert", "to", "cuda", "to_empty")))
-                     | any_(by_file(lambda f: "/torch/nn/modules/" in f) & init)
-                     | any_(by_file(lambda f: f.endswith("torch/nn/parameter.py")))
-                     | any_(is_py & by_name(lambda x: _WEIGHT_NAMES.search(x))))
+    builds_optimizer = any_(is_py & by_name(
+        lambda x: "optimizer" in x.lower() and x not in ("step", "zero_grad"),
+        lambda a: pc.and_(pc.match_substring(pc.ascii_lower(a), "optimizer"),
+                          pc.invert(equals("step", "zero_grad")(a)))))
+    init = by_name(lambda x: x == "__init__", equals("__init__"))
+    device_file = by_file(lambda f: f.endswith("torch/utils/_device.py"), suffix("torch/utils/_device.py"))
+    under_device = any_(is_py & device_file) & any_(is_py & init)
+    makes_weights = (any_(module_py & by_name(lambda x: x in ("_apply", "convert", "to", "cuda", "to_empty"),
+                                              equals("_apply", "convert", "to", "cuda", "to_empty")))
+                     | any_(by_file(lambda f: "/torch/nn/modules/" in f, has("/torch/nn/modules/")) & init)
+                     | any_(by_file(lambda f: f.endswith("torch/nn/parameter.py"), suffix("torch/nn/parameter.py")))
+                     | any_(is_py & by_name(lambda x: _WEIGHT_NAMES.search(x),
+                                            lambda a: pc.match_substring_regex(a, _WEIGHT_NAMES.pattern))))
     skip = np.isin(phase, ["backward", "optimizer_step", "zero_grad"])
     setup = np.select([skip, builds_optimizer, under_device | makes_weights], ["", "optimizer_state", "parameter"],
                       "").astype(object)
@@ -138,9 +164,40 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
         keys[k] = f"{file_u[file_codes[inner]]}:{name_u[name_codes[inner]]}<-{where}"
         model_line[k] = lines[inner]
     return pd.DataFrame({
-        "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x)),
-        "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE))), "setup": setup,
+        "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x, has("AccumulateGrad"))),
+        "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE),
+                                  lambda a: _any_of(a, [has(w) for w in _WORKSPACE]))), "setup": setup,
         "model_key": keys, "model_line": model_line})
+
+
+class _Distinct:
+    """Distinct strings, each tested once per predicate: the plain ones (ASCII without a newline: nearly all
+    frame names and files) by Arrow's compiled kernels, the rest (other characters, a lone surrogate Arrow
+    cannot hold, a newline where Python's ``$`` and RE2's differ) by the same predicate in Python, so the
+    answers are those of the Python predicate for every string."""
+
+    def __init__(self, values: list[str]):
+        self.values = values
+        plain = np.fromiter((v.isascii() and "\n" not in v for v in values), dtype=bool, count=len(values))
+        self._plain_at = np.flatnonzero(plain)
+        self._other_at = np.flatnonzero(~plain)
+        self._arrow = pa.array([values[i] for i in self._plain_at], type=pa.string())
+
+    def test(self, pred, kernel) -> np.ndarray:
+        """bool per value: ``pred(value)``, computed by ``kernel`` (Arrow array -> bool array) where it can."""
+        out = np.zeros(len(self.values), dtype=bool)
+        if len(self._plain_at):
+            out[self._plain_at] = np.asarray(kernel(self._arrow).to_numpy(zero_copy_only=False), dtype=bool)
+        for i in self._other_at:
+            out[i] = bool(pred(self.values[i]))
+        return out
+
+
+def _any_of(arrow_values, kernels):
+    result = kernels[0](arrow_values)
+    for k in kernels[1:]:
+        result = pc.or_(result, k(arrow_values))
+    return result
 
 
 _WEIGHT_NAMES = re.compile(r"(^|_)(init_weights?|init_weight_list|create_weights|reset_parameters|"
