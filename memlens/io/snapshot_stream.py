@@ -41,6 +41,23 @@ class _Unsupported(Exception):
     """The stream uses something this reader does not interpret (the C unpickler will decide)."""
 
 
+class _TooManyLoose(Exception):
+    """Raised by the compiled walker where the Python one raises `too_many_loose()`."""
+
+
+def _compiled_walk():
+    """The compiled opcode loop, or None for the Python one (``MEMLENS_PICKLE_WALKER=python``, or no
+    compiler here)."""
+    from memlens.io import native
+
+    if native.walker() == "python":
+        return None
+    try:
+        return native.load().walk
+    except native.NativeUnavailable:
+        return None
+
+
 class EntryColumns:
     """The entries of one device trace as typed columns: int64 arrays for the integer fields (`MISSING`
     where absent) and, for the string fields, int32 codes into a table of the distinct values."""
@@ -140,159 +157,168 @@ def _parse(data, interner: StackInterner):
         if pos + count > n:
             raise _Unsupported("truncated")
 
-    # branches are ordered by how often snapshot pickles use each opcode
-    while True:
-        op = data[pos]
-        pos += 1
-        if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
-            end = run_of_gets(data, pos - 1).end()
-            count = (end - pos + 1) // 5
-            fmt = get_formats.get(count)
-            if fmt is None:
-                fmt = get_formats[count] = Struct("<" + "xI" * count)
-            values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
-            if _RELEASED in values:
-                raise _Unsupported("reference to a converted entry")
-            stack.extend(values)
-            pos = end
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x68:  # BINGET
-            value = memo[data[pos]]
-            if value is _RELEASED:
-                raise _Unsupported("reference to a converted entry")
-            stack.append(value)
+    walk = _compiled_walk()
+    if walk is not None:  # the same loop in C (memlens/io/native/stream_walk.cpp), on the same state
+        try:
+            stack, depth = walk(data, memo, memo_index, take_entries, check_frames, _Unsupported, _TooManyLoose,
+                                _RELEASED, MAX_STACK)
+        except _TooManyLoose:
+            raise too_many_loose() from None
+        metastack = [None] * depth
+    else:
+        # branches are ordered by how often snapshot pickles use each opcode
+        while True:
+            op = data[pos]
             pos += 1
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x94:  # MEMOIZE
-            top = stack[-1]
-            if type(top) is dict or type(top) is list:
-                memo_index[id(top)] = len(memo)
-            memo.append(top)
-        elif op == 0x28:  # MARK
-            metastack.append(stack)
-            stack = []
-        elif op == 0x8A:  # LONG1
-            size = data[pos]
-            need(size + 1)
-            stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
-            pos += 1 + size
-        elif op == 0x4A:  # BININT
-            stack.append(i32(data, pos)[0])
-            pos += 4
-        elif op == 0x7D:  # EMPTY_DICT
-            stack.append({})
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x75:  # SETITEMS
-            items = stack
-            stack = metastack.pop()
-            target = stack[-1]
-            if type(target) is not dict:
-                raise _Unsupported("SETITEMS on a non-dict")
-            target.update(zip(items[::2], items[1::2]))
-        elif op == 0x4B:  # BININT1
-            stack.append(data[pos])
-            pos += 1
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x5D:  # EMPTY_LIST
-            stack.append([])
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x65:  # APPENDS
-            items = stack
-            stack = metastack.pop()
-            target = stack[-1]
-            if type(target) is not list:
-                raise _Unsupported("APPENDS on a non-list")
-            if items and _is_entry(items[0]):
-                take_entries(target, items)
-            else:
-                check_frames(target, items)
-                target.extend(items)
-        elif op == 0x8C:  # SHORT_BINUNICODE
-            size = data[pos]
-            need(size + 1)
-            stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
-            pos += 1 + size
-        elif op == 0x4D:  # BININT2
-            stack.append(u16(data, pos)[0])
-            pos += 2
-        elif op == 0x61:  # APPEND
-            value = stack.pop()
-            target = stack[-1]
-            if type(target) is not list:
-                raise _Unsupported("APPEND on a non-list")
-            if _is_entry(value):
-                take_entries(target, [value])
-            else:
-                check_frames(target, [value])
-                target.append(value)
-        elif op == 0x73:  # SETITEM
-            value = stack.pop()
-            key = stack.pop()
-            if type(stack[-1]) is not dict:
-                raise _Unsupported("SETITEM on a non-dict")
-            stack[-1][key] = value
-        elif op == 0x4E:  # NONE
-            stack.append(None)
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x88:  # NEWTRUE
-            stack.append(True)
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x89:  # NEWFALSE
-            stack.append(False)
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x47:  # BINFLOAT
-            stack.append(_F64.unpack_from(data, pos)[0])
-            pos += 8
-        elif op == 0x58:  # BINUNICODE
-            size = u32(data, pos)[0]
-            need(size + 4)
-            stack.append(str(data[pos + 4:pos + 4 + size], "utf-8", "surrogatepass"))
-            pos += 4 + size
-        elif op == 0x95:  # FRAME: a transport boundary, no object
-            pos += 8
-        elif op == 0x29:  # EMPTY_TUPLE
-            stack.append(())
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
-        elif op == 0x85:  # TUPLE1
-            stack[-1:] = [(stack[-1],)]
-        elif op == 0x86:  # TUPLE2
-            stack[-2:] = [tuple(stack[-2:])]
-        elif op == 0x87:  # TUPLE3
-            stack[-3:] = [tuple(stack[-3:])]
-        elif op == 0x74:  # TUPLE (from mark)
-            items = tuple(stack)
-            stack = metastack.pop()
-            stack.append(items)
-        elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
-            if op == 0x71:
-                slot = data[pos]
+            if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
+                end = run_of_gets(data, pos - 1).end()
+                count = (end - pos + 1) // 5
+                fmt = get_formats.get(count)
+                if fmt is None:
+                    fmt = get_formats[count] = Struct("<" + "xI" * count)
+                values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
+                if _RELEASED in values:
+                    raise _Unsupported("reference to a converted entry")
+                stack.extend(values)
+                pos = end
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x68:  # BINGET
+                value = memo[data[pos]]
+                if value is _RELEASED:
+                    raise _Unsupported("reference to a converted entry")
+                stack.append(value)
                 pos += 1
-            else:
-                slot = u32(data, pos)[0]
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x94:  # MEMOIZE
+                top = stack[-1]
+                if type(top) is dict or type(top) is list:
+                    memo_index[id(top)] = len(memo)
+                memo.append(top)
+            elif op == 0x28:  # MARK
+                metastack.append(stack)
+                stack = []
+            elif op == 0x8A:  # LONG1
+                size = data[pos]
+                need(size + 1)
+                stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
+                pos += 1 + size
+            elif op == 0x4A:  # BININT
+                stack.append(i32(data, pos)[0])
                 pos += 4
-            if slot != len(memo):
-                raise _Unsupported("memo slots out of order")
-            top = stack[-1]
-            if type(top) is dict or type(top) is list:
-                memo_index[id(top)] = slot
-            memo.append(top)
-        elif op == 0x80:  # PROTO
-            if data[pos] > 5:
-                raise _Unsupported("unknown protocol")
-            pos += 1
-        elif op == 0x2E:  # STOP
-            break
-        else:
-            raise _Unsupported(f"opcode {op:#x}")
+            elif op == 0x7D:  # EMPTY_DICT
+                stack.append({})
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x75:  # SETITEMS
+                items = stack
+                stack = metastack.pop()
+                target = stack[-1]
+                if type(target) is not dict:
+                    raise _Unsupported("SETITEMS on a non-dict")
+                target.update(zip(items[::2], items[1::2]))
+            elif op == 0x4B:  # BININT1
+                stack.append(data[pos])
+                pos += 1
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x5D:  # EMPTY_LIST
+                stack.append([])
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x65:  # APPENDS
+                items = stack
+                stack = metastack.pop()
+                target = stack[-1]
+                if type(target) is not list:
+                    raise _Unsupported("APPENDS on a non-list")
+                if items and _is_entry(items[0]):
+                    take_entries(target, items)
+                else:
+                    check_frames(target, items)
+                    target.extend(items)
+            elif op == 0x8C:  # SHORT_BINUNICODE
+                size = data[pos]
+                need(size + 1)
+                stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
+                pos += 1 + size
+            elif op == 0x4D:  # BININT2
+                stack.append(u16(data, pos)[0])
+                pos += 2
+            elif op == 0x61:  # APPEND
+                value = stack.pop()
+                target = stack[-1]
+                if type(target) is not list:
+                    raise _Unsupported("APPEND on a non-list")
+                if _is_entry(value):
+                    take_entries(target, [value])
+                else:
+                    check_frames(target, [value])
+                    target.append(value)
+            elif op == 0x73:  # SETITEM
+                value = stack.pop()
+                key = stack.pop()
+                if type(stack[-1]) is not dict:
+                    raise _Unsupported("SETITEM on a non-dict")
+                stack[-1][key] = value
+            elif op == 0x4E:  # NONE
+                stack.append(None)
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x88:  # NEWTRUE
+                stack.append(True)
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x89:  # NEWFALSE
+                stack.append(False)
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x47:  # BINFLOAT
+                stack.append(_F64.unpack_from(data, pos)[0])
+                pos += 8
+            elif op == 0x58:  # BINUNICODE
+                size = u32(data, pos)[0]
+                need(size + 4)
+                stack.append(str(data[pos + 4:pos + 4 + size], "utf-8", "surrogatepass"))
+                pos += 4 + size
+            elif op == 0x95:  # FRAME: a transport boundary, no object
+                pos += 8
+            elif op == 0x29:  # EMPTY_TUPLE
+                stack.append(())
+                if len(stack) > MAX_STACK:
+                    raise too_many_loose()
+            elif op == 0x85:  # TUPLE1
+                stack[-1:] = [(stack[-1],)]
+            elif op == 0x86:  # TUPLE2
+                stack[-2:] = [tuple(stack[-2:])]
+            elif op == 0x87:  # TUPLE3
+                stack[-3:] = [tuple(stack[-3:])]
+            elif op == 0x74:  # TUPLE (from mark)
+                items = tuple(stack)
+                stack = metastack.pop()
+                stack.append(items)
+            elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
+                if op == 0x71:
+                    slot = data[pos]
+                    pos += 1
+                else:
+                    slot = u32(data, pos)[0]
+                    pos += 4
+                if slot != len(memo):
+                    raise _Unsupported("memo slots out of order")
+                top = stack[-1]
+                if type(top) is dict or type(top) is list:
+                    memo_index[id(top)] = slot
+                memo.append(top)
+            elif op == 0x80:  # PROTO
+                if data[pos] > 5:
+                    raise _Unsupported("unknown protocol")
+                pos += 1
+            elif op == 0x2E:  # STOP
+                break
+            else:
+                raise _Unsupported(f"opcode {op:#x}")
     if len(stack) != 1 or metastack:
         raise _Unsupported("stack not balanced at STOP")
     result = stack[0]

@@ -1,0 +1,108 @@
+"""The compiled snapshot-pickle walker (stream_walk.cpp), built on first use.
+
+Unlike the compiled recorder it uses only the CPython API, so it is compiled with the C++ compiler and
+Python's own include directory (``c++ -shared``), not `torch.utils.cpp_extension`: importing torch to
+load it would cost more than the walk saves. The build is cached in a directory keyed by the source's
+hash and the Python version (``$MEMLENS_BUILD_DIR`` or ``~/.cache/memlens``), written atomically, so it
+happens once per machine. `load()` raises `NativeUnavailable` with the reason when it cannot be built;
+the reader then uses the Python walker, which gives the same decisions and the same results.
+
+``MEMLENS_PICKLE_WALKER=python`` selects the Python walker (``compiled``, the default, falls back to it).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+
+_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_walk.cpp")
+_NAME = "memlens_stream_walk"
+_CFLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared"]
+_lock = threading.Lock()
+_module = None
+_error: str | None = None
+
+
+class NativeUnavailable(RuntimeError):
+    """The compiled walker could not be built or loaded (the message says why)."""
+
+
+def walker() -> str:
+    """"compiled" or "python", from ``$MEMLENS_PICKLE_WALKER`` (default "compiled")."""
+    name = (os.environ.get("MEMLENS_PICKLE_WALKER") or "compiled").strip().lower()
+    return "python" if name == "python" else "compiled"
+
+
+def _library_path() -> str:
+    with open(_SOURCE, "rb") as f:
+        digest = hashlib.sha256(f.read() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
+    tag = f"stream_walk-{sys.implementation.cache_tag}-{digest}"
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    return os.path.join(root, tag, _NAME + suffix)
+
+
+def _build(path: str) -> None:
+    compiler = os.environ.get("CXX") or "c++"
+    if shutil.which(compiler) is None:
+        compiler = "g++"
+        if shutil.which(compiler) is None:
+            raise NativeUnavailable("no C++ compiler found ('c++' / 'g++' not on PATH)")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".so.tmp")
+    os.close(fd)
+    try:
+        cmd = [compiler, *_CFLAGS, "-I", sysconfig.get_paths()["include"], _SOURCE, "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise NativeUnavailable(f"compiling stream_walk.cpp failed: {tail}")
+        os.replace(tmp, path)  # atomic: a concurrent build or load never sees half a library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def load():
+    """The compiled walker module (built on the first call in a machine, then loaded from cache)."""
+    global _module, _error
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        if _error is not None:
+            raise NativeUnavailable(_error)
+        try:
+            path = _library_path()
+            if not os.path.exists(path):
+                _build(path)
+            loader = importlib.machinery.ExtensionFileLoader(_NAME, path)
+            spec = importlib.util.spec_from_file_location(_NAME, path, loader=loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            _module = module
+        except NativeUnavailable as exc:
+            _error = str(exc)
+            raise
+        except Exception as exc:  # an unloadable library, an unwritable cache: say so once
+            _error = f"{type(exc).__name__}: {exc}"
+            raise NativeUnavailable(_error) from exc
+        return _module
+
+
+def available() -> bool:
+    """True when the compiled walker builds and loads here."""
+    try:
+        load()
+        return True
+    except NativeUnavailable:
+        return False
