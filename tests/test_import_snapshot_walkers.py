@@ -298,3 +298,18 @@ def test_distinct_stacks_gzip_snapshot_imports_the_same(tmp_path, monkeypatch):
     stacks = outcome[1]["stacks"]
     assert stacks["stack_id"].nunique() == 2500 and len(stacks) == 2500 * 12  # every event its own stack
     assert np.array_equal(np.sort(outcome[1]["blocks"]["size"].to_numpy()), np.full(1250, 512))
+
+
+def test_interner_reads_usual_and_odd_frames():
+    # the usual frame takes a fast path; every odd one must still be read as before (by hand, from the rules in
+    # StackInterner._frame: a non-dict is its text, a line that is not a non-negative int64 is 0 and counted)
+    interner = StackInterner()
+    frames = [{"name": "f", "filename": "a.py", "line": 3}, {"name": "g", "filename": "b.py", "line": 2**64 - 1},
+              {"name": "h", "filename": "c.py", "line": "12"}, {"name": 5, "filename": None, "line": None},
+              {"filename": "d.py", "line": -1}, "text frame", {"name": "i", "filename": "e.py", "line": True}]
+    assert interner.intern(frames) == 0
+    table = interner.table()
+    assert list(table["name"]) == ["f", "g", "h", "5", "", "text frame", "i"]
+    assert list(table["filename"]) == ["a.py", "b.py", "c.py", "None", "d.py", "", "e.py"]
+    assert list(table["line"]) == [3, 0, 12, 0, 0, 0, 1]
+    assert interner.unknown_lines == 2 and interner.odd_frames == 1

@@ -13,6 +13,8 @@ innermost Python function for Python-only stacks), which becomes depth 0 in `sta
 from __future__ import annotations
 
 import re
+from itertools import chain
+from operator import itemgetter
 
 import numpy as np
 import pandas as pd
@@ -78,6 +80,13 @@ class StackInterner:
 
     def _frame(self, f) -> tuple[str, str, int]:
         """(name, filename, line) of one frame dict; anything unreadable becomes "unknown" and is counted."""
+        if type(f) is dict:  # the usual frame, answered without the checks below
+            name, filename, line = f.get("name", ""), f.get("filename", ""), f.get("line")
+            if type(line) is int and 0 <= line <= _INT64_MAX and type(name) is str and type(filename) is str:
+                return (name, filename, line)
+        return self._odd_frame(f)
+
+    def _odd_frame(self, f) -> tuple[str, str, int]:
         if type(f) is not dict:
             self.odd_frames += 1
             return (str(f)[:200], "", 0)
@@ -102,13 +111,13 @@ class StackInterner:
     def table(self) -> pd.DataFrame:
         """The `stacks` table: one row per (stack_id, depth), depth 0 innermost."""
         lengths = np.fromiter((len(c) for c in self._content), dtype=np.int64, count=len(self._content))
-        flat = [frame for c in self._content for frame in c]
-        names, files, lines = (zip(*flat) if flat else ((), (), ()))
+        flat = list(chain.from_iterable(self._content))
+        names, files, lines = (list(map(itemgetter(k), flat)) for k in range(3))
         starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
         return pd.DataFrame({
             "stack_id": np.repeat(np.arange(len(self._content), dtype=np.int64), lengths),
             "depth": np.arange(int(lengths.sum()), dtype=np.int64) - starts,
-            "name": list(names), "filename": list(files), "line": np.asarray(lines, dtype=np.int64),
+            "name": names, "filename": files, "line": np.asarray(lines, dtype=np.int64),
         })
 
     def hints(self) -> pd.DataFrame:
