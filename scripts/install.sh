@@ -4,7 +4,7 @@
 # machine; where .venv already has a torch (e.g. your own CUDA build) it is kept.
 # Then the compiled recorder (memlens/record/native) is built against that torch (once per machine,
 # cached; MEMLENS_BUILD_DIR moves the cache). Without a C++ compiler this says so and memlens records
-# with its Python recorder.
+# with its Python recorder. Likewise the compiled snapshot-pickle walker (memlens/io/native, plain c++).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=${1:?usage: scripts/install.sh EXTRA}
@@ -20,6 +20,12 @@ try:
     print(f"memlens: compiled recorder ready ({native.build_dir()})")
 except native.NativeUnavailable as exc:
     print(f"memlens: compiled recorder not built ({exc}); recording uses the Python recorder")
+from memlens.io import native as io_native
+try:
+    io_native.load()
+    print("memlens: compiled snapshot-pickle walker ready")
+except io_native.NativeUnavailable as exc:
+    print(f"memlens: compiled snapshot-pickle walker not built ({exc}); snapshots are read by the Python walker")
 PYEOF
 # the console script lives in .venv/bin, which is not on PATH until the venv is activated
 echo "memlens is installed in .venv: run .venv/bin/memlens --help, or 'source .venv/bin/activate' first to type just memlens"
