@@ -313,3 +313,22 @@ def test_interner_reads_usual_and_odd_frames():
     assert list(table["filename"]) == ["a.py", "b.py", "c.py", "None", "d.py", "", "e.py"]
     assert list(table["line"]) == [3, 0, 12, 0, 0, 0, 1]
     assert interner.unknown_lines == 2 and interner.odd_frames == 1
+
+
+@pytest.mark.parametrize("walker", ["python", "compiled"])
+def test_frame_dicts_shared_across_batches_are_read_once_per_stack(walker, tmp_path, monkeypatch):
+    # the streaming reader frees frame dicts after each batch of 1,000 entries (replacing them by read frames);
+    # a C++ frame shared by all 2,500 entries must still make 6 stacks ({bad, good_i} in 2 orders x 3), each
+    # reading the bad line once: 6 repairs, as when nothing is freed
+    monkeypatch.setenv("MEMLENS_PICKLE_WALKER", walker)
+    bad = {"name": "c10::alloc", "filename": "", "line": 2**64 - 1}
+    good = [{"name": f"f{i}", "filename": "a.py", "line": i} for i in range(3)]
+    entries = [_entry(4096 * (i + 1), [bad, good[i % 3]] if i % 2 else [good[i % 3], bad]) for i in range(2500)]
+    path = tmp_path / "shared_frames.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    trace = import_snapshot(path)
+    assert trace.stacks["stack_id"].nunique() == 6 and len(trace.stacks) == 12
+    assert trace.metadata["notes"] and any("6 stack frames with a negative" in n for n in trace.metadata["notes"])
+    sid = trace.blocks.sort_values("alloc_ns")["stack_id"].to_numpy()
+    # entry i has the stack of entry i % 6, in every batch, and entries 0..5 six different ones
+    assert len(set(sid[:6])) == 6 and (sid == sid[np.arange(2500) % 6]).all()

@@ -13,7 +13,7 @@ innermost Python function for Python-only stacks), which becomes depth 0 in `sta
 from __future__ import annotations
 
 import re
-from itertools import chain
+from itertools import chain, repeat
 from operator import itemgetter
 
 import numpy as np
@@ -45,6 +45,9 @@ class StackInterner:
         self._by_ids: dict[tuple, int] = {}
         self._by_content: dict[tuple, int] = {}
         self._keepalive: list = []  # frames whose ids are keys above must stay alive
+        self._pending: list = []  # (ids, frames, stack id) of lists whose dicts `release` will let go
+        self._read_ids: set[int] = set()  # ids of the frame tuples `release` put in place of dicts (kept
+        # alive by `_content`): such a tuple is a frame already read, any other tuple an odd frame
         self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
         self.unknown_lines = 0  # frames whose line was negative, beyond int64 (C++ frames write -1 as
         # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
@@ -54,8 +57,11 @@ class StackInterner:
     def __len__(self) -> int:
         return len(self._content)
 
-    def intern(self, frames) -> int:
-        """Stack id of `frames` (a list of {"name", "filename", "line"} dicts); `NO_STACK` when empty."""
+    def intern(self, frames, forget=None) -> int:
+        """Stack id of `frames` (a list of {"name", "filename", "line"} dicts); `NO_STACK` when empty.
+
+        With `forget` true (the streaming reader), a newly seen list of frame dicts is not kept to the end
+        of the import: `release` lets its dicts go."""
         if not frames:
             return NO_STACK
         if type(frames) is StackRef:
@@ -75,8 +81,43 @@ class StackInterner:
                 self._by_content[content] = sid
                 self._content.append(content)
             self._by_ids[ids] = sid
-            self._keepalive.append(frames)
+            if forget is not None and type(frames) is list and self._all_frames(frames):
+                self._pending.append((ids, frames, sid))  # released by `release(forget)`
+            else:
+                self._keepalive.append(frames)
         return sid
+
+    def is_read_frame(self, obj) -> bool:
+        """True for a frame tuple that `release` put in place of a frame dict."""
+        return type(obj) is tuple and id(obj) in self._read_ids
+
+    def _all_frames(self, frames: list) -> bool:
+        """Every item a frame dict or a frame already read (not some other object)."""
+        types = set(map(type, frames))
+        if types == {dict}:
+            return True
+        read = self._read_ids
+        return types <= {dict, tuple} and all(id(f) in read for f in frames if type(f) is tuple)
+
+    def release(self, memo: list, memo_index: dict) -> None:
+        """Let the frame dicts of the stacks interned with `forget` since the last call be freed: each is
+        replaced by its frame tuple in its list and in the streaming reader's memo (`memo_index`: id of a
+        container -> its memo slot), and
+        the identity key moves from the dicts' ids (which a freed dict would leave to be reused) to the
+        frame tuples' ids (kept alive by `_content`). Called after each batch of entries, so that lists
+        within a batch sharing frame dicts still hit the identity key."""
+        by_ids, contents, pop = self._by_ids, self._content, memo_index.pop
+        for ids, frames, sid in self._pending:
+            content = contents[sid]
+            for slot, read in zip(map(pop, ids, repeat(None)), content):  # only dicts have memo_index slots
+                if slot is not None:
+                    memo[slot] = read
+            frames[:] = content
+            del by_ids[ids]
+            content_ids = tuple(map(id, content))
+            by_ids[content_ids] = sid
+            self._read_ids.update(content_ids)
+        self._pending.clear()
 
     def _frame(self, f) -> tuple[str, str, int]:
         """(name, filename, line) of one frame dict; anything unreadable becomes "unknown" and is counted."""
@@ -84,6 +125,8 @@ class StackInterner:
             name, filename, line = f.get("name", ""), f.get("filename", ""), f.get("line")
             if type(line) is int and 0 <= line <= _INT64_MAX and type(name) is str and type(filename) is str:
                 return (name, filename, line)
+        elif type(f) is tuple and id(f) in self._read_ids:  # a frame already read (see `release`)
+            return f
         return self._odd_frame(f)
 
     def _odd_frame(self, f) -> tuple[str, str, int]:

@@ -72,8 +72,9 @@ class EntryColumns:
     def __len__(self) -> int:
         return len(self.codes["action"])
 
-    def add(self, entries: list, interner: StackInterner, forget) -> None:
-        """Append `entries` (dicts); `forget(obj, replacement)` releases their memo slots."""
+    def add(self, entries: list, interner: StackInterner, forget, memo_state: tuple) -> None:
+        """Append `entries` (dicts); `forget(obj, replacement)` releases their memo slots, `memo_state` is
+        the reader's (memo, memo_index), where the frame dicts' slots are released."""
         int_columns = [(self.ints[name], name) for name in _INT_FIELDS]
         coded = [(self.codes[name], self._code_of[name], self.names[name], name) for name in _CODED_FIELDS]
         stack_ids = self.stack_id
@@ -92,11 +93,12 @@ class EntryColumns:
                     names.append(value)
                 column.append(code)
             frames = get("frames")
-            sid = interner.intern(frames)
+            sid = interner.intern(frames, forget)  # frees the frame dicts of a new stack
             if type(frames) is list and frames:
                 forget(frames, StackRef(sid))  # later references to this list resolve to the id
             stack_ids.append(sid)
             forget(e, _RELEASED)
+        interner.release(*memo_state)
 
 
 def _is_entry(obj) -> bool:
@@ -136,7 +138,8 @@ def _parse(data, interner: StackInterner):
 
     def check_frames(target, items):
         # a frames list longer than the limit is refused while it grows, before it costs memory
-        if len(target) + len(items) > max_frames and items and type(items[0]) is dict and "filename" in items[0]:
+        if len(target) + len(items) > max_frames and items and (
+                type(items[0]) is dict and "filename" in items[0] or interner.is_read_frame(items[0])):
             raise too_many_frames(len(target) + len(items), max_frames)
 
     def forget(obj, replacement):
@@ -151,7 +154,7 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("entries appended to a list that holds other items")
             cols = columns[id(target)] = EntryColumns()
             keep.append(target)
-        cols.add(items, interner, forget)
+        cols.add(items, interner, forget, (memo, memo_index))
 
     def need(count):
         if pos + count > n:
