@@ -32,7 +32,7 @@ from memlens import limits
 from memlens.errors import InputError
 from memlens.io.safe_pickle import loads_buffer, pickle_buffer
 from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
-from memlens.io.snapshot_frames import StackInterner
+from memlens.io.snapshot_frames import new_stack_interner, stack_hints
 from memlens.io.snapshot_meta import annotation_ops, describe
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
@@ -58,11 +58,11 @@ def import_snapshot(path):
 
 
 def _read(buf, path):
-    """(snapshot object, its StackInterner) from pickle bytes: streamed, or by the restricted unpickler."""
-    interner = StackInterner()
+    """(snapshot object, its stack interner) from pickle bytes: streamed, or by the restricted unpickler."""
+    interner = new_stack_interner()
     snapshot = stream_snapshot(buf, interner)
     if snapshot is None:
-        interner = StackInterner()
+        interner = new_stack_interner()
         snapshot = loads_buffer(buf, path)
     else:
         limits.check_nesting(snapshot, path)
@@ -75,7 +75,7 @@ def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None,
     where = path if path is not None else source
     segments, device_traces, extras = _normalize(snapshot, where)
     try:
-        return _convert(segments, device_traces, extras, source, interner or StackInterner())
+        return _convert(segments, device_traces, extras, source, interner or new_stack_interner())
     except InputError as exc:
         raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
@@ -211,7 +211,7 @@ def _segment_stream(final: FinalState, sb: pd.DataFrame, dev_index: dict[str, in
     return np.where(idx >= 0, streams[idx.clip(0)] if len(streams) else 0, 0).astype(np.int64)
 
 
-def _convert(segments: list, device_traces: list, extras: dict, source: str, interner: StackInterner):
+def _convert(segments: list, device_traces: list, extras: dict, source: str, interner):
     from memlens.trace import Trace
 
     ev = read_device_traces(device_traces, interner)
@@ -233,7 +233,8 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(dtype=np.int64)] \
         if len(blocks) else np.empty(0, dtype=object)
 
-    hints = interner.hints()
+    stacks = interner.table()
+    hints = stack_hints(stacks, len(interner))
     sid = blocks["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
     has = sid >= 0
     for col in ("op", "location"):
@@ -248,7 +249,7 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     ops = annotation_ops(extras.get("external_annotations"), ev.t0_unix_ns,
                          int(ev.t_ns.max()) if len(ev) else None)
     trace = Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
-                              segment_blocks=final.segment_blocks, stacks=interner.table())
+                              segment_blocks=final.segment_blocks, stacks=stacks)
     tell_story(trace)  # phases, model calls and categories from the stacks and annotations
     return trace
 

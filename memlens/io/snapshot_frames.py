@@ -7,6 +7,13 @@ so a 100 MB snapshot's millions of frame references cost one tuple and one dict 
 no reference to the lists themselves (only to one list per distinct identity tuple), so that the
 streaming reader can drop each entry once converted.
 
+`CompiledStackInterner` is the same interner in C++ (memlens/io/native/stream_walk.cpp), which the compiled
+pickle walker feeds directly: frames become (name id, filename id, line) rows and stacks runs of frame ids,
+so no Python object is kept per frame; the `stacks` table is built from those arrays with numpy.
+`new_stack_interner` picks the one that goes with the walker in use. Both read every frame by the same
+rules (`read_odd_frame` for anything but the usual dict), give the same ids in the same order, and count
+repairs once per distinct stack.
+
 Frame order follows the snapshot: ``frames[0]`` is the innermost frame (the allocator itself, or the
 innermost Python function for Python-only stacks), which becomes depth 0 in `stacks`.
 """
@@ -38,6 +45,26 @@ class StackRef:
 _ATEN_OP = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
 
 
+def read_odd_frame(f) -> tuple[str, str, int, int, int]:
+    """(name, filename, line, unknown_line, odd) of a frame that is not the usual {"name": str,
+    "filename": str, "line": 0 <= int < 2**63} dict: a non-dict is a frame named by its text (odd = 1); a
+    line that is not a non-negative int64 is read as 0, "unknown" (unknown_line = 1), as for C++ frames."""
+    if type(f) is not dict:
+        return (str(f)[:200], "", 0, 0, 1)
+    line = f.get("line")
+    if type(line) is not int:
+        try:
+            line = int(line or 0)
+        except (TypeError, ValueError, OverflowError):
+            line = -1
+    unknown = 0
+    if not 0 <= line <= _INT64_MAX:
+        unknown, line = 1, 0
+    name, filename = f.get("name", ""), f.get("filename", "")
+    return (name if type(name) is str else str(name), filename if type(filename) is str else str(filename),
+            line, unknown, 0)
+
+
 class StackInterner:
     """Maps frame lists to dense stack ids (0, 1, ...); identical content gets the same id."""
 
@@ -48,6 +75,10 @@ class StackInterner:
         self._pending: list = []  # (ids, frames, stack id) of lists whose dicts `release` will let go
         self._read_ids: set[int] = set()  # ids of the frame tuples `release` put in place of dicts (kept
         # alive by `_content`): such a tuple is a frame already read, any other tuple an odd frame
+        self._odd_ids: set[int] = set()  # ids of odd frame dicts (`release` keeps them: their repairs are
+        # counted again in each new stack that holds them)
+        self._new_unknown = 0  # repairs seen while reading the stack being interned (counted if it is new)
+        self._new_odd = 0
         self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
         self.unknown_lines = 0  # frames whose line was negative, beyond int64 (C++ frames write -1 as
         # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
@@ -74,12 +105,15 @@ class StackInterner:
         ids = tuple(map(id, frames))
         sid = self._by_ids.get(ids)
         if sid is None:
+            self._new_unknown = self._new_odd = 0
             content = tuple(map(self._frame, frames))
             sid = self._by_content.get(content)
-            if sid is None:
+            if sid is None:  # repairs are counted once per distinct stack
                 sid = len(self._content)
                 self._by_content[content] = sid
                 self._content.append(content)
+                self.unknown_lines += self._new_unknown
+                self.odd_frames += self._new_odd
             self._by_ids[ids] = sid
             if forget is not None and type(frames) is list and self._all_frames(frames):
                 self._pending.append((ids, frames, sid))  # released by `release(forget)`
@@ -109,6 +143,9 @@ class StackInterner:
         by_ids, contents, pop = self._by_ids, self._content, memo_index.pop
         for ids, frames, sid in self._pending:
             content = contents[sid]
+            if self._odd_ids and not self._odd_ids.isdisjoint(ids):  # odd dicts stay (see `_odd_ids`)
+                self._keepalive.append(frames)
+                continue
             for slot, read in zip(map(pop, ids, repeat(None)), content):  # only dicts have memo_index slots
                 if slot is not None:
                     memo[slot] = read
@@ -130,21 +167,12 @@ class StackInterner:
         return self._odd_frame(f)
 
     def _odd_frame(self, f) -> tuple[str, str, int]:
-        if type(f) is not dict:
-            self.odd_frames += 1
-            return (str(f)[:200], "", 0)
-        line = f.get("line")
-        if type(line) is not int:
-            try:
-                line = int(line or 0)
-            except (TypeError, ValueError, OverflowError):
-                line = -1
-        if not 0 <= line <= _INT64_MAX:
-            self.unknown_lines += 1
-            line = 0
-        name, filename = f.get("name", ""), f.get("filename", "")
-        return (name if type(name) is str else str(name), filename if type(filename) is str else str(filename),
-                line)
+        name, filename, line, unknown, odd = read_odd_frame(f)
+        self._new_unknown += unknown
+        self._new_odd += odd
+        if type(f) is dict:
+            self._odd_ids.add(id(f))
+        return (name, filename, line)
 
     def intern_many(self, frame_lists) -> np.ndarray:
         """Stack ids (int64, `NO_STACK` for none) of an iterable of frame lists."""
@@ -155,29 +183,126 @@ class StackInterner:
         """The `stacks` table: one row per (stack_id, depth), depth 0 innermost."""
         lengths = np.fromiter((len(c) for c in self._content), dtype=np.int64, count=len(self._content))
         flat = list(chain.from_iterable(self._content))
-        names, files, lines = (list(map(itemgetter(k), flat)) for k in range(3))
-        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
-        return pd.DataFrame({
-            "stack_id": np.repeat(np.arange(len(self._content), dtype=np.int64), lengths),
-            "depth": np.arange(int(lengths.sum()), dtype=np.int64) - starts,
-            "name": names, "filename": files, "line": np.asarray(lines, dtype=np.int64),
-        })
+        names, files = (_objects(list(map(itemgetter(k), flat))) for k in range(2))
+        lines = np.fromiter(map(itemgetter(2), flat), dtype=np.int64, count=len(flat))
+        return _stacks_table(lengths, names, files, lines)
 
     def hints(self) -> pd.DataFrame:
-        """Per stack: `op` (the outermost ATen operator on the stack, e.g. "zeros_like"; "" when the stack
-        has no C++ frames) and `location` ("file.py:line function" of the innermost Python frame outside
-        torch itself, i.e. the user's code; "" when none)."""
-        ops, locations = [], []
-        for content in self._content:
-            op = ""
-            for name, _, _ in content:  # innermost first: keep the last (outermost) match
-                m = _ATEN_OP.match(name)
-                if m:
-                    op = m.group(1)
-            ops.append(op)
-            locations.append(_user_location(content))
-        return pd.DataFrame({"stack_id": np.arange(len(self._content), dtype=np.int64),
-                             "op": ops, "location": locations})
+        """Per stack: `op` and `location` (see `stack_hints`)."""
+        return stack_hints(self.table(), len(self))
+
+
+class CompiledStackInterner:
+    """`StackInterner` in C++ (memlens/io/native/stream_walk.cpp ``FrameTable``): the same ids, table,
+    repairs and limits; the compiled walker interns into `frame_table` without calling back."""
+
+    def __init__(self) -> None:
+        from memlens.io import native
+
+        self.max_frames = limits.max_frames()
+        self.frame_table = native.load().FrameTable(self.max_frames, read_odd_frame, too_many_frames, StackRef)
+
+    def __len__(self) -> int:
+        return self.frame_table.counts()[2]
+
+    @property
+    def unknown_lines(self) -> int:
+        return self.frame_table.counts()[0]
+
+    @property
+    def odd_frames(self) -> int:
+        return self.frame_table.counts()[1]
+
+    def intern(self, frames) -> int:
+        """Stack id of `frames` (see `StackInterner.intern`)."""
+        return self.frame_table.intern(frames)
+
+    def intern_many(self, frame_lists) -> np.ndarray:
+        """Stack ids (int64, `NO_STACK` for none) of an iterable of frame lists."""
+        intern = self.frame_table.intern
+        return np.fromiter((intern(f) for f in frame_lists), dtype=np.int64)
+
+    def table(self) -> pd.DataFrame:
+        """The `stacks` table, built from the interned arrays (one str object per distinct string)."""
+        strings, frame_name, frame_file, frame_line, stack_start, stack_frames = self.frame_table.columns()
+        frame_ids = np.frombuffer(stack_frames, dtype=np.int32)
+        strings = _objects(strings)
+        names = strings[np.frombuffer(frame_name, dtype=np.int32)[frame_ids]]
+        files = strings[np.frombuffer(frame_file, dtype=np.int32)[frame_ids]]
+        lines = np.frombuffer(frame_line, dtype=np.int64)[frame_ids]
+        return _stacks_table(np.diff(np.frombuffer(stack_start, dtype=np.int64)), names, files, lines)
+
+    def hints(self) -> pd.DataFrame:
+        """Per stack: `op` and `location` (see `stack_hints`)."""
+        return stack_hints(self.table(), len(self))
+
+
+def new_stack_interner():
+    """The interner for the pickle walker in use: compiled (``MEMLENS_PICKLE_WALKER`` unset or
+    ``compiled``, and the C++ walker builds here) or the Python one."""
+    from memlens.io import native
+
+    if native.walker() == "compiled" and native.available():
+        return CompiledStackInterner()
+    return StackInterner()
+
+
+def _objects(values: list) -> np.ndarray:
+    """A list as a 1-d object array (np.asarray would make a 2-d array of a list of tuples)."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _stacks_table(lengths: np.ndarray, names: np.ndarray, files: np.ndarray, lines: np.ndarray) -> pd.DataFrame:
+    """The `stacks` table from per-stack frame counts and per-row frame columns (object arrays of str,
+    kept as object columns: pandas would otherwise copy every string into Arrow)."""
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return pd.DataFrame({
+        "stack_id": np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
+        "depth": np.arange(int(lengths.sum()), dtype=np.int64) - starts,
+        "name": pd.Series(names, dtype=object, copy=False), "filename": pd.Series(files, dtype=object, copy=False),
+        "line": lines,
+    })
+
+
+def stack_hints(stacks: pd.DataFrame, count: int) -> pd.DataFrame:
+    """Per stack id 0..count-1 of a `stacks` table in (stack_id, depth) order: `op` (the outermost ATen
+    operator on the stack, e.g. "zeros_like"; "" when the stack has no C++ frames) and `location`
+    ("file.py:line function" of the innermost Python frame outside torch itself, i.e. the user's code;
+    "" when none). Each distinct name and file name is tested once."""
+    ops = np.full(count, "", dtype=object)
+    locations = np.full(count, "", dtype=object)
+    if len(stacks):
+        stack_of_row = stacks["stack_id"].to_numpy(dtype=np.int64)
+        names = stacks["name"].to_numpy(dtype=object)
+        files = stacks["filename"].to_numpy(dtype=object)
+        name_codes, name_u = pd.factorize(names)
+        file_codes, file_u = pd.factorize(files)
+        rows = np.arange(len(stacks), dtype=np.int64)
+        # op: the ATen operator of the last (outermost) matching frame of each stack
+        op_of_name = np.array([_aten_op(n) for n in name_u] or [""], dtype=object)
+        op_row = np.full(count, -1, dtype=np.int64)
+        has_op = op_of_name[name_codes] != ""
+        np.maximum.at(op_row, stack_of_row[has_op], rows[has_op])
+        found = op_row >= 0
+        ops[found] = op_of_name[name_codes[op_row[found]]]
+        # location: the first (innermost) user Python frame of each stack
+        user_file = np.array([f.endswith(".py") and not _is_torch_internal(f) for f in file_u] or [False])
+        user = user_file[file_codes]
+        loc_row = np.full(count, len(stacks), dtype=np.int64)
+        np.minimum.at(loc_row, stack_of_row[user], rows[user])
+        lines = stacks["line"].to_numpy(dtype=np.int64)
+        for sid in np.flatnonzero(loc_row < len(stacks)):
+            r = loc_row[sid]
+            base = files[r].replace("\\", "/").rsplit("/", 1)[-1]
+            locations[sid] = f"{base}:{lines[r]} {names[r]}"
+    return pd.DataFrame({"stack_id": np.arange(count, dtype=np.int64), "op": ops, "location": locations})
+
+
+def _aten_op(name: str) -> str:
+    m = _ATEN_OP.match(name) if "at::_ops::" in name else None
+    return m.group(1) if m else ""
 
 
 def too_many_frames(count: int, limit: int) -> InputError:
@@ -191,9 +316,3 @@ def _is_torch_internal(filename: str) -> bool:
     return "/torch/" in f or f.startswith("torch/") or "/site-packages/" in f and "/torch" in f
 
 
-def _user_location(content: tuple) -> str:
-    for name, filename, line in content:
-        if filename.endswith(".py") and not _is_torch_internal(filename):
-            base = filename.replace("\\", "/").rsplit("/", 1)[-1]
-            return f"{base}:{line} {name}"
-    return ""

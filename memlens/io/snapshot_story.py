@@ -77,13 +77,13 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line")
     if stacks is None or len(stacks) == 0:
         return pd.DataFrame({c: [] for c in cols})
-    st = stacks.sort_values(["stack_id", "depth"], kind="stable")
+    st = stacks if _sorted_by_stack_and_depth(stacks) else stacks.sort_values(["stack_id", "depth"], kind="stable")
     ids = st["stack_id"].to_numpy(dtype=np.int64)
     n = len(ids)
     starts = np.concatenate([[0], np.flatnonzero(np.diff(ids)) + 1])
     ends = np.append(starts[1:], n)
-    name_codes, name_u = pd.factorize(st["name"].astype(str).to_numpy())
-    file_codes, file_u = pd.factorize(st["filename"].astype(str).to_numpy())
+    name_codes, name_u = pd.factorize(_as_str_objects(st["name"]))
+    file_codes, file_u = pd.factorize(_as_str_objects(st["filename"]))
     names = _Distinct([str(x) for x in name_u])
     files = _Distinct([_norm(str(f)) for f in file_u])
     name_u, file_u = names.values, files.values
@@ -168,6 +168,25 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
         "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE),
                                   lambda a: _any_of(a, [has(w) for w in _WORKSPACE]))), "setup": setup,
         "model_key": keys, "model_line": model_line})
+
+
+def _sorted_by_stack_and_depth(stacks: pd.DataFrame) -> bool:
+    """True when rows are already in (stack_id, depth) order with no repeated pair (as importers write
+    them), so that the stable sort would only copy the same rows."""
+    ids = stacks["stack_id"].to_numpy(dtype=np.int64)
+    depth = stacks["depth"].to_numpy(dtype=np.int64)
+    step_id, step_depth = np.diff(ids), np.diff(depth)
+    return bool(np.all((step_id > 0) | ((step_id == 0) & (step_depth > 0))))
+
+
+def _as_str_objects(column: pd.Series) -> np.ndarray:
+    """The column as an object array of Python str. A column that already holds only str is used as it
+    is: pandas' ``astype(str)`` would copy every string into Arrow and back (for a snapshot with
+    millions of frames, seconds and hundreds of MB)."""
+    values = column.to_numpy(dtype=object)
+    if pd.api.types.infer_dtype(values, skipna=False) == "string":
+        return values
+    return column.astype(str).to_numpy(dtype=object)
 
 
 class _Distinct:

@@ -7,6 +7,9 @@ appended to a list (the pickler writes lists in batches of 1,000), converts them
 (`EntryColumns`) and drops them, together with their memo slots. A frames list's memo slot is replaced by
 its stack id, so a later reference to the same list resolves to the id.
 
+With a `CompiledStackInterner` the loop runs in C++ (memlens/io/native/stream_walk.cpp), which also converts
+the entries and interns their frames there, and keeps only the memo slots that the stream reads again.
+
 Anything outside the supported subset (a global, a reduce, an unknown opcode), any inconsistency, or a
 corrupt stream makes `stream_snapshot` return None; the caller then uses the restricted C unpickler,
 which gives the canonical error for bad files. The result is therefore never different from a full load,
@@ -14,12 +17,13 @@ only cheaper.
 """
 from __future__ import annotations
 
+import mmap
 import re
 from array import array
 from struct import Struct
 
 from memlens.errors import InputError
-from memlens.io.snapshot_frames import StackInterner, StackRef, too_many_frames
+from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner, StackRef, too_many_frames
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
@@ -58,6 +62,25 @@ def _compiled_walk():
         return None
 
 
+def _walk_compiled(walk, data, interner: CompiledStackInterner):
+    """The compiled walk: the top-level object, with device trace lists as `EntryColumns`."""
+    try:
+        stack, depth, parts = walk(data, interner.frame_table, _Unsupported, _TooManyLoose, _RELEASED, MAX_STACK,
+                                   isinstance(data, mmap.mmap))
+    except _TooManyLoose:
+        raise too_many_loose() from None
+    if len(stack) != 1 or depth:
+        raise _Unsupported("stack not balanced at STOP")
+    columns = {id(target): EntryColumns.from_arrays(*arrays) for target, *arrays in parts}
+    result = stack[0]
+    if columns and type(result) is dict and type(result.get("device_traces")) is list:
+        result["device_traces"] = [columns.get(id(t), t) for t in result["device_traces"]]
+    elif columns:
+        raise _Unsupported("entries outside device_traces")
+    del parts  # the device trace lists stay alive (and their ids valid) until here
+    return result
+
+
 class EntryColumns:
     """The entries of one device trace as typed columns: int64 arrays for the integer fields (`MISSING`
     where absent) and, for the string fields, int32 codes into a table of the distinct values."""
@@ -71,6 +94,19 @@ class EntryColumns:
 
     def __len__(self) -> int:
         return len(self.codes["action"])
+
+    @classmethod
+    def from_arrays(cls, ints: tuple, stack_ids: bytes, codes: tuple, names: tuple) -> "EntryColumns":
+        """Columns from the compiled walker: int64 / int32 arrays as bytes (in `_INT_FIELDS` /
+        `_CODED_FIELDS` order) and the distinct values of the coded fields."""
+        cols = cls()
+        for name, raw in zip(_INT_FIELDS, ints):
+            cols.ints[name].frombytes(raw)
+        cols.stack_id.frombytes(stack_ids)
+        for name, raw, values in zip(_CODED_FIELDS, codes, names):
+            cols.codes[name].frombytes(raw)
+            cols.names[name] = values
+        return cols
 
     def add(self, entries: list, interner: StackInterner, forget, memo_state: tuple) -> None:
         """Append `entries` (dicts); `forget(obj, replacement)` releases their memo slots, `memo_state` is
@@ -105,11 +141,19 @@ def _is_entry(obj) -> bool:
     return type(obj) is dict and "action" in obj
 
 
-def stream_snapshot(data, interner: StackInterner):
+def stream_snapshot(data, interner: StackInterner | CompiledStackInterner):
     """Parse snapshot pickle bytes (bytes/mmap); device-trace lists come back as `EntryColumns`.
+    A `CompiledStackInterner` selects the compiled walker (when it is not there, the Python loop runs
+    with a `StackInterner` in its place: the caller's interner then stays empty, so pass one from
+    `memlens.io.snapshot_frames.new_stack_interner`).
 
     Returns None when the stream needs the general unpickler (see module docstring)."""
     try:
+        if isinstance(interner, CompiledStackInterner):
+            walk = _compiled_walk()
+            if walk is None:
+                raise _Unsupported("compiled interner without the compiled walker")
+            return _walk_compiled(walk, data, interner)
         return _parse(data, interner)
     except InputError:  # a limit was hit: the general unpickler would only spend more memory on it
         raise
@@ -160,168 +204,159 @@ def _parse(data, interner: StackInterner):
         if pos + count > n:
             raise _Unsupported("truncated")
 
-    walk = _compiled_walk()
-    if walk is not None:  # the same loop in C (memlens/io/native/stream_walk.cpp), on the same state
-        try:
-            stack, depth = walk(data, memo, memo_index, take_entries, check_frames, _Unsupported, _TooManyLoose,
-                                _RELEASED, MAX_STACK)
-        except _TooManyLoose:
-            raise too_many_loose() from None
-        metastack = [None] * depth
-    else:
-        # branches are ordered by how often snapshot pickles use each opcode
-        while True:
-            op = data[pos]
+    # branches are ordered by how often snapshot pickles use each opcode
+    while True:
+        op = data[pos]
+        pos += 1
+        if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
+            end = run_of_gets(data, pos - 1).end()
+            count = (end - pos + 1) // 5
+            fmt = get_formats.get(count)
+            if fmt is None:
+                fmt = get_formats[count] = Struct("<" + "xI" * count)
+            values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
+            if _RELEASED in values:
+                raise _Unsupported("reference to a converted entry")
+            stack.extend(values)
+            pos = end
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x68:  # BINGET
+            value = memo[data[pos]]
+            if value is _RELEASED:
+                raise _Unsupported("reference to a converted entry")
+            stack.append(value)
             pos += 1
-            if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
-                end = run_of_gets(data, pos - 1).end()
-                count = (end - pos + 1) // 5
-                fmt = get_formats.get(count)
-                if fmt is None:
-                    fmt = get_formats[count] = Struct("<" + "xI" * count)
-                values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
-                if _RELEASED in values:
-                    raise _Unsupported("reference to a converted entry")
-                stack.extend(values)
-                pos = end
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x68:  # BINGET
-                value = memo[data[pos]]
-                if value is _RELEASED:
-                    raise _Unsupported("reference to a converted entry")
-                stack.append(value)
-                pos += 1
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x94:  # MEMOIZE
-                top = stack[-1]
-                if type(top) is dict or type(top) is list:
-                    memo_index[id(top)] = len(memo)
-                memo.append(top)
-            elif op == 0x28:  # MARK
-                metastack.append(stack)
-                stack = []
-            elif op == 0x8A:  # LONG1
-                size = data[pos]
-                need(size + 1)
-                stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
-                pos += 1 + size
-            elif op == 0x4A:  # BININT
-                stack.append(i32(data, pos)[0])
-                pos += 4
-            elif op == 0x7D:  # EMPTY_DICT
-                stack.append({})
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x75:  # SETITEMS
-                items = stack
-                stack = metastack.pop()
-                target = stack[-1]
-                if type(target) is not dict:
-                    raise _Unsupported("SETITEMS on a non-dict")
-                target.update(zip(items[::2], items[1::2]))
-            elif op == 0x4B:  # BININT1
-                stack.append(data[pos])
-                pos += 1
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x5D:  # EMPTY_LIST
-                stack.append([])
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x65:  # APPENDS
-                items = stack
-                stack = metastack.pop()
-                target = stack[-1]
-                if type(target) is not list:
-                    raise _Unsupported("APPENDS on a non-list")
-                if items and _is_entry(items[0]):
-                    take_entries(target, items)
-                else:
-                    check_frames(target, items)
-                    target.extend(items)
-            elif op == 0x8C:  # SHORT_BINUNICODE
-                size = data[pos]
-                need(size + 1)
-                stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
-                pos += 1 + size
-            elif op == 0x4D:  # BININT2
-                stack.append(u16(data, pos)[0])
-                pos += 2
-            elif op == 0x61:  # APPEND
-                value = stack.pop()
-                target = stack[-1]
-                if type(target) is not list:
-                    raise _Unsupported("APPEND on a non-list")
-                if _is_entry(value):
-                    take_entries(target, [value])
-                else:
-                    check_frames(target, [value])
-                    target.append(value)
-            elif op == 0x73:  # SETITEM
-                value = stack.pop()
-                key = stack.pop()
-                if type(stack[-1]) is not dict:
-                    raise _Unsupported("SETITEM on a non-dict")
-                stack[-1][key] = value
-            elif op == 0x4E:  # NONE
-                stack.append(None)
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x88:  # NEWTRUE
-                stack.append(True)
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x89:  # NEWFALSE
-                stack.append(False)
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x47:  # BINFLOAT
-                stack.append(_F64.unpack_from(data, pos)[0])
-                pos += 8
-            elif op == 0x58:  # BINUNICODE
-                size = u32(data, pos)[0]
-                need(size + 4)
-                stack.append(str(data[pos + 4:pos + 4 + size], "utf-8", "surrogatepass"))
-                pos += 4 + size
-            elif op == 0x95:  # FRAME: a transport boundary, no object
-                pos += 8
-            elif op == 0x29:  # EMPTY_TUPLE
-                stack.append(())
-                if len(stack) > MAX_STACK:
-                    raise too_many_loose()
-            elif op == 0x85:  # TUPLE1
-                stack[-1:] = [(stack[-1],)]
-            elif op == 0x86:  # TUPLE2
-                stack[-2:] = [tuple(stack[-2:])]
-            elif op == 0x87:  # TUPLE3
-                stack[-3:] = [tuple(stack[-3:])]
-            elif op == 0x74:  # TUPLE (from mark)
-                items = tuple(stack)
-                stack = metastack.pop()
-                stack.append(items)
-            elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
-                if op == 0x71:
-                    slot = data[pos]
-                    pos += 1
-                else:
-                    slot = u32(data, pos)[0]
-                    pos += 4
-                if slot != len(memo):
-                    raise _Unsupported("memo slots out of order")
-                top = stack[-1]
-                if type(top) is dict or type(top) is list:
-                    memo_index[id(top)] = slot
-                memo.append(top)
-            elif op == 0x80:  # PROTO
-                if data[pos] > 5:
-                    raise _Unsupported("unknown protocol")
-                pos += 1
-            elif op == 0x2E:  # STOP
-                break
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x94:  # MEMOIZE
+            top = stack[-1]
+            if type(top) is dict or type(top) is list:
+                memo_index[id(top)] = len(memo)
+            memo.append(top)
+        elif op == 0x28:  # MARK
+            metastack.append(stack)
+            stack = []
+        elif op == 0x8A:  # LONG1
+            size = data[pos]
+            need(size + 1)
+            stack.append(int.from_bytes(data[pos + 1:pos + 1 + size], "little", signed=True))
+            pos += 1 + size
+        elif op == 0x4A:  # BININT
+            stack.append(i32(data, pos)[0])
+            pos += 4
+        elif op == 0x7D:  # EMPTY_DICT
+            stack.append({})
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x75:  # SETITEMS
+            items = stack
+            stack = metastack.pop()
+            target = stack[-1]
+            if type(target) is not dict:
+                raise _Unsupported("SETITEMS on a non-dict")
+            target.update(zip(items[::2], items[1::2]))
+        elif op == 0x4B:  # BININT1
+            stack.append(data[pos])
+            pos += 1
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x5D:  # EMPTY_LIST
+            stack.append([])
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x65:  # APPENDS
+            items = stack
+            stack = metastack.pop()
+            target = stack[-1]
+            if type(target) is not list:
+                raise _Unsupported("APPENDS on a non-list")
+            if items and _is_entry(items[0]):
+                take_entries(target, items)
             else:
-                raise _Unsupported(f"opcode {op:#x}")
+                check_frames(target, items)
+                target.extend(items)
+        elif op == 0x8C:  # SHORT_BINUNICODE
+            size = data[pos]
+            need(size + 1)
+            stack.append(str(data[pos + 1:pos + 1 + size], "utf-8", "surrogatepass"))
+            pos += 1 + size
+        elif op == 0x4D:  # BININT2
+            stack.append(u16(data, pos)[0])
+            pos += 2
+        elif op == 0x61:  # APPEND
+            value = stack.pop()
+            target = stack[-1]
+            if type(target) is not list:
+                raise _Unsupported("APPEND on a non-list")
+            if _is_entry(value):
+                take_entries(target, [value])
+            else:
+                check_frames(target, [value])
+                target.append(value)
+        elif op == 0x73:  # SETITEM
+            value = stack.pop()
+            key = stack.pop()
+            if type(stack[-1]) is not dict:
+                raise _Unsupported("SETITEM on a non-dict")
+            stack[-1][key] = value
+        elif op == 0x4E:  # NONE
+            stack.append(None)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x88:  # NEWTRUE
+            stack.append(True)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x89:  # NEWFALSE
+            stack.append(False)
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x47:  # BINFLOAT
+            stack.append(_F64.unpack_from(data, pos)[0])
+            pos += 8
+        elif op == 0x58:  # BINUNICODE
+            size = u32(data, pos)[0]
+            need(size + 4)
+            stack.append(str(data[pos + 4:pos + 4 + size], "utf-8", "surrogatepass"))
+            pos += 4 + size
+        elif op == 0x95:  # FRAME: a transport boundary, no object
+            pos += 8
+        elif op == 0x29:  # EMPTY_TUPLE
+            stack.append(())
+            if len(stack) > MAX_STACK:
+                raise too_many_loose()
+        elif op == 0x85:  # TUPLE1
+            stack[-1:] = [(stack[-1],)]
+        elif op == 0x86:  # TUPLE2
+            stack[-2:] = [tuple(stack[-2:])]
+        elif op == 0x87:  # TUPLE3
+            stack[-3:] = [tuple(stack[-3:])]
+        elif op == 0x74:  # TUPLE (from mark)
+            items = tuple(stack)
+            stack = metastack.pop()
+            stack.append(items)
+        elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
+            if op == 0x71:
+                slot = data[pos]
+                pos += 1
+            else:
+                slot = u32(data, pos)[0]
+                pos += 4
+            if slot != len(memo):
+                raise _Unsupported("memo slots out of order")
+            top = stack[-1]
+            if type(top) is dict or type(top) is list:
+                memo_index[id(top)] = slot
+            memo.append(top)
+        elif op == 0x80:  # PROTO
+            if data[pos] > 5:
+                raise _Unsupported("unknown protocol")
+            pos += 1
+        elif op == 0x2E:  # STOP
+            break
+        else:
+            raise _Unsupported(f"opcode {op:#x}")
     if len(stack) != 1 or metastack:
         raise _Unsupported("stack not balanced at STOP")
     result = stack[0]

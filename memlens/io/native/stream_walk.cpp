@@ -1,45 +1,448 @@
-// memlens compiled snapshot-pickle walker: the opcode loop of memlens/io/snapshot_stream.py `_parse`,
-// statement for statement, in C (the CPython API only, no torch headers).
+// memlens compiled snapshot-pickle walker: the opcode loop of memlens/io/snapshot_stream.py `_parse` in C
+// (the CPython API only, no torch headers), with the trace-entry conversion and the frame interning done
+// here too, so that no per-frame Python object outlives its batch.
 //
-// It interprets the same opcode subset with the same checks in the same order, and shares the Python
-// side's state: `memo` (a list) and `memo_index` (a dict id(container) -> slot), so that the Python
-// callbacks (`take_entries`, which converts a batch of trace entries to columns and releases their memo
-// slots, and `check_frames`, the frames limit) work unchanged. Every failure the Python loop turns into
-// "use the general unpickler" (IndexError, struct errors, decoding errors, unsupported opcodes) raises
-// `unsupported` here; the loose-object limit raises `too_many_loose`; exceptions from the callbacks
-// propagate. So the accept/refuse decisions are those of the Python loop.
+// It interprets the same opcode subset with the same checks in the same order as the Python loop. Every
+// failure the Python loop turns into "use the general unpickler" (IndexError, struct errors, decoding
+// errors, unsupported opcodes, an entry field of the wrong type) raises `unsupported` here; the
+// loose-object limit raises `too_many_loose`; the frames limit raises the `InputError` that the
+// `too_many_frames` callable of the FrameTable builds. So the accept/refuse decisions are those of the
+// Python loop.
+//
+// What differs is what is kept, not what is read:
+// - The memo keeps only the slots that some GET reads later (a first pass over the opcodes finds them):
+//   the Python loop's memo holds every memoized string and frame dict to the end of the file, which for a
+//   snapshot whose stacks are all distinct is most of `pickle.load`'s memory.
+// - `FrameTable` interns frames as (name id, filename id, line) rows and stacks as runs of frame ids in
+//   C++ vectors; the `stacks` table is built from them with numpy (memlens/io/snapshot_frames.py).
+// - Consumed pages of an mmap'ed file are dropped from the resident set as the walk passes them.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 namespace {
 
+constexpr int64_t kMissing = INT64_MIN;  // an absent/None integer field (snapshot_stream.MISSING)
+constexpr int32_t kNoStack = -1;
+
+inline uint64_t mix(uint64_t h) {  // splitmix64 finaliser
+    h ^= h >> 30; h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27; h *= 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+}
+
+// An open-addressing set of dense ids (0, 1, ...) whose keys live elsewhere: `find` probes with a hash
+// and an equality test on candidate ids; `insert` adds the id of a key known to be absent.
+struct IdSet {
+    std::vector<int32_t> slots = std::vector<int32_t>(1024, -1);
+    std::vector<uint64_t> hashes;  // hash of each id's key, for growing
+    template <class Eq>
+    int32_t find(uint64_t h, Eq eq) const {
+        size_t mask = slots.size() - 1;
+        for (size_t i = h & mask;; i = (i + 1) & mask) {
+            int32_t id = slots[i];
+            if (id < 0) return -1;
+            if (hashes[id] == h && eq(id)) return id;
+        }
+    }
+    void insert(uint64_t h, int32_t id) {
+        hashes.push_back(h);
+        if (hashes.size() * 2 > slots.size()) {
+            slots.assign(slots.size() * 2, -1);
+            for (int32_t k = 0; k < (int32_t)hashes.size() - 1; k++) place(hashes[k], k);
+        }
+        place(h, id);
+    }
+    void place(uint64_t h, int32_t id) {
+        size_t mask = slots.size() - 1;
+        size_t i = h & mask;
+        while (slots[i] >= 0) i = (i + 1) & mask;
+        slots[i] = id;
+    }
+};
+
+// ---- FrameTable: the compiled StackInterner ---------------------------------------------------------------
+struct FrameTable {
+    PyObject_HEAD
+    // distinct strings (owned), frame names and file names in one table
+    std::vector<PyObject*>* strings;
+    IdSet* string_ids;
+    // frames: (name, filename, line) rows, distinct
+    std::vector<int32_t>* frame_name;
+    std::vector<int32_t>* frame_file;
+    std::vector<int64_t>* frame_line;
+    IdSet* frame_ids;
+    // stacks: runs of frame ids, distinct
+    std::vector<int32_t>* stack_frames;
+    std::vector<int64_t>* stack_start;  // nstacks + 1 offsets into stack_frames
+    IdSet* stack_ids;
+    std::vector<int32_t>* scratch;      // the frame ids of the list being interned
+    long long unknown_lines;
+    long long odd_frames;
+    Py_ssize_t max_frames;
+    PyObject* read_odd_frame;   // f -> (name, filename, line, unknown_line, odd)
+    PyObject* too_many_frames;  // (count, limit) -> InputError
+    PyObject* stack_ref_type;   // StackRef
+    PyObject* key_name;
+    PyObject* key_filename;
+    PyObject* key_line;
+    PyObject* empty;
+};
+
+int32_t string_id(FrameTable* t, PyObject* s) {  // s: an exact str; -2 on error
+    Py_hash_t h = PyObject_Hash(s);
+    if (h == -1) return -2;
+    uint64_t hh = mix((uint64_t)h);
+    bool failed = false;
+    int32_t id = t->string_ids->find(hh, [&](int32_t k) {
+        PyObject* other = (*t->strings)[k];
+        if (other == s) return true;
+        int eq = PyUnicode_Compare(other, s);
+        if (eq == -1 && PyErr_Occurred()) { failed = true; return true; }
+        return eq == 0;
+    });
+    if (failed) return -2;
+    if (id >= 0) return id;
+    id = (int32_t)t->strings->size();
+    Py_INCREF(s);
+    t->strings->push_back(s);
+    t->string_ids->insert(hh, id);
+    return id;
+}
+
+int32_t frame_id(FrameTable* t, int32_t name, int32_t file, int64_t line) {
+    uint64_t h = mix(((uint64_t)(uint32_t)name << 32 | (uint32_t)file) ^ mix((uint64_t)line));
+    int32_t id = t->frame_ids->find(h, [&](int32_t k) {
+        return (*t->frame_name)[k] == name && (*t->frame_file)[k] == file && (*t->frame_line)[k] == line;
+    });
+    if (id >= 0) return id;
+    id = (int32_t)t->frame_name->size();
+    t->frame_name->push_back(name);
+    t->frame_file->push_back(file);
+    t->frame_line->push_back(line);
+    t->frame_ids->insert(h, id);
+    return id;
+}
+
+// The frame id of one frame object; adds its repair flags to *unknown / *odd. -2 on error.
+int32_t read_frame(FrameTable* t, PyObject* f, long long* unknown, long long* odd) {
+    if (PyDict_CheckExact(f)) {  // the usual frame: str name, str filename, int line in [0, 2**63)
+        PyObject* name = PyDict_GetItemWithError(f, t->key_name);
+        if (!name && PyErr_Occurred()) return -2;
+        PyObject* file = PyDict_GetItemWithError(f, t->key_filename);
+        if (!file && PyErr_Occurred()) return -2;
+        PyObject* line = PyDict_GetItemWithError(f, t->key_line);
+        if (!line && PyErr_Occurred()) return -2;
+        if (!name) name = t->empty;
+        if (!file) file = t->empty;
+        if (line && PyLong_CheckExact(line) && PyUnicode_CheckExact(name) && PyUnicode_CheckExact(file)) {
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(line, &overflow);
+            if (v == -1 && PyErr_Occurred()) return -2;
+            if (!overflow && v >= 0) {
+                int32_t n = string_id(t, name);
+                if (n < 0) return -2;
+                int32_t fl = string_id(t, file);
+                if (fl < 0) return -2;
+                return frame_id(t, n, fl, v);
+            }
+        }
+    }
+    // anything else is read by the Python rules (memlens/io/snapshot_frames.py `read_odd_frame`)
+    PyObject* r = PyObject_CallOneArg(t->read_odd_frame, f);
+    if (!r) return -2;
+    int32_t id = -2;
+    if (PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 5) {
+        PyObject* name = PyTuple_GET_ITEM(r, 0);
+        PyObject* file = PyTuple_GET_ITEM(r, 1);
+        long long line = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
+        if (!(line == -1 && PyErr_Occurred()) && PyUnicode_CheckExact(name) && PyUnicode_CheckExact(file)) {
+            int32_t n = string_id(t, name);
+            int32_t fl = n < 0 ? -2 : string_id(t, file);
+            if (fl >= 0) {
+                id = frame_id(t, n, fl, line);
+                *unknown += PyObject_IsTrue(PyTuple_GET_ITEM(r, 3));
+                *odd += PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
+            }
+        } else if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "read_odd_frame must return (str, str, int, flag, flag)");
+        }
+    } else {
+        PyErr_SetString(PyExc_TypeError, "read_odd_frame must return a 5-tuple");
+    }
+    Py_DECREF(r);
+    return id;
+}
+
+bool raise_too_many_frames(FrameTable* t, Py_ssize_t count) {
+    PyObject* exc = PyObject_CallFunction(t->too_many_frames, "nn", count, t->max_frames);
+    if (!exc) return false;
+    PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+    Py_DECREF(exc);
+    return false;
+}
+
+// Stack id of a frames value (the rules of StackInterner.intern); -2 on error (exception set).
+int64_t intern_frames(FrameTable* t, PyObject* frames) {
+    if (Py_IS_TYPE(frames, (PyTypeObject*)t->stack_ref_type)) {
+        PyObject* sid = PyObject_GetAttrString(frames, "sid");
+        if (!sid) return -2;
+        long long v = PyLong_AsLongLong(sid);
+        Py_DECREF(sid);
+        return (v == -1 && PyErr_Occurred()) ? -2 : v;
+    }
+    int truth = PyObject_IsTrue(frames);
+    if (truth < 0) return -2;
+    if (!truth) return kNoStack;
+    if (!PyList_CheckExact(frames) && !PyTuple_CheckExact(frames)) {
+        t->odd_frames += 1;
+        return kNoStack;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(frames);
+    if (count > t->max_frames) return raise_too_many_frames(t, count) ? 0 : -2;
+    std::vector<int32_t>& ids = *t->scratch;
+    ids.clear();
+    long long unknown = 0, odd = 0;
+    uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        // a list may shrink under a callback (read_odd_frame calls str()): re-read the size
+        if (i >= PySequence_Fast_GET_SIZE(frames)) break;
+        PyObject* f = PySequence_Fast_GET_ITEM(frames, i);
+        Py_INCREF(f);
+        int32_t fid = read_frame(t, f, &unknown, &odd);
+        Py_DECREF(f);
+        if (fid < 0) return -2;
+        ids.push_back(fid);
+        h = mix(h ^ (uint64_t)(uint32_t)fid);
+    }
+    const std::vector<int32_t>& flat = *t->stack_frames;
+    const std::vector<int64_t>& start = *t->stack_start;
+    int32_t sid = t->stack_ids->find(h, [&](int32_t k) {
+        int64_t a = start[k], len = start[k + 1] - a;
+        return len == (int64_t)ids.size() && std::memcmp(flat.data() + a, ids.data(), ids.size() * 4) == 0;
+    });
+    if (sid >= 0) return sid;
+    sid = (int32_t)(start.size() - 1);
+    t->stack_frames->insert(t->stack_frames->end(), ids.begin(), ids.end());
+    t->stack_start->push_back((int64_t)t->stack_frames->size());
+    t->stack_ids->insert(h, sid);
+    t->unknown_lines += unknown;  // repairs are counted once per distinct stack
+    t->odd_frames += odd;
+    return sid;
+}
+
+PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
+    Py_ssize_t max_frames;
+    PyObject *read_odd, *too_many, *ref_type;
+    if (!PyArg_ParseTuple(args, "nOOO", &max_frames, &read_odd, &too_many, &ref_type)) return nullptr;
+    if (!PyType_Check(ref_type)) {
+        PyErr_SetString(PyExc_TypeError, "stack_ref_type must be a type");
+        return nullptr;
+    }
+    FrameTable* t = (FrameTable*)type->tp_alloc(type, 0);
+    if (!t) return nullptr;
+    t->strings = new std::vector<PyObject*>();
+    t->string_ids = new IdSet();
+    t->frame_name = new std::vector<int32_t>();
+    t->frame_file = new std::vector<int32_t>();
+    t->frame_line = new std::vector<int64_t>();
+    t->frame_ids = new IdSet();
+    t->stack_frames = new std::vector<int32_t>();
+    t->stack_start = new std::vector<int64_t>(1, 0);
+    t->stack_ids = new IdSet();
+    t->scratch = new std::vector<int32_t>();
+    t->max_frames = max_frames;
+    Py_INCREF(read_odd); t->read_odd_frame = read_odd;
+    Py_INCREF(too_many); t->too_many_frames = too_many;
+    Py_INCREF(ref_type); t->stack_ref_type = ref_type;
+    t->key_name = PyUnicode_InternFromString("name");
+    t->key_filename = PyUnicode_InternFromString("filename");
+    t->key_line = PyUnicode_InternFromString("line");
+    t->empty = PyUnicode_FromString("");
+    if (!t->key_name || !t->key_filename || !t->key_line || !t->empty) { Py_DECREF(t); return nullptr; }
+    return (PyObject*)t;
+}
+
+void FrameTable_dealloc(FrameTable* t) {
+    if (t->strings) for (PyObject* s : *t->strings) Py_DECREF(s);
+    delete t->strings; delete t->string_ids; delete t->frame_name; delete t->frame_file; delete t->frame_line;
+    delete t->frame_ids; delete t->stack_frames; delete t->stack_start; delete t->stack_ids; delete t->scratch;
+    Py_XDECREF(t->read_odd_frame); Py_XDECREF(t->too_many_frames); Py_XDECREF(t->stack_ref_type);
+    Py_XDECREF(t->key_name); Py_XDECREF(t->key_filename); Py_XDECREF(t->key_line); Py_XDECREF(t->empty);
+    Py_TYPE(t)->tp_free((PyObject*)t);
+}
+
+PyObject* FrameTable_intern(FrameTable* t, PyObject* frames) {
+    int64_t sid = intern_frames(t, frames);
+    if (sid == -2) return nullptr;
+    return PyLong_FromLongLong(sid);
+}
+
+template <class T>
+PyObject* as_bytes(const std::vector<T>& v) {
+    return PyBytes_FromStringAndSize((const char*)v.data(), (Py_ssize_t)(v.size() * sizeof(T)));
+}
+
+// columns() -> (strings, frame_name int32, frame_file int32, frame_line int64, stack_start int64,
+//               stack_frames int32), the arrays as bytes (native byte order)
+PyObject* FrameTable_columns(FrameTable* t, PyObject*) {
+    PyObject* strings = PyList_New((Py_ssize_t)t->strings->size());
+    if (!strings) return nullptr;
+    for (size_t i = 0; i < t->strings->size(); i++) {
+        Py_INCREF((*t->strings)[i]);
+        PyList_SET_ITEM(strings, (Py_ssize_t)i, (*t->strings)[i]);
+    }
+    return Py_BuildValue("(NNNNNN)", strings, as_bytes(*t->frame_name), as_bytes(*t->frame_file),
+                         as_bytes(*t->frame_line), as_bytes(*t->stack_start), as_bytes(*t->stack_frames));
+}
+
+PyObject* FrameTable_counts(FrameTable* t, PyObject*) {
+    return Py_BuildValue("(LLn)", t->unknown_lines, t->odd_frames, (Py_ssize_t)(t->stack_start->size() - 1));
+}
+
+PyMethodDef FrameTable_methods[] = {
+    {"intern", (PyCFunction)FrameTable_intern, METH_O, "Stack id of a frames list (StackInterner.intern)."},
+    {"columns", (PyCFunction)FrameTable_columns, METH_NOARGS, "The interned strings, frames and stacks."},
+    {"counts", (PyCFunction)FrameTable_counts, METH_NOARGS, "(unknown_lines, odd_frames, stacks)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyTypeObject FrameTableType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---- the columns of one device trace (snapshot_stream.EntryColumns) ------------------------------------------
+constexpr int kIntFields = 5;    // addr, size, stream, time_us, device_free
+constexpr int kCodedFields = 3;  // action, compile_context, user_metadata
+const char* kIntNames[kIntFields] = {"addr", "size", "stream", "time_us", "device_free"};
+const char* kCodedNames[kCodedFields] = {"action", "compile_context", "user_metadata"};
+
+struct Columns {
+    PyObject* target = nullptr;  // the device trace list (owned)
+    std::vector<int64_t> ints[kIntFields];
+    std::vector<int64_t> stack_id;
+    std::vector<int32_t> codes[kCodedFields];
+    PyObject* code_of[kCodedFields] = {};  // dict value -> code (owned)
+    PyObject* names[kCodedFields] = {};    // list of values (owned)
+};
+
+// Which memo slots some GET reads (a first pass over the opcodes, building nothing). The pass follows the
+// walk's own decoding; where the walk would fail (an unknown opcode, a truncated argument, a GET of a slot
+// not yet filled) it stops, since nothing after that point is ever read.
+std::vector<bool> referenced_slots(const unsigned char* data, Py_ssize_t n) {
+    std::vector<bool> used;
+    Py_ssize_t puts = 0, pos = 0;
+    auto get = [&](Py_ssize_t slot) {
+        if (slot >= puts) return false;
+        used[(size_t)slot] = true;
+        return true;
+    };
+    while (pos < n) {
+        unsigned char op = data[pos++];
+        switch (op) {
+        case 0x94: used.push_back(false); puts++; break;  // MEMOIZE
+        case 0x71: case 0x72: {                           // BINPUT / LONG_BINPUT
+            Py_ssize_t width = op == 0x71 ? 1 : 4;
+            if (pos + width > n) return used;
+            Py_ssize_t slot = data[pos];
+            if (width == 4) { uint32_t s; std::memcpy(&s, data + pos, 4); slot = (Py_ssize_t)s; }
+            if (slot != puts) return used;
+            used.push_back(false); puts++; pos += width;
+            break;
+        }
+        case 0x68:  // BINGET
+            if (pos >= n || !get(data[pos])) return used;
+            pos += 1;
+            break;
+        case 0x6A: {  // LONG_BINGET
+            if (pos + 4 > n) return used;
+            uint32_t s; std::memcpy(&s, data + pos, 4);
+            if (!get((Py_ssize_t)s)) return used;
+            pos += 4;
+            break;
+        }
+        case 0x8A: if (pos >= n) return used; pos += 1 + data[pos]; break;                 // LONG1
+        case 0x8C: if (pos >= n) return used; pos += 1 + data[pos]; break;                 // SHORT_BINUNICODE
+        case 0x58: {                                                                       // BINUNICODE
+            if (pos + 4 > n) return used;
+            uint32_t size; std::memcpy(&size, data + pos, 4);
+            pos += 4 + (Py_ssize_t)size;
+            break;
+        }
+        case 0x4A: pos += 4; break;  // BININT
+        case 0x4B: pos += 1; break;  // BININT1
+        case 0x4D: pos += 2; break;  // BININT2
+        case 0x47: pos += 8; break;  // BINFLOAT
+        case 0x95: pos += 8; break;  // FRAME
+        case 0x80: pos += 1; break;  // PROTO
+        case 0x2E: return used;      // STOP
+        case 0x28: case 0x7D: case 0x75: case 0x5D: case 0x65: case 0x61: case 0x73: case 0x4E: case 0x88:
+        case 0x89: case 0x29: case 0x85: case 0x86: case 0x87: case 0x74:
+            break;  // no argument
+        default:
+            return used;
+        }
+    }
+    return used;
+}
+
 struct Walk {
     const unsigned char* data = nullptr;
     Py_ssize_t n = 0;
-    PyObject* memo = nullptr;        // borrowed list
-    PyObject* memo_index = nullptr;  // borrowed dict
-    PyObject* take_entries = nullptr;
-    PyObject* check_frames = nullptr;
-    PyObject* unsupported = nullptr;  // exception class
+    bool drop_pages = false;         // data is an mmap: give consumed pages back
+    Py_ssize_t dropped = 0;          // bytes of data already given back
+    std::vector<PyObject*> memo;     // owned refs; nullptr for a slot no GET reads
+    std::vector<bool> referenced;
+    std::unordered_map<PyObject*, size_t> slot_of;  // dict/list in a referenced slot -> that slot
+    FrameTable* table = nullptr;
+    PyObject* unsupported = nullptr;     // exception class
     PyObject* too_many_loose = nullptr;  // exception class
     PyObject* released = nullptr;
-    PyObject* action_key = nullptr;  // "action" (owned)
+    PyObject* action_key = nullptr;      // "action" (owned)
+    PyObject* frames_key = nullptr;      // "frames" (owned)
+    PyObject* int_keys[kIntFields] = {};
+    PyObject* coded_keys[kCodedFields] = {};
     Py_ssize_t max_stack = 0;
-    PyObject* stack = nullptr;       // owned list
-    std::vector<PyObject*> metastack;  // owned lists
+    PyObject* stack = nullptr;           // owned list
+    std::vector<PyObject*> metastack;    // owned lists
+    std::vector<Columns*> columns;       // in order of first entry
+    std::unordered_map<PyObject*, Columns*> columns_of;
 
     ~Walk() {
         Py_XDECREF(stack);
         for (PyObject* s : metastack) Py_DECREF(s);
+        for (PyObject* m : memo) Py_XDECREF(m);
+        for (Columns* c : columns) {
+            Py_XDECREF(c->target);
+            for (int k = 0; k < kCodedFields; k++) { Py_XDECREF(c->code_of[k]); Py_XDECREF(c->names[k]); }
+            delete c;
+        }
         Py_XDECREF(action_key);
+        Py_XDECREF(frames_key);
+        for (PyObject* k : int_keys) Py_XDECREF(k);
+        for (PyObject* k : coded_keys) Py_XDECREF(k);
+    }
+    bool init_keys() {
+        action_key = PyUnicode_InternFromString("action");
+        frames_key = PyUnicode_InternFromString("frames");
+        bool ok = action_key && frames_key;
+        for (int k = 0; k < kIntFields; k++) ok = ok && (int_keys[k] = PyUnicode_InternFromString(kIntNames[k]));
+        for (int k = 0; k < kCodedFields; k++)
+            ok = ok && (coded_keys[k] = PyUnicode_InternFromString(kCodedNames[k]));
+        return ok;
     }
     PyObject* fail(const char* why) {
         PyErr_SetString(unsupported, why);
         return nullptr;
+    }
+    bool fail_b(const char* why) {
+        PyErr_SetString(unsupported, why);
+        return false;
     }
     bool loose_ok() {
         if (PyList_GET_SIZE(stack) > max_stack) {
@@ -61,34 +464,39 @@ struct Walk {
         return s;
     }
     PyObject* memo_get(Py_ssize_t slot) {  // borrowed
-        if (slot < 0 || slot >= PyList_GET_SIZE(memo)) return fail("memo index out of range");
-        return PyList_GET_ITEM(memo, slot);
+        if (slot < 0 || slot >= (Py_ssize_t)memo.size()) return fail("memo index out of range");
+        PyObject* v = memo[(size_t)slot];
+        if (!v) return fail("memo slot not kept");  // the first pass says no GET reads it: cannot happen
+        return v;
     }
     bool memoize_top(Py_ssize_t slot) {
         Py_ssize_t size = PyList_GET_SIZE(stack);
-        if (size == 0) { fail("memoize on empty stack"); return false; }
+        if (size == 0) return fail_b("memoize on empty stack");
         PyObject* top = PyList_GET_ITEM(stack, size - 1);
-        if (PyDict_CheckExact(top) || PyList_CheckExact(top)) {
-            PyObject* key = PyLong_FromVoidPtr(top);
-            PyObject* value = PyLong_FromSsize_t(slot);
-            int rc = (key && value) ? PyDict_SetItem(memo_index, key, value) : -1;
-            Py_XDECREF(key);
-            Py_XDECREF(value);
-            if (rc) return false;
+        bool keep = (size_t)slot < referenced.size() && referenced[(size_t)slot];
+        if (!keep) {  // no GET reads this slot: hold nothing
+            memo.push_back(nullptr);
+            return true;
         }
-        return PyList_Append(memo, top) == 0;
+        if (PyDict_CheckExact(top) || PyList_CheckExact(top)) slot_of[top] = (size_t)slot;
+        Py_INCREF(top);
+        memo.push_back(top);
+        return true;
+    }
+    void forget(PyObject* obj, PyObject* replacement) {  // steals replacement
+        auto it = slot_of.find(obj);
+        if (it == slot_of.end()) { Py_DECREF(replacement); return; }
+        PyObject*& cell = memo[it->second];
+        Py_XDECREF(cell);
+        cell = replacement;
+        slot_of.erase(it);
     }
     int is_entry(PyObject* obj) {
         if (!PyDict_CheckExact(obj)) return 0;
         return PyDict_Contains(obj, action_key);
     }
-    bool call2(PyObject* fn, PyObject* a, PyObject* b) {
-        PyObject* r = PyObject_CallFunctionObjArgs(fn, a, b, nullptr);
-        Py_XDECREF(r);
-        return r != nullptr;
-    }
     bool need(Py_ssize_t pos, Py_ssize_t count) {
-        if (pos + count > n) { fail("truncated"); return false; }
+        if (pos + count > n) return fail_b("truncated");
         return true;
     }
     // the last `take` items of the stack (fewer when it holds fewer), replaced by one tuple of them
@@ -103,10 +511,104 @@ struct Walk {
         if (PyList_SetSlice(stack, from, size, nullptr)) { Py_DECREF(t); return false; }
         return push(t);
     }
-
+    void drop_consumed(Py_ssize_t pos) {
+        // every 16 MiB: the pages behind `pos` are never read again (arguments are decoded into objects)
+        static const Py_ssize_t page = sysconf(_SC_PAGESIZE);
+        Py_ssize_t upto = (pos / page) * page;
+        if (!drop_pages || upto - dropped < (16 << 20)) return;
+        madvise((void*)(data + dropped), (size_t)(upto - dropped), MADV_DONTNEED);
+        dropped = upto;
+    }
+    // the frames limit while a list grows (snapshot_stream.check_frames; frames here are always dicts)
+    bool check_frames(PyObject* target, PyObject* first, Py_ssize_t adding) {
+        Py_ssize_t total = PyList_GET_SIZE(target) + adding;
+        if (total <= table->max_frames || adding == 0 || !PyDict_CheckExact(first)) return true;
+        int has = PyDict_Contains(first, table->key_filename);
+        if (has < 0) return false;
+        return has ? raise_too_many_frames(table, total) : true;
+    }
+    bool take_entries(PyObject* target, PyObject* const* items, Py_ssize_t count);
+    PyObject* finish();
     PyObject* run();
 };
 
+// EntryColumns.add for one batch: typed columns, stack ids, and the entries' memo slots released
+bool Walk::take_entries(PyObject* target, PyObject* const* items, Py_ssize_t count) {
+    Columns* cols;
+    auto found = columns_of.find(target);
+    if (found == columns_of.end()) {
+        if (PyList_GET_SIZE(target)) return fail_b("entries appended to a list that holds other items");
+        cols = new Columns();
+        columns.push_back(cols);
+        Py_INCREF(target);
+        cols->target = target;
+        for (int k = 0; k < kCodedFields; k++) {
+            cols->code_of[k] = PyDict_New();
+            cols->names[k] = PyList_New(0);
+            if (!cols->code_of[k] || !cols->names[k]) return false;
+        }
+        columns_of[target] = cols;
+    } else {
+        cols = found->second;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject* e = items[i];
+        if (!PyDict_CheckExact(e)) return fail_b("entry is not a dict");
+        for (int k = 0; k < kIntFields; k++) {
+            PyObject* v = PyDict_GetItemWithError(e, int_keys[k]);
+            if (!v && PyErr_Occurred()) return false;
+            int64_t value = kMissing;
+            if (v && v != Py_None) {
+                if (!PyLong_Check(v)) return fail_b("entry field is not an int");  // array('q') TypeError
+                int overflow = 0;
+                long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+                if (x == -1 && PyErr_Occurred()) return false;
+                if (overflow) return fail_b("entry field beyond int64");
+                value = x;
+            }
+            cols->ints[k].push_back(value);
+        }
+        for (int k = 0; k < kCodedFields; k++) {
+            PyObject* v = PyDict_GetItemWithError(e, coded_keys[k]);
+            if (!v && PyErr_Occurred()) return false;
+            if (!v) v = Py_None;
+            PyObject* code = PyDict_GetItemWithError(cols->code_of[k], v);  // borrowed
+            if (!code && PyErr_Occurred()) {  // unhashable: the Python dict lookup raises TypeError too
+                PyErr_Clear();
+                return fail_b("unhashable entry field");
+            }
+            long c;
+            if (code) {
+                c = PyLong_AsLong(code);
+            } else {
+                c = (long)PyList_GET_SIZE(cols->names[k]);
+                PyObject* cobj = PyLong_FromLong(c);
+                if (!cobj) return false;
+                int rc = PyDict_SetItem(cols->code_of[k], v, cobj);
+                Py_DECREF(cobj);
+                if (rc || PyList_Append(cols->names[k], v)) return false;
+            }
+            cols->codes[k].push_back((int32_t)c);
+        }
+        PyObject* frames = PyDict_GetItemWithError(e, frames_key);
+        if (!frames && PyErr_Occurred()) return false;
+        if (!frames) frames = Py_None;
+        Py_INCREF(frames);
+        int64_t sid = intern_frames(table, frames);
+        if (sid == -2) { Py_DECREF(frames); return false; }
+        if (PyList_CheckExact(frames) && PyList_GET_SIZE(frames) && slot_of.count(frames)) {
+            // a later reference to this list resolves to the id
+            PyObject* ref = PyObject_CallFunction(table->stack_ref_type, "L", (long long)sid);
+            if (!ref) { Py_DECREF(frames); return false; }
+            forget(frames, ref);
+        }
+        Py_DECREF(frames);
+        cols->stack_id.push_back(sid);
+        Py_INCREF(released);
+        forget(e, released);
+    }
+    return true;
+}
 PyObject* Walk::run() {
     stack = PyList_New(0);
     if (!stack) return nullptr;
@@ -144,7 +646,7 @@ PyObject* Walk::run() {
             break;
         }
         case 0x94:  // MEMOIZE
-            if (!memoize_top(PyList_GET_SIZE(memo))) return nullptr;
+            if (!memoize_top((Py_ssize_t)memo.size())) return nullptr;
             break;
         case 0x28: {  // MARK
             PyObject* fresh = PyList_New(0);
@@ -210,17 +712,19 @@ PyObject* Walk::run() {
             PyObject* target = PyList_GET_ITEM(stack, size - 1);
             if (!PyList_CheckExact(target)) { Py_DECREF(items); return fail("APPENDS on a non-list"); }
             Py_INCREF(target);
-            int entry = PyList_GET_SIZE(items) ? is_entry(PyList_GET_ITEM(items, 0)) : 0;
+            Py_ssize_t count = PyList_GET_SIZE(items);
+            int entry = count ? is_entry(PyList_GET_ITEM(items, 0)) : 0;
             bool ok = entry >= 0;
             if (ok && entry) {
-                ok = call2(take_entries, target, items);
+                ok = take_entries(target, PySequence_Fast_ITEMS(items), count);
             } else if (ok) {
-                ok = call2(check_frames, target, items);
+                ok = check_frames(target, count ? PyList_GET_ITEM(items, 0) : nullptr, count);
                 if (ok) ok = PyList_SetSlice(target, PyList_GET_SIZE(target), PyList_GET_SIZE(target), items) == 0;
             }
             Py_DECREF(target);
             Py_DECREF(items);
             if (!ok) return nullptr;
+            drop_consumed(pos);
             break;
         }
         case 0x8C: {  // SHORT_BINUNICODE
@@ -249,19 +753,12 @@ PyObject* Walk::run() {
             PyObject* target = PyList_GET_ITEM(stack, size - 1);
             if (!PyList_CheckExact(target)) { Py_DECREF(value); return fail("APPEND on a non-list"); }
             Py_INCREF(target);
-            PyObject* one = PyList_New(1);
-            bool ok = one != nullptr;
-            if (ok) {
-                Py_INCREF(value);
-                PyList_SET_ITEM(one, 0, value);
-                int entry = is_entry(value);
-                ok = entry >= 0;
-                if (ok && entry) {
-                    ok = call2(take_entries, target, one);
-                } else if (ok) {
-                    ok = call2(check_frames, target, one) && PyList_Append(target, value) == 0;
-                }
-                Py_DECREF(one);
+            int entry = is_entry(value);
+            bool ok = entry >= 0;
+            if (ok && entry) {
+                ok = take_entries(target, &value, 1);
+            } else if (ok) {
+                ok = check_frames(target, value, 1) && PyList_Append(target, value) == 0;
             }
             Py_DECREF(target);
             Py_DECREF(value);
@@ -348,7 +845,7 @@ PyObject* Walk::run() {
                 slot = (Py_ssize_t)s;
                 pos += 4;
             }
-            if (slot != PyList_GET_SIZE(memo)) return fail("memo slots out of order");
+            if (slot != (Py_ssize_t)memo.size()) return fail("memo slots out of order");
             if (!memoize_top(slot)) return nullptr;
             break;
         }
@@ -357,41 +854,76 @@ PyObject* Walk::run() {
             if (data[pos] > 5) return fail("unknown protocol");
             pos += 1;
             break;
-        case 0x2E: {  // STOP
-            PyObject* result = Py_BuildValue("(On)", stack, (Py_ssize_t)metastack.size());
-            return result;
-        }
+        case 0x2E:  // STOP
+            return finish();
         default:
             return fail("unsupported opcode");
         }
     }
 }
 
-// walk(data, memo, memo_index, take_entries, check_frames, unsupported, too_many_loose, released, max_stack)
-// -> (stack at STOP, metastack depth at STOP)
+// (stack at STOP, metastack depth at STOP, [(device trace list, (int columns as int64 bytes, 5),
+//  stack ids as int64 bytes, (codes as int32 bytes, 3), (distinct values, 3)), ...])
+PyObject* Walk::finish() {
+    PyObject* parts = PyList_New(0);
+    if (!parts) return nullptr;
+    for (Columns* c : columns) {
+        PyObject* ints = PyTuple_New(kIntFields);
+        PyObject* codes = PyTuple_New(kCodedFields);
+        PyObject* names = PyTuple_New(kCodedFields);
+        bool ok = ints && codes && names;
+        for (int k = 0; ok && k < kIntFields; k++) {
+            PyObject* b = as_bytes(c->ints[k]);
+            ok = b != nullptr;
+            if (ok) PyTuple_SET_ITEM(ints, k, b);
+        }
+        for (int k = 0; ok && k < kCodedFields; k++) {
+            PyObject* b = as_bytes(c->codes[k]);
+            ok = b != nullptr;
+            if (ok) {
+                PyTuple_SET_ITEM(codes, k, b);
+                Py_INCREF(c->names[k]);
+                PyTuple_SET_ITEM(names, k, c->names[k]);
+            }
+        }
+        PyObject* stack_ids = ok ? as_bytes(c->stack_id) : nullptr;
+        PyObject* part = stack_ids ? Py_BuildValue("(ONNNN)", c->target, ints, stack_ids, codes, names) : nullptr;
+        if (!part) {
+            if (!stack_ids) { Py_XDECREF(ints); Py_XDECREF(codes); Py_XDECREF(names); }
+            Py_DECREF(parts);
+            return nullptr;
+        }
+        int rc = PyList_Append(parts, part);
+        Py_DECREF(part);
+        if (rc) { Py_DECREF(parts); return nullptr; }
+    }
+    return Py_BuildValue("(OnN)", stack, (Py_ssize_t)metastack.size(), parts);
+}
+
+// walk(data, frame_table, unsupported, too_many_loose, released, max_stack, drop_pages)
+//   -> (stack at STOP, metastack depth at STOP, entry columns per device trace list)
 PyObject* walk(PyObject*, PyObject* args) {
-    PyObject *data, *memo, *memo_index, *take_entries, *check_frames, *unsupported, *too_many_loose, *released;
+    PyObject *data, *table, *unsupported, *too_many_loose, *released;
     Py_ssize_t max_stack;
-    if (!PyArg_ParseTuple(args, "OO!O!OOOOOn", &data, &PyList_Type, &memo, &PyDict_Type, &memo_index,
-                          &take_entries, &check_frames, &unsupported, &too_many_loose, &released, &max_stack))
+    int drop_pages;
+    if (!PyArg_ParseTuple(args, "OO!OOOnp", &data, &FrameTableType, &table, &unsupported, &too_many_loose,
+                          &released, &max_stack, &drop_pages))
         return nullptr;
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)) return nullptr;
-    PyObject* result;
+    PyObject* result = nullptr;
     {
         Walk w;
         w.data = (const unsigned char*)view.buf;
         w.n = view.len;
-        w.memo = memo;
-        w.memo_index = memo_index;
-        w.take_entries = take_entries;
-        w.check_frames = check_frames;
+        w.drop_pages = drop_pages != 0;
+        w.table = (FrameTable*)table;
         w.unsupported = unsupported;
         w.too_many_loose = too_many_loose;
         w.released = released;
         w.max_stack = max_stack;
-        w.action_key = PyUnicode_InternFromString("action");
-        result = w.action_key ? w.run() : nullptr;
+        w.referenced = referenced_slots(w.data, w.n);
+        if (w.init_keys()) result = w.run();
     }
     PyBuffer_Release(&view);
     return result;
@@ -406,4 +938,23 @@ PyModuleDef module = {PyModuleDef_HEAD_INIT, "memlens_stream_walk", nullptr, -1,
 
 }  // namespace
 
-PyMODINIT_FUNC PyInit_memlens_stream_walk(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_memlens_stream_walk(void) {
+    FrameTableType.tp_name = "memlens_stream_walk.FrameTable";
+    FrameTableType.tp_basicsize = sizeof(FrameTable);
+    FrameTableType.tp_flags = Py_TPFLAGS_DEFAULT;
+    FrameTableType.tp_doc = "Interned frames and stacks (the compiled StackInterner): "
+                            "FrameTable(max_frames, read_odd_frame, too_many_frames, stack_ref_type).";
+    FrameTableType.tp_new = FrameTable_new;
+    FrameTableType.tp_dealloc = (destructor)FrameTable_dealloc;
+    FrameTableType.tp_methods = FrameTable_methods;
+    if (PyType_Ready(&FrameTableType) < 0) return nullptr;
+    PyObject* m = PyModule_Create(&module);
+    if (!m) return nullptr;
+    Py_INCREF(&FrameTableType);
+    if (PyModule_AddObject(m, "FrameTable", (PyObject*)&FrameTableType) < 0) {
+        Py_DECREF(&FrameTableType);
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}
