@@ -110,7 +110,13 @@ def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.
             series = pd.Series([_FILL[col]] * n, index=df.index)
         try:
             if dtype == "object":
-                series = series.astype(object).where(series.notna(), "") if col != "device" else series.astype(str)
+                if col == "device":
+                    series = series.astype(str)
+                else:
+                    present = series.notna()
+                    series = series.astype(object)
+                    if not present.all():  # (`where` copies the column even when nothing is missing)
+                        series = series.where(present, "")
             elif dtype == "bool":
                 series = series.fillna(False).astype(bool)
             else:

@@ -220,6 +220,7 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     pairing = pair_blocks(ev.device_code, kind, ev.addr, ev.seq)
     blocks = _trace_blocks(ev, pairing)
     final = read_segments(segments, interner)
+    interner.done_interning()  # every stack is in: free the lookups before the tables are built
 
     dev_index = {d: i for i, d in enumerate(ev.devices)}
     blocks, facts = _match_final_state(blocks, final, dev_index)
@@ -233,8 +234,8 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(dtype=np.int64)] \
         if len(blocks) else np.empty(0, dtype=object)
 
-    stacks = interner.table()
-    hints = stack_hints(stacks, len(interner))
+    stacks, stack_codes = interner.table_and_codes()
+    hints = stack_hints(stacks, stack_codes, len(interner))
     sid = blocks["stack_id"].to_numpy(dtype=np.int64, na_value=-1)
     has = sid >= 0
     for col in ("op", "location"):
@@ -250,6 +251,7 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
                          int(ev.t_ns.max()) if len(ev) else None)
     trace = Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
                               segment_blocks=final.segment_blocks, stacks=stacks)
-    tell_story(trace)  # phases, model calls and categories from the stacks and annotations
+    del stacks, hints  # the trace holds its own (conformed) copy: keep the peak down for the story
+    tell_story(trace, stack_codes)  # phases, model calls and categories from the stacks and annotations
     return trace
 

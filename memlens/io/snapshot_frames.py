@@ -20,17 +20,34 @@ innermost Python function for Python-only stacks), which becomes depth 0 in `sta
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from memlens import limits
 from memlens.errors import InputError
 
 NO_STACK = -1
 _INT64_MAX = 2**63 - 1
+
+
+@dataclass
+class StackCodes:
+    """The `stacks` table's name and filename columns as codes into arrays of distinct str (what
+    `pd.factorize` gives, without hashing millions of strings again): row i's name is
+    ``names[name_codes[i]]``. Valid for the table's rows in (stack_id, depth) order."""
+
+    name_codes: np.ndarray
+    names: np.ndarray     # object array of str
+    file_codes: np.ndarray
+    files: np.ndarray     # object array of str
+    op_candidates: np.ndarray | None = None  # codes of the names starting "at::_ops::" (None: not known)
+    # the plain names (ASCII, no newline) as (bool per name, Arrow string array of those), when known
+    plain_names: tuple[np.ndarray, pa.Array] | None = None
 
 
 class StackRef:
@@ -84,15 +101,25 @@ class StackInterner:
         # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
         self.odd_frames = 0  # frames that were not dicts (kept as a frame named by their text)
         self.max_frames = limits.max_frames()
+        self._done = False
 
     def __len__(self) -> int:
         return len(self._content)
+
+    def done_interning(self) -> None:
+        """Free the lookups (every stack is interned); `table` and the counts stay, `intern` refuses."""
+        self._done = True
+        for lookup in (self._by_ids, self._by_content, self._read_ids, self._odd_ids):
+            lookup.clear()
+        self._keepalive.clear()
 
     def intern(self, frames, forget=None) -> int:
         """Stack id of `frames` (a list of {"name", "filename", "line"} dicts); `NO_STACK` when empty.
 
         With `forget` true (the streaming reader), a newly seen list of frame dicts is not kept to the end
         of the import: `release` lets its dicts go."""
+        if self._done:
+            raise RuntimeError("done_interning() ran: no more stacks can be interned")
         if not frames:
             return NO_STACK
         if type(frames) is StackRef:
@@ -187,9 +214,17 @@ class StackInterner:
         lines = np.fromiter(map(itemgetter(2), flat), dtype=np.int64, count=len(flat))
         return _stacks_table(lengths, names, files, lines)
 
+    def table_and_codes(self) -> tuple[pd.DataFrame, StackCodes]:
+        """The `stacks` table and its `StackCodes`."""
+        table = self.table()
+        name_codes, names = pd.factorize(table["name"].to_numpy(dtype=object))
+        file_codes, files = pd.factorize(table["filename"].to_numpy(dtype=object))
+        return table, StackCodes(name_codes, _objects(list(names)), file_codes, _objects(list(files)))
+
     def hints(self) -> pd.DataFrame:
         """Per stack: `op` and `location` (see `stack_hints`)."""
-        return stack_hints(self.table(), len(self))
+        table, codes = self.table_and_codes()
+        return stack_hints(table, codes, len(self))
 
 
 class CompiledStackInterner:
@@ -217,6 +252,10 @@ class CompiledStackInterner:
         """Stack id of `frames` (see `StackInterner.intern`)."""
         return self.frame_table.intern(frames)
 
+    def done_interning(self) -> None:
+        """Free the lookups (every stack is interned); `table` and the counts stay, `intern` refuses."""
+        self.frame_table.drop_index()
+
     def intern_many(self, frame_lists) -> np.ndarray:
         """Stack ids (int64, `NO_STACK` for none) of an iterable of frame lists."""
         intern = self.frame_table.intern
@@ -224,17 +263,38 @@ class CompiledStackInterner:
 
     def table(self) -> pd.DataFrame:
         """The `stacks` table, built from the interned arrays (one str object per distinct string)."""
-        strings, frame_name, frame_file, frame_line, stack_start, stack_frames = self.frame_table.columns()
+        return self.table_and_codes()[0]
+
+    def table_and_codes(self) -> tuple[pd.DataFrame, StackCodes]:
+        """The `stacks` table and its `StackCodes` (the interned string ids: names and file names share
+        one table of distinct strings)."""
+        strings, frame_name, frame_file, frame_line, stack_start, stack_frames, aten = self.frame_table.columns()
         frame_ids = np.frombuffer(stack_frames, dtype=np.int32)
         strings = _objects(strings)
-        names = strings[np.frombuffer(frame_name, dtype=np.int32)[frame_ids]]
-        files = strings[np.frombuffer(frame_file, dtype=np.int32)[frame_ids]]
+        name_codes = np.frombuffer(frame_name, dtype=np.int32)[frame_ids]
+        file_codes = np.frombuffer(frame_file, dtype=np.int32)[frame_ids]
         lines = np.frombuffer(frame_line, dtype=np.int64)[frame_ids]
-        return _stacks_table(np.diff(np.frombuffer(stack_start, dtype=np.int64)), names, files, lines)
+        table = _stacks_table(np.diff(np.frombuffer(stack_start, dtype=np.int64)), strings[name_codes],
+                              strings[file_codes], lines)
+        # file names are few: their own short array, so that per-file tests do not run over every name
+        used = np.bincount(file_codes, minlength=len(strings)) > 0
+        file_codes = (np.cumsum(used) - 1)[file_codes]
+        return table, StackCodes(name_codes, strings, file_codes, strings[used], np.frombuffer(aten, dtype=np.int32),
+                                 self._plain_names())
+
+    def _plain_names(self):
+        buffers = self.frame_table.plain_utf8()
+        if buffers is None:
+            return None
+        plain, offsets, data = buffers
+        plain = np.frombuffer(plain, dtype=np.uint8).astype(bool)
+        arrow = pa.StringArray.from_buffers(int(plain.sum()), pa.py_buffer(offsets), pa.py_buffer(data))
+        return plain, arrow
 
     def hints(self) -> pd.DataFrame:
         """Per stack: `op` and `location` (see `stack_hints`)."""
-        return stack_hints(self.table(), len(self))
+        table, codes = self.table_and_codes()
+        return stack_hints(table, codes, len(self))
 
 
 def new_stack_interner():
@@ -258,15 +318,16 @@ def _stacks_table(lengths: np.ndarray, names: np.ndarray, files: np.ndarray, lin
     """The `stacks` table from per-stack frame counts and per-row frame columns (object arrays of str,
     kept as object columns: pandas would otherwise copy every string into Arrow)."""
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    # copy=False: the columns are fresh arrays; consolidating them into blocks would copy each once more
     return pd.DataFrame({
         "stack_id": np.repeat(np.arange(len(lengths), dtype=np.int64), lengths),
         "depth": np.arange(int(lengths.sum()), dtype=np.int64) - starts,
         "name": pd.Series(names, dtype=object, copy=False), "filename": pd.Series(files, dtype=object, copy=False),
         "line": lines,
-    })
+    }, copy=False)
 
 
-def stack_hints(stacks: pd.DataFrame, count: int) -> pd.DataFrame:
+def stack_hints(stacks: pd.DataFrame, codes: StackCodes, count: int) -> pd.DataFrame:
     """Per stack id 0..count-1 of a `stacks` table in (stack_id, depth) order: `op` (the outermost ATen
     operator on the stack, e.g. "zeros_like"; "" when the stack has no C++ frames) and `location`
     ("file.py:line function" of the innermost Python frame outside torch itself, i.e. the user's code;
@@ -275,34 +336,35 @@ def stack_hints(stacks: pd.DataFrame, count: int) -> pd.DataFrame:
     locations = np.full(count, "", dtype=object)
     if len(stacks):
         stack_of_row = stacks["stack_id"].to_numpy(dtype=np.int64)
-        names = stacks["name"].to_numpy(dtype=object)
-        files = stacks["filename"].to_numpy(dtype=object)
-        name_codes, name_u = pd.factorize(names)
-        file_codes, file_u = pd.factorize(files)
+        name_codes, file_codes = codes.name_codes, codes.file_codes
         rows = np.arange(len(stacks), dtype=np.int64)
         # op: the ATen operator of the last (outermost) matching frame of each stack
-        op_of_name = np.array([_aten_op(n) for n in name_u] or [""], dtype=object)
+        op_of_name = np.full(max(len(codes.names), 1), "", dtype=object)
+        candidates = codes.op_candidates
+        if candidates is None:
+            candidates = [i for i, n in enumerate(codes.names) if n.startswith("at::_ops::")]
+        for i in candidates:
+            m = _ATEN_OP.match(codes.names[i])
+            op_of_name[i] = m.group(1) if m else ""
         op_row = np.full(count, -1, dtype=np.int64)
         has_op = op_of_name[name_codes] != ""
         np.maximum.at(op_row, stack_of_row[has_op], rows[has_op])
         found = op_row >= 0
         ops[found] = op_of_name[name_codes[op_row[found]]]
         # location: the first (innermost) user Python frame of each stack
-        user_file = np.array([f.endswith(".py") and not _is_torch_internal(f) for f in file_u] or [False])
+        user_file = np.zeros(max(len(codes.files), 1), dtype=bool)
+        for i in np.unique(file_codes):  # only the file names in use (names may share the array)
+            f = codes.files[i]
+            user_file[i] = f.endswith(".py") and not _is_torch_internal(f)
         user = user_file[file_codes]
         loc_row = np.full(count, len(stacks), dtype=np.int64)
         np.minimum.at(loc_row, stack_of_row[user], rows[user])
         lines = stacks["line"].to_numpy(dtype=np.int64)
         for sid in np.flatnonzero(loc_row < len(stacks)):
             r = loc_row[sid]
-            base = files[r].replace("\\", "/").rsplit("/", 1)[-1]
-            locations[sid] = f"{base}:{lines[r]} {names[r]}"
+            base = codes.files[file_codes[r]].replace("\\", "/").rsplit("/", 1)[-1]
+            locations[sid] = f"{base}:{lines[r]} {codes.names[name_codes[r]]}"
     return pd.DataFrame({"stack_id": np.arange(count, dtype=np.int64), "op": ops, "location": locations})
-
-
-def _aten_op(name: str) -> str:
-    m = _ATEN_OP.match(name) if "at::_ops::" in name else None
-    return m.group(1) if m else ""
 
 
 def too_many_frames(count: int, limit: int) -> InputError:

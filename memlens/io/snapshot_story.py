@@ -64,7 +64,7 @@ def _norm(path: str) -> str:
     return path.replace("\\", "/")
 
 
-def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
+def stack_facts(stacks: pd.DataFrame | None, codes=None) -> pd.DataFrame:
     """Per stack_id: ``phase`` (a name of `PHASE_NAMES` or ""), ``accumulate_grad``, ``workspace``,
     ``setup`` (what model / optimizer construction makes, outside backward / optimizer step / zero_grad:
     "parameter" for Module.to / _apply, a torch.nn module's constructor, a constructor run under
@@ -73,7 +73,9 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     module call) and ``model_line`` (line executing in that forward, -1 when none).
 
     Vectorised: each distinct frame name / file name is tested once, and per-stack answers are reductions
-    over the frames of each stack (big snapshots have hundreds of thousands of stacks)."""
+    over the frames of each stack (big snapshots have hundreds of thousands of stacks). `codes` (a
+    `memlens.io.snapshot_frames.StackCodes` of these rows, from the importer) saves factorizing the
+    name and filename columns again."""
     cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line")
     if stacks is None or len(stacks) == 0:
         return pd.DataFrame({c: [] for c in cols})
@@ -82,9 +84,15 @@ def stack_facts(stacks: pd.DataFrame | None) -> pd.DataFrame:
     n = len(ids)
     starts = np.concatenate([[0], np.flatnonzero(np.diff(ids)) + 1])
     ends = np.append(starts[1:], n)
-    name_codes, name_u = pd.factorize(_as_str_objects(st["name"]))
-    file_codes, file_u = pd.factorize(_as_str_objects(st["filename"]))
-    names = _Distinct([str(x) for x in name_u])
+    if codes is not None and st is stacks:
+        name_codes, name_u, file_codes, file_u = codes.name_codes, codes.names, codes.file_codes, codes.files
+    else:
+        name_codes, name_u = pd.factorize(_as_str_objects(st["name"]))
+        file_codes, file_u = pd.factorize(_as_str_objects(st["filename"]))
+    if codes is not None:  # all str already, and maybe with their Arrow array
+        names = _Distinct(name_u, codes.plain_names)
+    else:
+        names = _Distinct([str(x) for x in name_u])
     files = _Distinct([_norm(str(f)) for f in file_u])
     name_u, file_u = names.values, files.values
     lines = st["line"].to_numpy(dtype=np.int64)
@@ -195,17 +203,24 @@ class _Distinct:
     cannot hold, a newline where Python's ``$`` and RE2's differ) by the same predicate in Python, so the
     answers are those of the Python predicate for every string."""
 
-    def __init__(self, values: list[str]):
+    def __init__(self, values, plain_arrow: tuple | None = None):
+        """`values`: a list or object array of str; `plain_arrow`: (bool per value: plain, Arrow string array of
+        the plain values in order), when the caller has them (the compiled snapshot reader builds them)."""
         self.values = values
-        joined = "\0".join(values)  # one C-speed look at all of them first: usually every one is plain
-        if joined.isascii() and "\n" not in joined:
-            plain = np.ones(len(values), dtype=bool)
+        if plain_arrow is not None:
+            plain, self._arrow = plain_arrow
         else:
-            plain = np.fromiter((v.isascii() and "\n" not in v for v in values), dtype=bool, count=len(values))
+            joined = "\0".join(values)  # one C-speed look at all of them first: usually every one is plain
+            if joined.isascii() and "\n" not in joined:
+                plain = np.ones(len(values), dtype=bool)
+            else:
+                plain = np.fromiter((v.isascii() and "\n" not in v for v in values), dtype=bool,
+                                    count=len(values))
         self._plain_at = np.flatnonzero(plain)
         self._other_at = np.flatnonzero(~plain)
-        self._arrow = pa.array(values if len(self._other_at) == 0 else [values[i] for i in self._plain_at],
-                               type=pa.string())
+        if plain_arrow is None:
+            self._arrow = pa.array(values if len(self._other_at) == 0 else [values[i] for i in self._plain_at],
+                                   type=pa.string())
 
     def test(self, pred, kernel) -> np.ndarray:
         """bool per value: ``pred(value)``, computed by ``kernel`` (Arrow array -> bool array) where it can."""
@@ -272,12 +287,12 @@ def _annotation_phases(ops: pd.DataFrame) -> list[dict]:
     return out
 
 
-def infer_phases(trace) -> tuple[list[dict], np.ndarray, pd.DataFrame]:
+def infer_phases(trace, stack_codes=None) -> tuple[list[dict], np.ndarray, pd.DataFrame]:
     """(phases, phase of each event row, stack facts). Phases are dicts ``name``, ``start_ns``, ``end_ns``
     (ns), ``source`` ("annotation" or "frames"), sorted by start; annotated ranges replace the inferred
-    phases they overlap."""
+    phases they overlap. `stack_codes`: see `stack_facts`."""
     ev = trace.events
-    facts = stack_facts(trace.stacks)
+    facts = stack_facts(trace.stacks, stack_codes)
     annotated = _annotation_phases(trace.ops)
     _, hi = trace.time_span_ns()
     if ev is None or len(ev) == 0:
@@ -482,11 +497,11 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     return pd.DataFrame({"category": cat, "category_rule": rule, "phase": alloc_phase})
 
 
-def tell_story(trace) -> None:
+def tell_story(trace, stack_codes=None) -> None:
     """Give a snapshot trace its phases (``metadata["phases"]``, ``metadata["model_calls"]``) and every block a
     ``category``, ``category_rule`` and ``phase``, in place. Categories already decided by the source (other
-    than "unknown") are kept."""
-    phases, event_phase, facts = infer_phases(trace)
+    than "unknown") are kept. `stack_codes`: see `stack_facts`."""
+    phases, event_phase, facts = infer_phases(trace, stack_codes)
     trace.metadata["phases"] = phases
     trace.metadata["phases_from_frames"] = bool(len(facts) and (facts["phase"] != "").any())
     trace.metadata["model_calls"] = model_calls(trace, facts)

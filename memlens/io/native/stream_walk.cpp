@@ -84,6 +84,8 @@ struct FrameTable {
     std::vector<int64_t>* stack_start;  // nstacks + 1 offsets into stack_frames
     IdSet* stack_ids;
     std::vector<int32_t>* scratch;      // the frame ids of the list being interned
+    std::vector<int32_t>* aten_names;   // ids of the strings that start with "at::_ops::" (hint candidates)
+    bool sealed;                        // drop_index() ran: the lookups are gone, the tables stay
     long long unknown_lines;
     long long odd_frames;
     Py_ssize_t max_frames;
@@ -94,6 +96,7 @@ struct FrameTable {
     PyObject* key_filename;
     PyObject* key_line;
     PyObject* empty;
+    PyObject* aten_prefix;
 };
 
 int32_t string_id(FrameTable* t, PyObject* s) {  // s: an exact str; -2 on error
@@ -111,6 +114,9 @@ int32_t string_id(FrameTable* t, PyObject* s) {  // s: an exact str; -2 on error
     if (failed) return -2;
     if (id >= 0) return id;
     id = (int32_t)t->strings->size();
+    Py_ssize_t aten = PyUnicode_Tailmatch(s, t->aten_prefix, 0, PY_SSIZE_T_MAX, -1);
+    if (aten < 0) return -2;
+    if (aten) t->aten_names->push_back(id);
     Py_INCREF(s);
     t->strings->push_back(s);
     t->string_ids->insert(hh, id);
@@ -191,6 +197,10 @@ bool raise_too_many_frames(FrameTable* t, Py_ssize_t count) {
 
 // Stack id of a frames value (the rules of StackInterner.intern); -2 on error (exception set).
 int64_t intern_frames(FrameTable* t, PyObject* frames) {
+    if (t->sealed) {
+        PyErr_SetString(PyExc_RuntimeError, "FrameTable.drop_index() ran: no more stacks can be interned");
+        return -2;
+    }
     if (Py_IS_TYPE(frames, (PyTypeObject*)t->stack_ref_type)) {
         PyObject* sid = PyObject_GetAttrString(frames, "sid");
         if (!sid) return -2;
@@ -258,6 +268,7 @@ PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
     t->stack_start = new std::vector<int64_t>(1, 0);
     t->stack_ids = new IdSet();
     t->scratch = new std::vector<int32_t>();
+    t->aten_names = new std::vector<int32_t>();
     t->max_frames = max_frames;
     Py_INCREF(read_odd); t->read_odd_frame = read_odd;
     Py_INCREF(too_many); t->too_many_frames = too_many;
@@ -266,7 +277,11 @@ PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
     t->key_filename = PyUnicode_InternFromString("filename");
     t->key_line = PyUnicode_InternFromString("line");
     t->empty = PyUnicode_FromString("");
-    if (!t->key_name || !t->key_filename || !t->key_line || !t->empty) { Py_DECREF(t); return nullptr; }
+    t->aten_prefix = PyUnicode_FromString("at::_ops::");
+    if (!t->key_name || !t->key_filename || !t->key_line || !t->empty || !t->aten_prefix) {
+        Py_DECREF(t);
+        return nullptr;
+    }
     return (PyObject*)t;
 }
 
@@ -274,8 +289,10 @@ void FrameTable_dealloc(FrameTable* t) {
     if (t->strings) for (PyObject* s : *t->strings) Py_DECREF(s);
     delete t->strings; delete t->string_ids; delete t->frame_name; delete t->frame_file; delete t->frame_line;
     delete t->frame_ids; delete t->stack_frames; delete t->stack_start; delete t->stack_ids; delete t->scratch;
+    delete t->aten_names;
     Py_XDECREF(t->read_odd_frame); Py_XDECREF(t->too_many_frames); Py_XDECREF(t->stack_ref_type);
     Py_XDECREF(t->key_name); Py_XDECREF(t->key_filename); Py_XDECREF(t->key_line); Py_XDECREF(t->empty);
+    Py_XDECREF(t->aten_prefix);
     Py_TYPE(t)->tp_free((PyObject*)t);
 }
 
@@ -291,7 +308,7 @@ PyObject* as_bytes(const std::vector<T>& v) {
 }
 
 // columns() -> (strings, frame_name int32, frame_file int32, frame_line int64, stack_start int64,
-//               stack_frames int32), the arrays as bytes (native byte order)
+//               stack_frames int32, ids of strings starting "at::_ops::" int32), arrays as native bytes
 PyObject* FrameTable_columns(FrameTable* t, PyObject*) {
     PyObject* strings = PyList_New((Py_ssize_t)t->strings->size());
     if (!strings) return nullptr;
@@ -299,8 +316,43 @@ PyObject* FrameTable_columns(FrameTable* t, PyObject*) {
         Py_INCREF((*t->strings)[i]);
         PyList_SET_ITEM(strings, (Py_ssize_t)i, (*t->strings)[i]);
     }
-    return Py_BuildValue("(NNNNNN)", strings, as_bytes(*t->frame_name), as_bytes(*t->frame_file),
-                         as_bytes(*t->frame_line), as_bytes(*t->stack_start), as_bytes(*t->stack_frames));
+    return Py_BuildValue("(NNNNNNN)", strings, as_bytes(*t->frame_name), as_bytes(*t->frame_file),
+                         as_bytes(*t->frame_line), as_bytes(*t->stack_start), as_bytes(*t->stack_frames),
+                         as_bytes(*t->aten_names));
+}
+
+// plain_utf8() -> (plain: uint8 per string, offsets: int32 per plain string + 1, data), the "plain" strings
+// (ASCII without a newline) as an Arrow string array's buffers, so that Arrow's kernels can test them
+// without converting millions of Python strings; None when their bytes would overflow int32 offsets
+PyObject* FrameTable_plain_utf8(FrameTable* t, PyObject*) {
+    const std::vector<PyObject*>& strings = *t->strings;
+    std::vector<uint8_t> plain(strings.size(), 0);
+    std::vector<int32_t> offsets(1, 0);
+    std::vector<char> data;
+    for (size_t i = 0; i < strings.size(); i++) {
+        PyObject* s = strings[i];
+        if (!PyUnicode_IS_ASCII(s)) continue;
+        const char* bytes = (const char*)PyUnicode_DATA(s);
+        Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+        if (std::memchr(bytes, '\n', (size_t)len)) continue;
+        if ((int64_t)data.size() + len > INT32_MAX) Py_RETURN_NONE;
+        plain[i] = 1;
+        data.insert(data.end(), bytes, bytes + len);
+        offsets.push_back((int32_t)data.size());
+    }
+    return Py_BuildValue("(NNN)", as_bytes(plain), as_bytes(offsets), as_bytes(data));
+}
+
+// drop_index(): free the hash lookups (a third of the table's memory) once every stack is interned
+PyObject* FrameTable_drop_index(FrameTable* t, PyObject*) {
+    t->sealed = true;
+    *t->string_ids = IdSet();
+    *t->frame_ids = IdSet();
+    *t->stack_ids = IdSet();
+    t->string_ids->slots.shrink_to_fit();
+    t->frame_ids->slots.shrink_to_fit();
+    t->stack_ids->slots.shrink_to_fit();
+    Py_RETURN_NONE;
 }
 
 PyObject* FrameTable_counts(FrameTable* t, PyObject*) {
@@ -311,6 +363,8 @@ PyMethodDef FrameTable_methods[] = {
     {"intern", (PyCFunction)FrameTable_intern, METH_O, "Stack id of a frames list (StackInterner.intern)."},
     {"columns", (PyCFunction)FrameTable_columns, METH_NOARGS, "The interned strings, frames and stacks."},
     {"counts", (PyCFunction)FrameTable_counts, METH_NOARGS, "(unknown_lines, odd_frames, stacks)."},
+    {"drop_index", (PyCFunction)FrameTable_drop_index, METH_NOARGS, "Free the lookups; interning ends."},
+    {"plain_utf8", (PyCFunction)FrameTable_plain_utf8, METH_NOARGS, "The plain strings as Arrow buffers."},
     {nullptr, nullptr, 0, nullptr},
 };
 
