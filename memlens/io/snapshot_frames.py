@@ -12,7 +12,7 @@ pickle walker feeds directly: frames become (name id, filename id, line) rows an
 so no Python object is kept per frame; the `stacks` table is built from those arrays with numpy.
 `new_stack_interner` picks the one that goes with the walker in use. Both read every frame by the same
 rules (`read_odd_frame` for anything but the usual dict), give the same ids in the same order, and count
-repairs once per distinct stack.
+repairs once per stack as written (`repair_key`).
 
 Frame order follows the snapshot: ``frames[0]`` is the innermost frame (the allocator itself, or the
 innermost Python function for Python-only stacks), which becomes depth 0 in `stacks`.
@@ -82,6 +82,30 @@ def read_odd_frame(f) -> tuple[str, str, int, int, int]:
             line, unknown, 0)
 
 
+def _is_usual_frame(f) -> bool:
+    if type(f) is not dict:
+        return False
+    line = f.get("line")
+    return (type(line) is int and 0 <= line <= _INT64_MAX and type(f.get("name", "")) is str
+            and type(f.get("filename", "")) is str)
+
+
+def repair_key(sid: int, frames) -> tuple:
+    """What makes two frame lists with repaired frames the same stack as written: the stack id and, per
+    frame, what the repair lost (a bad line's value, an odd frame's type). Repairs are counted once per key,
+    so a stack repeated in thousands of entries counts once, and two stacks that differ only in their bad
+    line values (2**64-1 and -1 both read as 0) count twice."""
+    lost = []
+    for f in frames:
+        if type(f) is dict:
+            lost.append(None if _is_usual_frame(f) else ("dict", repr(f.get("line"))[:64]))
+        elif type(f) is tuple and len(f) == 3 and type(f[2]) is int:  # a frame read before (see `release`)
+            lost.append(None)
+        else:
+            lost.append((type(f).__name__,))
+    return (sid, *lost)
+
+
 class StackInterner:
     """Maps frame lists to dense stack ids (0, 1, ...); identical content gets the same id."""
 
@@ -94,8 +118,9 @@ class StackInterner:
         # alive by `_content`): such a tuple is a frame already read, any other tuple an odd frame
         self._odd_ids: set[int] = set()  # ids of odd frame dicts (`release` keeps them: their repairs are
         # counted again in each new stack that holds them)
-        self._new_unknown = 0  # repairs seen while reading the stack being interned (counted if it is new)
+        self._new_unknown = 0  # repairs seen while reading the list being interned
         self._new_odd = 0
+        self._repairs_seen: set[tuple] = set()  # `repair_key`s already counted
         self._content: list[tuple] = []  # stack_id -> tuple of (name, filename, line)
         self.unknown_lines = 0  # frames whose line was negative, beyond int64 (C++ frames write -1 as
         # an unsigned 2**64-1) or not a number: kept with line 0, "unknown", as for other C++ frames
@@ -135,12 +160,16 @@ class StackInterner:
             self._new_unknown = self._new_odd = 0
             content = tuple(map(self._frame, frames))
             sid = self._by_content.get(content)
-            if sid is None:  # repairs are counted once per distinct stack
+            if sid is None:
                 sid = len(self._content)
                 self._by_content[content] = sid
                 self._content.append(content)
-                self.unknown_lines += self._new_unknown
-                self.odd_frames += self._new_odd
+            if self._new_unknown or self._new_odd:  # counted once per stack as written
+                key = repair_key(sid, frames)
+                if key not in self._repairs_seen:
+                    self._repairs_seen.add(key)
+                    self.unknown_lines += self._new_unknown
+                    self.odd_frames += self._new_odd
             self._by_ids[ids] = sid
             if forget is not None and type(frames) is list and self._all_frames(frames):
                 self._pending.append((ids, frames, sid))  # released by `release(forget)`
@@ -235,7 +264,8 @@ class CompiledStackInterner:
         from memlens.io import native
 
         self.max_frames = limits.max_frames()
-        self.frame_table = native.load().FrameTable(self.max_frames, read_odd_frame, too_many_frames, StackRef)
+        self.frame_table = native.load().FrameTable(self.max_frames, read_odd_frame, too_many_frames, StackRef,
+                                                    repair_key)
 
     def __len__(self) -> int:
         return self.frame_table.counts()[2]
@@ -268,12 +298,11 @@ class CompiledStackInterner:
     def table_and_codes(self) -> tuple[pd.DataFrame, StackCodes]:
         """The `stacks` table and its `StackCodes` (the interned string ids: names and file names share
         one table of distinct strings)."""
-        strings, frame_name, frame_file, frame_line, stack_start, stack_frames, aten = self.frame_table.columns()
-        frame_ids = np.frombuffer(stack_frames, dtype=np.int32)
+        strings, rows, stack_start, aten = self.frame_table.columns()
+        rows = np.frombuffer(rows, dtype=np.dtype([("name", np.int32), ("file", np.int32), ("line", np.int64)]))
         strings = _objects(strings)
-        name_codes = np.frombuffer(frame_name, dtype=np.int32)[frame_ids]
-        file_codes = np.frombuffer(frame_file, dtype=np.int32)[frame_ids]
-        lines = np.frombuffer(frame_line, dtype=np.int64)[frame_ids]
+        name_codes, file_codes, lines = rows["name"].copy(), rows["file"].copy(), rows["line"].copy()
+        del rows
         table = _stacks_table(np.diff(np.frombuffer(stack_start, dtype=np.int64)), strings[name_codes],
                               strings[file_codes], lines)
         # file names are few: their own short array, so that per-file tests do not run over every name

@@ -39,51 +39,61 @@ inline uint64_t mix(uint64_t h) {  // splitmix64 finaliser
 }
 
 // An open-addressing set of dense ids (0, 1, ...) whose keys live elsewhere: `find` probes with a hash
-// and an equality test on candidate ids; `insert` adds the id of a key known to be absent.
+// and an equality test on candidate ids; `insert` adds the id of a key known to be absent. Each slot holds
+// the low 32 bits of its key's hash beside the id, so that a probe touches the key only when those match
+// and growing needs no key at all (a probe costs one cache miss, not three).
 struct IdSet {
-    std::vector<int32_t> slots = std::vector<int32_t>(1024, -1);
-    std::vector<uint64_t> hashes;  // hash of each id's key, for growing
+    std::vector<uint64_t> slots = std::vector<uint64_t>(1024, 0);  // (hash32 << 32) | (id + 1); 0: empty
+    size_t count = 0;
     template <class Eq>
     int32_t find(uint64_t h, Eq eq) const {
+        uint32_t tag = (uint32_t)h;
         size_t mask = slots.size() - 1;
-        for (size_t i = h & mask;; i = (i + 1) & mask) {
-            int32_t id = slots[i];
-            if (id < 0) return -1;
-            if (hashes[id] == h && eq(id)) return id;
+        for (size_t i = tag & mask;; i = (i + 1) & mask) {
+            uint64_t slot = slots[i];
+            if (slot == 0) return -1;
+            if ((uint32_t)(slot >> 32) == tag) {
+                int32_t id = (int32_t)((uint32_t)slot - 1);
+                if (eq(id)) return id;
+            }
         }
     }
     void insert(uint64_t h, int32_t id) {
-        hashes.push_back(h);
-        if (hashes.size() * 2 > slots.size()) {
-            slots.assign(slots.size() * 2, -1);
-            for (int32_t k = 0; k < (int32_t)hashes.size() - 1; k++) place(hashes[k], k);
+        if (++count * 2 > slots.size()) {
+            std::vector<uint64_t> old(slots.size() * 2, 0);
+            old.swap(slots);
+            for (uint64_t slot : old)
+                if (slot) place(slot);
         }
-        place(h, id);
+        place((uint64_t)(uint32_t)h << 32 | (uint32_t)(id + 1));
     }
-    void place(uint64_t h, int32_t id) {
+    void place(uint64_t slot) {
         size_t mask = slots.size() - 1;
-        size_t i = h & mask;
-        while (slots[i] >= 0) i = (i + 1) & mask;
-        slots[i] = id;
+        size_t i = (uint32_t)(slot >> 32) & mask;
+        while (slots[i]) i = (i + 1) & mask;
+        slots[i] = slot;
     }
 };
 
 // ---- FrameTable: the compiled StackInterner ---------------------------------------------------------------
+struct Row {  // one frame of a stack: no padding, so that stacks compare with memcmp
+    int32_t name;  // string id
+    int32_t file;  // string id
+    int64_t line;
+};
+static_assert(sizeof(Row) == 16, "Row must have no padding");
+
 struct FrameTable {
     PyObject_HEAD
     // distinct strings (owned), frame names and file names in one table
     std::vector<PyObject*>* strings;
     IdSet* string_ids;
-    // frames: (name, filename, line) rows, distinct
-    std::vector<int32_t>* frame_name;
-    std::vector<int32_t>* frame_file;
-    std::vector<int64_t>* frame_line;
-    IdSet* frame_ids;
-    // stacks: runs of frame ids, distinct
-    std::vector<int32_t>* stack_frames;
-    std::vector<int64_t>* stack_start;  // nstacks + 1 offsets into stack_frames
+    // stacks: runs of frame rows, distinct (frames are not deduplicated on their own: a hash probe per
+    // frame costs more than the rows it would save)
+    std::vector<Row>* stack_rows;
+    std::vector<int64_t>* stack_start;  // nstacks + 1 offsets into stack_rows
     IdSet* stack_ids;
-    std::vector<int32_t>* scratch;      // the frame ids of the list being interned
+    std::vector<Row>* scratch;          // the rows of the list being interned
     std::vector<int32_t>* aten_names;   // ids of the strings that start with "at::_ops::" (hint candidates)
     bool sealed;                        // drop_index() ran: the lookups are gone, the tables stay
     long long unknown_lines;
@@ -92,6 +102,8 @@ struct FrameTable {
     PyObject* read_odd_frame;   // f -> (name, filename, line, unknown_line, odd)
     PyObject* too_many_frames;  // (count, limit) -> InputError
     PyObject* stack_ref_type;   // StackRef
+    PyObject* repair_key;       // (stack id, frames) -> what makes a repaired stack the same one
+    PyObject* repairs_seen;     // set of repair keys already counted
     PyObject* key_name;
     PyObject* key_filename;
     PyObject* key_line;
@@ -123,57 +135,43 @@ int32_t string_id(FrameTable* t, PyObject* s) {  // s: an exact str; -2 on error
     return id;
 }
 
-int32_t frame_id(FrameTable* t, int32_t name, int32_t file, int64_t line) {
-    uint64_t h = mix(((uint64_t)(uint32_t)name << 32 | (uint32_t)file) ^ mix((uint64_t)line));
-    int32_t id = t->frame_ids->find(h, [&](int32_t k) {
-        return (*t->frame_name)[k] == name && (*t->frame_file)[k] == file && (*t->frame_line)[k] == line;
-    });
-    if (id >= 0) return id;
-    id = (int32_t)t->frame_name->size();
-    t->frame_name->push_back(name);
-    t->frame_file->push_back(file);
-    t->frame_line->push_back(line);
-    t->frame_ids->insert(h, id);
-    return id;
-}
-
-// The frame id of one frame object; adds its repair flags to *unknown / *odd. -2 on error.
-int32_t read_frame(FrameTable* t, PyObject* f, long long* unknown, long long* odd) {
+// The row of one frame object; adds its repair flags to *unknown / *odd. False on error.
+bool read_frame(FrameTable* t, PyObject* f, Row* row, long long* unknown, long long* odd) {
     if (PyDict_CheckExact(f)) {  // the usual frame: str name, str filename, int line in [0, 2**63)
         PyObject* name = PyDict_GetItemWithError(f, t->key_name);
-        if (!name && PyErr_Occurred()) return -2;
+        if (!name && PyErr_Occurred()) return false;
         PyObject* file = PyDict_GetItemWithError(f, t->key_filename);
-        if (!file && PyErr_Occurred()) return -2;
+        if (!file && PyErr_Occurred()) return false;
         PyObject* line = PyDict_GetItemWithError(f, t->key_line);
-        if (!line && PyErr_Occurred()) return -2;
+        if (!line && PyErr_Occurred()) return false;
         if (!name) name = t->empty;
         if (!file) file = t->empty;
         if (line && PyLong_CheckExact(line) && PyUnicode_CheckExact(name) && PyUnicode_CheckExact(file)) {
             int overflow = 0;
             long long v = PyLong_AsLongLongAndOverflow(line, &overflow);
-            if (v == -1 && PyErr_Occurred()) return -2;
+            if (v == -1 && PyErr_Occurred()) return false;
             if (!overflow && v >= 0) {
-                int32_t n = string_id(t, name);
-                if (n < 0) return -2;
-                int32_t fl = string_id(t, file);
-                if (fl < 0) return -2;
-                return frame_id(t, n, fl, v);
+                row->name = string_id(t, name);
+                row->file = row->name < 0 ? -2 : string_id(t, file);
+                row->line = v;
+                return row->file >= 0;
             }
         }
     }
     // anything else is read by the Python rules (memlens/io/snapshot_frames.py `read_odd_frame`)
     PyObject* r = PyObject_CallOneArg(t->read_odd_frame, f);
-    if (!r) return -2;
-    int32_t id = -2;
+    if (!r) return false;
+    bool ok = false;
     if (PyTuple_CheckExact(r) && PyTuple_GET_SIZE(r) == 5) {
         PyObject* name = PyTuple_GET_ITEM(r, 0);
         PyObject* file = PyTuple_GET_ITEM(r, 1);
         long long line = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 2));
         if (!(line == -1 && PyErr_Occurred()) && PyUnicode_CheckExact(name) && PyUnicode_CheckExact(file)) {
-            int32_t n = string_id(t, name);
-            int32_t fl = n < 0 ? -2 : string_id(t, file);
-            if (fl >= 0) {
-                id = frame_id(t, n, fl, line);
+            row->name = string_id(t, name);
+            row->file = row->name < 0 ? -2 : string_id(t, file);
+            row->line = line;
+            if (row->file >= 0) {
+                ok = true;
                 *unknown += PyObject_IsTrue(PyTuple_GET_ITEM(r, 3));
                 *odd += PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
             }
@@ -184,7 +182,23 @@ int32_t read_frame(FrameTable* t, PyObject* f, long long* unknown, long long* od
         PyErr_SetString(PyExc_TypeError, "read_odd_frame must return a 5-tuple");
     }
     Py_DECREF(r);
-    return id;
+    return ok;
+}
+
+// Start loading the string-table slots of a list's usual frames, so that their cache misses overlap
+// (the table of a snapshot with millions of distinct names is far bigger than the cache).
+void prefetch_strings(FrameTable* t, PyObject* frames, Py_ssize_t count) {
+    const std::vector<uint64_t>& slots = t->string_ids->slots;
+    size_t mask = slots.size() - 1;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject* f = PySequence_Fast_GET_ITEM(frames, i);
+        if (!PyDict_CheckExact(f)) continue;
+        PyObject* name = PyDict_GetItemWithError(f, t->key_name);
+        if (!name || !PyUnicode_CheckExact(name)) { PyErr_Clear(); continue; }
+        Py_hash_t h = PyObject_Hash(name);  // cached in the str for the lookup that follows
+        if (h == -1) { PyErr_Clear(); continue; }
+        __builtin_prefetch(&slots[(uint32_t)mix((uint64_t)h) & mask]);
+    }
 }
 
 bool raise_too_many_frames(FrameTable* t, Py_ssize_t count) {
@@ -217,41 +231,53 @@ int64_t intern_frames(FrameTable* t, PyObject* frames) {
     }
     Py_ssize_t count = PySequence_Fast_GET_SIZE(frames);
     if (count > t->max_frames) return raise_too_many_frames(t, count) ? 0 : -2;
-    std::vector<int32_t>& ids = *t->scratch;
-    ids.clear();
+    std::vector<Row>& rows = *t->scratch;
+    rows.clear();
     long long unknown = 0, odd = 0;
     uint64_t h = 0x9e3779b97f4a7c15ULL ^ (uint64_t)count;
+    prefetch_strings(t, frames, count);
     for (Py_ssize_t i = 0; i < count; i++) {
         // a list may shrink under a callback (read_odd_frame calls str()): re-read the size
         if (i >= PySequence_Fast_GET_SIZE(frames)) break;
         PyObject* f = PySequence_Fast_GET_ITEM(frames, i);
         Py_INCREF(f);
-        int32_t fid = read_frame(t, f, &unknown, &odd);
+        Row row;
+        bool ok = read_frame(t, f, &row, &unknown, &odd);
         Py_DECREF(f);
-        if (fid < 0) return -2;
-        ids.push_back(fid);
-        h = mix(h ^ (uint64_t)(uint32_t)fid);
+        if (!ok) return -2;
+        rows.push_back(row);
+        h = mix(h ^ ((uint64_t)(uint32_t)row.name << 32 | (uint32_t)row.file) ^ mix((uint64_t)row.line));
     }
-    const std::vector<int32_t>& flat = *t->stack_frames;
+    const std::vector<Row>& flat = *t->stack_rows;
     const std::vector<int64_t>& start = *t->stack_start;
     int32_t sid = t->stack_ids->find(h, [&](int32_t k) {
         int64_t a = start[k], len = start[k + 1] - a;
-        return len == (int64_t)ids.size() && std::memcmp(flat.data() + a, ids.data(), ids.size() * 4) == 0;
+        return len == (int64_t)rows.size() && std::memcmp(flat.data() + a, rows.data(), rows.size() * sizeof(Row)) == 0;
     });
-    if (sid >= 0) return sid;
-    sid = (int32_t)(start.size() - 1);
-    t->stack_frames->insert(t->stack_frames->end(), ids.begin(), ids.end());
-    t->stack_start->push_back((int64_t)t->stack_frames->size());
-    t->stack_ids->insert(h, sid);
-    t->unknown_lines += unknown;  // repairs are counted once per distinct stack
-    t->odd_frames += odd;
+    if (sid < 0) {
+        sid = (int32_t)(start.size() - 1);
+        t->stack_rows->insert(t->stack_rows->end(), rows.begin(), rows.end());
+        t->stack_start->push_back((int64_t)t->stack_rows->size());
+        t->stack_ids->insert(h, sid);
+    }
+    if (unknown || odd) {  // repairs count once per stack as written (snapshot_frames.repair_key)
+        PyObject* key = PyObject_CallFunction(t->repair_key, "iO", sid, frames);
+        if (!key) return -2;
+        int seen = PySet_Contains(t->repairs_seen, key);
+        if (seen == 0) seen = PySet_Add(t->repairs_seen, key);
+        else if (seen == 1) { unknown = odd = 0; seen = 0; }
+        Py_DECREF(key);
+        if (seen < 0) return -2;
+        t->unknown_lines += unknown;
+        t->odd_frames += odd;
+    }
     return sid;
 }
 
 PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
     Py_ssize_t max_frames;
-    PyObject *read_odd, *too_many, *ref_type;
-    if (!PyArg_ParseTuple(args, "nOOO", &max_frames, &read_odd, &too_many, &ref_type)) return nullptr;
+    PyObject *read_odd, *too_many, *ref_type, *repair_key;
+    if (!PyArg_ParseTuple(args, "nOOOO", &max_frames, &read_odd, &too_many, &ref_type, &repair_key)) return nullptr;
     if (!PyType_Check(ref_type)) {
         PyErr_SetString(PyExc_TypeError, "stack_ref_type must be a type");
         return nullptr;
@@ -260,25 +286,23 @@ PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
     if (!t) return nullptr;
     t->strings = new std::vector<PyObject*>();
     t->string_ids = new IdSet();
-    t->frame_name = new std::vector<int32_t>();
-    t->frame_file = new std::vector<int32_t>();
-    t->frame_line = new std::vector<int64_t>();
-    t->frame_ids = new IdSet();
-    t->stack_frames = new std::vector<int32_t>();
+    t->stack_rows = new std::vector<Row>();
     t->stack_start = new std::vector<int64_t>(1, 0);
     t->stack_ids = new IdSet();
-    t->scratch = new std::vector<int32_t>();
+    t->scratch = new std::vector<Row>();
     t->aten_names = new std::vector<int32_t>();
     t->max_frames = max_frames;
     Py_INCREF(read_odd); t->read_odd_frame = read_odd;
     Py_INCREF(too_many); t->too_many_frames = too_many;
     Py_INCREF(ref_type); t->stack_ref_type = ref_type;
+    Py_INCREF(repair_key); t->repair_key = repair_key;
+    t->repairs_seen = PySet_New(nullptr);
     t->key_name = PyUnicode_InternFromString("name");
     t->key_filename = PyUnicode_InternFromString("filename");
     t->key_line = PyUnicode_InternFromString("line");
     t->empty = PyUnicode_FromString("");
     t->aten_prefix = PyUnicode_FromString("at::_ops::");
-    if (!t->key_name || !t->key_filename || !t->key_line || !t->empty || !t->aten_prefix) {
+    if (!t->key_name || !t->key_filename || !t->key_line || !t->empty || !t->aten_prefix || !t->repairs_seen) {
         Py_DECREF(t);
         return nullptr;
     }
@@ -287,10 +311,11 @@ PyObject* FrameTable_new(PyTypeObject* type, PyObject* args, PyObject*) {
 
 void FrameTable_dealloc(FrameTable* t) {
     if (t->strings) for (PyObject* s : *t->strings) Py_DECREF(s);
-    delete t->strings; delete t->string_ids; delete t->frame_name; delete t->frame_file; delete t->frame_line;
-    delete t->frame_ids; delete t->stack_frames; delete t->stack_start; delete t->stack_ids; delete t->scratch;
+    delete t->strings; delete t->string_ids; delete t->stack_rows; delete t->stack_start; delete t->stack_ids;
+    delete t->scratch;
     delete t->aten_names;
     Py_XDECREF(t->read_odd_frame); Py_XDECREF(t->too_many_frames); Py_XDECREF(t->stack_ref_type);
+    Py_XDECREF(t->repair_key); Py_XDECREF(t->repairs_seen);
     Py_XDECREF(t->key_name); Py_XDECREF(t->key_filename); Py_XDECREF(t->key_line); Py_XDECREF(t->empty);
     Py_XDECREF(t->aten_prefix);
     Py_TYPE(t)->tp_free((PyObject*)t);
@@ -307,8 +332,8 @@ PyObject* as_bytes(const std::vector<T>& v) {
     return PyBytes_FromStringAndSize((const char*)v.data(), (Py_ssize_t)(v.size() * sizeof(T)));
 }
 
-// columns() -> (strings, frame_name int32, frame_file int32, frame_line int64, stack_start int64,
-//               stack_frames int32, ids of strings starting "at::_ops::" int32), arrays as native bytes
+// columns() -> (strings, stack rows as (name id int32, file id int32, line int64) records, stack_start int64,
+//               ids of strings starting "at::_ops::" int32), arrays as native bytes
 PyObject* FrameTable_columns(FrameTable* t, PyObject*) {
     PyObject* strings = PyList_New((Py_ssize_t)t->strings->size());
     if (!strings) return nullptr;
@@ -316,8 +341,7 @@ PyObject* FrameTable_columns(FrameTable* t, PyObject*) {
         Py_INCREF((*t->strings)[i]);
         PyList_SET_ITEM(strings, (Py_ssize_t)i, (*t->strings)[i]);
     }
-    return Py_BuildValue("(NNNNNNN)", strings, as_bytes(*t->frame_name), as_bytes(*t->frame_file),
-                         as_bytes(*t->frame_line), as_bytes(*t->stack_start), as_bytes(*t->stack_frames),
+    return Py_BuildValue("(NNNN)", strings, as_bytes(*t->stack_rows), as_bytes(*t->stack_start),
                          as_bytes(*t->aten_names));
 }
 
@@ -347,11 +371,7 @@ PyObject* FrameTable_plain_utf8(FrameTable* t, PyObject*) {
 PyObject* FrameTable_drop_index(FrameTable* t, PyObject*) {
     t->sealed = true;
     *t->string_ids = IdSet();
-    *t->frame_ids = IdSet();
     *t->stack_ids = IdSet();
-    t->string_ids->slots.shrink_to_fit();
-    t->frame_ids->slots.shrink_to_fit();
-    t->stack_ids->slots.shrink_to_fit();
     Py_RETURN_NONE;
 }
 
