@@ -60,7 +60,7 @@ def import_snapshot(path):
 def _read(buf, path):
     """(snapshot object, its stack interner) from pickle bytes: streamed, or by the restricted unpickler."""
     interner = new_stack_interner()
-    snapshot = stream_snapshot(buf, interner)
+    snapshot = stream_snapshot(buf, interner, drop_read_pages=True)  # pickle_buffer maps files read-only
     if snapshot is None:
         interner = new_stack_interner()
         snapshot = loads_buffer(buf, path)

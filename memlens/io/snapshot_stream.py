@@ -63,7 +63,7 @@ def _compiled_walk():
         return None
 
 
-def _walk_compiled(walk, data, interner: CompiledStackInterner):
+def _walk_compiled(walk, data, interner: CompiledStackInterner, drop_read_pages: bool):
     """The compiled walk: the top-level object, with device trace lists as `EntryColumns`."""
     # the walk makes and frees millions of dicts and lists, none in a reference cycle: the cyclic collector
     # would only rescan the survivors again and again (a tenth of the walk's time)
@@ -71,7 +71,7 @@ def _walk_compiled(walk, data, interner: CompiledStackInterner):
     gc.disable()
     try:
         stack, depth, parts = walk(data, interner.frame_table, _Unsupported, _TooManyLoose, _RELEASED, MAX_STACK,
-                                   isinstance(data, mmap.mmap))
+                                   drop_read_pages)
     except _TooManyLoose:
         raise too_many_loose() from None
     finally:
@@ -149,8 +149,12 @@ def _is_entry(obj) -> bool:
     return type(obj) is dict and "action" in obj
 
 
-def stream_snapshot(data, interner: StackInterner | CompiledStackInterner):
+def stream_snapshot(data, interner: StackInterner | CompiledStackInterner, drop_read_pages: bool = False):
     """Parse snapshot pickle bytes (bytes/mmap); device-trace lists come back as `EntryColumns`.
+    `drop_read_pages`: `data` is a read-only (``ACCESS_READ``) mmap of a file, whose pages the compiled
+    walker may give back to the kernel once read (they stay in the page cache; a later read faults them
+    in again), so that the file does not count in the resident set twice over; never for a private or
+    writable mapping, whose changes that would discard.
     A `CompiledStackInterner` selects the compiled walker (when it is not there, the Python loop runs
     with a `StackInterner` in its place: the caller's interner then stays empty, so pass one from
     `memlens.io.snapshot_frames.new_stack_interner`).
@@ -161,7 +165,7 @@ def stream_snapshot(data, interner: StackInterner | CompiledStackInterner):
             walk = _compiled_walk()
             if walk is None:
                 raise _Unsupported("compiled interner without the compiled walker")
-            return _walk_compiled(walk, data, interner)
+            return _walk_compiled(walk, data, interner, drop_read_pages and isinstance(data, mmap.mmap))
         return _parse(data, interner)
     except InputError:  # a limit was hit: the general unpickler would only spend more memory on it
         raise
