@@ -8,8 +8,9 @@ no reference to the lists themselves (only to one list per distinct identity tup
 streaming reader can drop each entry once converted.
 
 `CompiledStackInterner` is the same interner in C++ (memlens/io/native/stream_walk.cpp), which the compiled
-pickle walker feeds directly: frames become (name id, filename id, line) rows and stacks runs of frame ids,
-so no Python object is kept per frame; the `stacks` table is built from those arrays with numpy.
+pickle walker feeds directly: names and file names are interned once, each distinct stack is a run of
+(name id, filename id, line) rows, so no Python object is kept per frame; the `stacks` table is built from
+those arrays with numpy.
 `new_stack_interner` picks the one that goes with the walker in use. Both read every frame by the same
 rules (`read_odd_frame` for anything but the usual dict), give the same ids in the same order, and count
 repairs once per stack as written (`repair_key`).

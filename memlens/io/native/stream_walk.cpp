@@ -13,9 +13,10 @@
 // - The memo keeps only the slots that some GET reads later (a first pass over the opcodes finds them):
 //   the Python loop's memo holds every memoized string and frame dict to the end of the file, which for a
 //   snapshot whose stacks are all distinct is most of `pickle.load`'s memory.
-// - `FrameTable` interns frames as (name id, filename id, line) rows and stacks as runs of frame ids in
-//   C++ vectors; the `stacks` table is built from them with numpy (memlens/io/snapshot_frames.py).
-// - Consumed pages of an mmap'ed file are dropped from the resident set as the walk passes them.
+// - `FrameTable` interns strings once and each distinct stack as a run of (name id, filename id, line) rows
+//   in C++ vectors; the `stacks` table is built from them with numpy (memlens/io/snapshot_frames.py).
+// - Consumed pages of a read-only mmap'ed file are dropped from the resident set as the walk passes them.
+// - The entry columns are built here (`Walk::take_entries`), not by a Python callback per batch.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
