@@ -365,16 +365,3 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
                      iterations=iterations, ati=ati,
                      cannot_compare=cannot, notes=[n[0].upper() + n[1:] + "." for n in notes],
                      trace_a=a, trace_b=b)
-
-
-class _CallableModule(type(np)):
-    """``import memlens.diff`` rebinds ``memlens.diff`` from the function to this module; calling the module
-    keeps ``memlens.diff(a, b)`` working either way."""
-
-    def __call__(self, a, b, **kwargs) -> TraceDiff:
-        return diff(a, b, **kwargs)
-
-
-import sys as _sys  # noqa: E402  (needed only for the module class swap below)
-
-_sys.modules[__name__].__class__ = _CallableModule
