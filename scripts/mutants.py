@@ -55,7 +55,7 @@ MUTANTS = [
      "f\"{ns_text(st['p90_ns'])}, 99th",
      "f\"{ns_text(st['p50_ns'])}, 99th",
      ["tests/test_mutants.py::test_report_ati_percentiles_are_the_real_ones"]),
-    ("negative sizes accepted", "memlens/io/store.py",
+    ("negative sizes accepted", "memlens/trace_checks.py",
      "        if (values < 0).any():",
      "        if (values < -(1 << 40)).any():",
      ["tests/test_hostile_store.py::test_snapshot_values_out_of_range"]),
