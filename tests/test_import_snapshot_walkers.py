@@ -136,6 +136,7 @@ def _hostile() -> dict[str, bytes]:
         "marks 200": b"\x80\x04" + b"(" * 200 + b"N" + b"t" * 200 + b".",
         "flood of NONE": b"\x80\x04" + b"N" * 1_000_001 + b".",
         "flood of gets": b"\x80\x04N\x94" + b"j\x00\x00\x00\x00" * 1_000_001 + b".",
+        "flood of memoize": b"\x80\x04N" + b"\x94" * 2_000_000 + b"h\x07\x86.",
         "persistent id": b"\x80\x04\x8c\x01xQ.",
     }
 

@@ -406,45 +406,62 @@ struct Columns {
     PyObject* names[kCodedFields] = {};    // list of values (owned)
 };
 
+// The memo slots some GET reads, as a bitmap with the count of set bits before each 64-slot word, so that
+// a read slot's place among the kept ones (its rank) costs one popcount: the walk stores only those slots,
+// a few bytes per thousand memoized objects for the rest (a flood of MEMOIZE costs no memory).
+struct SlotSet {
+    std::vector<uint64_t> words;
+    std::vector<uint32_t> before;  // set bits in the words before each word
+    bool has(size_t slot) const {
+        return (slot >> 6) < words.size() && (words[slot >> 6] >> (slot & 63) & 1);
+    }
+    size_t rank(size_t slot) const {  // set bits before `slot`
+        return before[slot >> 6] + (size_t)__builtin_popcountll(words[slot >> 6] & ((1ULL << (slot & 63)) - 1));
+    }
+};
+
 // Which memo slots some GET reads (a first pass over the opcodes, building nothing). The pass follows the
 // walk's own decoding; where the walk would fail (an unknown opcode, a truncated argument, a GET of a slot
 // not yet filled) it stops, since nothing after that point is ever read.
-std::vector<bool> referenced_slots(const unsigned char* data, Py_ssize_t n) {
-    std::vector<bool> used;
+void mark_read_slots(const unsigned char* data, Py_ssize_t n, std::vector<uint64_t>& words) {
     Py_ssize_t puts = 0, pos = 0;
+    auto put = [&]() {
+        if ((puts & 63) == 0) words.push_back(0);
+        puts++;
+    };
     auto get = [&](Py_ssize_t slot) {
         if (slot >= puts) return false;
-        used[(size_t)slot] = true;
+        words[(size_t)slot >> 6] |= 1ULL << (slot & 63);
         return true;
     };
     while (pos < n) {
         unsigned char op = data[pos++];
         switch (op) {
-        case 0x94: used.push_back(false); puts++; break;  // MEMOIZE
+        case 0x94: put(); break;  // MEMOIZE
         case 0x71: case 0x72: {                           // BINPUT / LONG_BINPUT
             Py_ssize_t width = op == 0x71 ? 1 : 4;
-            if (pos + width > n) return used;
+            if (pos + width > n) return;
             Py_ssize_t slot = data[pos];
             if (width == 4) { uint32_t s; std::memcpy(&s, data + pos, 4); slot = (Py_ssize_t)s; }
-            if (slot != puts) return used;
-            used.push_back(false); puts++; pos += width;
+            if (slot != puts) return;
+            put(); pos += width;
             break;
         }
         case 0x68:  // BINGET
-            if (pos >= n || !get(data[pos])) return used;
+            if (pos >= n || !get(data[pos])) return;
             pos += 1;
             break;
         case 0x6A: {  // LONG_BINGET
-            if (pos + 4 > n) return used;
+            if (pos + 4 > n) return;
             uint32_t s; std::memcpy(&s, data + pos, 4);
-            if (!get((Py_ssize_t)s)) return used;
+            if (!get((Py_ssize_t)s)) return;
             pos += 4;
             break;
         }
-        case 0x8A: if (pos >= n) return used; pos += 1 + data[pos]; break;                 // LONG1
-        case 0x8C: if (pos >= n) return used; pos += 1 + data[pos]; break;                 // SHORT_BINUNICODE
+        case 0x8A: if (pos >= n) return; pos += 1 + data[pos]; break;                 // LONG1
+        case 0x8C: if (pos >= n) return; pos += 1 + data[pos]; break;                 // SHORT_BINUNICODE
         case 0x58: {                                                                       // BINUNICODE
-            if (pos + 4 > n) return used;
+            if (pos + 4 > n) return;
             uint32_t size; std::memcpy(&size, data + pos, 4);
             pos += 4 + (Py_ssize_t)size;
             break;
@@ -455,15 +472,27 @@ std::vector<bool> referenced_slots(const unsigned char* data, Py_ssize_t n) {
         case 0x47: pos += 8; break;  // BINFLOAT
         case 0x95: pos += 8; break;  // FRAME
         case 0x80: pos += 1; break;  // PROTO
-        case 0x2E: return used;      // STOP
+        case 0x2E: return;      // STOP
         case 0x28: case 0x7D: case 0x75: case 0x5D: case 0x65: case 0x61: case 0x73: case 0x4E: case 0x88:
         case 0x89: case 0x29: case 0x85: case 0x86: case 0x87: case 0x74:
             break;  // no argument
         default:
-            return used;
+            return;
         }
     }
-    return used;
+}
+
+SlotSet referenced_slots(const unsigned char* data, Py_ssize_t n) {
+    SlotSet set;
+    std::vector<uint64_t>& words = set.words;
+    mark_read_slots(data, n, words);
+    set.before.resize(words.size());
+    uint32_t total = 0;
+    for (size_t w = 0; w < words.size(); w++) {
+        set.before[w] = total;
+        total += (uint32_t)__builtin_popcountll(words[w]);
+    }
+    return set;
 }
 
 struct Walk {
@@ -471,9 +500,10 @@ struct Walk {
     Py_ssize_t n = 0;
     bool drop_pages = false;         // data is an mmap: give consumed pages back
     Py_ssize_t dropped = 0;          // bytes of data already given back
-    std::vector<PyObject*> memo;     // owned refs; nullptr for a slot no GET reads
-    std::vector<bool> referenced;
-    std::unordered_map<PyObject*, size_t> slot_of;  // dict/list in a referenced slot -> that slot
+    SlotSet referenced;              // the memo slots some GET reads
+    std::vector<PyObject*> kept;     // owned refs of those slots, in slot order (index: rank of the slot)
+    Py_ssize_t memo_size = 0;        // slots memoized so far, kept or not
+    std::unordered_map<PyObject*, size_t> slot_of;  // dict/list in a referenced slot -> its index in `kept`
     FrameTable* table = nullptr;
     PyObject* unsupported = nullptr;     // exception class
     PyObject* too_many_loose = nullptr;  // exception class
@@ -491,7 +521,7 @@ struct Walk {
     ~Walk() {
         Py_XDECREF(stack);
         for (PyObject* s : metastack) Py_DECREF(s);
-        for (PyObject* m : memo) Py_XDECREF(m);
+        for (PyObject* m : kept) Py_XDECREF(m);
         for (Columns* c : columns) {
             Py_XDECREF(c->target);
             for (int k = 0; k < kCodedFields; k++) { Py_XDECREF(c->code_of[k]); Py_XDECREF(c->names[k]); }
@@ -539,29 +569,26 @@ struct Walk {
         return s;
     }
     PyObject* memo_get(Py_ssize_t slot) {  // borrowed
-        if (slot < 0 || slot >= (Py_ssize_t)memo.size()) return fail("memo index out of range");
-        PyObject* v = memo[(size_t)slot];
-        if (!v) return fail("memo slot not kept");  // the first pass says no GET reads it: cannot happen
-        return v;
+        if (slot < 0 || slot >= memo_size) return fail("memo index out of range");
+        // the first pass saw every GET the walk executes, so a read slot is always kept
+        if (!referenced.has((size_t)slot)) return fail("memo slot not kept");
+        return kept[referenced.rank((size_t)slot)];
     }
     bool memoize_top(Py_ssize_t slot) {
         Py_ssize_t size = PyList_GET_SIZE(stack);
         if (size == 0) return fail_b("memoize on empty stack");
         PyObject* top = PyList_GET_ITEM(stack, size - 1);
-        bool keep = (size_t)slot < referenced.size() && referenced[(size_t)slot];
-        if (!keep) {  // no GET reads this slot: hold nothing
-            memo.push_back(nullptr);
-            return true;
-        }
-        if (PyDict_CheckExact(top) || PyList_CheckExact(top)) slot_of[top] = (size_t)slot;
+        memo_size++;
+        if (!referenced.has((size_t)slot)) return true;  // no GET reads this slot: hold nothing
+        if (PyDict_CheckExact(top) || PyList_CheckExact(top)) slot_of[top] = kept.size();
         Py_INCREF(top);
-        memo.push_back(top);
+        kept.push_back(top);  // slots are memoized in order, so this index is the slot's rank
         return true;
     }
     void forget(PyObject* obj, PyObject* replacement) {  // steals replacement
         auto it = slot_of.find(obj);
         if (it == slot_of.end()) { Py_DECREF(replacement); return; }
-        PyObject*& cell = memo[it->second];
+        PyObject*& cell = kept[it->second];
         Py_XDECREF(cell);
         cell = replacement;
         slot_of.erase(it);
@@ -721,7 +748,7 @@ PyObject* Walk::run() {
             break;
         }
         case 0x94:  // MEMOIZE
-            if (!memoize_top((Py_ssize_t)memo.size())) return nullptr;
+            if (!memoize_top(memo_size)) return nullptr;
             break;
         case 0x28: {  // MARK
             PyObject* fresh = PyList_New(0);
@@ -920,7 +947,7 @@ PyObject* Walk::run() {
                 slot = (Py_ssize_t)s;
                 pos += 4;
             }
-            if (slot != (Py_ssize_t)memo.size()) return fail("memo slots out of order");
+            if (slot != memo_size) return fail("memo slots out of order");
             if (!memoize_top(slot)) return nullptr;
             break;
         }
