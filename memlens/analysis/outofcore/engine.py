@@ -66,29 +66,35 @@ def summary(path, runner: Runner) -> dict:
     }
 
 
-def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None):
+def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None,
+            keep_events: bool = False):
     """Split alloc/free events into time buckets and sum them: (block facts, {device: {"peak", "t_peak",
-    and with `write_curves` "context" (`live.peak_context`)}})."""
+    "buckets" (time bucket numbers), "parts" (their `live.curve_piece` results), and with `write_curves`
+    "context" (`live.peak_context`)}}). `keep_events` keeps each bucket's sorted events on disk (the report's
+    live curve reads them) and skips the contexts."""
     batches = files.batches("blocks", DEFAULT_ROWS_PER_BUCKET)
     edges = time_edges(files, max(len(batches), 1), span)
     results = runner.map(split_events, [(files, rgs, i, edges, span[0], str(runner.scratch))
                                         for i, rgs in enumerate(batches)])
-    facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0}
+    facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0,
+             "labels": {"category": {}, "module": {}}}
     pieces = set()
     for r in results:
         facts["devices"].update(r["devices"])
         pieces.update(r["pieces"])
+        for col, names in r["labels"].items():
+            facts["labels"][col].update(names)
         for k in ("allocated_before", "free_without_alloc", "alive_at_end"):
             facts[k] += r[k]
     wanted = sorted(facts["devices"]) if devices is None else [d for d in devices if d in facts["devices"]]
     jobs = [(d, tb) for d in wanted for tb in sorted(tb for dev, tb in pieces if dev == d)]
-    parts = runner.map(curve_piece, [(str(runner.scratch), d, tb, write_curves) for d, tb in jobs])
+    parts = runner.map(curve_piece, [(str(runner.scratch), d, tb, write_curves, keep_events) for d, tb in jobs])
     out = {}
     for d in wanted:
         mine = [(tb, p) for (dev, tb), p in zip(jobs, parts) if dev == d]
         peak, t_peak = combine_peak([p for _, p in mine])
-        out[d] = {"peak": peak, "t_peak": t_peak}
-        if write_curves and mine:
+        out[d] = {"peak": peak, "t_peak": t_peak, "buckets": [tb for tb, _ in mine], "parts": [p for _, p in mine]}
+        if write_curves and mine and not keep_events:
             out[d]["context"] = peak_context(str(runner.scratch), d, [tb for tb, _ in mine], [p for _, p in mine],
                                              span, limit_bytes, runner)
     return facts, out
@@ -283,12 +289,15 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     from memlens.analysis.outliers import bandwidth_filter, outliers
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = bandwidth_filter(access_intervals(trace, device=device), bw)
-    ranked = outliers(trace, bw, top=top, priority=priority, device=device, intervals=iv, min_size=min_size,
+    ranked = outliers(trace, bw, top=None, priority=priority, device=device, intervals=iv, min_size=min_size,
                       limit_bytes=limit_bytes, peak_context={d: load_context(c) for d, c in contexts.items()})
+    n_ranked = len(ranked)  # every block with an idle interval: the report says "of N"
+    if top is not None:
+        ranked = ranked.head(top)  # the ranking is a total order: the first `top` are those `top=top` keeps
     # attribution is attached once to the final rows (its dtypes depend on which rows are picked)
     ranked = ranked.drop(columns=[c for c in ATTRIBUTION if c in ranked.columns])
     swappable = iv["swappable"].to_numpy()
-    part = {"intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
+    part = {"ranked": n_ranked, "intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
             "idle_bytes_ns": float(np.dot(iv["size"].to_numpy(np.float64), iv["length_ns"].to_numpy(np.float64))),
             "swappable_bytes_ns": float(iv["swappable_bytes_ns"].to_numpy().sum()),
             "blocks_with_swappable": len(pd.unique(iv["block_id"].to_numpy()[swappable]))}
@@ -355,4 +364,5 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
                 "bandwidth": bw.to_dict(), "clock": clock_of_files(files), "steady_state": False,
                 "iteration": None}
     ranked.attrs["clock"] = summary_["clock"]
+    ranked.attrs["blocks_ranked"] = int(sum(p["ranked"] for p in parts))  # before the cut to `top`
     return ranked, summary_
