@@ -272,10 +272,11 @@ BUILDERS = {"summary": summary, "live": live, "peak": peak, "largest": largest, 
 
 
 def build_report_out_of_core(path, runner, *, title: str | None = None, sections: list[str] | None = None,
-                             source_name: str | None = None, **options) -> Report:
+                             source_name: str | None = None, rows_per_bucket: int | None = None,
+                             **options) -> Report:
     """`build_report` for the saved trace at `path`, out of core on `runner` (an entered
     `outofcore.runner.Runner`). Options as `ReportOptions` (``gpu`` is refused: retiming rewrites the whole
-    trace)."""
+    trace); `rows_per_bucket` sizes the ATI / outlier tasks (accesses each; default the engine's)."""
     from memlens.analysis.outofcore.overview import report_data
     from memlens.errors import InputError
 
@@ -289,7 +290,8 @@ def build_report_out_of_core(path, runner, *, title: str | None = None, sections
     if opts.gpu is not None:
         raise InputError("--gpu retimes the whole trace in memory; it has no out-of-core engine (use --engine memory)")
     start = time.perf_counter()
-    data = report_data(path, runner, bandwidth=opts.bandwidth, top=opts.top, x=opts.x, max_points=opts.max_points)
+    data = report_data(path, runner, bandwidth=opts.bandwidth, top=opts.top, x=opts.x, max_points=opts.max_points,
+                       rows_per_bucket=rows_per_bucket)
     octx = OutOfCoreContext(data, opts)
     from memlens.clock import clock_label
     clock = clock_label(SimpleNamespace(metadata=dict(octx.files.metadata)))

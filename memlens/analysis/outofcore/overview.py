@@ -38,6 +38,7 @@ from memlens.analysis.outofcore.runner import Runner
 WINDOW_BLOCKS = 10_000       # the in-memory report's what-if window on traces with accesses (sections_whatif)
 WINDOW_ACCESSES = 2_000_000  # ~0.4 GB in memory with their intervals (`choose.BYTES_PER_ACCESS`)
 SCATTER_ROWS = 20_000        # the outlier scatter's points (`report.sections_access.SCATTER_POINTS`)
+BLOCKS_PASS_ROWS = 1 << 20   # blocks rows per `blocks_pass` task (read inside it `BLOCK_BATCH_ROWS` at a time)
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -296,7 +297,7 @@ def _narrow_to_accesses(files: TraceFiles, t0: int, t1: int, t_peak: int, limit:
 
 # ---- everything the report needs ------------------------------------------------------------------------
 def report_data(path, runner: Runner, *, bandwidth=None, top: int = 20, x: str = "time", max_points: int = 4000,
-                top_groups: int = 8, window_blocks: int = WINDOW_BLOCKS, window_accesses: int = WINDOW_ACCESSES,
+                top_groups: int = 8, window_blocks: int | None = None, window_accesses: int | None = None,
                 scatter_rows: int = SCATTER_ROWS, rows_per_bucket: int | None = None) -> dict:
     """The report's numbers for the saved trace at `path` (see the module docstring). Keys: ``files``,
     ``summary``, ``span``, ``curves`` ({device: `live_curve`}), ``peaks`` ({device: {"event", "live",
@@ -306,26 +307,26 @@ def report_data(path, runner: Runner, *, bandwidth=None, top: int = 20, x: str =
     from memlens.errors import NeedsAccessesError
     files = engine._open(path)
     span = files.time_span_ns()
-    kwargs = {} if rows_per_bucket is None else {"rows_per_bucket": rows_per_bucket}
+    window_blocks = WINDOW_BLOCKS if window_blocks is None else window_blocks
+    window_accesses = WINDOW_ACCESSES if window_accesses is None else window_accesses
     out = {"files": files, "span": span}
-    with _sub_scratch(runner, "summary"):
-        out["summary"] = engine.summary(files, runner)
-    with _sub_scratch(runner, "curves"):
-        facts, events = engine._events(files, runner, span, write_curves=True, keep_events=True)
-        out["curves"], peaks = {}, {}
-        for dev, ev in events.items():
-            out["curves"][dev] = live_curve(runner, dev, ev["buckets"], ev["parts"], facts["labels"], x=x,
-                                            max_points=max_points, top_groups=top_groups)
-            pe = peak_event(ev["parts"])
-            if pe is not None:
-                peaks[dev] = pe
+    # one pass over the alloc/free events: the summary's peaks, the live curves, the outliers' peak contexts
+    facts, events = engine._events(files, runner, span, write_curves=True, keep_events=True)
+    out["summary"] = engine.summary_of(files, span, facts, events)
+    out["curves"], peaks = {}, {}
+    for dev, ev in events.items():
+        out["curves"][dev] = live_curve(runner, dev, ev["buckets"], ev["parts"], facts["labels"], x=x,
+                                        max_points=max_points, top_groups=top_groups)
+        pe = peak_event(ev["parts"])
+        if pe is not None:
+            peaks[dev] = pe
     peak_bytes = out["summary"]["peak_live_bytes"]
     window_device = max(peak_bytes, key=peak_bytes.get) if peak_bytes else None
     whole = files.rows["blocks"] <= window_blocks and files.rows["accesses"] <= window_accesses
     half = max(window_blocks // 4, 1)
     window_at = None if whole or window_device not in peaks else peaks[window_device]["t_ns"]
     parts = runner.map(blocks_pass, [(files, rgs, span, {d: (p["t_ns"], p["seq"]) for d, p in peaks.items()}, top,
-                                      window_at, half) for rgs in files.batches("blocks", 1 << 20)])
+                                      window_at, half) for rgs in files.batches("blocks", BLOCKS_PASS_ROWS)])
     out["bytes_allocated"] = sum(p["bytes"] for p in parts)
     out["module_named"] = any(p["module_named"] for p in parts)
     cats: dict = {}
@@ -362,11 +363,15 @@ def report_data(path, runner: Runner, *, bandwidth=None, top: int = 20, x: str =
                      "whole": whole, "how": how}
     # accesses: the engine's exact analyses
     try:
-        with _sub_scratch(runner, "ati"):
-            out["ati"] = engine.ati(files, runner, **kwargs)
-        with _sub_scratch(runner, "outliers"):
-            out["outliers"], out["outlier_summary"] = engine.outliers(files, runner, bandwidth, top=scatter_rows,
-                                                                      **kwargs)
+        engine._require_accesses(files, "access time interval (ATI) analysis")
     except NeedsAccessesError as exc:
         out["ati_error"] = str(exc.message)
+        return out
+    from memlens.analysis.outofcore.buckets import OUTLIER_BLOCK_COLUMNS
+    with _sub_scratch(runner, "buckets"):  # pass 1 (by block) once, for the ATI and the outliers
+        n_buckets = engine._regroup(files, runner, rows_per_bucket or engine.DEFAULT_ROWS_PER_BUCKET,
+                                    OUTLIER_BLOCK_COLUMNS)
+        out["ati"] = engine.ati(files, runner, regrouped=n_buckets)
+        out["outliers"], out["outlier_summary"] = engine.outliers(files, runner, bandwidth, top=scatter_rows,
+                                                                  regrouped=n_buckets, events=events)
     return out
