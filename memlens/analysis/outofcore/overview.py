@@ -36,6 +36,7 @@ from memlens.analysis.outofcore.live import LABEL_COLUMNS, peak_event
 from memlens.analysis.outofcore.runner import Runner
 
 WINDOW_BLOCKS = 10_000       # the in-memory report's what-if window on traces with accesses (sections_whatif)
+WINDOW_BLOCKS_WITHOUT_ACCESSES = 50_000  # and without (no swap planning, the slowest what-if)
 WINDOW_ACCESSES = 2_000_000  # ~0.4 GB in memory with their intervals (`choose.BYTES_PER_ACCESS`)
 SCATTER_ROWS = 20_000        # the outlier scatter's points (`report.sections_access.SCATTER_POINTS`)
 BLOCKS_PASS_ROWS = 1 << 20   # blocks rows per `blocks_pass` task (read inside it `BLOCK_BATCH_ROWS` at a time)
@@ -307,7 +308,8 @@ def report_data(path, runner: Runner, *, bandwidth=None, top: int = 20, x: str =
     from memlens.errors import NeedsAccessesError
     files = engine._open(path)
     span = files.time_span_ns()
-    window_blocks = WINDOW_BLOCKS if window_blocks is None else window_blocks
+    if window_blocks is None:
+        window_blocks = WINDOW_BLOCKS if files.rows["accesses"] else WINDOW_BLOCKS_WITHOUT_ACCESSES
     window_accesses = WINDOW_ACCESSES if window_accesses is None else window_accesses
     out = {"files": files, "span": span}
     # one pass over the alloc/free events: the summary's peaks, the live curves, the outliers' peak contexts
