@@ -73,10 +73,11 @@ class OutOfCoreContext:
     def peaks(self) -> dict:
         """{device: `PeakBreakdown`} of the whole trace."""
         from memlens.analysis.peak import breakdown_of_live
+        from memlens.trace import conform
         out = {}
         for dev, p in sorted(self.data["peaks"].items()):
             e = p["event"]
-            live = p["live"] if p["live"] is not None else self.window.trace.lifetimes().iloc[:0]
+            live = p["live"] if p["live"] is not None else conform("blocks", None)  # nothing live at the peak
             out[dev] = breakdown_of_live(dev, live, int(e["peak"]), int(e["t_ns"]), int(e["seq"]),
                                          int(e["block_id"]) if e["delta"] > 0 else None, p["op"], self.options.top)
         return out
