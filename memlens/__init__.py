@@ -4,8 +4,7 @@ The package import is light: torch, plotly and the analyses load only when first
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from memlens._version import __version__
 from memlens.errors import InputError, MemlensError
 from memlens.trace import Trace
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import pkgutil
 import sys
 
-from memlens import __version__
+from memlens._version import __version__
+from memlens.commands._output import print_json  # noqa: F401  (memlens.cli.print_json, as before)
 from memlens.errors import InputError, printable
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
@@ -46,12 +46,6 @@ def build_parser() -> argparse.ArgumentParser:
         if hasattr(module, "register"):  # helpers such as commands/options.py are not verbs
             module.register(sub)
     return parser
-
-
-def print_json(obj) -> None:
-    """Print `obj` as one JSON document on stdout."""
-    json.dump(obj, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
 
 
 def main(argv=None) -> int:

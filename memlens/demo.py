@@ -91,7 +91,7 @@ def _train_steps(model, optimizer, steps: int, make_batch, loss_of, mark_steps: 
     """The shared loop: batch, loss, backward, optimizer step, zero_grad(set_to_none=True), and
     `memlens.step()` after each step when `mark_steps`. Returns the last loss."""
     torch = _torch()
-    import memlens
+    from memlens.record import step
     loss = torch.zeros(())
     for _ in range(steps):
         loss = loss_of(model, make_batch())
@@ -99,7 +99,7 @@ def _train_steps(model, optimizer, steps: int, make_batch, loss_of, mark_steps: 
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if mark_steps:
-            memlens.step()
+            step()
     return float(loss.detach())
 
 
@@ -127,11 +127,11 @@ def train_classifier_steps(model, optimizer, steps: int, make_batch, mark_steps:
 def record_demo_trace(steps: int = 4, seed: int = 0):
     """Record the small transformer trained for `steps` AdamW steps on CPU; returns the Trace."""
     torch = _torch()
-    import memlens
+    from memlens.record import record
     torch.manual_seed(seed)
     model = make_transformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with memlens.record(model) as rec:
+    with record(model) as rec:
         train_transformer_steps(model, optimizer, steps)
     return rec.trace
 

@@ -33,96 +33,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from memlens.errors import InputError
-
-SCHEMA_VERSION = 1
-
-CATEGORIES = (
-    "parameter", "buffer", "gradient", "activation", "optimizer_state", "input", "temporary",
-    "autograd_detail", "unknown",
-)
-
-# table -> ordered {column: pandas dtype}
-SCHEMA: dict[str, dict[str, str]] = {
-    "blocks": {
-        "block_id": "int64", "device": "object", "addr": "Int64", "size": "int64",
-        "alloc_ns": "Int64", "free_ns": "Int64", "alloc_seq": "Int64", "free_seq": "Int64",
-        "category": "object", "op": "object", "alloc_op_id": "Int64", "module": "object",
-        "stack_id": "Int64", "stream": "int64", "allocated_before": "bool",
-        "free_without_alloc": "bool", "source": "object",
-    },
-    "accesses": {"block_id": "int64", "t_ns": "int64", "op_id": "int64", "is_write": "bool"},
-    "ops": {"op_id": "int64", "name": "object", "start_ns": "int64", "end_ns": "int64",
-            "module": "object", "iteration": "Int64", "flops": "int64", "bytes_read": "int64",
-            "bytes_written": "int64", "dtype": "object", "shapes": "object"},
-    "segments": {"device": "object", "addr": "int64", "total_size": "int64", "allocated_size": "int64",
-                 "active_size": "int64", "requested_size": "int64", "stream": "int64", "pool": "object",
-                 "is_expandable": "bool"},
-    "segment_blocks": {"device": "object", "segment_addr": "int64", "addr": "int64", "size": "int64",
-                       "requested_size": "int64", "state": "object"},
-    "events": {"seq": "int64", "t_ns": "int64", "device": "object", "action": "object", "addr": "Int64",
-               "size": "int64", "stream": "int64"},
-    "stacks": {"stack_id": "int64", "depth": "int64", "name": "object", "filename": "object",
-               "line": "int64"},
-}
-# columns added after traces were first saved: filled with their default even when reading strictly
-OPTIONAL_COLUMNS: dict[str, frozenset] = {
-    "ops": frozenset({"flops", "bytes_read", "bytes_written", "dtype", "shapes"}),
-}
-REQUIRED_TABLES = ("blocks", "accesses", "ops")
-OPTIONAL_TABLES = ("segments", "segment_blocks", "events", "stacks")
-
-# defaults used to fill a column a producer did not supply
-_FILL: dict[str, Any] = {
-    "category": "unknown", "op": "", "module": "", "stream": 0, "allocated_before": False,
-    "free_without_alloc": False, "source": "unknown", "name": "", "filename": "", "line": 0,
-    "pool": "", "state": "", "is_expandable": False, "allocated_size": 0, "active_size": 0,
-    "requested_size": 0, "flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
-}
-
-
-def empty_table(table: str) -> pd.DataFrame:
-    """An empty DataFrame with the columns and dtypes of `table`."""
-    return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCHEMA[table].items()})
-
-
-def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.DataFrame:
-    """Return `df` with every schema column of `table` present and cast to its dtype.
-
-    Missing columns are filled with defaults (or NA for nullable ones) unless `strict`, in which case a
-    missing column raises `InputError`. Extra columns are kept after the schema's columns.
-    """
-    if df is None:
-        return empty_table(table)
-    schema = SCHEMA[table]
-    n = len(df)
-    out = {}
-    for col, dtype in schema.items():
-        if col in df.columns:
-            series = df[col]
-        elif strict and col not in OPTIONAL_COLUMNS.get(table, ()):
-            raise InputError(f"table '{table}' lacks column '{col}'")
-        elif dtype == "Int64":
-            series = pd.Series(pd.NA, index=df.index, dtype="Int64")
-        elif col not in _FILL:
-            raise InputError(f"table '{table}' lacks required column '{col}'")
-        else:
-            series = pd.Series([_FILL[col]] * n, index=df.index)
-        try:
-            if dtype == "object":
-                series = series.astype(object).where(series.notna(), "") if col != "device" else series.astype(str)
-            elif dtype == "bool":
-                series = series.fillna(False).astype(bool)
-            else:
-                series = series.astype(dtype)
-        except (TypeError, ValueError) as exc:
-            raise InputError(f"table '{table}' column '{col}' cannot be read as {dtype}: {exc}") from None
-        out[col] = series
-    extra = [c for c in df.columns if c not in schema]
-    result = pd.DataFrame(out, index=df.index)
-    for c in extra:
-        result[c] = df[c]
-    return result.reset_index(drop=True)
+# the schema lives below this module (the saved-trace writer needs it, and Trace.save needs the writer);
+# its names stay importable from here, where producers and analyses have always taken them
+from memlens.schema import (CATEGORIES, OPTIONAL_COLUMNS, OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA,  # noqa: F401
+                            SCHEMA_VERSION, conform, empty_table)
+from memlens.trace_checks import validate_trace
+from memlens.tracedir import save_trace
 
 
 def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
@@ -282,12 +198,10 @@ class Trace:
         The write is atomic: a sibling temporary directory is filled and then renamed into place.
         Returns the path written.
         """
-        from memlens.io.store import save_trace
         return save_trace(self, path, overwrite=overwrite)
 
     def validate(self) -> "Trace":
         """Check internal consistency; raise `InputError` naming the first problem found."""
-        from memlens.io.store import validate_trace
         validate_trace(self)
         return self
 

@@ -375,16 +375,16 @@ def test_sites_by_line_or_by_whole_stack_account_for_every_byte(shared):
 # ---- stack facts: Arrow kernels give the Python predicates' answers ----------------------------------
 def _python_only(monkeypatch):
     """Make every distinct string take the Python predicate (the reference) instead of Arrow's kernels."""
-    from memlens.io import snapshot_story
+    from memlens.io import snapshot_stacks
 
-    original = snapshot_story._Distinct.__init__
+    original = snapshot_stacks._Distinct.__init__
 
     def init(self, values):
         original(self, values)
         self._other_at = np.arange(len(values))
         self._plain_at = np.arange(0)
 
-    monkeypatch.setattr(snapshot_story._Distinct, "__init__", init)
+    monkeypatch.setattr(snapshot_stacks._Distinct, "__init__", init)
 
 
 def _tricky_stacks() -> pd.DataFrame:

@@ -190,8 +190,8 @@ def test_save_writes_row_groups_a_slice_at_a_time(tmp_path, monkeypatch):
     split into row groups of ROWS_PER_GROUP rows, a string column missing from the first slice keeps its
     type, the round trip is exact, and time-ordered accesses are marked so in the manifest."""
     import pyarrow.parquet as pq
-    from memlens.io import store
-    monkeypatch.setattr(store, "ROWS_PER_GROUP", 3)
+    from memlens import tracedir
+    monkeypatch.setattr(tracedir, "ROWS_PER_GROUP", 3)
     t = hand_trace()
     t.blocks["op"] = pd.Series([None, None, None, "aten::late"], dtype=object)
     path = t.save(tmp_path / "run.memlens")

@@ -232,7 +232,7 @@ class RunSet:
 
     def diff(self, a, b):
         """`memlens.diff` of two runs (ranks or paths): what differs between rank `a` (before) and `b`."""
-        from memlens.diff import diff
+        from memlens.analysis.diff import diff
         ra, rb = self.run(a), self.run(b)
         return diff(self.trace(ra.rank), self.trace(rb.rank), name_a=ra.name, name_b=rb.name)
 

@@ -28,7 +28,7 @@ def run(args) -> int:
     from memlens.analysis.ati import access_intervals, ati_by, ati_only, ati_stats
     from memlens.analysis.clock import describe_clock
     from memlens.analysis.distributions import log_histogram
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.errors import NeedsAccessesError
     from memlens.io import load
     from memlens.units import format_ns

@@ -20,7 +20,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import sys
 
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.diff import diff
     from memlens.errors import InputError
 

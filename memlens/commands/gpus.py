@@ -13,7 +13,7 @@ def register(sub) -> None:
 def run(args) -> int:
     import math
 
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.devicetime.gpus import gpus
     from memlens.units import format_bytes, format_ns
 

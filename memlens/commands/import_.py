@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.errors import InputError
     from memlens.io import load
     from memlens.units import format_bytes, format_ns

@@ -77,7 +77,7 @@ def _print(path: str, s: dict) -> None:
 
 
 def run(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
 
     if len(args.trace) == 1:
         s = _summary(args, args.trace[0])

@@ -57,7 +57,7 @@ def run(args) -> int:
     from memlens.analysis.ati import access_intervals
     from memlens.analysis.clock import describe_clock
     from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load
     from memlens.units import format_bytes, format_ns, format_share

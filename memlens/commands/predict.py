@@ -50,7 +50,7 @@ def run(args) -> int:
     import os
     import runpy
 
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.errors import InputError
     from memlens.predict.predictor import Prediction
     from memlens.units import format_bytes

@@ -87,8 +87,8 @@ def run(args) -> int:
     import traceback
     from pathlib import Path
 
-    import memlens
     from memlens.errors import printable
+    from memlens.record import record
     from memlens.units import format_bytes
 
     out = Path(args.output)
@@ -99,7 +99,7 @@ def run(args) -> int:
     sys.argv = [target] + script_args
     # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
-    rec = memlens.record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer)
+    rec = record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer)
 
     def on_sigterm(signum, frame):
         raise _Terminated()

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.clock import clock_label, clock_of
     from memlens.devicetime.retiming import retime
     from memlens.io import load

@@ -31,7 +31,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.io import load
     from memlens.simulate import simulate
     from memlens.units import format_bytes

@@ -97,7 +97,7 @@ def load(path, format: str | None = None):
     trace = importer(path)
     if fmt != "memlens":  # load_trace validates its own; an import must pass the same checks, or a
         # trace would be accepted now and its saved copy refused on reload
-        from memlens.io.store import validate_trace
+        from memlens.trace_checks import validate_trace
         try:
             validate_trace(trace)
         except InputError as exc:

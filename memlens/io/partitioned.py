@@ -1,4 +1,4 @@
-"""Writing big traces in pieces: the same ``NAME.memlens/`` layout as `memlens.io.store`, written row
+"""Writing big traces in pieces: the same ``NAME.memlens/`` layout as `memlens.tracedir`, written row
 group by row group as the data arrives, so a trace larger than memory is never materialised.
 
 A trace written here is an ordinary memlens trace (`memlens.load` reads it whole when it fits in memory);
@@ -43,7 +43,7 @@ class PartitionedTraceWriter:
                  overwrite: bool = False):
         if rows_per_group < 1:
             raise InputError(f"rows_per_group must be at least 1, got {rows_per_group}")
-        from memlens.io.store import MANIFEST
+        from memlens.tracedir import MANIFEST
         self.path = Path(path)
         if self.path.exists():
             if not overwrite:
@@ -117,7 +117,7 @@ class PartitionedTraceWriter:
     # ---- finishing ----------------------------------------------------------------------------
     def close(self) -> Path:
         """Flush, write the manifest and move the trace into place atomically; returns its path."""
-        from memlens.io.store import FORMAT_NAME, MANIFEST, _jsonable, _sha256
+        from memlens.tracedir import FORMAT_NAME, MANIFEST, _jsonable, _sha256
         if self._closed:
             return self.path
         for name in REQUIRED_TABLES:

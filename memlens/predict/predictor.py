@@ -12,9 +12,9 @@ How a prediction is made:
    and strides are computed, no memory is touched and nothing is computed.
 2. memlens's recorder sees every ATen op and every storage's birth and death (`PredictSession`), which gives
    the blocks (sizes in bytes, lifetimes), accesses, ops, modules, categories and iterations of the step.
-3. What fake tensors never see is added explicitly: one cuBLAS workspace per (thread, stream) at its first
-   GEMM, never freed (`gpus.py`); CUDA kernels' own temporaries as transient blocks inside their op
-   (`scratch.py`: the sorted accumulate of ``index_put``, CUDA reductions' global staging buffers).
+3. What fake tensors never see is added explicitly (`scratch.py`): one cuBLAS workspace per (thread, stream)
+   at its first GEMM, never freed (its size per GPU in `gpus.py`); CUDA kernels' own temporaries as transient
+   blocks inside their op (the sorted accumulate of ``index_put``, CUDA reductions' global staging buffers).
 4. The blocks are replayed through memlens's caching-allocator simulator (`memlens.simulate`) under the
    run's ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM
    path. That gives peak allocated (torch's ``max_memory_allocated``), peak reserved
@@ -37,8 +37,6 @@ import pandas as pd
 from memlens.errors import InputError
 from memlens.predict.gpus import GPUMemoryFacts, gpu_facts
 
-GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
-                      "_addmm_activation", "_scaled_mm", "_int_mm"})
 _active = threading.local()
 
 
@@ -197,7 +195,8 @@ class Prediction:
         trace.blocks = blocks
         trace = apply_corrections(trace)
         if self.cublas_workspaces:
-            trace = self._add_workspaces(trace)
+            from memlens.predict.scratch import add_blocks, cublas_workspace_blocks
+            trace = add_blocks(trace, cublas_workspace_blocks(trace, self.gpu.cublas_workspace))
         if self.kernel_scratch:
             from memlens.predict.scratch import add_blocks, reduce_scratch_blocks, sort_scratch_blocks
             rounded = lambda s: round_size(s, config)   # noqa: E731
@@ -256,36 +255,6 @@ class Prediction:
         self._reset_marks = [int(new_start.loc[m]) - 1 for m in marks]
         out.metadata["prediction"]["reset_peak_ns"] = self._reset_marks
         return out
-
-    def _add_workspaces(self, trace):
-        """One cuBLAS workspace block per thread, at that thread's first GEMM (never freed)."""
-        ops = trace.ops
-        threads = ops["thread"] if "thread" in ops.columns else pd.Series(0, index=ops.index)
-        names = ops["name"].astype("category")     # few distinct names: parse each once ("aten::addmm.default")
-        is_gemm = np.array([str(n).split("::")[-1].split(".")[0] in GEMM_OPS for n in names.cat.categories],
-                           dtype=bool)
-        gemm = ops[is_gemm[names.cat.codes.to_numpy()]] if len(is_gemm) else ops.iloc[:0]
-        if len(gemm) == 0:
-            return trace
-        firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
-        blocks = trace.blocks
-        next_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
-        rows = []
-        size = self.gpu.cublas_workspace
-        for i, op in enumerate(firsts.itertuples(index=False)):
-            rows.append({"block_id": next_id + i, "device": "cuda:0", "addr": pd.NA, "size": size,
-                         "requested_size": size, "alloc_ns": int(op.start_ns), "free_ns": pd.NA,
-                         "category": "unknown", "op": "cublas_workspace (modelled)",
-                         "alloc_op_id": int(op.op_id), "module": op.module, "stream": 0,
-                         "allocated_before": False, "free_without_alloc": False, "source": "predict:model"})
-        new = pd.DataFrame(rows)
-        merged = pd.concat([blocks, new], ignore_index=True)
-        merged["alloc_seq"] = pd.array([pd.NA] * len(merged), dtype="Int64")
-        merged["free_seq"] = pd.array([pd.NA] * len(merged), dtype="Int64")
-        from memlens.trace import Trace
-        extra = {t: getattr(trace, t) for t in ("segments", "segment_blocks", "events", "stacks")
-                 if getattr(trace, t, None) is not None}
-        return Trace.from_tables(merged, trace.accesses, trace.ops, metadata=trace.metadata, **extra)
 
     # ---- results ----------------------------------------------------------------------------
     def _need_trace(self):

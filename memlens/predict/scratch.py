@@ -1,4 +1,5 @@
-"""Scratch memory that fake tensors never see: CUDA kernels' own temporaries, added as transient blocks.
+"""Scratch memory that fake tensors never see: CUDA kernels' own temporaries, added as transient blocks, and
+the cuBLAS workspaces, added as blocks held to the end.
 
 A fake tensor runs an op's meta kernel, which allocates the outputs and nothing else. On a real GPU some
 CUDA kernels also take temporaries from the caching allocator while they run (and free them before they
@@ -56,6 +57,9 @@ linalg_vector_norm (float accumulator; double for fp64) and max/min with ``dim``
 index pairs, 16 bytes). Reproduces the issue's real 157 MiB row-max buffer (tests/test_predict.py); the cs336
 runs need none, as their snapshots show.
 
+**cuBLAS workspaces**: cuBLAS takes one workspace per (thread, stream) from the caching allocator at the
+first GEMM there and keeps it (`cublas_workspace_blocks`; its size per GPU generation is in `gpus.py`).
+
 Not modelled: boolean-mask indices (data-dependent ``nonzero``), broadcast ``values`` copies, sort / argsort /
 topk / unique's own cub or segmented-sort temporaries, reductions' ``acc_buf`` (only for > 2^31-element inputs
 split into sub-iterators), multi-output reductions (var_mean, aminmax, std/var's Welford), wider-than-4 vector
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 SINGLE_TILE_ITEMS_8B = 256 * 9     # cub single-tile radix sort, 8-byte keys and values (module docstring)
@@ -239,8 +244,33 @@ def conv_workspace_blocks(trace, allowance, round_size) -> list[dict]:
     return rows
 
 
-__all__ = ["conv_workspace_blocks", "index_put_sort_facts", "cub_sort_pairs_temp_bytes", "index_put_sort_events", "events_to_blocks",
-           "add_blocks", "sort_scratch_blocks"]
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot",
+                      "_addmm_activation", "_scaled_mm", "_int_mm"})
+
+
+def cublas_workspace_blocks(trace, workspace_bytes: int) -> list[dict]:
+    """Block rows of one cuBLAS workspace of `workspace_bytes` bytes per thread, allocated at that thread's
+    first GEMM op and never freed; [] when the trace has no GEMM."""
+    ops = trace.ops
+    threads = ops["thread"] if "thread" in ops.columns else pd.Series(0, index=ops.index)
+    names = ops["name"].astype("category")     # few distinct names: parse each once ("aten::addmm.default")
+    is_gemm = np.array([str(n).split("::")[-1].split(".")[0] in GEMM_OPS for n in names.cat.categories],
+                       dtype=bool)
+    gemm = ops[is_gemm[names.cat.codes.to_numpy()]] if len(is_gemm) else ops.iloc[:0]
+    if len(gemm) == 0:
+        return []
+    firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
+    next_id = int(trace.blocks["block_id"].max()) + 1 if len(trace.blocks) else 0
+    return [{"block_id": next_id + i, "device": "cuda:0", "addr": pd.NA, "size": workspace_bytes,
+             "requested_size": workspace_bytes, "alloc_ns": int(op.start_ns), "free_ns": pd.NA,
+             "category": "unknown", "op": "cublas_workspace (modelled)", "alloc_op_id": int(op.op_id),
+             "module": op.module, "stream": 0, "allocated_before": False, "free_without_alloc": False,
+             "source": MODEL_SOURCE}
+            for i, op in enumerate(firsts.itertuples(index=False))]
+
+
+__all__ = ["conv_workspace_blocks", "cublas_workspace_blocks", "index_put_sort_facts", "cub_sort_pairs_temp_bytes",
+           "index_put_sort_events", "events_to_blocks", "add_blocks", "sort_scratch_blocks"]
 
 
 # ---- CUDA reductions' global staging buffer and semaphores ---------------------------------------------------

@@ -3,18 +3,16 @@ physical pages mapped on demand — 2 MiB pages for the small pool, 20 MiB for t
 
 Reserved memory is the mapped pages. A request first looks for the lowest address where free mapped
 bytes plus unmapped address space can hold it, maps just the pages needed there, and merges them with the
-free block before; releasing (``empty_cache``, the OOM path) unmaps every whole page of free blocks.
-Functions here operate on a `memlens.simulate.caching.CachingAllocator`.
+free block before; releasing (the allocator's cache release, also its OOM path) unmaps every whole page
+of free blocks. Functions here operate on the caching allocator's state through `AllocatorState`, so this
+module depends only on the block structures below it and the allocator imports it, not the reverse.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from memlens.simulate.blocks import SEGMENT_MAP, SEGMENT_UNMAP, Block, FreePool, UnmappedPool
+from memlens.simulate.blocks import SEGMENT_MAP, SEGMENT_UNMAP, AddressSpace, Block, FreePool, UnmappedPool
 from memlens.simulate.config import K_LARGE_BUFFER, K_SMALL_BUFFER
-
-if TYPE_CHECKING:
-    from memlens.simulate.caching import CachingAllocator
 
 # virtual range of one expandable segment when no capacity is given (torch reserves 1.125 x device memory)
 DEFAULT_ADDRESS_SPACE = 1 << 40
@@ -31,6 +29,23 @@ class ExpandableSegment:
         self.pages = pages
 
 
+class AllocatorState(Protocol):
+    """What expandable segments read and change of the caching allocator (sizes in bytes, times in ns)."""
+
+    pools: dict[tuple[bool, int], FreePool]  # cached free blocks per (is_small, stream)
+    unmapped: dict[tuple[bool, int], UnmappedPool]  # unmapped ranges per (is_small, stream)
+    space: AddressSpace
+    capacity: int | None  # device memory, bytes; None = unlimited
+    reserved: int  # mapped bytes
+    seq: int  # index of the request being served
+    t_ns: int  # time of the request being served
+    segment_events: list[tuple[int, int, str, int, int]]  # (seq, t_ns, action, address, bytes)
+
+    def try_merge(self, dst: Block, src: Block | None) -> int: ...
+
+    def cache_block(self, block: Block) -> None: ...
+
+
 def _splice(block: Block, before: Block | None, after: Block | None) -> None:
     block.prev = before
     if before is not None:
@@ -40,7 +55,7 @@ def _splice(block: Block, before: Block | None, after: Block | None) -> None:
         after.prev = block
 
 
-def unmapped_pool(alloc: "CachingAllocator", is_small: bool, stream: int) -> UnmappedPool:
+def unmapped_pool(alloc: AllocatorState, is_small: bool, stream: int) -> UnmappedPool:
     pool = alloc.unmapped.get((is_small, stream))
     if pool is None:
         pool = alloc.unmapped[(is_small, stream)] = UnmappedPool()
@@ -74,7 +89,7 @@ def _has_room(block: Block | None, size: int) -> bool:
     return total >= size
 
 
-def _find_expandable_block(alloc: "CachingAllocator", size: int, is_small: bool, stream: int) -> Block:
+def _find_expandable_block(alloc: AllocatorState, size: int, is_small: bool, stream: int) -> Block:
     """The lowest-address place with room for `size` bytes, creating a new virtual segment if needed."""
     unmapped = unmapped_pool(alloc, is_small, stream)
     for candidate in unmapped.in_address_order():
@@ -94,7 +109,7 @@ def _find_expandable_block(alloc: "CachingAllocator", size: int, is_small: bool,
     return block
 
 
-def _map_block(alloc: "CachingAllocator", to_map: Block, size: int) -> bool:
+def _map_block(alloc: AllocatorState, to_map: Block, size: int) -> bool:
     """Map the pages covering the first `size` bytes of unmapped block `to_map`; False when memory is full."""
     segment = to_map.expandable
     page = segment.page
@@ -121,7 +136,7 @@ def _map_block(alloc: "CachingAllocator", to_map: Block, size: int) -> bool:
     return True
 
 
-def try_allocate(alloc: "CachingAllocator", size: int, is_small: bool, stream: int) -> Block | None:
+def try_allocate(alloc: AllocatorState, size: int, is_small: bool, stream: int) -> Block | None:
     """Grow (or create) an expandable segment so that one free block holds `size` bytes; the block is
     returned out of its pool, ready to be split and handed out. None when the pages cannot be mapped."""
     candidate = _find_expandable_block(alloc, size, is_small, stream)
@@ -136,7 +151,7 @@ def try_allocate(alloc: "CachingAllocator", size: int, is_small: bool, stream: i
     return candidate
 
 
-def unmap_block(alloc: "CachingAllocator", block: Block) -> None:
+def unmap_block(alloc: AllocatorState, block: Block) -> None:
     """Return the whole pages inside free block `block` to the device; drop the segment when empty."""
     segment = block.expandable
     page = segment.page

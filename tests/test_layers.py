@@ -1,0 +1,59 @@
+"""Imports run one way: the data model below its storage, the package face above everything inside it."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "memlens"
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every module an ``import`` or ``from ... import`` in `path` names (function-level ones included);
+    ``from memlens import x`` counts as ``memlens.x``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            module = node.module or ""
+            out += [f"{module}.{a.name}" for a in node.names] if module == "memlens" else [module]
+    return out
+
+
+# the data model and what it stands on: only each other and the shared leaf modules
+DATA_MODEL = ("trace.py", "schema.py", "trace_checks.py", "tracedir.py")
+DATA_MODEL_MAY_IMPORT = ("memlens.errors", "memlens.limits", "memlens.units", "memlens.schema",
+                         "memlens.trace_checks", "memlens.tracedir")
+
+
+@pytest.mark.parametrize("name", DATA_MODEL)
+def test_the_data_model_imports_nothing_above_it(name):
+    inside = [m for m in imported_modules(ROOT / name) if m.startswith("memlens")]
+    assert [m for m in inside if not m.startswith(DATA_MODEL_MAY_IMPORT)] == []
+
+
+def test_no_module_inside_the_package_imports_its_face():
+    """`memlens/__init__.py` loads the IPython magics (the top layer), so a module inside that imported the
+    package face would import upward; they import the submodule they use instead."""
+    face_only = {"memlens", "memlens.__version__", "memlens.load_ipython_extension"}
+    bad = [f"{f.relative_to(ROOT)}: {m}" for f in ROOT.rglob("*.py") if f != ROOT / "__init__.py"
+           for m in imported_modules(f) if m in face_only]
+    assert bad == []
+
+
+def test_verbs_do_not_import_the_dispatcher_that_loads_them():
+    """`memlens.cli` discovers and imports the verbs; a verb printing JSON takes `print_json` from
+    `memlens.commands._output`. (commands/report.py is still on the old import: see the notes.)"""
+    bad = [f.name for f in (ROOT / "commands").glob("*.py") if f.name != "report.py"
+           and any(m == "memlens.cli" for m in imported_modules(f))]
+    assert bad == []
+
+
+def test_expandable_segments_do_not_import_the_allocator_that_uses_them():
+    assert not [m for m in imported_modules(ROOT / "simulate" / "expandable.py") if m == "memlens.simulate.caching"]
+
+
+def test_analyses_do_not_import_the_diff_face():
+    bad = [f"{f.name}: {m}" for f in (ROOT / "analysis").rglob("*.py") for m in imported_modules(f)
+           if m == "memlens.diff"]
+    assert bad == []
