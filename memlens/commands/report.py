@@ -92,7 +92,7 @@ def _run_out_of_core(args) -> int:
 
 
 def _write(args, built) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.units import format_bytes
 
     out = built.write(args.output or _default_output(args.trace))
@@ -108,7 +108,7 @@ def _write(args, built) -> int:
 
 
 def _run_many(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
 
     sections = args.sections or DEFAULT_SECTIONS
