@@ -174,6 +174,18 @@ def test_cli_dask_and_auto(saved, tmp_path, monkeypatch, capsys):
     assert main(["report", str(path), "--engine", "dask", "--gpu", "h100", "-o", str(out2)]) == 2
 
 
+def test_report_through_a_dask_distributed_cluster(saved, tmp_path):
+    """`--scheduler ADDRESS`: the tasks run in the cluster's worker processes; the numbers are the same."""
+    distributed = pytest.importorskip("distributed")
+    trace, path = saved
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None) as lc:
+        with Runner(scheduler=lc.scheduler_address) as runner:
+            data = overview.report_data(path, runner, bandwidth="pcie4", rows_per_bucket=3000)
+    assert_same_curves(trace, data)
+    assert_same_peaks(trace, data)
+    assert data["ati"]["p99_ns"] == ati_stats(access_intervals(trace))["p99_ns"]
+
+
 # ---- memory -----------------------------------------------------------------------------------------------
 CHILD = """
 import sys
