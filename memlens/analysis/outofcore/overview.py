@@ -37,7 +37,7 @@ from memlens.analysis.outofcore.runner import Runner
 
 WINDOW_BLOCKS = 10_000       # the in-memory report's what-if window on traces with accesses (sections_whatif)
 WINDOW_BLOCKS_WITHOUT_ACCESSES = 50_000  # and without (no swap planning, the slowest what-if)
-WINDOW_ACCESSES = 2_000_000  # ~0.4 GB in memory with their intervals (`choose.BYTES_PER_ACCESS`)
+WINDOW_ACCESSES = 1_000_000  # ~0.2 GB in memory with their intervals (`choose.BYTES_PER_ACCESS`)
 SCATTER_ROWS = 20_000        # the outlier scatter's points (`report.sections_access.SCATTER_POINTS`)
 BLOCKS_PASS_ROWS = 1 << 20   # blocks rows per `blocks_pass` task (read inside it `BLOCK_BATCH_ROWS` at a time)
 _INT64_MAX = np.iinfo(np.int64).max
