@@ -130,6 +130,18 @@ def test_window_around_the_peak_equals_in_memory_window(saved):
     pd.testing.assert_frame_equal(got.trace.accesses.reset_index(drop=True), want.trace.accesses.reset_index(drop=True))
 
 
+def test_window_narrowed_to_the_accesses_around_the_peak(saved):
+    """A window whose allocations span too many accesses is narrowed around the peak to about the limit."""
+    trace, path = saved
+    data = report_data(path, window_blocks=400, window_accesses=600, rows_per_bucket=3000)
+    w = data["window"]
+    t_peak = max(data["peaks"].values(), key=lambda p: p["event"]["peak"])["event"]["t_ns"]
+    t = trace.accesses["t_ns"].to_numpy()
+    assert "600 accesses around the peak" in w["how"] and w["t0"] <= t_peak <= w["t1"]
+    assert 300 <= int(((t >= w["t0"]) & (t <= w["t1"])).sum()) <= 700  # ties at the edges may add a few
+    assert len(w["tables"]["accesses"]) <= 700
+
+
 def test_recorded_trace_sections(tmp_path):
     """A real recording (torch, small transformer: modules, stacks, optimizer steps): curves, peaks and the
     allocation sites at the peak equal the in-memory report's; every section builds."""
