@@ -16,6 +16,7 @@ count this benchmark process, which forked it). The two engines' JSON answers ar
     .venv/bin/python benchmarks/out_of_core.py --accesses 20000000          # both engines
     .venv/bin/python benchmarks/out_of_core.py --accesses 100000000 --engines dask
     .venv/bin/python benchmarks/out_of_core.py --sweep 2M,5M,10M,20M        # peak RSS against trace length
+    .venv/bin/python benchmarks/out_of_core.py --accesses 5M --analyses report   # the HTML report, both engines
 
 ``--sweep`` generates one trace per length and runs every (analysis, engine) on each; the in-memory engine
 is skipped where its estimated need (`outofcore.choose.memory_needed`) exceeds ``--memory-cap``.
@@ -296,6 +297,8 @@ def measure(trace: Path, engines: list[str], analyses: list[str], workers: int, 
                       f"> --memory-cap {memory_cap / 2**30:.1f} GiB", flush=True)
                 continue
             cmd = [analysis, str(trace), "--json", "--engine", engine]
+            if analysis == "report":  # the page beside the trace; its sections' statuses are compared
+                cmd += ["-o", str(Path(trace).with_name(f"{Path(trace).name}.{engine}.html"))]
             if engine == "dask":
                 cmd += ["--workers", str(workers)]
             seconds, rss, text, rc = run_cli(cmd)
@@ -304,7 +307,9 @@ def measure(trace: Path, engines: list[str], analyses: list[str], workers: int, 
             out.append({"accesses": rows["accesses"], "blocks": rows["blocks"], "analysis": analysis,
                         "engine": engine, "seconds": seconds, "peak_rss_bytes": rss, "exit": rc})
             if rc == 0:
-                answers[(analysis, engine)] = json.loads(text)
+                doc = json.loads(text)
+                answers[(analysis, engine)] = ({s["key"]: s["status"] for s in doc["sections"]}
+                                               if analysis == "report" else doc)
         got = [answers.get((analysis, e)) for e in engines]
         if len(got) == 2 and None not in got:
             diffs = compare(*got)
@@ -323,7 +328,9 @@ def main() -> int:
                    "with --sweep, the directory of the traces")
     p.add_argument("--reuse", action="store_true", help="reuse the trace(s) if they exist")
     p.add_argument("--engines", default="memory,dask")
-    p.add_argument("--analyses", default="ati,outliers")
+    p.add_argument("--analyses", default="ati,outliers",
+                   help="comma-separated: ati, outliers, info, report (the report's page is written beside the "
+                        "trace; the engines' section statuses are compared)")
     p.add_argument("--workers", type=int, default=2, help="threads of the dask engine")
     p.add_argument("--memory-cap", type=float, default=12.0,
                    help="GiB: skip the in-memory engine where it would need more (default 12)")

@@ -83,6 +83,24 @@ def live_at(trace, device: str, seq: int, t_ns: int) -> pd.DataFrame:
     return lt[started & ~ended]
 
 
+def breakdown_of_live(device: str, live: pd.DataFrame, peak: int, t_peak: int, seq_peak: int,
+                      block_id: int | None, op: str, largest: int = 20) -> PeakBreakdown:
+    """The `PeakBreakdown` of one device from the blocks `live` at its peak (`live_at`'s rows), the peak
+    (bytes), its event (`t_peak` ns, `seq_peak`), the allocation that reached it and that block's op.
+    Shared by `peak_breakdown` and the out-of-core report, which collects `live` a batch at a time."""
+    notes = []
+    if int(live["size"].sum()) != peak:
+        notes.append(f"live blocks sum to {int(live['size'].sum())} bytes, the curve to {peak}: "
+                     "the trace's event order and timestamps disagree")
+    cols = [c for c in LARGEST_COLUMNS if c in live.columns]
+    big = live.sort_values(["size", "block_id"], ascending=[False, True])[cols].head(largest)
+    return PeakBreakdown(
+        device=device, peak_bytes=peak, peak_ns=t_peak, peak_seq=seq_peak, peak_block_id=block_id,
+        live_blocks=int(len(live)), by_category=_group(live, "category", peak),
+        by_module=_group(live, "module", peak), by_op=_group(live, "op", peak),
+        largest=big.reset_index(drop=True), op_at_peak=op, notes=notes)
+
+
 def peak_breakdown(trace, device: str | None = None, largest: int = 20) -> dict[str, PeakBreakdown]:
     """{device: PeakBreakdown} for every device of `trace` (only `device` when given); see `PeakBreakdown`.
 
@@ -98,20 +116,10 @@ def peak_breakdown(trace, device: str | None = None, largest: int = 20) -> dict[
         peak = int(curve["live"].iloc[i])
         t_peak, seq_peak = int(curve["t_ns"].iloc[i]), int(curve["seq"].iloc[i])
         live = live_at(trace, dev, seq_peak, t_peak)
-        notes = []
-        if int(live["size"].sum()) != peak:
-            notes.append(f"live blocks sum to {int(live['size'].sum())} bytes, the curve to {peak}: "
-                         "the trace's event order and timestamps disagree")
-        cols = [c for c in LARGEST_COLUMNS if c in live.columns]
-        big = live.sort_values(["size", "block_id"], ascending=[False, True])[cols].head(largest)
         block_id = int(curve["block_id"].iloc[i]) if curve["delta"].iloc[i] > 0 else None
         op = ""
         if block_id is not None:
             match = trace.blocks.loc[trace.blocks["block_id"] == block_id, "op"]
             op = str(match.iloc[0]) if len(match) else ""
-        result[dev] = PeakBreakdown(
-            device=dev, peak_bytes=peak, peak_ns=t_peak, peak_seq=seq_peak, peak_block_id=block_id,
-            live_blocks=int(len(live)), by_category=_group(live, "category", peak),
-            by_module=_group(live, "module", peak), by_op=_group(live, "op", peak),
-            largest=big.reset_index(drop=True), op_at_peak=op, notes=notes)
+        result[dev] = breakdown_of_live(dev, live, peak, t_peak, seq_peak, block_id, op, largest)
     return result

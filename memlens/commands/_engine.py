@@ -44,7 +44,7 @@ NOTE_ABOVE_BYTES = 1 << 30  # say what a whole-trace analysis will hold from thi
 
 def require_in_memory(path, what: str, engine: str = "memory") -> None:
     """For an analysis with no out-of-core engine (it needs every block at once: the swap planner, the
-    allocator replay, the offset planner, the report): before anything is loaded, refuse `engine` "dask"
+    allocator replay, the offset planner; the report with --engine memory): before anything is loaded, refuse `engine` "dask"
     and a saved trace whose estimated in-memory size exceeds the memory available now (`InputError`
     naming both figures), and say on stderr what a big one will hold. Other files are loaded as they are
     (their size in memory is known only after parsing)."""
@@ -65,9 +65,9 @@ def require_in_memory(path, what: str, engine: str = "memory") -> None:
                f"{rows.get('blocks', 0):,} blocks; {format_bytes(available)} available now")
     if engine == "dask":
         raise InputError(f"{what} has no out-of-core engine: it needs every block at once, so the whole trace in "
-                         f"memory ({figures}); `memlens info|ati|outliers --engine dask` answer out of core", path)
+                         f"memory ({figures}); `memlens info|ati|outliers|report --engine dask` answer out of core", path)
     if need > available:
         raise InputError(f"{what} needs the whole trace in memory ({figures}): not enough memory on this "
-                         "machine; `memlens info|ati|outliers --engine dask` answer out of core", path)
+                         "machine; `memlens info|ati|outliers|report --engine dask` answer out of core", path)
     if need >= NOTE_ABOVE_BYTES:
         print(f"memlens: {what} loads the whole trace: {figures}", file=sys.stderr)

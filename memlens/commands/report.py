@@ -25,10 +25,8 @@ def register(sub) -> None:
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
-    p.add_argument("--engine", choices=["auto", "memory", "dask"], default="auto",
-                   help="the report draws every block (live curve, largest blocks, timeline), so it runs in memory; "
-                        "dask is refused with the memory it would need, and auto refuses a saved trace larger "
-                        "than the memory available (use info/ati/outliers --engine dask for those)")
+    from memlens.commands._engine import add_engine_options
+    add_engine_options(p)  # dask: the sections from out-of-core aggregates, whole-trace what-ifs on a window
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
     p.set_defaults(func=run)
@@ -47,16 +45,16 @@ def _default_output(trace_path: str) -> str:
 def run(args) -> int:
     import sys
 
-    from memlens.cli import print_json
     from memlens.io import load
     from memlens.report import build_report
-    from memlens.units import format_bytes
 
     if len(args.trace) > 1:
         return _run_many(args)
     args.trace = args.trace[0]
-    from memlens.commands._engine import require_in_memory
-    require_in_memory(args.trace, "the report", "dask" if args.engine == "dask" else "memory")
+    from memlens.commands._engine import engine_for, require_in_memory
+    if engine_for(args) == "dask":
+        return _run_out_of_core(args)
+    require_in_memory(args.trace, "the report")
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
@@ -72,6 +70,31 @@ def run(args) -> int:
         report_options["tf32"] = args.tf32
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
                          source_name=args.trace, **report_options)
+    return _write(args, built)
+
+
+def _run_out_of_core(args) -> int:
+    """The report of a saved trace larger than memory: `memlens.report.outofcore`."""
+    from memlens.commands._device import refuse_gpu_with_dask
+    from memlens.commands._engine import runner_for
+    from memlens.report.outofcore import build_report_out_of_core
+
+    refuse_gpu_with_dask(args)
+    report_options = {"x": args.x, "whatif": not args.no_whatif}
+    if args.bandwidth:
+        report_options["bandwidth"] = args.bandwidth
+    if args.memory_limit:
+        report_options["memory_limit"] = args.memory_limit
+    with runner_for(args) as runner:
+        built = build_report_out_of_core(args.trace, runner, title=args.title, sections=args.sections,
+                                         source_name=args.trace, **report_options)
+    return _write(args, built)
+
+
+def _write(args, built) -> int:
+    from memlens.commands._output import print_json
+    from memlens.units import format_bytes
+
     out = built.write(args.output or _default_output(args.trace))
     if args.json:
         print_json({"path": str(out), "bytes": out.stat().st_size, "seconds": round(built.seconds, 3),
@@ -85,7 +108,7 @@ def run(args) -> int:
 
 
 def _run_many(args) -> int:
-    from memlens.cli import print_json
+    from memlens.commands._output import print_json
     from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
 
     sections = args.sections or DEFAULT_SECTIONS

@@ -14,7 +14,6 @@ def ati(ctx: ReportContext) -> list:
     """ATI histogram and ECDF with the bandwidth filter, the lifetime edges beside them, statistics per
     category and the blocks whose idle time changes most from step to step."""
     from memlens.analysis.ati import ati_by, ati_stats
-    from memlens.analysis.clock import describe_clock
     from memlens.analysis.outliers import bandwidth_filter, filter_summary
     from memlens.viz.ati import ati_ecdf, ati_histogram
 
@@ -24,6 +23,24 @@ def ati(ctx: ReportContext) -> list:
     filtered = bandwidth_filter(iv, ctx.options.bandwidth)
     filtered.attrs["clock"] = iv.attrs.get("clock")
     fs = filter_summary(filtered)
+    parts = ati_summary_parts(st, fs)
+    parts.append(ati_histogram(filtered, ctx.options.bandwidth))
+    parts.append(ati_histogram(filtered, ctx.options.bandwidth, weight="bytes_ns"))
+    parts.append(ati_ecdf(filtered, ctx.options.bandwidth))
+    by_cat = ati_by(ctx.trace, "category", intervals=iv)
+    fmt = {c: ns_text for c in by_cat.columns if c.endswith("ns_text")}
+    fmt["bytes"] = bytes_text
+    parts += [tag("h3", "by category"), table(by_cat.reset_index() if by_cat.index.name else by_cat, fmt)]
+    if ctx.recorded is not None:
+        parts += two_clocks_ati(ctx)
+    parts += _block_stability(ctx)
+    return parts
+
+
+def ati_summary_parts(st: dict, fs: dict) -> list:
+    """The ATI section's two paragraphs from `ati_stats` and the bandwidth filter's `filter_summary`."""
+    from memlens.analysis.clock import describe_clock
+
     edges = st["edges"]
     bw = fs.get("bandwidth") or {}
     parts = [paragraph(
@@ -39,16 +56,6 @@ def ati(ctx: ReportContext) -> list:
         + "; ".join(f"{kind.replace('_', ' ')} {e['count']:,} (median {ns_text(e['p50_ns'])})"
                     for kind, e in edges.items() if e["count"])
         + ". They are slack in when blocks are allocated and freed, not idle time a swap can use."))
-    parts.append(ati_histogram(filtered, ctx.options.bandwidth))
-    parts.append(ati_histogram(filtered, ctx.options.bandwidth, weight="bytes_ns"))
-    parts.append(ati_ecdf(filtered, ctx.options.bandwidth))
-    by_cat = ati_by(ctx.trace, "category", intervals=iv)
-    fmt = {c: ns_text for c in by_cat.columns if c.endswith("ns_text")}
-    fmt["bytes"] = bytes_text
-    parts += [tag("h3", "by category"), table(by_cat.reset_index() if by_cat.index.name else by_cat, fmt)]
-    if ctx.recorded is not None:
-        parts += two_clocks_ati(ctx)
-    parts += _block_stability(ctx)
     return parts
 
 
@@ -104,18 +111,25 @@ def _block_stability(ctx: ReportContext) -> list:
 
 def outliers(ctx: ReportContext) -> list:
     """Blocks ranked by idle memory (size x longest idle interval), with Zhang et al.'s measures."""
-    import plotly.graph_objects as go
-
     from memlens.analysis.outliers import outliers as rank_outliers
-    from memlens.viz.labels import safe_labels
 
     ctx.require_accesses("Outlier detection")
     ranked = rank_outliers(ctx.trace, ctx.options.bandwidth, top=None, intervals=ctx.intervals)
+    return outlier_parts(ranked, len(ranked), ctx.options.top)
+
+
+def outlier_parts(ranked, n_ranked: int, top_rows: int) -> list:
+    """The outliers section from the ranking's first rows (at least `SCATTER_POINTS` of them, or all) and
+    the number of blocks ranked in all."""
+    import plotly.graph_objects as go
+
+    from memlens.viz.labels import safe_labels
+
     if len(ranked) == 0:
         return [paragraph("No block has an idle interval.")]
-    top = ranked.head(ctx.options.top)
+    top = ranked.head(top_rows)
     parts = [paragraph(
-        f"The {len(top)} blocks holding the most idle memory (size x longest idle interval) of {len(ranked):,}. "
+        f"The {len(top)} blocks holding the most idle memory (size x longest idle interval) of {n_ranked:,}. "
         "Large blocks idle for long stretches cause the memory pressure (Li et al.); those idle across the "
         "peak are the swapping candidates (Zhang et al.: DOA, AOA).")]
     shown = ranked.head(SCATTER_POINTS)

@@ -62,28 +62,35 @@ def peak(ctx: ReportContext) -> list:
     """What is live at the peak of each device, by category / module / allocating op, and the largest."""
     if not ctx.peaks:
         raise SectionUnavailable("the trace has no allocation events, so it has no peak")
-    fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
-    from memlens.viz.peak import peak_composition
-
     from memlens.analysis.peak import live_at
     from memlens.analysis.peak_cause import peak_cause
 
     by = "module" if (ctx.trace.blocks["module"].astype(str) != "").any() else "op"
-    parts = [peak_composition(ctx.peaks, by=by, top=min(ctx.options.top, 15))]
-    causes = peak_cause(ctx.trace)
-    for dev, pb in ctx.peaks.items():
+    return peak_parts(ctx.peaks, peak_cause(ctx.trace), ctx.trace,
+                      lambda dev, pb: live_at(ctx.trace, dev, pb.peak_seq, pb.peak_ns), by, ctx.options.top)
+
+
+def peak_parts(peaks: dict, causes: dict, sites_trace, live_of, by: str, top: int) -> list:
+    """The peak section from its data: `peaks` ({device: `PeakBreakdown`}), `causes` ({device:
+    `PeakCause`}, may lack devices), `sites_trace` (anything with the trace's ``stacks``), `live_of(device,
+    breakdown)` (the blocks live at that peak), `by` (the composition figure's grouping)."""
+    from memlens.viz.peak import peak_composition
+
+    fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
+    parts = [peak_composition(peaks, by=by, top=min(top, 15))]
+    for dev, pb in peaks.items():
         parts.append(tag("h3", f"{dev}: peak {format_bytes(pb.peak_bytes)} at {format_ns(pb.peak_ns)}"))
         if dev in causes:
             parts.append(paragraph(tag("strong", causes[dev].cause)))
         parts.append(paragraph(pb.describe() + (f" The allocation that reached it came from {pb.op_at_peak}."
                                                 if pb.op_at_peak else "")))
         parts.append(tag("h4", "allocation sites live at the peak (hover a site for its stack)"))
-        parts.append(sites_table(ctx.trace, live_at(ctx.trace, dev, pb.peak_seq, pb.peak_ns), ctx.options.top))
+        parts.append(sites_table(sites_trace, live_of(dev, pb), top))
         for note_text in pb.notes:
             parts.append(note(note_text))
         for key, frame in (("category", pb.by_category), ("module", pb.by_module), ("op", pb.by_op)):
             parts.append(tag("h4", f"by {key}"))
-            parts.append(table(frame.head(ctx.options.top), fmt))
+            parts.append(table(frame.head(top), fmt))
         parts.append(tag("h4", "largest blocks live at the peak"))
         parts.append(table(pb.largest, fmt))
     return parts
@@ -110,7 +117,11 @@ def largest(ctx: ReportContext) -> list:
     """The largest blocks of the whole trace."""
     from memlens.viz.tables import largest_blocks
 
-    df = largest_blocks(ctx.trace, n=ctx.options.top)
+    return largest_parts(largest_blocks(ctx.trace, n=ctx.options.top))
+
+
+def largest_parts(df: pd.DataFrame) -> list:
+    """The largest-blocks section from `viz.tables.largest_blocks`' frame."""
     if len(df) == 0:
         raise SectionUnavailable("the trace has no blocks")
     fmt = {"size": bytes_text, "alloc_ns": lambda v: "before recording" if pd.isna(v) else format_ns(v),

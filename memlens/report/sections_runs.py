@@ -93,18 +93,24 @@ def metadata(ctx: ReportContext) -> list:
     for name in ("segments", "segment_blocks", "events", "stacks"):
         df = trace.table(name)
         tables.append((name, "absent" if df is None else len(df)))
+    counts = trace.blocks["category"].value_counts()
+    sizes = trace.blocks.groupby("category")["size"].sum()
+    cat = pd.DataFrame({"category": counts.index, "blocks": counts.to_numpy(),
+                        "bytes allocated": sizes.reindex(counts.index).to_numpy(np.int64)})
+    return metadata_parts(meta, notes, tables, cat)
+
+
+def metadata_parts(meta: dict, notes: list, tables: list, categories: pd.DataFrame) -> list:
+    """The metadata section from the trace's metadata (less its notes), the notes, (table, rows) pairs and
+    the blocks by category (category, blocks, bytes allocated)."""
     parts = [tag("h3", "tables"), key_values(tables)]
     if notes:
         parts.append(tag("h3", "notes from the source"))
         parts.extend(note(n) for n in notes)
     parts.append(tag("h3", "metadata"))
     parts.append(key_values(sorted(meta.items())))
-    counts = trace.blocks["category"].value_counts()
-    sizes = trace.blocks.groupby("category")["size"].sum()
-    cat = pd.DataFrame({"category": counts.index, "blocks": counts.to_numpy(),
-                        "bytes allocated": sizes.reindex(counts.index).to_numpy(np.int64)})
     parts.append(tag("h3", "blocks by category"))
-    parts.append(table(cat, {"bytes allocated": format_bytes}))
+    parts.append(table(categories, {"bytes allocated": format_bytes}))
     return parts
 
 

@@ -49,8 +49,6 @@ def _bounds_around_peak(trace, device: str, max_blocks: int, iterations: pd.Data
 
 def peak_window(trace, max_blocks: int, iterations: pd.DataFrame | None = None) -> Window:
     """The trace itself when it has at most `max_blocks` blocks, else a window around the highest peak."""
-    from memlens.trace import Trace
-
     total = len(trace.blocks)
     if total <= max_blocks:
         lo, hi = trace.time_span_ns()
@@ -60,7 +58,19 @@ def peak_window(trace, max_blocks: int, iterations: pd.DataFrame | None = None) 
     t0, t1, how = _bounds_around_peak(trace, device, max_blocks, iterations)
     lt = trace.lifetimes()
     keep = ((lt["start_ns"] <= t1) & (lt["end_ns"] >= t0)).to_numpy()
-    b = trace.blocks[keep].drop(columns=["alloc_seq", "free_seq"]).copy()
+    return cut_window(trace.blocks[keep], trace.accesses, trace.ops, trace.metadata, t0, t1, total, how,
+                      stacks=trace.stacks)
+
+
+def cut_window(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame, metadata: dict, t0: int, t1: int,
+               total: int, how: str, **optional) -> Window:
+    """The `Window` [t0, t1] (ns) made of `blocks` (those alive at some time in it), the `accesses` and `ops`
+    (filtered here to the window), times shifted so it starts at 0 and blocks cut at its edges. `optional`
+    tables (stacks, segments) are passed on as they are. Shared by `peak_window` and the out-of-core report,
+    which reads the window's rows from disk."""
+    from memlens.trace import Trace
+
+    b = blocks.drop(columns=["alloc_seq", "free_seq"]).copy()
     cut_start = (b["alloc_ns"].isna() | (b["alloc_ns"] < t0)).to_numpy()
     cut_end = (b["free_ns"].notna() & (b["free_ns"] > t1)).to_numpy()
     b["allocated_before"] = b["allocated_before"].to_numpy() | cut_start
@@ -68,14 +78,13 @@ def peak_window(trace, max_blocks: int, iterations: pd.DataFrame | None = None) 
     b.loc[cut_start, "alloc_ns"] = pd.NA
     b["free_ns"] = (b["free_ns"] - t0).astype("Int64")
     b.loc[cut_end, "free_ns"] = pd.NA
-    acc = trace.accesses
+    acc = accesses
     acc = acc[(acc["t_ns"] >= t0) & (acc["t_ns"] <= t1) & acc["block_id"].isin(b["block_id"])].copy()
     acc["t_ns"] -= t0
-    ops = trace.ops
     ops = ops[(ops["start_ns"] >= t0) & (ops["start_ns"] <= t1)].copy()
     ops["start_ns"] -= t0
     ops["end_ns"] -= t0
-    meta = {k: v for k, v in trace.metadata.items() if k not in ("devices", "notes")}
+    meta = {k: v for k, v in metadata.items() if k not in ("devices", "notes")}
     meta["notes"] = [f"window [{t0}, {t1}] ns of a {total:,}-block trace: {how}"]
-    sub = Trace.from_tables(b, acc, ops, meta, stacks=trace.stacks)
+    sub = Trace.from_tables(b, acc, ops, meta, **optional)
     return Window(sub, t0, t1, int(len(b)), total, how)

@@ -94,30 +94,43 @@ def live_memory(trace, device: str | None = None, by: str = "category", x: str =
     "event" (event index, as PyTorch's memory_viz). See `live_series` for `by`, `max_points`, `top_groups`;
     `curves` ({device: trace.live_bytes(device)}) saves recomputing them.
     """
+    devices = trace.devices if device is None else [device]
+    series = [live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
+                          curve=(curves or {}).get(dev)) for dev in devices]
+    from memlens.reserved import reserved_curve
+    reserved = {dev: reserved_curve(trace, dev) for dev in devices}
+
+    def event_index(dev, seqs):
+        return np.searchsorted((curves or {}).get(dev, trace.live_bytes(dev))["seq"].to_numpy(), seqs, side="left")
+    return series_figure(series, x=x, span_ns=trace.duration_ns, clock=clock_label(trace), by=by, height=height,
+                         reserved=reserved, event_index=event_index)
+
+
+def series_figure(series: list[LiveSeries], *, x: str, span_ns: int, clock: str, by: str, height: int | None = None,
+                  reserved: dict | None = None, event_index=None):
+    """The figure of `live_memory` from prepared `LiveSeries` (one row per series' device): what the
+    out-of-core report draws from curves it reduced a time bucket at a time. `reserved` ({device:
+    `reserved.ReservedCurve` or None}) adds the reserved line; with ``x="event"`` it needs `event_index`
+    (device, seqs) -> the event index of each seq."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
     from memlens.units import format_bytes
 
-    devices = trace.devices if device is None else [device]
-    scale, x_title = time_axis(x, span_ns=trace.duration_ns, clock=clock_label(trace))
+    devices = [s.device for s in series]
+    reserved = reserved or {}
+    scale, x_title = time_axis(x, span_ns=span_ns, clock=clock)
     fig = make_subplots(rows=max(len(devices), 1), cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=[plot_text(d) for d in devices] or None)
     seen_legend: set[str] = set()
-    series = [live_series(trace, dev, by=by, x=x, max_points=max_points, top_groups=top_groups,
-                          curve=(curves or {}).get(dev)) for dev in devices]
-    from memlens.reserved import reserved_curve
-    reserved = {dev: reserved_curve(trace, dev) for dev in devices}
     div, unit = byte_unit(max([s.peak_bytes for s in series] + [r.peak for r in reserved.values() if r],
                               default=0))
     for row, (dev, s) in enumerate(zip(devices, series), start=1):
         xs = s.x / scale
-        res = reserved[dev]
+        res = reserved.get(dev)
         if res is not None and s.events:
             # what the allocator held from the device (memory reserved before recording included)
-            rx = res.t_ns.astype(np.float64) if x == "time" else np.searchsorted(
-                (curves or {}).get(dev, trace.live_bytes(dev))["seq"].to_numpy(), res.seq, side="left").astype(
-                np.float64)
+            rx = res.t_ns.astype(np.float64) if x == "time" else event_index(dev, res.seq).astype(np.float64)
             rx = np.append(rx, xs[-1] * scale if len(xs) else rx[-1])
             ry = np.append(res.reserved, res.reserved[-1])
             label = f"reserved (peak {format_bytes(res.peak)})"

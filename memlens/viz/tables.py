@@ -40,8 +40,16 @@ def largest_blocks(trace, n: int = 20, device: str | None = None) -> pd.DataFram
         cut = np.sort(np.argpartition(-sizes, n - 1)[:n]) if n > 0 else np.zeros(0, dtype=np.int64)
         threshold = sizes[cut].min() if len(cut) else 0
         b = b[sizes >= threshold]
+    return largest_of(b, n, trace.time_span_ns(), trace.stacks)
+
+
+def largest_of(b: pd.DataFrame, n: int, span: tuple[int, int], stacks) -> pd.DataFrame:
+    """`largest_blocks` of the blocks rows `b` (any superset of the `n` largest), given the trace's time
+    span (ns) and stacks table: what the out-of-core report builds from each batch's largest."""
+    from types import SimpleNamespace
+    trace = SimpleNamespace(stacks=stacks)
     top = b.sort_values(["size", "block_id"], ascending=[False, True], kind="stable").head(n)
-    lo, hi = trace.time_span_ns()
+    lo, hi = span
     out = pd.DataFrame({c: top[c] for c in ("block_id", "device", "size", "alloc_ns", "free_ns")})
     out["lifetime_ns"] = top["free_ns"].fillna(hi).astype("int64") - top["alloc_ns"].fillna(lo).astype("int64")
     for col in ("category", "op", "module"):

@@ -54,6 +54,11 @@ def summary(path, runner: Runner) -> dict:
     files = _open(path)
     span = files.time_span_ns()
     facts, peaks = _events(files, runner, span, write_curves=False)
+    return summary_of(files, span, facts, peaks)
+
+
+def summary_of(files: TraceFiles, span, facts: dict, peaks: dict) -> dict:
+    """`summary`'s document from `_events`' results (for callers that ran `_events` themselves)."""
     return {
         "blocks": files.rows["blocks"], "accesses": files.rows["accesses"], "ops": files.rows["ops"],
         "devices": sorted(facts["devices"]), "duration_ns": int(span[1] - span[0]),
@@ -66,28 +71,34 @@ def summary(path, runner: Runner) -> dict:
     }
 
 
-def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None):
+def _events(files: TraceFiles, runner: Runner, span, write_curves: bool, devices=None, limit_bytes=None,
+            keep_events: bool = False):
     """Split alloc/free events into time buckets and sum them: (block facts, {device: {"peak", "t_peak",
-    and with `write_curves` "context" (`live.peak_context`)}})."""
+    "buckets" (time bucket numbers), "parts" (their `live.curve_piece` results), and with `write_curves`
+    "context" (`live.peak_context`)}}). `keep_events` keeps each bucket's sorted events on disk (the report's
+    live curve reads them)."""
     batches = files.batches("blocks", DEFAULT_ROWS_PER_BUCKET)
     edges = time_edges(files, max(len(batches), 1), span)
     results = runner.map(split_events, [(files, rgs, i, edges, span[0], str(runner.scratch))
                                         for i, rgs in enumerate(batches)])
-    facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0}
+    facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0,
+             "labels": {"category": {}, "module": {}}}
     pieces = set()
     for r in results:
         facts["devices"].update(r["devices"])
         pieces.update(r["pieces"])
+        for col, names in r["labels"].items():
+            facts["labels"][col].update(names)
         for k in ("allocated_before", "free_without_alloc", "alive_at_end"):
             facts[k] += r[k]
     wanted = sorted(facts["devices"]) if devices is None else [d for d in devices if d in facts["devices"]]
     jobs = [(d, tb) for d in wanted for tb in sorted(tb for dev, tb in pieces if dev == d)]
-    parts = runner.map(curve_piece, [(str(runner.scratch), d, tb, write_curves) for d, tb in jobs])
+    parts = runner.map(curve_piece, [(str(runner.scratch), d, tb, write_curves, keep_events) for d, tb in jobs])
     out = {}
     for d in wanted:
         mine = [(tb, p) for (dev, tb), p in zip(jobs, parts) if dev == d]
         peak, t_peak = combine_peak([p for _, p in mine])
-        out[d] = {"peak": peak, "t_peak": t_peak}
+        out[d] = {"peak": peak, "t_peak": t_peak, "buckets": [tb for tb, _ in mine], "parts": [p for _, p in mine]}
         if write_curves and mine:
             out[d]["context"] = peak_context(str(runner.scratch), d, [tb for tb, _ in mine], [p for _, p in mine],
                                              span, limit_bytes, runner)
@@ -180,7 +191,7 @@ def _ati_pass3(scratch, bucket, mean, edges, bins, edge_needs=None):
 
 
 def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET,
-        histogram_per_decade: int = 1) -> dict:
+        histogram_per_decade: int = 1, regrouped: int | None = None) -> dict:
     """ATI statistics of a saved trace, as `memlens ati --json` prints them for the in-memory engine:
     the keys of `memlens.analysis.ati.ati_stats`, plus ``histogram`` (a frame as
     `distributions.log_histogram(lengths, per_decade=histogram_per_decade)`) and
@@ -189,7 +200,8 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
     files = _open(path)
     _require_accesses(files, "access time interval (ATI) analysis")
     span = files.time_span_ns()
-    n_buckets = _regroup(files, runner, rows_per_bucket)
+    # `regrouped`: pass 1 already ran in this scratch directory (its bucket count); the report shares it
+    n_buckets = regrouped if regrouped is not None else _regroup(files, runner, rows_per_bucket)
     scratch = str(runner.scratch)
     parts = runner.map(_ati_bucket, [(files, scratch, b, span, device) for b in range(n_buckets)])
     n = sum(p["count"] for p in parts)
@@ -283,16 +295,23 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     from memlens.analysis.outliers import bandwidth_filter, outliers
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = bandwidth_filter(access_intervals(trace, device=device), bw)
-    ranked = outliers(trace, bw, top=top, priority=priority, device=device, intervals=iv, min_size=min_size,
+    ranked = outliers(trace, bw, top=None, priority=priority, device=device, intervals=iv, min_size=min_size,
                       limit_bytes=limit_bytes, peak_context={d: load_context(c) for d, c in contexts.items()})
+    n_ranked = len(ranked)  # every block with an idle interval: the report says "of N"
+    if top is not None:
+        ranked = ranked.head(top)  # the ranking is a total order: the first `top` are those `top=top` keeps
     # attribution is attached once to the final rows (its dtypes depend on which rows are picked)
     ranked = ranked.drop(columns=[c for c in ATTRIBUTION if c in ranked.columns])
     swappable = iv["swappable"].to_numpy()
-    part = {"intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
+    part = {"ranked": n_ranked, "intervals": len(iv), "swappable": int(np.count_nonzero(swappable)),
             "idle_bytes_ns": float(np.dot(iv["size"].to_numpy(np.float64), iv["length_ns"].to_numpy(np.float64))),
             "swappable_bytes_ns": float(iv["swappable_bytes_ns"].to_numpy().sum()),
             "blocks_with_swappable": len(pd.unique(iv["block_id"].to_numpy()[swappable]))}
-    return ranked, part
+    # the rows go back through the scratch directory: the driver merges them a bucket at a time, so it holds
+    # two buckets' top rows, not every bucket's (a report asks for the first 20,000 of each)
+    piece = Path(scratch) / f"ranked-{bucket:05d}.pkl"
+    ranked.to_pickle(piece)
+    return str(piece), part
 
 
 class _BlocksOf:
@@ -312,9 +331,13 @@ class _BlocksOf:
 
 def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priority: str = "size_x_idle", *,
              device: str | None = None, min_size: int | None = None, limit_bytes: float | None = None,
-             rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET) -> tuple[pd.DataFrame, dict]:
+             rows_per_bucket: int = DEFAULT_ROWS_PER_BUCKET, regrouped: int | None = None,
+             events: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """(`memlens.analysis.outliers.outliers` of a saved trace, `filter_summary` of its bandwidth filter).
-    Each device's peak and WDOA weight integral are built a time bucket at a time (`live.peak_context`)."""
+    Each device's peak and WDOA weight integral are built a time bucket at a time (`live.peak_context`).
+    `regrouped` (a bucket count: pass 1 already ran, with `OUTLIER_BLOCK_COLUMNS`) and `events` (`_events`'
+    device results with their contexts, `device` None, `limit_bytes` as given here) let the report share
+    the passes it has run."""
     from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
     from memlens.analysis.outliers import PRIORITIES, _attach_attribution, _rank
     if priority not in PRIORITIES:
@@ -323,22 +346,30 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
     files = _open(path)
     _require_accesses(files, "access time interval (ATI) analysis")
     span = files.time_span_ns()
-    _, peaks = _events(files, runner, span, write_curves=True, devices=None if device is None else [device],
-                       limit_bytes=limit_bytes)
+    peaks = events if events is not None else _events(
+        files, runner, span, write_curves=True, devices=None if device is None else [device],
+        limit_bytes=limit_bytes)[1]
     contexts = {d: p["context"] for d, p in peaks.items() if "context" in p}
-    n_buckets = _regroup(files, runner, rows_per_bucket, OUTLIER_BLOCK_COLUMNS)
+    n_buckets = regrouped if regrouped is not None else _regroup(files, runner, rows_per_bucket,
+                                                                 OUTLIER_BLOCK_COLUMNS)
     scratch = str(runner.scratch)
     results = runner.map(_outliers_bucket, [(files, scratch, b, span, device, bw, top, priority, min_size,
                                              limit_bytes, contexts) for b in range(n_buckets)])
-    frames = [r[0] for r in results if len(r[0])]
-    if frames:
-        merged = pd.concat(frames, ignore_index=True)
-        keep = np.ones(len(merged), dtype=bool)
+    ranked = None
+    for piece, _ in results:
+        frame = pd.read_pickle(piece)  # written by this run's own task (`_outliers_bucket`)
+        Path(piece).unlink()
+        if ranked is None or len(ranked) == 0:
+            ranked = frame
+            continue
+        if len(frame) == 0:
+            continue
+        merged = pd.concat([ranked, frame], ignore_index=True)
         order = _rank(merged["score"].to_numpy(dtype=np.float64), merged["size"].to_numpy(),
-                      merged["block_id"].to_numpy(), keep, top)
+                      merged["block_id"].to_numpy(), np.ones(len(merged), dtype=bool), top)
         ranked = merged.iloc[order].reset_index(drop=True)
-    else:
-        ranked = results[0][0] if results else pd.DataFrame()
+    if ranked is None:
+        ranked = pd.DataFrame()
     ranked = _attach_attribution(ranked, _BlocksOf(files, scratch, ranked["block_id"].to_numpy(np.int64),
                                                    n_buckets))
     ranked.attrs["bandwidth"] = bw.to_dict()
@@ -355,4 +386,5 @@ def outliers(path, runner: Runner, bandwidth=None, top: int | None = 20, priorit
                 "bandwidth": bw.to_dict(), "clock": clock_of_files(files), "steady_state": False,
                 "iteration": None}
     ranked.attrs["clock"] = summary_["clock"]
+    ranked.attrs["blocks_ranked"] = int(sum(p["ranked"] for p in parts))  # before the cut to `top`
     return ranked, summary_

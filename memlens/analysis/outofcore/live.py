@@ -17,8 +17,24 @@ import pandas as pd
 
 from memlens.trace import conform
 
-EVENT_DTYPE = np.dtype([("t_ns", "<i8"), ("seq", "<i8"), ("delta", "<i8")])
-_BLOCK_COLUMNS = ["device", "size", "alloc_ns", "free_ns", "alloc_seq", "free_seq"]
+# an alloc (+size) or free (-size) of one block; `category` / `module` are `label_codes` of the block's
+# labels, so the report's live curve can be split by them a time bucket at a time
+EVENT_DTYPE = np.dtype([("t_ns", "<i8"), ("seq", "<i8"), ("delta", "<i8"), ("block_id", "<i8"),
+                        ("category", "<i8"), ("module", "<i8")])
+_BLOCK_COLUMNS = ["device", "size", "alloc_ns", "free_ns", "alloc_seq", "free_seq", "category", "module"]
+LABEL_COLUMNS = ("category", "module")
+
+
+def label_codes(labels: np.ndarray) -> tuple[np.ndarray, dict[int, str]]:
+    """(an int64 code per label, {code: label}): a 64-bit hash of the label text, the same in every task
+    (so pieces written by different tasks agree without a shared dictionary). An empty label is
+    "(unknown)", as the live curve's bands name it (`viz.live.live_series`)."""
+    import hashlib
+    text = pd.Series(labels, dtype=object).astype(str).replace("", "(unknown)").to_numpy(dtype=object)
+    uniq, inverse = np.unique(text, return_inverse=True)
+    codes = np.array([int.from_bytes(hashlib.blake2b(u.encode(), digest_size=8).digest(), "little", signed=True)
+                      for u in uniq], dtype=np.int64)
+    return codes[inverse], {int(c): str(u) for c, u in zip(codes, uniq)}
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -52,7 +68,7 @@ def split_events(files, row_groups: list[int], part: int, edges: np.ndarray, lo:
     Also returns the block-level facts of `buckets.add_block_facts`."""
     from memlens.analysis.outofcore.buckets import BLOCK_BATCH_ROWS, add_block_facts
     facts = {"devices": set(), "allocated_before": 0, "free_without_alloc": 0, "alive_at_end": 0,
-             "pieces": set()}
+             "pieces": set(), "labels": {k: {} for k in LABEL_COLUMNS}}
     stored = files.columns("blocks")
     columns = [c for c in ["block_id", *_BLOCK_COLUMNS, "allocated_before", "free_without_alloc"] if c in stored]
     for sub, b in enumerate(files.iter_batches("blocks", row_groups, BLOCK_BATCH_ROWS, columns)):
@@ -67,6 +83,12 @@ def split_events(files, row_groups: list[int], part: int, edges: np.ndarray, lo:
             ev["seq"] = np.concatenate([rows["alloc_seq"].fillna(-1).to_numpy(np.int64),
                                         rows["free_seq"].fillna(_INT64_MAX).to_numpy(np.int64)[freed]])
             ev["delta"] = np.concatenate([size, -size[freed]])
+            ids = rows["block_id"].to_numpy(np.int64)
+            ev["block_id"] = np.concatenate([ids, ids[freed]])
+            for col in LABEL_COLUMNS:
+                codes, names = label_codes(rows[col].to_numpy())
+                facts["labels"][col].update(names)
+                ev[col] = np.concatenate([codes, codes[freed]])
             tb = np.searchsorted(edges, ev["t_ns"], side="right")
             order = np.argsort(tb, kind="stable")  # allocs before frees inside a piece, as live_curve lists them
             counts = np.bincount(tb, minlength=len(edges) + 1)
@@ -77,10 +99,11 @@ def split_events(files, row_groups: list[int], part: int, edges: np.ndarray, lo:
     return facts
 
 
-def curve_piece(scratch: str, device: str, tb: int, write_curve: bool) -> dict:
+def curve_piece(scratch: str, device: str, tb: int, write_curve: bool, keep_events: bool = False) -> dict:
     """Task: sort one time bucket of one device and sum it. Returns its event count, the running total's
     maximum inside the bucket (relative to the bucket's start), the first time it is reached and the
-    bucket's total change; with `write_curve`, saves the bucket's (time, relative live bytes) steps."""
+    bucket's total change; with `write_curve`, saves the bucket's (time, relative live bytes) steps, and with
+    `keep_events` its sorted events (`sorted_events`)."""
     files = sorted(Path(scratch).glob(f"ev-{device.encode().hex()}-{tb:05d}-*.npy"))
     ev = np.concatenate([np.load(f) for f in files])
     order = np.lexsort((ev["seq"], ev["t_ns"]))
@@ -89,7 +112,33 @@ def curve_piece(scratch: str, device: str, tb: int, write_curve: bool) -> dict:
     arg = int(np.argmax(cum))
     if write_curve:
         np.save(Path(scratch) / f"curve-{device.encode().hex()}-{tb:05d}.npy", np.stack([t, cum]))
-    return {"n": int(len(t)), "max": int(cum[arg]), "t_max": int(t[arg]), "total": int(cum[-1])}
+    if keep_events:
+        np.save(_events_path(scratch, device, tb), ev[order])  # the sorted events, for the report's curve
+    first = ev[order[arg]]
+    return {"n": int(len(t)), "max": int(cum[arg]), "t_max": int(t[arg]), "i_max": arg, "total": int(cum[-1]),
+            "seq_max": int(first["seq"]), "delta_max": int(first["delta"]), "block_max": int(first["block_id"])}
+
+
+def _events_path(scratch, device: str, tb: int) -> Path:
+    return Path(scratch) / f"sorted-{device.encode().hex()}-{tb:05d}.npy"
+
+
+def sorted_events(scratch, device: str, tb: int) -> np.ndarray:
+    """A time bucket's events (`EVENT_DTYPE`) in the live curve's order (written by `curve_piece`)."""
+    return np.load(_events_path(scratch, device, tb))
+
+
+def peak_event(parts: list[dict]) -> dict | None:
+    """The event that first reaches the peak, from the time buckets' `curve_piece` results in time order:
+    {"bucket" (index in `parts`), "index" (in that bucket), "peak", "t_ns", "seq", "delta", "block_id"};
+    None without events."""
+    offset, best = 0, None
+    for i, p in enumerate(parts):
+        if p["n"] and (best is None or offset + p["max"] > best["peak"]):
+            best = {"bucket": i, "index": p["i_max"], "peak": offset + p["max"], "t_ns": p["t_max"], "seq": p["seq_max"],
+                    "delta": p["delta_max"], "block_id": p["block_max"]}
+        offset += p["total"]
+    return best
 
 
 def combine_peak(parts: list[dict]) -> tuple[int, int | None]:
