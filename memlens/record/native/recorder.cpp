@@ -37,6 +37,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -1027,6 +1028,9 @@ struct Handle {
     s->by_ptr.clear();
     s->unreported.clear();
     s->slot = -1;
+    module_stack.clear();
+    module_index.clear();
+    enter_slow = py::object();   // the session's bound method: no reference cycle after the end
   }
 
   // Python asks the block of a tensor (hooks: parameters, gradients, optimizer state, inputs).
@@ -1075,10 +1079,86 @@ struct Handle {
   int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
+    ctx = c;
     int64_t op = int64_t(s->ops.size());
     if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;   // no op ran under the last one
     else s->ctxs.push() = CtxRec{op, c};
   }
+  int64_t get_ctx() { std::lock_guard<std::mutex> g(s->mu); return ctx; }
+
+  // ---- module context: the forward pre/post hooks, registered with torch as these methods ----------
+  // The module stack lives here, so that entering and leaving a known module is one call from torch's
+  // hook loop into C++ (no Python frames). A module not seen yet, and a root module (its tensor
+  // arguments are the inputs), take the Python path (`enter_slow`, CompiledSession._enter_module_slow),
+  // which names it and pushes it with push_module(). Hooks run in every thread: only the thread that
+  // started the recording has its modules recorded (as the Python recorder's thread-local sessions).
+  struct ModuleFrame { uintptr_t key; int64_t caller_ctx; PyObject* module; };   // module: borrowed
+  std::unordered_map<uintptr_t, int64_t> module_index;   // id(module) -> module index
+  std::vector<ModuleFrame> module_stack;
+  int64_t ctx = 0;                                       // module index << 2 | phase bits
+  std::thread::id owner = std::this_thread::get_id();
+  py::object enter_slow;                                 // Python: (module, args) -> None
+
+  void push_module_locked(uintptr_t key, int64_t idx, PyObject* module) {
+    module_stack.push_back(ModuleFrame{key, ctx, module});
+    int64_t c = (idx << 2) | (ctx & 3);
+    ctx = c;
+    int64_t op = int64_t(s->ops.size());
+    if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;
+    else s->ctxs.push() = CtxRec{op, c};
+  }
+  py::object enter_module(py::handle module, py::handle args) {
+    if (std::this_thread::get_id() != owner) return py::none();
+    int64_t t0 = raw_now();
+    uintptr_t key = uintptr_t(module.ptr());
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (!s->active) done = true;
+      else if (!module_stack.empty()) {
+        auto it = module_index.find(key);
+        if (it != module_index.end()) { push_module_locked(key, it->second, module.ptr()); done = true; }
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+    if (done || !enter_slow) return py::none();
+    return enter_slow(module, args);
+  }
+  // Python's slow path pushes a module it has named (and remembers its index for the fast path).
+  void push_module(py::handle module, int64_t idx) {
+    std::lock_guard<std::mutex> g(s->mu);
+    uintptr_t key = uintptr_t(module.ptr());
+    module_index[key] = idx;
+    push_module_locked(key, idx, module.ptr());
+  }
+  // Forward post-hook (also after an exception): pop back to the caller's module.
+  void exit_module(py::handle module, py::handle, py::handle) {
+    if (std::this_thread::get_id() != owner) return;
+    int64_t t0 = raw_now();
+    uintptr_t key = uintptr_t(module.ptr());
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      for (size_t i = module_stack.size(); i-- > 0;) {
+        if (module_stack[i].key != key) continue;
+        int64_t c = module_stack[i].caller_ctx;
+        module_stack.resize(i);
+        ctx = c;
+        int64_t op = int64_t(s->ops.size());
+        if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;
+        else s->ctxs.push() = CtxRec{op, c};
+        break;
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+  }
+  size_t module_depth() { std::lock_guard<std::mutex> g(s->mu); return module_stack.size(); }
+  // The innermost module in forward (None when none): the parent of a module met for the first time.
+  py::object module_top() {
+    std::lock_guard<std::mutex> g(s->mu);
+    if (module_stack.empty()) return py::none();
+    return py::reinterpret_borrow<py::object>(module_stack.back().module);
+  }
+  void set_enter_slow(py::object f) { enter_slow = std::move(f); }
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
   py::dict drain() {
@@ -1129,6 +1209,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("n_ops", &Handle::n_ops)
       .def("mark", &Handle::mark)
       .def("set_ctx", &Handle::set_ctx)
+      .def("ctx", &Handle::get_ctx)
+      .def("enter_module", &Handle::enter_module)
+      .def("exit_module", &Handle::exit_module)
+      .def("push_module", &Handle::push_module)
+      .def("module_depth", &Handle::module_depth)
+      .def("module_top", &Handle::module_top)
+      .def("set_enter_slow", &Handle::set_enter_slow)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
