@@ -260,8 +260,10 @@ struct MemCodec {
   }
 };
 
-// A chunked append-only stream of varint-coded records (chunks of 512 B growing to 8 KiB), spillable
-// to a file; drained back into fixed-size records T.
+// A chunked append-only stream of varint-coded records, spillable to a file; drained back into
+// fixed-size records T. A new chunk is a quarter of what the stream holds (512 B to 8 KiB), so the
+// unused tail of the last chunk stays within ~25% of the stream (doubling chunks left up to 50% unused
+// in short recordings).
 template <typename T, typename Codec>
 struct VarStream {
   static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (5 varints of <= 10 B)
@@ -275,7 +277,7 @@ struct VarStream {
 
   void push(const T& r) {
     if (chunks.empty() || chunks.back().cap - chunks.back().used < kMaxRecord) {
-      size_t cap = chunks.empty() ? 512 : std::min<size_t>(chunks.back().cap * 2, 8192);
+      size_t cap = std::min<size_t>(std::max<size_t>(512, (cap_total / 4 + 63) & ~size_t(63)), 8192);
       chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap, 0});
       cap_total += cap;
     }
@@ -371,6 +373,53 @@ struct Live {
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused, not the data
 };
 
+// Interned signatures: their coded bytes back to back in one arena, the offsets, and an open-addressing
+// index of (hash, id) slots -- ~12 B of bookkeeping per signature where a string object and a hash-map
+// node each cost ~96 B (a 3-step recording of a small model holds 50-200 signatures).
+struct SigTable {
+  struct Slot { uint32_t hash; int32_t id; };   // id -1: empty
+  std::string arena;
+  std::vector<uint32_t> offsets{0};             // signature i = arena[offsets[i], offsets[i + 1])
+  std::vector<Slot> slots;                      // power-of-two size, at most 3/4 full
+
+  size_t size() const { return offsets.size() - 1; }
+  std::string_view get(size_t i) const {
+    return std::string_view(arena.data() + offsets[i], offsets[i + 1] - offsets[i]);
+  }
+  int32_t intern(const std::string& s) {
+    if (slots.empty()) slots.assign(64, Slot{0, -1});
+    uint32_t h = uint32_t(std::hash<std::string_view>{}(s));
+    size_t mask = slots.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      Slot& slot = slots[i];
+      if (slot.id < 0) {
+        int32_t id = int32_t(size());
+        arena.append(s);
+        offsets.push_back(uint32_t(arena.size()));
+        slot = Slot{h, id};
+        if (4 * size() > 3 * slots.size()) grow();   // at most 3/4 full
+        return id;
+      }
+      if (slot.hash == h && get(size_t(slot.id)) == std::string_view(s)) return slot.id;
+    }
+  }
+  void grow() {
+    std::vector<Slot> bigger(slots.size() * 2, Slot{0, -1});
+    size_t mask = bigger.size() - 1;
+    for (const Slot& slot : slots) {
+      if (slot.id < 0) continue;
+      size_t i = slot.hash & mask;
+      while (bigger[i].id >= 0) i = (i + 1) & mask;
+      bigger[i] = slot;
+    }
+    slots.swap(bigger);
+  }
+  size_t mem_bytes() const {
+    return arena.capacity() + offsets.capacity() * sizeof(uint32_t) + slots.capacity() * sizeof(Slot);
+  }
+  void clear() { arena.clear(); arena.shrink_to_fit(); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
+};
+
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
@@ -420,13 +469,13 @@ struct Session {
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
-  std::unordered_set<int64_t> marked;   // block << 8 | category already marked (see Handle::mark)
+  // Categories already marked per block (see Handle::mark): bit `category` of marked_bits[block] for
+  // categories 0-7 (all of attribution.py's), the set for any other.
+  std::vector<uint8_t> marked_bits;
+  std::unordered_set<int64_t> marked_other;   // block << 8 | category
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
-  // Signatures are stored once (the map's keys view the deque's strings, whose addresses are stable).
-  std::deque<std::string> sigs;
-  std::unordered_map<std::string_view, int32_t> sig_ids;
-  size_t sig_bytes = 0;               // the strings plus ~96 B of string object and map node each
+  SigTable sigs;                      // signatures, stored once
   std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
   std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
   struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
@@ -440,10 +489,19 @@ struct Session {
 
   int64_t mem_bytes() const {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes +
+                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
-                   live.size() * 64 + by_ptr.size() * 40 + marked.size() * 32 + freed.capacity() +
+                   live.size() * 64 + by_ptr.size() * 40 + marked_bits.capacity() + marked_other.size() * 32 + freed.capacity() +
                    unreported.capacity() * sizeof(Unreported));
+  }
+  // True the first time (block, category) is marked.
+  bool mark_once(int32_t block, int64_t category) {
+    if (category < 0 || category > 7) return marked_other.insert((int64_t(block) << 8) | (category & 0xFF)).second;
+    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, freed.size()), 0);
+    uint8_t bit = uint8_t(1u << category);
+    if (marked_bits[block] & bit) return false;
+    marked_bits[block] |= bit;
+    return true;
   }
   void check_budget() {
     int64_t used = mem_bytes();
@@ -875,15 +933,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     s->mem.push(MemRec{a.t, a.ptr, (a.size << 8) | a.dev});
   }
   f.allocs.clear();
-  auto sit = s->sig_ids.find(f.sig);
-  int32_t sig;
-  if (sit != s->sig_ids.end()) sig = sit->second;
-  else {
-    sig = int32_t(s->sigs.size());
-    s->sigs.push_back(f.sig);
-    s->sig_bytes += f.sig.size() + 96;
-    s->sig_ids.emplace(std::string_view(s->sigs.back()), sig);
-  }
+  int32_t sig = s->sigs.intern(f.sig);
   int64_t aseq;
   auto node = torch::autograd::get_current_node();
   if (node) {
@@ -1074,7 +1124,7 @@ struct Handle {
           const c10::Storage& st = impl->unsafe_storage();
           if (!st || impl->key_set().has(c10::DispatchKey::Python)) continue;
           int32_t b = s->block_of(st, int32_t(op), true, nullptr);
-          if (b < 0 || !s->marked.insert((int64_t(b) << 8) | (category & 0xFF)).second) continue;
+          if (b < 0 || !s->mark_once(b, category)) continue;
           out.insert(out.end(), {int64_t(b), category, op, module});
         }
       }
@@ -1181,7 +1231,7 @@ struct Handle {
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
-    for (auto& b : s->sigs) sigs.append(py::bytes(expand_words(b)));
+    for (size_t i = 0; i < s->sigs.size(); ++i) sigs.append(py::bytes(expand_words(std::string(s->sigs.get(i)))));
     d["sigs"] = sigs;
     d["devices"] = s->devices;
     d["tensors_without_storage"] = s->tensors_without_storage;
@@ -1194,7 +1244,7 @@ struct Handle {
     py::dict parts;
     parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
-    parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sig_bytes;
+    parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
     parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
     d["parts"] = parts;
