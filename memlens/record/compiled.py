@@ -1,7 +1,9 @@
 """A recording session whose per-op hot path is compiled (`memlens.record.native`, recorder.cpp).
 
-The C++ side logs ops, accesses, blocks, frees and allocator events into fixed-size records; the
-Python side keeps what happens per module call or per step (module paths, categories from
+The C++ side logs ops, accesses, blocks, frees and allocator events into fixed-size records, and
+tracks the module stack itself (its own forward pre/post hooks, `Recording.enter_module` /
+`exit_module`: one C++ call per module call); the Python side names modules the first time they are
+met, marks a root module's inputs, and keeps what happens per step (categories from
 parameters/gradients/optimizer state, iteration marks: `Attribution`), exactly as the Python
 recorder does. At the end the records are drained with numpy into the same int64 streams the Python
 `Session` fills, so `assemble_trace` builds both backends' traces with the same code.

@@ -11,6 +11,11 @@
 // profiler's profile_memory): a fresh output's allocation is folded into its block record, frees of
 // known blocks become free records, everything else (temporaries inside ops) is kept raw.
 //
+// The module context (module index << 2 | phase) copied into op records is kept here too: torch's
+// global forward pre/post hooks call Handle::enter_module / exit_module directly, so a module call
+// costs one C++ call, not a chain of Python frames. Inside a recorded op's kernel the session's own
+// callback is switched off (see g_quiet), so nested ops are not boxed for it.
+//
 // Time spent inside these callbacks is accumulated per thread and subtracted from every timestamp
 // (`now()` = monotonic clock minus the recorder's own time so far in this thread), so a trace's gaps
 // are those of the program, not of the recorder.
@@ -1278,18 +1283,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
   m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
-  m.def("_bench_toggle", [](int64_t n) {
-    auto h = at::addThreadLocalCallback(at::RecordFunctionCallback(
-        [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; },
-        [](const at::RecordFunction&, at::ObserverContext*) {}).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-    int64_t t0 = memlens::raw_now();
-    for (int64_t i = 0; i < n; ++i) { at::disableCallback(h); at::reenableCallback(h); }
-    int64_t t1 = memlens::raw_now();
-    for (int64_t i = 0; i < n; ++i) { at::enableRecordFunction(false); at::enableRecordFunction(true); }
-    int64_t t2 = memlens::raw_now();
-    at::removeCallback(h);
-    return std::vector<int64_t>{(t1 - t0) / n, (t2 - t1) / n};
-  }, "benchmarks only: ns per disable+reenable of a callback, per enableRecordFunction off+on");
   m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
   m.def("own_ns_split", []() {
