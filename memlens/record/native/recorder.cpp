@@ -247,6 +247,21 @@ struct FreeCodec {
     return p;
   }
 };
+struct CtxCodec {                 // op index only grows; the context word against the previous one
+  int64_t op = 0, ctx = 0;
+  uint8_t* enc(uint8_t* p, const CtxRec& r) {
+    p = put_var(p, uint64_t(dif(r.op, op)));
+    p = put_var(p, zz(dif(r.ctx, ctx)));
+    op = r.op; ctx = r.ctx;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, CtxRec& r) {
+    uint64_t v;
+    p = get_var(p, v); r.op = op = add(int64_t(v), op);
+    p = get_var(p, v); r.ctx = ctx = add(unzz(v), ctx);
+    return p;
+  }
+};
 struct MemCodec {
   int64_t t = 0, ptr = 0;
   uint8_t* enc(uint8_t* p, const MemRec& r) {
@@ -468,7 +483,15 @@ struct Session {
   VarStream<MemRec, MemCodec> mem;
 
   Stream<WideRec> wide;
-  Stream<CtxRec> ctxs;
+  // Module context changes (one per module enter/exit): varint coded, ~3 B each. The newest one is
+  // held back in `ctx_last` so that a change with no op under the previous one replaces it.
+  VarStream<CtxRec, CtxCodec> ctxs;
+  CtxRec ctx_last{-1, 0};
+  void set_ctx_at(int64_t op, int64_t c) {
+    if (ctx_last.op == op) { ctx_last.ctx = c; return; }   // no op ran under the last one
+    if (ctx_last.op >= 0) ctxs.push(ctx_last);
+    ctx_last = CtxRec{op, c};
+  }
   int64_t last_start = 0, first_start = 0;   // op starts are deltas from the previous record's
   int64_t tensors_without_storage = 0;
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
@@ -1142,8 +1165,7 @@ struct Handle {
     std::lock_guard<std::mutex> g(s->mu);
     ctx = c;
     int64_t op = int64_t(s->ops.size());
-    if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;   // no op ran under the last one
-    else s->ctxs.push() = CtxRec{op, c};
+    s->set_ctx_at(op, c);
   }
   int64_t get_ctx() { std::lock_guard<std::mutex> g(s->mu); return ctx; }
 
@@ -1165,8 +1187,7 @@ struct Handle {
     int64_t c = (idx << 2) | (ctx & 3);
     ctx = c;
     int64_t op = int64_t(s->ops.size());
-    if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;
-    else s->ctxs.push() = CtxRec{op, c};
+    s->set_ctx_at(op, c);
   }
   py::object enter_module(py::handle module, py::handle args) {
     if (std::this_thread::get_id() != owner) return py::none();
@@ -1205,8 +1226,7 @@ struct Handle {
         module_stack.resize(i);
         ctx = c;
         int64_t op = int64_t(s->ops.size());
-        if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;
-        else s->ctxs.push() = CtxRec{op, c};
+        s->set_ctx_at(op, c);
         break;
       }
     }
@@ -1232,6 +1252,7 @@ struct Handle {
     d["frees"] = s->frees.to_bytes();
     d["memory"] = s->mem.to_bytes();
     d["wide"] = s->wide.to_bytes();
+    if (s->ctx_last.op >= 0) { s->ctxs.push(s->ctx_last); s->ctx_last = CtxRec{-1, 0}; }
     d["ctx"] = s->ctxs.to_bytes();
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
@@ -1250,6 +1271,7 @@ struct Handle {
     parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
     parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
+    parts["contexts"] = s->ctxs.mem_bytes();
     parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
     d["parts"] = parts;
