@@ -277,3 +277,57 @@ def test_threads_record_independently():
         assert_same(py, cc)
         params = cc.blocks[cc.blocks["category"] == "parameter"]
         assert sorted(params["size"]) == sorted(p.numel() * 4 for p in models[i].parameters())
+
+
+def test_module_paths_phases_and_inputs_agree():
+    """The compiled recorder tracks modules in C++ (its own forward hooks): the module path and phase of
+    every op with accesses equal the Python recorder's, for a model with a child called twice, a module
+    not under `model=` (named as a new root), a forward that raises (the post hook pops back to the
+    caller), and the root's tensor arguments marked as inputs."""
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh())
+            self.head = torch.nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.head(self.enc(self.enc(x)))
+
+    class Boom(torch.nn.Module):
+        def forward(self, x):
+            x = x * 2
+            raise ValueError("boom")
+
+    model, stranger, boom = Net(), torch.nn.Linear(2, 2), Boom()
+    opt = torch.optim.SGD(list(model.parameters()) + list(stranger.parameters()), lr=0.1, momentum=0.9)
+    x = torch.randn(3, 6)
+
+    def run():
+        for _ in range(2):
+            out = stranger(model(x))
+            try:
+                boom(out)
+            except ValueError:
+                pass
+            (out * 3).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            memlens.step()
+
+    def placed(trace):
+        """[(op name, module path, phase)] of the ops with accesses, in order."""
+        ops = trace.ops
+        touched = set(trace.accesses["op_id"]) - set(_accumulations(trace)["op_id"])
+        return [tuple(r) for r in ops[ops["op_id"].isin(touched)][["name", "module", "phase"]].values.tolist()]
+
+    run()   # momentum buffers exist before both recordings (the first step clones them)
+    py, cc = record_both(run, model, allocator="none")
+    assert_same(py, cc)
+    assert placed(py) == placed(cc)
+    modules = set(cc.ops["module"])
+    assert {"model.enc.0", "model.enc.1", "model.head", "Linear", "Boom"} <= modules, modules
+    assert ("aten::mul", "", "other") in placed(cc)     # `out * 3`: in no module again after Boom raised
+    inputs = lambda t: sorted(t.blocks.loc[t.blocks["category"] == "input", "size"])   # noqa: E731
+    assert inputs(py) == inputs(cc) and inputs(cc)

@@ -20,6 +20,8 @@ ITER_STEP, ITER_OPTIMIZER = 0, 1
 class Attribution:
     """Hook-side half of a recording session (see `Session` for the state it uses)."""
 
+    python_module_hooks = True     # module enter/exit come from hooks.py's Python module hooks
+
     # ---- categories and attribution (called from global hooks) -------------------------------
     def mark(self, tensor, category: int, module_idx: int = 0) -> None:
         """Record that `tensor`'s block has `category` (and, for parameters/buffers, its owning module)."""

@@ -1,7 +1,9 @@
 """A recording session whose per-op hot path is compiled (`memlens.record.native`, recorder.cpp).
 
-The C++ side logs ops, accesses, blocks, frees and allocator events into fixed-size records; the
-Python side keeps what happens per module call or per step (module paths, categories from
+The C++ side logs ops, accesses, blocks, frees and allocator events into fixed-size records, and
+tracks the module stack itself (its own forward pre/post hooks, `Recording.enter_module` /
+`exit_module`: one C++ call per module call); the Python side names modules the first time they are
+met, marks a root module's inputs, and keeps what happens per step (categories from
 parameters/gradients/optimizer state, iteration marks: `Attribution`), exactly as the Python
 recorder does. At the end the records are drained with numpy into the same int64 streams the Python
 `Session` fills, so `assemble_trace` builds both backends' traces with the same code.
@@ -20,8 +22,8 @@ import pandas as pd
 
 import torch
 
-from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_OPTIMIZER_STATE, MARK_PARAMETER,
-                                        PHASE_OPTIMIZER)
+from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_INPUT, MARK_OPTIMIZER_STATE,
+                                        MARK_PARAMETER, PHASE_OPTIMIZER)
 from memlens.record.session import Session
 
 OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
@@ -39,6 +41,7 @@ class CompiledSession(Session):
     """`Session` with the C++ hot path; same public behaviour and the same streams after `stop()`."""
 
     backend = "compiled"
+    python_module_hooks = False     # its module hooks are C++ (Recording.enter_module / exit_module)
 
     def __init__(self, *, native, memory: bool = True, **kwargs):
         super().__init__(**kwargs)
@@ -55,11 +58,15 @@ class CompiledSession(Session):
         self.spilled_bytes = 0
         self._spill_dir = None
         self._own0 = 0
+        self._module_hooks: list = []      # torch hook handles of the C++ module hooks
         self.own_ns = 0                    # the recorder's own time subtracted from this thread's clock
 
-    # the module context word lives in C++ (copied into every op record)
+    # the module context word lives in C++ (copied into every op record; the C++ module hooks change it)
     @property
     def _ctx(self) -> int:
+        handle = self.__dict__.get("_handle")
+        if handle is not None:
+            return handle.ctx()
         return self.__dict__.get("_ctx_value", 0)
 
     @_ctx.setter
@@ -89,10 +96,15 @@ class CompiledSession(Session):
         self._own0 = self.native.own_ns()
         self.active = True
         self._handle.set_ctx(self._ctx_value)
+        self._handle.set_enter_slow(self._enter_module_slow)
         if self.model is not None:
             t0 = perf_counter_ns()
             self._register_modules(self.model, self.module_prefix)
             self.native.add_own_ns(perf_counter_ns() - t0)
+        # module enter/exit go straight to C++ (see hooks.py: this session is not in the Python module hooks)
+        import torch.nn.modules.module as mm
+        self._module_hooks = [mm.register_module_forward_pre_hook(self._handle.enter_module),
+                              mm.register_module_forward_hook(self._handle.exit_module, always_call=True)]
 
     def stop(self) -> None:
         handle = self._handle
@@ -102,6 +114,7 @@ class CompiledSession(Session):
             self.t_stop = self.native.now()
         self.active = False
         self.own_ns = self.native.own_ns() - self._own0
+        self._remove_module_hooks()
         try:
             handle.stop()           # callbacks and the memory hook are gone after this
         finally:
@@ -115,9 +128,14 @@ class CompiledSession(Session):
             finally:
                 self._remove_spill_dir()
 
+    def _remove_module_hooks(self) -> None:
+        while self._module_hooks:
+            self._module_hooks.pop().remove()
+
     def _release_refs(self) -> None:      # the Python session's weakrefs: none here
         if not self.t_stop:
             self.t_stop = self.native.now()
+        self._remove_module_hooks()
         if self._handle is not None:
             try:
                 self._handle.stop()
@@ -145,11 +163,37 @@ class CompiledSession(Session):
         finally:
             self.native.add_own_ns(perf_counter_ns() - t0)
 
-    def enter_module(self, module, args) -> None:
-        self._timed(super().enter_module, module, args)
+    def _enter_module_slow(self, module, args) -> None:
+        """The C++ pre-hook's path for a root module (its tensor arguments are inputs) and for a module
+        met for the first time (named here, then entered from C++ directly)."""
+        t0 = perf_counter_ns()
+        try:
+            handle = self._handle
+            if not self.active or handle is None:
+                return
+            idx = self._module_idx.get(id(module))
+            if idx is None:
+                idx = self._name_unknown_module(module)
+            is_root = handle.module_depth() == 0
+            handle.push_module(module, idx)
+            if is_root:
+                for a in args:
+                    self.mark(a, MARK_INPUT)
+        except Exception as exc:
+            self.fail(exc)
+        finally:
+            self.native.add_own_ns(perf_counter_ns() - t0)
 
-    def exit_module(self, module) -> None:
-        self._timed(super().exit_module, module)
+    def _name_unknown_module(self, module) -> int:
+        """As the Python session's, with the parent taken from the C++ module stack."""
+        parent = self._handle.module_top() if self._handle is not None else None
+        if parent is not None:
+            parent_path = self.module_paths[self._module_idx[id(parent)]]
+            child = next((n for n, m in parent.named_children() if m is module), type(module).__name__)
+            self._register_modules(module, f"{parent_path}.{child}")
+        else:
+            self._register_modules(module, type(module).__name__)
+        return self._module_idx[id(module)]
 
     def optimizer_pre(self, optimizer) -> None:
         self._timed(self._optimizer_pre, optimizer)

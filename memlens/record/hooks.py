@@ -12,7 +12,8 @@ import threading
 _lock = threading.Lock()
 _tls = threading.local()
 _all_sessions: list = []          # every active session, any thread (guarded by _lock)
-_handles: list = []               # hook handles while any session is active
+_handles: list = []               # optimizer hook handles while any session is active
+_module_handles: list = []        # module hook handles while any session with Python module hooks is active
 
 
 def thread_sessions() -> list:
@@ -31,12 +32,14 @@ def all_sessions() -> list:
 
 def _forward_pre(module, args):
     for session in thread_sessions():
-        session.enter_module(module, args)
+        if session.python_module_hooks:
+            session.enter_module(module, args)
 
 
 def _forward_post(module, args, output):
     for session in thread_sessions():
-        session.exit_module(module)
+        if session.python_module_hooks:
+            session.exit_module(module)
 
 
 def _optimizer_pre(optimizer, args, kwargs):
@@ -50,19 +53,29 @@ def _optimizer_post(optimizer, args, kwargs):
 
 
 def _install() -> None:
-    import torch.nn.modules.module as mm
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-    _handles.append(mm.register_module_forward_pre_hook(_forward_pre))
-    _handles.append(mm.register_module_forward_hook(_forward_post, always_call=True))
     _handles.append(register_optimizer_step_pre_hook(_optimizer_pre))
     _handles.append(register_optimizer_step_post_hook(_optimizer_post))
 
 
+def _install_module_hooks() -> None:
+    import torch.nn.modules.module as mm
+    _module_handles.append(mm.register_module_forward_pre_hook(_forward_pre))
+    _module_handles.append(mm.register_module_forward_hook(_forward_post, always_call=True))
+
+
 def activate(session) -> None:
-    """Register `session` as active in this thread (installing the global hooks if first)."""
+    """Register `session` as active in this thread (installing the global hooks if first).
+
+    The module hooks here serve the sessions whose module tracking is in Python
+    (`session.python_module_hooks`); the compiled recorder registers its own C++ module hooks, so a
+    model recorded only by it runs no Python per module call.
+    """
     with _lock:
         if not _all_sessions:
             _install()
+        if session.python_module_hooks and not any(s.python_module_hooks for s in _all_sessions):
+            _install_module_hooks()
         _all_sessions.append(session)
     thread_sessions().append(session)
 
@@ -75,6 +88,9 @@ def deactivate(session) -> None:
     with _lock:
         if session in _all_sessions:
             _all_sessions.remove(session)
+        if not any(s.python_module_hooks for s in _all_sessions):
+            while _module_handles:
+                _module_handles.pop().remove()
         if not _all_sessions:
             while _handles:
                 _handles.pop().remove()

@@ -11,6 +11,11 @@
 // profiler's profile_memory): a fresh output's allocation is folded into its block record, frees of
 // known blocks become free records, everything else (temporaries inside ops) is kept raw.
 //
+// The module context (module index << 2 | phase) copied into op records is kept here too: torch's
+// global forward pre/post hooks call Handle::enter_module / exit_module directly, so a module call
+// costs one C++ call, not a chain of Python frames. Inside a recorded op's kernel the session's own
+// callback is switched off (see g_quiet), so nested ops are not boxed for it.
+//
 // Time spent inside these callbacks is accumulated per thread and subtracted from every timestamp
 // (`now()` = monotonic clock minus the recorder's own time so far in this thread), so a trace's gaps
 // are those of the program, not of the recorder.
@@ -37,6 +42,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <thread>
 #include <unordered_set>
 #include <vector>
 
@@ -241,6 +247,21 @@ struct FreeCodec {
     return p;
   }
 };
+struct CtxCodec {                 // op index only grows; the context word against the previous one
+  int64_t op = 0, ctx = 0;
+  uint8_t* enc(uint8_t* p, const CtxRec& r) {
+    p = put_var(p, uint64_t(dif(r.op, op)));
+    p = put_var(p, zz(dif(r.ctx, ctx)));
+    op = r.op; ctx = r.ctx;
+    return p;
+  }
+  const uint8_t* dec(const uint8_t* p, CtxRec& r) {
+    uint64_t v;
+    p = get_var(p, v); r.op = op = add(int64_t(v), op);
+    p = get_var(p, v); r.ctx = ctx = add(unzz(v), ctx);
+    return p;
+  }
+};
 struct MemCodec {
   int64_t t = 0, ptr = 0;
   uint8_t* enc(uint8_t* p, const MemRec& r) {
@@ -259,8 +280,10 @@ struct MemCodec {
   }
 };
 
-// A chunked append-only stream of varint-coded records (chunks of 512 B growing to 8 KiB), spillable
-// to a file; drained back into fixed-size records T.
+// A chunked append-only stream of varint-coded records, spillable to a file; drained back into
+// fixed-size records T. A new chunk is a quarter of what the stream holds (512 B to 8 KiB), so the
+// unused tail of the last chunk stays within ~25% of the stream (doubling chunks left up to 50% unused
+// in short recordings).
 template <typename T, typename Codec>
 struct VarStream {
   static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (5 varints of <= 10 B)
@@ -274,7 +297,7 @@ struct VarStream {
 
   void push(const T& r) {
     if (chunks.empty() || chunks.back().cap - chunks.back().used < kMaxRecord) {
-      size_t cap = chunks.empty() ? 512 : std::min<size_t>(chunks.back().cap * 2, 8192);
+      size_t cap = std::min<size_t>(std::max<size_t>(512, (cap_total / 4 + 63) & ~size_t(63)), 8192);
       chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap, 0});
       cap_total += cap;
     }
@@ -350,7 +373,7 @@ struct PendingAlloc { int64_t t, ptr, size; int16_t dev; };
 
 struct Frame {
   bool recorded = false;
-  bool quieted = false;                // this frame turned RecordFunction off for the op's kernel
+  at::CallbackHandle quieted = 0;      // our callback, switched off by this frame for the op's kernel
   int64_t start = 0;
   OpInfo* info = nullptr;
   std::vector<std::pair<c10::StorageImpl*, uint8_t>> inputs;  // storages of the inputs (post-op check)
@@ -370,6 +393,53 @@ struct Live {
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused, not the data
 };
 
+// Interned signatures: their coded bytes back to back in one arena, the offsets, and an open-addressing
+// index of (hash, id) slots -- ~12 B of bookkeeping per signature where a string object and a hash-map
+// node each cost ~96 B (a 3-step recording of a small model holds 50-200 signatures).
+struct SigTable {
+  struct Slot { uint32_t hash; int32_t id; };   // id -1: empty
+  std::string arena;
+  std::vector<uint32_t> offsets{0};             // signature i = arena[offsets[i], offsets[i + 1])
+  std::vector<Slot> slots;                      // power-of-two size, at most 3/4 full
+
+  size_t size() const { return offsets.size() - 1; }
+  std::string_view get(size_t i) const {
+    return std::string_view(arena.data() + offsets[i], offsets[i + 1] - offsets[i]);
+  }
+  int32_t intern(const std::string& s) {
+    if (slots.empty()) slots.assign(64, Slot{0, -1});
+    uint32_t h = uint32_t(std::hash<std::string_view>{}(s));
+    size_t mask = slots.size() - 1;
+    for (size_t i = h & mask;; i = (i + 1) & mask) {
+      Slot& slot = slots[i];
+      if (slot.id < 0) {
+        int32_t id = int32_t(size());
+        arena.append(s);
+        offsets.push_back(uint32_t(arena.size()));
+        slot = Slot{h, id};
+        if (4 * size() > 3 * slots.size()) grow();   // at most 3/4 full
+        return id;
+      }
+      if (slot.hash == h && get(size_t(slot.id)) == std::string_view(s)) return slot.id;
+    }
+  }
+  void grow() {
+    std::vector<Slot> bigger(slots.size() * 2, Slot{0, -1});
+    size_t mask = bigger.size() - 1;
+    for (const Slot& slot : slots) {
+      if (slot.id < 0) continue;
+      size_t i = slot.hash & mask;
+      while (bigger[i].id >= 0) i = (i + 1) & mask;
+      bigger[i] = slot;
+    }
+    slots.swap(bigger);
+  }
+  size_t mem_bytes() const {
+    return arena.capacity() + offsets.capacity() * sizeof(uint32_t) + slots.capacity() * sizeof(Slot);
+  }
+  void clear() { arena.clear(); arena.shrink_to_fit(); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
+};
+
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
@@ -385,7 +455,8 @@ struct ThreadState {
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
     Frame& f = frames[depth++];
-    f.recorded = f.quieted = false;
+    f.recorded = false;
+    f.quieted = 0;
     f.info = nullptr;
     f.inputs.clear(); f.pins.clear(); f.allocs.clear();
     f.self_block = -1; f.no_storage = 0; f.any_nested = false;
@@ -396,6 +467,7 @@ thread_local ThreadState tl_state[kSlots];
 
 struct Session {
   int slot = -1;
+  at::CallbackHandle cb = 0;   // our RecordFunction callback (in the recording thread)
   std::mutex mu;
   bool active = false;
   std::string stop_reason;
@@ -411,19 +483,27 @@ struct Session {
   VarStream<MemRec, MemCodec> mem;
 
   Stream<WideRec> wide;
-  Stream<CtxRec> ctxs;
+  // Module context changes (one per module enter/exit): varint coded, ~3 B each. The newest one is
+  // held back in `ctx_last` so that a change with no op under the previous one replaces it.
+  VarStream<CtxRec, CtxCodec> ctxs;
+  CtxRec ctx_last{-1, 0};
+  void set_ctx_at(int64_t op, int64_t c) {
+    if (ctx_last.op == op) { ctx_last.ctx = c; return; }   // no op ran under the last one
+    if (ctx_last.op >= 0) ctxs.push(ctx_last);
+    ctx_last = CtxRec{op, c};
+  }
   int64_t last_start = 0, first_start = 0;   // op starts are deltas from the previous record's
   int64_t tensors_without_storage = 0;
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
 
-  std::unordered_set<int64_t> marked;   // block << 8 | category already marked (see Handle::mark)
+  // Categories already marked per block (see Handle::mark): bit `category` of marked_bits[block] for
+  // categories 0-7 (all of attribution.py's), the set for any other.
+  std::vector<uint8_t> marked_bits;
+  std::unordered_set<int64_t> marked_other;   // block << 8 | category
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
-  // Signatures are stored once (the map's keys view the deque's strings, whose addresses are stable).
-  std::deque<std::string> sigs;
-  std::unordered_map<std::string_view, int32_t> sig_ids;
-  size_t sig_bytes = 0;               // the strings plus ~96 B of string object and map node each
+  SigTable sigs;                      // signatures, stored once
   std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
   std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
   struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
@@ -437,10 +517,19 @@ struct Session {
 
   int64_t mem_bytes() const {
     return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sig_bytes +
+                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
-                   live.size() * 64 + by_ptr.size() * 40 + marked.size() * 32 + freed.capacity() +
+                   live.size() * 64 + by_ptr.size() * 40 + marked_bits.capacity() + marked_other.size() * 32 + freed.capacity() +
                    unreported.capacity() * sizeof(Unreported));
+  }
+  // True the first time (block, category) is marked.
+  bool mark_once(int32_t block, int64_t category) {
+    if (category < 0 || category > 7) return marked_other.insert((int64_t(block) << 8) | (category & 0xFF)).second;
+    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, freed.size()), 0);
+    uint8_t bit = uint8_t(1u << category);
+    if (marked_bits[block] & bit) return false;
+    marked_bits[block] |= bit;
+    return true;
   }
   void check_budget() {
     int64_t used = mem_bytes();
@@ -717,8 +806,13 @@ static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName*
 }
 
 int g_probe = 0;   // benchmarks only: 1 = callbacks do nothing (the cost of RecordFunction itself)
-int64_t g_spin_ns = 0;
-bool g_quiet = false;    // switch RecordFunction off inside recorded kernels (costs a callback-cache rebuild)   // tests only: make each op callback this much slower (the clock must not show it)
+int64_t g_spin_ns = 0;   // tests only: make each op callback this much slower (the clock must not show it)
+// Switch this session's callback off inside a recorded op's kernel (default on). The ops nested
+// there are never recorded, and while any callback that wants inputs is active RecordFunction boxes
+// every nested op's inputs and outputs (~2.4 nested ops per recorded op on a GPT training step).
+// disableCallback touches only our own callback (other observers -- a profiler, an outer recording --
+// still see the nested ops) and rebuilds only its scope's cache, far cheaper than the boxing it saves.
+bool g_quiet = true;
 
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
@@ -757,12 +851,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           // The ops nested inside this op's kernel are not recorded: switch RecordFunction off for
           // them (no boxing of their arguments) unless someone else observes ops in this thread
           // (a profiler's debug info, or global callbacks).
-          if (g_quiet && at::isRecordFunctionEnabled() && !at::hasGlobalCallbacks()) {
-            auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
-            if (top == nullptr || dynamic_cast<Reporter*>(top) != nullptr) {
-              at::enableRecordFunction(false);
-              f.quieted = true;
-            }
+          if (g_quiet && s->cb) {
+            at::disableCallback(s->cb);
+            f.quieted = s->cb;
           }
           f.sig.clear();
           put(f.sig, info->name_id);
@@ -870,15 +961,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     s->mem.push(MemRec{a.t, a.ptr, (a.size << 8) | a.dev});
   }
   f.allocs.clear();
-  auto sit = s->sig_ids.find(f.sig);
-  int32_t sig;
-  if (sit != s->sig_ids.end()) sig = sit->second;
-  else {
-    sig = int32_t(s->sigs.size());
-    s->sigs.push_back(f.sig);
-    s->sig_bytes += f.sig.size() + 96;
-    s->sig_ids.emplace(std::string_view(s->sigs.back()), sig);
-  }
+  int32_t sig = s->sigs.intern(f.sig);
   int64_t aseq;
   auto node = torch::autograd::get_current_node();
   if (node) {
@@ -914,7 +997,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   int64_t end = t0 - tl_own_ns;
   if (ts.depth == 0) return;
   Frame& f = ts.frames[ts.depth - 1];
-  if (f.quieted) { at::enableRecordFunction(true); f.quieted = false; }
+  if (f.quieted) { at::reenableCallback(f.quieted); f.quieted = 0; }
   if (f.recorded) {
     ts.suppress--;
     Session* s = g_slots[K];
@@ -968,6 +1051,7 @@ struct Handle {
     s->active = true;
     tl_state[s->slot] = ThreadState();
     cb = at::addThreadLocalCallback(make_callback(s->slot));
+    s->cb = cb;
     if (memory) {
       auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
       if (top == nullptr) {
@@ -1002,6 +1086,7 @@ struct Handle {
       for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
       for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
       s->active = false;
+      s->cb = 0;
       s->peak_bytes = std::max(s->peak_bytes, s->mem_bytes());   // the maps are cleared below
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
@@ -1027,6 +1112,9 @@ struct Handle {
     s->by_ptr.clear();
     s->unreported.clear();
     s->slot = -1;
+    module_stack.clear();
+    module_index.clear();
+    enter_slow = py::object();   // the session's bound method: no reference cycle after the end
   }
 
   // Python asks the block of a tensor (hooks: parameters, gradients, optimizer state, inputs).
@@ -1064,7 +1152,7 @@ struct Handle {
           const c10::Storage& st = impl->unsafe_storage();
           if (!st || impl->key_set().has(c10::DispatchKey::Python)) continue;
           int32_t b = s->block_of(st, int32_t(op), true, nullptr);
-          if (b < 0 || !s->marked.insert((int64_t(b) << 8) | (category & 0xFF)).second) continue;
+          if (b < 0 || !s->mark_once(b, category)) continue;
           out.insert(out.end(), {int64_t(b), category, op, module});
         }
       }
@@ -1075,10 +1163,83 @@ struct Handle {
   int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
+    ctx = c;
     int64_t op = int64_t(s->ops.size());
-    if (s->ctxs.n && s->ctxs.back().op == op) s->ctxs.back().ctx = c;   // no op ran under the last one
-    else s->ctxs.push() = CtxRec{op, c};
+    s->set_ctx_at(op, c);
   }
+  int64_t get_ctx() { std::lock_guard<std::mutex> g(s->mu); return ctx; }
+
+  // ---- module context: the forward pre/post hooks, registered with torch as these methods ----------
+  // The module stack lives here, so that entering and leaving a known module is one call from torch's
+  // hook loop into C++ (no Python frames). A module not seen yet, and a root module (its tensor
+  // arguments are the inputs), take the Python path (`enter_slow`, CompiledSession._enter_module_slow),
+  // which names it and pushes it with push_module(). Hooks run in every thread: only the thread that
+  // started the recording has its modules recorded (as the Python recorder's thread-local sessions).
+  struct ModuleFrame { uintptr_t key; int64_t caller_ctx; PyObject* module; };   // module: borrowed
+  std::unordered_map<uintptr_t, int64_t> module_index;   // id(module) -> module index
+  std::vector<ModuleFrame> module_stack;
+  int64_t ctx = 0;                                       // module index << 2 | phase bits
+  std::thread::id owner = std::this_thread::get_id();
+  py::object enter_slow;                                 // Python: (module, args) -> None
+
+  void push_module_locked(uintptr_t key, int64_t idx, PyObject* module) {
+    module_stack.push_back(ModuleFrame{key, ctx, module});
+    int64_t c = (idx << 2) | (ctx & 3);
+    ctx = c;
+    int64_t op = int64_t(s->ops.size());
+    s->set_ctx_at(op, c);
+  }
+  py::object enter_module(py::handle module, py::handle args) {
+    if (std::this_thread::get_id() != owner) return py::none();
+    int64_t t0 = raw_now();
+    uintptr_t key = uintptr_t(module.ptr());
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      if (!s->active) done = true;
+      else if (!module_stack.empty()) {
+        auto it = module_index.find(key);
+        if (it != module_index.end()) { push_module_locked(key, it->second, module.ptr()); done = true; }
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+    if (done || !enter_slow) return py::none();
+    return enter_slow(module, args);
+  }
+  // Python's slow path pushes a module it has named (and remembers its index for the fast path).
+  void push_module(py::handle module, int64_t idx) {
+    std::lock_guard<std::mutex> g(s->mu);
+    uintptr_t key = uintptr_t(module.ptr());
+    module_index[key] = idx;
+    push_module_locked(key, idx, module.ptr());
+  }
+  // Forward post-hook (also after an exception): pop back to the caller's module.
+  void exit_module(py::handle module, py::handle, py::handle) {
+    if (std::this_thread::get_id() != owner) return;
+    int64_t t0 = raw_now();
+    uintptr_t key = uintptr_t(module.ptr());
+    {
+      std::lock_guard<std::mutex> g(s->mu);
+      for (size_t i = module_stack.size(); i-- > 0;) {
+        if (module_stack[i].key != key) continue;
+        int64_t c = module_stack[i].caller_ctx;
+        module_stack.resize(i);
+        ctx = c;
+        int64_t op = int64_t(s->ops.size());
+        s->set_ctx_at(op, c);
+        break;
+      }
+    }
+    tl_own_ns += raw_now() - t0;
+  }
+  size_t module_depth() { std::lock_guard<std::mutex> g(s->mu); return module_stack.size(); }
+  // The innermost module in forward (None when none): the parent of a module met for the first time.
+  py::object module_top() {
+    std::lock_guard<std::mutex> g(s->mu);
+    if (module_stack.empty()) return py::none();
+    return py::reinterpret_borrow<py::object>(module_stack.back().module);
+  }
+  void set_enter_slow(py::object f) { enter_slow = std::move(f); }
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
   py::dict drain() {
@@ -1091,11 +1252,12 @@ struct Handle {
     d["frees"] = s->frees.to_bytes();
     d["memory"] = s->mem.to_bytes();
     d["wide"] = s->wide.to_bytes();
+    if (s->ctx_last.op >= 0) { s->ctxs.push(s->ctx_last); s->ctx_last = CtxRec{-1, 0}; }
     d["ctx"] = s->ctxs.to_bytes();
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
-    for (auto& b : s->sigs) sigs.append(py::bytes(expand_words(b)));
+    for (size_t i = 0; i < s->sigs.size(); ++i) sigs.append(py::bytes(expand_words(std::string(s->sigs.get(i)))));
     d["sigs"] = sigs;
     d["devices"] = s->devices;
     d["tensors_without_storage"] = s->tensors_without_storage;
@@ -1108,7 +1270,8 @@ struct Handle {
     py::dict parts;
     parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
-    parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sig_bytes;
+    parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
+    parts["contexts"] = s->ctxs.mem_bytes();
     parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
     d["parts"] = parts;
@@ -1129,6 +1292,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("n_ops", &Handle::n_ops)
       .def("mark", &Handle::mark)
       .def("set_ctx", &Handle::set_ctx)
+      .def("ctx", &Handle::get_ctx)
+      .def("enter_module", &Handle::enter_module)
+      .def("exit_module", &Handle::exit_module)
+      .def("push_module", &Handle::push_module)
+      .def("module_depth", &Handle::module_depth)
+      .def("module_top", &Handle::module_top)
+      .def("set_enter_slow", &Handle::set_enter_slow)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
