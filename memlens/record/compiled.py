@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from time import perf_counter_ns
 
 import numpy as np
 import pandas as pd
@@ -90,9 +89,7 @@ class CompiledSession(Session):
         self.active = True
         self._handle.set_ctx(self._ctx_value)
         if self.model is not None:
-            t0 = perf_counter_ns()
-            self._register_modules(self.model, self.module_prefix)
-            self.native.add_own_ns(perf_counter_ns() - t0)
+            self._timed(self._register_modules, self.model, self.module_prefix)
 
     def stop(self) -> None:
         handle = self._handle
@@ -139,11 +136,17 @@ class CompiledSession(Session):
 
     # ---- hooks: the Python part of the recorder's own time ----------------------------------
     def _timed(self, fn, *args):
-        t0 = perf_counter_ns()
+        """Run a Python hook `fn` with its time taken out of the recorder's clock.
+
+        The hook's time is read on the recorder's own clock (`native.now()`, ns), not a plain one: the
+        compiled calls it makes (`mark`, op callbacks, the memory hook) already take their own time out
+        of that clock, and counting them again moved the clock back by that much at every hook (under
+        load, by milliseconds: the first allocations of a recording then fell before its start)."""
+        t0 = self.native.now()
         try:
             return fn(*args)
         finally:
-            self.native.add_own_ns(perf_counter_ns() - t0)
+            self.native.add_own_ns(max(self.native.now() - t0, 0))
 
     def enter_module(self, module, args) -> None:
         self._timed(super().enter_module, module, args)
