@@ -4,6 +4,7 @@ reported, overflow is spilled not dropped, and without a compiler the Python rec
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 import weakref
 
@@ -143,3 +144,98 @@ def test_backend_from_environment(monkeypatch):
     monkeypatch.setenv("MEMLENS_RECORDER", "rust")
     with pytest.raises(ValueError, match="MEMLENS_RECORDER"):
         memlens.record().__enter__()
+
+
+class _SlowMarkNative:
+    """The compiled module with a `Recording` whose `mark` spends `slow_ns` more of the recorder's own
+    time, counted by the recorder itself as the real `mark` counts its own (as a loaded machine that
+    preempts the recorder inside `mark` makes it)."""
+
+    def __init__(self, real, slow_ns: int):
+        self._real = real
+        self.slow_ns = slow_ns
+        self.marks = 0
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def Recording(self, *args):   # noqa: N802 (the compiled module's class name)
+        outer = self
+
+        class SlowMark:
+            def __init__(self, handle):
+                self._handle = handle
+
+            def __getattr__(self, name):
+                return getattr(self._handle, name)
+
+            def mark(self, *mark_args):
+                out = self._handle.mark(*mark_args)
+                time.sleep(outer.slow_ns / 1e9)       # at least this long
+                outer._real.add_own_ns(outer.slow_ns)
+                outer.marks += 1
+                return out
+
+        return SlowMark(self._real.Recording(*args))
+
+
+@needs_native
+def test_time_the_recorder_counts_inside_python_hooks_is_taken_out_once(monkeypatch):
+    """The Python hooks (module registration, optimizer hooks) call into the compiled recorder, which
+    takes its own time there out of the clock itself; the hooks must take out only the rest. Counted
+    twice, the clock went back by the native part at every hook: under load the first allocations of
+    a recording fell before its start and the join left them out (a flaky agreement test). Here each
+    `mark` spends 20 ms: the joined allocations must be exactly those of a recording without it."""
+    from memlens.demo import make_transformer, train_transformer_steps
+
+    torch.manual_seed(0)
+    model = make_transformer(vocab=64, d_model=32, n_heads=2, n_layers=1, seq_len=8)
+    opt = torch.optim.AdamW(model.parameters())
+
+    def run():
+        train_transformer_steps(model, opt, 2, batch=2, seq_len=8, vocab=64, mark_steps=False)
+
+    def allocations(trace):
+        b = trace.blocks
+        made = b[b["alloc_ns"].notna() & b["source"].str.contains("profiler|memory_hook")]
+        return sorted(made["size"].tolist())
+
+    run()   # warm-up: optimizer state and lazy initialisation happen before both recordings
+    with memlens.record(model, backend="compiled") as plain:
+        run()
+    slow = _SlowMarkNative(native.load(), slow_ns=20_000_000)
+    monkeypatch.setattr(native, "load", lambda verbose=False: slow)
+    with memlens.record(model, backend="compiled") as rec:
+        run()
+    assert slow.marks > 0
+    trace = rec.trace
+    assert not [n for n in trace.metadata["notes"] if "outside the recording" in n], trace.metadata["notes"]
+    assert allocations(trace) == allocations(plain.trace)
+    ops = trace.ops.sort_values("op_id")
+    assert (ops["start_ns"] >= 0).all()
+    assert (np.diff(ops["start_ns"].to_numpy()) >= 0).all()      # the clock never went back
+    assert (ops["end_ns"] <= trace.metadata["recording_ns"]).all()
+    assert trace.metadata["recorder_own_ns"] >= slow.marks * slow.slow_ns
+
+
+@needs_native
+def test_memory_hook_time_inside_an_op_callback_is_taken_out_once():
+    """`set_` drops the tensor's old storage when its op callback ends, so the memory hook runs inside
+    the end callback; both take their own time out of the clock, and the end callback must leave out
+    what the hook already took (counted twice, the clock went back by it: the next op started before
+    `set_` ended). Each memory hook call made 20 ms slower."""
+    m = native.load()
+    with memlens.record(backend="compiled") as rec:
+        x = torch.randn(1000)     # made while recording: the allocator reports the free of such blocks only
+        y = torch.randn(10)
+        m._set_memory_spin_ns(20_000_000)
+        try:
+            x.set_(y)
+        finally:
+            m._set_memory_spin_ns(0)
+        z = x + 1
+    ops = rec.trace.ops.sort_values("op_id")
+    assert "aten::set_" in set(ops["name"]) and z.shape == (10,)
+    assert (np.diff(ops["start_ns"].to_numpy()) >= 0).all()
+    assert (ops["start_ns"].to_numpy()[1:] >= ops["end_ns"].to_numpy()[:-1]).all()   # ops do not overlap
+    assert ((ops["start_ns"] >= 0) & (ops["end_ns"] <= rec.trace.metadata["recording_ns"])).all()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-from time import perf_counter_ns
 
 import numpy as np
 import pandas as pd
@@ -98,9 +97,7 @@ class CompiledSession(Session):
         self._handle.set_ctx(self._ctx_value)
         self._handle.set_enter_slow(self._enter_module_slow)
         if self.model is not None:
-            t0 = perf_counter_ns()
-            self._register_modules(self.model, self.module_prefix)
-            self.native.add_own_ns(perf_counter_ns() - t0)
+            self._timed(self._register_modules, self.model, self.module_prefix)
         # module enter/exit go straight to C++ (see hooks.py: this session is not in the Python module hooks)
         import torch.nn.modules.module as mm
         self._module_hooks = [mm.register_module_forward_pre_hook(self._handle.enter_module),
@@ -157,16 +154,24 @@ class CompiledSession(Session):
 
     # ---- hooks: the Python part of the recorder's own time ----------------------------------
     def _timed(self, fn, *args):
-        t0 = perf_counter_ns()
+        """Run a Python hook `fn` with its time taken out of the recorder's clock.
+
+        The hook's time is read on the recorder's own clock (`native.now()`, ns), not a plain one: the
+        compiled calls it makes (`mark`, op callbacks, the memory hook) already take their own time out
+        of that clock, and counting them again moved the clock back by that much at every hook (under
+        load, by milliseconds: the first allocations of a recording then fell before its start)."""
+        t0 = self.native.now()
         try:
             return fn(*args)
         finally:
-            self.native.add_own_ns(perf_counter_ns() - t0)
+            self.native.add_own_ns(max(self.native.now() - t0, 0))
 
     def _enter_module_slow(self, module, args) -> None:
         """The C++ pre-hook's path for a root module (its tensor arguments are inputs) and for a module
-        met for the first time (named here, then entered from C++ directly)."""
-        t0 = perf_counter_ns()
+        met for the first time (named here, then entered from C++ directly).
+
+        Timed on the recorder's own clock, as `_timed`: `mark` takes its own time out already."""
+        t0 = self.native.now()
         try:
             handle = self._handle
             if not self.active or handle is None:
@@ -182,7 +187,7 @@ class CompiledSession(Session):
         except Exception as exc:
             self.fail(exc)
         finally:
-            self.native.add_own_ns(perf_counter_ns() - t0)
+            self.native.add_own_ns(max(self.native.now() - t0, 0))
 
     def _name_unknown_module(self, module) -> int:
         """As the Python session's, with the parent taken from the C++ module stack."""

@@ -654,11 +654,13 @@ struct Session {
 };
 
 // ---- memory reporting hook ------------------------------------------------------------------
+int64_t g_memory_spin_ns = 0;   // tests only: make each memory hook call this much slower (the clock must not show it)
 struct Reporter : public c10::MemoryReportingInfoBase {
   std::atomic<uint32_t> mask{0};
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device) override {
     int64_t t0 = raw_now();
     int64_t t = t0 - tl_own_ns;
+    if (g_memory_spin_ns) while (raw_now() - t0 < g_memory_spin_ns) {}
     uint32_t m = mask.load(std::memory_order_acquire);
     for (int k = 0; k < kSlots && m; ++k, m >>= 1) {
       if (!(m & 1)) continue;
@@ -994,7 +996,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   ThreadState& ts = tl_state[K];
   if (ts.nested > 0) { ts.nested--; return; }
   int64_t t0 = raw_now();
-  int64_t end = t0 - tl_own_ns;
+  int64_t own0 = tl_own_ns;   // the memory hook below (pins.clear) counts its own time itself
+  int64_t end = t0 - own0;
   if (ts.depth == 0) return;
   Frame& f = ts.frames[ts.depth - 1];
   if (f.quieted) { at::reenableCallback(f.quieted); f.quieted = 0; }
@@ -1012,7 +1015,8 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   pins.swap(f.pins);
   ts.depth--;
   pins.clear();   // may free the old storage of set_ (the memory hook runs): after the frame is gone
-  { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[1] += d; }
+  // only the time not already counted (by the memory hook) is added: counted twice, the clock would go back
+  { int64_t d = raw_now() - t0 - (tl_own_ns - own0); tl_own_ns += d; tl_split[1] += d; }
 }
 
 template <int K> struct Callbacks {
@@ -1306,6 +1310,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
   m.def("_set_quiet", [](bool v) { memlens::g_quiet = v; }, "benchmarks only");
   m.def("_set_spin_ns", [](int64_t v) { memlens::g_spin_ns = v; }, "tests only");
+  m.def("_set_memory_spin_ns", [](int64_t v) { memlens::g_memory_spin_ns = v; }, "tests only");
   m.def("own_ns", []() { return memlens::tl_own_ns; });
   m.def("own_ns_split", []() {
     return std::vector<int64_t>(memlens::tl_split, memlens::tl_split + 3);
