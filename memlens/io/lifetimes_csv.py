@@ -5,6 +5,7 @@ treats one unit as one nanosecond. ``id`` may be any string; it is kept in the `
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -22,19 +23,27 @@ def read_lifetimes_csv(path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path)
+    with _csv_errors(path):
+        df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False)
+    return _validated(df, path)
+
+
+@contextlib.contextmanager
+def _csv_errors(path):
+    """pandas' CSV parse errors as one-line `InputError`s naming `path`.
+
+    index_col=False (the callers' choice): a row with more fields than the header is not read as an index
+    column; pandas then drops the extra fields with a ParserWarning, which is an error here."""
     try:
-        # index_col=False: a row with more fields than the header is not read as an index column; pandas
-        # then drops the extra fields with a ParserWarning, which is an error here
         with warnings.catch_warnings():
             warnings.simplefilter("error", pd.errors.ParserWarning)
-            df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False)
+            yield
     except pd.errors.EmptyDataError:
         raise InputError("file is empty", path) from None
     except pd.errors.ParserWarning as exc:
         raise InputError(f"a row has more fields than the header ({str(exc).splitlines()[0][:120]})", path) from None
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"not a readable CSV ({exc})", path) from None
-    return _validated(df, path)
 
 
 def _validated(df: pd.DataFrame, path, first_line: int = 2) -> pd.DataFrame:
@@ -144,16 +153,8 @@ def convert_lifetimes_csv(path, dst, *, rows_per_group: int = CHUNK_ROWS, overwr
 
 def _chunks(path: Path, rows: int):
     """The CSV as frames of `rows` rows, with `read_lifetimes_csv`'s parse errors."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", pd.errors.ParserWarning)
-            yield from pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False, chunksize=rows)
-    except pd.errors.EmptyDataError:
-        raise InputError("file is empty", path) from None
-    except pd.errors.ParserWarning as exc:
-        raise InputError(f"a row has more fields than the header ({str(exc).splitlines()[0][:120]})", path) from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"not a readable CSV ({exc})", path) from None
+    with _csv_errors(path):
+        yield from pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False, chunksize=rows)
 
 
 def _confirm_duplicates(path: Path, suspects, rows: int) -> None:

@@ -81,6 +81,19 @@ def _builder(spec: str):
     return getattr(importlib.import_module(module), func)
 
 
+def checked_options(sections, options: dict) -> ReportOptions:
+    """The report's options, with unknown section names or option keywords refused as bad input."""
+    from memlens.errors import InputError
+
+    unknown = set(sections or ()) - {k for k, _, _ in SECTIONS}
+    if unknown:
+        raise InputError(f"unknown report sections {sorted(unknown)}; known: {[k for k, _, _ in SECTIONS]}")
+    try:
+        return ReportOptions(**options)
+    except TypeError as exc:
+        raise InputError(f"bad report option: {exc}") from None
+
+
 def build_report(trace, *, title: str | None = None, sections: list[str] | None = None, progress: bool = False,
                  source_name: str | None = None, **options) -> Report:
     """Build every section of the report for `trace` (a Trace or a path `memlens.load` reads).
@@ -89,7 +102,6 @@ def build_report(trace, *, title: str | None = None, sections: list[str] | None 
     `source_name` is the name shown in the header. Other keyword options are `ReportOptions` fields
     (bandwidth, max_points, top, x, timeline_blocks, whatif, memory_limit).
     """
-    from memlens.errors import InputError
     from memlens.units import format_ns
 
     if isinstance(trace, (str, os.PathLike)):
@@ -98,13 +110,7 @@ def build_report(trace, *, title: str | None = None, sections: list[str] | None 
         trace = load(trace)
     elif source_name is None:
         source_name = str(trace.metadata.get("source_path", "") or trace.metadata.get("name", "") or "trace")
-    unknown = set(sections or ()) - {k for k, _, _ in SECTIONS}
-    if unknown:
-        raise InputError(f"unknown report sections {sorted(unknown)}; known: {[k for k, _, _ in SECTIONS]}")
-    try:
-        opts = ReportOptions(**options)
-    except TypeError as exc:
-        raise InputError(f"bad report option: {exc}") from None
+    opts = checked_options(sections, options)
     start = time.perf_counter()
     recorded = None
     if opts.gpu is not None:

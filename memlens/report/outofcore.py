@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from memlens.report import SECTIONS, TIMED_SECTIONS, Report
+from memlens.report import SECTIONS, TIMED_SECTIONS, Report, checked_options
 from memlens.report.markup import bullet_list, note, paragraph, tag
 from memlens.report.sections import ReportContext, ReportOptions, SectionUnavailable, run_section
 from memlens.units import format_bytes, format_ns, format_share
@@ -281,13 +281,7 @@ def build_report_out_of_core(path, runner, *, title: str | None = None, sections
     from memlens.analysis.outofcore.overview import report_data
     from memlens.errors import InputError
 
-    unknown = set(sections or ()) - {k for k, _, _ in SECTIONS}
-    if unknown:
-        raise InputError(f"unknown report sections {sorted(unknown)}; known: {[k for k, _, _ in SECTIONS]}")
-    try:
-        opts = ReportOptions(**options)
-    except TypeError as exc:
-        raise InputError(f"bad report option: {exc}") from None
+    opts = checked_options(sections, options)
     if opts.gpu is not None:
         raise InputError("--gpu retimes the whole trace in memory; it has no out-of-core engine (use --engine memory)")
     start = time.perf_counter()
