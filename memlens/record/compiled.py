@@ -168,10 +168,10 @@ class CompiledSession(Session):
 
     def _enter_module_slow(self, module, args) -> None:
         """The C++ pre-hook's path for a root module (its tensor arguments are inputs) and for a module
-        met for the first time (named here, then entered from C++ directly).
+        met for the first time (named here, then entered from C++ directly)."""
+        self._timed(self._enter_module, module, args)
 
-        Timed on the recorder's own clock, as `_timed`: `mark` takes its own time out already."""
-        t0 = self.native.now()
+    def _enter_module(self, module, args) -> None:
         try:
             handle = self._handle
             if not self.active or handle is None:
@@ -186,8 +186,6 @@ class CompiledSession(Session):
                     self.mark(a, MARK_INPUT)
         except Exception as exc:
             self.fail(exc)
-        finally:
-            self.native.add_own_ns(max(self.native.now() - t0, 0))
 
     def _name_unknown_module(self, module) -> int:
         """As the Python session's, with the parent taken from the C++ module stack."""
