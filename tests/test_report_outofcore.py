@@ -80,6 +80,25 @@ def test_live_curve_equals_in_memory(saved, x, max_points, top_groups):
     assert_same_curves(trace, data, x, max_points, top_groups)
 
 
+def assert_same_sites_and_sections(trace, saved, path, data) -> None:
+    """The allocation sites live at each peak equal the in-memory ones of `trace` (the window's stacks
+    stand in for the trace's), and the out-of-core report has the same sections ok / unavailable (none
+    failed) as the in-memory report of `saved` (the trace as stored at `path`)."""
+    from types import SimpleNamespace
+
+    from memlens.analysis.peak import live_at
+    from memlens.analysis.peak_cause import sites
+    from memlens.report import build_report
+
+    stand_in = SimpleNamespace(stacks=data["window"]["tables"].get("stacks"))
+    for dev, pb in peak_breakdown(trace).items():
+        want = sites(trace, blocks=live_at(trace, dev, pb.peak_seq, pb.peak_ns))
+        pd.testing.assert_frame_equal(sites(stand_in, blocks=data["peaks"][dev]["live"]), want)
+    with Runner(workers=2) as runner:
+        built = build_report_out_of_core(path, runner, whatif=False)
+    assert built.status() == build_report(saved, whatif=False).status()
+
+
 def test_section_data_equal_in_memory(saved):
     trace, path = saved
     data = report_data(path, rows_per_bucket=3000)  # several buckets for the ATI and outliers
@@ -147,24 +166,12 @@ def test_recorded_trace_sections(tmp_path):
     allocation sites at the peak equal the in-memory report's; every section builds."""
     if not SAMPLE.exists():
         pytest.skip("sample trace absent")
-    from types import SimpleNamespace
-
-    from memlens.analysis.peak import live_at
-    from memlens.analysis.peak_cause import sites
     trace = load_trace(SAMPLE)
     path = save_partitioned(trace, tmp_path / "rec.memlens", rows_per_group=500)
     data = report_data(path, rows_per_bucket=2000)
     assert_same_curves(trace, data)
     assert_same_peaks(trace, data)
-    stand_in = SimpleNamespace(stacks=data["window"]["tables"].get("stacks"))
-    for dev, pb in peak_breakdown(trace).items():
-        want = sites(trace, blocks=live_at(trace, dev, pb.peak_seq, pb.peak_ns))
-        pd.testing.assert_frame_equal(sites(stand_in, blocks=data["peaks"][dev]["live"]), want)
-    with Runner(workers=2) as runner:
-        built = build_report_out_of_core(path, runner, whatif=False)
-    from memlens.report import build_report
-    want = build_report(trace, whatif=False)
-    assert built.status() == want.status()  # the same sections ok / unavailable, none failed
+    assert_same_sites_and_sections(trace, trace, path, data)
 
 
 def test_cli_dask_and_auto(saved, tmp_path, monkeypatch, capsys):
@@ -236,22 +243,12 @@ def test_cuda_snapshot_sections(shared, tmp_path):
     """A real CUDA memory snapshot (stacks, allocator segments, no accesses): curves, peaks and allocation
     sites equal the in-memory report's; the recorded allocator state comes whole; the access sections say
     why they cannot run, as in memory."""
-    from types import SimpleNamespace
-
-    from memlens.analysis.peak import live_at
-    from memlens.analysis.peak_cause import sites
     from memlens.io import load
-    from memlens.report import build_report
     trace = load(shared("snapshots/decomfl_memory.pickle"))
     path = save_partitioned(trace, tmp_path / "snap.memlens", rows_per_group=2000)
     data = report_data(path)
     assert "ati_error" in data and "per-access data" in data["ati_error"]
-    assert_same_curves(load_trace(path), data)
-    assert_same_peaks(load_trace(path), data)
-    stand_in = SimpleNamespace(stacks=data["window"]["tables"].get("stacks"))
-    for dev, pb in peak_breakdown(trace).items():
-        want = sites(trace, blocks=live_at(trace, dev, pb.peak_seq, pb.peak_ns))
-        pd.testing.assert_frame_equal(sites(stand_in, blocks=data["peaks"][dev]["live"]), want)
-    with Runner(workers=2) as runner:
-        built = build_report_out_of_core(path, runner, whatif=False)
-    assert built.status() == build_report(load_trace(path), whatif=False).status()
+    saved = load_trace(path)
+    assert_same_curves(saved, data)
+    assert_same_peaks(saved, data)
+    assert_same_sites_and_sections(trace, saved, path, data)
