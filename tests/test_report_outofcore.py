@@ -223,20 +223,22 @@ print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()
 
 
 def test_memory_does_not_grow_with_trace_length(tmp_path):
-    """The report of a 4x longer recorded-shape trace holds no more memory (the child's VmHWM): the in-memory
-    report grows by ~50 MB between these two (296 -> 360 MB for 50k -> 200k accesses, measured)."""
+    """The report of an 8x longer recorded-shape trace holds no more memory (the child's VmHWM). Measured on a
+    2-core machine: the in-memory report (`memlens report --engine memory`) grows 255 -> 377 MB from 40k to 320k
+    accesses; this one stays at 266-276 MB for both, with ~25 MB of run-to-run noise (GC and worker timing), so
+    the bound leaves room for that noise and still fails on the in-memory engine's growth."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from out_of_core import generate
     hwm = {}
-    for n in (40_000, 160_000):
+    for n in (40_000, 320_000):
         path = tmp_path / f"t{n}.memlens"
         generate(path, n, layers=4, rows_per_group=1 << 13)
         proc = subprocess.run([sys.executable, "-c", CHILD, str(path), str(tmp_path / f"r{n}.html")],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         hwm[n] = int(proc.stdout.split()[-1]) * 1024
-    assert hwm[160_000] - hwm[40_000] < 25 << 20, hwm
-    assert hwm[160_000] < 700 << 20, hwm
+    assert hwm[320_000] - hwm[40_000] < 60 << 20, hwm
+    assert hwm[320_000] < 700 << 20, hwm
 
 
 def test_cuda_snapshot_sections(shared, tmp_path):
