@@ -24,6 +24,7 @@ import torch
 from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_INPUT, MARK_OPTIMIZER_STATE,
                                         MARK_PARAMETER, PHASE_OPTIMIZER)
 from memlens.record.session import Session
+from memlens.record.stacks import SKIP_PREFIXES, StackTable
 
 OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
 WIDE_DTYPE = np.dtype([("op", "<i8"), ("kind", "<i8"), ("value", "<i8")])
@@ -95,6 +96,8 @@ class CompiledSession(Session):
         self._own0 = self.native.own_ns()
         self.active = True
         self._handle.set_ctx(self._ctx_value)
+        if self.stack_table is not None:    # stacks=True: captured in C++ at each op's end (op_stacks.h)
+            self._handle.enable_stacks(list(SKIP_PREFIXES), self.stack_table.max_depth)
         self._handle.set_enter_slow(self._enter_module_slow)
         if self.model is not None:
             self._timed(self._register_modules, self.model, self.module_prefix)
@@ -122,6 +125,7 @@ class CompiledSession(Session):
             self.n_ops = self._n_ops_final
             try:
                 self._drain(handle.drain())
+                self._drain_stacks(handle.drain_stacks())
             finally:
                 self._remove_spill_dir()
 
@@ -318,6 +322,23 @@ class CompiledSession(Session):
         self._fill(self.buf.frees, ftable)
         self.n_blocks = nb
         self.memory_events = self._memory_events(mem, self._block_cols, frees) if self.memory else None
+
+    def _drain_stacks(self, d: dict | None) -> None:
+        """stacks=True: one stack id per op into `buf.op_stacks` (-1 for ops recorded before the capture
+        was on) and the C++ table's stacks into `stack_table` (same ids, same frames as StackTable)."""
+        if d is None or self.stack_table is None:
+            return
+        n = self.buf.ops.to_numpy().shape[0]
+        ids = np.frombuffer(d["ids"], dtype="<i4").astype(np.int64)
+        first = min(int(d["first_op"]), n)
+        per_op = np.full(n, -1, dtype=np.int64)
+        take = min(len(ids), n - first)
+        per_op[first:first + take] = ids[:take]
+        self._fill(self.buf.op_stacks, per_op.reshape(-1, 1))
+        self.stack_table = StackTable.from_frames(d["stacks"], self.stack_table.max_depth)
+        self.recorder_bytes += int(d["bytes"])
+        if getattr(self, "recorder_parts", None) is not None:
+            self.recorder_parts["stacks"] = int(d["bytes"])
 
     @staticmethod
     def _decode_ops(ops, wide, ctxs, first_start: int):

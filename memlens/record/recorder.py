@@ -25,16 +25,15 @@ BACKENDS = ("compiled", "python")
 _warned_fallback: list = []
 
 
-def choose_backend(requested: str | None, stacks: bool) -> tuple[str, object, str | None]:
+def choose_backend(requested: str | None) -> tuple[str, object, str | None]:
     """(backend, native module or None, note): `requested` (or $MEMLENS_RECORDER, default "compiled")
-    unless the compiled recorder cannot be built here (one warning per process, then Python)."""
+    unless the compiled recorder cannot be built here (one warning per process, then Python). Both
+    backends record the same things, stacks included."""
     name = (requested or os.environ.get("MEMLENS_RECORDER") or "compiled").strip().lower()
     if name not in BACKENDS:
         raise ValueError(f"recorder backend must be one of {BACKENDS}, not {name!r} (MEMLENS_RECORDER)")
     if name == "python":
         return "python", None, None
-    if stacks:
-        return "python", None, "stacks=True records with the Python recorder (the compiled one keeps no stacks)"
     from memlens.record import native
     try:
         return "compiled", native.load(), None
@@ -85,14 +84,15 @@ class Recorder:
         if self.session_class is not None:   # a Session subclass (memlens.predict): the Python backend
             backend, native, note = "python", None, None
         else:
-            backend, native, note = choose_backend(self.backend, self.stacks)
+            backend, native, note = choose_backend(self.backend)
         if self.session_class is not None:
             session = self.session_class(model=self.model, stacks=self.stacks,
                                          max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
         elif backend == "compiled":
             from memlens.record.compiled import CompiledSession
             session = CompiledSession(native=native, memory=self.allocator != "none", model=self.model,
-                                      max_buffer_bytes=self.max_buffer_bytes, module_prefix=self.module_prefix)
+                                      stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
+                                      module_prefix=self.module_prefix)
         else:
             session = Session(model=self.model, stacks=self.stacks, max_buffer_bytes=self.max_buffer_bytes,
                               module_prefix=self.module_prefix)

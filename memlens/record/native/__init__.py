@@ -13,7 +13,9 @@ import shutil
 import sys
 import threading
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorder.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "recorder.cpp")
+_HEADERS = [os.path.join(_HERE, "op_stacks.h")]   # included by recorder.cpp: part of the cache key
 _CFLAGS = ["-O2", "-DNDEBUG"]   # NDEBUG as torch was built: RecordFunction's layout depends on it
 _lock = threading.Lock()
 _module = None
@@ -27,8 +29,11 @@ class NativeUnavailable(RuntimeError):
 def build_dir() -> str:
     """Where the compiled recorder is cached (created on demand)."""
     import torch
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    sha = hashlib.sha256()
+    for path in [_SOURCE, *_HEADERS]:
+        with open(path, "rb") as f:
+            sha.update(f.read())
+    digest = hashlib.sha256(sha.digest() + repr(_CFLAGS).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
     root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")

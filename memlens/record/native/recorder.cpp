@@ -356,6 +356,8 @@ struct VarStream {
   }
 };
 
+#include "op_stacks.h"   // stacks=True: the Python stack of each op (StackCapture)
+
 // ---- per-op facts from the schema, learned once ----------------------------------------------
 struct OpInfo {
   int32_t name_id = -1;
@@ -384,6 +386,7 @@ struct Frame {
   uint32_t no_storage = 0;
   bool any_nested = false;
   std::string sig;                     // signature bytes of the inputs
+  int32_t stack = -1;                  // stacks=True: the op's Python stack id (op_stacks.h)
 };
 
 struct Live {
@@ -486,6 +489,7 @@ struct Session {
   // Module context changes (one per module enter/exit): varint coded, ~3 B each. The newest one is
   // held back in `ctx_last` so that a change with no op under the previous one replaces it.
   VarStream<CtxRec, CtxCodec> ctxs;
+  std::atomic<StackCapture*> stacks{nullptr};   // stacks=True (owned by the Handle)
   CtxRec ctx_last{-1, 0};
   void set_ctx_at(int64_t op, int64_t c) {
     if (ctx_last.op == op) { ctx_last.ctx = c; return; }   // no op ran under the last one
@@ -542,6 +546,7 @@ struct Session {
     spilled_bytes += blocks.spill(spill_prefix + ".blocks");
     spilled_bytes += wide.spill(spill_prefix + ".wide");
     spilled_bytes += ctxs.spill(spill_prefix + ".ctx");
+    if (StackCapture* sc = stacks.load()) spilled_bytes += sc->op_ids.spill(spill_prefix + ".stacks");
   }
 
   int16_t device_index(const c10::Device& d) {
@@ -987,6 +992,7 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   if (nacc_field == 255) s->wide.push() = WideRec{op, 2, int64_t(nacc)};
   r.sig_nacc = (sig_field << 8) | nacc_field;
   s->ops.push(r);
+  if (StackCapture* sc = s->stacks.load()) sc->op_ids.push(f.stack);
   if ((op & 255) == 0) s->check_budget();
 }
 
@@ -1005,7 +1011,11 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     ts.suppress--;
     Session* s = g_slots[K];
     if (s) {
-      try { record_end(s, f, fn, end); } catch (const std::exception& e) {
+      try {
+        StackCapture* sc = s->stacks.load();
+        f.stack = sc ? sc->capture() : -1;   // before record_end: the GIL is never taken under s->mu
+        record_end(s, f, fn, end);
+      } catch (const std::exception& e) {
         std::lock_guard<std::mutex> g(s->mu);
         if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
       }
@@ -1040,6 +1050,7 @@ struct Handle {
   std::unique_ptr<Session> s;
   at::CallbackHandle cb = 0;
   std::shared_ptr<Reporter> reporter;   // the reporter this session receives events from
+  std::unique_ptr<StackCapture> stack_capture;   // stacks=True (see op_stacks.h)
   bool pushed_reporter = false;
   std::string memory_note;
 
@@ -1246,6 +1257,26 @@ struct Handle {
   void set_enter_slow(py::object f) { enter_slow = std::move(f); }
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
+  // stacks=True: capture the Python stack of every op recorded from now on (frames whose filename
+  // starts with one of `skip_prefixes` are not kept; at most `max_depth` kept frames per stack).
+  void enable_stacks(std::vector<std::string> skip_prefixes, int64_t max_depth) {
+    std::lock_guard<std::mutex> g(s->mu);
+    if (stack_capture) throw std::runtime_error("memlens: stacks are already on for this recording");
+    stack_capture.reset(new StackCapture());
+    stack_capture->skip_prefixes = std::move(skip_prefixes);
+    stack_capture->max_depth = size_t(std::max<int64_t>(max_depth, 0));
+    stack_capture->first_op = int64_t(s->ops.size());
+    s->stacks.store(stack_capture.get());
+  }
+  // After stop(): {"first_op", "ids" (int32 stack id per op from first_op on), "stacks" (frames of
+  // each stack), "bytes"}; None without stacks. No lock: no op is recorded after stop(), and Python
+  // objects made here may run a GC that frees tensors (the memory hook would take the session mutex).
+  py::object drain_stacks() {
+    if (!stack_capture) return py::none();
+    if (s->slot >= 0) throw std::runtime_error("memlens: drain_stacks() before stop()");
+    return stack_capture->drain();
+  }
+
   py::dict drain() {
     at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
     std::lock_guard<std::mutex> g(s->mu);
@@ -1304,7 +1335,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("module_top", &Handle::module_top)
       .def("set_enter_slow", &Handle::set_enter_slow)
       .def("active", &Handle::active)
-      .def("drain", &Handle::drain);
+      .def("drain", &Handle::drain)
+      .def("enable_stacks", &Handle::enable_stacks)
+      .def("drain_stacks", &Handle::drain_stacks);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
