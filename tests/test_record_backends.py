@@ -331,3 +331,30 @@ def test_module_paths_phases_and_inputs_agree():
     assert ("aten::mul", "", "other") in placed(cc)     # `out * 3`: in no module again after Boom raised
     inputs = lambda t: sorted(t.blocks.loc[t.blocks["category"] == "input", "size"])   # noqa: E731
     assert inputs(py) == inputs(cc) and inputs(cc)
+
+
+def test_custom_autograd_function_with_allocator_hook():
+    """A custom autograd Function's apply asks torch whether a profiler runs (it reads the PROFILER_STATE
+    slot, where the compiled recorder's memory hook sits): the program runs unchanged and both backends
+    agree. It used to raise std::bad_alloc into the user's code under the compiled recorder."""
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * x
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return grad * 2 * x
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+
+    def run():
+        Square.apply(model(torch.ones(2, 4))).sum().backward()
+        model.zero_grad(set_to_none=True)      # the next backend's run starts without gradients too
+    py, cc = record_both(run, model)
+    assert_same(py, cc)
+    assert cc.metadata["stop_reason"] is None
+    assert (cc.ops["name"] == "aten::mul").sum() >= 3         # forward x * x, backward grad * 2 * x

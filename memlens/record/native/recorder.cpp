@@ -31,6 +31,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/node.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <atomic>
 #include <cstdio>
@@ -660,7 +661,15 @@ struct Session {
 
 // ---- memory reporting hook ------------------------------------------------------------------
 int64_t g_memory_spin_ns = 0;   // tests only: make each memory hook call this much slower (the clock must not show it)
-struct Reporter : public c10::MemoryReportingInfoBase {
+// A ProfilerStateBase, not a bare MemoryReportingInfoBase: torch reads whatever sits in the
+// PROFILER_STATE slot as a ProfilerStateBase (profilerEnabled(), getProfilerConfig(): a custom
+// autograd Function's apply asks both), so a bare one was read as garbage there (bad_alloc raised
+// into the user's code). With a disabled config it says "no profiler is running".
+struct Reporter : public torch::profiler::impl::ProfilerStateBase {
+  Reporter() : ProfilerStateBase(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)) {}
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
   std::atomic<uint32_t> mask{0};
   void reportMemoryUsage(void* ptr, int64_t alloc_size, size_t, size_t, c10::Device device) override {
     int64_t t0 = raw_now();
