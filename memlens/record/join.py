@@ -280,4 +280,9 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     })
     out.loc[np.isnan(f_nan), "free_ns"] = pd.NA
     out.loc[~inside, "alloc_op_id"] = pd.NA
+    if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
+        stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
+        sid = pd.array(np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64), dtype="Int64")
+        sid[sid < 0] = pd.NA
+        out["stack_id"] = sid
     return out
