@@ -237,3 +237,4 @@ def test_stacks_survive_save_and_load(tmp_path):
     rec.trace.save(path)
     loaded = memlens.load(path)
     assert op_stacks(loaded) == op_stacks(rec.trace)
+

@@ -58,7 +58,6 @@ struct StackCapture {
   std::unordered_map<std::string, int32_t> ids; // raw bytes of a stack's frames -> stack id
   std::vector<CodeLine> frames;                    // all stacks' frames back to back
   std::vector<uint32_t> offsets{0};             // stack i = frames[offsets[i], offsets[i + 1])
-  std::vector<CodeLine> key;                       // scratch of the capture in progress
 
   // Session::mu-protected: one stack id per op recorded since first_op (-1: none captured)
   VarStream<int32_t, StackIdCodec> op_ids;
@@ -74,16 +73,18 @@ struct StackCapture {
       std::string_view name(file, size_t(n));
       for (auto& p : skip_prefixes) if (name.substr(0, p.size()) == p) { hide = true; break; }
     }
-    Py_INCREF(code);   // the cache is keyed by address: keep the object, so the address is not reused
-    hidden.emplace(reinterpret_cast<PyObject*>(code), hide);
+    // keyed by address: the cache keeps the object, so that the address is not reused
+    if (hidden.emplace(reinterpret_cast<PyObject*>(code), hide).second) Py_INCREF(code);
     return hide;
   }
 
   // The id of the calling thread's Python stack (user frames only); -1 when Python is unusable here.
+  // Reentrant (a local `key`), should a finalizer run during the walk and record an op (see on_end).
   int32_t capture() {
     if (!python_usable()) return -1;
     PyGILState_STATE gil = PyGILState_Ensure();
-    key.clear();
+    std::vector<CodeLine> key;
+    key.reserve(16);
     PyFrameObject* f = PyEval_GetFrame();   // borrowed; null in a thread that runs no Python
     Py_XINCREF(f);
     while (f != nullptr && key.size() < max_depth) {

@@ -1021,8 +1021,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     Session* s = g_slots[K];
     if (s) {
       try {
-        StackCapture* sc = s->stacks.load();
-        f.stack = sc ? sc->capture() : -1;   // before record_end: the GIL is never taken under s->mu
+        f.stack = -1;
+        if (StackCapture* sc = s->stacks.load()) {   // before record_end: the GIL is never taken under s->mu
+          // Should the frame walk ever run an op (a finalizer in a GC: CPython 3.11 makes frame objects
+          // untracked, so it does not collect there) it counts as nested: recorded, it would push a
+          // frame, and `f` could move.
+          ts.suppress++;
+          try { f.stack = sc->capture(); } catch (...) { ts.suppress--; throw; }
+          ts.suppress--;
+        }
         record_end(s, f, fn, end);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> g(s->mu);
