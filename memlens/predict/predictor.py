@@ -180,6 +180,7 @@ class Prediction:
     # ---- building the prediction ------------------------------------------------------------
     def _finish(self, trace, recorder):
         from memlens.predict.corrections import apply_corrections
+        from memlens.predict.scratch import add_modelled_scratch
         from memlens.simulate.config import parse_conf, round_size
         threads = self._session.op_threads
         op_ids = trace.ops["op_id"].to_numpy()
@@ -194,23 +195,10 @@ class Prediction:
         blocks.loc[cuda, "size"] = np.array([round_size(int(s), config) for s in sizes], dtype=np.int64)
         trace.blocks = blocks
         trace = apply_corrections(trace)
-        if self.cublas_workspaces:
-            from memlens.predict.scratch import add_blocks, cublas_workspace_blocks
-            trace = add_blocks(trace, cublas_workspace_blocks(trace, self.gpu.cublas_workspace))
-        if self.kernel_scratch:
-            from memlens.predict.scratch import add_blocks, reduce_scratch_blocks, sort_scratch_blocks
-            rounded = lambda s: round_size(s, config)   # noqa: E731
-            scratch = sort_scratch_blocks(trace, self._session.index_put_facts, rounded)
-            scratch += reduce_scratch_blocks(trace, self._session.reduce_facts, self.gpu.sm_count,
-                                             self.gpu.max_threads_per_sm, rounded)
-            for i, row in enumerate(scratch):       # ids follow on from the trace's, in one sequence
-                row["block_id"] = int(trace.blocks["block_id"].max()) + 1 + i
-            trace = add_blocks(trace, scratch)
-            self.kernel_scratch_blocks = len(scratch)
-        if self.cudnn_workspace:
-            from memlens.predict.scratch import add_blocks, conv_workspace_blocks
-            trace = add_blocks(trace, conv_workspace_blocks(trace, self.cudnn_workspace,
-                                                            lambda s: round_size(s, config)))
+        trace, self.kernel_scratch_blocks = add_modelled_scratch(
+            trace, self.gpu, lambda s: round_size(s, config), cublas_workspaces=self.cublas_workspaces,
+            kernel_scratch=self.kernel_scratch, index_put_facts=self._session.index_put_facts,
+            reduction_facts=self._session.reduce_facts, cudnn_workspace=self.cudnn_workspace)
         trace.metadata.update({
             "source_kind": "memlens_predict",
             "clock": {"kind": "host", "gpu": self.gpu.name,
