@@ -1,6 +1,7 @@
 """Cost of `stacks=True` (the Python stack of every op): the compiled recorder (stacks captured in C++,
 native/op_stacks.h) against the Python recorder (sys._getframe per op), on recorder_overhead.py's GPT
-and CNN training steps, in one process:
+and CNN training steps and on 2,000 small in-place adds 8 user frames deep (`ops`: the capture's
+per-op cost), in one process:
 
     plain             no instrument
     python+stacks     memlens.record(backend="python", stacks=True)
@@ -12,7 +13,7 @@ Modes are interleaved over `--reps` rounds in a rotated order; the medians of th
 times are compared (ratios to plain, and compiled+stacks over python+stacks). It also prints how many
 distinct stacks each recorder found.
 
-    .venv/bin/python benchmarks/recorder_stacks.py [--workload gpt|cnn|both] [--reps 7] [--steps 3]
+    .venv/bin/python benchmarks/recorder_stacks.py [--workload gpt|cnn|ops|all] [--reps 7] [--steps 3]
 """
 from __future__ import annotations
 
@@ -59,6 +60,20 @@ def measure(mode, model, step, steps):
     return cpu, close, getattr(inst, "trace", None)
 
 
+def small_ops_workload(depth=8, n=2000):
+    """`n` in-place adds on an 8-float tensor, called `depth` user frames deep: the per-op cost of the
+    capture with little kernel time around it."""
+    x = torch.ones(8)
+
+    def leaf():
+        for _ in range(n):
+            x.add_(1)
+
+    def nest(d):
+        return leaf() if d == 0 else nest(d - 1)
+    return None, lambda: nest(depth)
+
+
 def _touched_stacks(trace) -> int:
     """How many distinct stacks the ops that touched memory have."""
     ops = trace.ops[trace.ops["op_id"].isin(trace.accesses["op_id"])]
@@ -101,14 +116,18 @@ def bench(name, model, step, reps, steps):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=["gpt", "cnn", "both"], default="both")
+    parser.add_argument("--workload", choices=["gpt", "cnn", "ops", "all"], default="all")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 intra-op thread, load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores")
-    for name in (["gpt", "cnn"] if args.workload == "both" else [args.workload]):
+    for name in (["gpt", "cnn", "ops"] if args.workload == "all" else [args.workload]):
+        if name == "ops":
+            model, step = small_ops_workload()
+            bench("2,000 x.add_(1) at 8 extra user frames", model, step, args.reps, args.steps)
+            continue
         cfg = WORKLOADS[name]
         model, step = transformer_workload(cfg) if name == "gpt" else cnn_workload(cfg)
         bench(f"{name} training step {cfg}", model, step, args.reps, args.steps)
