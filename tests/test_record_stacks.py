@@ -238,3 +238,26 @@ def test_stacks_survive_save_and_load(tmp_path):
     loaded = memlens.load(path)
     assert op_stacks(loaded) == op_stacks(rec.trace)
 
+
+
+def test_stacks_spill_with_the_records():
+    """Over the byte budget the per-op stack ids are spilled with the other records and read back in order."""
+    x = torch.ones(4)
+
+    def left(t):
+        return t + 1
+
+    def right(t):
+        return t - 1
+
+    n = 20000
+    with memlens.record(backend="compiled", stacks=True, allocator="none", max_buffer_bytes=64 * 1024) as rec:
+        for i in range(n):
+            x = left(x) if i % 3 else right(x)
+    trace = rec.trace
+    assert trace.metadata["recorder_spilled_bytes"] > 0 and len(trace.ops) == n
+    # ~1 B per op coded: what is left in memory at the end is less than that, the rest was spilled
+    assert trace.metadata["recorder_buffers"]["stacks"] < n
+    frames = _frames_by_id(trace)
+    tops = [frames[sid][0][0] for sid in _ids(trace.ops["stack_id"])]
+    assert tops == ["left" if i % 3 else "right" for i in range(n)]
