@@ -8,6 +8,10 @@ parameters/gradients/optimizer state, iteration marks: `Attribution`), exactly a
 recorder does. At the end the records are drained with numpy into the same int64 streams the Python
 `Session` fills, so `assemble_trace` builds both backends' traces with the same code.
 
+With stacks=True the C++ side also walks the Python frames of each op at its end (native/op_stacks.h:
+the same user frames, order, depth and dedup as stacks.StackTable); `_drain_stacks` turns them into the
+same `op_stacks` stream and stack table.
+
 Clock: every time is on the compiled recorder's clock (monotonic ns minus the recorder's own time in
 the thread, including the Python hooks below), so a trace's gaps are the program's, not the recorder's.
 """

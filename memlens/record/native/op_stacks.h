@@ -56,7 +56,7 @@ struct StackCapture {
   // GIL-protected (see the header comment)
   std::unordered_map<PyObject*, bool> hidden;   // code object (strong ref) -> its frames are skipped
   std::unordered_map<std::string, int32_t> ids; // raw bytes of a stack's frames -> stack id
-  std::vector<CodeLine> frames;                    // all stacks' frames back to back
+  std::vector<CodeLine> frames;                 // all stacks' frames back to back
   std::vector<uint32_t> offsets{0};             // stack i = frames[offsets[i], offsets[i + 1])
 
   // Session::mu-protected: one stack id per op recorded since first_op (-1: none captured)
