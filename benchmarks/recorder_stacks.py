@@ -18,7 +18,7 @@ distinct stacks each recorder found.
 Measured (torch 2.13 CPU, 1 thread, a 2-core machine shared with other jobs, load 5.0-5.4; CPU-time ratios
 to plain, medians of 7 rounds x 3 steps; two runs on 2026-11-26, "run 1 / run 2"):
 
-    workload                     python+stacks  compiled+stacks  compiled      profiler+stack  compiled+stacks / python+stacks
+    workload                     python+stacks  compiled+stacks  compiled      profiler+stack  compiled+stacks/python+stacks
     GPT train (868 ops/step)     1.80 / 1.84x   1.10 / 1.09x     1.07 / 1.12x  1.18 / 1.14x    0.614 / 0.591
     CNN train (77 ops/step)      1.26 / 1.39x   1.08 / 1.08x     1.03 / 1.08x  1.06 / 1.10x    0.853 / 0.779
     2,000 small adds (run 2)     9.84x          2.22x            1.73x         2.27x           0.226
@@ -111,8 +111,9 @@ def bench(name, model, step, reps, steps):
           f"load average {os.getloadavg()[0]:.1f})")
     med = {m: statistics.median(cpu[m]) for m in MODES}
     for mode in MODES:
+        q1 = _quantile(cpu[mode], 0.25) / base_q1
         print(f"  {mode:16s} {med[mode] * 1e3:9.2f} ms/step CPU  ratio {med[mode] / base:5.2f}x  (lower quartile "
-              f"{_quantile(cpu[mode], 0.25) / base_q1:5.2f}x)   close/build {statistics.median(close[mode]) * 1e3:8.1f} ms")
+              f"{q1:5.2f}x)   close/build {statistics.median(close[mode]) * 1e3:8.1f} ms")
     py, cc = traces["python+stacks"], traces["compiled+stacks"]
     n_ops = len(cc.ops) / steps
     print(f"  compiled+stacks / python+stacks: {med['compiled+stacks'] / med['python+stacks']:.3f}; "
