@@ -18,10 +18,10 @@ distinct stacks each recorder found.
 Measured (torch 2.13 CPU, 1 thread, a 2-core machine shared with other jobs, load 5.0-5.4; CPU-time ratios
 to plain, medians of 7 rounds x 3 steps; two runs on 2026-11-26, "run 1 / run 2"):
 
-    workload                     python+stacks  compiled+stacks  compiled      profiler+stack  compiled+stacks/python+stacks
-    GPT train (868 ops/step)     1.80 / 1.84x   1.10 / 1.09x     1.07 / 1.12x  1.18 / 1.14x    0.614 / 0.591
-    CNN train (77 ops/step)      1.26 / 1.39x   1.08 / 1.08x     1.03 / 1.08x  1.06 / 1.10x    0.853 / 0.779
-    2,000 small adds (run 2)     9.84x          2.22x            1.73x         2.27x           0.226
+    workload                   python+stacks  compiled+stacks  compiled      profiler+stack  compiled+st./python+st.
+    GPT train (868 ops/step)   1.80 / 1.84x   1.10 / 1.09x     1.07 / 1.12x  1.18 / 1.14x    0.614 / 0.591
+    CNN train (77 ops/step)    1.26 / 1.39x   1.08 / 1.08x     1.03 / 1.08x  1.06 / 1.10x    0.853 / 0.779
+    2,000 small adds (run 2)   9.84x          2.22x            1.73x         2.27x           0.226
 
 The compiled capture costs ~1.0-1.5 us CPU per op (small adds: 1.25 us; the Python recorder's ~6.6 us),
 within the noise of the compiled recorder without stacks on the training steps.
