@@ -31,7 +31,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/node.h>
+#include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -128,6 +130,19 @@ struct Stream {
     chunks.erase(chunks.begin(), chunks.end() - 1);
     return freed;
   }
+  // Everything (spilled then in memory), in order.
+  std::vector<T> all() {
+    std::vector<T> out(size());
+    if (spilled) {
+      std::fflush(file);
+      std::rewind(file);
+      if (std::fread(out.data(), sizeof(T), spilled, file) != spilled)
+        throw std::runtime_error("memlens: could not read back spilled records");
+    }
+    T* dst = out.data() + spilled;
+    for (auto& c : chunks) { std::copy(c.data.get(), c.data.get() + c.used, dst); dst += c.used; }
+    return out;
+  }
   // Everything (spilled then in memory) as one contiguous byte string (not a tensor: the drain
   // must not allocate through PyTorch, where an outer recorder or a user's profiler would see it).
   py::bytes to_bytes() {
@@ -176,24 +191,35 @@ static inline int64_t dif(int64_t a, int64_t b) { return int64_t(uint64_t(a) - u
 static inline int64_t add(int64_t a, int64_t b) { return int64_t(uint64_t(a) + uint64_t(b)); }
 
 // Each codec holds the previous record's fields (one instance encodes, a fresh one decodes).
+// An op as one thread's stream holds it: the record, and the op's number in the whole recording
+// (numbers are handed out across threads; drain() merges the threads' streams by it).
+struct ThreadOp { OpRec r; int64_t id; };
 struct OpCodec {                  // start gap = dstart - previous duration (the idle time between ops)
-  int64_t dur = 0, aseq = 0;
-  uint8_t* enc(uint8_t* p, const OpRec& r) {
+  int64_t dur = 0, aseq = 0, id = -1;
+  // the access count carries one more bit: set when the op number is not the previous one + 1 (another
+  // thread recorded ops in between), then the gap follows; one thread alone pays nothing for it
+  uint8_t* enc(uint8_t* p, const ThreadOp& o) {
+    const OpRec& r = o.r;
+    bool jump = o.id != id + 1;
     p = put_var(p, zz(dif(r.dstart, dur)));
     p = put_var(p, r.dur);
     p = put_var(p, zz(dif(r.aseq, aseq)));
     p = put_var(p, r.sig_nacc >> 8);
-    p = put_var(p, r.sig_nacc & 0xFF);
-    dur = r.dur; aseq = r.aseq;
+    p = put_var(p, uint64_t(r.sig_nacc & 0xFF) << 1 | (jump ? 1 : 0));
+    if (jump) p = put_var(p, uint64_t(dif(o.id, id)));
+    dur = r.dur; aseq = r.aseq; id = o.id;
     return p;
   }
-  const uint8_t* dec(const uint8_t* p, OpRec& r) {
+  const uint8_t* dec(const uint8_t* p, ThreadOp& o) {
+    OpRec& r = o.r;
     uint64_t v, sig;
     p = get_var(p, v); r.dstart = int32_t(add(unzz(v), dur));
     p = get_var(p, v); r.dur = uint32_t(v);
     p = get_var(p, v); r.aseq = int32_t(add(unzz(v), aseq));
-    p = get_var(p, sig); p = get_var(p, v); r.sig_nacc = uint32_t(sig << 8 | v);
-    dur = r.dur; aseq = r.aseq;
+    p = get_var(p, sig); p = get_var(p, v); r.sig_nacc = uint32_t(sig << 8 | (v >> 1));
+    o.id = id + 1;
+    if (v & 1) { p = get_var(p, v); o.id = add(id, int64_t(v)); }
+    dur = r.dur; aseq = r.aseq; id = o.id;
     return p;
   }
 };
@@ -324,8 +350,8 @@ struct VarStream {
     chunks.erase(chunks.begin(), chunks.end() - 1);
     return freed;
   }
-  // All records, decoded into fixed-size records, as one byte string.
-  py::bytes to_bytes() {
+  // All records, decoded, in order.
+  std::vector<T> decode_all() {
     std::string coded;
     if (spilled_bytes) {
       coded.resize(spilled_bytes);
@@ -335,18 +361,20 @@ struct VarStream {
         throw std::runtime_error("memlens: could not read back spilled records");
     }
     for (auto& c : chunks) coded.append(reinterpret_cast<const char*>(c.data.get()), c.used);
-    std::string out(n * sizeof(T), '\0');
+    std::vector<T> out(n);
     Codec dec;
     const uint8_t* p = reinterpret_cast<const uint8_t*>(coded.data());
     const uint8_t* e = p + coded.size();
-    T* dst = reinterpret_cast<T*>(out.data());
     for (size_t i = 0; i < n; ++i) {
       if (p >= e) throw std::runtime_error("memlens: truncated record stream");
-      T r;
-      p = dec.dec(p, r);
-      std::memcpy(dst + i, &r, sizeof(T));
+      p = dec.dec(p, out[i]);
     }
-    return py::bytes(out);
+    return out;
+  }
+  // All records, decoded into fixed-size records, as one byte string.
+  py::bytes to_bytes() {
+    std::vector<T> all = decode_all();
+    return py::bytes(reinterpret_cast<const char*>(all.data()), all.size() * sizeof(T));
   }
   void clear() {
     chunks.clear();
@@ -443,6 +471,38 @@ struct SigTable {
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
+// The serial number of the session in each slot (0: none). A thread's buffer belongs to the session
+// with its serial; serials are never reused, so a buffer left over from an ended session is never
+// taken for the current one (its `session` pointer may be stale: it is only used after a match).
+std::atomic<uint64_t> g_serial[kSlots];
+std::atomic<uint64_t> g_next_serial{1};
+
+// One recording thread's own records (ops, accesses, escapes): only that thread appends to them, with
+// no lock, so threads feeding one session (autograd's device threads, threads that inherited the
+// recording's thread-local state) do not wait for each other there. The session holds every thread's
+// buffer (a thread that ends keeps its records) and the thread holds its own (so that a thread still
+// inside a callback when the session ends never touches freed memory). drain() merges the buffers by
+// op number.
+struct alignas(64) ThreadBuf {
+  // > 0 while this thread is inside the session's callbacks: stop() waits for 0 before the buffers
+  // are read (written by this thread only; read by stop())
+  std::atomic<int> busy{0};
+  uint64_t serial = 0;
+  Session* session = nullptr;
+  int index = 0;                                // registration order (names its spill files)
+  VarStream<ThreadOp, OpCodec> ops;
+  VarStream<int32_t, AccCodec> acc;
+  Stream<WideRec> wide;
+  int64_t last_start = 0;                       // op starts are deltas from this thread's previous op
+  size_t n_ops = 0;
+  std::atomic<int64_t> published_bytes{0};      // mem_bytes() as of its last budget check (other threads read it)
+  std::unordered_map<const char*, OpInfo*> op_cache;   // the session's op facts, found without its lock
+  std::vector<int32_t> pending_acc;             // this op's accesses, collected under the session lock
+
+  size_t mem_bytes() const { return ops.mem_bytes() + acc.mem_bytes() + wide.mem_bytes(); }
+  void publish() { published_bytes.store(int64_t(mem_bytes()), std::memory_order_relaxed); }
+  void clear() { ops.clear(); acc.clear(); wide.clear(); publish(); }
+};
 
 struct ThreadState {
   std::vector<Frame> frames;   // frames[0, depth): one per RecordFunction in flight (reused, not freed)
@@ -452,6 +512,7 @@ struct ThreadState {
   // callbacks are matched without a frame or a clock read. Their callbacks' few ns stay in the
   // recorded op's duration (as RecordFunction's own boxing of them does).
   size_t nested = 0;
+  std::shared_ptr<ThreadBuf> buf;   // this thread's buffer in the session of this slot (see ThreadBuf)
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
     Frame& f = frames[depth++];
@@ -467,22 +528,26 @@ thread_local ThreadState tl_state[kSlots];
 
 struct Session {
   int slot = -1;
+  uint64_t serial = 0;
   at::CallbackHandle cb = 0;   // our RecordFunction callback (in the recording thread)
+  // Guards what threads share: the block maps and block/free/allocator-event streams, signatures,
+  // op facts, module contexts, the list of thread buffers (registration also holds g_slots_mutex).
   std::mutex mu;
-  bool active = false;
+  std::atomic<bool> active{false};
+  // Ops recorded so far, over all threads: an op's number is taken when its record is written (at its
+  // end, under `mu`), so blocks, marks and context changes refer to the same numbering. Within a
+  // thread that is start order; across threads it is end order, as the Python recorder's.
+  std::atomic<int64_t> n_ops{0};
+  std::vector<std::shared_ptr<ThreadBuf>> threads;
   std::string stop_reason;
   int64_t max_bytes;
   std::string spill_prefix;
   int64_t spilled_bytes = 0;
   int64_t peak_bytes = 0;
 
-  VarStream<OpRec, OpCodec> ops;
-  VarStream<int32_t, AccCodec> acc;
   VarStream<BlockRec, BlockCodec> blocks;
   VarStream<FreeRec, FreeCodec> frees;
   VarStream<MemRec, MemCodec> mem;
-
-  Stream<WideRec> wide;
   // Module context changes (one per module enter/exit): varint coded, ~3 B each. The newest one is
   // held back in `ctx_last` so that a change with no op under the previous one replaces it.
   VarStream<CtxRec, CtxCodec> ctxs;
@@ -492,7 +557,7 @@ struct Session {
     if (ctx_last.op >= 0) ctxs.push(ctx_last);
     ctx_last = CtxRec{op, c};
   }
-  int64_t last_start = 0, first_start = 0;   // op starts are deltas from the previous record's
+  int64_t first_start = 0;   // each thread's first op start is a delta from this
   int64_t tensors_without_storage = 0;
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
@@ -515,9 +580,14 @@ struct Session {
   c10::Device last_device{c10::DeviceType::CPU};
   int16_t last_device_idx = -1;
 
+  // Bytes held: the shared part exactly, each thread's buffer as of its last budget check (exact
+  // once the recording is stopped: stop() publishes every buffer). Call with `mu` held.
   int64_t mem_bytes() const {
-    return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
+    int64_t per_thread = 0;
+    for (auto& t : threads) per_thread += t->published_bytes.load(std::memory_order_relaxed);
+    return per_thread + int64_t(threads.capacity() * sizeof(threads[0]) + threads.size() * sizeof(ThreadBuf)) +
+           int64_t(blocks.mem_bytes() + frees.mem_bytes() +
+                   mem.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
                    live.size() * 64 + by_ptr.size() * 40 + marked_bits.capacity() + marked_other.size() * 32 + freed.capacity() +
                    unreported.capacity() * sizeof(Unreported));
@@ -531,16 +601,21 @@ struct Session {
     marked_bits[block] |= bit;
     return true;
   }
-  void check_budget() {
+  // Called by thread buffer `t`'s own thread with `mu` held: over the budget, that thread spills its
+  // own streams and the shared ones (each other thread spills its own at its next check).
+  void check_budget(ThreadBuf* t) {
+    t->publish();
     int64_t used = mem_bytes();
     if (used > peak_bytes) peak_bytes = used;
     if (used <= max_bytes) return;
-    spilled_bytes += acc.spill(spill_prefix + ".acc");
-    spilled_bytes += ops.spill(spill_prefix + ".ops");
+    std::string own = spill_prefix + ".t" + std::to_string(t->index);
+    spilled_bytes += t->acc.spill(own + ".acc");
+    spilled_bytes += t->ops.spill(own + ".ops");
+    spilled_bytes += t->wide.spill(own + ".wide");
+    t->publish();
     spilled_bytes += mem.spill(spill_prefix + ".mem");
     spilled_bytes += frees.spill(spill_prefix + ".frees");
     spilled_bytes += blocks.spill(spill_prefix + ".blocks");
-    spilled_bytes += wide.spill(spill_prefix + ".wide");
     spilled_bytes += ctxs.spill(spill_prefix + ".ctx");
   }
 
@@ -653,6 +728,45 @@ struct Session {
   }
 };
 
+// ---- entering a session's callbacks from a thread ------------------------------------------------
+// This thread's buffer in the session of slot k (registered with the session on first use).
+static ThreadBuf* register_thread(int k, ThreadState& ts, uint64_t serial) {
+  std::lock_guard<std::mutex> g(g_slots_mutex);
+  Session* s = g_slots[k];
+  if (g_serial[k].load() != serial || !s || !s->active) return nullptr;
+  auto b = std::make_shared<ThreadBuf>();
+  b->serial = serial;
+  b->session = s;
+  b->last_start = s->first_start;
+  {
+    std::lock_guard<std::mutex> g2(s->mu);
+    b->index = int(s->threads.size());
+    s->threads.push_back(b);
+  }
+  ts.buf = b;
+  return b.get();
+}
+// Marks this thread as inside the callbacks of slot k's session and returns its buffer (nullptr: no
+// active session there). Until leave(), the session's stop() waits for this thread: its busy count is
+// raised before the serial is checked again (both sequentially consistent), so either stop() sees the
+// count or this thread sees the session gone.
+static inline ThreadBuf* enter(int k, ThreadState& ts) {
+  uint64_t serial = g_serial[k].load(std::memory_order_acquire);
+  if (!serial) return nullptr;
+  ThreadBuf* b = ts.buf.get();
+  if (!b || b->serial != serial) {
+    b = register_thread(k, ts, serial);
+    if (!b) return nullptr;
+  }
+  b->busy.fetch_add(1, std::memory_order_seq_cst);
+  if (g_serial[k].load(std::memory_order_seq_cst) != serial || !b->session->active) {
+    b->busy.fetch_sub(1, std::memory_order_release);
+    return nullptr;
+  }
+  return b;
+}
+static inline void leave(ThreadBuf* b) { b->busy.fetch_sub(1, std::memory_order_release); }
+
 // ---- memory reporting hook ------------------------------------------------------------------
 int64_t g_memory_spin_ns = 0;   // tests only: make each memory hook call this much slower (the clock must not show it)
 struct Reporter : public c10::MemoryReportingInfoBase {
@@ -664,12 +778,13 @@ struct Reporter : public c10::MemoryReportingInfoBase {
     uint32_t m = mask.load(std::memory_order_acquire);
     for (int k = 0; k < kSlots && m; ++k, m >>= 1) {
       if (!(m & 1)) continue;
-      Session* s = g_slots[k];
-      if (!s) continue;
       ThreadState& ts = tl_state[k];
+      ThreadBuf* b = enter(k, ts);
+      if (!b) continue;
       Frame* frame = nullptr;
       for (size_t i = ts.depth; i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
-      try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
+      try { b->session->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
+      leave(b);
     }
     { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[2] += d; }
   }
@@ -736,6 +851,21 @@ std::mutex g_facts_mu;
 std::unordered_map<const char*, std::unique_ptr<OpFacts>> g_facts;
 
 static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname);
+
+// The facts of fn's op, from this thread's cache (no lock) or else the session's (under its lock).
+static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable);
+static OpInfo& learn_here(ThreadBuf* b, const at::RecordFunction& fn) {
+  auto it = b->op_cache.find(fn.name());
+  if (it != b->op_cache.end()) return *it->second;
+  bool cacheable;
+  OpInfo* info;
+  {
+    std::lock_guard<std::mutex> g(b->session->mu);
+    info = &learn(b->session, fn, cacheable);
+  }
+  if (cacheable) b->op_cache.emplace(fn.name(), info);   // the session's entries never move (node-based map)
+  return *info;
+}
 
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) {
   const char* key = fn.name();
@@ -824,15 +954,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   int64_t t0 = raw_now();
   if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
   Frame& f = ts.push();
-  Session* s = g_slots[K];
-  if (s && s->active && ts.suppress == 0) {
+  ThreadBuf* b = ts.suppress == 0 ? enter(K, ts) : nullptr;
+  if (b) {
+    Session* s = b->session;
     try {
-      bool cacheable;
-      OpInfo* info;
-      {
-        std::lock_guard<std::mutex> g(s->mu);
-        info = &learn(s, fn, cacheable);
-      }
+      OpInfo* info = &learn_here(b, fn);
       if (!info->skip) {
         auto inputs = fn.inputs();
         bool nested = false, subclass = false;
@@ -886,7 +1012,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
               std::lock_guard<std::mutex> g(s->mu);
               auto it = s->live.find(st.unsafeGetStorageImpl());
               if (it == s->live.end() && st.nbytes() > 0)
-                s->block_of(st, int32_t(s->ops.size()), true, nullptr);
+                s->block_of(st, int32_t(s->n_ops.load()), true, nullptr);
               it = s->live.find(st.unsafeGetStorageImpl());
               f.self_block = it == s->live.end() ? -1 : it->second.block;
               f.self_ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
@@ -899,6 +1025,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       std::lock_guard<std::mutex> g(s->mu);
       if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
     }
+    leave(b);
   }
   int64_t t1 = raw_now();
   tl_own_ns += t1 - t0; tl_split[0] += t1 - t0;
@@ -906,14 +1033,19 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64_t end) {
+// Writes op f's record into thread buffer `tb`: the block lookups, signature and allocator events
+// under the session's lock, the op and its accesses into the thread's own streams after it.
+static void record_end(ThreadBuf* tb, Frame& f, const at::RecordFunction& fn, int64_t end) {
+  Session* s = tb->session;
   OpInfo* info = f.info;
-  std::lock_guard<std::mutex> g(s->mu);
+  std::unique_lock<std::mutex> g(s->mu);
   if (!s->active) return;
-  int32_t op = int32_t(s->ops.size());
+  int32_t op = int32_t(s->n_ops.fetch_add(1, std::memory_order_relaxed));
   if (s->unreported.size() && ++s->since_sweep >= s->sweep_every) { s->since_sweep = 0; s->sweep(f.start); }
   uint32_t nacc = 0;
-  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { s->acc.push((b << 1) | w); ++nacc; } };
+  auto& accs = tb->pending_acc;
+  accs.clear();
+  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { accs.push_back((b << 1) | w); ++nacc; } };
   for (auto& in : f.inputs) {
     c10::StorageImpl* impl = in.first;
     int32_t b;
@@ -964,6 +1096,8 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   }
   f.allocs.clear();
   int32_t sig = s->sigs.intern(f.sig);
+  g.unlock();
+  for (int32_t a : accs) tb->acc.push(a);
   int64_t aseq;
   auto node = torch::autograd::get_current_node();
   if (node) {
@@ -973,21 +1107,24 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     aseq = int64_t(at::sequence_number::peek());
   }
   OpRec r;
-  int64_t d = f.start - s->last_start;
-  s->last_start = f.start;
+  int64_t d = f.start - tb->last_start;
+  tb->last_start = f.start;
   if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
-  else { r.dstart = INT32_MIN; s->wide.push() = WideRec{op, 0, f.start}; }
+  else { r.dstart = INT32_MIN; tb->wide.push() = WideRec{op, 0, f.start}; }
   int64_t dur = end - f.start;
   if (dur >= 0 && dur < int64_t(UINT32_MAX)) r.dur = uint32_t(dur);
-  else { r.dur = UINT32_MAX; s->wide.push() = WideRec{op, 1, dur}; }
+  else { r.dur = UINT32_MAX; tb->wide.push() = WideRec{op, 1, dur}; }
   r.aseq = int32_t(std::max<int64_t>(std::min<int64_t>(aseq, INT32_MAX), INT32_MIN));
   uint32_t sig_field = sig < (1 << 24) - 1 ? uint32_t(sig) : (1u << 24) - 1;
-  if (sig_field != uint32_t(sig)) s->wide.push() = WideRec{op, 3, sig};
+  if (sig_field != uint32_t(sig)) tb->wide.push() = WideRec{op, 3, sig};
   uint32_t nacc_field = nacc < 255 ? nacc : 255;
-  if (nacc_field == 255) s->wide.push() = WideRec{op, 2, int64_t(nacc)};
+  if (nacc_field == 255) tb->wide.push() = WideRec{op, 2, int64_t(nacc)};
   r.sig_nacc = (sig_field << 8) | nacc_field;
-  s->ops.push(r);
-  if ((op & 255) == 0) s->check_budget();
+  tb->ops.push(ThreadOp{r, op});
+  if ((tb->n_ops++ & 255) == 0) {
+    std::lock_guard<std::mutex> g2(s->mu);
+    s->check_budget(tb);
+  }
 }
 
 template <int K>
@@ -1003,12 +1140,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (f.quieted) { at::reenableCallback(f.quieted); f.quieted = 0; }
   if (f.recorded) {
     ts.suppress--;
-    Session* s = g_slots[K];
-    if (s) {
-      try { record_end(s, f, fn, end); } catch (const std::exception& e) {
+    if (ThreadBuf* b = enter(K, ts)) {
+      try { record_end(b, f, fn, end); } catch (const std::exception& e) {
+        Session* s = b->session;
         std::lock_guard<std::mutex> g(s->mu);
         if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
       }
+      leave(b);
     }
   }
   std::vector<c10::Storage> pins;
@@ -1050,9 +1188,11 @@ struct Handle {
     std::lock_guard<std::mutex> g(g_slots_mutex);
     for (int k = 0; k < kSlots; ++k) if (!g_slots[k]) { s->slot = k; break; }
     if (s->slot < 0) throw std::runtime_error("memlens: more than 16 compiled recordings at once");
-    s->last_start = s->first_start = now();
+    s->first_start = now();
+    s->serial = g_next_serial.fetch_add(1);
     g_slots[s->slot] = s.get();
     s->active = true;
+    g_serial[s->slot].store(s->serial);
     tl_state[s->slot] = ThreadState();
     cb = at::addThreadLocalCallback(make_callback(s->slot));
     s->cb = cb;
@@ -1082,6 +1222,19 @@ struct Handle {
   // Stop recording: remove the callback and the memory hook (safe to call twice).
   void stop() {
     if (s->slot < 0) return;
+    // No thread enters the session's callbacks after this; wait for those inside to leave (their
+    // callbacks take no lock we hold and call no Python: this is short). This thread's own count is
+    // not waited for (it is not inside a callback when Python calls stop).
+    std::vector<std::shared_ptr<ThreadBuf>> threads;
+    {
+      std::lock_guard<std::mutex> g(g_slots_mutex);
+      g_serial[s->slot].store(0, std::memory_order_seq_cst);
+      s->active = false;
+      threads = s->threads;
+    }
+    ThreadBuf* mine = tl_state[s->slot].buf.get();
+    for (auto& t : threads)
+      while (t.get() != mine && t->busy.load(std::memory_order_acquire) > 0) std::this_thread::yield();
     {
       std::lock_guard<std::mutex> g(s->mu);
       // storages that died where no memory hook was installed (dropped by another thread): freed by now
@@ -1089,8 +1242,8 @@ struct Handle {
       std::vector<std::pair<c10::StorageImpl*, Live*>> dead;
       for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
       for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
-      s->active = false;
       s->cb = 0;
+      for (auto& tb : s->threads) tb->publish();
       s->peak_bytes = std::max(s->peak_bytes, s->mem_bytes());   // the maps are cleared below
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
@@ -1130,7 +1283,7 @@ struct Handle {
       const c10::Storage& st = impl->unsafe_storage();
       if (st && !impl->key_set().has(c10::DispatchKey::Python)) {
         std::lock_guard<std::mutex> g(s->mu);
-        if (s->active) r = s->block_of(st, int32_t(s->ops.size()), true, nullptr);
+        if (s->active) r = s->block_of(st, int32_t(s->n_ops.load()), true, nullptr);
       }
     }
     tl_own_ns += raw_now() - t0;
@@ -1147,7 +1300,7 @@ struct Handle {
     {
       std::lock_guard<std::mutex> g(s->mu);
       if (s->active) {
-        int64_t op = int64_t(s->ops.size());
+        int64_t op = s->n_ops.load();
         for (size_t i = 0; i < tensors.size(); ++i) {
           const at::Tensor& t = tensors[i];
           int64_t category = categories[i];
@@ -1164,11 +1317,11 @@ struct Handle {
     tl_own_ns += raw_now() - t0;
     return out;
   }
-  int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
+  int64_t n_ops() { return s->n_ops.load(); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
     ctx = c;
-    int64_t op = int64_t(s->ops.size());
+    int64_t op = s->n_ops.load();
     s->set_ctx_at(op, c);
   }
   int64_t get_ctx() { std::lock_guard<std::mutex> g(s->mu); return ctx; }
@@ -1190,7 +1343,7 @@ struct Handle {
     module_stack.push_back(ModuleFrame{key, ctx, module});
     int64_t c = (idx << 2) | (ctx & 3);
     ctx = c;
-    int64_t op = int64_t(s->ops.size());
+    int64_t op = s->n_ops.load();
     s->set_ctx_at(op, c);
   }
   py::object enter_module(py::handle module, py::handle args) {
@@ -1229,7 +1382,7 @@ struct Handle {
         int64_t c = module_stack[i].caller_ctx;
         module_stack.resize(i);
         ctx = c;
-        int64_t op = int64_t(s->ops.size());
+        int64_t op = s->n_ops.load();
         s->set_ctx_at(op, c);
         break;
       }
@@ -1246,18 +1399,95 @@ struct Handle {
   void set_enter_slow(py::object f) { enter_slow = std::move(f); }
   bool active() { std::lock_guard<std::mutex> g(s->mu); return s->active; }
 
+  // The threads' op, access and escape streams merged into the one sequence drain() hands to Python:
+  // ops by op number, each op's accesses after the previous op's, each start a delta from the
+  // previous op's (escaped when it does not fit, as record_end does). `ids`: the op numbers in order
+  // (0..n-1 unless an internal error left a number unused).
+  struct Merged { std::vector<OpRec> ops; std::vector<int32_t> acc; std::vector<WideRec> wide; std::vector<int64_t> ids; };
+  Merged merge_threads() {
+    struct Item { int64_t id, start; uint32_t thread, index; size_t acc_at; size_t nacc; };
+    size_t nt = s->threads.size();
+    std::vector<std::vector<ThreadOp>> ops(nt);
+    std::vector<std::vector<int32_t>> accs(nt);
+    std::vector<std::vector<WideRec>> wides(nt);
+    std::vector<Item> items;
+    for (size_t t = 0; t < nt; ++t) {
+      ThreadBuf& tb = *s->threads[t];
+      ops[t] = tb.ops.decode_all();
+      accs[t] = tb.acc.decode_all();
+      wides[t] = tb.wide.all();          // in op order: pushed by one thread as its ops were numbered
+      int64_t start = s->first_start;
+      size_t at = 0, w = 0;
+      const auto& wt = wides[t];
+      for (size_t i = 0; i < ops[t].size(); ++i) {
+        const ThreadOp& o = ops[t][i];
+        size_t nacc = o.r.sig_nacc & 0xFF;
+        int64_t absolute = INT64_MIN;
+        while (w < wt.size() && wt[w].op < o.id) ++w;
+        for (size_t j = w; j < wt.size() && wt[j].op == o.id; ++j) {
+          if (wt[j].kind == 0) absolute = wt[j].value;
+          if (wt[j].kind == 2) nacc = size_t(wt[j].value);
+        }
+        start = (o.r.dstart == INT32_MIN && absolute != INT64_MIN) ? absolute : start + o.r.dstart;
+        items.push_back(Item{o.id, start, uint32_t(t), uint32_t(i), at, nacc});
+        at += nacc;
+      }
+      if (at != accs[t].size()) throw std::runtime_error("memlens: a thread's accesses do not match its ops");
+    }
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.id < b.id; });
+    Merged m;
+    m.ops.reserve(items.size());
+    m.ids.reserve(items.size());
+    int64_t prev = s->first_start;
+    for (size_t k = 0; k < items.size(); ++k) {
+      const Item& it = items[k];
+      const ThreadOp& o = ops[it.thread][it.index];
+      OpRec r = o.r;
+      int64_t d = it.start - prev;
+      prev = it.start;
+      if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
+      else { r.dstart = INT32_MIN; m.wide.push_back(WideRec{int64_t(k), 0, it.start}); }
+      const auto& wt = wides[it.thread];
+      auto w = std::lower_bound(wt.begin(), wt.end(), o.id, [](const WideRec& x, int64_t id) { return x.op < id; });
+      for (; w != wt.end() && w->op == o.id; ++w)
+        if (w->kind != 0) m.wide.push_back(WideRec{int64_t(k), w->kind, w->value});
+      m.ops.push_back(r);
+      m.ids.push_back(it.id);
+      const auto& a = accs[it.thread];
+      m.acc.insert(m.acc.end(), a.begin() + it.acc_at, a.begin() + it.acc_at + it.nacc);
+    }
+    return m;
+  }
+  // Op number -> place among the recorded ops (the number of ops numbered below it).
+  static int64_t renumber(const std::vector<int64_t>& ids, int64_t op) {
+    return int64_t(std::lower_bound(ids.begin(), ids.end(), op) - ids.begin());
+  }
+  template <typename T> static py::bytes as_bytes(const std::vector<T>& v) {
+    return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+
   py::dict drain() {
     at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
+    stop();                                  // no thread appends from here on (a no-op when stopped)
     std::lock_guard<std::mutex> g(s->mu);
     py::dict d;
-    d["ops"] = s->ops.to_bytes();
-    d["accesses"] = s->acc.to_bytes();
-    d["blocks"] = s->blocks.to_bytes();
+    Merged merged = merge_threads();
+    const std::vector<int64_t>& ids = merged.ids;
+    bool dense = ids.empty() || ids.back() == int64_t(ids.size()) - 1;   // op numbers 0..n-1, none unused
+    d["ops"] = as_bytes(merged.ops);
+    d["accesses"] = as_bytes(merged.acc);
+    std::vector<BlockRec> blocks = s->blocks.decode_all();
+    if (!dense)
+      for (auto& b : blocks)
+        b.op_before = uint32_t(renumber(ids, b.op_before & 0x7FFFFFFF)) | (b.op_before & 0x80000000u);
+    d["blocks"] = as_bytes(blocks);
     d["frees"] = s->frees.to_bytes();
     d["memory"] = s->mem.to_bytes();
-    d["wide"] = s->wide.to_bytes();
+    d["wide"] = as_bytes(merged.wide);
     if (s->ctx_last.op >= 0) { s->ctxs.push(s->ctx_last); s->ctx_last = CtxRec{-1, 0}; }
-    d["ctx"] = s->ctxs.to_bytes();
+    std::vector<CtxRec> ctxs = s->ctxs.decode_all();
+    if (!dense) for (auto& c : ctxs) c.op = renumber(ids, c.op);
+    d["ctx"] = as_bytes(ctxs);
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
@@ -1272,16 +1502,53 @@ struct Handle {
     d["memory_note"] = memory_note;
     d["late_frees"] = s->late_frees;
     py::dict parts;
-    parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
+    size_t ops_bytes = 0, acc_bytes = 0;
+    for (auto& t : s->threads) { ops_bytes += t->ops.mem_bytes() + t->wide.mem_bytes(); acc_bytes += t->acc.mem_bytes(); }
+    parts["ops"] = ops_bytes; parts["accesses"] = acc_bytes;
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
     parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
     parts["contexts"] = s->ctxs.mem_bytes();
-    parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
+    parts["n_ops"] = merged.ops.size(); parts["n_acc"] = merged.acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
+    parts["n_threads"] = s->threads.size();
     d["parts"] = parts;
-    s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
-    s->wide.clear(); s->ctxs.clear();
+    for (auto& t : s->threads) t->clear();
+    s->blocks.clear(); s->frees.clear(); s->mem.clear(); s->ctxs.clear();
     return d;
+  }
+};
+
+// Tests only: threads that inherit the calling thread's thread-local state (its recordings' callbacks,
+// memory hook and dispatch modes), as autograd's device threads and at::launch tasks do, each running
+// one Python callable. join() waits for them and raises the first error one of them raised.
+struct InheritingThreads {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string error;
+  explicit InheritingThreads(std::vector<py::function> fns) {
+    at::ThreadLocalState state;
+    for (auto& fn : fns) {
+      threads.emplace_back([this, state, fn]() mutable {
+        at::ThreadLocalStateGuard guard(state);
+        py::gil_scoped_acquire gil;
+        try { fn(); } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> g(mu);
+          if (error.empty()) error = e.what();
+        }
+        fn = py::function();   // released here, under the GIL
+      });
+    }
+  }
+  void join() {
+    {
+      py::gil_scoped_release nogil;
+      for (auto& t : threads) if (t.joinable()) t.join();
+    }
+    if (!error.empty()) throw std::runtime_error(error);
+  }
+  ~InheritingThreads() {
+    if (PyGILState_Check()) { py::gil_scoped_release nogil; for (auto& t : threads) if (t.joinable()) t.join(); }
+    else for (auto& t : threads) if (t.joinable()) t.join();
   }
 };
 
@@ -1305,6 +1572,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_enter_slow", &Handle::set_enter_slow)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain);
+  py::class_<memlens::InheritingThreads>(m, "_InheritingThreads", "tests only")
+      .def(py::init<std::vector<py::function>>())
+      .def("join", &memlens::InheritingThreads::join);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
