@@ -307,13 +307,14 @@ struct MemCodec {
 };
 
 // A chunked append-only stream of varint-coded records, spillable to a file; drained back into
-// fixed-size records T. A new chunk is a quarter of what the stream holds (512 B to 8 KiB), so the
-// unused tail of the last chunk stays within ~25% of the stream (doubling chunks left up to 50% unused
-// in short recordings).
+// fixed-size records T. A new chunk is a quarter of what the stream holds (128 B to 8 KiB), and records
+// run on across chunk ends (the stream is one byte sequence), so the unused tail of the last chunk
+// stays within ~25% of the stream and a short stream holds little more than its records (doubling
+// chunks left up to 50% unused in short recordings; 512 B first chunks kept small streams at 512 B).
 template <typename T, typename Codec>
 struct VarStream {
-  static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (5 varints of <= 10 B)
-  struct Chunk { std::unique_ptr<uint8_t[]> data; size_t cap, used; };
+  static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (6 varints, <= 60 B)
+  struct Chunk { std::unique_ptr<uint8_t[]> data; uint32_t cap, used; };   // 16 B
   std::vector<Chunk> chunks;
   Codec codec;
   size_t n = 0;               // records (in memory and spilled)
@@ -322,17 +323,32 @@ struct VarStream {
   std::FILE* file = nullptr;
 
   void push(const T& r) {
-    if (chunks.empty() || chunks.back().cap - chunks.back().used < kMaxRecord) {
-      size_t cap = std::min<size_t>(std::max<size_t>(512, (cap_total / 4 + 63) & ~size_t(63)), 8192);
-      chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap, 0});
-      cap_total += cap;
+    if (!chunks.empty() && chunks.back().cap - chunks.back().used >= kMaxRecord) {
+      Chunk& c = chunks.back();
+      c.used = uint32_t(codec.enc(c.data.get() + c.used, r) - c.data.get());
+    } else {   // near a chunk's end: coded aside, it fills this chunk to the last byte, the rest goes on
+      uint8_t coded[kMaxRecord];
+      size_t len = size_t(codec.enc(coded, r) - coded);
+      const uint8_t* src = coded;
+      while (len) {
+        if (chunks.empty() || chunks.back().used == chunks.back().cap) add_chunk();
+        Chunk& c = chunks.back();
+        size_t k = std::min<size_t>(len, c.cap - c.used);
+        std::memcpy(c.data.get() + c.used, src, k);
+        c.used += k; src += k; len -= k;
+      }
     }
-    Chunk& c = chunks.back();
-    c.used = size_t(codec.enc(c.data.get() + c.used, r) - c.data.get());
     ++n;
   }
+  void add_chunk() {
+    if (chunks.size() == chunks.capacity()) chunks.reserve(chunks.size() + 4);   // a short list: not doubled
+    size_t cap = std::min<size_t>(std::max<size_t>(128, (cap_total / 4 + 63) & ~size_t(63)), 8192);
+    chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), uint32_t(cap), 0});
+    cap_total += cap;
+  }
   size_t size() const { return n; }
-  size_t mem_bytes() const { return cap_total; }
+  // the chunks and their list
+  size_t mem_bytes() const { return cap_total + chunks.capacity() * sizeof(Chunk); }
   size_t spill(const std::string& path) {
     if (chunks.size() < 2) return 0;
     if (!file) {
@@ -414,11 +430,118 @@ struct Frame {
   std::string sig;                     // signature bytes of the inputs
 };
 
-struct Live {
-  int32_t block;
-  bool claimed;                                    // its allocation is in its block record
+struct Live {                                      // 24 B
   int64_t ptr;
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused, not the data
+  int32_t block;
+  bool claimed;                                    // its allocation is in its block record
+  bool owns_ptr;                                   // the address index points here (see LiveMap)
+  c10::StorageImpl* impl() const { return weak._unsafe_get_target(); }   // the storage (the map's key)
+};
+
+// The live blocks, found by storage (every access) and by data address (the allocator's free
+// reports): one dense array of entries and two open-addressing indexes of int32 positions into it
+// (linear probing, at most 3/4 full, deletion by backward shift, so no tombstones). 24 B per live
+// storage plus 2 x 4 B per index slot, where two node-based std::unordered_maps took ~100 B (and
+// c10's ska::flat_hash_map, at its 0.5 load factor with 40 B slots, would take ~150 B).
+// Pointers into `entries` are valid until the next insert or erase.
+struct LiveMap {
+  std::vector<Live> entries;
+  std::vector<int32_t> by_impl, by_ptr;   // positions in `entries`; -1: empty slot; power-of-two sizes
+
+  static size_t hash(uint64_t k) { k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33; return size_t(k); }
+  static size_t key_impl(const Live& e) { return hash(uint64_t(reinterpret_cast<uintptr_t>(e.impl()))); }
+  static size_t key_ptr(const Live& e) { return hash(uint64_t(e.ptr)); }
+  size_t size() const { return entries.size(); }
+  size_t mem_bytes() const { return entries.capacity() * sizeof(Live) + (by_impl.capacity() + by_ptr.capacity()) * 4; }
+
+  Live* find(c10::StorageImpl* impl) {
+    if (by_impl.empty()) return nullptr;
+    size_t mask = by_impl.size() - 1;
+    for (size_t i = hash(uint64_t(reinterpret_cast<uintptr_t>(impl))) & mask;; i = (i + 1) & mask) {
+      int32_t p = by_impl[i];
+      if (p < 0) return nullptr;
+      if (entries[p].impl() == impl) return &entries[p];
+    }
+  }
+  // The newest live storage at data address `ptr`.
+  Live* find_ptr(int64_t ptr) {
+    if (by_ptr.empty()) return nullptr;
+    size_t mask = by_ptr.size() - 1;
+    for (size_t i = hash(uint64_t(ptr)) & mask;; i = (i + 1) & mask) {
+      int32_t p = by_ptr[i];
+      if (p < 0) return nullptr;
+      if (entries[p].ptr == ptr) return &entries[p];
+    }
+  }
+  // Adds `e` (its storage not in the map); at the same address as a live one, it takes over the address.
+  void insert(Live&& e) {
+    if (4 * (entries.size() + 1) > 3 * by_impl.size()) rehash(std::max<size_t>(16, by_impl.size() * 2));
+    int32_t pos = int32_t(entries.size());
+    size_t mask = by_impl.size() - 1;
+    size_t i = key_impl(e) & mask;
+    while (by_impl[i] >= 0) i = (i + 1) & mask;
+    by_impl[i] = pos;
+    for (i = key_ptr(e) & mask; by_ptr[i] >= 0; i = (i + 1) & mask)
+      if (entries[by_ptr[i]].ptr == e.ptr) { entries[by_ptr[i]].owns_ptr = false; break; }
+    by_ptr[i] = pos;
+    e.owns_ptr = true;
+    if (entries.size() == entries.capacity()) entries.reserve(entries.size() + entries.size() / 4 + 4);   // not 2x
+    entries.push_back(std::move(e));
+  }
+  void erase(Live* e) {
+    int32_t pos = int32_t(e - entries.data());
+    unlink(by_impl, slot_of(by_impl, key_impl(*e), pos), &key_impl);
+    if (e->owns_ptr) unlink(by_ptr, slot_of(by_ptr, key_ptr(*e), pos), &key_ptr);
+    int32_t last = int32_t(entries.size()) - 1;
+    if (pos != last) {   // the last entry moves into the hole: its index slots follow it
+      Live& moved = entries[last];
+      by_impl[slot_of(by_impl, key_impl(moved), last)] = pos;
+      if (moved.owns_ptr) by_ptr[slot_of(by_ptr, key_ptr(moved), last)] = pos;
+      entries[pos] = std::move(moved);
+    }
+    entries.pop_back();
+  }
+  template <typename F> void for_each(F f) { for (auto& e : entries) f(e); }
+  void clear() {
+    std::vector<Live>().swap(entries);
+    std::vector<int32_t>().swap(by_impl);
+    std::vector<int32_t>().swap(by_ptr);
+  }
+
+ private:
+  static size_t slot_of(const std::vector<int32_t>& index, size_t h, int32_t pos) {
+    size_t mask = index.size() - 1;
+    size_t i = h & mask;
+    while (index[i] != pos) i = (i + 1) & mask;
+    return i;
+  }
+  // Empties slot i, moving later entries of its probe run back so that every run stays unbroken.
+  void unlink(std::vector<int32_t>& index, size_t i, size_t (*key)(const Live&)) {
+    size_t mask = index.size() - 1;
+    index[i] = -1;
+    for (size_t j = (i + 1) & mask; index[j] >= 0; j = (j + 1) & mask) {
+      size_t home = key(entries[index[j]]) & mask;
+      if (((j - home) & mask) >= ((j - i) & mask)) {   // its home is not in (i, j]: it may move to i
+        index[i] = index[j];
+        index[j] = -1;
+        i = j;
+      }
+    }
+  }
+  void rehash(size_t n) {
+    by_impl.assign(n, -1);
+    by_ptr.assign(n, -1);
+    size_t mask = n - 1;
+    for (size_t p = 0; p < entries.size(); ++p) {
+      size_t i = key_impl(entries[p]) & mask;
+      while (by_impl[i] >= 0) i = (i + 1) & mask;
+      by_impl[i] = int32_t(p);
+      if (!entries[p].owns_ptr) continue;
+      for (i = key_ptr(entries[p]) & mask; by_ptr[i] >= 0; i = (i + 1) & mask) {}
+      by_ptr[i] = int32_t(p);
+    }
+  }
 };
 
 // Interned signatures: their coded bytes back to back in one arena, the offsets, and an open-addressing
@@ -426,9 +549,9 @@ struct Live {
 // node each cost ~96 B (a 3-step recording of a small model holds 50-200 signatures).
 struct SigTable {
   struct Slot { uint32_t hash; int32_t id; };   // id -1: empty
-  std::string arena;
+  std::vector<char> arena;                      // (a vector: reserve() is exact, a string's doubles)
   std::vector<uint32_t> offsets{0};             // signature i = arena[offsets[i], offsets[i + 1])
-  std::vector<Slot> slots;                      // power-of-two size, at most 3/4 full
+  std::vector<Slot> slots;                      // power-of-two size, at most 7/8 full (hashes compared first)
 
   size_t size() const { return offsets.size() - 1; }
   std::string_view get(size_t i) const {
@@ -442,10 +565,14 @@ struct SigTable {
       Slot& slot = slots[i];
       if (slot.id < 0) {
         int32_t id = int32_t(size());
-        arena.append(s);
+        // grown by a quarter, not doubled: short recordings hold 50-200 signatures, all kept to the end
+        if (arena.size() + s.size() > arena.capacity())
+          arena.reserve(std::max(arena.size() + s.size(), arena.capacity() + arena.capacity() / 4 + 64));
+        if (offsets.size() == offsets.capacity()) offsets.reserve(offsets.size() + offsets.size() / 4 + 16);
+        arena.insert(arena.end(), s.begin(), s.end());
         offsets.push_back(uint32_t(arena.size()));
         slot = Slot{h, id};
-        if (4 * size() > 3 * slots.size()) grow();   // at most 3/4 full
+        if (8 * size() > 7 * slots.size()) grow();   // at most 7/8 full
         return id;
       }
       if (slot.hash == h && get(size_t(slot.id)) == std::string_view(s)) return slot.id;
@@ -465,7 +592,7 @@ struct SigTable {
   size_t mem_bytes() const {
     return arena.capacity() + offsets.capacity() * sizeof(uint32_t) + slots.capacity() * sizeof(Slot);
   }
-  void clear() { arena.clear(); arena.shrink_to_fit(); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
+  void clear() { std::vector<char>().swap(arena); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
 };
 
 struct Session;
@@ -483,7 +610,7 @@ std::atomic<uint64_t> g_next_serial{1};
 // buffer (a thread that ends keeps its records) and the thread holds its own (so that a thread still
 // inside a callback when the session ends never touches freed memory). drain() merges the buffers by
 // op number.
-struct alignas(64) ThreadBuf {
+struct ThreadBuf {
   // > 0 while this thread is inside the session's callbacks: stop() waits for 0 before the buffers
   // are read (written by this thread only; read by stop())
   std::atomic<int> busy{0};
@@ -569,11 +696,10 @@ struct Session {
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
   SigTable sigs;                      // signatures, stored once
-  std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
-  std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
-  struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
-  std::vector<Unreported> unreported;   // live blocks whose free the allocator may not report
-  std::vector<uint8_t> freed;           // per block: its free is recorded (`Unreported::live` is stale)
+  LiveMap live;                         // storage -> block, data address -> storage (live blocks with bytes)
+  // Live blocks whose free the allocator may not report (their storages: a storage freed since, and
+  // its address taken by a new one, is told apart by the entry's `claimed`, see sweep)
+  std::vector<c10::StorageImpl*> unreported;
   size_t sweep_every = 1, since_sweep = 0;
   std::vector<std::string> devices;
   std::unordered_map<std::string, int16_t> device_idx;
@@ -589,13 +715,13 @@ struct Session {
            int64_t(blocks.mem_bytes() + frees.mem_bytes() +
                    mem.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
-                   live.size() * 64 + by_ptr.size() * 40 + marked_bits.capacity() + marked_other.size() * 32 + freed.capacity() +
-                   unreported.capacity() * sizeof(Unreported));
+                   live.mem_bytes() + marked_bits.capacity() + marked_other.size() * 32 +
+                   unreported.capacity() * sizeof(unreported[0]));
   }
   // True the first time (block, category) is marked.
   bool mark_once(int32_t block, int64_t category) {
     if (category < 0 || category > 7) return marked_other.insert((int64_t(block) << 8) | (category & 0xFF)).second;
-    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, freed.size()), 0);
+    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, blocks.size()), 0);
     uint8_t bit = uint8_t(1u << category);
     if (marked_bits[block] & bit) return false;
     marked_bits[block] |= bit;
@@ -635,8 +761,7 @@ struct Session {
   // The block of `st` (discovering it if new). `before`: existed before op `op`. -1: no bytes.
   int32_t block_of(const c10::Storage& st, int32_t op, bool before, Frame* frame) {
     c10::StorageImpl* impl = st.unsafeGetStorageImpl();
-    auto it = live.find(impl);
-    if (it != live.end()) return it->second.block;
+    if (Live* known = live.find(impl)) return known->block;
     int64_t size = int64_t(st.nbytes());
     if (size == 0) return -1;
     c10::Device dev = st.device();
@@ -661,11 +786,9 @@ struct Session {
     }
     blocks.push(b);
     bool claimed = b.alloc_dt != UINT32_MAX;
-    auto placed = live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()}).first;
-    freed.push_back(0);
-    by_ptr[ptr] = impl;
+    live.insert(Live{ptr, st.getWeakStorageImpl(), bid, claimed, false});
     if (!claimed) {         // the allocator may never report its free (allocated before recording)
-      unreported.push_back(Unreported{bid, impl, &placed->second});
+      unreported.push_back(impl);
       sweep_every = std::max<size_t>(1, unreported.size() / 8);
     }
     return bid;
@@ -675,20 +798,19 @@ struct Session {
     FreeRec f;
     f.t = t; f.block = int32_t(bid);
     frees.push(f);
-    if (size_t(bid) < freed.size()) freed[bid] = 1;
-    live.erase(impl);
-    auto it = by_ptr.find(ptr);
-    if (it != by_ptr.end() && it->second == impl) by_ptr.erase(it);
+    if (Live* e = live.find(impl)) live.erase(e);
   }
 
   // Blocks whose storage died without an allocator report (made before recording): freed now.
   void sweep(int64_t t) {
     size_t w = 0;
     for (size_t i = 0; i < unreported.size(); ++i) {
-      Unreported u = unreported[i];
-      if (freed[u.block]) continue;                         // freed (and its map entry gone) already
-      if (u.live->weak.expired()) { free_block(u.block, u.impl, u.live->ptr, t); continue; }
-      unreported[w++] = u;
+      c10::StorageImpl* impl = unreported[i];
+      Live* e = live.find(impl);
+      // freed already (or its storage gone and the address taken by a storage whose free is reported)
+      if (!e || e->claimed) continue;
+      if (e->weak.expired()) { free_block(e->block, impl, e->ptr, t); continue; }
+      unreported[w++] = impl;
     }
     unreported.resize(w);
     sweep_every = std::max<size_t>(1, unreported.size() / 8);
@@ -712,16 +834,9 @@ struct Session {
         }
       }
       bool claimed = false;
-      auto it = by_ptr.find(ptr);
-      if (it != by_ptr.end()) {
-        c10::StorageImpl* impl = it->second;
-        auto lv = live.find(impl);
-        if (lv != live.end()) {
-          claimed = lv->second.claimed;
-          free_block(lv->second.block, impl, ptr, t);
-        } else {
-          by_ptr.erase(it);
-        }
+      if (Live* e = live.find_ptr(ptr)) {
+        claimed = e->claimed;
+        free_block(e->block, e->impl(), ptr, t);
       }
       if (!claimed) { mem.push(MemRec{t, ptr, (delta << 8) | dev}); }
     }
@@ -794,9 +909,19 @@ struct Reporter : public c10::MemoryReportingInfoBase {
 // ---- signatures -----------------------------------------------------------------------------
 // A signature is a sequence of int64 words (see compiled.py decode_signature), kept as zigzag varints
 // (a tag, a dtype, a dimension: 1-2 bytes instead of 8) and expanded to 8-byte words at drain.
+// The tags ('T', 'L', 'I', 'D', 'B', 'N', 'W', 'O', '|': zigzag 132-248, two bytes each) trade codes
+// with 119-127 (zigzag of -60..63: dimensions and ints that rare), so that each tag takes one byte. A
+// swap of values, the same both ways, so any word still round-trips.
+static inline uint64_t swap_tags(uint64_t u) {
+  static const uint64_t tags[9] = {2 * 'T', 2 * 'L', 2 * 'I', 2 * 'D', 2 * 'B', 2 * 'N', 2 * 'W', 2 * 'O', 2 * '|'};
+  if (u >= 119 && u <= 127) return tags[u - 119];
+  if (u >= 132 && u <= 248)
+    for (int i = 0; i < 9; ++i) if (tags[i] == u) return 119 + uint64_t(i);
+  return u;
+}
 static inline void put(std::string& s, int64_t v) {
   uint8_t buf[10];
-  uint8_t* e = put_var(buf, zz(v));
+  uint8_t* e = put_var(buf, swap_tags(zz(v)));
   s.append(reinterpret_cast<const char*>(buf), size_t(e - buf));
 }
 static std::string expand_words(const std::string& coded) {
@@ -807,7 +932,7 @@ static std::string expand_words(const std::string& coded) {
   while (p < e) {
     uint64_t v;
     p = get_var(p, v);
-    int64_t w = unzz(v);
+    int64_t w = unzz(swap_tags(v));
     out.append(reinterpret_cast<const char*>(&w), 8);
   }
   return out;
@@ -1010,11 +1135,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
             if (st) {
               f.pins.push_back(st);
               std::lock_guard<std::mutex> g(s->mu);
-              auto it = s->live.find(st.unsafeGetStorageImpl());
-              if (it == s->live.end() && st.nbytes() > 0)
+              if (!s->live.find(st.unsafeGetStorageImpl()) && st.nbytes() > 0)
                 s->block_of(st, int32_t(s->n_ops.load()), true, nullptr);
-              it = s->live.find(st.unsafeGetStorageImpl());
-              f.self_block = it == s->live.end() ? -1 : it->second.block;
+              Live* e = s->live.find(st.unsafeGetStorageImpl());
+              f.self_block = e ? e->block : -1;
               f.self_ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
               f.self_size = int64_t(st.nbytes());
             }
@@ -1049,8 +1173,7 @@ static void record_end(ThreadBuf* tb, Frame& f, const at::RecordFunction& fn, in
   for (auto& in : f.inputs) {
     c10::StorageImpl* impl = in.first;
     int32_t b;
-    auto it = s->live.find(impl);
-    if (it != s->live.end()) b = it->second.block;
+    if (Live* e = s->live.find(impl)) b = e->block;
     else if (info->resizes && !f.pins.empty() && impl == f.pins[0].unsafeGetStorageImpl())
       // resize_/set_ on `self`: its block before the op, or -- when it had no bytes -- a block made here
       b = f.self_block >= 0 ? f.self_block : s->block_of(f.pins[0], op, false, &f);
@@ -1083,10 +1206,10 @@ static void record_end(ThreadBuf* tb, Frame& f, const at::RecordFunction& fn, in
     int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
     int64_t size = int64_t(st.nbytes());
     if (!(size == f.self_size && (size == 0 || ptr == f.self_ptr))) {
-      auto it = s->live.find(st.unsafeGetStorageImpl());
-      if (it != s->live.end() && it->second.block == f.self_block)
+      Live* e = s->live.find(st.unsafeGetStorageImpl());
+      if (e && e->block == f.self_block)
         s->free_block(f.self_block, st.unsafeGetStorageImpl(), f.self_ptr, end);
-      s->live.erase(st.unsafeGetStorageImpl());
+      if (Live* left = s->live.find(st.unsafeGetStorageImpl())) s->live.erase(left);
       int32_t nb = s->block_of(st, op, false, &f);
       push_acc(nb, 1);
     }
@@ -1239,9 +1362,10 @@ struct Handle {
       std::lock_guard<std::mutex> g(s->mu);
       // storages that died where no memory hook was installed (dropped by another thread): freed by now
       int64_t t = now();
-      std::vector<std::pair<c10::StorageImpl*, Live*>> dead;
-      for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
-      for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
+      struct Dead { int32_t block; c10::StorageImpl* impl; int64_t ptr; };
+      std::vector<Dead> dead;
+      s->live.for_each([&](Live& e) { if (e.weak.expired()) dead.push_back(Dead{e.block, e.impl(), e.ptr}); });
+      for (auto& d : dead) { s->late_frees++; s->free_block(d.block, d.impl, d.ptr, t); }
       s->cb = 0;
       for (auto& tb : s->threads) tb->publish();
       s->peak_bytes = std::max(s->peak_bytes, s->mem_bytes());   // the maps are cleared below
@@ -1266,7 +1390,6 @@ struct Handle {
     }
     tl_state[s->slot] = ThreadState();
     s->live.clear();            // drop the weak pointers
-    s->by_ptr.clear();
     s->unreported.clear();
     s->slot = -1;
     module_stack.clear();
@@ -1508,6 +1631,10 @@ struct Handle {
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
     parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
     parts["contexts"] = s->ctxs.mem_bytes();
+    parts["block_maps"] = s->live.mem_bytes() + s->marked_bits.capacity() + s->marked_other.size() * 32 +
+                          s->unreported.capacity() * sizeof(s->unreported[0]);
+    parts["thread_records"] = s->threads.capacity() * sizeof(s->threads[0]) + s->threads.size() * sizeof(ThreadBuf);
+    parts["n_live"] = s->live.size();
     parts["n_ops"] = merged.ops.size(); parts["n_acc"] = merged.acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
     parts["n_threads"] = s->threads.size();
