@@ -24,6 +24,12 @@
 // events) hold their records delta-coded as varints (~9 B per op, ~2 B per access), decoded into the
 // fixed-size records at drain. Over the byte budget, full chunks are spilled to a file and read back
 // at drain time: nothing is dropped.
+//
+// Threads: every thread that runs the session's callbacks (the recording thread, autograd's device
+// threads, any thread that inherited its thread-local state) appends its ops, accesses and escapes to
+// its own ThreadBuf with no lock; what threads share (the block maps and streams, signatures, contexts)
+// stays under the session's mutex. Op numbers come from one counter, so drain() merges the threads'
+// streams by them; stop() waits for threads still inside a callback before anything is read or freed.
 #include <torch/extension.h>
 #include <ATen/record_function.h>
 #include <ATen/SequenceNumber.h>
