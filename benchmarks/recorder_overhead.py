@@ -28,8 +28,10 @@ recorder and the profiler are within the run-to-run noise (+-0.03x here) of each
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
 
-Recorder memory (records delta+varint coded, plus chunk slack, signature arena and index, block maps),
-per recorded access: 3-step recordings 30.0 B (GPT) / 36.2 B (CNN); 20 steps 19.7-19.9 B (GPT) / 21.0 B (CNN).
+Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
+the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
+(CNN); 20 steps 18.7 B (GPT) / 18.0-18.2 B (CNN) (2026-11-26, after the flat live-block map, 128 B
+first chunks and one-byte signature tags; before: 30.0 / 36.2 B and 19.7-19.9 / 21.0 B).
 """
 from __future__ import annotations
 

@@ -239,3 +239,77 @@ def test_memory_hook_time_inside_an_op_callback_is_taken_out_once():
     assert (np.diff(ops["start_ns"].to_numpy()) >= 0).all()
     assert (ops["start_ns"].to_numpy()[1:] >= ops["end_ns"].to_numpy()[:-1]).all()   # ops do not overlap
     assert ((ops["start_ns"] >= 0) & (ops["end_ns"] <= rec.trace.metadata["recording_ns"])).all()
+
+
+@needs_native
+def test_short_cnn_recording_stays_within_32_bytes_per_access():
+    """The same budget on a 3-step recording of a small CNN (benchmarks/recorder_overhead.py's), where
+    fixed costs weigh most: 474 accesses against ~46 live storages, 57 signatures and 6 streams (their
+    first chunks, the live-block map and the signature table must stay small)."""
+    from memlens.demo import make_cnn
+    torch.manual_seed(0)
+    model = make_cnn(channels=16).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    x, y = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+    def step():
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    for _ in range(2):
+        step()
+    with memlens.record(model, backend="compiled") as rec:
+        for _ in range(3):
+            step()
+    md = rec.trace.metadata
+    per_access = md["recorder_bytes"] / len(rec.trace.accesses)
+    assert per_access <= 32, (per_access, md["recorder_buffers"])
+
+
+@needs_native
+def test_many_live_storages_freed_in_shuffled_order():
+    """The live-block map (open addressing, deletion by backward shift) with thousands of live storages,
+    grown several times and freed in a shuffled order while new ones are made: every block made here is
+    found at each access and its free is seen exactly once."""
+    rng = np.random.default_rng(0)
+    n = 3000
+    with memlens.record(backend="compiled", allocator="none") as rec:
+        held = [torch.full((4 + i % 13,), float(i)) for i in range(n)]
+        for k, i in enumerate(rng.permutation(n)):
+            held[i].add_(1)                        # an access to a live block, found in the map
+            held[i] = None
+            if k % 4 == 0:
+                held.append(torch.zeros(3 + k % 5))
+        del held
+        gc.collect()
+        torch.ones(1) + 1                          # an op after the frees
+    b = rec.trace.blocks
+    made = b[b["op"].isin(["aten::full", "aten::zeros"])]
+    assert len(made) == n + n // 4
+    assert made["free_ns"].notna().all()
+    acc = rec.trace.accesses.merge(rec.trace.ops[["op_id", "name"]], on="op_id")
+    adds = acc[acc["name"] == "aten::add_"]
+    assert len(adds) == n and adds["block_id"].nunique() == n and adds["is_write"].all()
+
+
+@needs_native
+def test_spilling_covers_every_threads_buffers():
+    """Three threads feed one recording under a small budget: each spills its own op and access
+    streams, nothing is dropped, and the reported peak stays near the budget."""
+    m = native.load()
+    steps = 4000
+    xs = [torch.ones(8 * (i + 1)) for i in range(3)]
+
+    def work(i):
+        def run():
+            x = xs[i]
+            for _ in range(steps):
+                x = x + 1
+        return run
+    with memlens.record(backend="compiled", allocator="none", max_buffer_bytes=32 * 1024) as rec:
+        m._InheritingThreads([work(i) for i in range(3)]).join()
+    md = rec.trace.metadata
+    assert (rec.trace.ops["name"] == "aten::add").sum() == 3 * steps
+    assert md["recorder_spilled_bytes"] > 0 and md["recorder_buffers"]["n_threads"] == 3
+    assert md["recorder_bytes"] < 32 * 1024 + 3 * 64 * 1024
+    rec.trace.validate()

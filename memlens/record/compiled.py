@@ -322,7 +322,15 @@ class CompiledSession(Session):
         btable[:, 5] = op
         btable[:, 6] = before
         self._fill(self.buf.blocks, btable)
-        ftable = np.stack([frees["block"], frees["t"]], axis=1) if len(frees) else np.empty((0, 2), np.int64)
+        # Each thread's clock leaves out the recorder's own time in that thread, so clocks of threads
+        # feeding one recording drift apart by the difference; a free found in another thread than the
+        # block's (a storage that died where no memory hook runs, found by a later op's sweep) can then
+        # read earlier than the block's making: it is put at the making (it happened after, unseen).
+        free_t = frees["t"].astype(np.int64)
+        if len(frees):
+            made_at = np.maximum(btable[:, 4], np.where(claimed, self._block_cols["alloc_t"], -1))
+            free_t = np.maximum(free_t, made_at[frees["block"]])
+        ftable = np.stack([frees["block"], free_t], axis=1) if len(frees) else np.empty((0, 2), np.int64)
         self._fill(self.buf.frees, ftable)
         self.n_blocks = nb
         self.memory_events = self._memory_events(mem, self._block_cols, frees) if self.memory else None

@@ -113,6 +113,8 @@ class _RecordingMode(TorchDispatchMode):
             end = perf_counter_ns()
             # one op record at a time: autograd's device threads (one per GPU) share this session
             with session.lock:
+                if not session.active:   # stopped while this op ran (by another thread): the trace is built
+                    return out
                 try:
                     session.on_op(entry, args, kwargs, out, start, end)
                 except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
@@ -185,9 +187,10 @@ class Session(Attribution):
 
     def stop(self) -> None:
         """Stop recording: pop the mode and drop every weak reference (no callbacks after this)."""
-        if self.active:
-            self.t_stop = perf_counter_ns()
-        self.active = False
+        with self.lock:   # an op record in another thread finishes first; none starts after this
+            if self.active:
+                self.t_stop = perf_counter_ns()
+            self.active = False
         try:
             if self._mode_pushed:
                 self._mode_pushed = False
@@ -387,9 +390,9 @@ class Session(Attribution):
         start = perf_counter_ns()
         out = entry[5](*args, **kwargs)
         end = perf_counter_ns()
-        if not self.active:
-            return out
         with self.lock:
+            if not self.active:
+                return out
             try:
                 if not had_bytes and id(st) not in self._live:   # its first bytes: made by this op
                     self._discover(st, self.n_ops, start, False)

@@ -24,6 +24,12 @@
 // events) hold their records delta-coded as varints (~9 B per op, ~2 B per access), decoded into the
 // fixed-size records at drain. Over the byte budget, full chunks are spilled to a file and read back
 // at drain time: nothing is dropped.
+//
+// Threads: every thread that runs the session's callbacks (the recording thread, autograd's device
+// threads, any thread that inherited its thread-local state) appends its ops, accesses and escapes to
+// its own ThreadBuf with no lock; what threads share (the block maps and streams, signatures, contexts)
+// stays under the session's mutex. Op numbers come from one counter, so drain() merges the threads'
+// streams by them; stop() waits for threads still inside a callback before anything is read or freed.
 #include <torch/extension.h>
 #include <ATen/record_function.h>
 #include <ATen/SequenceNumber.h>
@@ -32,7 +38,9 @@
 #include <c10/util/ThreadLocalDebugInfo.h>
 #include <torch/csrc/autograd/node.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
+#include <ATen/ThreadLocalState.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -129,6 +137,19 @@ struct Stream {
     chunks.erase(chunks.begin(), chunks.end() - 1);
     return freed;
   }
+  // Everything (spilled then in memory), in order.
+  std::vector<T> all() {
+    std::vector<T> out(size());
+    if (spilled) {
+      std::fflush(file);
+      std::rewind(file);
+      if (std::fread(out.data(), sizeof(T), spilled, file) != spilled)
+        throw std::runtime_error("memlens: could not read back spilled records");
+    }
+    T* dst = out.data() + spilled;
+    for (auto& c : chunks) { std::copy(c.data.get(), c.data.get() + c.used, dst); dst += c.used; }
+    return out;
+  }
   // Everything (spilled then in memory) as one contiguous byte string (not a tensor: the drain
   // must not allocate through PyTorch, where an outer recorder or a user's profiler would see it).
   py::bytes to_bytes() {
@@ -177,24 +198,35 @@ static inline int64_t dif(int64_t a, int64_t b) { return int64_t(uint64_t(a) - u
 static inline int64_t add(int64_t a, int64_t b) { return int64_t(uint64_t(a) + uint64_t(b)); }
 
 // Each codec holds the previous record's fields (one instance encodes, a fresh one decodes).
+// An op as one thread's stream holds it: the record, and the op's number in the whole recording
+// (numbers are handed out across threads; drain() merges the threads' streams by it).
+struct ThreadOp { OpRec r; int64_t id; };
 struct OpCodec {                  // start gap = dstart - previous duration (the idle time between ops)
-  int64_t dur = 0, aseq = 0;
-  uint8_t* enc(uint8_t* p, const OpRec& r) {
+  int64_t dur = 0, aseq = 0, id = -1;
+  // the access count carries one more bit: set when the op number is not the previous one + 1 (another
+  // thread recorded ops in between), then the gap follows; one thread alone pays nothing for it
+  uint8_t* enc(uint8_t* p, const ThreadOp& o) {
+    const OpRec& r = o.r;
+    bool jump = o.id != id + 1;
     p = put_var(p, zz(dif(r.dstart, dur)));
     p = put_var(p, r.dur);
     p = put_var(p, zz(dif(r.aseq, aseq)));
     p = put_var(p, r.sig_nacc >> 8);
-    p = put_var(p, r.sig_nacc & 0xFF);
-    dur = r.dur; aseq = r.aseq;
+    p = put_var(p, uint64_t(r.sig_nacc & 0xFF) << 1 | (jump ? 1 : 0));
+    if (jump) p = put_var(p, uint64_t(dif(o.id, id)));
+    dur = r.dur; aseq = r.aseq; id = o.id;
     return p;
   }
-  const uint8_t* dec(const uint8_t* p, OpRec& r) {
+  const uint8_t* dec(const uint8_t* p, ThreadOp& o) {
+    OpRec& r = o.r;
     uint64_t v, sig;
     p = get_var(p, v); r.dstart = int32_t(add(unzz(v), dur));
     p = get_var(p, v); r.dur = uint32_t(v);
     p = get_var(p, v); r.aseq = int32_t(add(unzz(v), aseq));
-    p = get_var(p, sig); p = get_var(p, v); r.sig_nacc = uint32_t(sig << 8 | v);
-    dur = r.dur; aseq = r.aseq;
+    p = get_var(p, sig); p = get_var(p, v); r.sig_nacc = uint32_t(sig << 8 | (v >> 1));
+    o.id = id + 1;
+    if (v & 1) { p = get_var(p, v); o.id = add(id, int64_t(v)); }
+    dur = r.dur; aseq = r.aseq; id = o.id;
     return p;
   }
 };
@@ -282,13 +314,14 @@ struct MemCodec {
 };
 
 // A chunked append-only stream of varint-coded records, spillable to a file; drained back into
-// fixed-size records T. A new chunk is a quarter of what the stream holds (512 B to 8 KiB), so the
-// unused tail of the last chunk stays within ~25% of the stream (doubling chunks left up to 50% unused
-// in short recordings).
+// fixed-size records T. A new chunk is a quarter of what the stream holds (128 B to 8 KiB), and records
+// run on across chunk ends (the stream is one byte sequence), so the unused tail of the last chunk
+// stays within ~25% of the stream and a short stream holds little more than its records (doubling
+// chunks left up to 50% unused in short recordings; 512 B first chunks kept small streams at 512 B).
 template <typename T, typename Codec>
 struct VarStream {
-  static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (5 varints of <= 10 B)
-  struct Chunk { std::unique_ptr<uint8_t[]> data; size_t cap, used; };
+  static constexpr size_t kMaxRecord = 64;   // worst case of one coded record (6 varints, <= 60 B)
+  struct Chunk { std::unique_ptr<uint8_t[]> data; uint32_t cap, used; };   // 16 B
   std::vector<Chunk> chunks;
   Codec codec;
   size_t n = 0;               // records (in memory and spilled)
@@ -297,17 +330,32 @@ struct VarStream {
   std::FILE* file = nullptr;
 
   void push(const T& r) {
-    if (chunks.empty() || chunks.back().cap - chunks.back().used < kMaxRecord) {
-      size_t cap = std::min<size_t>(std::max<size_t>(512, (cap_total / 4 + 63) & ~size_t(63)), 8192);
-      chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), cap, 0});
-      cap_total += cap;
+    if (!chunks.empty() && chunks.back().cap - chunks.back().used >= kMaxRecord) {
+      Chunk& c = chunks.back();
+      c.used = uint32_t(codec.enc(c.data.get() + c.used, r) - c.data.get());
+    } else {   // near a chunk's end: coded aside, it fills this chunk to the last byte, the rest goes on
+      uint8_t coded[kMaxRecord];
+      size_t len = size_t(codec.enc(coded, r) - coded);
+      const uint8_t* src = coded;
+      while (len) {
+        if (chunks.empty() || chunks.back().used == chunks.back().cap) add_chunk();
+        Chunk& c = chunks.back();
+        size_t k = std::min<size_t>(len, c.cap - c.used);
+        std::memcpy(c.data.get() + c.used, src, k);
+        c.used += k; src += k; len -= k;
+      }
     }
-    Chunk& c = chunks.back();
-    c.used = size_t(codec.enc(c.data.get() + c.used, r) - c.data.get());
     ++n;
   }
+  void add_chunk() {
+    if (chunks.size() == chunks.capacity()) chunks.reserve(chunks.size() + 4);   // a short list: not doubled
+    size_t cap = std::min<size_t>(std::max<size_t>(128, (cap_total / 4 + 63) & ~size_t(63)), 8192);
+    chunks.push_back(Chunk{std::unique_ptr<uint8_t[]>(new uint8_t[cap]), uint32_t(cap), 0});
+    cap_total += cap;
+  }
   size_t size() const { return n; }
-  size_t mem_bytes() const { return cap_total; }
+  // the chunks and their list
+  size_t mem_bytes() const { return cap_total + chunks.capacity() * sizeof(Chunk); }
   size_t spill(const std::string& path) {
     if (chunks.size() < 2) return 0;
     if (!file) {
@@ -325,8 +373,8 @@ struct VarStream {
     chunks.erase(chunks.begin(), chunks.end() - 1);
     return freed;
   }
-  // All records, decoded into fixed-size records, as one byte string.
-  py::bytes to_bytes() {
+  // All records, decoded, in order.
+  std::vector<T> decode_all() {
     std::string coded;
     if (spilled_bytes) {
       coded.resize(spilled_bytes);
@@ -336,18 +384,20 @@ struct VarStream {
         throw std::runtime_error("memlens: could not read back spilled records");
     }
     for (auto& c : chunks) coded.append(reinterpret_cast<const char*>(c.data.get()), c.used);
-    std::string out(n * sizeof(T), '\0');
+    std::vector<T> out(n);
     Codec dec;
     const uint8_t* p = reinterpret_cast<const uint8_t*>(coded.data());
     const uint8_t* e = p + coded.size();
-    T* dst = reinterpret_cast<T*>(out.data());
     for (size_t i = 0; i < n; ++i) {
       if (p >= e) throw std::runtime_error("memlens: truncated record stream");
-      T r;
-      p = dec.dec(p, r);
-      std::memcpy(dst + i, &r, sizeof(T));
+      p = dec.dec(p, out[i]);
     }
-    return py::bytes(out);
+    return out;
+  }
+  // All records, decoded into fixed-size records, as one byte string.
+  py::bytes to_bytes() {
+    std::vector<T> all = decode_all();
+    return py::bytes(reinterpret_cast<const char*>(all.data()), all.size() * sizeof(T));
   }
   void clear() {
     chunks.clear();
@@ -390,11 +440,118 @@ struct Frame {
   int32_t stack = -1;                  // stacks=True: the op's Python stack id (op_stacks.h)
 };
 
-struct Live {
-  int32_t block;
-  bool claimed;                                    // its allocation is in its block record
+struct Live {                                      // 24 B
   int64_t ptr;
   c10::weak_intrusive_ptr<c10::StorageImpl> weak;  // keeps the address from being reused, not the data
+  int32_t block;
+  bool claimed;                                    // its allocation is in its block record
+  bool owns_ptr;                                   // the address index points here (see LiveMap)
+  c10::StorageImpl* impl() const { return weak._unsafe_get_target(); }   // the storage (the map's key)
+};
+
+// The live blocks, found by storage (every access) and by data address (the allocator's free
+// reports): one dense array of entries and two open-addressing indexes of int32 positions into it
+// (linear probing, at most 3/4 full, deletion by backward shift, so no tombstones). 24 B per live
+// storage plus 2 x 4 B per index slot, where two node-based std::unordered_maps took ~100 B (and
+// c10's ska::flat_hash_map, at its 0.5 load factor with 40 B slots, would take ~150 B).
+// Pointers into `entries` are valid until the next insert or erase.
+struct LiveMap {
+  std::vector<Live> entries;
+  std::vector<int32_t> by_impl, by_ptr;   // positions in `entries`; -1: empty slot; power-of-two sizes
+
+  static size_t hash(uint64_t k) { k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33; return size_t(k); }
+  static size_t key_impl(const Live& e) { return hash(uint64_t(reinterpret_cast<uintptr_t>(e.impl()))); }
+  static size_t key_ptr(const Live& e) { return hash(uint64_t(e.ptr)); }
+  size_t size() const { return entries.size(); }
+  size_t mem_bytes() const { return entries.capacity() * sizeof(Live) + (by_impl.capacity() + by_ptr.capacity()) * 4; }
+
+  Live* find(c10::StorageImpl* impl) {
+    if (by_impl.empty()) return nullptr;
+    size_t mask = by_impl.size() - 1;
+    for (size_t i = hash(uint64_t(reinterpret_cast<uintptr_t>(impl))) & mask;; i = (i + 1) & mask) {
+      int32_t p = by_impl[i];
+      if (p < 0) return nullptr;
+      if (entries[p].impl() == impl) return &entries[p];
+    }
+  }
+  // The newest live storage at data address `ptr`.
+  Live* find_ptr(int64_t ptr) {
+    if (by_ptr.empty()) return nullptr;
+    size_t mask = by_ptr.size() - 1;
+    for (size_t i = hash(uint64_t(ptr)) & mask;; i = (i + 1) & mask) {
+      int32_t p = by_ptr[i];
+      if (p < 0) return nullptr;
+      if (entries[p].ptr == ptr) return &entries[p];
+    }
+  }
+  // Adds `e` (its storage not in the map); at the same address as a live one, it takes over the address.
+  void insert(Live&& e) {
+    if (4 * (entries.size() + 1) > 3 * by_impl.size()) rehash(std::max<size_t>(16, by_impl.size() * 2));
+    int32_t pos = int32_t(entries.size());
+    size_t mask = by_impl.size() - 1;
+    size_t i = key_impl(e) & mask;
+    while (by_impl[i] >= 0) i = (i + 1) & mask;
+    by_impl[i] = pos;
+    for (i = key_ptr(e) & mask; by_ptr[i] >= 0; i = (i + 1) & mask)
+      if (entries[by_ptr[i]].ptr == e.ptr) { entries[by_ptr[i]].owns_ptr = false; break; }
+    by_ptr[i] = pos;
+    e.owns_ptr = true;
+    if (entries.size() == entries.capacity()) entries.reserve(entries.size() + entries.size() / 4 + 4);   // not 2x
+    entries.push_back(std::move(e));
+  }
+  void erase(Live* e) {
+    int32_t pos = int32_t(e - entries.data());
+    unlink(by_impl, slot_of(by_impl, key_impl(*e), pos), &key_impl);
+    if (e->owns_ptr) unlink(by_ptr, slot_of(by_ptr, key_ptr(*e), pos), &key_ptr);
+    int32_t last = int32_t(entries.size()) - 1;
+    if (pos != last) {   // the last entry moves into the hole: its index slots follow it
+      Live& moved = entries[last];
+      by_impl[slot_of(by_impl, key_impl(moved), last)] = pos;
+      if (moved.owns_ptr) by_ptr[slot_of(by_ptr, key_ptr(moved), last)] = pos;
+      entries[pos] = std::move(moved);
+    }
+    entries.pop_back();
+  }
+  template <typename F> void for_each(F f) { for (auto& e : entries) f(e); }
+  void clear() {
+    std::vector<Live>().swap(entries);
+    std::vector<int32_t>().swap(by_impl);
+    std::vector<int32_t>().swap(by_ptr);
+  }
+
+ private:
+  static size_t slot_of(const std::vector<int32_t>& index, size_t h, int32_t pos) {
+    size_t mask = index.size() - 1;
+    size_t i = h & mask;
+    while (index[i] != pos) i = (i + 1) & mask;
+    return i;
+  }
+  // Empties slot i, moving later entries of its probe run back so that every run stays unbroken.
+  void unlink(std::vector<int32_t>& index, size_t i, size_t (*key)(const Live&)) {
+    size_t mask = index.size() - 1;
+    index[i] = -1;
+    for (size_t j = (i + 1) & mask; index[j] >= 0; j = (j + 1) & mask) {
+      size_t home = key(entries[index[j]]) & mask;
+      if (((j - home) & mask) >= ((j - i) & mask)) {   // its home is not in (i, j]: it may move to i
+        index[i] = index[j];
+        index[j] = -1;
+        i = j;
+      }
+    }
+  }
+  void rehash(size_t n) {
+    by_impl.assign(n, -1);
+    by_ptr.assign(n, -1);
+    size_t mask = n - 1;
+    for (size_t p = 0; p < entries.size(); ++p) {
+      size_t i = key_impl(entries[p]) & mask;
+      while (by_impl[i] >= 0) i = (i + 1) & mask;
+      by_impl[i] = int32_t(p);
+      if (!entries[p].owns_ptr) continue;
+      for (i = key_ptr(entries[p]) & mask; by_ptr[i] >= 0; i = (i + 1) & mask) {}
+      by_ptr[i] = int32_t(p);
+    }
+  }
 };
 
 // Interned signatures: their coded bytes back to back in one arena, the offsets, and an open-addressing
@@ -402,9 +559,9 @@ struct Live {
 // node each cost ~96 B (a 3-step recording of a small model holds 50-200 signatures).
 struct SigTable {
   struct Slot { uint32_t hash; int32_t id; };   // id -1: empty
-  std::string arena;
+  std::vector<char> arena;                      // (a vector: reserve() is exact, a string's doubles)
   std::vector<uint32_t> offsets{0};             // signature i = arena[offsets[i], offsets[i + 1])
-  std::vector<Slot> slots;                      // power-of-two size, at most 3/4 full
+  std::vector<Slot> slots;                      // power-of-two size, at most 7/8 full (hashes compared first)
 
   size_t size() const { return offsets.size() - 1; }
   std::string_view get(size_t i) const {
@@ -418,10 +575,14 @@ struct SigTable {
       Slot& slot = slots[i];
       if (slot.id < 0) {
         int32_t id = int32_t(size());
-        arena.append(s);
+        // grown by a quarter, not doubled: short recordings hold 50-200 signatures, all kept to the end
+        if (arena.size() + s.size() > arena.capacity())
+          arena.reserve(std::max(arena.size() + s.size(), arena.capacity() + arena.capacity() / 4 + 64));
+        if (offsets.size() == offsets.capacity()) offsets.reserve(offsets.size() + offsets.size() / 4 + 16);
+        arena.insert(arena.end(), s.begin(), s.end());
         offsets.push_back(uint32_t(arena.size()));
         slot = Slot{h, id};
-        if (4 * size() > 3 * slots.size()) grow();   // at most 3/4 full
+        if (8 * size() > 7 * slots.size()) grow();   // at most 7/8 full
         return id;
       }
       if (slot.hash == h && get(size_t(slot.id)) == std::string_view(s)) return slot.id;
@@ -441,12 +602,44 @@ struct SigTable {
   size_t mem_bytes() const {
     return arena.capacity() + offsets.capacity() * sizeof(uint32_t) + slots.capacity() * sizeof(Slot);
   }
-  void clear() { arena.clear(); arena.shrink_to_fit(); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
+  void clear() { std::vector<char>().swap(arena); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
 };
 
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
+// The serial number of the session in each slot (0: none). A thread's buffer belongs to the session
+// with its serial; serials are never reused, so a buffer left over from an ended session is never
+// taken for the current one (its `session` pointer may be stale: it is only used after a match).
+std::atomic<uint64_t> g_serial[kSlots];
+std::atomic<uint64_t> g_next_serial{1};
+
+// One recording thread's own records (ops, accesses, escapes): only that thread appends to them, with
+// no lock, so threads feeding one session (autograd's device threads, threads that inherited the
+// recording's thread-local state) do not wait for each other there. The session holds every thread's
+// buffer (a thread that ends keeps its records) and the thread holds its own (so that a thread still
+// inside a callback when the session ends never touches freed memory). drain() merges the buffers by
+// op number.
+struct ThreadBuf {
+  // > 0 while this thread is inside the session's callbacks: stop() waits for 0 before the buffers
+  // are read (written by this thread only; read by stop())
+  std::atomic<int> busy{0};
+  uint64_t serial = 0;
+  Session* session = nullptr;
+  int index = 0;                                // registration order (names its spill files)
+  VarStream<ThreadOp, OpCodec> ops;
+  VarStream<int32_t, AccCodec> acc;
+  Stream<WideRec> wide;
+  int64_t last_start = 0;                       // op starts are deltas from this thread's previous op
+  size_t n_ops = 0;
+  std::atomic<int64_t> published_bytes{0};      // mem_bytes() as of its last budget check (other threads read it)
+  std::unordered_map<const char*, OpInfo*> op_cache;   // the session's op facts, found without its lock
+  std::vector<int32_t> pending_acc;             // this op's accesses, collected under the session lock
+
+  size_t mem_bytes() const { return ops.mem_bytes() + acc.mem_bytes() + wide.mem_bytes(); }
+  void publish() { published_bytes.store(int64_t(mem_bytes()), std::memory_order_relaxed); }
+  void clear() { ops.clear(); acc.clear(); wide.clear(); publish(); }
+};
 
 struct ThreadState {
   std::vector<Frame> frames;   // frames[0, depth): one per RecordFunction in flight (reused, not freed)
@@ -456,6 +649,7 @@ struct ThreadState {
   // callbacks are matched without a frame or a clock read. Their callbacks' few ns stay in the
   // recorded op's duration (as RecordFunction's own boxing of them does).
   size_t nested = 0;
+  std::shared_ptr<ThreadBuf> buf;   // this thread's buffer in the session of this slot (see ThreadBuf)
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
     Frame& f = frames[depth++];
@@ -471,22 +665,26 @@ thread_local ThreadState tl_state[kSlots];
 
 struct Session {
   int slot = -1;
+  uint64_t serial = 0;
   at::CallbackHandle cb = 0;   // our RecordFunction callback (in the recording thread)
+  // Guards what threads share: the block maps and block/free/allocator-event streams, signatures,
+  // op facts, module contexts, the list of thread buffers (registration also holds g_slots_mutex).
   std::mutex mu;
-  bool active = false;
+  std::atomic<bool> active{false};
+  // Ops recorded so far, over all threads: an op's number is taken when its record is written (at its
+  // end, under `mu`), so blocks, marks and context changes refer to the same numbering. Within a
+  // thread that is start order; across threads it is end order, as the Python recorder's.
+  std::atomic<int64_t> n_ops{0};
+  std::vector<std::shared_ptr<ThreadBuf>> threads;
   std::string stop_reason;
   int64_t max_bytes;
   std::string spill_prefix;
   int64_t spilled_bytes = 0;
   int64_t peak_bytes = 0;
 
-  VarStream<OpRec, OpCodec> ops;
-  VarStream<int32_t, AccCodec> acc;
   VarStream<BlockRec, BlockCodec> blocks;
   VarStream<FreeRec, FreeCodec> frees;
   VarStream<MemRec, MemCodec> mem;
-
-  Stream<WideRec> wide;
   // Module context changes (one per module enter/exit): varint coded, ~3 B each. The newest one is
   // held back in `ctx_last` so that a change with no op under the previous one replaces it.
   VarStream<CtxRec, CtxCodec> ctxs;
@@ -497,7 +695,7 @@ struct Session {
     if (ctx_last.op >= 0) ctxs.push(ctx_last);
     ctx_last = CtxRec{op, c};
   }
-  int64_t last_start = 0, first_start = 0;   // op starts are deltas from the previous record's
+  int64_t first_start = 0;   // each thread's first op start is a delta from this
   int64_t tensors_without_storage = 0;
   int64_t late_frees = 0;      // frees found only at the end (the storage died in a thread without the hook)
   int64_t own_ns_total = 0;
@@ -509,43 +707,52 @@ struct Session {
   std::unordered_map<const char*, OpInfo> op_cache;
   std::vector<std::string> op_names;
   SigTable sigs;                      // signatures, stored once
-  std::unordered_map<c10::StorageImpl*, Live> live;     // storage -> block
-  std::unordered_map<int64_t, c10::StorageImpl*> by_ptr; // data ptr -> storage (live blocks with bytes)
-  struct Unreported { int32_t block; c10::StorageImpl* impl; const Live* live; };
-  std::vector<Unreported> unreported;   // live blocks whose free the allocator may not report
-  std::vector<uint8_t> freed;           // per block: its free is recorded (`Unreported::live` is stale)
+  LiveMap live;                         // storage -> block, data address -> storage (live blocks with bytes)
+  // Live blocks whose free the allocator may not report (their storages: a storage freed since, and
+  // its address taken by a new one, is told apart by the entry's `claimed`, see sweep)
+  std::vector<c10::StorageImpl*> unreported;
   size_t sweep_every = 1, since_sweep = 0;
   std::vector<std::string> devices;
   std::unordered_map<std::string, int16_t> device_idx;
   c10::Device last_device{c10::DeviceType::CPU};
   int16_t last_device_idx = -1;
 
+  // Bytes held: the shared part exactly, each thread's buffer as of its last budget check (exact
+  // once the recording is stopped: stop() publishes every buffer). Call with `mu` held.
   int64_t mem_bytes() const {
-    return int64_t(ops.mem_bytes() + acc.mem_bytes() + blocks.mem_bytes() + frees.mem_bytes() +
-                   mem.mem_bytes() + wide.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
+    int64_t per_thread = 0;
+    for (auto& t : threads) per_thread += t->published_bytes.load(std::memory_order_relaxed);
+    return per_thread + int64_t(threads.capacity() * sizeof(threads[0]) + threads.size() * sizeof(ThreadBuf)) +
+           int64_t(blocks.mem_bytes() + frees.mem_bytes() +
+                   mem.mem_bytes() + ctxs.mem_bytes() + sigs.mem_bytes() +
                    // hash-map nodes with their allocation overhead and bucket pointer, side vectors
-                   live.size() * 64 + by_ptr.size() * 40 + marked_bits.capacity() + marked_other.size() * 32 + freed.capacity() +
-                   unreported.capacity() * sizeof(Unreported));
+                   live.mem_bytes() + marked_bits.capacity() + marked_other.size() * 32 +
+                   unreported.capacity() * sizeof(unreported[0]));
   }
   // True the first time (block, category) is marked.
   bool mark_once(int32_t block, int64_t category) {
     if (category < 0 || category > 7) return marked_other.insert((int64_t(block) << 8) | (category & 0xFF)).second;
-    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, freed.size()), 0);
+    if (size_t(block) >= marked_bits.size()) marked_bits.resize(std::max<size_t>(size_t(block) + 1, blocks.size()), 0);
     uint8_t bit = uint8_t(1u << category);
     if (marked_bits[block] & bit) return false;
     marked_bits[block] |= bit;
     return true;
   }
-  void check_budget() {
+  // Called by thread buffer `t`'s own thread with `mu` held: over the budget, that thread spills its
+  // own streams and the shared ones (each other thread spills its own at its next check).
+  void check_budget(ThreadBuf* t) {
+    t->publish();
     int64_t used = mem_bytes();
     if (used > peak_bytes) peak_bytes = used;
     if (used <= max_bytes) return;
-    spilled_bytes += acc.spill(spill_prefix + ".acc");
-    spilled_bytes += ops.spill(spill_prefix + ".ops");
+    std::string own = spill_prefix + ".t" + std::to_string(t->index);
+    spilled_bytes += t->acc.spill(own + ".acc");
+    spilled_bytes += t->ops.spill(own + ".ops");
+    spilled_bytes += t->wide.spill(own + ".wide");
+    t->publish();
     spilled_bytes += mem.spill(spill_prefix + ".mem");
     spilled_bytes += frees.spill(spill_prefix + ".frees");
     spilled_bytes += blocks.spill(spill_prefix + ".blocks");
-    spilled_bytes += wide.spill(spill_prefix + ".wide");
     spilled_bytes += ctxs.spill(spill_prefix + ".ctx");
     if (StackCapture* sc = stacks.load()) spilled_bytes += sc->op_ids.spill(spill_prefix + ".stacks");
   }
@@ -566,8 +773,7 @@ struct Session {
   // The block of `st` (discovering it if new). `before`: existed before op `op`. -1: no bytes.
   int32_t block_of(const c10::Storage& st, int32_t op, bool before, Frame* frame) {
     c10::StorageImpl* impl = st.unsafeGetStorageImpl();
-    auto it = live.find(impl);
-    if (it != live.end()) return it->second.block;
+    if (Live* known = live.find(impl)) return known->block;
     int64_t size = int64_t(st.nbytes());
     if (size == 0) return -1;
     c10::Device dev = st.device();
@@ -592,11 +798,9 @@ struct Session {
     }
     blocks.push(b);
     bool claimed = b.alloc_dt != UINT32_MAX;
-    auto placed = live.emplace(impl, Live{bid, claimed, ptr, st.getWeakStorageImpl()}).first;
-    freed.push_back(0);
-    by_ptr[ptr] = impl;
+    live.insert(Live{ptr, st.getWeakStorageImpl(), bid, claimed, false});
     if (!claimed) {         // the allocator may never report its free (allocated before recording)
-      unreported.push_back(Unreported{bid, impl, &placed->second});
+      unreported.push_back(impl);
       sweep_every = std::max<size_t>(1, unreported.size() / 8);
     }
     return bid;
@@ -606,20 +810,19 @@ struct Session {
     FreeRec f;
     f.t = t; f.block = int32_t(bid);
     frees.push(f);
-    if (size_t(bid) < freed.size()) freed[bid] = 1;
-    live.erase(impl);
-    auto it = by_ptr.find(ptr);
-    if (it != by_ptr.end() && it->second == impl) by_ptr.erase(it);
+    if (Live* e = live.find(impl)) live.erase(e);
   }
 
   // Blocks whose storage died without an allocator report (made before recording): freed now.
   void sweep(int64_t t) {
     size_t w = 0;
     for (size_t i = 0; i < unreported.size(); ++i) {
-      Unreported u = unreported[i];
-      if (freed[u.block]) continue;                         // freed (and its map entry gone) already
-      if (u.live->weak.expired()) { free_block(u.block, u.impl, u.live->ptr, t); continue; }
-      unreported[w++] = u;
+      c10::StorageImpl* impl = unreported[i];
+      Live* e = live.find(impl);
+      // freed already (or its storage gone and the address taken by a storage whose free is reported)
+      if (!e || e->claimed) continue;
+      if (e->weak.expired()) { free_block(e->block, impl, e->ptr, t); continue; }
+      unreported[w++] = impl;
     }
     unreported.resize(w);
     sweep_every = std::max<size_t>(1, unreported.size() / 8);
@@ -643,21 +846,53 @@ struct Session {
         }
       }
       bool claimed = false;
-      auto it = by_ptr.find(ptr);
-      if (it != by_ptr.end()) {
-        c10::StorageImpl* impl = it->second;
-        auto lv = live.find(impl);
-        if (lv != live.end()) {
-          claimed = lv->second.claimed;
-          free_block(lv->second.block, impl, ptr, t);
-        } else {
-          by_ptr.erase(it);
-        }
+      if (Live* e = live.find_ptr(ptr)) {
+        claimed = e->claimed;
+        free_block(e->block, e->impl(), ptr, t);
       }
       if (!claimed) { mem.push(MemRec{t, ptr, (delta << 8) | dev}); }
     }
   }
 };
+
+// ---- entering a session's callbacks from a thread ------------------------------------------------
+// This thread's buffer in the session of slot k (registered with the session on first use).
+static ThreadBuf* register_thread(int k, ThreadState& ts, uint64_t serial) {
+  std::lock_guard<std::mutex> g(g_slots_mutex);
+  Session* s = g_slots[k];
+  if (g_serial[k].load() != serial || !s || !s->active) return nullptr;
+  auto b = std::make_shared<ThreadBuf>();
+  b->serial = serial;
+  b->session = s;
+  b->last_start = s->first_start;
+  {
+    std::lock_guard<std::mutex> g2(s->mu);
+    b->index = int(s->threads.size());
+    s->threads.push_back(b);
+  }
+  ts.buf = b;
+  return b.get();
+}
+// Marks this thread as inside the callbacks of slot k's session and returns its buffer (nullptr: no
+// active session there). Until leave(), the session's stop() waits for this thread: its busy count is
+// raised before the serial is checked again (both sequentially consistent), so either stop() sees the
+// count or this thread sees the session gone.
+static inline ThreadBuf* enter(int k, ThreadState& ts) {
+  uint64_t serial = g_serial[k].load(std::memory_order_acquire);
+  if (!serial) return nullptr;
+  ThreadBuf* b = ts.buf.get();
+  if (!b || b->serial != serial) {
+    b = register_thread(k, ts, serial);
+    if (!b) return nullptr;
+  }
+  b->busy.fetch_add(1, std::memory_order_seq_cst);
+  if (g_serial[k].load(std::memory_order_seq_cst) != serial || !b->session->active) {
+    b->busy.fetch_sub(1, std::memory_order_release);
+    return nullptr;
+  }
+  return b;
+}
+static inline void leave(ThreadBuf* b) { b->busy.fetch_sub(1, std::memory_order_release); }
 
 // ---- memory reporting hook ------------------------------------------------------------------
 int64_t g_memory_spin_ns = 0;   // tests only: make each memory hook call this much slower (the clock must not show it)
@@ -678,12 +913,13 @@ struct Reporter : public torch::profiler::impl::ProfilerStateBase {
     uint32_t m = mask.load(std::memory_order_acquire);
     for (int k = 0; k < kSlots && m; ++k, m >>= 1) {
       if (!(m & 1)) continue;
-      Session* s = g_slots[k];
-      if (!s) continue;
       ThreadState& ts = tl_state[k];
+      ThreadBuf* b = enter(k, ts);
+      if (!b) continue;
       Frame* frame = nullptr;
       for (size_t i = ts.depth; i-- > 0;) if (ts.frames[i].recorded) { frame = &ts.frames[i]; break; }
-      try { s->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
+      try { b->session->on_memory(ptr, alloc_size, device, t, frame); } catch (...) {}
+      leave(b);
     }
     { int64_t d = raw_now() - t0; tl_own_ns += d; tl_split[2] += d; }
   }
@@ -693,9 +929,19 @@ struct Reporter : public torch::profiler::impl::ProfilerStateBase {
 // ---- signatures -----------------------------------------------------------------------------
 // A signature is a sequence of int64 words (see compiled.py decode_signature), kept as zigzag varints
 // (a tag, a dtype, a dimension: 1-2 bytes instead of 8) and expanded to 8-byte words at drain.
+// The tags ('T', 'L', 'I', 'D', 'B', 'N', 'W', 'O', '|': zigzag 132-248, two bytes each) trade codes
+// with 119-127 (zigzag of -60..63: dimensions and ints that rare), so that each tag takes one byte. A
+// swap of values, the same both ways, so any word still round-trips.
+static inline uint64_t swap_tags(uint64_t u) {
+  static const uint64_t tags[9] = {2 * 'T', 2 * 'L', 2 * 'I', 2 * 'D', 2 * 'B', 2 * 'N', 2 * 'W', 2 * 'O', 2 * '|'};
+  if (u >= 119 && u <= 127) return tags[u - 119];
+  if (u >= 132 && u <= 248)
+    for (int i = 0; i < 9; ++i) if (tags[i] == u) return 119 + uint64_t(i);
+  return u;
+}
 static inline void put(std::string& s, int64_t v) {
   uint8_t buf[10];
-  uint8_t* e = put_var(buf, zz(v));
+  uint8_t* e = put_var(buf, swap_tags(zz(v)));
   s.append(reinterpret_cast<const char*>(buf), size_t(e - buf));
 }
 static std::string expand_words(const std::string& coded) {
@@ -706,7 +952,7 @@ static std::string expand_words(const std::string& coded) {
   while (p < e) {
     uint64_t v;
     p = get_var(p, v);
-    int64_t w = unzz(v);
+    int64_t w = unzz(swap_tags(v));
     out.append(reinterpret_cast<const char*>(&w), 8);
   }
   return out;
@@ -750,6 +996,21 @@ std::mutex g_facts_mu;
 std::unordered_map<const char*, std::unique_ptr<OpFacts>> g_facts;
 
 static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName* opname);
+
+// The facts of fn's op, from this thread's cache (no lock) or else the session's (under its lock).
+static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable);
+static OpInfo& learn_here(ThreadBuf* b, const at::RecordFunction& fn) {
+  auto it = b->op_cache.find(fn.name());
+  if (it != b->op_cache.end()) return *it->second;
+  bool cacheable;
+  OpInfo* info;
+  {
+    std::lock_guard<std::mutex> g(b->session->mu);
+    info = &learn(b->session, fn, cacheable);
+  }
+  if (cacheable) b->op_cache.emplace(fn.name(), info);   // the session's entries never move (node-based map)
+  return *info;
+}
 
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable) {
   const char* key = fn.name();
@@ -838,15 +1099,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   int64_t t0 = raw_now();
   if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
   Frame& f = ts.push();
-  Session* s = g_slots[K];
-  if (s && s->active && ts.suppress == 0) {
+  ThreadBuf* b = ts.suppress == 0 ? enter(K, ts) : nullptr;
+  if (b) {
+    Session* s = b->session;
     try {
-      bool cacheable;
-      OpInfo* info;
-      {
-        std::lock_guard<std::mutex> g(s->mu);
-        info = &learn(s, fn, cacheable);
-      }
+      OpInfo* info = &learn_here(b, fn);
       if (!info->skip) {
         auto inputs = fn.inputs();
         bool nested = false, subclass = false;
@@ -898,11 +1155,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
             if (st) {
               f.pins.push_back(st);
               std::lock_guard<std::mutex> g(s->mu);
-              auto it = s->live.find(st.unsafeGetStorageImpl());
-              if (it == s->live.end() && st.nbytes() > 0)
-                s->block_of(st, int32_t(s->ops.size()), true, nullptr);
-              it = s->live.find(st.unsafeGetStorageImpl());
-              f.self_block = it == s->live.end() ? -1 : it->second.block;
+              if (!s->live.find(st.unsafeGetStorageImpl()) && st.nbytes() > 0)
+                s->block_of(st, int32_t(s->n_ops.load()), true, nullptr);
+              Live* e = s->live.find(st.unsafeGetStorageImpl());
+              f.self_block = e ? e->block : -1;
               f.self_ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
               f.self_size = int64_t(st.nbytes());
             }
@@ -913,6 +1169,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       std::lock_guard<std::mutex> g(s->mu);
       if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
     }
+    leave(b);
   }
   int64_t t1 = raw_now();
   tl_own_ns += t1 - t0; tl_split[0] += t1 - t0;
@@ -920,19 +1177,25 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64_t end) {
+// Writes op f's record into thread buffer `tb`: the block lookups, signature and allocator events
+// under the session's lock, the op and its accesses into the thread's own streams after it.
+static void record_end(ThreadBuf* tb, Frame& f, const at::RecordFunction& fn, int64_t end) {
+  Session* s = tb->session;
   OpInfo* info = f.info;
-  std::lock_guard<std::mutex> g(s->mu);
+  std::unique_lock<std::mutex> g(s->mu);
   if (!s->active) return;
-  int32_t op = int32_t(s->ops.size());
+  int32_t op = int32_t(s->n_ops.fetch_add(1, std::memory_order_relaxed));
+  // one stack id per op number from first_op on, pushed under `mu` as the number is taken (in order)
+  if (StackCapture* sc = s->stacks.load()) sc->op_ids.push(f.stack);
   if (s->unreported.size() && ++s->since_sweep >= s->sweep_every) { s->since_sweep = 0; s->sweep(f.start); }
   uint32_t nacc = 0;
-  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { s->acc.push((b << 1) | w); ++nacc; } };
+  auto& accs = tb->pending_acc;
+  accs.clear();
+  auto push_acc = [&](int32_t b, int w) { if (b >= 0) { accs.push_back((b << 1) | w); ++nacc; } };
   for (auto& in : f.inputs) {
     c10::StorageImpl* impl = in.first;
     int32_t b;
-    auto it = s->live.find(impl);
-    if (it != s->live.end()) b = it->second.block;
+    if (Live* e = s->live.find(impl)) b = e->block;
     else if (info->resizes && !f.pins.empty() && impl == f.pins[0].unsafeGetStorageImpl())
       // resize_/set_ on `self`: its block before the op, or -- when it had no bytes -- a block made here
       b = f.self_block >= 0 ? f.self_block : s->block_of(f.pins[0], op, false, &f);
@@ -965,10 +1228,10 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     int64_t ptr = int64_t(reinterpret_cast<intptr_t>(st.data()));
     int64_t size = int64_t(st.nbytes());
     if (!(size == f.self_size && (size == 0 || ptr == f.self_ptr))) {
-      auto it = s->live.find(st.unsafeGetStorageImpl());
-      if (it != s->live.end() && it->second.block == f.self_block)
+      Live* e = s->live.find(st.unsafeGetStorageImpl());
+      if (e && e->block == f.self_block)
         s->free_block(f.self_block, st.unsafeGetStorageImpl(), f.self_ptr, end);
-      s->live.erase(st.unsafeGetStorageImpl());
+      if (Live* left = s->live.find(st.unsafeGetStorageImpl())) s->live.erase(left);
       int32_t nb = s->block_of(st, op, false, &f);
       push_acc(nb, 1);
     }
@@ -978,6 +1241,8 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
   }
   f.allocs.clear();
   int32_t sig = s->sigs.intern(f.sig);
+  g.unlock();
+  for (int32_t a : accs) tb->acc.push(a);
   int64_t aseq;
   auto node = torch::autograd::get_current_node();
   if (node) {
@@ -987,22 +1252,24 @@ static void record_end(Session* s, Frame& f, const at::RecordFunction& fn, int64
     aseq = int64_t(at::sequence_number::peek());
   }
   OpRec r;
-  int64_t d = f.start - s->last_start;
-  s->last_start = f.start;
+  int64_t d = f.start - tb->last_start;
+  tb->last_start = f.start;
   if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
-  else { r.dstart = INT32_MIN; s->wide.push() = WideRec{op, 0, f.start}; }
+  else { r.dstart = INT32_MIN; tb->wide.push() = WideRec{op, 0, f.start}; }
   int64_t dur = end - f.start;
   if (dur >= 0 && dur < int64_t(UINT32_MAX)) r.dur = uint32_t(dur);
-  else { r.dur = UINT32_MAX; s->wide.push() = WideRec{op, 1, dur}; }
+  else { r.dur = UINT32_MAX; tb->wide.push() = WideRec{op, 1, dur}; }
   r.aseq = int32_t(std::max<int64_t>(std::min<int64_t>(aseq, INT32_MAX), INT32_MIN));
   uint32_t sig_field = sig < (1 << 24) - 1 ? uint32_t(sig) : (1u << 24) - 1;
-  if (sig_field != uint32_t(sig)) s->wide.push() = WideRec{op, 3, sig};
+  if (sig_field != uint32_t(sig)) tb->wide.push() = WideRec{op, 3, sig};
   uint32_t nacc_field = nacc < 255 ? nacc : 255;
-  if (nacc_field == 255) s->wide.push() = WideRec{op, 2, int64_t(nacc)};
+  if (nacc_field == 255) tb->wide.push() = WideRec{op, 2, int64_t(nacc)};
   r.sig_nacc = (sig_field << 8) | nacc_field;
-  s->ops.push(r);
-  if (StackCapture* sc = s->stacks.load()) sc->op_ids.push(f.stack);
-  if ((op & 255) == 0) s->check_budget();
+  tb->ops.push(ThreadOp{r, op});
+  if ((tb->n_ops++ & 255) == 0) {
+    std::lock_guard<std::mutex> g2(s->mu);
+    s->check_budget(tb);
+  }
 }
 
 template <int K>
@@ -1018,11 +1285,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (f.quieted) { at::reenableCallback(f.quieted); f.quieted = 0; }
   if (f.recorded) {
     ts.suppress--;
-    Session* s = g_slots[K];
-    if (s) {
+    if (ThreadBuf* b = enter(K, ts)) {
       try {
         f.stack = -1;
-        if (StackCapture* sc = s->stacks.load()) {   // before record_end: the GIL is never taken under s->mu
+        if (StackCapture* sc = b->session->stacks.load()) {   // before record_end: the GIL is never taken under s->mu
           // Should the frame walk ever run an op (a finalizer in a GC: CPython 3.11 makes frame objects
           // untracked, so it does not collect there) it counts as nested: recorded, it would push a
           // frame, and `f` could move.
@@ -1030,11 +1296,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
           try { f.stack = sc->capture(); } catch (...) { ts.suppress--; throw; }
           ts.suppress--;
         }
-        record_end(s, f, fn, end);
+        record_end(b, f, fn, end);
       } catch (const std::exception& e) {
+        Session* s = b->session;
         std::lock_guard<std::mutex> g(s->mu);
         if (s->active) { s->active = false; s->stop_reason = std::string("internal error: ") + e.what(); }
       }
+      leave(b);
     }
   }
   std::vector<c10::Storage> pins;
@@ -1077,9 +1345,11 @@ struct Handle {
     std::lock_guard<std::mutex> g(g_slots_mutex);
     for (int k = 0; k < kSlots; ++k) if (!g_slots[k]) { s->slot = k; break; }
     if (s->slot < 0) throw std::runtime_error("memlens: more than 16 compiled recordings at once");
-    s->last_start = s->first_start = now();
+    s->first_start = now();
+    s->serial = g_next_serial.fetch_add(1);
     g_slots[s->slot] = s.get();
     s->active = true;
+    g_serial[s->slot].store(s->serial);
     tl_state[s->slot] = ThreadState();
     cb = at::addThreadLocalCallback(make_callback(s->slot));
     s->cb = cb;
@@ -1109,15 +1379,29 @@ struct Handle {
   // Stop recording: remove the callback and the memory hook (safe to call twice).
   void stop() {
     if (s->slot < 0) return;
+    // No thread enters the session's callbacks after this; wait for those inside to leave (their
+    // callbacks take no lock we hold and call no Python: this is short). This thread's own count is
+    // not waited for (it is not inside a callback when Python calls stop).
+    std::vector<std::shared_ptr<ThreadBuf>> threads;
+    {
+      std::lock_guard<std::mutex> g(g_slots_mutex);
+      g_serial[s->slot].store(0, std::memory_order_seq_cst);
+      s->active = false;
+      threads = s->threads;
+    }
+    ThreadBuf* mine = tl_state[s->slot].buf.get();
+    for (auto& t : threads)
+      while (t.get() != mine && t->busy.load(std::memory_order_acquire) > 0) std::this_thread::yield();
     {
       std::lock_guard<std::mutex> g(s->mu);
       // storages that died where no memory hook was installed (dropped by another thread): freed by now
       int64_t t = now();
-      std::vector<std::pair<c10::StorageImpl*, Live*>> dead;
-      for (auto& kv : s->live) if (kv.second.weak.expired()) dead.emplace_back(kv.first, &kv.second);
-      for (auto& d : dead) { s->late_frees++; s->free_block(d.second->block, d.first, d.second->ptr, t); }
-      s->active = false;
+      struct Dead { int32_t block; c10::StorageImpl* impl; int64_t ptr; };
+      std::vector<Dead> dead;
+      s->live.for_each([&](Live& e) { if (e.weak.expired()) dead.push_back(Dead{e.block, e.impl(), e.ptr}); });
+      for (auto& d : dead) { s->late_frees++; s->free_block(d.block, d.impl, d.ptr, t); }
       s->cb = 0;
+      for (auto& tb : s->threads) tb->publish();
       s->peak_bytes = std::max(s->peak_bytes, s->mem_bytes());   // the maps are cleared below
     }
     if (cb) { at::removeCallback(cb); cb = 0; }
@@ -1140,7 +1424,6 @@ struct Handle {
     }
     tl_state[s->slot] = ThreadState();
     s->live.clear();            // drop the weak pointers
-    s->by_ptr.clear();
     s->unreported.clear();
     s->slot = -1;
     module_stack.clear();
@@ -1157,7 +1440,7 @@ struct Handle {
       const c10::Storage& st = impl->unsafe_storage();
       if (st && !impl->key_set().has(c10::DispatchKey::Python)) {
         std::lock_guard<std::mutex> g(s->mu);
-        if (s->active) r = s->block_of(st, int32_t(s->ops.size()), true, nullptr);
+        if (s->active) r = s->block_of(st, int32_t(s->n_ops.load()), true, nullptr);
       }
     }
     tl_own_ns += raw_now() - t0;
@@ -1174,7 +1457,7 @@ struct Handle {
     {
       std::lock_guard<std::mutex> g(s->mu);
       if (s->active) {
-        int64_t op = int64_t(s->ops.size());
+        int64_t op = s->n_ops.load();
         for (size_t i = 0; i < tensors.size(); ++i) {
           const at::Tensor& t = tensors[i];
           int64_t category = categories[i];
@@ -1191,11 +1474,11 @@ struct Handle {
     tl_own_ns += raw_now() - t0;
     return out;
   }
-  int64_t n_ops() { std::lock_guard<std::mutex> g(s->mu); return int64_t(s->ops.size()); }
+  int64_t n_ops() { return s->n_ops.load(); }
   void set_ctx(int64_t c) {
     std::lock_guard<std::mutex> g(s->mu);
     ctx = c;
-    int64_t op = int64_t(s->ops.size());
+    int64_t op = s->n_ops.load();
     s->set_ctx_at(op, c);
   }
   int64_t get_ctx() { std::lock_guard<std::mutex> g(s->mu); return ctx; }
@@ -1217,7 +1500,7 @@ struct Handle {
     module_stack.push_back(ModuleFrame{key, ctx, module});
     int64_t c = (idx << 2) | (ctx & 3);
     ctx = c;
-    int64_t op = int64_t(s->ops.size());
+    int64_t op = s->n_ops.load();
     s->set_ctx_at(op, c);
   }
   py::object enter_module(py::handle module, py::handle args) {
@@ -1256,7 +1539,7 @@ struct Handle {
         int64_t c = module_stack[i].caller_ctx;
         module_stack.resize(i);
         ctx = c;
-        int64_t op = int64_t(s->ops.size());
+        int64_t op = s->n_ops.load();
         s->set_ctx_at(op, c);
         break;
       }
@@ -1281,7 +1564,7 @@ struct Handle {
     stack_capture.reset(new StackCapture());
     stack_capture->skip_prefixes = std::move(skip_prefixes);
     stack_capture->max_depth = size_t(std::max<int64_t>(max_depth, 0));
-    stack_capture->first_op = int64_t(s->ops.size());
+    stack_capture->first_op = s->n_ops.load();
     s->stacks.store(stack_capture.get());
   }
   // After stop(): {"first_op", "ids" (int32 stack id per op from first_op on), "stacks" (frames of
@@ -1293,18 +1576,109 @@ struct Handle {
     return stack_capture->drain();
   }
 
+  // Stack ids are kept per op number (from first_op on); where an internal error left a number unused,
+  // they are moved to the places of the recorded ops, as drain() moves blocks and contexts.
+  void renumber_stacks(const std::vector<int64_t>& ids) {
+    StackCapture& sc = *stack_capture;
+    std::vector<int32_t> by_number = sc.op_ids.decode_all();
+    sc.op_ids.clear();
+    for (int64_t number : ids) {
+      int64_t i = number - sc.first_op;
+      if (i >= 0) sc.op_ids.push(i < int64_t(by_number.size()) ? by_number[size_t(i)] : -1);
+    }
+    sc.first_op = renumber(ids, sc.first_op);
+  }
+
+  // The threads' op, access and escape streams merged into the one sequence drain() hands to Python:
+  // ops by op number, each op's accesses after the previous op's, each start a delta from the
+  // previous op's (escaped when it does not fit, as record_end does). `ids`: the op numbers in order
+  // (0..n-1 unless an internal error left a number unused).
+  struct Merged { std::vector<OpRec> ops; std::vector<int32_t> acc; std::vector<WideRec> wide; std::vector<int64_t> ids; };
+  Merged merge_threads() {
+    struct Item { int64_t id, start; uint32_t thread, index; size_t acc_at; size_t nacc; };
+    size_t nt = s->threads.size();
+    std::vector<std::vector<ThreadOp>> ops(nt);
+    std::vector<std::vector<int32_t>> accs(nt);
+    std::vector<std::vector<WideRec>> wides(nt);
+    std::vector<Item> items;
+    for (size_t t = 0; t < nt; ++t) {
+      ThreadBuf& tb = *s->threads[t];
+      ops[t] = tb.ops.decode_all();
+      accs[t] = tb.acc.decode_all();
+      wides[t] = tb.wide.all();          // in op order: pushed by one thread as its ops were numbered
+      int64_t start = s->first_start;
+      size_t at = 0, w = 0;
+      const auto& wt = wides[t];
+      for (size_t i = 0; i < ops[t].size(); ++i) {
+        const ThreadOp& o = ops[t][i];
+        size_t nacc = o.r.sig_nacc & 0xFF;
+        int64_t absolute = INT64_MIN;
+        while (w < wt.size() && wt[w].op < o.id) ++w;
+        for (size_t j = w; j < wt.size() && wt[j].op == o.id; ++j) {
+          if (wt[j].kind == 0) absolute = wt[j].value;
+          if (wt[j].kind == 2) nacc = size_t(wt[j].value);
+        }
+        start = (o.r.dstart == INT32_MIN && absolute != INT64_MIN) ? absolute : start + o.r.dstart;
+        items.push_back(Item{o.id, start, uint32_t(t), uint32_t(i), at, nacc});
+        at += nacc;
+      }
+      if (at != accs[t].size()) throw std::runtime_error("memlens: a thread's accesses do not match its ops");
+    }
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.id < b.id; });
+    Merged m;
+    m.ops.reserve(items.size());
+    m.ids.reserve(items.size());
+    int64_t prev = s->first_start;
+    for (size_t k = 0; k < items.size(); ++k) {
+      const Item& it = items[k];
+      const ThreadOp& o = ops[it.thread][it.index];
+      OpRec r = o.r;
+      int64_t d = it.start - prev;
+      prev = it.start;
+      if (d > INT32_MIN && d <= INT32_MAX) r.dstart = int32_t(d);
+      else { r.dstart = INT32_MIN; m.wide.push_back(WideRec{int64_t(k), 0, it.start}); }
+      const auto& wt = wides[it.thread];
+      auto w = std::lower_bound(wt.begin(), wt.end(), o.id, [](const WideRec& x, int64_t id) { return x.op < id; });
+      for (; w != wt.end() && w->op == o.id; ++w)
+        if (w->kind != 0) m.wide.push_back(WideRec{int64_t(k), w->kind, w->value});
+      m.ops.push_back(r);
+      m.ids.push_back(it.id);
+      const auto& a = accs[it.thread];
+      m.acc.insert(m.acc.end(), a.begin() + it.acc_at, a.begin() + it.acc_at + it.nacc);
+    }
+    return m;
+  }
+  // Op number -> place among the recorded ops (the number of ops numbered below it).
+  static int64_t renumber(const std::vector<int64_t>& ids, int64_t op) {
+    return int64_t(std::lower_bound(ids.begin(), ids.end(), op) - ids.begin());
+  }
+  template <typename T> static py::bytes as_bytes(const std::vector<T>& v) {
+    return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+  }
+
   py::dict drain() {
     at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
+    stop();                                  // no thread appends from here on (a no-op when stopped)
     std::lock_guard<std::mutex> g(s->mu);
     py::dict d;
-    d["ops"] = s->ops.to_bytes();
-    d["accesses"] = s->acc.to_bytes();
-    d["blocks"] = s->blocks.to_bytes();
+    Merged merged = merge_threads();
+    const std::vector<int64_t>& ids = merged.ids;
+    bool dense = ids.empty() || ids.back() == int64_t(ids.size()) - 1;   // op numbers 0..n-1, none unused
+    if (!dense && stack_capture) renumber_stacks(ids);
+    d["ops"] = as_bytes(merged.ops);
+    d["accesses"] = as_bytes(merged.acc);
+    std::vector<BlockRec> blocks = s->blocks.decode_all();
+    if (!dense)
+      for (auto& b : blocks)
+        b.op_before = uint32_t(renumber(ids, b.op_before & 0x7FFFFFFF)) | (b.op_before & 0x80000000u);
+    d["blocks"] = as_bytes(blocks);
     d["frees"] = s->frees.to_bytes();
     d["memory"] = s->mem.to_bytes();
-    d["wide"] = s->wide.to_bytes();
+    d["wide"] = as_bytes(merged.wide);
     if (s->ctx_last.op >= 0) { s->ctxs.push(s->ctx_last); s->ctx_last = CtxRec{-1, 0}; }
-    d["ctx"] = s->ctxs.to_bytes();
+    std::vector<CtxRec> ctxs = s->ctxs.decode_all();
+    if (!dense) for (auto& c : ctxs) c.op = renumber(ids, c.op);
+    d["ctx"] = as_bytes(ctxs);
     d["first_start"] = s->first_start;
     d["op_names"] = s->op_names;
     py::list sigs;
@@ -1319,16 +1693,57 @@ struct Handle {
     d["memory_note"] = memory_note;
     d["late_frees"] = s->late_frees;
     py::dict parts;
-    parts["ops"] = s->ops.mem_bytes(); parts["accesses"] = s->acc.mem_bytes();
+    size_t ops_bytes = 0, acc_bytes = 0;
+    for (auto& t : s->threads) { ops_bytes += t->ops.mem_bytes() + t->wide.mem_bytes(); acc_bytes += t->acc.mem_bytes(); }
+    parts["ops"] = ops_bytes; parts["accesses"] = acc_bytes;
     parts["blocks"] = s->blocks.mem_bytes(); parts["frees"] = s->frees.mem_bytes();
     parts["memory_events"] = s->mem.mem_bytes(); parts["signatures"] = s->sigs.mem_bytes();
     parts["contexts"] = s->ctxs.mem_bytes();
-    parts["n_ops"] = s->ops.size(); parts["n_acc"] = s->acc.size(); parts["n_blocks"] = s->blocks.size();
+    parts["block_maps"] = s->live.mem_bytes() + s->marked_bits.capacity() + s->marked_other.size() * 32 +
+                          s->unreported.capacity() * sizeof(s->unreported[0]);
+    parts["thread_records"] = s->threads.capacity() * sizeof(s->threads[0]) + s->threads.size() * sizeof(ThreadBuf);
+    parts["n_live"] = s->live.size();
+    parts["n_ops"] = merged.ops.size(); parts["n_acc"] = merged.acc.size(); parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
+    parts["n_threads"] = s->threads.size();
     d["parts"] = parts;
-    s->ops.clear(); s->acc.clear(); s->blocks.clear(); s->frees.clear(); s->mem.clear();
-    s->wide.clear(); s->ctxs.clear();
+    for (auto& t : s->threads) t->clear();
+    s->blocks.clear(); s->frees.clear(); s->mem.clear(); s->ctxs.clear();
     return d;
+  }
+};
+
+// Tests only: threads that inherit the calling thread's thread-local state (its recordings' callbacks,
+// memory hook and dispatch modes), as autograd's device threads and at::launch tasks do, each running
+// one Python callable. join() waits for them and raises the first error one of them raised.
+struct InheritingThreads {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::string error;
+  explicit InheritingThreads(std::vector<py::function> fns) {
+    at::ThreadLocalState state;
+    for (auto& fn : fns) {
+      threads.emplace_back([this, state, fn]() mutable {
+        at::ThreadLocalStateGuard guard(state);
+        py::gil_scoped_acquire gil;
+        try { fn(); } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> g(mu);
+          if (error.empty()) error = e.what();
+        }
+        fn = py::function();   // released here, under the GIL
+      });
+    }
+  }
+  void join() {
+    {
+      py::gil_scoped_release nogil;
+      for (auto& t : threads) if (t.joinable()) t.join();
+    }
+    if (!error.empty()) throw std::runtime_error(error);
+  }
+  ~InheritingThreads() {
+    if (PyGILState_Check()) { py::gil_scoped_release nogil; for (auto& t : threads) if (t.joinable()) t.join(); }
+    else for (auto& t : threads) if (t.joinable()) t.join();
   }
 };
 
@@ -1354,6 +1769,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("drain", &Handle::drain)
       .def("enable_stacks", &Handle::enable_stacks)
       .def("drain_stacks", &Handle::drain_stacks);
+  py::class_<memlens::InheritingThreads>(m, "_InheritingThreads", "tests only")
+      .def(py::init<std::vector<py::function>>())
+      .def("join", &memlens::InheritingThreads::join);
   m.def("now", []() { return memlens::now(); }, "the recorder's clock: monotonic ns minus its own time in this thread");
   m.def("add_own_ns", [](int64_t ns) { memlens::tl_own_ns += ns; }, "count `ns` of Python hook time as the recorder's own");
   m.def("_set_probe", [](int v) { memlens::g_probe = v; }, "benchmarks only");
