@@ -19,14 +19,15 @@ def default_output(src: str) -> Path:
 
 
 STREAM_ABOVE_BYTES = 256 << 20  # a buffer-lifetime CSV or snapshot this large is converted without a Trace
-_STREAMED_FORMATS = ("lifetimes_csv", "cuda_snapshot")
+_STREAMED_FORMATS = ("lifetimes_csv", "cuda_snapshot", "kineto")
 
 
 def _streamed(args) -> str | None:
     """The format of `args.src` when it is large enough to convert without building a `Trace` (a
     buffer-lifetime CSV a chunk at a time: the in-memory import holds ~200 bytes per buffer, the chunked
-    one 8; a CUDA snapshot with its events written in row groups: see `memlens.io.snapshot_convert`),
-    else None."""
+    one 8; a CUDA snapshot with its events written in row groups: see `memlens.io.snapshot_convert`; a
+    Kineto trace read a piece at a time, keeping only the events the importer reads, then saved as
+    usual: `memlens.io.kineto_stream`), else None."""
     import os
 
     from memlens.io.detect import detect_format
@@ -61,7 +62,7 @@ def run(args) -> int:
     if dst.exists() and not args.overwrite:
         raise InputError("already exists (pass --overwrite to replace it)", dst)
     kind = _streamed(args)
-    if kind:
+    if kind in ("lifetimes_csv", "cuda_snapshot"):
         import json
 
         from memlens.tracedir import MANIFEST
@@ -85,11 +86,16 @@ def run(args) -> int:
             for note in manifest["metadata"].get("notes", []):
                 print(f"note: {note}")
         return 0
-    trace = load(args.src, format=args.format)
+    if kind == "kineto":
+        from memlens.io.detect import validated
+        from memlens.io.kineto_stream import import_kineto_streamed
+        trace = validated(import_kineto_streamed(args.src), args.src)
+    else:
+        trace = load(args.src, format=args.format)
     written = trace.save(dst, overwrite=args.overwrite)
     s = trace.summary()
     if args.json:
-        print_json({"output": str(written), **s})
+        print_json({"output": str(written), **s, **({"streamed": True} if kind == "kineto" else {})})
         return 0
     peaks = ", ".join(f"{dev} {format_bytes(peak)}" for dev, peak in s["peak_live_bytes"].items())
     print(f"imported {args.src} ({s['source_kind']}) -> {written}: {s['blocks']:,} blocks, {s['ops']:,} ops, "

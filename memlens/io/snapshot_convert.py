@@ -43,9 +43,10 @@ class _StoryView:
     """What `memlens.io.snapshot_story.tell_story` reads of a trace (blocks, the events' t_ns / action /
     block_id / stack_id, stacks, ops, metadata, the time span), without a whole events DataFrame."""
 
-    def __init__(self, blocks, events, stacks, ops, metadata):
+    def __init__(self, blocks, events, stacks, ops, metadata, segments=None, segment_blocks=None):
         from memlens.trace import conform
         self.blocks, self.events, self.stacks, self.ops, self.metadata = blocks, events, stacks, ops, metadata
+        self.segments, self.segment_blocks = segments, segment_blocks
         self.accesses = conform("accesses", None)
 
     def table(self, name: str):
@@ -96,6 +97,7 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
     from memlens.io.snapshot import _normalize, _read, snapshot_errors, snapshot_parts
     from memlens.io.snapshot_story import tell_story
     from memlens.trace import SCHEMA_VERSION, _fill_seq, conform
+    from memlens.trace_checks import validate_trace
 
     path = Path(path)
     if Path(dst).exists() and not overwrite:  # before the read, which is the slow part
@@ -118,6 +120,14 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
         stacks = conform("stacks", parts.stacks)
         ops = conform("ops", parts.ops)
         parts.blocks = parts.stacks = parts.ops = None
+    # the checks `memlens.io.load` makes of every import, on the same columns (the events' as numpy views)
+    checked_events = pd.DataFrame({"t_ns": parts.events.t_ns, "size": parts.events.size}, copy=False)
+    try:
+        validate_trace(_StoryView(blocks, checked_events, stacks, ops, meta, parts.final.segments,
+                                  parts.final.segment_blocks))
+    except InputError as exc:
+        raise InputError(f"bad values in the file: {exc.message}", path) from None
+    del checked_events
     with PartitionedTraceWriter(dst, meta, rows_per_group=rows_per_group, overwrite=overwrite) as w:
         # the events first: the story needs four of their columns, the rest is freed before it runs
         ev, block_of_row = parts.events, parts.block_of_row
