@@ -5,8 +5,8 @@ trace of a few GB that is the text plus several times it in Python objects, most
 flow events the importer never looks at. `read_kineto_filtered` decodes the file a piece (1 MiB) at a time
 with the standard library's JSON decoder, one ``traceEvents`` element at a time, and keeps only the events
 `memlens.io.kineto.kineto_to_trace` reads: ``[memory]`` instants and the complete (``ph == "X"``) spans of
-ops, ``nn.Module:`` calls and ``ProfilerStep#`` ranges. The top-level keys other than ``traceEvents`` are kept
-as they are. The `Trace` built from that is the one the in-memory import builds (tested), then saved as usual:
+ops, ``nn.Module:`` calls and ``ProfilerStep#`` ranges, each with only the fields it reads (`slim_event`).
+The top-level keys other than ``traceEvents`` are kept as they are. The `Trace` built from that is the one the in-memory import builds (tested), then saved as usual:
 the memory events and ops are still held whole (the attribution of each memory event to its innermost op on
 its thread needs every op).
 """
@@ -37,6 +37,33 @@ def kept_by_the_importer(event) -> bool:
         return False
     return event.get("cat") in OP_CATEGORIES or str(name if name is not None else "").startswith(
         (_MODULE_PREFIX, _STEP_PREFIX))
+
+
+_EVENT_KEYS = ("name", "ph", "cat", "ts", "dur", "pid", "tid")  # what `kineto_to_trace` reads of an event
+_MEMORY_ARGS = ("Bytes", "Device Type", "Device Id", "Addr", "Total Allocated", "Total Reserved", "Ev Idx")
+_OP_ARGS = ("External id",)
+_SHARED_VALUES = ("name", "ph", "cat", "pid", "tid")  # repeated from event to event: one object each
+
+
+def slim_event(event: dict, shared: dict) -> dict:
+    """A kept event with only the keys the importer reads (a real op's args carry input shapes, types and
+    values), its keys and repeated values the same objects across events (each decode makes its own
+    copies): a few hundred bytes instead of a few KB. `shared`: the distinct values seen so far.
+    Anything the importer would refuse (args that are not a dict) is kept as it is."""
+    out = {}
+    for key in _EVENT_KEYS:
+        if key in event:
+            value = event[key]
+            if key in _SHARED_VALUES and type(value) in (str, int):
+                value = shared.setdefault((type(value), value), value)
+            out[key] = value
+    if "args" in event:
+        args = event["args"]
+        if type(args) is dict:
+            wanted = _MEMORY_ARGS if event.get("name") == "[memory]" else _OP_ARGS
+            args = {key: args[key] for key in wanted if key in args}
+        out["args"] = args
+    return out
 
 
 class _Text:
@@ -125,7 +152,7 @@ def read_kineto_filtered(path):
 
 def _read_events(text: _Text, decoder: json.JSONDecoder) -> list:
     """The kept elements of the JSON array at the cursor."""
-    kept = []
+    kept, shared = [], {}
     text.expect("[")
     if text.peek() == "]":
         text.pos += 1
@@ -134,7 +161,7 @@ def _read_events(text: _Text, decoder: json.JSONDecoder) -> list:
         event = text.value(decoder)
         if kept_by_the_importer(event):
             limits.check_nesting(event, text.path)
-            kept.append(event)
+            kept.append(slim_event(event, shared))
         nxt = text.peek()
         text.pos += 1
         if nxt == "]":
