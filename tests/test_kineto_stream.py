@@ -141,3 +141,34 @@ def test_streamed_read_holds_much_less_for_a_trace_of_unused_events(tmp_path):
     grow = {mode: hwm[mode, 16_000] - hwm[mode, 2_000] for mode in ("streamed", "whole")}
     print(grow, hwm)
     assert grow["streamed"] < grow["whole"] / 4, (grow, hwm)
+
+
+@pytest.mark.parametrize("seed_name", ["kineto.json", "kineto.json.gz"])
+def test_mutated_traces_import_as_the_whole_parse(tmp_path_factory, seed_name):
+    """Differential fuzzing: on mutated traces the streamed read refuses what the whole-file import (with the
+    checks of `memlens.io.load`) refuses, and otherwise gives the same trace."""
+    from hypothesis import HealthCheck, given, settings
+
+    from memlens.io.detect import load, validated
+    from test_fuzz_inputs import MUTATIONS, _mutate, seeds
+    seed = seeds(None)[seed_name]
+    src = tmp_path_factory.mktemp("fuzz") / seed_name
+
+    def outcome(fn):
+        try:
+            return "ok", fn()
+        except InputError as exc:
+            return "refused", exc.message
+
+    @settings(max_examples=40, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(MUTATIONS)
+    def fuzz(ops):
+        src.write_bytes(_mutate(seed, ops))
+        streamed = outcome(lambda: validated(import_kineto_streamed(src), src))
+        whole = outcome(lambda: load(src, format="kineto"))
+        assert streamed[0] == whole[0], (streamed, whole)
+        if streamed[0] == "ok":
+            assert_same_trace(streamed[1], whole[1])
+
+    fuzz()

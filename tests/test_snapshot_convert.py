@@ -167,3 +167,43 @@ def test_conversion_memory_grows_less_than_the_in_memory_import(tmp_path):
     grow = {mode: hwm[mode, 400_000] - hwm[mode, 40_000] for mode in ("convert", "import")}
     print(grow, hwm)
     assert grow["convert"] < 0.75 * grow["import"], (grow, hwm)
+
+
+def _outcome(fn):
+    """("ok", value) or ("refused", message) of fn(); anything but an `InputError` propagates."""
+    try:
+        return "ok", fn()
+    except InputError as exc:
+        return "refused", exc.message
+
+
+@pytest.mark.parametrize("seed_name", ["snapshot.pickle", "snapshot_p2.pickle", "snapshot.pickle.gz"])
+def test_mutated_snapshots_convert_as_they_import(tmp_path_factory, seed_name):
+    """Differential fuzzing: on mutated snapshots the conversion refuses exactly what the import (with the
+    checks of `memlens.io.load`) refuses, and otherwise writes the same trace."""
+    from hypothesis import HealthCheck, given, settings
+
+    from memlens.io.detect import load
+    from test_fuzz_inputs import MUTATIONS, _mutate, seeds
+    seed = seeds(None)[seed_name]
+    base = tmp_path_factory.mktemp("fuzz")
+
+    @settings(max_examples=25, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(MUTATIONS)
+    def fuzz(ops):
+        src = base / seed_name
+        src.write_bytes(_mutate(seed, ops))
+        for name in ("conv.memlens", "mem.memlens"):
+            if (base / name).exists():
+                import shutil
+                shutil.rmtree(base / name)
+        conv = _outcome(lambda: convert_snapshot(src, base / "conv.memlens", rows_per_group=3))
+        mem = _outcome(lambda: load(src, format="cuda_snapshot").save(base / "mem.memlens"))
+        assert conv[0] == mem[0], (conv, mem)
+        if conv[0] == "ok":
+            assert_same_saved_trace(load_trace(conv[1]), load_trace(mem[1]))
+        else:
+            assert not (base / "conv.memlens").exists()
+
+    fuzz()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import json
+import zlib
 from pathlib import Path
 
 from memlens import limits
@@ -83,8 +84,8 @@ class _Text:
             text = self._decoder.decode(raw, final=not raw)
         except UnicodeDecodeError:
             raise InputError("not a Kineto/Chrome trace file: the content is not UTF-8 text", self.path) from None
-        except (OSError, EOFError, gzip.BadGzipFile) as exc:
-            raise InputError(f"cannot read ({exc})", self.path) from None
+        except (OSError, EOFError, zlib.error) as exc:  # gzip.BadGzipFile is an OSError
+            raise InputError(f"not a readable gzip / JSON file ({exc})", self.path) from None
         if not raw:
             self.eof = True
         if self.pos > READ_CHARS:  # drop what was parsed already
