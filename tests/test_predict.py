@@ -423,7 +423,7 @@ result = {{"peak": p.peak_allocated}}
 def test_sorted_index_put_temporaries_follow_atens_cuda_code():
     """index_put with accumulate (or under deterministic algorithms) sorts its indices on CUDA
     (Indexing.cu index_put_with_sort_kernel): its temporaries are modelled blocks, in the kernel's order.
-    Expectations worked out by hand from the ATen/cub source (memlens/predict/scratch.py docstring)."""
+    Expectations worked out by hand from the ATen/cub source (memlens/predict/scratch_index_put.py docstring)."""
     r = run_child("""
 def events(p):
     b = p.trace.blocks

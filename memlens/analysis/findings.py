@@ -74,7 +74,8 @@ def _iterations(trace, iv):
 
 def _access_findings(trace, bw: BandwidthModel, its, iv) -> list[str]:
     from memlens.analysis.ati import ati_stats
-    from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
+    from memlens.analysis.outliers import outliers
+    from memlens.analysis.swappable import bandwidth_filter, filter_summary
     s = ati_stats(iv)
     if s["count"] == 0:
         return ["The trace has accesses but no block accessed twice: there is no access time interval (ATI) "

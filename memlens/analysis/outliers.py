@@ -1,133 +1,35 @@
-"""The bandwidth filter and the outlier blocks: which idle intervals could be swapped, and which blocks matter.
+"""Which blocks hold the most idle memory: the outlier blocks, ranked over their access time intervals.
 
-Both work on the ATIs of `memlens.analysis.ati.access_intervals` (from the end of the op of one access to
-the start of the op of the next; wrap-around intervals included in steady state), the same intervals the
-swap planner takes: the lifetime edges (alloc -> first access, last access -> free) are not swaps (the data
-must survive them to be copied back) and are reported beside the ATI, not here.
-
-An access interval is *swappable* when it lasts at least the round trip of its block over the link
-(`BandwidthModel.round_trip_ns`: ``size/bw_out + size/bw_in`` plus latencies; REFERENCE.md section 2).
-Swapping it frees ``size`` bytes over ``[start + swap_out_ns, end - swap_in_ns]``, so it holds
-``size * (length - round_trip)`` swappable byte-nanoseconds. The transfer times include the fixed latency
-because the bytes are free only once the copy has completed.
-
-Outliers are blocks ranked by how much idle memory they hold:
+The intervals are the ATIs after the bandwidth filter (`memlens.analysis.swappable`: which of them are long
+enough to swap at a link); the ranking priorities are:
 
 - ``size_x_idle`` (Li et al.): size x longest idle interval.
 - ``doa`` / ``aoa`` / ``wdoa`` (Zhang et al., arXiv 1903.06631): for the interval of the block that spans
   the device's memory peak, DOA (duration of absence) is its length minus the transfer times; AOA is DOA x
-  size; WDOA weights each instant of the swapped-out window by how far the load then is over a memory limit,
-  ``clip((load - limit) / (peak - limit), 0, 1)``, so absence during the peak counts fully and absence while
-  under the limit not at all (`wdoa_ns`, the one WDOA, which the swap planner uses too). The limit defaults
-  to the device's time-weighted mean live bytes. As in the paper, only blocks of at least 1 MiB
-  (`ZHANG_MIN_SIZE`) idle across the peak are candidates for these three.
+  size; WDOA weights each instant of the swapped-out window by how far the load then is over a memory limit
+  (`memlens.analysis.wdoa`, the one WDOA, which the swap planner uses too). As in the paper, only blocks of
+  at least 1 MiB (`ZHANG_MIN_SIZE`) idle across the peak are candidates for these three.
+
+The bandwidth filter and the WDOA helpers are importable from here too (`bandwidth_filter`,
+`swappable_intervals`, `filter_summary`, `weight_integral`, `load_weight`, `wdoa_ns`, `wdoa_of_integral`).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.ati import access_intervals, ati_only
 from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
-from memlens.analysis.distributions import time_weighted_mean
 from memlens.analysis.live import live_curve
+from memlens.analysis.swappable import ati_rows, bandwidth_filter, filter_summary, swappable_intervals
+from memlens.analysis.wdoa import load_weight, wdoa_ns, wdoa_of_integral, weight_integral
+
+# re-exported: notebooks, tests, benchmarks and other layers import the filter and WDOA from here
+__all__ = ["ATTRIBUTION", "PRIORITIES", "ZHANG_MIN_SIZE", "bandwidth_filter", "filter_summary", "load_weight",
+           "outliers", "swappable_intervals", "wdoa_ns", "wdoa_of_integral", "weight_integral"]
 
 PRIORITIES = ("size_x_idle", "doa", "aoa", "wdoa")
 ZHANG_MIN_SIZE = 1 << 20  # Zhang et al. consider blocks >= 1 MB for swapping
 ATTRIBUTION = ("category", "op", "module", "stack_id", "alloc_ns", "free_ns")
-
-
-def _as_intervals(trace_or_intervals, device=None, steady_state=False, iteration=None) -> pd.DataFrame:
-    """The ATI rows of a frame from `access_intervals`, or of the trace's intervals."""
-    if isinstance(trace_or_intervals, pd.DataFrame):
-        iv = ati_only(trace_or_intervals)
-        if device is not None:
-            attrs = dict(iv.attrs)
-            iv = iv[iv["device"].astype(str) == device]
-            iv.attrs.update(attrs)
-        return iv
-    return ati_only(access_intervals(trace_or_intervals, device=device, steady_state=steady_state,
-                                     iteration=iteration))
-
-
-def bandwidth_filter(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
-                     device: str | None = None, *, steady_state: bool = False,
-                     iteration: int | None = None) -> pd.DataFrame:
-    """The ATIs with the bandwidth filter applied (lifetime edges are not swaps: they are dropped).
-
-    `steady_state` / `iteration` are passed to `access_intervals` when a Trace is given (a frame is used as
-    it was computed).
-
-    Adds ``round_trip_ns`` (ns to move the block out and back in), ``swappable`` (bool: length >= round
-    trip), ``saved_ns`` (length - round trip, 0 when not swappable), ``swap_out_done_ns`` /
-    ``swap_in_start_ns`` (the window in which the bytes are free; empty, both at start, when not swappable)
-    and ``swappable_bytes_ns`` (size x saved_ns). Accepts a Trace or a frame from `access_intervals`.
-    """
-    bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
-    iv = _as_intervals(trace_or_intervals, device, steady_state, iteration)
-    size = iv["size"].to_numpy(dtype=np.float64)
-    length = iv["length_ns"].to_numpy()
-    start = iv["start_ns"].to_numpy()
-    end = iv["end_ns"].to_numpy()
-    # round trip = size * (1/bw_out + 1/bw_in) + both latencies, in as few passes over 10M rows as possible
-    round_trip = size * (bw.swap_out_ns(1.0) - bw.out_latency_ns + bw.swap_in_ns(1.0) - bw.in_latency_ns)
-    round_trip += bw.out_latency_ns + bw.in_latency_ns
-    saved = length - round_trip
-    swappable = saved >= 0
-    np.maximum(saved, 0.0, out=saved)
-    # the swapped-out window, only where there is one (an empty window at start otherwise)
-    idx = np.flatnonzero(swappable)
-    out_done = np.array(start, dtype=np.int64, copy=True)
-    in_start = np.array(start, dtype=np.int64, copy=True)
-    out_done[idx] += np.rint(bw.swap_out_ns(size[idx])).astype(np.int64)
-    in_start[idx] = end[idx] - np.rint(bw.swap_in_ns(size[idx])).astype(np.int64)
-    saved_bytes_ns = saved * size
-    # a new frame over the same column arrays: setting columns on a copy would copy 10M-row arrays
-    columns = {c: iv[c] for c in iv.columns}
-    columns.update({"round_trip_ns": round_trip, "swappable": swappable, "saved_ns": saved,
-                    "swap_out_done_ns": out_done, "swap_in_start_ns": in_start,
-                    "swappable_bytes_ns": saved_bytes_ns})
-    attrs = dict(iv.attrs)
-    iv = pd.DataFrame(columns, copy=False)
-    iv.attrs.update(attrs)
-    iv.attrs["bandwidth"] = bw.to_dict()
-    return iv
-
-
-def swappable_intervals(trace_or_intervals, bandwidth: BandwidthModel | str | None = None,
-                        device: str | None = None, *, steady_state: bool = False,
-                        iteration: int | None = None) -> pd.DataFrame:
-    """Only the ATIs long enough to swap at `bandwidth` (default PCIe 4.0 x16); see `bandwidth_filter`."""
-    iv = bandwidth_filter(trace_or_intervals, bandwidth, device, steady_state=steady_state, iteration=iteration)
-    return iv[iv["swappable"].to_numpy()].reset_index(drop=True)
-
-
-def filter_summary(filtered: pd.DataFrame) -> dict:
-    """What the bandwidth filter did to a frame from `bandwidth_filter`.
-
-    ``intervals``, ``swappable``, ``filtered_out_fraction`` (share of intervals too short to swap),
-    ``idle_bytes_ns`` (sum of size x length over all intervals: the infinite-bandwidth bound),
-    ``swappable_bytes_ns`` and ``swappable_share`` (swappable / idle byte-ns), ``blocks_with_swappable``,
-    and the ``bandwidth`` model and ``clock`` the figures are on.
-    """
-    from memlens.analysis.ati import count_distinct
-    n = len(filtered)
-    swappable = filtered["swappable"].to_numpy()
-    idle = float(np.dot(filtered["size"].to_numpy(dtype=np.float64), filtered["length_ns"].to_numpy(np.float64)))
-    saved = float(filtered["swappable_bytes_ns"].to_numpy().sum())
-    return {
-        "intervals": int(n),
-        "swappable": int(np.count_nonzero(swappable)),
-        "filtered_out_fraction": 1 - np.count_nonzero(swappable) / n if n else None,
-        "idle_bytes_ns": idle,
-        "swappable_bytes_ns": saved,
-        "swappable_share": saved / idle if idle > 0 else None,
-        "blocks_with_swappable": count_distinct(filtered["block_id"].to_numpy(dtype=np.int64)[swappable]),
-        "bandwidth": filtered.attrs.get("bandwidth"),
-        "clock": dict(filtered.attrs.get("clock") or {"kind": "host"}),
-        "steady_state": bool(filtered.attrs.get("steady_state", False)),
-        "iteration": filtered.attrs.get("iteration"),
-    }
 
 
 def _first_in_runs(run_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -142,68 +44,6 @@ def _first_in_runs(run_start: np.ndarray, mask: np.ndarray) -> np.ndarray:
     new[1:] = runs[1:] != runs[:-1]
     first[runs[new]] = idx[new]
     return first
-
-
-def weight_integral(t: np.ndarray, load: np.ndarray, limit: float, t_end: float):
-    """(times, cumulative integral) of the WDOA load weight ``clip((load - limit) / (peak - limit), 0, 1)``
-    over a step curve (`load` bytes from each `t` ns until the next, the last until `t_end`). The integral
-    is piecewise linear with breakpoints at `t`, so ``np.interp`` evaluates it anywhere (`wdoa_ns`)."""
-    t = np.asarray(t, dtype=np.float64)
-    load = np.asarray(load, dtype=np.float64)
-    if len(t) == 0:
-        return np.zeros(1), np.zeros(1)
-    peak = float(load.max())
-    weight = np.clip((load - limit) / max(peak - limit, 1.0), 0.0, 1.0)
-    times = np.append(t, max(float(t_end), t[-1]))
-    cum = np.concatenate([[0.0], np.cumsum(weight * np.diff(times))])
-    return times, cum
-
-
-def load_weight(trace, device: str, limit_bytes: float | None, live: pd.DataFrame | None = None):
-    """(times, cumulative weight integral, limit, peak) for WDOA on `device` (see `weight_integral`).
-
-    The limit defaults to the device's time-weighted mean live bytes. `live` is
-    `live.live_curve(trace, device)[0]` when the caller has it already.
-    """
-    if live is None:
-        live, _ = live_curve(trace, device)
-    t = live["t_ns"].to_numpy(dtype=np.float64)
-    load = live["live"].to_numpy(dtype=np.float64)
-    if len(t) == 0:
-        return np.zeros(1), np.zeros(1), 0.0, 0.0
-    _, hi = trace.time_span_ns()
-    peak = float(load.max())
-    limit = time_weighted_mean(t, load, hi) if limit_bytes is None else float(limit_bytes)
-    times, cum = weight_integral(t, load, limit, hi)
-    return times, cum, limit, peak
-
-
-def wdoa_ns(times: np.ndarray, cum: np.ndarray, lo, hi, window: tuple[int, int] | None = None,
-            period_ns: int | None = None) -> np.ndarray:
-    """Zhang et al.'s weighted duration of absence (ns) of the absence windows ``[lo, hi)``: the integral
-    over the window of the load weight ``clip((load - limit) / (peak - limit), 0, 1)`` (`load_weight` gives
-    `times` and its cumulative integral `cum`). The one WDOA of memlens: the outliers and the swap planner
-    both rank by it.
-
-    With `window` and `period_ns` (steady state), a window ending past the period's end wraps around:
-    ``[lo, w1)`` plus ``[w0, hi - period)``. Empty windows (hi <= lo) weigh 0.
-    """
-    return wdoa_of_integral(lambda x: np.interp(x, times, cum), lo, hi, window, period_ns)
-
-
-def wdoa_of_integral(integral, lo, hi, window: tuple[int, int] | None = None,
-                     period_ns: int | None = None) -> np.ndarray:
-    """`wdoa_ns` with the cumulative weight integral given as a function of time (ns -> ns): the
-    out-of-core engine evaluates it a piece of the curve at a time."""
-    lo = np.asarray(lo, dtype=np.float64)
-    hi = np.maximum(np.asarray(hi, dtype=np.float64), lo)
-    if window is None or period_ns is None:
-        return integral(hi) - integral(lo)
-    w0, w1 = float(window[0]), float(window[1])
-    first_hi = np.minimum(hi, w1)
-    out = integral(first_hi) - integral(np.minimum(lo, first_hi))
-    rest = np.clip(hi - period_ns, w0, w1)
-    return out + np.where(hi > w1, integral(rest) - integral(np.asarray([w0])), 0.0)
 
 
 def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | None = 20,
@@ -240,7 +80,7 @@ def outliers(trace, bandwidth: BandwidthModel | str | None = None, top: int | No
         raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
     if intervals is not None and "swappable" in intervals.columns:
-        iv = _as_intervals(intervals, device)
+        iv = ati_rows(intervals, device)
     else:
         iv = bandwidth_filter(intervals if intervals is not None else trace, bw, device,
                               steady_state=steady_state, iteration=iteration)
@@ -436,15 +276,6 @@ def _unobservable(trace, block_ids: np.ndarray, accesses: np.ndarray) -> np.ndar
     rows = block_rows(trace.blocks["block_id"].to_numpy(dtype=np.int64), np.asarray(block_ids, dtype=np.int64))
     source = trace.blocks["source"].to_numpy(dtype=object)[np.maximum(rows, 0)]
     return (accesses == 0) & (source == "profiler") & (rows >= 0)
-
-
-def _labels_at(labels: pd.Series, idx: np.ndarray) -> np.ndarray:
-    """String labels of the rows `idx`, through the categorical codes when there are some (cheap on 10M
-    rows, where astype(str) of the whole column is not)."""
-    if isinstance(labels.dtype, pd.CategoricalDtype):
-        categories = np.asarray(labels.cat.categories, dtype=object)
-        return categories[labels.cat.codes.to_numpy()[idx]]
-    return labels.to_numpy()[idx].astype(str)
 
 
 def _attach_attribution(out: pd.DataFrame, trace) -> pd.DataFrame:

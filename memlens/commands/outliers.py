@@ -56,7 +56,8 @@ def _plain(value):
 def run(args) -> int:
     from memlens.analysis.ati import access_intervals
     from memlens.analysis.clock import describe_clock
-    from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
+    from memlens.analysis.outliers import outliers
+    from memlens.analysis.swappable import bandwidth_filter, filter_summary
     from memlens.commands._output import print_json
     from memlens.errors import InputError, NeedsAccessesError
     from memlens.io import load

@@ -3,8 +3,10 @@
 See `memlens.predict.predictor` for how, `memlens.predict.shim` for the CPU-only build of torch, and
 `memlens.predict.gpus` for what is modelled explicitly.
 """
+from memlens.predict.fake_model import fake
 from memlens.predict.gpus import GPUMemoryFacts, gpu_facts, known_gpus
-from memlens.predict.predictor import OOM, Prediction, active_prediction, fake, predict
+from memlens.predict.oom import OOM
+from memlens.predict.predictor import Prediction, active_prediction, predict
 
 __all__ = ["predict", "fake", "Prediction", "OOM", "GPUMemoryFacts", "gpu_facts", "known_gpus",
            "active_prediction"]

@@ -15,10 +15,11 @@ How a prediction is made:
 3. What fake tensors never see is added explicitly (`scratch.py`): one cuBLAS workspace per (thread, stream)
    at its first GEMM, never freed (its size per GPU in `gpus.py`); CUDA kernels' own temporaries as transient
    blocks inside their op (the sorted accumulate of ``index_put``, CUDA reductions' global staging buffers).
-4. The blocks are replayed through memlens's caching-allocator simulator (`memlens.simulate`) under the
-   run's ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM
-   path. That gives peak allocated (torch's ``max_memory_allocated``), peak reserved
-   (``max_memory_reserved``) and, against a capacity, the first allocation that would fail.
+4. The blocks (sizes rounded as the caching allocator rounds them: `predicted_trace.py`) are replayed
+   through memlens's caching-allocator simulator (`memlens.simulate`) under the run's
+   ``PYTORCH_CUDA_ALLOC_CONF``: allocation rounding, pools, block splitting, segment sizes, the OOM path.
+   That gives peak allocated (torch's ``max_memory_allocated``), peak reserved (``max_memory_reserved``)
+   and, against a capacity, the first allocation that would fail (`oom.py`).
 The CUDA context (outside the caching allocator) and NCCL buffers count against the capacity only.
 `torch.compile` is out of scope: compiled regions are not traced by FakeTensorMode the same way and their
 Inductor buffers are planned by Inductor, not requested op by op.
@@ -27,15 +28,12 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Callable
 
-import numpy as np
-import pandas as pd
-
 from memlens.errors import InputError
 from memlens.predict.gpus import GPUMemoryFacts, gpu_facts
+from memlens.predict.oom import OOM, first_oom
 
 _active = threading.local()
 
@@ -48,29 +46,6 @@ def _capacity_bytes(capacity) -> int | None:
         return int(parse_bytes(capacity))
     except Exception as exc:
         raise InputError(f"capacity {capacity!r} is not a size in bytes ({exc})") from None
-
-
-@dataclass
-class OOM:
-    """The first allocation that would not fit: its size (bytes, as requested), op, module, stack (when
-    recorded), when (trace ns) and what was live then (the largest blocks first)."""
-
-    block_id: int
-    size: int
-    op: str
-    module: str
-    t_ns: int
-    reserved: int
-    allocated: int
-    capacity: int
-    stack: pd.DataFrame | None
-    live: pd.DataFrame
-
-    def __str__(self) -> str:
-        from memlens.units import format_bytes
-        return (f"OOM: {self.op} in {self.module or '(no module)'} asks for {format_bytes(self.size)} with "
-                f"{format_bytes(self.allocated)} allocated and {format_bytes(self.reserved)} reserved of "
-                f"{format_bytes(self.capacity)}")
 
 
 class Prediction:
@@ -180,37 +155,15 @@ class Prediction:
     # ---- building the prediction ------------------------------------------------------------
     def _finish(self, trace, recorder):
         from memlens.predict.corrections import apply_corrections
+        from memlens.predict.predicted_trace import allocator_sized, onto_gpu_clock
+        from memlens.predict.scratch import add_modelled_scratch
         from memlens.simulate.config import parse_conf, round_size
-        threads = self._session.op_threads
-        op_ids = trace.ops["op_id"].to_numpy()
-        if len(threads) >= len(op_ids) and len(op_ids):
-            trace.ops["thread"] = np.asarray(threads, dtype=np.int64)[op_ids]
-        blocks = trace.blocks.copy()
-        cuda = blocks["device"].str.startswith("cuda")
-        blocks.loc[cuda, "addr"] = pd.NA
         config = parse_conf(self.conf or None)
-        blocks["requested_size"] = blocks["size"]
-        sizes = blocks.loc[cuda, "size"].to_numpy()
-        blocks.loc[cuda, "size"] = np.array([round_size(int(s), config) for s in sizes], dtype=np.int64)
-        trace.blocks = blocks
-        trace = apply_corrections(trace)
-        if self.cublas_workspaces:
-            from memlens.predict.scratch import add_blocks, cublas_workspace_blocks
-            trace = add_blocks(trace, cublas_workspace_blocks(trace, self.gpu.cublas_workspace))
-        if self.kernel_scratch:
-            from memlens.predict.scratch import add_blocks, reduce_scratch_blocks, sort_scratch_blocks
-            rounded = lambda s: round_size(s, config)   # noqa: E731
-            scratch = sort_scratch_blocks(trace, self._session.index_put_facts, rounded)
-            scratch += reduce_scratch_blocks(trace, self._session.reduce_facts, self.gpu.sm_count,
-                                             self.gpu.max_threads_per_sm, rounded)
-            for i, row in enumerate(scratch):       # ids follow on from the trace's, in one sequence
-                row["block_id"] = int(trace.blocks["block_id"].max()) + 1 + i
-            trace = add_blocks(trace, scratch)
-            self.kernel_scratch_blocks = len(scratch)
-        if self.cudnn_workspace:
-            from memlens.predict.scratch import add_blocks, conv_workspace_blocks
-            trace = add_blocks(trace, conv_workspace_blocks(trace, self.cudnn_workspace,
-                                                            lambda s: round_size(s, config)))
+        trace = apply_corrections(allocator_sized(trace, self._session.op_threads, config))
+        trace, self.kernel_scratch_blocks = add_modelled_scratch(
+            trace, self.gpu, lambda s: round_size(s, config), cublas_workspaces=self.cublas_workspaces,
+            kernel_scratch=self.kernel_scratch, index_put_facts=self._session.index_put_facts,
+            reduction_facts=self._session.reduce_facts, cudnn_workspace=self.cudnn_workspace)
         trace.metadata.update({
             "source_kind": "memlens_predict",
             "clock": {"kind": "host", "gpu": self.gpu.name,
@@ -228,33 +181,13 @@ class Prediction:
             },
         })
         if self.clock == "modeled":
-            trace = self._retime(trace)
+            trace, self._reset_marks = onto_gpu_clock(trace, self.gpu_name or self.gpu.name, self._reset_marks)
         # the recorder's note about its allocator instrument does not apply: fake tensors have no allocator
         trace.metadata["notes"] = [n for n in trace.metadata.get("notes", []) if "allocator='none'" not in n]
         trace.metadata["notes"].append(
             "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
             f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
         return trace
-
-    def _retime(self, trace):
-        """Put the trace on the modeled clock of the GPU (memlens.retime: ops back to back, durations from
-        the per-op cost model); the reset marks follow the first op after them. Keeps the host clock, with a
-        note, when the GPU is not in memlens.gpus() or retiming fails."""
-        from memlens.devicetime.retiming import retime
-        ops = trace.ops.sort_values(["start_ns", "op_id"])
-        starts = ops["start_ns"].to_numpy()
-        marks = [int(ops["op_id"].iloc[i]) for i in np.searchsorted(starts, self._reset_marks) if i < len(ops)]
-        try:
-            out = retime(trace, gpu=self.gpu_name or self.gpu.name)
-        except Exception as exc:   # an unknown GPU for the cost model, or no cost facts: keep the host clock
-            trace.metadata.setdefault("notes", []).append(
-                f"predict: not retimed onto a GPU clock ({type(exc).__name__}: {exc}); times are host times of "
-                "fake execution")
-            return trace
-        new_start = out.ops.set_index("op_id")["start_ns"]
-        self._reset_marks = [int(new_start.loc[m]) - 1 for m in marks]
-        out.metadata["prediction"]["reset_peak_ns"] = self._reset_marks
-        return out
 
     # ---- results ----------------------------------------------------------------------------
     def _need_trace(self):
@@ -333,26 +266,7 @@ class Prediction:
         the CUDA context and NCCL buffers like `fits`; None when the run fits."""
         cap = _capacity_bytes(capacity)
         sim = self.simulate(cap)
-        if sim is None or not sim.ooms:
-            return None
-        first = sim.ooms[0]
-        trace = self.trace
-        blocks = trace.blocks
-        # the failing request is the allocation at the OOM's position in the replayed order (alloc_seq)
-        hit = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_seq"] == int(first["seq"]))]
-        row = hit.iloc[0] if len(hit) else None
-        bid = int(row["block_id"]) if row is not None else None
-        t_ns = int(row["alloc_ns"]) if row is not None else int(first.get("t_ns", 0))
-        alive = blocks[(blocks["device"] == "cuda:0") & (blocks["alloc_ns"].fillna(-1) < t_ns)
-                       & (blocks["free_ns"].isna() | (blocks["free_ns"].fillna(0) > t_ns))]
-        live = alive.sort_values("size", ascending=False)[["block_id", "size", "category", "op", "module"]]
-        stack = None
-        if row is not None and trace.stacks is not None and pd.notna(row["stack_id"]):
-            stack = trace.stacks[trace.stacks["stack_id"] == int(row["stack_id"])]
-        return OOM(bid if bid is not None else -1, int(row["requested_size"]) if row is not None else
-                   int(first.get("requested", 0)), str(row["op"]) if row is not None else "",
-                   str(row["module"]) if row is not None else "", t_ns, int(first.get("reserved", 0)),
-                   int(live["size"].sum()), cap, stack, live.reset_index(drop=True))
+        return first_oom(self.trace, sim, cap)
 
     def summary(self) -> dict:
         """The headline figures (bytes, ns)."""
@@ -394,28 +308,3 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
 
 def active_prediction() -> Prediction | None:
     return getattr(_active, "prediction", None)
-
-
-def fake(model):
-    """Move a real `nn.Module` onto fake `cuda` inside an active prediction, without allocating real memory.
-
-    Each parameter and buffer is replaced by a fake `cuda` tensor of the same shape, dtype and strides
-    (values are not copied: predictions need none). Returns the module (changed in place).
-    """
-    import torch
-    p = active_prediction()
-    if p is None:
-        raise RuntimeError("memlens.fake(model) works inside `with memlens.predict(...)`")
-    for module in model.modules():
-        for key, param in list(module._parameters.items()):
-            if param is None:
-                continue
-            new = torch.empty_strided(param.shape, param.stride(), dtype=param.dtype, device="cuda")
-            module._parameters[key] = torch.nn.Parameter(new, requires_grad=param.requires_grad)
-        for key, buf in list(module._buffers.items()):
-            if buf is not None:
-                module._buffers[key] = torch.empty_strided(buf.shape, buf.stride(), dtype=buf.dtype, device="cuda")
-    session = p._recorder._session
-    if session is not None and p.model is model:
-        session._register_modules(model, session.module_prefix)
-    return model

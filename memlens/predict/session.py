@@ -12,7 +12,8 @@ from weakref import ref as _weakref
 
 import torch
 
-from memlens.predict.scratch import index_put_sort_facts, reduce_facts, reduce_op_table
+from memlens.predict.scratch_index_put import index_put_sort_facts
+from memlens.predict.scratch_reduce import reduce_facts, reduce_op_table
 from memlens.record.session import Session, _RecordingMode
 
 Tensor = torch.Tensor
@@ -65,10 +66,10 @@ class _PredictMode(_RecordingMode):
 
 
 _TO_DTYPE = torch.ops.aten.to.dtype
-# ops whose CUDA kernel may take the sorted-accumulate path with its own temporaries (memlens.predict.scratch)
+# ops whose CUDA kernel may take the sorted-accumulate path with its own temporaries (memlens.predict.scratch_index_put)
 _INDEX_PUT_OPS = frozenset({torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                             torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index_put.default})
-# ops whose CUDA kernel may need a global reduction buffer (memlens.predict.scratch.reduce_global_bytes)
+# ops whose CUDA kernel may need a global reduction buffer (memlens.predict.scratch_reduce.reduce_global_bytes)
 _REDUCE_OPS = frozenset(reduce_op_table())
 _SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS
 
@@ -95,8 +96,8 @@ class PredictSession(Session):
         self.live_cuda_bytes = 0
         self.peak_cuda_bytes = 0
         self.op_threads: list[int] = []   # per op: the thread that ran it (the cuBLAS workspace is per thread)
-        self.index_put_facts: dict[int, tuple] = {}   # op index -> scratch.index_put_sort_facts (sorted path)
-        self.reduce_facts: dict[int, tuple] = {}      # op index -> scratch.reduce_facts (CUDA reductions)
+        self.index_put_facts: dict[int, tuple] = {}   # op index -> scratch_index_put.index_put_sort_facts
+        self.reduce_facts: dict[int, tuple] = {}      # op index -> scratch_reduce.reduce_facts (reductions)
 
     def learn_op(self, func) -> tuple:
         entry = super().learn_op(func)

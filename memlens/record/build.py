@@ -69,7 +69,8 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
 def _cost_columns(session: Session, n: int) -> dict:
     """flops / bytes_read / bytes_written / dtype / shapes per op, from the deduplicated cost signatures
     (computed here, once per distinct signature, not while recording)."""
-    from memlens.record.costs import compiled_record, facts_table, per_op_columns
+    from memlens.record.compiled_signatures import compiled_record
+    from memlens.record.costs import facts_table, per_op_columns
     if getattr(session, "backend", "python") == "compiled":
         # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): decode each once
         records = [compiled_record(*session.decode_signature(i)) for i in range(len(session.signatures))]

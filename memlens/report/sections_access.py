@@ -14,7 +14,7 @@ def ati(ctx: ReportContext) -> list:
     """ATI histogram and ECDF with the bandwidth filter, the lifetime edges beside them, statistics per
     category and the blocks whose idle time changes most from step to step."""
     from memlens.analysis.ati import ati_by, ati_stats
-    from memlens.analysis.outliers import bandwidth_filter, filter_summary
+    from memlens.analysis.swappable import bandwidth_filter, filter_summary
     from memlens.viz.ati import ati_ecdf, ati_histogram
 
     ctx.require_accesses("The ATI distribution")
@@ -64,7 +64,7 @@ def two_clocks_ati(ctx: ReportContext) -> list:
     import pandas as pd
 
     from memlens.analysis.ati import access_intervals, ati_stats
-    from memlens.analysis.outliers import bandwidth_filter, filter_summary
+    from memlens.analysis.swappable import bandwidth_filter, filter_summary
     from memlens.clock import clock_label
 
     rows = []

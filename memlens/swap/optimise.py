@@ -2,7 +2,7 @@
 
 - ``doa`` / ``aoa`` / ``wdoa``: Zhang et al.'s priorities, computed once on the load before swapping, as in
   the paper: DOA (duration of absence) = ATI - swap-out time - swap-in time; AOA = DOA x size; WDOA = the
-  absence window weighted by how far the load is then over the limit (`memlens.analysis.outliers.wdoa_ns`,
+  absence window weighted by how far the load is then over the limit (`memlens.analysis.wdoa.wdoa_ns`,
   the same WDOA the outlier ranking shows). Candidates are taken in priority order; a pick is kept only
   when it adds no stall, does not raise the peak and lowers the load over the goal (bytes x time above
   it), until the peak is at most the limit. The goal is the limit, or the infinite-bandwidth peak when
@@ -76,8 +76,8 @@ class _Evaluator:
 
 def priority_scores(cands: pd.DataFrame, curve: LoadCurve, goal: int) -> dict[str, np.ndarray]:
     """Zhang et al.'s three priorities of each candidate on the load before swapping:
-    {"doa": ns, "aoa": byte*ns, "wdoa": ns} (`memlens.analysis.outliers.wdoa_ns` with limit `goal`)."""
-    from memlens.analysis.outliers import wdoa_ns, weight_integral
+    {"doa": ns, "aoa": byte*ns, "wdoa": ns} (`memlens.analysis.wdoa.wdoa_ns` with limit `goal`)."""
+    from memlens.analysis.wdoa import wdoa_ns, weight_integral
 
     doa = cands["doa_ns"].to_numpy(np.float64)
     z = cands["size"].to_numpy(np.float64)

@@ -1,7 +1,7 @@
 """Access time intervals (ATI): histogram and ECDF, split by what the bandwidth filter lets through.
 
 An interval is swappable when it is at least the round trip of its block over the host link
-(`memlens.analysis.outliers.bandwidth_filter`); that threshold depends on the block's size, so the bars are
+(`memlens.analysis.swappable.bandwidth_filter`); that threshold depends on the block's size, so the bars are
 split exactly (swappable vs too short) and the dashed line marks the round trip of the median-size block as
 a reference.
 """
@@ -16,7 +16,7 @@ from memlens.viz.labels import plot_text
 
 def _filtered(trace_or_intervals, bandwidth, device):
     """Intervals with the bandwidth filter applied; a frame that already went through it is used as is."""
-    from memlens.analysis.outliers import bandwidth_filter
+    from memlens.analysis.swappable import bandwidth_filter
 
     if isinstance(trace_or_intervals, pd.DataFrame) and "swappable" in trace_or_intervals.columns:
         iv = trace_or_intervals
@@ -53,7 +53,7 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
     """Figure: log-binned histogram of ATIs (ns), bars split into swappable / too short at `bandwidth`.
 
     Accepts a Trace (needs accesses), a frame from `memlens.analysis.ati.access_intervals`, or one from
-    `memlens.analysis.outliers.bandwidth_filter` (used as filtered; pass the same `bandwidth`). `weight` is
+    `memlens.analysis.swappable.bandwidth_filter` (used as filtered; pass the same `bandwidth`). `weight` is
     "count" (intervals) or "bytes_ns" (size x length: where the idle memory is).
     """
     import plotly.graph_objects as go

@@ -1,7 +1,7 @@
 """The explorer's ATI panel: access time intervals of the current selection, split by the bandwidth filter.
 
 An interval counts for the selection when its block is selected and the interval overlaps the time range.
-Each interval is swappable or filtered out at the chosen link (`memlens.analysis.outliers.bandwidth_filter`:
+Each interval is swappable or filtered out at the chosen link (`memlens.analysis.swappable.bandwidth_filter`:
 length >= the block's round trip out and back in), which is the observation of Li et al. that most ATIs
 are too short to hide a transfer. The figures are `memlens.viz.ati_histogram` / `ati_ecdf`.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.outliers import bandwidth_filter, filter_summary
+from memlens.analysis.swappable import bandwidth_filter, filter_summary
 from memlens.units import format_bytes, format_ns, format_share
 from memlens.viz.labels import safe
 from memlens.widgets.geometry import BlockGeometry

@@ -4,28 +4,24 @@ Every control changes an immutable `ExplorerState`; `Explorer.refresh` recompute
 data for that state (`memlens.widgets.timeline`) and the ATI panel, so zooming the timeline (a relayout
 event), filtering, picking an iteration or recolouring updates everything together. The handlers are public
 methods (`update`, `zoom`, `click`, `select_iteration`, `run_whatif`) so tests drive the widget without a
-browser; the browser only adds the plotly events that call them.
+browser; the browser only adds the plotly events that call them. The controls are in
+`memlens.widgets.controls`, the drawing of the timeline and status line in `memlens.widgets.drawing`.
 """
 from __future__ import annotations
-
-import json
 
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
 
 from memlens.errors import InputError
-from memlens.trace import CATEGORIES
-from memlens.units import format_bytes, format_ns, parse_bytes
-from memlens.viz.labels import binary_ticks, safe
+from memlens.units import format_ns
+from memlens.viz.labels import safe
+from memlens.widgets.controls import ExplorerControls
 from memlens.widgets.details import block_details, details_html, hit_test, live_at, live_html
+from memlens.widgets.drawing import block_hover_text, draw_timeline, show_figure, status_html, timeline_widget
 from memlens.widgets.geometry import block_geometry
-from memlens.widgets.state import AXES, COLOUR_BY, VIEWS, ExplorerState, colour_groups, iteration_window, \
-    selection_mask
-from memlens.widgets.timeline import PLOT_HEIGHT_PX, PLOT_WIDTH_PX, AccessMarks, blocks_view, stacked_view
-
-MARGIN = dict(l=70, r=20, t=50, b=45)
-ALL = -1   # the iteration selector's "all" (ipywidgets treats a None value as no selection)
+from memlens.widgets.state import ExplorerState, colour_groups, iteration_window, selection_mask
+from memlens.widgets.timeline import PLOT_HEIGHT_PX, AccessMarks, blocks_view, stacked_view
 
 
 def _default_device(trace) -> str:
@@ -33,10 +29,7 @@ def _default_device(trace) -> str:
     return max(peaks, key=lambda d: (peaks[d], d)) if peaks else "cpu"
 
 
-LABEL = {"description_width": "initial"}  # a label as wide as its text (the default box cut labels off)
-
-
-class Explorer(W.VBox):
+class Explorer(ExplorerControls, W.VBox):
     """Interactive view of a Trace; see the module docstring. Build with `memlens.widgets.explore`."""
 
     def __init__(self, trace, device: str | None = None):
@@ -45,17 +38,14 @@ class Explorer(W.VBox):
         self._iterations = None
         self._busy = False
         self._ati_key = None      # what the ATI panel shows now (device, filters, time range, link, ECDF)
-        self._syncing = False     # True while controls are set from the state (their observers must not fire)
+        self._stack_hover: dict = {}  # stack id -> hover text (`block_hover_text`)
         self.selected_block: int | None = None
         self.state = ExplorerState(device=device or _default_device(trace))
         geom = self.geometry()
         if geom.n and np.isnan(geom.y0).all():   # no addresses (e.g. 2021 Kineto files): only live memory
             self.state = self.state.with_(view="stacked")
         self.view_data = None
-        self.timeline = go.FigureWidget(layout=dict(
-            width=PLOT_WIDTH_PX + MARGIN["l"] + MARGIN["r"], height=PLOT_HEIGHT_PX + MARGIN["t"] + MARGIN["b"],
-            margin=MARGIN, template="plotly_white", dragmode="zoom", hovermode="closest",
-            legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0)))
+        self.timeline = timeline_widget()
         self.timeline.layout.on_change(self._on_relayout, "xaxis.range", "yaxis.range")
         self.timeline.layout.on_change(self._on_autorange, "xaxis.autorange")
         # only the timeline needs a FigureWidget (zoom and click events); the panels' figures are shown through
@@ -71,101 +61,6 @@ class Explorer(W.VBox):
         super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details]), self._panels])
         self.add_class("memlens-explorer")
         self.refresh()
-
-    # ---- controls --------------------------------------------------------------------------------
-    def _build_controls(self):
-        present = set(self.trace.blocks["category"].unique())
-        categories = [c for c in CATEGORIES if c in present] + sorted(present - set(CATEGORIES))
-        self.status = W.HTML()
-        self.w_device = W.Dropdown(options=self.trace.devices or [self.state.device], value=self.state.device,
-                                   description="device", layout=W.Layout(width="180px"), style=LABEL)
-        self.w_view = W.ToggleButtons(options=VIEWS, value=self.state.view, description="view",
-                                      style={"button_width": "80px", **LABEL})
-        self.w_axis = W.ToggleButtons(options=AXES, value="time", description="x axis",
-                                      style={"button_width": "60px", **LABEL})
-        self.w_colour = W.Dropdown(options=COLOUR_BY, value="category", description="colour by",
-                                   layout=W.Layout(width="190px"), style=LABEL)
-        self.w_iteration = W.Dropdown(options=[("all", ALL)], value=ALL, description="iteration",
-                                      layout=W.Layout(width="170px"), style=LABEL)
-        self.w_reset = W.Button(description="reset zoom", layout=W.Layout(width="100px"))
-        self.w_categories = W.SelectMultiple(options=categories, value=tuple(categories), rows=4,
-                                             description="category", layout=W.Layout(width="260px"), style=LABEL)
-        modules = sorted(m for m in self.trace.blocks["module"].unique() if m)
-        self.w_module = W.Combobox(options=modules[:2000], placeholder="module prefix, e.g. model.layers.0",
-                                   description="module", ensure_option=False, continuous_update=False,
-                                   layout=W.Layout(width="330px"), style=LABEL)
-        self.w_min_size = W.Text(value="0", description="min size", placeholder="e.g. 1MiB",
-                                 continuous_update=False, layout=W.Layout(width="180px"), style=LABEL)
-        self.w_bandwidth = W.FloatLogSlider(value=25.0, base=10, min=-1, max=3, step=0.05,
-                                            description="link GB/s", continuous_update=False,
-                                            layout=W.Layout(width="420px"), style=LABEL)
-        self.w_ecdf = W.Checkbox(value=False, description="ECDF")
-        self.ati_summary = W.HTML()
-        self.w_allocator = W.Dropdown(options=["caching", "malloc", "bestfit", "bump"], value="caching",
-                                      description="allocator", layout=W.Layout(width="200px"), style=LABEL)
-        self.w_conf = W.Text(value="expandable_segments:True", description="ALLOC_CONF",
-                             layout=W.Layout(width="360px"), style=LABEL)
-        self.w_run_whatif = W.Button(description="compare", button_style="primary")
-        self.whatif_result = W.HTML("<i>Compare the recorded run with another allocator configuration, a "
-                                    "static plan and swapping at the ATI panel's link.</i>")
-        self._controls = W.VBox([
-            W.HBox([self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_iteration, self.w_reset]),
-            W.HBox([self.w_categories, W.VBox([self.w_module, self.w_min_size])])])
-        ati = W.VBox([W.HBox([self.w_bandwidth, self.w_ecdf]), self.ati_summary, self.ati_output])
-        whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
-                         self.whatif_output])
-        self._panels = W.Tab([ati, whatif])
-        self._panels.set_title(0, "access intervals (ATI)")
-        self._panels.set_title(1, "what-if")
-        for w in (self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_categories, self.w_bandwidth,
-                  self.w_ecdf):
-            w.observe(self._on_control, names="value")
-        self.w_module.observe(self._on_control, names="value")
-        self.w_min_size.observe(self._on_control, names="value")
-        self.w_iteration.observe(self._on_iteration, names="value")
-        self.w_reset.on_click(lambda _: self.zoom(None, None))
-        self.w_run_whatif.on_click(lambda _: self.run_whatif())
-
-    def _on_control(self, _change):
-        if self._syncing:
-            return
-        try:
-            min_size = parse_bytes(self.w_min_size.value or "0")
-        except (InputError, ValueError) as exc:
-            self.status.value = f"<span style='color:#b00'>min size: {safe(exc)}</span>"
-            return
-        self.update(device=self.w_device.value, view=self.w_view.value, axis=self.w_axis.value,
-                    colour_by=self.w_colour.value, categories=tuple(self.w_categories.value),
-                    module=self.w_module.value or "", min_size=min_size,
-                    bandwidth=f"{self.w_bandwidth.value:.4g}GB/s")
-
-    def _on_iteration(self, change):
-        if not self._syncing:
-            self.select_iteration(None if change["new"] == ALL else change["new"])
-
-    def _sync_controls(self):
-        """Show the state in the controls (after a method call changed it) without firing their observers."""
-        from memlens.analysis.bandwidth import BandwidthModel
-        state = self.state
-        self._syncing = True
-        try:
-            self.w_device.value = state.device
-            self.w_view.value = state.view
-            self.w_axis.value = state.axis
-            self.w_colour.value = state.colour_by
-            self.w_categories.value = tuple(self.w_categories.options) if state.categories is None else \
-                tuple(c for c in self.w_categories.options if c in state.categories)
-            self.w_module.value = state.module
-            if parse_bytes(self.w_min_size.value or "0") != state.min_size:
-                self.w_min_size.value = str(state.min_size)
-            gbps = BandwidthModel.parse(state.bandwidth).h2d_bytes_per_s / 1e9
-            if np.isfinite(gbps) and abs(np.log10(gbps) - np.log10(self.w_bandwidth.value)) > 1e-3:
-                self.w_bandwidth.value = gbps
-            wanted = ALL if state.iteration is None else state.iteration
-            if wanted in [v for _, v in self.w_iteration.options]:
-                self.w_iteration.value = wanted
-        finally:
-            self._syncing = False
 
     # ---- cached per-device data ------------------------------------------------------------------
     def geometry(self, device: str | None = None):
@@ -286,31 +181,9 @@ class Explorer(W.VBox):
             self.click(points.xs[0], points.ys[0] if points.ys else 0.0)
 
     # ---- rendering -------------------------------------------------------------------------------
-    def _sync_iteration_options(self):
-        its = self.iterations()
-        options = [("all", ALL)] + [(f"{int(k)}", int(k)) for k in its["iteration"] if k >= 0]
-        if list(self.w_iteration.options) != options and its["source"].iloc[0] != "none":
-            self.w_iteration.options = options
-
     def hover_text(self, geom, positions) -> list[str]:
-        """Hover text of blocks (positions in `geom`): id, size, category, op, then the allocation stack
-        (Python frames innermost first, C++ frames folded), escaped; stacks are formatted once each."""
-        from memlens.analysis.peak_cause import stack_lines
-        from memlens.units import format_bytes
-
-        cache = self.__dict__.setdefault("_stack_hover", {})
-        blocks = self.trace.blocks
-        rows = geom.rows[positions]
-        sids = blocks["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[rows]
-        out = []
-        for p, r, sid in zip(positions, rows, sids):
-            key = None if np.isnan(sid) else int(sid)
-            if key not in cache:
-                lines = stack_lines(self.trace.stacks, key, 10) if key is not None else []
-                cache[key] = ("<br>stack:<br>" + "<br>".join(safe(ln) for ln in lines)) if lines else ""
-            out.append(f"block {int(geom.block_id[p])}: {safe(format_bytes(geom.size[p]))}, "
-                       f"{safe(blocks['category'].iat[r])} / {safe(blocks['op'].iat[r]) or '(unknown)'}{cache[key]}")
-        return out
+        """Hover text of blocks (positions in `geom`): see `memlens.widgets.drawing.block_hover_text`."""
+        return block_hover_text(self.trace, geom, positions, self._stack_hover)
 
     def refresh(self):
         """Recompute and redraw the timeline, status line and ATI panel for the current state."""
@@ -327,54 +200,13 @@ class Explorer(W.VBox):
             else:
                 data = stacked_view(geom, state, full, group, names, colours)
             self.view_data = data
-            self._draw_timeline(data)
+            draw_timeline(self.timeline, data, self._on_timeline_click)
             self._sync_iteration_options()
             self._sync_controls()
-            self._status(geom, mask, data)
+            self.status.value = status_html(self.state, geom, mask, data)
             self._draw_ati(geom, mask)
         finally:
             self._busy = False
-
-    def _draw_timeline(self, data):
-        fig = self.timeline
-        same_shape = [(t.type, t.name) for t in fig.data] == [(t["type"], t["name"]) for t in data.traces]
-        with fig.batch_update():
-            if same_shape:
-                for existing, new in zip(fig.data, data.traces):
-                    existing.update(new, overwrite=True)
-            else:
-                fig.data = ()
-        if not same_shape:
-            fig.add_traces(data.traces)
-            for t in fig.data:
-                t.on_click(self._on_timeline_click)
-        with fig.batch_update():
-            fig.layout.xaxis.update(title_text=data.x_title,
-                                    range=[data.x_range[0] / data.scale, data.x_range[1] / data.scale])
-            # binary units on the byte axis, as everywhere else (plotly's ".3s" would say "8.39MB")
-            if data.y_range is not None:
-                vals, text = binary_ticks(*data.y_range)
-                fig.layout.yaxis.update(title_text=data.y_title, range=list(data.y_range), tickvals=vals,
-                                        ticktext=text, autorange=False)
-            else:
-                top = max((float(np.nanmax(t["y"])) for t in data.traces if len(t.get("y", [])) and
-                           t.get("type") == "scattergl"), default=1.0)
-                vals, text = binary_ticks(0.0, top)
-                fig.layout.yaxis.update(title_text=data.y_title, range=None, autorange=True, tickvals=vals,
-                                        ticktext=text)
-
-    def _status(self, geom, mask, data):
-        lo, hi = geom.to_time(np.array(data.x_range), self.state.axis)
-        text = (f"<b>{safe(self.state.device)}</b>: {int(mask.sum()):,} of {geom.n:,} blocks selected "
-                f"({safe(format_bytes(float(geom.size[mask].sum())))} allocated in total), "
-                f"{safe(format_ns(lo))} to {safe(format_ns(hi))}")
-        if self.state.view == "blocks":
-            text += (f"; {data.drawn:,} drawn one by one, {data.rastered:,} aggregated below pixel size, "
-                     f"{data.accesses_shown:,} access marks")
-            missing = int(np.isnan(geom.y0).sum())
-            if missing:
-                text += f"; {missing:,} blocks have no address (see the stacked view)"
-        self.status.value = text
 
     def _draw_ati(self, geom, mask):
         from memlens.widgets.ati_panel import ati_figure, ati_summary_html, filtered_intervals, selection_intervals
@@ -394,15 +226,6 @@ class Explorer(W.VBox):
         self.ati_summary.value = ati_summary_html(filtered_intervals(selected, self.state.bandwidth))
         self.ati_figure = ati_figure(selected, self.state.bandwidth, as_ecdf=self.w_ecdf.value)
         show_figure(self.ati_output, self.ati_figure)
-
-
-def show_figure(output: W.Output, fig, *more) -> None:
-    """Show `fig` (and `more` figures below it) in `output` as plotly's JSON mime bundles (rendered by the
-    notebook's plotly extension)."""
-    output.outputs = tuple(
-        {"output_type": "display_data", "metadata": {},
-         "data": {"application/vnd.plotly.v1+json": json.loads(f.to_json()), "text/plain": "plotly figure"}}
-        for f in (fig, *more))
 
 
 def explore(trace, device: str | None = None) -> Explorer:

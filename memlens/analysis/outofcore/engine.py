@@ -292,7 +292,8 @@ def _outliers_bucket(files, scratch, bucket, span, device, bw, top, priority, mi
     """Pass 2 of one bucket: `outliers()` on its blocks against the whole trace's live curves (its top
     `top`), and the bandwidth filter's partial sums."""
     from memlens.analysis.ati import access_intervals
-    from memlens.analysis.outliers import bandwidth_filter, outliers
+    from memlens.analysis.outliers import outliers
+    from memlens.analysis.swappable import bandwidth_filter
     trace = load_bucket(files, scratch, bucket, span, True)
     iv = bandwidth_filter(access_intervals(trace, device=device), bw)
     ranked = outliers(trace, bw, top=None, priority=priority, device=device, intervals=iv, min_size=min_size,

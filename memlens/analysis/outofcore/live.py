@@ -169,7 +169,7 @@ def curve_sums(scratch: str, device: str, tb: int, offset: int, next_t: float) -
 def peak_context(scratch: str, device: str, tbs: list[int], parts: list[dict], span: tuple[int, int],
                  limit_bytes: float | None, runner) -> dict:
     """What `outliers` needs of a device's whole live curve, built a time bucket at a time: ``t_peak`` and
-    the cumulative WDOA weight integral (`outliers.load_weight`'s arrays, one .npy piece per time bucket
+    the cumulative WDOA weight integral (`wdoa.load_weight`'s arrays, one .npy piece per time bucket
     that `ChunkedIntegral` reads back). Memory: one bucket; disk: 16 bytes per event."""
     peak, t_peak = combine_peak(parts)
     hi = span[1]
@@ -210,7 +210,7 @@ def peak_context(scratch: str, device: str, tbs: list[int], parts: list[dict], s
 
 class ChunkedIntegral:
     """The cumulative WDOA weight integral of a whole live curve (``np.interp(x, times, cum)`` of
-    `outliers.load_weight`'s arrays), evaluated a time bucket's piece at a time: memory is one piece
+    `wdoa.load_weight`'s arrays), evaluated a time bucket's piece at a time: memory is one piece
     (16 bytes per event of a time bucket), whatever the trace's length."""
 
     def __init__(self, chunks: list[str], firsts: list[float]):
