@@ -113,7 +113,12 @@ class PartitionedTraceWriter:
         if table not in self._writers:
             arrow = pa.Table.from_pandas(head, preserve_index=False)
             self._schemas[table] = arrow.schema
-            self._writers[table] = pq.ParquetWriter(self._tmp / f"{table}.parquet", arrow.schema)
+            # dictionary encoding for the text columns only: Parquet's dictionary for an integer column with
+            # many distinct values costs ~5x the row group in hash tables while it is written (measured:
+            # +53 MB for 128Ki event rows, +3 MB without it) and is abandoned as too large anyway
+            text = [f.name for f in arrow.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+            self._writers[table] = pq.ParquetWriter(self._tmp / f"{table}.parquet", arrow.schema,
+                                                    use_dictionary=text)
         else:
             try:
                 arrow = pa.Table.from_pandas(head, schema=self._schemas[table], preserve_index=False)
