@@ -139,7 +139,6 @@ def test_streamed_read_holds_much_less_for_a_trace_of_unused_events(tmp_path):
             hwm[mode, n] = int(proc.stdout.split()[-1]) * 1024
         src.unlink()
     grow = {mode: hwm[mode, 16_000] - hwm[mode, 2_000] for mode in ("streamed", "whole")}
-    print(grow, hwm)
     assert grow["streamed"] < grow["whole"] / 4, (grow, hwm)
 
 
