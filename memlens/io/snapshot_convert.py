@@ -61,7 +61,9 @@ def _story_events(ev: EventColumns, block_of_row: np.ndarray) -> pd.DataFrame:
     """The events columns the story reads, typed as the conformed events table types them."""
     is_block = block_of_row >= 0
     return pd.DataFrame({
-        "t_ns": ev.t_ns.astype(np.int64, copy=False), "action": ev.action,
+        # object, as the conformed table has it: left to infer, pandas would copy the strings into Arrow
+        # and the story's ``to_numpy(object)`` make a Python string per row again
+        "t_ns": ev.t_ns.astype(np.int64, copy=False), "action": pd.Series(ev.action, dtype=object, copy=False),
         "block_id": pd.arrays.IntegerArray(np.where(is_block, block_of_row, 0), ~is_block),
         "stack_id": pd.arrays.IntegerArray(np.where(ev.stack_id == NO_STACK, 0, ev.stack_id),
                                            ev.stack_id == NO_STACK),
