@@ -152,9 +152,9 @@ def test_conversion_memory_grows_less_than_the_in_memory_import(tmp_path):
     story (phases smoothed over every event, categories counted over every block) need every entry, so the
     conversion keeps numpy columns per entry (~80 bytes) and the blocks, and the story's per-event arrays
     peak on top; the import also holds the events as DataFrames and their Arrow copy while saving. Measured
-    here: +137 to +143 MB converting vs +227 to +240 MB importing from 40k to 400k entries (~25 MB noise
-    seen), so the bound (4/5 of the import's growth) leaves ~40 MB of room; materialising the events would
-    bring the conversion to the import's growth."""
+    here: +103 MB converting vs +230 MB importing from 40k to 400k entries (~25 MB noise seen), so the bound
+    (2/3 of the import's growth) leaves ~50 MB of room; materialising the events would bring the conversion
+    to the import's growth."""
     hwm = {}
     for n in (40_000, 400_000):
         src = tmp_path / f"s{n}.pickle"
@@ -166,7 +166,7 @@ def test_conversion_memory_grows_less_than_the_in_memory_import(tmp_path):
             hwm[mode, n] = int(proc.stdout.split()[-1]) * 1024
         src.unlink()
     grow = {mode: hwm[mode, 400_000] - hwm[mode, 40_000] for mode in ("convert", "import")}
-    assert grow["convert"] < 0.8 * grow["import"], (grow, hwm)
+    assert grow["convert"] < 2 / 3 * grow["import"], (grow, hwm)
 
 
 def _outcome(fn):
