@@ -1,9 +1,9 @@
 """Convert a CUDA memory snapshot pickle to a saved ``NAME.memlens`` trace without building the `Trace`.
 
-`import_snapshot` followed by `save_trace` holds, at its peak, the walker's entry columns, the events as a
-DataFrame (an object column per string field, a nullable array per optional integer), its conformed copy,
-the blocks and the whole Arrow table of each being written: ~580 bytes per device-trace entry on a
-synthetic 700k-entry snapshot. `convert_snapshot` keeps the entries only as the numpy columns of
+`import_snapshot` followed by `save_trace` holds the events as a DataFrame (an object column per string
+field, a nullable array per optional integer) alongside everything else, and the whole Arrow table of each
+table while it is written: its peak grows ~470 bytes per device-trace entry on synthetic snapshots (552 MB
+for 706k entries). `convert_snapshot` keeps the entries only as the numpy columns of
 `memlens.io.snapshot.SnapshotParts` (~80 bytes per entry) and writes the ``events`` table from them a row
 group at a time (`memlens.io.partitioned.PartitionedTraceWriter`), so no per-row Python object and no
 whole-table DataFrame or Arrow copy of the events is ever made.
@@ -19,8 +19,10 @@ bytes per entry, not the DataFrames'):
   filled forward from earlier ones, and the categories count sizes over all blocks.
 
 Those run on the compact columns (the same code as the in-memory import, `snapshot_parts`, so the tables
-are identical); the per-entry columns of the story (t_ns, action, block id, stack id) are views of them.
-The blocks, stacks and allocator-state tables are held whole, as in memory (a block per three entries).
+are identical); the story keeps four per-entry columns (t_ns and action as views, block id and stack id,
+~34 bytes per entry) after the others are freed. The blocks, stacks and allocator-state tables are held
+whole, as in memory (about a block per three entries). The peak grows ~290 bytes per entry (373 MB for 706k
+entries).
 """
 from __future__ import annotations
 
@@ -39,9 +41,10 @@ STREAM_ROWS_PER_GROUP = 1 << 17  # rows per row group; a group of events in memo
 # Arrow while it is written: ~25 MB
 
 
-class _StoryView:
-    """What `memlens.io.snapshot_story.tell_story` reads of a trace (blocks, the events' t_ns / action /
-    block_id / stack_id, stacks, ops, metadata, the time span), without a whole events DataFrame."""
+class _TraceView:
+    """What `memlens.io.snapshot_story.tell_story` and `memlens.trace_checks.validate_trace` read of a trace
+    (blocks, some columns of the events, stacks, ops, allocator state, metadata, the time span), without a
+    whole events DataFrame."""
 
     def __init__(self, blocks, events, stacks, ops, metadata, segments=None, segment_blocks=None):
         from memlens.trace import conform
@@ -125,7 +128,7 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
     # the checks `memlens.io.load` makes of every import, on the same columns (the events' as numpy views)
     checked_events = pd.DataFrame({"t_ns": parts.events.t_ns, "size": parts.events.size}, copy=False)
     try:
-        validate_trace(_StoryView(blocks, checked_events, stacks, ops, meta, parts.final.segments,
+        validate_trace(_TraceView(blocks, checked_events, stacks, ops, meta, parts.final.segments,
                                   parts.final.segment_blocks))
     except InputError as exc:
         raise InputError(f"bad values in the file: {exc.message}", path) from None
@@ -142,7 +145,7 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
         parts.events = parts.block_of_row = ev = block_of_row = None
         _release_arrow_pool()  # the groups' Arrow buffers, kept for reuse by the pool: the story comes next
         with snapshot_errors(path):
-            tell_story(_StoryView(blocks, story_events, stacks, ops, meta), parts.stack_codes)
+            tell_story(_TraceView(blocks, story_events, stacks, ops, meta), parts.stack_codes)
         del story_events
         w.metadata = dict(meta)  # with the phases and model calls the story added
         _add_in_groups(w, "blocks", blocks, rows_per_group)
