@@ -12,6 +12,7 @@ the import (includes allocator slack and the pages of the mmap'ed file it has re
 drop). The baseline, measured the same way, is plain ``pickle.load`` of the file.
 
     python benchmarks/import_speed.py --mb 100
+    python benchmarks/import_speed.py --mb 100 --save   # import + save vs convert_snapshot (memlens import)
 """
 from __future__ import annotations
 
@@ -97,9 +98,21 @@ if mode == "pickle":
     with open(path, "rb") as f:
         obj = pickle.load(f)
     n = len(obj["device_traces"][0])
-else:
+elif mode == "memlens":
     trace = import_snapshot(path)
     n = len(trace.events)
+elif mode == "save":  # the in-memory import saved, what `memlens import` does below 256 MiB
+    import shutil
+    trace = import_snapshot(path)
+    trace.save(path + ".memlens")
+    n = len(trace.events)
+    shutil.rmtree(path + ".memlens")
+else:  # "convert": convert_snapshot, what `memlens import` does from 256 MiB
+    import shutil
+    from memlens.io.snapshot_convert import convert_snapshot
+    convert_snapshot(path, path + ".memlens")
+    n = json.load(open(path + ".memlens/manifest.json"))["tables"]["events"]["rows"]
+    shutil.rmtree(path + ".memlens")
 wall = time.perf_counter() - t0
 cpu = time.process_time() - c0
 heap_peak = tracemalloc.get_traced_memory()[1] if heap else 0
@@ -126,6 +139,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100.0, help="size of the synthetic snapshot (MB)")
     parser.add_argument("--keep", help="write the snapshot here and keep it")
+    parser.add_argument("--save", action="store_true",
+                        help="compare import + save with convert_snapshot (peak RSS, time) instead")
     args = parser.parse_args(argv)
     tmp = tempfile.TemporaryDirectory()
     path = Path(args.keep) if args.keep else Path(tmp.name) / "synthetic_snapshot.pickle"
@@ -133,6 +148,8 @@ def main(argv=None) -> int:
     n = write_snapshot(path, args.mb)
     size = os.path.getsize(path)
     print(f"synthetic snapshot: {size / 1e6:.1f} MB, {n:,} entries (generated in {time.perf_counter() - t0:.1f} s)")
+    if args.save:
+        return compare_save(path, size)
     base = measure(path, "pickle")
     ours = measure(path, "memlens")
     for label, m in (("plain pickle.load (baseline)", base), ("memlens import_snapshot", ours)):
@@ -145,6 +162,18 @@ def main(argv=None) -> int:
     ok = ours["cpu_s"] < budget_s and ours["heap_peak"] <= 3 * size
     print(f"target (<{budget_s:.1f} CPU-s for this size, i.e. 30 s per 100 MB, and heap <= 3x file):",
           "met" if ok else "NOT met", "(wall time counts other processes' load; CPU time does not)")
+    return 0
+
+
+def compare_save(path: Path, size: int) -> int:
+    """`import_snapshot` + save (baseline) vs `convert_snapshot`, each in a fresh child: time and peak RSS."""
+    runs = {mode: _child(path, mode, heap=False) for mode in ("save", "convert")}
+    for label, m in (("import_snapshot + save (baseline)", runs["save"]), ("convert_snapshot", runs["convert"])):
+        print(f"{label:34s} {m['wall_s']:7.2f} s wall {m['cpu_s']:7.2f} s CPU  {m['events']:,} events  "
+              f"RSS peak {m['rss_peak_above_start'] / 2**20:7.1f} MiB above start ({m['rss_peak_above_start'] / size:4.2f}x file)")
+    base, conv = runs["save"], runs["convert"]
+    print(f"convert / import+save: {conv['cpu_s'] / base['cpu_s']:.2f}x CPU time, "
+          f"{conv['rss_peak_above_start'] / max(base['rss_peak_above_start'], 1):.2f}x peak RSS")
     return 0
 
 

@@ -18,19 +18,24 @@ def default_output(src: str) -> Path:
     return Path(f"{name}.memlens")
 
 
-STREAM_ABOVE_BYTES = 256 << 20  # a buffer-lifetime CSV this large is converted in chunks, never loaded whole
+STREAM_ABOVE_BYTES = 256 << 20  # a buffer-lifetime CSV or snapshot this large is converted without a Trace
+_STREAMED_FORMATS = ("lifetimes_csv", "cuda_snapshot", "kineto")
 
 
-def _streamed(args) -> bool:
-    """Whether `args.src` is a buffer-lifetime CSV large enough to convert a chunk at a time (the in-memory
-    import holds ~200 bytes per buffer; the chunked one 8, for the duplicate-id check)."""
+def _streamed(args) -> str | None:
+    """The format of `args.src` when it is large enough to convert without building a `Trace` (a
+    buffer-lifetime CSV a chunk at a time: the in-memory import holds ~200 bytes per buffer, the chunked
+    one 8; a CUDA snapshot with its events written in row groups: see `memlens.io.snapshot_convert`; a
+    Kineto trace read a piece at a time, keeping only the events the importer reads, then saved as
+    usual: `memlens.io.kineto_stream`), else None."""
     import os
 
     from memlens.io.detect import detect_format
     src = Path(args.src)
     if not src.is_file() or os.path.getsize(src) < STREAM_ABOVE_BYTES:
-        return False
-    return (args.format or detect_format(src)) == "lifetimes_csv"
+        return None
+    kind = args.format or detect_format(src)
+    return kind if kind in _STREAMED_FORMATS else None
 
 
 def register(sub) -> None:
@@ -56,24 +61,41 @@ def run(args) -> int:
     dst = Path(args.output) if args.output else default_output(args.src)
     if dst.exists() and not args.overwrite:
         raise InputError("already exists (pass --overwrite to replace it)", dst)
-    if _streamed(args):
-        from memlens.io.lifetimes_csv import convert_lifetimes_csv
-        written = convert_lifetimes_csv(args.src, dst, overwrite=args.overwrite)
+    kind = _streamed(args)
+    if kind in ("lifetimes_csv", "cuda_snapshot"):
         import json
 
         from memlens.tracedir import MANIFEST
-        blocks = json.loads((Path(written) / MANIFEST).read_text())["tables"]["blocks"]["rows"]
+        if kind == "lifetimes_csv":
+            from memlens.io.lifetimes_csv import convert_lifetimes_csv as convert
+            how = "converted in chunks"
+        else:
+            from memlens.io.snapshot_convert import convert_snapshot as convert
+            how = "events written in row groups"
+        written = convert(args.src, dst, overwrite=args.overwrite)
+        manifest = json.loads((Path(written) / MANIFEST).read_text())
+        counts = {name: manifest["tables"][name]["rows"] for name in ("blocks", "events")
+                  if name in manifest["tables"] and (name == "blocks" or kind == "cuda_snapshot")}
         if args.json:
-            print_json({"output": str(written), "source_kind": "lifetimes_csv", "blocks": blocks, "streamed": True})
+            print_json({"output": str(written), "source_kind": kind, **counts, "streamed": True})
             return 0
-        print(f"imported {args.src} (lifetimes_csv, converted in chunks) -> {written}: {blocks:,} blocks; "
+        said = ", ".join(f"{rows:,} {name}" for name, rows in counts.items())
+        print(f"imported {args.src} ({kind}, {how}) -> {written}: {said}; "
               "`memlens info --engine dask` summarises it out of core")
+        if kind == "cuda_snapshot":
+            for note in manifest["metadata"].get("notes", []):
+                print(f"note: {note}")
         return 0
-    trace = load(args.src, format=args.format)
+    if kind == "kineto":
+        from memlens.io.detect import validated
+        from memlens.io.kineto_stream import import_kineto_streamed
+        trace = validated(import_kineto_streamed(args.src), args.src)
+    else:
+        trace = load(args.src, format=args.format)
     written = trace.save(dst, overwrite=args.overwrite)
     s = trace.summary()
     if args.json:
-        print_json({"output": str(written), **s})
+        print_json({"output": str(written), **s, **({"streamed": True} if kind == "kineto" else {})})
         return 0
     peaks = ", ".join(f"{dev} {format_bytes(peak)}" for dev, peak in s["peak_live_bytes"].items())
     print(f"imported {args.src} ({s['source_kind']}) -> {written}: {s['blocks']:,} blocks, {s['ops']:,} ops, "

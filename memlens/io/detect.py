@@ -97,9 +97,16 @@ def load(path, format: str | None = None):
     trace = importer(path)
     if fmt != "memlens":  # load_trace validates its own; an import must pass the same checks, or a
         # trace would be accepted now and its saved copy refused on reload
-        from memlens.trace_checks import validate_trace
-        try:
-            validate_trace(trace)
-        except InputError as exc:
-            raise InputError(f"bad values in the file: {exc.message}", path) from None
+        validated(trace, path)
+    return trace
+
+
+def validated(trace, path):
+    """`trace` (imported from `path`) after the checks every import passes (`trace_checks.validate_trace`);
+    `InputError` naming `path` otherwise."""
+    from memlens.trace_checks import validate_trace
+    try:
+        validate_trace(trace)
+    except InputError as exc:
+        raise InputError(f"bad values in the file: {exc.message}", path) from None
     return trace

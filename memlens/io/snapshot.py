@@ -25,6 +25,9 @@ Snapshots record no accesses; ``metadata["notes"]`` says so and lists everything
 """
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -74,8 +77,15 @@ def snapshot_to_trace(snapshot, source: str = "<in-memory snapshot>", path=None,
     of segments) into a `memlens.Trace`. `source` names it in metadata and error messages."""
     where = path if path is not None else source
     segments, device_traces, extras = _normalize(snapshot, where)
-    try:
+    with snapshot_errors(where):
         return _convert(segments, device_traces, extras, source, interner or new_stack_interner())
+
+
+@contextlib.contextmanager
+def snapshot_errors(where):
+    """Errors while converting a snapshot's content as one-line `InputError`s naming `where`."""
+    try:
+        yield
     except InputError as exc:
         raise InputError(f"malformed CUDA memory snapshot: {exc.message}", where) from None
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
@@ -211,10 +221,31 @@ def _segment_stream(final: FinalState, sb: pd.DataFrame, dev_index: dict[str, in
     return np.where(idx >= 0, streams[idx.clip(0)] if len(streams) else 0, 0).astype(np.int64)
 
 
-def _convert(segments: list, device_traces: list, extras: dict, source: str, interner):
-    from memlens.trace import Trace
+@dataclass
+class SnapshotParts:
+    """A snapshot read into compact columns, before its `Trace` is built: what the in-memory import
+    (`_convert`) and the row-group conversion (`memlens.io.snapshot_convert`) share, so that both give the
+    same tables. `events` holds one row per device-trace entry as numpy columns (~80 bytes per entry, no
+    Python object per row but the shared action strings); the other tables are DataFrames as
+    `Trace.from_tables` takes them."""
 
-    ev = read_device_traces(device_traces, interner)
+    events: EventColumns
+    block_of_row: np.ndarray  # int64 per event row: its block id, -1 for entries that are not block events
+    blocks: pd.DataFrame
+    final: FinalState
+    stacks: pd.DataFrame
+    stack_codes: object       # `memlens.io.snapshot_frames.StackCodes` of `stacks`
+    ops: pd.DataFrame | None
+    metadata: dict
+
+
+def snapshot_parts(segments: list, device_traces: list, extras: dict, source: str, interner,
+                   release: bool = False) -> SnapshotParts:
+    """Everything but the `Trace`: events, blocks (with op / location hints, category not yet told), the
+    final allocator state, stacks, annotation ops and metadata. Raises what `_convert` raises.
+    `release`: the streaming reader's entry columns in `device_traces` are dropped once read (see
+    `read_device_traces`)."""
+    ev = read_device_traces(device_traces, interner, release=release)
     # ALLOC / FREE_REQUESTED / FREE_COMPLETED codes (0, 1, 2) by a vectorised hash lookup; -1 otherwise
     kind = pd.Index(list(_KIND)).get_indexer(ev.action).astype(np.int64)
     pairing = pair_blocks(ev.device_code, kind, ev.addr, ev.seq)
@@ -242,16 +273,25 @@ def _convert(segments: list, device_traces: list, extras: dict, source: str, int
         values = np.full(len(blocks), "", dtype=object)
         values[has] = hints[col].to_numpy()[sid[has]]
         blocks[col] = values
+    del hints
     blocks["category"] = "unknown"
     blocks["source"] = SOURCE
 
-    events = events_table(ev, pairing.block_of_row)
     metadata = describe(ev, kind, blocks, final, facts, extras, source)
     ops = annotation_ops(extras.get("external_annotations"), ev.t0_unix_ns,
                          int(ev.t_ns.max()) if len(ev) else None)
-    trace = Trace.from_tables(blocks, ops=ops, metadata=metadata, events=events, segments=final.segments,
-                              segment_blocks=final.segment_blocks, stacks=stacks)
-    del stacks, hints  # the trace holds its own (conformed) copy: keep the peak down for the story
+    return SnapshotParts(ev, pairing.block_of_row, blocks, final, stacks, stack_codes, ops, metadata)
+
+
+def _convert(segments: list, device_traces: list, extras: dict, source: str, interner):
+    from memlens.trace import Trace
+
+    parts = snapshot_parts(segments, device_traces, extras, source, interner)
+    events = events_table(parts.events, parts.block_of_row)
+    trace = Trace.from_tables(parts.blocks, ops=parts.ops, metadata=parts.metadata, events=events,
+                              segments=parts.final.segments, segment_blocks=parts.final.segment_blocks,
+                              stacks=parts.stacks)
+    stack_codes = parts.stack_codes
+    del parts, events  # the trace holds its own (conformed) copies: keep the peak down for the story
     tell_story(trace, stack_codes)  # phases, model calls and categories from the stacks and annotations
     return trace
-

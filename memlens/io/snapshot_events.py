@@ -99,15 +99,19 @@ def _part_from_columns(cols: EntryColumns) -> dict:
     return part
 
 
-def read_device_traces(device_traces: list, interner: StackInterner) -> EventColumns:
+def read_device_traces(device_traces: list, interner: StackInterner, release: bool = False) -> EventColumns:
     """Columns of all entries of ``snapshot["device_traces"]`` (a list per device, device i = cuda:i).
 
-    A device's entries may be a list of dicts or the streaming reader's `EntryColumns`."""
+    A device's entries may be a list of dicts or the streaming reader's `EntryColumns`. `release`: replace
+    each `EntryColumns` in `device_traces` by None once read, so that its ~60 bytes per entry are freed
+    before the next device's are converted (the caller gives up the list)."""
     devices, parts = [], []
     offset = 0
     for index, entries in enumerate(device_traces):
         if isinstance(entries, EntryColumns):
             part = _part_from_columns(entries)
+            if release:
+                device_traces[index] = entries = None
         elif isinstance(entries, list):
             part = _part_from_dicts(entries, index, interner)
         else:
@@ -126,13 +130,14 @@ def read_device_traces(device_traces: list, interner: StackInterner) -> EventCol
                       "device_free": (np.empty(0, np.int64), np.empty(0, bool)),
                       "stack_id": np.empty(0, np.int64)})
 
+    # one device (the usual case): its arrays as they are, not a copy of each
     def cat(key):
-        return np.concatenate([p[key] for p in parts])
+        return parts[0][key] if len(parts) == 1 else np.concatenate([p[key] for p in parts])
 
     def cat_pair(key, i):
-        return np.concatenate([p[key][i] for p in parts])
+        return parts[0][key][i] if len(parts) == 1 else np.concatenate([p[key][i] for p in parts])
 
-    action = np.concatenate([p["action"] for p in parts])
+    action = cat("action")
     repairs = {}
     if offset and pd.api.types.infer_dtype(action, skipna=False) != "string":
         # an entry without an action string says nothing about what happened: kept verbatim in events

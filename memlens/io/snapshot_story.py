@@ -80,8 +80,11 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         alloc_phase[pos[a]] = event_phase[a]
         fr = ok & np.isin(action, ["free_requested", "free_completed"])
         # the request's phase (the first free row of a block) is when the program let go of it
-        first = pd.Series(np.flatnonzero(fr)).groupby(pos[fr]).first()
-        free_phase[first.index.to_numpy()] = event_phase[first.to_numpy()]
+        # (the smallest row per block, by an in-place minimum: no sort or groupby of every free row)
+        first = np.full(n, len(fr), dtype=np.int64)
+        np.minimum.at(first, pos[fr], np.flatnonzero(fr))
+        has_free = first < len(fr)
+        free_phase[has_free] = event_phase[first[has_free]]
     alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
     free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
     _, hi = trace.time_span_ns()

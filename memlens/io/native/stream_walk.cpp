@@ -423,8 +423,11 @@ struct SlotSet {
 // Which memo slots some GET reads (a first pass over the opcodes, building nothing). The pass follows the
 // walk's own decoding; where the walk would fail (an unknown opcode, a truncated argument, a GET of a slot
 // not yet filled) it stops, since nothing after that point is ever read.
-void mark_read_slots(const unsigned char* data, Py_ssize_t n, std::vector<uint64_t>& words) {
-    Py_ssize_t puts = 0, pos = 0;
+// `drop_pages`: `data` is a read-only mmap of a file; the pages read are given back every 16 MiB (as the walk
+// does), so that this pass does not make the whole file resident at once.
+void mark_read_slots(const unsigned char* data, Py_ssize_t n, std::vector<uint64_t>& words, bool drop_pages) {
+    Py_ssize_t puts = 0, pos = 0, dropped = 0, next_drop = 16 << 20;
+    static const Py_ssize_t page = sysconf(_SC_PAGESIZE);
     auto put = [&]() {
         if ((puts & 63) == 0) words.push_back(0);
         puts++;
@@ -435,6 +438,12 @@ void mark_read_slots(const unsigned char* data, Py_ssize_t n, std::vector<uint64
         return true;
     };
     while (pos < n) {
+        if (drop_pages && pos >= next_drop) {
+            Py_ssize_t upto = (pos / page) * page;
+            madvise((void*)(data + dropped), (size_t)(upto - dropped), MADV_DONTNEED);
+            dropped = upto;
+            next_drop = pos + (16 << 20);
+        }
         unsigned char op = data[pos++];
         switch (op) {
         case 0x94: put(); break;  // MEMOIZE
@@ -482,10 +491,10 @@ void mark_read_slots(const unsigned char* data, Py_ssize_t n, std::vector<uint64
     }
 }
 
-SlotSet referenced_slots(const unsigned char* data, Py_ssize_t n) {
+SlotSet referenced_slots(const unsigned char* data, Py_ssize_t n, bool drop_pages) {
     SlotSet set;
     std::vector<uint64_t>& words = set.words;
-    mark_read_slots(data, n, words);
+    mark_read_slots(data, n, words, drop_pages);
     set.before.resize(words.size());
     uint32_t total = 0;
     for (size_t w = 0; w < words.size(); w++) {
@@ -1024,7 +1033,7 @@ PyObject* walk(PyObject*, PyObject* args) {
         w.too_many_loose = too_many_loose;
         w.released = released;
         w.max_stack = max_stack;
-        w.referenced = referenced_slots(w.data, w.n);
+        w.referenced = referenced_slots(w.data, w.n, w.drop_pages);
         if (w.init_keys()) result = w.run();
     }
     PyBuffer_Release(&view);
