@@ -32,9 +32,12 @@ def _start_record(tmp_path, out, mode="sleep", code=0):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # SIGINT at its default in the child whatever pytest inherited: a shell starts background jobs with SIGINT
+    # ignored, and Python keeps an ignored SIGINT ignored (Ctrl-C would never reach such a recording)
     return subprocess.Popen([sys.executable, "-m", "memlens", "record", "-o", str(out), "--allocator", "none",
                              "--", "python", str(script), mode, str(code)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 @pytest.mark.parametrize("sig,status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
