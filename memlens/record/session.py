@@ -212,6 +212,29 @@ class Session(Attribution):
         self._refs.clear()
         self._live.clear()
 
+    # ---- after stop: the accesses a window of ops at a time (the streaming save) -------------------
+    def access_windows(self, max_ops: int, max_records: int):
+        """Yield (first op, end op, packed accesses of ops [first, end): int64, block << 1 | write) in op
+        order, from the start each time it is called: windows of at most `max_ops` ops and, past their
+        first op, `max_records` records. This recorder holds them in memory: these are slices of its buffer
+        (the compiled one decodes them window by window)."""
+        raw = self.buf.ops.to_numpy()
+        acc_end = np.concatenate([[0], raw[:, 5]]) if len(raw) else np.zeros(1, np.int64)
+        packed = self.buf.accesses.to_numpy()[:, 0]
+        lo = 0
+        while lo < len(raw):
+            hi = min(lo + max(max_ops, 1), len(raw))
+            # the most ops from lo whose records fit max_records (at least one)
+            hi = max(lo + 1, min(hi, int(np.searchsorted(acc_end, acc_end[lo] + max_records, side="right")) - 1))
+            yield lo, hi, packed[acc_end[lo]:acc_end[hi]]
+            lo = hi
+
+    def load_all_accesses(self) -> None:
+        """Make sure every access is in `buf.accesses` (they are, here; see CompiledSession)."""
+
+    def close_windows(self) -> None:
+        """Free what `access_windows` reads from (nothing here; see CompiledSession)."""
+
     def fail(self, exc: BaseException) -> None:
         """An internal error: warn, stop recording, keep what was recorded so far."""
         if self.active:
