@@ -180,11 +180,11 @@ def save_trace(trace, path, *, overwrite: bool = False) -> Path:
     return save_tables(path, lambda: trace.metadata, tables, overwrite=overwrite)
 
 
-def save_tables(path, metadata, tables, *, overwrite: bool = False) -> Path:
+def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_group: int = ROWS_PER_GROUP) -> Path:
     """Write tables to the trace directory `path` atomically (as `save_trace`); returns the final path.
 
     `tables`: (name, value) pairs, written in that order; a value is a DataFrame (written in row groups of
-    `ROWS_PER_GROUP` rows), an iterator of DataFrames (each conformed and written as one row group as it
+    `rows_per_group` rows), an iterator of DataFrames (each conformed and written as one row group as it
     comes, so a table bigger than memory is never held: the recorder's streaming save), or None (no such
     table). `metadata`: the manifest's metadata, or a function returning it, called after every table is
     written (a streaming writer learns some of it from the tables).
@@ -212,8 +212,8 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False) -> Path:
             fname = f"{name}.parquet"
             if isinstance(value, pd.DataFrame):
                 df = conform(name, value)
-                groups = write_table(df, tmp / fname, ROWS_PER_GROUP)
-                rows, per_group, ordered = len(df), ROWS_PER_GROUP, name == "accesses" and _time_ordered(df)
+                groups = write_table(df, tmp / fname, rows_per_group)
+                rows, per_group, ordered = len(df), rows_per_group, name == "accesses" and _time_ordered(df)
             else:
                 rows, groups, per_group, ordered = write_chunks(name, value, tmp / fname)
             with open(tmp / fname, "rb") as f:

@@ -41,6 +41,7 @@ from memlens.tracedir import save_tables
 
 OPS_PER_WINDOW = 1 << 17        # most ops in one window (each window's accesses are one Parquet row group)
 RECORDS_PER_WINDOW = 1 << 18    # most access records in one window past its first op (~25 MB at its peak)
+TABLE_ROWS_PER_GROUP = 1 << 16  # blocks/ops rows converted to Arrow at once (their object columns are costly)
 _NONE = np.iinfo(np.int64).max
 
 
@@ -106,14 +107,18 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
     records_per_window = int(records_per_window or RECORDS_PER_WINDOW)
     ops, op_module_idx, iteration_source = build_ops(session)
     blocks = build_blocks(session, ops, op_module_idx)
+    del op_module_idx
     first = FirstAccesses(blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64))
+    start, end = ops["start_ns"].to_numpy(copy=True), ops["end_ns"].to_numpy(copy=True)
+    # the tables are handed on, not kept here: each copy a step makes can replace the one before it
+    state = {"blocks": blocks, "ops": ops}
+    del blocks, ops
     counts = {"accesses": 0}
-    done: dict = {}
 
     def access_windows():
-        start, end = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
         raw = session.buf.ops.to_numpy()
         acc_end = np.concatenate([[0], raw[:, 5]]) if len(raw) else np.zeros(1, np.int64)
+        del raw
         for lo, hi, packed in session.access_windows(ops_per_window, records_per_window):
             window = accesses_of_ops(packed, np.diff(acc_end[lo:hi + 1]), lo, start, end)
             first.add(window)
@@ -123,16 +128,17 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
     def tables():
         yield "accesses", access_windows()
         final_blocks, final_ops, metadata, extra = finish_tables(
-            session, allocator, blocks, ops, first.frame(), iteration_source, settings=settings, clock=clock,
-            exception=exception)
+            session, allocator, state.pop("blocks"), state.pop("ops"), first.frame(), iteration_source,
+            settings=settings, clock=clock, exception=exception)
         _add_metadata(metadata, extra_metadata)
-        trace = Trace.from_tables(final_blocks, None, final_ops, metadata=metadata, **extra)
-        done["trace"] = trace
+        state["trace"] = Trace.from_tables(final_blocks, None, final_ops, metadata=metadata, **extra)
+        del final_blocks, final_ops
         for name in ("blocks", "ops") + tuple(extra):
-            yield name, trace.table(name)
+            yield name, state["trace"].table(name)
 
-    saved = save_tables(path, lambda: done["trace"].metadata, tables(), overwrite=overwrite)
-    summary = done["trace"].summary()
+    saved = save_tables(path, lambda: state["trace"].metadata, tables(), overwrite=overwrite,
+                        rows_per_group=TABLE_ROWS_PER_GROUP)
+    summary = state["trace"].summary()
     summary["accesses"] = counts["accesses"]
     summary["has_accesses"] = counts["accesses"] > 0
     return Path(saved), summary
