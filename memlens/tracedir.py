@@ -180,16 +180,17 @@ def save_trace(trace, path, *, overwrite: bool = False) -> Path:
     return save_tables(path, lambda: trace.metadata, tables, overwrite=overwrite)
 
 
-def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_group: int = ROWS_PER_GROUP) -> Path:
+def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_group: int | None = None) -> Path:
     """Write tables to the trace directory `path` atomically (as `save_trace`); returns the final path.
 
     `tables`: (name, value) pairs, written in that order; a value is a DataFrame (written in row groups of
-    `rows_per_group` rows), an iterator of DataFrames (each conformed and written as one row group as it
-    comes, so a table bigger than memory is never held: the recorder's streaming save), or None (no such
-    table). `metadata`: the manifest's metadata, or a function returning it, called after every table is
-    written (a streaming writer learns some of it from the tables).
+    `rows_per_group` rows, default `ROWS_PER_GROUP`), an iterator of DataFrames (each conformed and written
+    as one row group as it comes, so a table bigger than memory is never held: the recorder's streaming
+    save), or None (no such table). `metadata`: the manifest's metadata, or a function returning it, called
+    after every table is written (a streaming writer learns some of it from the tables).
     """
     path = Path(path)
+    rows_per_group = int(rows_per_group or ROWS_PER_GROUP)
     if not path.exists() and any(_siblings(path, ".old")):
         with _dir_lock(path.parent, exclusive=True):
             _recover(path)

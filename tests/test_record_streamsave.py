@@ -198,4 +198,5 @@ def test_memory_at_save_does_not_grow_with_the_recorded_accesses(tmp_path):
     streamed = _save_growth(tmp_path, "streamed", large) - _save_growth(tmp_path, "streamed", small)
     in_memory = _save_growth(tmp_path, "in_memory", large) - _save_growth(tmp_path, "in_memory", small)
     assert in_memory > 120 << 20, f"in-memory growth {in_memory >> 20} MB: the workload is too small to tell"
-    assert streamed < 60 << 20, f"streamed save grew {streamed >> 20} MB from 1x to 8x (in memory: {in_memory >> 20} MB)"
+    assert streamed < 60 << 20, \
+        f"streamed save grew {streamed >> 20} MB from 1x to 8x (in memory: {in_memory >> 20} MB)"

@@ -4,21 +4,24 @@
 that grows with the length of a recording (one row per (op, block) touched: 10^8-10^9 rows in a long run),
 so it is never held whole: the compiled recorder's windowed drain (recorder.cpp ``drain_windowed`` /
 ``next_accesses``) decodes the accesses of a window of ops at a time (at most `OPS_PER_WINDOW` ops and
-`RECORDS_PER_WINDOW` records) from its coded streams (memory and spill files), each window becomes its rows (`build.accesses_of_ops`, the same code as the in-memory
-path) and is written as one Parquet row group. What the blocks table needs from the accesses (each block's
-first access, and its first access by another op than the one that made it) is kept per block as the
-windows pass (`FirstAccesses`, 32 bytes per block), then the blocks are finished exactly as
-`assemble.assemble_trace` finishes them.
+`RECORDS_PER_WINDOW` records) from its coded streams (memory and spill files), each window becomes its
+rows (`build.accesses_of_ops`, the same code as the in-memory path) and is written as one Parquet row
+group. What the blocks table needs from the accesses (each block's first access, and its first access by
+another op than the one that made it) is kept per block as the windows pass (`FirstAccesses`, 32 bytes per
+block), then the blocks are finished exactly as `assemble.assemble_trace` finishes them.
 
-Memory at save, besides the recording's Python objects:
-- ops: held whole (the ops table and the session's op records: ~50 bytes per op in int64 records, plus the
-  DataFrame, ~100-150 bytes per op with its object columns), and 8 bytes per op in the C++ window index;
-- blocks: held whole (one row per block: the session's 7 int64 columns, 56 bytes, and the blocks
-  DataFrame, ~250 bytes per block with its object columns; joins with allocator events work on it);
-- one window of accesses (at most `RECORDS_PER_WINDOW` rows past its first op: ~25 bytes per row in the
-  DataFrame, ~4x that while it is sorted and converted to Arrow), plus a 64 KiB read buffer per recording thread;
-- not the accesses: the in-memory path holds them as int64 records (8 bytes each), then the table and its
-  sort (~100 bytes per access at its peak).
+Memory at save (measured as a child's VmHWM growth, tests/test_record_streamsave.py and the notes):
+- accesses: one window (at most `RECORDS_PER_WINDOW` records past its first op: ~25 bytes per row in the
+  DataFrame, 25-60 MB at the window's peak with the sort and the Arrow conversion), a 64 KiB read buffer per
+  recording thread, 8 bytes per op in the C++ window index and 32 bytes per block (`FirstAccesses`). The
+  in-memory path holds every access as an int64 record, then the table and its sort (~80 bytes per access
+  at its peak). A loop of 200 accesses per op: +22 MB at save from 300k to 2.4M accesses (in memory +185 MB).
+- ops and blocks: whole. Backward ops take the module of any earlier forward op, blocks take their op's
+  name, phase, module and stack, and the allocator join matches blocks against op intervals and all
+  allocator events (merge_asof per device and address), all on whole DataFrames; the drain decodes the op
+  and block records with numpy, and `Trace.from_tables` conforms copies. On a training loop (~0.8 blocks
+  and ~1.4 accesses per op) that is ~1.3 KB per op at the peak, and it dominates: 250 -> 2000 MLP steps
+  (32k -> 260k ops) grow the save's peak by 289 MB streamed, 320 MB in memory.
 
 The Python recorder keeps its accesses in memory while it records; saving it this way writes the same
 trace in row groups but bounds nothing. CUDA recordings with kernel times are moved onto the kernel clock
