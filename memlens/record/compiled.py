@@ -156,10 +156,12 @@ class CompiledSession(Session):
             return
         handle = self._windows
         handle.rewind_accesses()
-        n = self.buf.ops.to_numpy().shape[0]
+        n = len(self.buf.ops)
         lo = 0
         while lo < n:
             taken, raw = handle.next_accesses(max_ops, max_records)
+            if taken == 0:   # the C++ side has no more ops than buf.ops: never, but never loop forever
+                raise RuntimeError(f"memlens: the recorder's access windows ended at op {lo} of {n}")
             yield lo, lo + taken, np.frombuffer(raw, dtype="<i4").astype(np.int64)
             lo += taken
 

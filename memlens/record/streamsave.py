@@ -119,9 +119,7 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
     counts = {"accesses": 0}
 
     def access_windows():
-        raw = session.buf.ops.to_numpy()
-        acc_end = np.concatenate([[0], raw[:, 5]]) if len(raw) else np.zeros(1, np.int64)
-        del raw
+        acc_end = session.access_ends()
         for lo, hi, packed in session.access_windows(ops_per_window, records_per_window):
             window = accesses_of_ops(packed, np.diff(acc_end[lo:hi + 1]), lo, start, end)
             first.add(window)
