@@ -176,7 +176,21 @@ def save_trace(trace, path, *, overwrite: bool = False) -> Path:
     Raises `InputError` if `path` exists and is not a memlens trace, or exists and `overwrite` is False,
     or its directory cannot be written.
     """
+    tables = ((name, trace.table(name)) for name in REQUIRED_TABLES + OPTIONAL_TABLES)
+    return save_tables(path, lambda: trace.metadata, tables, overwrite=overwrite)
+
+
+def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_group: int | None = None) -> Path:
+    """Write tables to the trace directory `path` atomically (as `save_trace`); returns the final path.
+
+    `tables`: (name, value) pairs, written in that order; a value is a DataFrame (written in row groups of
+    `rows_per_group` rows, default `ROWS_PER_GROUP`), an iterator of DataFrames (each conformed and written
+    as one row group as it comes, so a table bigger than memory is never held: the recorder's streaming
+    save), or None (no such table). `metadata`: the manifest's metadata, or a function returning it, called
+    after every table is written (a streaming writer learns some of it from the tables).
+    """
     path = Path(path)
+    rows_per_group = int(rows_per_group or ROWS_PER_GROUP)
     if not path.exists() and any(_siblings(path, ".old")):
         with _dir_lock(path.parent, exclusive=True):
             _recover(path)
@@ -192,23 +206,26 @@ def save_trace(trace, path, *, overwrite: bool = False) -> Path:
     except OSError as exc:
         raise InputError(f"cannot write here ({exc.strerror or exc})", path) from None
     try:
-        tables = {}
-        for name in REQUIRED_TABLES + OPTIONAL_TABLES:
-            df = trace.table(name)
-            if df is None:
+        written = {}
+        for name, value in tables:
+            if value is None:
                 continue
-            df = conform(name, df)
             fname = f"{name}.parquet"
-            groups = write_table(df, tmp / fname, ROWS_PER_GROUP)
+            if isinstance(value, pd.DataFrame):
+                df = conform(name, value)
+                groups = write_table(df, tmp / fname, rows_per_group)
+                rows, per_group, ordered = len(df), rows_per_group, name == "accesses" and _time_ordered(df)
+            else:
+                rows, groups, per_group, ordered = write_chunks(name, value, tmp / fname)
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
-            tables[name] = {"file": fname, "rows": int(len(df)), "bytes": (tmp / fname).stat().st_size,
-                            "sha256": _sha256(tmp / fname), "row_groups": groups,
-                            "rows_per_group": ROWS_PER_GROUP}
-            if name == "accesses" and _time_ordered(df):
-                tables[name]["sorted_by"] = "t_ns"  # each row group one time range: the dask engine uses it
+            written[name] = {"file": fname, "rows": int(rows), "bytes": (tmp / fname).stat().st_size,
+                             "sha256": _sha256(tmp / fname), "row_groups": groups, "rows_per_group": per_group}
+            if ordered:
+                written[name]["sorted_by"] = "t_ns"  # each row group one time range: the dask engine uses it
+        meta = metadata() if callable(metadata) else metadata
         manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
-                    "metadata": _jsonable(trace.metadata), "tables": tables}
+                    "metadata": _jsonable(meta), "tables": written}
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
@@ -232,6 +249,39 @@ def save_trace(trace, path, *, overwrite: bool = False) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def write_chunks(name: str, chunks, fpath: Path) -> tuple[int, int, int, bool]:
+    """Write the DataFrames of the iterator `chunks` to the Parquet file `fpath` as table `name`, one row
+    group per non-empty chunk, each conformed and converted to Arrow alone; returns (rows, row groups, rows
+    of the largest group, whether t_ns never decreases (accesses only))."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    writer, schema = None, None
+    rows = groups = largest = 0
+    ordered, last_t = name == "accesses", None
+    try:
+        for chunk in chunks:
+            if chunk is None or len(chunk) == 0:
+                continue
+            df = conform(name, chunk)
+            if ordered:
+                t = df["t_ns"].to_numpy(dtype=np.int64)
+                ordered = bool((t[1:] >= t[:-1]).all()) and (last_t is None or t[0] >= last_t)
+                last_t = int(t[-1])
+            if writer is None:
+                schema = pa.Schema.from_pandas(df, preserve_index=False)
+                writer = pq.ParquetWriter(fpath, schema)
+            part = pa.Table.from_pandas(df, schema=schema, preserve_index=False)
+            writer.write_table(part, row_group_size=len(df))
+            rows, groups, largest = rows + len(df), groups + 1, max(largest, len(df))
+            del part, df
+        if writer is None:   # no rows: one empty group, as write_table writes an empty table
+            return 0, write_table(conform(name, None), fpath), ROWS_PER_GROUP, ordered
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows, groups, largest, ordered
 
 
 def _fsync_dir(directory: Path) -> None:

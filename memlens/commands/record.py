@@ -69,17 +69,11 @@ def _check_output(out, force: bool) -> None:
     options.check_output(out, "-o/--output")
 
 
-def _save(trace, out, force: bool):
-    """Save to OUT; if that fails, to a fallback path in the temporary directory. Returns (path, error)."""
+def _fallback_path(out):
+    """Where the recording goes when OUT cannot be written: a path in the temporary directory."""
     import tempfile
     from pathlib import Path
-
-    from memlens.errors import InputError
-    try:
-        return trace.save(out, overwrite=force), None
-    except (OSError, InputError) as exc:
-        fallback = Path(tempfile.gettempdir()) / f"{out.name.removesuffix('.memlens')}.{os.getpid()}.memlens"
-        return trace.save(fallback, overwrite=True), exc
+    return Path(tempfile.gettempdir()) / f"{out.name.removesuffix('.memlens')}.{os.getpid()}.memlens"
 
 
 def run(args) -> int:
@@ -99,7 +93,11 @@ def run(args) -> int:
     sys.argv = [target] + script_args
     # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
-    rec = record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer)
+    # saved as it is built (memlens.record.streamsave): the accesses a window of ops at a time, so a long
+    # recording never has all its accesses in memory
+    rec = record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer,
+                 save_to=out, overwrite=args.force)
+    rec.save_fallback = _fallback_path(out)
 
     def on_sigterm(signum, frame):
         raise _Terminated()
@@ -135,21 +133,21 @@ def run(args) -> int:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         exc_info = (type(failure), failure, failure.__traceback__) if failure else (None, None, None)
+        if interrupted:
+            rec.save_metadata["interrupted"] = interrupted
+            rec.save_metadata["notes"] = [
+                f"The recording was interrupted by {interrupted}: the script did not finish; the trace holds "
+                "everything up to the interruption."]
         rec.__exit__(*exc_info)
-        if rec.trace is None:
+        if rec.saved_path is None:
             print("memlens: no trace was recorded", file=sys.stderr)
             return status or 1
-        if interrupted:
-            rec.trace.metadata["interrupted"] = interrupted
-            rec.trace.metadata.setdefault("notes", []).append(
-                f"The recording was interrupted by {interrupted}: the script did not finish; the trace holds "
-                "everything up to the interruption.")
-        path, error = _save(rec.trace, out, args.force)
+        path, error = rec.saved_path, rec.save_error
     finally:
         if in_main:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, old_term)
-    s = rec.trace.summary()
+    s = rec.saved_summary
     peaks = ", ".join(f"{d} {format_bytes(v)}" for d, v in s["peak_live_bytes"].items()) or "none"
     if error is not None:
         print(printable(f"memlens: error: could not save to {out} ({error}); the recording was saved to {path}"),

@@ -16,13 +16,31 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     `clock` is (time.time_ns(), time.perf_counter_ns()) read together at the start: it places the
     allocator's wall-clock events on the recorder's clock.
     """
+    ops, op_module_idx, iteration_source = build_ops(session)
+    accesses = build_accesses(session, ops)
+    blocks = build_blocks(session, ops, op_module_idx)
+    blocks, ops, metadata, extra = finish_tables(session, allocator, blocks, ops, accesses, iteration_source,
+                                                 settings=settings, clock=clock, exception=exception)
+    trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
+    if "kernel_start_ns" in trace.ops.columns and trace.ops["kernel_start_ns"].notna().any():
+        trace = _onto_kernel_clock(trace)
+    return trace
+
+
+def finish_tables(session: Session, allocator: AllocatorData, blocks: pd.DataFrame, ops: pd.DataFrame,
+                  accesses: pd.DataFrame, iteration_source: str, *, settings: dict, clock: tuple[int, int],
+                  exception: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
+    """(blocks, ops, metadata, optional tables) of a recording from its dispatch-mode tables: autograd seeds
+    refined, allocator events joined, kernel times added to the ops, metadata and the optional tables.
+
+    `accesses` is read for two facts per block only: its first access (time) and its first access by
+    another op than the one that made it (time, op), so the streaming save passes just those rows
+    (`memlens.record.streamsave.FirstAccesses`) and gets the same blocks."""
     import torch
 
     from memlens.record.join import join_allocator
 
-    ops, op_module_idx, iteration_source = build_ops(session)
-    accesses = build_accesses(session, ops)
-    blocks = refine_autograd_seeds(build_blocks(session, ops, op_module_idx), accesses, ops)
+    blocks = refine_autograd_seeds(blocks, accesses, ops)
     notes = list(allocator.notes)
     sources = ["dispatch"] + list(allocator.sources)
     stats = {}
@@ -39,6 +57,7 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         notes.append(f"the recorded block raised {exception}; the trace covers everything up to it")
     devices = sorted(set(blocks["device"].unique().tolist()) | set(session.devices))
     peak_tracked = _peak_tracked(session)
+    buffer_bytes = event_buffer_bytes(session)
     metadata = {
         "source_kind": "memlens_record",
         "torch_version": torch.__version__,
@@ -52,10 +71,10 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         "exception": exception,
         "notes": notes,
         "recorder_overhead": {
-            "event_buffer_bytes": int(session.buf.nbytes),
-            "peak_event_buffer_bytes": int(max(session.peak_buffer_bytes, session.buf.nbytes)),
+            "event_buffer_bytes": int(buffer_bytes),
+            "peak_event_buffer_bytes": int(max(session.peak_buffer_bytes, buffer_bytes)),
             "max_buffer_bytes": int(session.buf.max_bytes),
-            "bytes_per_op": round(session.buf.nbytes / max(session.n_ops, 1), 1),
+            "bytes_per_op": round(buffer_bytes / max(session.n_ops, 1), 1),
             # per watched storage: two dict entries, a weakref with its bound callback and a tuple
             # (~300 bytes in CPython); an upper bound, as storages first seen as inputs count from t=0
             "peak_tracked_storages": peak_tracked,
@@ -69,15 +88,14 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
         # the recorder's own memory at its peak (bytes): compiled = its record buffers and tables;
         # python = its event buffer + the estimated cost of the storages it watched
         "recorder_bytes": int(getattr(session, "recorder_bytes", 0)
-                              or max(session.peak_buffer_bytes, session.buf.nbytes)
+                              or max(session.peak_buffer_bytes, buffer_bytes)
                               + peak_tracked * TRACKING_BYTES_PER_STORAGE),
     }
     if getattr(session, "recorder_parts", None):   # compiled: bytes held per record stream, and counts
         metadata["recorder_buffers"] = {k: int(v) for k, v in session.recorder_parts.items()}
     if getattr(session, "spilled_bytes", 0):
         metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
-    measured = allocator.kernels is not None and len(allocator.kernels) > 0
-    if measured:
+    if allocator.kernels is not None and len(allocator.kernels) > 0:
         ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
     extra = {}
     if session.stack_table is not None:
@@ -88,10 +106,13 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     # without markers or optimizer steps the ops keep no iteration number: the analyses detect iterations
     # from the repeating allocation pattern when asked (memlens.analysis.iterations), so that recording
     # never depends on an analysis
-    trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
-    if measured and trace.ops["kernel_start_ns"].notna().any():
-        trace = _onto_kernel_clock(trace)
-    return trace
+    return blocks, ops, metadata, extra
+
+
+def event_buffer_bytes(session: Session) -> int:
+    """Bytes of the session's int64 event streams, counting the accesses a windowed drain left in the
+    compiled recorder (8 bytes each, as the buffer would hold them), so both saves write the same number."""
+    return int(session.buf.nbytes + 8 * getattr(session, "accesses_not_in_buffer", 0))
 
 
 def _onto_kernel_clock(trace: Trace) -> Trace:

@@ -119,10 +119,19 @@ def build_accesses(session: Session, ops: pd.DataFrame) -> pd.DataFrame:
     raw = session.buf.ops.to_numpy()
     acc_end = raw[:, 5] if len(raw) else np.empty(0, np.int64)
     packed = session.buf.accesses.to_numpy()[:, 0]
-    total = int(acc_end[-1]) if len(acc_end) else 0
-    packed = packed[:total]                        # drop accesses of an op cut short by a failure
     counts = np.diff(np.concatenate([[0], acc_end]))
-    op_id = np.repeat(np.arange(len(raw), dtype=np.int64), counts)
+    return accesses_of_ops(packed, counts, 0, ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy())
+
+
+def accesses_of_ops(packed: np.ndarray, counts: np.ndarray, first_op: int, start: np.ndarray,
+                    end: np.ndarray) -> pd.DataFrame:
+    """The accesses rows of the ops `first_op`, `first_op` + 1, ... (`counts[i]` packed records, block << 1 |
+    write, each, in op order in `packed`), `start`/`end` every op's times (trace ns). Rows come sorted by
+    (op, block), so the rows of consecutive op ranges, concatenated, are the rows of the whole range (the
+    streaming save builds them a window of ops at a time)."""
+    total = int(counts.sum()) if len(counts) else 0
+    packed = np.asarray(packed, dtype=np.int64)[:total]   # drop accesses of an op cut short by a failure
+    op_id = np.repeat(np.arange(first_op, first_op + len(counts), dtype=np.int64), counts)
     block_id = packed >> 1
     is_write = (packed & 1).astype(bool)
     # one row per (op, block): a block passed twice (x * x) is one access; write wins over read
@@ -131,8 +140,6 @@ def build_accesses(session: Session, ops: pd.DataFrame) -> pd.DataFrame:
     keep = np.ones(len(op_id), dtype=bool)
     keep[1:] = (op_id[1:] != op_id[:-1]) | (block_id[1:] != block_id[:-1])
     op_id, block_id, is_write = op_id[keep], block_id[keep], is_write[keep]
-    start = ops["start_ns"].to_numpy()
-    end = ops["end_ns"].to_numpy()
     t = np.where(is_write, end[op_id], start[op_id]) if len(op_id) else np.empty(0, np.int64)
     return pd.DataFrame({"block_id": block_id, "t_ns": t, "op_id": op_id, "is_write": is_write})
 

@@ -64,6 +64,11 @@ class CompiledSession(Session):
         self._own0 = 0
         self._module_hooks: list = []      # torch hook handles of the C++ module hooks
         self.own_ns = 0                    # the recorder's own time subtracted from this thread's clock
+        # set before stop() by a recorder that saves as it goes (save_to=): the accesses stay in the C++
+        # streams and are read a window at a time (access_windows) instead of all at once into `buf`
+        self.stream_accesses = False
+        self._windows = None               # the stopped C++ recording that still holds the accesses
+        self.accesses_not_in_buffer = 0    # accesses left in C++ (counted in the metadata's buffer bytes)
 
     # the module context word lives in C++ (copied into every op record; the C++ module hooks change it)
     @property
@@ -127,9 +132,55 @@ class CompiledSession(Session):
             self._n_ops_final = handle.n_ops()
             self._handle = None
             self.n_ops = self._n_ops_final
+            keep = False
             try:
-                self._drain(handle.drain())
-                self._drain_stacks(handle.drain_stacks())
+                if self.stream_accesses:
+                    d = handle.drain_windowed()
+                    self.accesses_not_in_buffer = int(d["parts"]["n_acc"])
+                    self._drain(d)
+                    self._drain_stacks(handle.drain_stacks())
+                    self._windows, keep = handle, True     # its spill files are read by access_windows
+                else:
+                    self._drain(handle.drain())
+                    self._drain_stacks(handle.drain_stacks())
+            finally:
+                if not keep:
+                    self._remove_spill_dir()
+
+    # ---- after a windowed drain: the accesses from the C++ streams ---------------------------------
+    def access_windows(self, max_ops: int, max_records: int):
+        """As Session.access_windows; after a windowed drain each window is decoded in C++ from the coded
+        streams (memory and spill files): only one window's records (4 bytes each) exist at a time."""
+        if self._windows is None:
+            yield from super().access_windows(max_ops, max_records)
+            return
+        handle = self._windows
+        handle.rewind_accesses()
+        n = len(self.buf.ops)
+        lo = 0
+        while lo < n:
+            taken, raw = handle.next_accesses(max_ops, max_records)
+            if taken == 0:   # the C++ side has no more ops than buf.ops: never, but never loop forever
+                raise RuntimeError(f"memlens: the recorder's access windows ended at op {lo} of {n}")
+            yield lo, lo + taken, np.frombuffer(raw, dtype="<i4").astype(np.int64)
+            lo += taken
+
+    def load_all_accesses(self) -> None:
+        """Read every access into `buf.accesses` (the in-memory path), then free the C++ streams."""
+        if self._windows is None:
+            return
+        parts = [packed for _, _, packed in self.access_windows(1 << 20, 1 << 24)]
+        acc = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        self._fill(self.buf.accesses, acc.reshape(-1, 1))
+        self.accesses_not_in_buffer = 0
+        self.close_windows()
+
+    def close_windows(self) -> None:
+        """Free the C++ access streams and remove their spill files."""
+        handle, self._windows = self._windows, None
+        if handle is not None:
+            try:
+                handle.close_windows()
             finally:
                 self._remove_spill_dir()
 
@@ -401,12 +452,14 @@ class CompiledSession(Session):
         delta.append(-blocks["size"][fb[fc]])
         dev.append(blocks["dev"][fb[fc]].astype(np.int64))
         devices = np.asarray(self.devices + ["?"], dtype=object)
-        dev_all = np.concatenate(dev).astype(np.int64)
-        df = pd.DataFrame({"t_ns": np.concatenate(t).astype(np.int64),
-                           "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
-                           "addr": np.concatenate(ptr).astype(np.int64),
-                           "delta": np.concatenate(delta).astype(np.int64)})
-        return df.sort_values("t_ns", kind="stable").reset_index(drop=True)
+        t_all = np.concatenate(t).astype(np.int64)
+        # sorted as arrays, then one frame (a sorted copy of a frame held two frames: ~70 bytes per event)
+        order = np.argsort(t_all, kind="stable")
+        dev_all = np.concatenate(dev).astype(np.int64)[order]
+        return pd.DataFrame({"t_ns": t_all[order],
+                             "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
+                             "addr": np.concatenate(ptr).astype(np.int64)[order],
+                             "delta": np.concatenate(delta).astype(np.int64)[order]})
 
     # ---- signatures (for per-op cost facts) --------------------------------------------------
     def decode_signature(self, sig: int) -> tuple:

@@ -53,7 +53,7 @@ class Recorder:
 
     def __init__(self, model=None, *, stacks: bool = False, allocator: str | bool = "auto",
                  max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES, module_prefix: str = "model",
-                 kernel_times: bool = True, backend: str | None = None):
+                 kernel_times: bool = True, backend: str | None = None, save_to=None, overwrite: bool = False):
         if allocator not in ("auto", True, False, "profiler", "none"):
             raise ValueError(f"allocator must be 'auto', 'profiler', 'none', True or False, not {allocator!r}")
         self.model = model
@@ -63,6 +63,14 @@ class Recorder:
         self.module_prefix = module_prefix
         self.kernel_times = bool(kernel_times)
         self.backend = backend
+        self.save_to = save_to
+        self.overwrite = bool(overwrite)
+        self.save_metadata: dict = {}    # save_to: keys added to the saved metadata ("notes" appended)
+        self.save_fallback = None        # save_to: where to save when save_to cannot be written
+        self.saved_path = None           # save_to: where the last recording was saved
+        self.saved_summary = None        # save_to: its Trace.summary() numbers
+        self.save_error = None           # save_to: why save_to could not be written (then saved_path is the fallback)
+        self._keep_trace = False         # tests: also build `trace` in memory from the same recording
         self.trace = None
         self._session = None
         self._instruments = None
@@ -81,6 +89,7 @@ class Recorder:
         from memlens.record.session import Session, reap_orphaned_modes
         reap_orphaned_modes()  # recordings of this thread that another thread stopped
         self.trace = None
+        self.saved_path = self.saved_summary = self.save_error = None
         if self.session_class is not None:   # a Session subclass (memlens.predict): the Python backend
             backend, native, note = "python", None, None
         else:
@@ -119,6 +128,7 @@ class Recorder:
             try:
                 session.mark_model_gradients()
             finally:
+                session.stream_accesses = self.save_to is not None   # compiled: drain accesses in windows
                 session.stop()      # always: removes the compiled recorder's callbacks and memory hook
         finally:
             hooks.deactivate(session)
@@ -128,16 +138,59 @@ class Recorder:
                 warnings.warn(f"memlens: allocator events lost ({type(stop_error).__name__}: {stop_error})",
                               RuntimeWarning, stacklevel=2)
                 allocator_data = None
+        exception = None if exc is None else f"{type(exc).__name__}: {exc}"
         try:
-            self.trace = self._build(session, allocator_data, exc)
+            if self.save_to is not None:
+                self._save(session, allocator_data, exception)
+            else:
+                self.trace = self._build(session, allocator_data, exception)
         except Exception as build_error:   # never raise into user code from the recorder itself
             warnings.warn(f"memlens: could not build the trace ({type(build_error).__name__}: {build_error})",
                           RuntimeWarning, stacklevel=2)
             self.trace = None
+        finally:
+            session.close_windows()
         return False
 
-    def _build(self, session, allocator_data, exc):
+    def _save(self, session, allocator_data, exception):
+        """save_to: write the trace to `save_to` as it is built, its accesses a window of ops at a time
+        (`memlens.record.streamsave`); `trace` stays None. When `save_to` cannot be written: to
+        `save_fallback` if set, else the trace is built in memory (`trace`) and the error warned about."""
+        from memlens.errors import InputError
         from memlens.record.assemble import assemble_trace
+        from memlens.record.streamsave import save_recording
+        allocator_data, settings = self._allocator_and_settings(session, allocator_data)
+        options = {"settings": settings, "clock": self._clock, "exception": exception,
+                   "extra_metadata": self.save_metadata}
+        keep = self._keep_trace
+        try:
+            self.saved_path, self.saved_summary = save_recording(session, allocator_data, self.save_to,
+                                                                 overwrite=self.overwrite, **options)
+        except (OSError, InputError) as exc:
+            self.save_error = exc
+            if self.save_fallback is None:
+                warnings.warn(f"memlens: could not save to {self.save_to} ({exc}); the trace is kept in "
+                              "recorder.trace", RuntimeWarning, stacklevel=3)
+                keep = True
+            else:
+                self.saved_path, self.saved_summary = save_recording(session, allocator_data, self.save_fallback,
+                                                                     overwrite=True, **options)
+        if keep:
+            session.load_all_accesses()
+            self.trace = assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
+                                        exception=exception)
+
+    def _build(self, session, allocator_data, exception):
+        from memlens.record.assemble import assemble_trace
+        allocator_data, settings = self._allocator_and_settings(session, allocator_data)
+        return assemble_trace(session, allocator_data, settings=settings, clock=self._clock, exception=exception)
+
+    def _allocator_and_settings(self, session, allocator_data):
+        """The allocator data with the compiled recorder's memory-hook events and notes added (once per
+        recording), and the recorder's settings for the metadata."""
+        if getattr(allocator_data, "_session_added", False):
+            return allocator_data, self._settings()
+        allocator_data._session_added = True
         mem_events = getattr(session, "memory_events", None)
         if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook
             wall0, clock0 = self._clock
@@ -149,11 +202,12 @@ class Recorder:
             allocator_data.notes.append(session.memory_note)
         if getattr(session, "backend_note", None):
             allocator_data.notes.append(session.backend_note)
-        settings = {"stacks": self.stacks, "allocator": self.allocator,
-                    "max_buffer_bytes": self.max_buffer_bytes, "module_prefix": self.module_prefix,
-                    "model": type(self.model).__name__ if self.model is not None else None}
-        return assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
-                              exception=None if exc is None else f"{type(exc).__name__}: {exc}")
+        return allocator_data, self._settings()
+
+    def _settings(self) -> dict:
+        return {"stacks": self.stacks, "allocator": self.allocator,
+                "max_buffer_bytes": self.max_buffer_bytes, "module_prefix": self.module_prefix,
+                "model": type(self.model).__name__ if self.model is not None else None}
 
     # ---- decorator --------------------------------------------------------------------------
     def __call__(self, fn):
@@ -180,6 +234,11 @@ def record(model=None, stacks: bool = False, **options) -> Recorder:
             with a warning when reached, keeping the trace so far.
         module_prefix: name of the root module in paths (default ``"model"``).
         kernel_times: on CUDA, also collect kernel start/end times per op (when CUDA activity is available).
+        save_to: save each recording to this ``NAME.memlens`` path as it is built instead of keeping it in
+            ``recorder.trace`` (None then; ``recorder.saved_path`` says where it went): the accesses table
+            is written a window of ops at a time, so a long recording is saved without ever holding all
+            its accesses (the compiled recorder; see `memlens.record.streamsave` for what is held).
+        overwrite: with save_to, replace an existing trace there.
 
     Returns a `Recorder`; after the block, ``recorder.trace`` is a `memlens.Trace` (times in ns from the
     start of recording, sizes in bytes).

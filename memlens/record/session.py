@@ -212,6 +212,41 @@ class Session(Attribution):
         self._refs.clear()
         self._live.clear()
 
+    # ---- after stop: the accesses a window of ops at a time (the streaming save) -------------------
+    def access_windows(self, max_ops: int, max_records: int):
+        """Yield (first op, end op, packed accesses of ops [first, end): int64, block << 1 | write) in op
+        order, from the start each time it is called: windows of at most `max_ops` ops and, past their
+        first op, `max_records` records. This recorder holds them in memory: these are slices of its buffer
+        (the compiled one decodes them window by window)."""
+        acc_end = self.access_ends()
+        n = len(acc_end) - 1
+        packed = self.buf.accesses.to_numpy()[:, 0]
+        lo = 0
+        while lo < n:
+            hi = min(lo + max(max_ops, 1), n)
+            # the most ops from lo whose records fit max_records (at least one)
+            hi = max(lo + 1, min(hi, int(np.searchsorted(acc_end, acc_end[lo] + max_records, side="right")) - 1))
+            yield lo, hi, packed[acc_end[lo]:acc_end[hi]]
+            lo = hi
+
+    def access_ends(self) -> np.ndarray:
+        """[0, accesses recorded up to the end of op 0, ... of op n-1]: int64, n + 1 values (column 5 of the
+        op records, as `on_op` writes it; only that column is copied, not the whole records)."""
+        ops = self.buf.ops
+        n = len(ops)
+        if n == 0:
+            return np.zeros(1, np.int64)
+        flat = np.frombuffer(ops.data, dtype=np.int64, count=n * ops.width)
+        ends = np.concatenate([[0], flat[5::ops.width]])
+        del flat            # release the buffer export so that the stream can grow again
+        return ends
+
+    def load_all_accesses(self) -> None:
+        """Make sure every access is in `buf.accesses` (they are, here; see CompiledSession)."""
+
+    def close_windows(self) -> None:
+        """Free what `access_windows` reads from (nothing here; see CompiledSession)."""
+
     def fail(self, exc: BaseException) -> None:
         """An internal error: warn, stop recording, keep what was recorded so far."""
         if self.active:

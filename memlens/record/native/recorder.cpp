@@ -407,6 +407,52 @@ struct VarStream {
   }
 };
 
+// Reads a VarStream's records in order a buffer at a time (its spilled bytes from the file, then the
+// in-memory chunks), so a stream is decoded without holding all its records: the streaming save reads
+// the accesses this way, a window of ops at a time. The stream must not grow while it is read.
+template <typename T, typename Codec>
+struct VarReader {
+  static constexpr size_t kBuffer = 1 << 16;   // bytes read ahead (64 KiB)
+  const VarStream<T, Codec>* src = nullptr;
+  Codec codec;
+  std::vector<uint8_t> buf;   // undecoded bytes are buf[pos, size)
+  size_t pos = 0, file_read = 0, chunk = 0, chunk_pos = 0, done = 0;
+
+  void reset(const VarStream<T, Codec>* stream) {
+    src = stream; codec = Codec(); buf.clear(); pos = file_read = chunk = chunk_pos = done = 0;
+    if (src->file) { std::fflush(src->file); std::rewind(src->file); }
+  }
+  void refill() {
+    buf.erase(buf.begin(), buf.begin() + pos);
+    pos = 0;
+    while (buf.size() < kBuffer) {
+      size_t want = kBuffer - buf.size(), old = buf.size();
+      if (file_read < src->spilled_bytes) {
+        size_t k = std::min(want, src->spilled_bytes - file_read);
+        buf.resize(old + k);
+        if (std::fread(buf.data() + old, 1, k, src->file) != k)
+          throw std::runtime_error("memlens: could not read back spilled records");
+        file_read += k;
+      } else if (chunk < src->chunks.size()) {
+        const auto& c = src->chunks[chunk];
+        size_t k = std::min(want, size_t(c.used) - chunk_pos);
+        buf.insert(buf.end(), c.data.get() + chunk_pos, c.data.get() + chunk_pos + k);
+        chunk_pos += k;
+        if (chunk_pos >= c.used) { ++chunk; chunk_pos = 0; }
+      } else {
+        break;
+      }
+    }
+  }
+  void next(T& out) {
+    if (done >= src->n) throw std::runtime_error("memlens: read past the end of a record stream");
+    if (buf.size() - pos < VarStream<T, Codec>::kMaxRecord) refill();
+    if (pos >= buf.size()) throw std::runtime_error("memlens: truncated record stream");
+    pos = size_t(codec.dec(buf.data() + pos, out) - buf.data());
+    ++done;
+  }
+};
+
 #include "op_stacks.h"   // stacks=True: the Python stack of each op (StackCapture)
 
 // ---- per-op facts from the schema, learned once ----------------------------------------------
@@ -1337,6 +1383,13 @@ struct Handle {
   std::unique_ptr<StackCapture> stack_capture;   // stacks=True (see op_stacks.h)
   bool pushed_reporter = false;
   std::string memory_note;
+  // After drain_windowed(): which thread holds each op's accesses, how many, and a reader per thread.
+  struct Windows {
+    std::vector<uint32_t> thread, nacc;
+    size_t next = 0;                                   // the first op not handed out yet
+    std::vector<VarReader<int32_t, AccCodec>> readers;
+  };
+  std::unique_ptr<Windows> windows;
 
   Handle(int64_t max_bytes, std::string spill_prefix, bool memory) {
     s.reset(new Session());
@@ -1593,8 +1646,13 @@ struct Handle {
   // ops by op number, each op's accesses after the previous op's, each start a delta from the
   // previous op's (escaped when it does not fit, as record_end does). `ids`: the op numbers in order
   // (0..n-1 unless an internal error left a number unused).
-  struct Merged { std::vector<OpRec> ops; std::vector<int32_t> acc; std::vector<WideRec> wide; std::vector<int64_t> ids; };
-  Merged merge_threads() {
+  // Without accesses (`with_acc` false, the streaming save), `thread` and `nacc` say for each merged op
+  // which thread's access stream holds its accesses and how many (8 bytes per op), for next_accesses().
+  struct Merged {
+    std::vector<OpRec> ops; std::vector<int32_t> acc; std::vector<WideRec> wide; std::vector<int64_t> ids;
+    std::vector<uint32_t> thread, nacc;
+  };
+  Merged merge_threads(bool with_acc = true) {
     struct Item { int64_t id, start; uint32_t thread, index; size_t acc_at; size_t nacc; };
     size_t nt = s->threads.size();
     std::vector<std::vector<ThreadOp>> ops(nt);
@@ -1604,7 +1662,7 @@ struct Handle {
     for (size_t t = 0; t < nt; ++t) {
       ThreadBuf& tb = *s->threads[t];
       ops[t] = tb.ops.decode_all();
-      accs[t] = tb.acc.decode_all();
+      if (with_acc) accs[t] = tb.acc.decode_all();
       wides[t] = tb.wide.all();          // in op order: pushed by one thread as its ops were numbered
       int64_t start = s->first_start;
       size_t at = 0, w = 0;
@@ -1622,7 +1680,7 @@ struct Handle {
         items.push_back(Item{o.id, start, uint32_t(t), uint32_t(i), at, nacc});
         at += nacc;
       }
-      if (at != accs[t].size()) throw std::runtime_error("memlens: a thread's accesses do not match its ops");
+      if (at != tb.acc.size()) throw std::runtime_error("memlens: a thread's accesses do not match its ops");
     }
     std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) { return a.id < b.id; });
     Merged m;
@@ -1643,8 +1701,13 @@ struct Handle {
         if (w->kind != 0) m.wide.push_back(WideRec{int64_t(k), w->kind, w->value});
       m.ops.push_back(r);
       m.ids.push_back(it.id);
-      const auto& a = accs[it.thread];
-      m.acc.insert(m.acc.end(), a.begin() + it.acc_at, a.begin() + it.acc_at + it.nacc);
+      if (with_acc) {
+        const auto& a = accs[it.thread];
+        m.acc.insert(m.acc.end(), a.begin() + it.acc_at, a.begin() + it.acc_at + it.nacc);
+      } else {
+        m.thread.push_back(it.thread);
+        m.nacc.push_back(uint32_t(it.nacc));
+      }
     }
     return m;
   }
@@ -1656,12 +1719,55 @@ struct Handle {
     return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
   }
 
-  py::dict drain() {
+  py::dict drain() { return drain_impl(false); }
+
+  // As drain(), but the accesses stay in the threads' coded streams (in memory and spill files): "accesses"
+  // is empty and next_accesses() hands them out a window of ops at a time, so a long recording is saved
+  // without ever holding all its accesses (memlens.record(save_to=...)).
+  py::dict drain_windowed() { return drain_impl(true); }
+
+  // The accesses (int32 records, block << 1 | write) of the next ops in drain order: at most `max_ops` ops,
+  // and no more ops than fit `max_records` records (at least one op); returns (ops taken, records). (0, b"")
+  // once every op was handed out. Memory: 8 bytes per op kept by drain_windowed() plus this window's
+  // records and a 64 KiB read buffer per thread.
+  py::tuple next_accesses(int64_t max_ops, int64_t max_records) {
+    if (!windows) throw std::runtime_error("memlens: next_accesses() without drain_windowed()");
+    std::lock_guard<std::mutex> g(s->mu);
+    Windows& w = *windows;
+    size_t limit = std::min(w.thread.size(), w.next + size_t(std::max<int64_t>(max_ops, 1)));
+    size_t end = w.next, total = 0;
+    while (end < limit && (end == w.next || total + w.nacc[end] <= size_t(std::max<int64_t>(max_records, 0))))
+      total += w.nacc[end++];
+    std::string out(total * sizeof(int32_t), '\0');
+    int32_t* dst = reinterpret_cast<int32_t*>(out.data());
+    for (size_t k = w.next; k < end; ++k) {
+      auto& reader = w.readers[w.thread[k]];
+      for (uint32_t j = 0; j < w.nacc[k]; ++j) reader.next(*dst++);
+    }
+    int64_t taken = int64_t(end - w.next);
+    w.next = end;
+    return py::make_tuple(taken, py::bytes(out));
+  }
+  // Start the windows again from the first op (tests: the same accesses read twice).
+  void rewind_accesses() {
+    if (!windows) throw std::runtime_error("memlens: rewind_accesses() without drain_windowed()");
+    std::lock_guard<std::mutex> g(s->mu);
+    windows->next = 0;
+    for (size_t t = 0; t < windows->readers.size(); ++t) windows->readers[t].reset(&s->threads[t]->acc);
+  }
+  // Free the access streams (and close their spill files) after the windowed save.
+  void close_windows() {
+    std::lock_guard<std::mutex> g(s->mu);
+    windows.reset();
+    for (auto& t : s->threads) t->clear();
+  }
+
+  py::dict drain_impl(bool windowed) {
     at::RecordFunctionGuard no_ops(false);   // our own tensors are not the program's ops (outer recorders)
     stop();                                  // no thread appends from here on (a no-op when stopped)
     std::lock_guard<std::mutex> g(s->mu);
     py::dict d;
-    Merged merged = merge_threads();
+    Merged merged = merge_threads(!windowed);
     const std::vector<int64_t>& ids = merged.ids;
     bool dense = ids.empty() || ids.back() == int64_t(ids.size()) - 1;   // op numbers 0..n-1, none unused
     if (!dense && stack_capture) renumber_stacks(ids);
@@ -1703,11 +1809,25 @@ struct Handle {
                           s->unreported.capacity() * sizeof(s->unreported[0]);
     parts["thread_records"] = s->threads.capacity() * sizeof(s->threads[0]) + s->threads.size() * sizeof(ThreadBuf);
     parts["n_live"] = s->live.size();
-    parts["n_ops"] = merged.ops.size(); parts["n_acc"] = merged.acc.size(); parts["n_blocks"] = s->blocks.size();
+    size_t n_acc = merged.acc.size();
+    if (windowed) { n_acc = 0; for (auto& t : s->threads) n_acc += t->acc.size(); }
+    parts["n_ops"] = merged.ops.size(); parts["n_acc"] = n_acc; parts["n_blocks"] = s->blocks.size();
     parts["n_frees"] = s->frees.size(); parts["n_mem"] = s->mem.size(); parts["n_sigs"] = s->sigs.size();
     parts["n_threads"] = s->threads.size();
     d["parts"] = parts;
-    for (auto& t : s->threads) t->clear();
+    if (windowed) {   // the access streams stay, read by next_accesses(); the rest is freed as drain() does
+      windows.reset(new Windows());
+      windows->thread = std::move(merged.thread);
+      windows->nacc = std::move(merged.nacc);
+      windows->readers.resize(s->threads.size());
+      for (size_t t = 0; t < s->threads.size(); ++t) {
+        windows->readers[t].reset(&s->threads[t]->acc);
+        s->threads[t]->ops.clear();
+        s->threads[t]->wide.clear();
+      }
+    } else {
+      for (auto& t : s->threads) t->clear();
+    }
     s->blocks.clear(); s->frees.clear(); s->mem.clear(); s->ctxs.clear();
     return d;
   }
@@ -1767,6 +1887,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_enter_slow", &Handle::set_enter_slow)
       .def("active", &Handle::active)
       .def("drain", &Handle::drain)
+      .def("drain_windowed", &Handle::drain_windowed)
+      .def("next_accesses", &Handle::next_accesses)
+      .def("rewind_accesses", &Handle::rewind_accesses)
+      .def("close_windows", &Handle::close_windows)
       .def("enable_stacks", &Handle::enable_stacks)
       .def("drain_stacks", &Handle::drain_stacks);
   py::class_<memlens::InheritingThreads>(m, "_InheritingThreads", "tests only")
