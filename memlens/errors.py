@@ -6,6 +6,7 @@ it into a one-line message and exit code 2. Anything else escaping a command is 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import unicodedata
 
@@ -57,3 +58,19 @@ class InputError(MemlensError, ValueError):
 
 class NeedsAccessesError(InputError):
     """An analysis that needs per-access data was given a trace without accesses."""
+
+
+@contextlib.contextmanager
+def reading_file(path):
+    """Turn the ways reading the file at `path` can fail (missing, a directory, unreadable, too large for
+    memory) into one-line `InputError`s naming it."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise InputError("no such file", path) from None
+    except IsADirectoryError:
+        raise InputError("is a directory, not a file", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    except MemoryError:
+        raise InputError("file is too large to read into memory", path) from None

@@ -21,6 +21,7 @@ import torch
 
 import memlens
 from memlens.record import native
+from record_workloads import Square, run_threads_per_backend, record_both, transformer_training
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")
 
@@ -58,16 +59,6 @@ def _dispatch_blocks(trace):
 def _allocator_blocks(trace):
     b = trace.blocks[~trace.blocks["source"].str.startswith("dispatch") & (trace.blocks["size"] > 8)]
     return Counter(zip(b["size"].astype(int), b["category"], b["op"]))
-
-
-def record_both(run, model=None, **options):
-    traces = {}
-    for backend in ("python", "compiled"):
-        with memlens.record(model, backend=backend, **options) as rec:
-            run()
-        assert rec.trace.metadata["recorder"] == backend
-        traces[backend] = rec.trace
-    return traces["python"], traces["compiled"]
 
 
 def assert_same(py, cc):
@@ -129,21 +120,7 @@ def test_cnn_batchnorm_sgd():
 
 
 def test_transformer_adamw():
-    from memlens.demo import make_transformer
-    torch.manual_seed(0)
-    model = make_transformer(vocab=64, d_model=32, n_heads=2, n_layers=2, seq_len=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, 64, (2, 17))
-
-    def run():
-        for _ in range(2):
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            memlens.step()
-    run()
+    run, model = transformer_training()
     py, cc = record_both(run, model)
     assert_same(py, cc)
     # module paths reach backward ops too
@@ -266,12 +243,7 @@ def test_threads_record_independently():
                 models[i].zero_grad(set_to_none=True)
         results[(i, backend)] = rec.trace
 
-    for backend in ("python", "compiled"):
-        threads = [threading.Thread(target=worker, args=(i, backend)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    run_threads_per_backend(worker)
     for i in range(2):
         py, cc = results[(i, "python")], results[(i, "compiled")]
         assert_same(py, cc)
@@ -417,17 +389,6 @@ def test_custom_autograd_function_with_allocator_hook():
     """A custom autograd Function's apply asks torch whether a profiler runs (it reads the PROFILER_STATE
     slot, where the compiled recorder's memory hook sits): the program runs unchanged and both backends
     agree. It used to raise std::bad_alloc into the user's code under the compiled recorder."""
-    class Square(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            ctx.save_for_backward(x)
-            return x * x
-
-        @staticmethod
-        def backward(ctx, grad):
-            (x,) = ctx.saved_tensors
-            return grad * 2 * x
-
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 4)
 

@@ -17,6 +17,8 @@ import torch
 import memlens
 from memlens.record import native
 from memlens.record.stacks import DEFAULT_MAX_DEPTH
+from record_workloads import Square, run_threads_per_backend, transformer_training
+from record_workloads import record_both as record_both_backends
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")
 
@@ -67,14 +69,7 @@ def block_stacks(trace) -> tuple[Counter, Counter]:
 
 
 def record_both(run, model=None, **options):
-    traces = {}
-    for backend in ("python", "compiled"):
-        with memlens.record(model, backend=backend, stacks=True, **options) as rec:
-            run()
-        assert rec.trace.metadata["recorder"] == backend
-        assert rec.trace.stacks is not None and len(rec.trace.stacks)
-        traces[backend] = rec.trace
-    return traces["python"], traces["compiled"]
+    return record_both_backends(run, model, stacks=True, **options)
 
 
 def assert_same_stacks(py, cc):
@@ -96,20 +91,6 @@ def _scaled(t):
     return t * 3
 
 
-class _Square(torch.autograd.Function):
-    """A user's autograd Function: its backward's ops have the user's backward frame on their stack."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return grad * 2 * x
-
-
 def test_mlp_training_with_user_functions():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
@@ -117,7 +98,7 @@ def test_mlp_training_with_user_functions():
     x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
 
     def step():
-        h = _Square.apply(model(x))
+        h = Square.apply(model(x))
         loss = torch.nn.functional.cross_entropy(_scaled(h), y)
         loss.backward()
         opt.step()
@@ -134,33 +115,20 @@ def test_mlp_training_with_user_functions():
     ops = cc.ops.set_index("op_id")
     frames = _frames_by_id(cc)
     tops = {frames[int(s)][0][0] for s in ops["stack_id"] if frames[int(s)]}
-    # the user's functions are innermost frames: _scaled's mul, _Square's forward and backward
+    # the user's functions are innermost frames: _scaled's mul, Square's forward and backward
     assert {"_scaled", "forward", "backward", "step"} <= tops, tops
     bwd = [frames[int(s)] for s in ops.loc[ops["phase"] == "backward", "stack_id"]]
-    assert any(f and f[0][0] == "backward" and f[0][1] == __file__ for f in bwd)
+    assert any(f and f[0][0] == "backward" and f[0][1] == Square.backward.__code__.co_filename for f in bwd)
 
 
 def test_transformer_training():
-    from memlens.demo import make_transformer
-    torch.manual_seed(0)
-    model = make_transformer(vocab=64, d_model=32, n_heads=2, n_layers=2, seq_len=16)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    tokens = torch.randint(0, 64, (2, 17))
-
-    def run():
-        for _ in range(2):
-            logits = model(tokens[:, :-1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 64), tokens[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            memlens.step()
-    run()
+    run, model = transformer_training()
     py, cc = record_both(run, model)
     assert_same_stacks(py, cc)
-    # the model's own forward frames (memlens/demo.py is memlens: skipped) leave the caller's line
+    # the model's own forward frames (memlens/demo.py is memlens: skipped) leave the caller's line: the
+    # training loop's file
     tops = set(cc.stacks.loc[cc.stacks["depth"] == 0, "filename"])
-    assert tops == {__file__}, tops
+    assert tops == {run.__code__.co_filename}, tops
 
 
 def test_deep_recursion_is_cut_at_max_depth():
@@ -204,12 +172,7 @@ def test_threads_capture_their_own_stacks():
                 workers[i](data[i])
         results[(i, backend)] = rec.trace
 
-    for backend in ("python", "compiled"):
-        threads = [threading.Thread(target=worker, args=(i, backend)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    run_threads_per_backend(worker)
     for i in range(2):
         py, cc = results[(i, "python")], results[(i, "compiled")]
         assert_same_stacks(py, cc)

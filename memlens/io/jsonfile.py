@@ -5,29 +5,20 @@ import json
 from pathlib import Path
 
 from memlens import limits
-from memlens.errors import InputError
+from memlens.errors import InputError, reading_file
 from memlens.io.gzipfile import gunzip_limited
 
 
 def load_json(path, what: str = "JSON"):
     """Parse the JSON file at `path` (gzip-compressed or not). `what` names the expected format in errors."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            if f.read(2) == b"\x1f\x8b":
-                f.seek(0)
-                raw = gunzip_limited(f, path)
-            else:
-                f.seek(0)
-                raw = f.read()
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a file", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
-    except MemoryError:
-        raise InputError("file is too large to read into memory", path) from None
+    with reading_file(path), open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            f.seek(0)
+            raw = gunzip_limited(f, path)
+        else:
+            f.seek(0)
+            raw = f.read()
     if not raw.strip():
         raise InputError("file is empty", path)
     try:

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 
 from memlens import limits
-from memlens.errors import InputError
+from memlens.errors import InputError, reading_file
 
 READ_CHARS = 1 << 20  # bytes read (and decoded) at a time
 MAX_VALUE_CHARS = 64 << 20  # longer than any one event: a value still undecodable this far on is bad JSON
@@ -138,15 +138,8 @@ def read_kineto_filtered(path):
     `kept_by_the_importer` in ``traceEvents`` (a bare event list gives a list). Bad JSON raises
     `InputError` naming the file and the character where it stops making sense."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            gzipped = f.read(2) == b"\x1f\x8b"
-    except FileNotFoundError:
-        raise InputError("no such file", path) from None
-    except IsADirectoryError:
-        raise InputError("is a directory, not a file", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    with reading_file(path), open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream:
         return _read_document(_Text(stream, path))
 
