@@ -611,6 +611,43 @@ struct SigTable {
   void clear() { std::vector<char>().swap(arena); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
 };
 
+// One thread's map from an op name's address to the session's facts for it: an open-addressing array
+// (linear probing, at most half full), so a lookup on every op touches one cache line, where a node-based
+// std::unordered_map touched a bucket and a node (both cold after a kernel ran).
+struct OpFactsCache {
+  struct Slot { const char* name; OpInfo* info; };
+  std::vector<Slot> slots;   // power-of-two size; name nullptr: empty
+
+  static size_t hash(const char* name) {
+    uint64_t k = uint64_t(reinterpret_cast<uintptr_t>(name));
+    return size_t((k * 0x9E3779B97F4A7C15ULL) >> 32);
+  }
+  OpInfo* find(const char* name) const {
+    if (slots.empty()) return nullptr;
+    size_t mask = slots.size() - 1;
+    for (size_t i = hash(name) & mask;; i = (i + 1) & mask) {
+      if (slots[i].name == name) return slots[i].info;
+      if (!slots[i].name) return nullptr;
+    }
+  }
+  void insert(const char* name, OpInfo* info) {   // `name` not in the cache
+    if (2 * (count + 1) > slots.size()) {
+      std::vector<Slot> old;
+      old.swap(slots);
+      slots.assign(std::max<size_t>(64, old.size() * 2), Slot{nullptr, nullptr});
+      count = 0;
+      for (const Slot& e : old) if (e.name) insert(e.name, e.info);
+    }
+    size_t mask = slots.size() - 1;
+    size_t i = hash(name) & mask;
+    while (slots[i].name) i = (i + 1) & mask;
+    slots[i] = Slot{name, info};
+    ++count;
+  }
+ private:
+  size_t count = 0;
+};
+
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
@@ -639,7 +676,7 @@ struct ThreadBuf {
   int64_t last_start = 0;                       // op starts are deltas from this thread's previous op
   size_t n_ops = 0;
   std::atomic<int64_t> published_bytes{0};      // mem_bytes() as of its last budget check (other threads read it)
-  std::unordered_map<const char*, OpInfo*> op_cache;   // the session's op facts, found without its lock
+  OpFactsCache op_cache;                        // the session's op facts, found without its lock
   std::vector<int32_t> pending_acc;             // this op's accesses, collected under the session lock
 
   size_t mem_bytes() const { return ops.mem_bytes() + acc.mem_bytes() + wide.mem_bytes(); }
@@ -1012,15 +1049,14 @@ static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName*
 // The facts of fn's op, from this thread's cache (no lock) or else the session's (under its lock).
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable);
 static OpInfo& learn_here(ThreadBuf* b, const at::RecordFunction& fn) {
-  auto it = b->op_cache.find(fn.name());
-  if (it != b->op_cache.end()) return *it->second;
+  if (OpInfo* known = b->op_cache.find(fn.name())) return *known;
   bool cacheable;
   OpInfo* info;
   {
     std::lock_guard<std::mutex> g(b->session->mu);
     info = &learn(b->session, fn, cacheable);
   }
-  if (cacheable) b->op_cache.emplace(fn.name(), info);   // the session's entries never move (node-based map)
+  if (cacheable && fn.name()) b->op_cache.insert(fn.name(), info);   // the session's entries never move (node-based map)
   return *info;
 }
 
