@@ -466,6 +466,11 @@ struct OpInfo {
   int write_if = -1;             // the writes apply only when this argument is true
   std::vector<uint8_t> writes;   // per schema argument: 1 when written
   bool any_write = false;
+  // Set (relaxed atomic store, any thread) once an op of this name ran other ops inside its kernel in
+  // this recording: only then is the callback switched off around it (see g_quiet). A leaf op's
+  // disable/enable pair rebuilds RecordFunction's callback cache twice for nothing (~1300
+  // instructions, more than the rest of its start callback).
+  uint8_t nests = 0;
 };
 
 struct PendingAlloc { int64_t t, ptr, size; int16_t dev; };
@@ -482,6 +487,7 @@ struct Frame {
   std::vector<PendingAlloc> allocs;    // allocations during this op (this thread)
   uint32_t no_storage = 0;
   bool any_nested = false;
+  uint64_t nested_before = 0;          // ThreadState::nested_seen at this op's start
   std::string sig;                     // signature bytes of the inputs
   int32_t stack = -1;                  // stacks=True: the op's Python stack id (op_stacks.h)
 };
@@ -651,6 +657,43 @@ struct SigTable {
   void clear() { std::vector<char>().swap(arena); offsets.assign(1, 0); slots.clear(); slots.shrink_to_fit(); }
 };
 
+// One thread's map from an op name's address to the session's facts for it: an open-addressing array
+// (linear probing, at most half full), so a lookup on every op touches one cache line, where a node-based
+// std::unordered_map touched a bucket and a node (both cold after a kernel ran).
+struct OpFactsCache {
+  struct Slot { const char* name; OpInfo* info; };
+  std::vector<Slot> slots;   // power-of-two size; name nullptr: empty
+
+  static size_t hash(const char* name) {
+    uint64_t k = uint64_t(reinterpret_cast<uintptr_t>(name));
+    return size_t((k * 0x9E3779B97F4A7C15ULL) >> 32);
+  }
+  OpInfo* find(const char* name) const {
+    if (slots.empty()) return nullptr;
+    size_t mask = slots.size() - 1;
+    for (size_t i = hash(name) & mask;; i = (i + 1) & mask) {
+      if (slots[i].name == name) return slots[i].info;
+      if (!slots[i].name) return nullptr;
+    }
+  }
+  void insert(const char* name, OpInfo* info) {   // `name` not in the cache
+    if (2 * (count + 1) > slots.size()) {
+      std::vector<Slot> old;
+      old.swap(slots);
+      slots.assign(std::max<size_t>(64, old.size() * 2), Slot{nullptr, nullptr});
+      count = 0;
+      for (const Slot& e : old) if (e.name) insert(e.name, e.info);
+    }
+    size_t mask = slots.size() - 1;
+    size_t i = hash(name) & mask;
+    while (slots[i].name) i = (i + 1) & mask;
+    slots[i] = Slot{name, info};
+    ++count;
+  }
+ private:
+  size_t count = 0;
+};
+
 struct Session;
 Session* g_slots[kSlots] = {nullptr};
 std::mutex g_slots_mutex;
@@ -679,7 +722,7 @@ struct ThreadBuf {
   int64_t last_start = 0;                       // op starts are deltas from this thread's previous op
   size_t n_ops = 0;
   std::atomic<int64_t> published_bytes{0};      // mem_bytes() as of its last budget check (other threads read it)
-  std::unordered_map<const char*, OpInfo*> op_cache;   // the session's op facts, found without its lock
+  OpFactsCache op_cache;                        // the session's op facts, found without its lock
   std::vector<int32_t> pending_acc;             // this op's accesses, collected under the session lock
 
   size_t mem_bytes() const { return ops.mem_bytes() + acc.mem_bytes() + wide.mem_bytes(); }
@@ -695,6 +738,7 @@ struct ThreadState {
   // callbacks are matched without a frame or a clock read. Their callbacks' few ns stay in the
   // recorded op's duration (as RecordFunction's own boxing of them does).
   size_t nested = 0;
+  uint64_t nested_seen = 0;    // nested ops seen so far (not quieted): tells which ops nest (OpInfo::nests)
   std::shared_ptr<ThreadBuf> buf;   // this thread's buffer in the session of this slot (see ThreadBuf)
   Frame& push() {
     if (depth == frames.size()) frames.emplace_back();
@@ -978,16 +1022,21 @@ struct Reporter : public torch::profiler::impl::ProfilerStateBase {
 // The tags ('T', 'L', 'I', 'D', 'B', 'N', 'W', 'O', '|': zigzag 132-248, two bytes each) trade codes
 // with 119-127 (zigzag of -60..63: dimensions and ints that rare), so that each tag takes one byte. A
 // swap of values, the same both ways, so any word still round-trips.
-static inline uint64_t swap_tags(uint64_t u) {
-  static const uint64_t tags[9] = {2 * 'T', 2 * 'L', 2 * 'I', 2 * 'D', 2 * 'B', 2 * 'N', 2 * 'W', 2 * 'O', 2 * '|'};
-  if (u >= 119 && u <= 127) return tags[u - 119];
-  if (u >= 132 && u <= 248)
-    for (int i = 0; i < 9; ++i) if (tags[i] == u) return 119 + uint64_t(i);
-  return u;
-}
+struct TagSwap {   // the swap for codes below 256, as a table (signatures are built for every op)
+  uint8_t code[256];
+  TagSwap() {
+    static const uint8_t tags[9] = {2 * 'T', 2 * 'L', 2 * 'I', 2 * 'D', 2 * 'B', 2 * 'N', 2 * 'W', 2 * 'O', 2 * '|'};
+    for (int u = 0; u < 256; ++u) code[u] = uint8_t(u);
+    for (int i = 0; i < 9; ++i) { code[119 + i] = tags[i]; code[tags[i]] = uint8_t(119 + i); }
+  }
+};
+static const TagSwap g_tag_swap;
+static inline uint64_t swap_tags(uint64_t u) { return u < 256 ? g_tag_swap.code[u] : u; }
 static inline void put(std::string& s, int64_t v) {
+  uint64_t u = swap_tags(zz(v));
+  if (u < 0x80) { s.push_back(char(u)); return; }   // tags, dtypes, small dimensions: one byte
   uint8_t buf[10];
-  uint8_t* e = put_var(buf, swap_tags(zz(v)));
+  uint8_t* e = put_var(buf, u);
   s.append(reinterpret_cast<const char*>(buf), size_t(e - buf));
 }
 static std::string expand_words(const std::string& coded) {
@@ -1046,15 +1095,14 @@ static OpInfo learn_facts(const at::RecordFunction& fn, const c10::OperatorName*
 // The facts of fn's op, from this thread's cache (no lock) or else the session's (under its lock).
 static OpInfo& learn(Session* s, const at::RecordFunction& fn, bool& cacheable);
 static OpInfo& learn_here(ThreadBuf* b, const at::RecordFunction& fn) {
-  auto it = b->op_cache.find(fn.name());
-  if (it != b->op_cache.end()) return *it->second;
+  if (OpInfo* known = b->op_cache.find(fn.name())) return *known;
   bool cacheable;
   OpInfo* info;
   {
     std::lock_guard<std::mutex> g(b->session->mu);
     info = &learn(b->session, fn, cacheable);
   }
-  if (cacheable) b->op_cache.emplace(fn.name(), info);   // the session's entries never move (node-based map)
+  if (cacheable && fn.name()) b->op_cache.insert(fn.name(), info);   // the session's entries never move (node-based map)
   return *info;
 }
 
@@ -1135,13 +1183,16 @@ int64_t g_spin_ns = 0;   // tests only: make each op callback this much slower (
 // every nested op's inputs and outputs (~2.4 nested ops per recorded op on a GPT training step).
 // disableCallback touches only our own callback (other observers -- a profiler, an outer recording --
 // still see the nested ops) and rebuilds only its scope's cache, far cheaper than the boxing it saves.
+// Only ops seen running nested ops in this recording are quieted (OpInfo::nests): for a leaf op the
+// pair of rebuilds would cost ~1300 instructions and save nothing. The first call of a nesting op
+// boxes its nested ops once; they are still not recorded (ThreadState::suppress).
 bool g_quiet = true;
 
 template <int K>
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (g_probe == 1) return nullptr;
   ThreadState& ts = tl_state[K];
-  if (ts.suppress > 0) { ts.nested++; return nullptr; }
+  if (ts.suppress > 0) { ts.nested++; ts.nested_seen++; return nullptr; }
   int64_t t0 = raw_now();
   if (g_spin_ns) while (raw_now() - t0 < g_spin_ns) {}
   Frame& f = ts.push();
@@ -1170,7 +1221,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           // The ops nested inside this op's kernel are not recorded: switch RecordFunction off for
           // them (no boxing of their arguments) unless someone else observes ops in this thread
           // (a profiler's debug info, or global callbacks).
-          if (g_quiet && s->cb) {
+          f.nested_before = ts.nested_seen;
+          if (g_quiet && s->cb && __atomic_load_n(&info->nests, __ATOMIC_RELAXED)) {
             at::disableCallback(s->cb);
             f.quieted = s->cb;
           }
@@ -1329,6 +1381,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   if (ts.depth == 0) return;
   Frame& f = ts.frames[ts.depth - 1];
   if (f.quieted) { at::reenableCallback(f.quieted); f.quieted = 0; }
+  else if (f.recorded && ts.nested_seen != f.nested_before) __atomic_store_n(&f.info->nests, uint8_t(1), __ATOMIC_RELAXED);
   if (f.recorded) {
     ts.suppress--;
     if (ThreadBuf* b = enter(K, ts)) {
