@@ -3,29 +3,39 @@
 One definition, used by every analysis, figure, widget and command (REFERENCE.md section 2, after Li et al.,
 "Pinpointing the Memory Behaviors of DNN Training"): the ATIs of a block are the intervals between its
 consecutive *accesses*, each from the **end of the op** that made the earlier access to the **start of the
-op** that makes the next one (an op's own run time is not idle; accesses are stamped with their op's start
-and the op's end comes from the ``ops`` table, or equals the start when the op is unknown). These rows have
-kind ``access_to_access``; they are the headline distribution and the only intervals the bandwidth filter,
-the outliers and the swap planner consider.
+op** that makes the next one (an op's own run time is not idle). An access's place in time is its op's
+edges (`access_op_edges`), never its own stamp: recorders stamp a read at its op's start and a write at its
+op's end, and an interval ending at a write's stamp would run through the op that makes it. Accesses are
+ordered by their op's start; an op whose edges the ``ops`` table lacks sits at the access's stamp. These
+rows have kind ``access_to_access``; they are the headline distribution and the only intervals the
+bandwidth filter, the outliers and the swap planner consider (a swapped block must be back by the start of
+the op that next accesses it).
 
 The lifetime edges are a different quantity, reported beside the ATI by kind and never mixed into it:
-``alloc_to_first`` (alloc -> start of the first access), ``last_to_free`` (end of the last access -> free)
-and ``alloc_to_free`` (a block no op ever touched: e.g. a temporary inside an op that only the allocator saw).
+``alloc_to_first`` (alloc -> start of the first access's op; 0 when that op made the block),
+``last_to_free`` (end of the last access's op -> free) and ``alloc_to_free`` (a block no op ever touched:
+e.g. a temporary inside an op that only the allocator saw).
 
 Bounds: a block allocated before recording began starts at the trace start, and one still alive when
 recording stopped ends at the trace end (`Trace.time_span_ns`); its edge is then marked ``truncated`` (its
-true length is unknown). Several accesses of a block by the same op at the same time count once. An access
-outside its block's recorded lifetime (a recorder's clock skew) widens the lifetime rather than producing a
+true length is unknown). Several accesses of a block by the same op count once. An access stamped outside
+its block's recorded lifetime (a recorder's clock skew) widens the lifetime rather than producing a
 negative interval (``attrs["accesses_outside_lifetime"]``); an op that starts before the previous op on the
-same block ended (nested or overlapping ops) gives a zero-length interval (``attrs["overlapping_ops"]``).
+same block ended (nested or overlapping ops) gives a zero-length interval at its start
+(``attrs["overlapping_ops"]``).
 
 Steady state (``steady_state=True``; ``iteration=k``): training is cyclic, and one recorded iteration is one
-period of the cycle. A block alive across the iteration boundary (parameters, optimizer state) is idle from
-its last access in iteration k to its first access in k+1: that interval is an ATI with ``wraps=True``. When
-the next iteration was not recorded (k is the last one, or only one was recorded) and the block is still
-alive at the end, its wrap-around interval runs to its first access in k shifted by the period. Iterations
-come from `memlens.analysis.iterations.split_iterations` (memlens.step() markers, optimizer steps, or the
-detected repeating pattern). Every frame carries its clock (``attrs["clock"]``, `memlens.analysis.clock`).
+period of the cycle. Iteration k is the window ``[start_k, start_k + period)``; an op belongs to the
+iteration its start falls in. A block alive across the iteration boundary (parameters, optimizer state) is
+idle from the end of its last access in iteration k to the start of its first access in k+1: that interval
+is an ATI with ``wraps=True`` (any ATI with ``start < b <= end`` for an iteration start b). When the next
+iteration was recorded, only recorded intervals wrap: a block not accessed in k+1 gets no invented one.
+When it was not (k is the last one, or only one was recorded), each block alive across the whole window
+(allocated before it, still alive at the end) with its last access in it gets the wrap-around interval
+the next iteration would give it: to its first access in k shifted by the period; the last iteration's
+period is the previous iteration's (`cycle_window`). Iterations come from
+`memlens.analysis.iterations.split_iterations` (memlens.step() markers, optimizer steps, or the detected
+repeating pattern). Every frame carries its clock (``attrs["clock"]``, `memlens.analysis.clock`).
 
 This module computes the intervals (`access_intervals`); `memlens.analysis.ati` summarises them (statistics,
 distributions, per group) and re-exports what is here, so ``memlens.analysis.ati`` stays the one import.
@@ -88,16 +98,26 @@ def access_intervals(trace, device: str | None = None, *, steady_state: bool = F
 
 
 def period_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tuple[int, int, int]:
-    """(window start, window end, period) in ns of `iteration` (default: the last one).
+    """(window start, window end, period) in ns of `iteration` (default: the last one); see `cycle_window`."""
+    w0, w1, period, _ = cycle_window(trace, iterations, iteration)
+    return w0, w1, period
 
-    A window is ``[start_k, start_{k+1})``; the last iteration runs to the trace end, inclusive
-    (``end - start + 1``: whatever the recording holds after the last step counts in its period).
-    Raises `InputError` when `iteration` is not in `iterations`.
+
+def cycle_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tuple[int, int, int, str]:
+    """(window start, window end, period, where the period came from) in ns for `iteration` (default: the
+    last one).
+
+    A window is ``[start_k, start_{k+1})`` and its period ``start_{k+1} - start_k`` (``"next iteration"``).
+    The last iteration has no recorded successor: the recording stops before the next step would start, so
+    its recorded span (start to the trace's last instant, inclusive) is shorter than a period. Its period is
+    the previous iteration's (``"previous iteration"``: the cycle repeats), or the recorded span when that
+    is longer (``"trace end"``, also when only one iteration was recorded). Raises `InputError` when
+    `iteration` is not in `iterations`.
     """
     its = iterations.sort_values("start_ns").reset_index(drop=True)
+    lo, hi = trace.time_span_ns()
     if len(its) == 0:
-        lo, hi = trace.time_span_ns()
-        return int(lo), int(hi), max(int(hi - lo), 1)
+        return int(lo), int(hi) + 1, max(int(hi - lo) + 1, 1), "trace end"
     labels = its["iteration"].to_numpy(dtype=np.int64)
     if iteration is None:
         pos = len(its) - 1
@@ -109,21 +129,43 @@ def period_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tup
                              f"{', '.join(str(v) for v in labels[:10])}{'...' if len(labels) > 10 else ''})")
         pos = int(hits[0])
     starts = its["start_ns"].to_numpy(dtype=np.int64)
-    ends = its["end_ns"].to_numpy(dtype=np.int64)
     w0 = int(starts[pos])
     if pos < len(its) - 1:
-        period = int(starts[pos + 1] - w0)
-    else:  # the last runs to the trace end: its window holds the trace's last instant (half-open: +1)
-        period = int(ends[pos] - w0) + 1
+        period, source = int(starts[pos + 1] - w0), "next iteration"
+    else:
+        span = max(int(its["end_ns"].iloc[pos]), int(hi)) - w0 + 1
+        previous = int(starts[pos] - starts[pos - 1]) if pos > 0 else 0
+        period, source = (previous, "previous iteration") if previous > span else (span, "trace end")
     period = max(period, 1)
-    return w0, w0 + period, period
+    return w0, w0 + period, period, source
+
+
+def first_access_in_window(trace, window: tuple[int, int], device: str | None = None) -> pd.Series:
+    """Start (ns) of the first op that accesses each block within ``[w0, w1)``, by block_id (blocks not
+    accessed in the window are absent). An access belongs to the window its op starts in."""
+    w0, w1 = int(window[0]), int(window[1])
+    acc = trace.accesses
+    block = acc["block_id"].to_numpy(dtype=np.int64)
+    start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64), acc["t_ns"].to_numpy(dtype=np.int64))
+    inside = (start >= w0) & (start < w1)
+    if device is not None:
+        on = trace.blocks.loc[trace.blocks["device"] == device, "block_id"].to_numpy(dtype=np.int64)
+        inside &= np.isin(block, on)
+    return pd.Series(start[inside]).groupby(block[inside]).min()
 
 
 def _cyclic(trace, iv: pd.DataFrame, iterations: pd.DataFrame, steady_state: bool,
             iteration: int | None) -> pd.DataFrame:
-    """`iv` (the linear intervals) seen as one period of a cycle: see `access_intervals`."""
+    """`iv` (the linear intervals) seen as one period of a cycle: see `access_intervals`.
+
+    An interval wraps when it crosses an iteration start b: ``start < b <= end`` (an op starting exactly at
+    b belongs to the iteration b starts). In steady state, when the window's next iteration was not
+    recorded, each block alive across the whole window (allocated before it, never freed) whose last access
+    lies in it gets the wrap-around interval the next iteration would have: to its first access in the
+    window shifted by the period. When the next iteration was recorded, only the recorded intervals wrap.
+    """
     its = iterations.sort_values("start_ns").reset_index(drop=True)
-    w0, w1, period = period_window(trace, its, iteration)
+    w0, w1, period, period_source = cycle_window(trace, its, iteration)
     source = str(its["source"].iloc[0]) if len(its) and "source" in its.columns else "none"
     start = iv["start_ns"].to_numpy(dtype=np.int64).copy()
     end = iv["end_ns"].to_numpy(dtype=np.int64).copy()
@@ -131,31 +173,28 @@ def _cyclic(trace, iv: pd.DataFrame, iterations: pd.DataFrame, steady_state: boo
     truncated = iv["truncated"].to_numpy().copy()
     ati = kind == KINDS.index(ATI_KIND)
     bounds = its["start_ns"].to_numpy(dtype=np.int64)[1:] if len(its) > 1 else np.zeros(0, np.int64)
-    # an ATI crossing any iteration start is a wrap-around interval of the iteration it began in
-    crosses = np.searchsorted(bounds, end, side="left") > np.searchsorted(bounds, start, side="right")
+    crosses = np.searchsorted(bounds, end, side="right") > np.searchsorted(bounds, start, side="right")
     wraps = ati & crosses
-    if steady_state:
-        # blocks idle at the end with no further access: the last access in the period, to the first one
-        # shifted by the period (last_to_free rows that end at the trace end, or after the last period)
-        last_period = w1 >= int(its["start_ns"].iloc[-1]) + period if len(its) else True
-        edge = (kind == KINDS.index("last_to_free")) & (start >= w0) & (start < w1)
-        edge &= truncated | (last_period & (end >= w1))
-        rows = np.flatnonzero(edge)
-        if len(rows):
-            block = iv["block_id"].to_numpy(dtype=np.int64)
-            # the first access of each block in the window: the end of its first interval ending in it
-            arrival = (kind <= KINDS.index(ATI_KIND)) & (end >= w0) & (end < w1)
-            first = pd.Series(end[arrival]).groupby(block[arrival]).min()
-            first_at = first.reindex(block[rows]).to_numpy(dtype=np.float64)
-            ok = ~np.isnan(first_at)
-            rows, first_at = rows[ok], first_at[ok].astype(np.int64)
-            end[rows] = np.maximum(first_at + period, start[rows])
-            kind[rows] = KINDS.index(ATI_KIND)
-            truncated[rows] = False
-            wraps[rows] = True
+    invented = 0
+    if steady_state and period_source != "next iteration":
+        block = iv["block_id"].to_numpy(dtype=np.int64)
+        blocks = trace.blocks
+        rows = block_rows(blocks["block_id"].to_numpy(dtype=np.int64), block)
+        alloc = blocks["alloc_ns"].to_numpy(dtype=np.float64, na_value=np.nan)[np.maximum(rows, 0)]
+        alive_before = np.isnan(alloc) | (alloc < w0)
+        edge = (kind == KINDS.index("last_to_free")) & truncated & alive_before & (start >= w0) & (start < w1)
+        first = first_access_in_window(trace, (w0, w1))
+        first_at = first.reindex(block).to_numpy(dtype=np.float64)
+        edge &= ~np.isnan(first_at)
+        pick = np.flatnonzero(edge)
+        end[pick] = np.maximum(first_at[pick].astype(np.int64) + period, start[pick])
+        kind[pick] = KINDS.index(ATI_KIND)
+        truncated[pick] = False
+        wraps[pick] = True
+        invented = len(pick)
     keep = (start >= w0) & (start < w1) if iteration is not None else np.ones(len(iv), bool)
-    if iteration is not None and not steady_state:
-        keep &= end <= w1
+    if iteration is not None and not steady_state:  # intervals inside the iteration only
+        keep &= (end <= w1) & ~wraps
     columns = {c: iv[c] for c in iv.columns}
     columns.update({"start_ns": start, "end_ns": end, "length_ns": end - start,
                     "kind": pd.Categorical.from_codes(kind, KINDS), "truncated": truncated, "wraps": wraps})
@@ -164,20 +203,36 @@ def _cyclic(trace, iv: pd.DataFrame, iterations: pd.DataFrame, steady_state: boo
         out = out[keep].reset_index(drop=True)
     out.attrs.update(iv.attrs)
     out.attrs.update({"steady_state": bool(steady_state), "iteration": iteration, "period_ns": int(period),
-                      "window_ns": (int(w0), int(w1)), "iteration_source": source})
+                      "window_ns": (int(w0), int(w1)), "iteration_source": source,
+                      "period_source": period_source, "wraps_beyond_recording": int(invented)})
     return out
 
 
-def op_end_times(trace, op_id: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
-    """End (ns) of the op of each access: the ``ops`` table's end_ns for `op_id`, never before `t_ns`
-    (the access's start); `t_ns` itself for ops the table does not have."""
+def access_op_edges(trace, op_id: np.ndarray, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) in ns of the op that made each access: the place of an access in time.
+
+    Recorders stamp a read at its op's start and a write at its op's end, so an access's own stamp is not
+    where its op began; every interval is measured at the op's edges instead (`access_intervals`). The
+    ``ops`` table gives both edges for `op_id`; the start is never after the stamp `t_ns` and the end never
+    before it (a recorder's clock skew). Accesses whose op the table does not have sit at their stamp
+    (start = end = `t_ns`).
+    """
     ops = trace.ops
     t_ns = np.asarray(t_ns, dtype=np.int64)
     if len(ops) == 0 or len(t_ns) == 0:
-        return t_ns.copy()
+        return t_ns.copy(), t_ns.copy()
     rows = block_rows(ops["op_id"].to_numpy(dtype=np.int64), np.asarray(op_id, dtype=np.int64))
-    op_end = ops["end_ns"].to_numpy(dtype=np.int64)
-    return np.where(rows >= 0, np.maximum(op_end[np.maximum(rows, 0)], t_ns), t_ns)
+    known = rows >= 0
+    safe = np.maximum(rows, 0)
+    op_start = ops["start_ns"].to_numpy(dtype=np.int64)[safe]
+    op_end = ops["end_ns"].to_numpy(dtype=np.int64)[safe]
+    return (np.where(known, np.minimum(op_start, t_ns), t_ns),
+            np.where(known, np.maximum(op_end, t_ns), t_ns))
+
+
+def op_end_times(trace, op_id: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
+    """End (ns) of the op of each access (`access_op_edges`'s second half)."""
+    return access_op_edges(trace, op_id, t_ns)[1]
 
 
 def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
@@ -194,19 +249,17 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
     known = row >= 0
     if not known.all():  # accesses of other devices' or unknown blocks
         row, acc_t, acc_op = row[known], acc_t[known], acc_op[known]
-    acc_end = op_end_times(trace, acc_op, acc_t)
-    row, order = _group_by_row(row, acc_t, acc_op, len(block_ids))
-    acc_t, acc_end = acc_t[order], acc_end[order]
+    # each access sits between its op's edges: intervals run from an op's end to the next op's start
+    acc_start, acc_end = access_op_edges(trace, acc_op, acc_t)
+    row, order = _group_by_row(row, acc_start, acc_op, len(block_ids))
+    acc_t, acc_start, acc_end, acc_op = acc_t[order], acc_start[order], acc_end[order], acc_op[order]
     if len(row) > 1:
-        # one event per (block, time, op): an op reading and writing a block touches it once
-        same = (row[1:] == row[:-1]) & (acc_t[1:] == acc_t[:-1])
-        if same.any():
-            pos = np.flatnonzero(same) + 1
-            dup = acc_op[order[pos]] == acc_op[order[pos - 1]]
-            if dup.any():
-                keep = np.ones(len(row), dtype=bool)
-                keep[pos[dup]] = False
-                row, acc_t, acc_end = row[keep], acc_t[keep], acc_end[keep]
+        # one event per (block, op): an op reading and writing a block touches it once
+        dup = (row[1:] == row[:-1]) & (acc_op[1:] == acc_op[:-1]) & (acc_start[1:] == acc_start[:-1])
+        if dup.any():
+            keep = np.ones(len(row), dtype=bool)
+            keep[1:] = ~dup
+            row, acc_t, acc_start, acc_end = row[keep], acc_t[keep], acc_start[keep], acc_end[keep]
 
     n_blocks = len(blocks)
     counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
@@ -215,32 +268,38 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
     start = blocks["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
     end = blocks["free_ns"].fillna(hi).to_numpy(dtype=np.int64)
 
-    # widen lifetimes to cover their accesses (first/last access of each row, accesses sorted by row)
+    # widen lifetimes to cover their accesses' own stamps (a recorder's clock skew); an op that began
+    # before the block was allocated (the op that made it) is not skew: its edge is clipped below
     acc_offset = np.concatenate([[0], np.cumsum(counts)])
     has_acc = counts > 0
     first_acc = np.full(n_blocks, np.iinfo(np.int64).max)
     last_acc = np.full(n_blocks, np.iinfo(np.int64).min)
-    first_acc[has_acc] = acc_t[acc_offset[:-1][has_acc]]
-    last_acc[has_acc] = acc_t[acc_offset[1:][has_acc] - 1]
+    if len(acc_t):
+        first_acc[has_acc] = np.minimum.reduceat(acc_t, acc_offset[:-1][has_acc])
+        last_acc[has_acc] = np.maximum.reduceat(acc_t, acc_offset[:-1][has_acc])
     outside = int(((first_acc < start) & has_acc).sum() + ((last_acc > end) & has_acc).sum())
     start = np.minimum(start, first_acc)
     end = np.maximum(end, last_acc)
 
     # block b's intervals occupy [iv_offset[b], iv_offset[b+1]): their starts are (alloc, end of each
-    # access's op), their ends (start of each access, free). Accesses are grouped by row, so both are the
-    # access times with one value inserted per block (np.insert copies sequentially).
+    # access's op), their ends (start of each access's op, free). Accesses are grouped by row, so both are
+    # the op edges with one value inserted per block (np.insert copies sequentially).
     n_iv = counts + 1
     iv_offset = np.concatenate([[0], np.cumsum(n_iv)])
     total = int(iv_offset[-1])
     first_pos, last_pos = iv_offset[:-1], iv_offset[1:] - 1
     iv_start = np.insert(acc_end, acc_offset[:-1], start)
-    iv_end = np.insert(acc_t, acc_offset[1:], end)
+    iv_end = np.insert(acc_start, acc_offset[1:], end)
     kind_code = np.ones(total, dtype=np.int8)  # access_to_access unless first/last
     kind_code[first_pos] = 0
     kind_code[last_pos] = 2
     kind_code[first_pos[counts == 0]] = 3
     overlapping = iv_start > iv_end  # the next op began before this one ended (nested/overlapping ops)
     n_overlapping = int(np.count_nonzero(overlapping & (kind_code == 1)))
+    # a first access by the op that allocated the block: no idle time after the alloc (clipped at it);
+    # everywhere else an overlap is a zero-length interval at the later op's start (or at the free)
+    first_edge = kind_code == 0
+    np.maximum(iv_end, np.where(first_edge, iv_start, iv_end), out=iv_end)
     np.minimum(iv_start, iv_end, out=iv_start)
     truncated = np.zeros(total, dtype=bool)
     truncated[first_pos[~alloc_known]] = True

@@ -238,3 +238,27 @@ def split_iterations(trace, method: str = "auto") -> pd.DataFrame:
             return found
     lo, hi = trace.time_span_ns()
     return _frame(np.array([lo]), hi, "none")
+
+
+def steady_iteration(iterations: pd.DataFrame) -> int | None:
+    """The iteration that stands for the steady state (None when there is none).
+
+    Not the first (a warm-up step creates the optimizer state), not much shorter than the median period
+    (half of it: a partial step), and preferably one whose successor was recorded, so that its period and
+    its wrap-around intervals are measured rather than estimated: the last such iteration; else the last
+    iteration long enough; else the last one. A single iteration stands for itself.
+    """
+    its = iterations.sort_values("start_ns").reset_index(drop=True)
+    n = len(its)
+    if n == 0:
+        return None
+    if n == 1:
+        return int(its["iteration"].iloc[0])
+    starts = its["start_ns"].to_numpy(np.int64)
+    # a period is start to next start; the last has only its recorded span
+    dur = np.append(np.diff(starts), int(its["end_ns"].iloc[-1]) - int(starts[-1])).astype(np.float64)
+    median = float(np.median(dur[1:]))
+    long_enough = [pos for pos in range(1, n) if dur[pos] >= 0.5 * median]
+    complete = [pos for pos in long_enough if pos < n - 1]
+    pick = complete[-1] if complete else long_enough[-1] if long_enough else n - 1
+    return int(its["iteration"].iloc[pick])

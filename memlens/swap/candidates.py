@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.ati import access_intervals, ati_only
+from memlens.analysis.ati_intervals import first_access_in_window
 
 ATTRIBUTION = ("category", "op", "module")
 
@@ -66,13 +67,10 @@ def swap_candidates(intervals: pd.DataFrame, bandwidth, min_size: int = 0) -> pd
 
 def _periodic_deadline(trace, iv: pd.DataFrame, window: tuple[int, int], period: int) -> np.ndarray:
     """The end of each interval when the iteration repeats exactly: a block's first access in the window
-    comes back one period later, so no interval may run past it (the next recorded iteration may have been
-    slower), and none lasts a whole period (1 ns less: the block is back for its access)."""
-    w0, w1 = window
-    acc = trace.accesses
-    t = acc["t_ns"].to_numpy(np.int64)
-    inside = (t >= w0) & (t < w1)
-    first = pd.Series(t[inside]).groupby(acc["block_id"].to_numpy(np.int64)[inside]).min()
+    (the start of its op) comes back one period later, so no interval may run past it (the next recorded
+    iteration may have been slower), and none lasts a whole period (1 ns less: the block is back for its
+    access)."""
+    first = first_access_in_window(trace, window)
     again = first.reindex(iv["block_id"].to_numpy(np.int64)).to_numpy(np.float64) + period
     idle_from = iv["idle_from_ns"].to_numpy(np.int64)
     deadline = np.minimum(iv["idle_to_ns"].to_numpy(np.int64), idle_from + period - 1)

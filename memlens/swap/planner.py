@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.ati import require_accesses
+from memlens.analysis.iterations import steady_iteration  # noqa: F401  (re-exported)
 from memlens.analysis.outliers import ZHANG_MIN_SIZE
 from memlens.swap.candidates import ATTRIBUTION, idle_intervals, swap_candidates
 from memlens.swap.optimise import priority_scores, select, useful_candidates
@@ -101,23 +102,6 @@ def infinite_bandwidth_peak(trace, device: str, intervals: pd.DataFrame | None =
     zero = np.zeros(len(iv), np.int64)
     free = scheduler(a, b, zero, zero)
     return curve.peak(iv["size"].to_numpy(np.int64), free)[0]
-
-
-def steady_iteration(iterations: pd.DataFrame) -> int | None:
-    """The iteration that stands for the steady state: the last one that is not the first (a warm-up
-    step creates the optimizer state) and not much shorter than the median (a partial last step);
-    None when the trace has a single iteration or none."""
-    its = iterations.sort_values("start_ns").reset_index(drop=True)
-    if len(its) == 0:
-        return None
-    if len(its) == 1:
-        return int(its["iteration"].iloc[0])
-    dur = (its["end_ns"] - its["start_ns"]).to_numpy(np.float64)
-    median = float(np.median(dur[1:])) if len(its) > 2 else float(dur.max())
-    for pos in range(len(its) - 1, 0, -1):
-        if dur[pos] >= 0.5 * median:
-            return int(its["iteration"].iloc[pos])
-    return int(its["iteration"].iloc[-1])
 
 
 def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device: str | None = None,
