@@ -253,6 +253,26 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
     acc_start, acc_end = access_op_edges(trace, acc_op, acc_t)
     row, order = _group_by_row(row, acc_start, acc_op, len(block_ids))
     acc_t, acc_start, acc_end, acc_op = acc_t[order], acc_start[order], acc_end[order], acc_op[order]
+    n_blocks = len(blocks)
+    alloc_known = blocks["alloc_ns"].notna().to_numpy()
+    free_known = blocks["free_ns"].notna().to_numpy()
+    start = blocks["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
+    end = blocks["free_ns"].fillna(hi).to_numpy(dtype=np.int64)
+
+    # widen lifetimes to cover their accesses' own stamps (a recorder's clock skew); an op that began
+    # before the block was allocated (the op that made it) is not skew: its edge is clipped below
+    stamps = np.bincount(row, minlength=n_blocks)  # every stamp counts, before duplicates are merged
+    has_acc = stamps > 0
+    stamp_offset = np.concatenate([[0], np.cumsum(stamps)])
+    first_acc = np.full(n_blocks, np.iinfo(np.int64).max)
+    last_acc = np.full(n_blocks, np.iinfo(np.int64).min)
+    if len(acc_t):
+        first_acc[has_acc] = np.minimum.reduceat(acc_t, stamp_offset[:-1][has_acc])
+        last_acc[has_acc] = np.maximum.reduceat(acc_t, stamp_offset[:-1][has_acc])
+    outside = int(((first_acc < start) & has_acc).sum() + ((last_acc > end) & has_acc).sum())
+    start = np.minimum(start, first_acc)
+    end = np.maximum(end, last_acc)
+
     if len(row) > 1:
         # one event per (block, op): an op reading and writing a block touches it once
         dup = (row[1:] == row[:-1]) & (acc_op[1:] == acc_op[:-1]) & (acc_start[1:] == acc_start[:-1])
@@ -261,25 +281,8 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
             keep[1:] = ~dup
             row, acc_t, acc_start, acc_end = row[keep], acc_t[keep], acc_start[keep], acc_end[keep]
 
-    n_blocks = len(blocks)
     counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
-    alloc_known = blocks["alloc_ns"].notna().to_numpy()
-    free_known = blocks["free_ns"].notna().to_numpy()
-    start = blocks["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
-    end = blocks["free_ns"].fillna(hi).to_numpy(dtype=np.int64)
-
-    # widen lifetimes to cover their accesses' own stamps (a recorder's clock skew); an op that began
-    # before the block was allocated (the op that made it) is not skew: its edge is clipped below
     acc_offset = np.concatenate([[0], np.cumsum(counts)])
-    has_acc = counts > 0
-    first_acc = np.full(n_blocks, np.iinfo(np.int64).max)
-    last_acc = np.full(n_blocks, np.iinfo(np.int64).min)
-    if len(acc_t):
-        first_acc[has_acc] = np.minimum.reduceat(acc_t, acc_offset[:-1][has_acc])
-        last_acc[has_acc] = np.maximum.reduceat(acc_t, acc_offset[:-1][has_acc])
-    outside = int(((first_acc < start) & has_acc).sum() + ((last_acc > end) & has_acc).sum())
-    start = np.minimum(start, first_acc)
-    end = np.maximum(end, last_acc)
 
     # block b's intervals occupy [iv_offset[b], iv_offset[b+1]): their starts are (alloc, end of each
     # access's op), their ends (start of each access's op, free). Accesses are grouped by row, so both are

@@ -1,0 +1,303 @@
+"""Intervals, steady-state wraps, the periodic load curve and swap plans against brute-force references.
+
+Small random traces (hypothesis) are built with ops of known edges; every expectation is recomputed here,
+block by block and instant by instant, from REFERENCE.md section 2, not from memlens:
+- an ATI runs from the END of the op of one access to the START of the op of the next, whatever the
+  accesses' own stamps (a write is stamped at its op's end);
+- alloc -> first access ends at the first op's start (0 when that op made the block), last access -> free
+  starts at the last op's end (0 when the block was freed inside it);
+- an interval wraps when it crosses an iteration start b: start < b <= end;
+- a swapped block must be back by the start of the op that next accesses it, or the stall is reported.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from memlens.analysis.ati import access_intervals  # noqa: E402
+from memlens.analysis.bandwidth import BandwidthModel  # noqa: E402
+from memlens.swap import plan_swaps  # noqa: E402
+from memlens.swap.periodic import PeriodicLoadCurve  # noqa: E402
+from memlens.trace import Trace  # noqa: E402
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DEVICE = "cuda:0"
+
+
+@st.composite
+def traces(draw, max_ops: int = 9, max_blocks: int = 5):
+    """A trace of ops with strictly increasing starts (they may overlap: nested ops), blocks with or without
+    a recorded alloc/free, and accesses stamped as recorders stamp them (reads at the op's start, writes at
+    its end; an op may read and write one block: two rows)."""
+    n_ops = draw(st.integers(2, max_ops))
+    gaps = draw(st.lists(st.integers(1, 400), min_size=n_ops, max_size=n_ops))
+    starts = 1000 + np.cumsum(gaps)
+    durs = draw(st.lists(st.integers(0, 300), min_size=n_ops, max_size=n_ops))
+    ends = starts + np.asarray(durs)
+    ops = pd.DataFrame({"op_id": np.arange(n_ops) * 3 + 7, "name": "aten::op", "start_ns": starts,
+                        "end_ns": ends})
+    n_blocks = draw(st.integers(1, max_blocks))
+    horizon = int(ends.max()) + 500
+    blocks, acc = [], []
+    for b in range(n_blocks):
+        chosen = sorted(set(draw(st.lists(st.integers(0, n_ops - 1), min_size=int(b == 0), max_size=5))))
+        first = int(starts[chosen[0]]) if chosen else 1000
+        last = int(ends[chosen[-1]]) if chosen else horizon
+        alloc = None if draw(st.booleans()) and b % 2 == 0 else draw(st.integers(900, first))
+        free = None if draw(st.booleans()) else draw(st.integers(max(last, alloc or 0), horizon))
+        blocks.append({"block_id": 100 + 7 * b, "device": DEVICE, "size": draw(st.integers(1, 64)) * 1024,
+                       "alloc_ns": alloc, "free_ns": free})
+        for i in chosen:
+            mode = draw(st.sampled_from(["r", "w", "rw"]))
+            for w in ([False] if mode == "r" else [True] if mode == "w" else [False, True]):
+                acc.append({"block_id": 100 + 7 * b, "op_id": int(ops["op_id"].iloc[i]), "is_write": w,
+                            "t_ns": int(ends[i] if w else starts[i])})
+    acc = pd.DataFrame(acc, columns=["block_id", "t_ns", "op_id", "is_write"])
+    acc = acc.sort_values(["op_id", "block_id"], kind="stable").reset_index(drop=True)
+    blk = pd.DataFrame(blocks)
+    blk["alloc_ns"] = blk["alloc_ns"].astype("Int64")
+    blk["free_ns"] = blk["free_ns"].astype("Int64")
+    return Trace.from_tables(blk, acc, ops)
+
+
+def reference_intervals(trace: Trace) -> list[tuple]:
+    """(block, kind, start, end, truncated) of every interval, block by block in plain Python."""
+    lo, hi = trace.time_span_ns()
+    op_edges = {int(r.op_id): (int(r.start_ns), int(r.end_ns)) for r in trace.ops.itertuples()}
+    out = []
+    for blk in trace.blocks.itertuples():
+        mine = trace.accesses[trace.accesses["block_id"] == blk.block_id]
+        events = {}
+        for a in mine.itertuples():
+            s, e = op_edges.get(int(a.op_id), (int(a.t_ns), int(a.t_ns)))
+            s, e = min(s, int(a.t_ns)), max(e, int(a.t_ns))
+            events.setdefault(int(a.op_id), (s, e))
+        stamps = mine["t_ns"].astype(int).tolist()
+        alloc = lo if pd.isna(blk.alloc_ns) else int(blk.alloc_ns)
+        free = hi if pd.isna(blk.free_ns) else int(blk.free_ns)
+        alloc, free = min([alloc] + stamps), max([free] + stamps)
+        seq = sorted(events.values())
+        b = int(blk.block_id)
+        if not seq:
+            out.append((b, "alloc_to_free", alloc, free, pd.isna(blk.alloc_ns) or pd.isna(blk.free_ns)))
+            continue
+        out.append((b, "alloc_to_first", alloc, max(seq[0][0], alloc), bool(pd.isna(blk.alloc_ns))))
+        for (_, e0), (s1, _) in zip(seq, seq[1:]):
+            out.append((b, "access_to_access", min(e0, s1), s1, False))
+        out.append((b, "last_to_free", min(seq[-1][1], free), free, bool(pd.isna(blk.free_ns))))
+    return sorted(out)
+
+
+def _rows(iv: pd.DataFrame, extra: tuple = ()) -> list[tuple]:
+    cols = ["block_id", "kind", "start_ns", "end_ns", "truncated", *extra]
+    return sorted(tuple(int(v) if isinstance(v, (np.integer,)) else (bool(v) if isinstance(v, np.bool_) else
+                        str(v) if c == "kind" else v) for c, v in zip(cols, row))
+                  for row in iv[cols].itertuples(index=False))
+
+
+@SETTINGS
+@given(traces())
+def test_intervals_equal_the_op_edge_definition(trace):
+    iv = access_intervals(trace)
+    assert _rows(iv) == reference_intervals(trace)
+    assert (iv["length_ns"] == iv["end_ns"] - iv["start_ns"]).all() and (iv["length_ns"] >= 0).all()
+
+
+def test_a_write_next_ends_the_interval_at_its_op_start():
+    """Hand-made: op A [100, 150] reads X; op B [400, 700] writes X (stamped 700). The ATI is 150 -> 400."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [100, 400], "end_ns": [150, 700]})
+    blocks = pd.DataFrame({"block_id": [5], "device": DEVICE, "size": [4096], "alloc_ns": [50], "free_ns": [900]})
+    acc = pd.DataFrame({"block_id": [5, 5], "t_ns": [100, 700], "op_id": [1, 2], "is_write": [False, True]})
+    iv = access_intervals(Trace.from_tables(blocks, acc, ops))
+    got = iv[["kind", "start_ns", "end_ns"]].astype({"kind": str}).values.tolist()
+    assert got == [["alloc_to_first", 50, 100], ["access_to_access", 150, 400], ["last_to_free", 700, 900]]
+
+
+def test_first_access_by_the_op_that_made_the_block_is_not_idle():
+    """Op [100, 200] allocates Y at 120 and writes it (stamped 200): alloc -> first access is 0 at the alloc."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [100, 300], "end_ns": [200, 350]})
+    blocks = pd.DataFrame({"block_id": [1], "device": DEVICE, "size": [64], "alloc_ns": [120], "free_ns": [400]})
+    acc = pd.DataFrame({"block_id": [1, 1], "t_ns": [200, 300], "op_id": [1, 2], "is_write": [True, False]})
+    iv = access_intervals(Trace.from_tables(blocks, acc, ops))
+    got = iv[["kind", "start_ns", "end_ns"]].astype({"kind": str}).values.tolist()
+    assert got == [["alloc_to_first", 120, 120], ["access_to_access", 200, 300], ["last_to_free", 350, 400]]
+    assert iv.attrs["accesses_outside_lifetime"] == 0
+
+
+# ---- steady state ----------------------------------------------------------------------------------------
+def _iterations(starts: list[int], hi: int) -> pd.DataFrame:
+    ends = starts[1:] + [hi]
+    return pd.DataFrame({"iteration": np.arange(len(starts)), "start_ns": starts, "end_ns": ends,
+                         "source": "marker"})
+
+
+def reference_cycle(trace: Trace, starts: list[int], k: int, steady: bool) -> tuple[list[tuple], int]:
+    """The intervals of iteration k (block, kind, start, end, truncated, wraps) and its period, by hand."""
+    lo, hi = trace.time_span_ns()
+    w0 = starts[k]
+    if k < len(starts) - 1:
+        period = starts[k + 1] - w0
+    else:
+        span = hi - w0 + 1
+        prev = w0 - starts[k - 1] if k > 0 else 0
+        period = prev if prev > span else span
+    w1 = w0 + period
+    op_edges = {int(r.op_id): (int(r.start_ns), int(r.end_ns)) for r in trace.ops.itertuples()}
+    rows = []
+    for b, kind, s, e, trunc in reference_intervals(trace):
+        wraps = kind == "access_to_access" and any(s < x <= e for x in starts[1:])
+        if steady and k == len(starts) - 1 and kind == "last_to_free" and trunc and w0 <= s < w1:
+            blk = trace.blocks.set_index("block_id").loc[b]
+            alive_before = pd.isna(blk["alloc_ns"]) or int(blk["alloc_ns"]) < w0
+            mine = trace.accesses[trace.accesses["block_id"] == b]
+            firsts = [min(op_edges[int(o)][0], int(t)) for o, t in zip(mine["op_id"], mine["t_ns"])]
+            firsts = [f for f in firsts if w0 <= f < w1]
+            if alive_before and firsts:
+                kind, e, trunc, wraps = "access_to_access", max(min(firsts) + period, s), False, True
+        if not (w0 <= s < w1):
+            continue
+        if not steady and (e > w1 or wraps):
+            continue
+        rows.append((b, kind, s, e, trunc, wraps))
+    return sorted(rows), period
+
+
+@SETTINGS
+@given(traces(max_ops=12), st.data())
+def test_steady_state_wraps_equal_the_definition(trace, data):
+    ops = trace.ops
+    lo, hi = trace.time_span_ns()
+    op_starts = ops["start_ns"].astype(int).tolist()
+    # iteration starts at op starts (an access starting exactly at a boundary) or between ops
+    picks = sorted(set(data.draw(st.lists(st.sampled_from(op_starts[1:] + [s + 1 for s in op_starts[:-1]]),
+                                          min_size=1, max_size=3))))
+    starts = [op_starts[0]] + [p for p in picks if p > op_starts[0]]
+    its = _iterations(starts, hi)
+    k = data.draw(st.integers(0, len(starts) - 1))
+    steady = data.draw(st.booleans())
+    iv = access_intervals(trace, steady_state=steady, iteration=k, iterations=its)
+    expected, period = reference_cycle(trace, starts, k, steady)
+    assert iv.attrs["period_ns"] == period
+    assert _rows(iv, ("wraps",)) == expected
+
+
+def test_a_next_access_at_the_iteration_start_wraps():
+    """Iterations start at 0 and 1000; the parameter is read by ops [100, 200] and [1000, 1100]: the interval
+    200 -> 1000 ends exactly at the boundary and is a wrap-around of iteration 0."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [100, 1000], "end_ns": [200, 1100]})
+    blocks = pd.DataFrame({"block_id": [1], "device": DEVICE, "size": [64], "alloc_ns": [None], "free_ns": [None]})
+    acc = pd.DataFrame({"block_id": [1, 1], "t_ns": [100, 1000], "op_id": [1, 2], "is_write": False})
+    trace = Trace.from_tables(blocks.astype({"alloc_ns": "Int64", "free_ns": "Int64"}), acc, ops)
+    its = _iterations([0, 1000], 1100)
+    iv = access_intervals(trace, steady_state=True, iteration=0, iterations=its)
+    wraps = iv[iv["wraps"]]
+    assert wraps[["start_ns", "end_ns"]].values.tolist() == [[200, 1000]]
+
+
+def test_no_invented_wrap_when_the_next_iteration_was_recorded():
+    """Block read only in iteration 0 of two recorded ones, alive to the end: no wrap-around for iteration 0
+    (it is not accessed in iteration 1); one for iteration 1 only if accessed there (it is not)."""
+    ops = pd.DataFrame({"op_id": [1, 2, 3], "name": "op", "start_ns": [100, 1100, 1200],
+                        "end_ns": [150, 1150, 1250]})
+    blocks = pd.DataFrame({"block_id": [1, 2], "device": DEVICE, "size": [64, 32], "alloc_ns": [None, None],
+                           "free_ns": [None, None]}).astype({"alloc_ns": "Int64", "free_ns": "Int64"})
+    acc = pd.DataFrame({"block_id": [1, 2, 2], "t_ns": [100, 1100, 1250], "op_id": [1, 2, 3],
+                        "is_write": [False, False, True]})
+    trace = Trace.from_tables(blocks, acc, ops)
+    its = _iterations([0, 1000], 1250)
+    first = access_intervals(trace, steady_state=True, iteration=0, iterations=its)
+    assert not first["wraps"].any()
+    last = access_intervals(trace, steady_state=True, iteration=1, iterations=its)
+    # block 2 is accessed in the last iteration: [1150, 1200] inside, then 1250 -> 1100 + period (1000)
+    assert last[last["wraps"]][["block_id", "start_ns", "end_ns"]].values.tolist() == [[2, 1250, 2100]]
+    assert last.attrs["period_source"] == "previous iteration" and last.attrs["period_ns"] == 1000
+
+
+# ---- the periodic load curve --------------------------------------------------------------------------
+@SETTINGS
+@given(traces(max_ops=10), st.data())
+def test_periodic_load_curve_is_the_window_load(trace, data):
+    lo, hi = trace.time_span_ns()
+    w0 = data.draw(st.integers(lo, hi))
+    w1 = data.draw(st.integers(w0 + 1, hi + 50))
+    curve = PeriodicLoadCurve(trace, DEVICE, (w0, w1))
+    t, live = curve.curve()
+    b = trace.blocks
+    alloc = b["alloc_ns"].astype("float64").fillna(lo).to_numpy()
+    free = b["free_ns"].astype("float64").fillna(np.inf).to_numpy()
+    size = b["size"].to_numpy()
+    # after every event time inside the window (and at w0), the bytes alive then
+    times = sorted(set([w0] + [int(x) for x in np.concatenate([alloc, free]) if np.isfinite(x) and w0 <= x < w1]))
+    expected_peak = max(int(size[(alloc <= x) & (x < free)].sum()) for x in times)
+    last_at = {int(x): int(v) for x, v in zip(t, live)}  # the level after the last event at each time
+    for x in times:
+        assert last_at[x] == int(size[(alloc <= x) & (x < free)].sum()), x
+    assert int(t[0]) == w0 and all(w0 <= int(x) < w1 for x in t)
+    # the peak counts the events at one instant in trace order: at least the level after them
+    assert curve.peak()[0] >= expected_peak
+
+
+# ---- swap plans: deadlines at the op's start, stalls reported ------------------------------------------
+def _next_op_start(trace: Trace, block: int, after: int) -> int:
+    """Start of the first op accessing `block` that starts at or after `after` (the interval's deadline)."""
+    ops = trace.ops.set_index("op_id")
+    mine = trace.accesses[trace.accesses["block_id"] == block]
+    s = [min(int(ops.loc[o, "start_ns"]), int(t)) for o, t in zip(mine["op_id"], mine["t_ns"])]
+    return min(x for x in s if x >= after)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(max_ops=9, max_blocks=5), st.integers(1, 400))
+def test_swap_deadlines_are_op_starts_and_stalls_are_reported(trace, bytes_per_ns):
+    model = BandwidthModel(h2d_bytes_per_s=bytes_per_ns * 1e9, d2h_bytes_per_s=bytes_per_ns * 1e9,
+                           latency_ns=0.0)
+    plan = plan_swaps(trace, bandwidth=model, min_size=0, priority="doa")
+    sw = plan.swaps
+    total = 0
+    for row in sw.itertuples():
+        deadline = _next_op_start(trace, row.block_id, row.idle_from_ns)
+        assert row.idle_to_ns == deadline
+        assert row.out_start_ns >= row.idle_from_ns and row.in_start_ns >= row.out_end_ns
+        assert row.stall_ns == max(row.in_end_ns - deadline, 0)
+        total += row.stall_ns
+    assert plan.stall_ns == total
+    for a, b in (("out_start_ns", "out_end_ns"), ("in_start_ns", "in_end_ns")):
+        o = sw.sort_values(a)
+        assert (o[a].to_numpy()[1:] >= o[b].to_numpy()[:-1]).all()  # one copy at a time on each stream
+
+
+def test_a_late_copy_in_reports_its_stall():
+    """serial_schedule by hand: two swaps idle [0, 1000) and [100, 1050), 600 ns out and 400 ns in each.
+    Outs: 0 -> 600, then 600 -> 1200. Ins in deadline order, as late as allowed: the first may start at 600
+    (deadline 1000) but the second needs its copy-out (ends 1200): 1200 -> 1600, stalling 550 ns."""
+    from memlens.swap.schedule import serial_schedule
+    a = np.array([0, 100], np.int64)
+    b = np.array([1000, 1050], np.int64)
+    d_out = np.array([600, 600], np.int64)
+    d_in = np.array([400, 400], np.int64)
+    s = serial_schedule(a, b, d_out, d_in)
+    assert s.out_start.tolist() == [0, 600] and s.out_end.tolist() == [600, 1200]
+    assert s.in_start.tolist() == [600, 1200] and s.in_end.tolist() == [1000, 1600]
+    assert s.stall.tolist() == [0, 550]
+
+
+def test_a_swap_is_back_by_its_next_op_start():
+    """One 1 MB block idle between ops [0, 100] and [1100, 1200] (the next access a write, stamped 1200);
+    at 10 kB/ns each way (100 ns) it is copied out at 100..200 and back at 1000..1100, by the op's start.
+    Block 2 (500 kB) lives [400, 700): the peak falls from 1.5 MB to the 1 MB of block 1 alone."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [0, 1100], "end_ns": [100, 1200]})
+    blocks = pd.DataFrame({"block_id": [1, 2], "device": DEVICE, "size": [1_000_000, 500_000],
+                           "alloc_ns": [0, 400], "free_ns": [1300, 700]})
+    acc = pd.DataFrame({"block_id": [1, 1], "t_ns": [0, 1200], "op_id": [1, 2], "is_write": [False, True]})
+    trace = Trace.from_tables(blocks, acc, ops)
+    fast = BandwidthModel(h2d_bytes_per_s=1e13, d2h_bytes_per_s=1e13, latency_ns=0.0)
+    plan = plan_swaps(trace, bandwidth=fast, min_size=0)
+    row = plan.swaps.iloc[0]
+    assert (row.idle_from_ns, row.idle_to_ns) == (100, 1100)
+    assert (row.out_start_ns, row.out_end_ns, row.in_start_ns, row.in_end_ns) == (100, 200, 1000, 1100)
+    assert plan.stall_ns == 0 and plan.peak_before == 1_500_000 and plan.peak_after == 1_000_000
