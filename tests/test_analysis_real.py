@@ -67,16 +67,21 @@ def test_intervals_tile_every_lifetime(fresh_recording):
         b = trace.blocks.set_index("block_id")
         bounded = (b["free_ns"].fillna(hi).astype(np.int64) - b["alloc_ns"].fillna(lo).astype(np.int64))
         per_block = iv.groupby("block_id")["length_ns"].sum()
-        # the intervals and the ops' own run times tile each lifetime (ops are not idle time)
-        events = trace.accesses.drop_duplicates(["block_id", "t_ns", "op_id"])
-        op_end = events["op_id"].map(trace.ops.set_index("op_id")["end_ns"]).fillna(events["t_ns"])
-        busy = (np.maximum(op_end.to_numpy(np.int64), events["t_ns"].to_numpy()) - events["t_ns"].to_numpy())
+        # the intervals and the ops' own run times (their edges clipped to the lifetime: the op that made a
+        # block began before its alloc) tile each lifetime (ops are not idle time)
+        events = trace.accesses.drop_duplicates(["block_id", "op_id"])
+        ops = trace.ops.set_index("op_id")
+        t = events["t_ns"].to_numpy(np.int64)
+        op_start = np.minimum(events["op_id"].map(ops["start_ns"]).fillna(events["t_ns"]).to_numpy(np.int64), t)
+        op_end = np.maximum(events["op_id"].map(ops["end_ns"]).fillna(events["t_ns"]).to_numpy(np.int64), t)
+        life_lo = events["block_id"].map(b["alloc_ns"].fillna(lo)).to_numpy(np.int64)
+        life_hi = events["block_id"].map(b["free_ns"].fillna(hi)).to_numpy(np.int64)
+        busy = np.clip(op_end, life_lo, life_hi) - np.clip(op_start, life_lo, life_hi)
         busy = pd.Series(busy).groupby(events["block_id"].to_numpy()).sum().reindex(per_block.index, fill_value=0)
         if iv.attrs["overlapping_ops"] == 0:
             assert (per_block + busy == bounded.loc[per_block.index]).all(), name
         assert (per_block <= bounded.loc[per_block.index]).all(), name
-        # one interval per block plus one per distinct access event
-        events = trace.accesses.drop_duplicates(["block_id", "t_ns", "op_id"])
+        # one interval per block plus one per (block, op) that accessed it
         assert len(iv) == len(trace.blocks) + len(events), name
 
 

@@ -108,14 +108,15 @@ def test_ati_change_against_python_intervals():
     b = Trace.from_tables(a.blocks, acc, a.ops, dict(a.metadata))
 
     def intervals(t):
-        """The ATIs: from the end of the op of one access to the start of the op of the next."""
-        op_end = t.ops.set_index("op_id")["end_ns"]
+        """The ATIs: from the end of the op of one access to the start of the op of the next (an op's
+        edges widened to its access's stamp where the stamp lies outside them)."""
+        ops = t.ops.set_index("op_id")
         out = []
         for row in t.blocks.itertuples():
             mine = t.accesses[t.accesses["block_id"] == row.block_id]
-            events = sorted(set(zip(mine["t_ns"].tolist(), mine["op_id"].tolist())))
-            out += [max(nxt[0] - max(int(op_end.get(prev[1], prev[0])), prev[0]), 0)
-                    for prev, nxt in zip(events, events[1:])]
+            events = sorted({(min(int(ops["start_ns"].get(o, s)), s), max(int(ops["end_ns"].get(o, s)), s), o)
+                             for s, o in zip(mine["t_ns"].tolist(), mine["op_id"].tolist())})
+            out += [max(nxt[0] - prev[1], 0) for prev, nxt in zip(events, events[1:])]
         return np.array(out, dtype=float)
 
     d = memlens.diff(a, b)
