@@ -146,7 +146,8 @@ def first_access_in_window(trace, window: tuple[int, int], device: str | None = 
     w0, w1 = int(window[0]), int(window[1])
     acc = trace.accesses
     block = acc["block_id"].to_numpy(dtype=np.int64)
-    start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64), acc["t_ns"].to_numpy(dtype=np.int64))
+    start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64),
+                               acc["t_ns"].to_numpy(dtype=np.int64))
     inside = (start >= w0) & (start < w1)
     if device is not None:
         on = trace.blocks.loc[trace.blocks["device"] == device, "block_id"].to_numpy(dtype=np.int64)

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.analysis.ati import access_intervals, ati_only, iteration_of
+from memlens.analysis.ati_intervals import access_op_edges
 from memlens.analysis.distributions import log_bins
 from memlens.analysis.iterations import split_iterations
 from memlens.analysis.live import live_curve
@@ -64,7 +65,10 @@ def iteration_stats(trace, iterations: pd.DataFrame | None = None,
         it = iteration_of(iv["start_ns"].to_numpy(), its)
         frame = pd.DataFrame({"it": it, "length": iv["length_ns"].to_numpy()})
         grouped = frame[frame["it"] >= 0].groupby("it")["length"]
-        acc_it = iteration_of(trace.accesses["t_ns"].to_numpy(dtype=np.int64), its)
+        acc = trace.accesses  # an access belongs to the iteration its op starts in
+        op_start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64),
+                                  acc["t_ns"].to_numpy(dtype=np.int64))
+        acc_it = iteration_of(op_start, its)
         out["accesses"] = pd.Series(acc_it[acc_it >= 0]).value_counts().reindex(index, fill_value=0).to_numpy()
         for col, q in (("ati_p50_ns", 0.5), ("ati_p90_ns", 0.9)):
             out[col] = grouped.quantile(q).reindex(index).to_numpy()

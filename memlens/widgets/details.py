@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.analysis.ati_intervals import access_op_edges
 from memlens.units import format_bytes, format_ns
 from memlens.viz.labels import safe
 from memlens.widgets.geometry import BlockGeometry
@@ -62,7 +63,8 @@ def block_details(trace, geom: BlockGeometry, pos: int, intervals: pd.DataFrame 
     """Everything about the block at geometry position `pos`: sizes in bytes, times in ns.
 
     Keys: the block's columns, ``lifetime_ns``, ``stack`` (frames, innermost first), ``accesses`` (a frame
-    of t_ns / op / is_write, time order) and ``atis`` (this block's rows of `access_intervals`, if given).
+    of t_ns (the recorder's stamp) / op_start_ns / op_end_ns (the op's edges, where its ATIs are measured) /
+    op / is_write, in op-start order) and ``atis`` (this block's rows of `access_intervals`, if given).
     """
     row = trace.blocks.iloc[int(geom.rows[pos])]
     out = {c: (None if pd.isna(row[c]) else row[c].item() if hasattr(row[c], "item") else row[c])
@@ -70,9 +72,12 @@ def block_details(trace, geom: BlockGeometry, pos: int, intervals: pd.DataFrame 
                      "stream", "source", "allocated_before", "free_without_alloc", "stack_id")}
     out["lifetime_ns"] = float(geom.t1[pos] - geom.t0[pos])
     out["stack"] = _stack(trace, row["stack_id"])
-    acc = trace.accesses[trace.accesses["block_id"].to_numpy() == out["block_id"]].sort_values("t_ns")
+    acc = trace.accesses[trace.accesses["block_id"].to_numpy() == out["block_id"]]
+    op_start, op_end = access_op_edges(trace, acc["op_id"].to_numpy(np.int64), acc["t_ns"].to_numpy(np.int64))
+    order = np.lexsort((acc["op_id"].to_numpy(np.int64), op_start))
+    acc, op_start, op_end = acc.iloc[order], op_start[order], op_end[order]
     names = trace.ops.set_index("op_id")["name"] if len(trace.ops) else pd.Series(dtype=object)
-    out["accesses"] = pd.DataFrame({"t_ns": acc["t_ns"].to_numpy(),
+    out["accesses"] = pd.DataFrame({"t_ns": acc["t_ns"].to_numpy(), "op_start_ns": op_start, "op_end_ns": op_end,
                                     "op": names.reindex(acc["op_id"].to_numpy()).fillna("").to_numpy(),
                                     "is_write": acc["is_write"].to_numpy()})
     if intervals is not None:
