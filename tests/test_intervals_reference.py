@@ -30,7 +30,7 @@ DEVICE = "cuda:0"
 
 
 @st.composite
-def traces(draw, max_ops: int = 9, max_blocks: int = 5):
+def traces(draw, max_ops: int = 9, max_blocks: int = 5, min_accesses: int = 0):
     """A trace of ops with strictly increasing starts (they may overlap: nested ops), blocks with or without
     a recorded alloc/free, and accesses stamped as recorders stamp them (reads at the op's start, writes at
     its end; an op may read and write one block: two rows)."""
@@ -45,7 +45,7 @@ def traces(draw, max_ops: int = 9, max_blocks: int = 5):
     horizon = int(ends.max()) + 500
     blocks, acc = [], []
     for b in range(n_blocks):
-        chosen = sorted(set(draw(st.lists(st.integers(0, n_ops - 1), min_size=int(b == 0), max_size=5))))
+        chosen = sorted(set(draw(st.lists(st.integers(0, n_ops - 1), min_size=max(int(b == 0), min_accesses), max_size=6))))
         first = int(starts[chosen[0]]) if chosen else 1000
         last = int(ends[chosen[-1]]) if chosen else horizon
         alloc = None if draw(st.booleans()) and b % 2 == 0 else draw(st.integers(900, first))
@@ -252,7 +252,7 @@ def _next_op_start(trace: Trace, block: int, after: int) -> int:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(traces(max_ops=9, max_blocks=5), st.integers(1, 400))
+@given(traces(max_ops=9, max_blocks=5, min_accesses=2), st.integers(1, 400))
 def test_swap_deadlines_are_op_starts_and_stalls_are_reported(trace, bytes_per_ns):
     model = BandwidthModel(h2d_bytes_per_s=bytes_per_ns * 1e9, d2h_bytes_per_s=bytes_per_ns * 1e9,
                            latency_ns=0.0)
@@ -301,3 +301,116 @@ def test_a_swap_is_back_by_its_next_op_start():
     assert (row.idle_from_ns, row.idle_to_ns) == (100, 1100)
     assert (row.out_start_ns, row.out_end_ns, row.in_start_ns, row.in_end_ns) == (100, 200, 1000, 1100)
     assert plan.stall_ns == 0 and plan.peak_before == 1_500_000 and plan.peak_after == 1_000_000
+
+
+# ---- repeating plans re-simulated over three periods ----------------------------------------------------
+def _periodic_deadline_by_hand(trace: Trace, block: int, idle_from: int, window: tuple[int, int],
+                               period: int) -> int:
+    """When the block must be back: the start of the next op that accesses it, in the recording or in the
+    repeated window (the window's accesses, by op start, shifted by whole periods), at most a period less
+    1 ns after it went idle."""
+    w0, w1 = window
+    ops = trace.ops.set_index("op_id")
+    mine = trace.accesses[trace.accesses["block_id"] == block]
+    edges = sorted({(min(int(ops.loc[o, "start_ns"]), int(t)), max(int(ops.loc[o, "end_ns"]), int(t)))
+                    for o, t in zip(mine["op_id"], mine["t_ns"])})
+    # the access whose op ended at idle_from is the earlier one; the next starts after it in op order
+    pos = max(i for i, (_, e) in enumerate(edges) if e == idle_from)
+    candidates = [s for s, _ in edges[pos + 1:]]
+    firsts = [s for s, _ in edges if w0 <= s < w1]
+    if firsts:
+        candidates.append(min(firsts) + period)
+    candidates.append(idle_from + period - 1)
+    return max(min(candidates), idle_from)
+
+
+def _load_by_hand(trace: Trace, window: tuple[int, int], period: int, swaps: pd.DataFrame, copies=range(-3, 6)):
+    """Peak bytes over the middle of three repeated periods, instant by instant: the recorded window's blocks
+    (alive from alloc to free inclusive: events at one instant count adds first), less every swapped block
+    strictly between the end of its copy-out and the start of its copy-in, in every repetition."""
+    w0, w1 = window
+    lo, _ = trace.time_span_ns()
+    b = trace.blocks[trace.blocks["device"] == DEVICE]
+    alloc = b["alloc_ns"].astype("float64").fillna(lo).to_numpy()
+    free = b["free_ns"].astype("float64").fillna(np.inf).to_numpy()
+    size = b["size"].to_numpy(np.int64)
+    saving = swaps[swaps["out_end_ns"] < swaps["in_start_ns"]]
+    r = np.concatenate([saving["out_end_ns"].to_numpy() + j * period for j in copies])
+    q = np.concatenate([saving["in_start_ns"].to_numpy() + j * period for j in copies])
+    z = np.tile(saving["size"].to_numpy(np.int64), len(copies))
+    instants = [w0] + [int(x) for x in np.concatenate([alloc, free]) if np.isfinite(x) and w0 <= x < w1]
+    instants += [int(w0 + (x - w0) % period) for x in np.concatenate([r, q])]
+    best = 0
+    for x in set(instants):
+        tau = x + period  # the middle period
+        live = int(size[(alloc <= x) & (x <= free)].sum()) - int(z[(r < tau) & (tau < q)].sum())
+        best = max(best, live)
+    return best
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(max_ops=12, max_blocks=5, min_accesses=3), st.data())
+def test_a_repeating_plan_resimulated_over_three_periods(trace, data):
+    op_starts = trace.ops["start_ns"].astype(int).tolist()
+    picks = sorted(set(data.draw(st.lists(st.sampled_from(op_starts[1:]), min_size=1, max_size=3))))
+    starts = [op_starts[0]] + picks
+    its = _iterations(starts, trace.time_span_ns()[1])
+    k = data.draw(st.integers(0, len(starts) - 1))
+    rate = data.draw(st.integers(500, 200_000))
+    model = BandwidthModel(h2d_bytes_per_s=rate * 1e9, d2h_bytes_per_s=rate * 1e9, latency_ns=0.0)
+    import memlens.analysis.iterations as iterations_module
+    original = iterations_module.split_iterations
+    iterations_module.split_iterations = lambda _trace: its
+    try:
+        plan = plan_swaps(trace, bandwidth=model, min_size=0, iteration=k, priority=data.draw(
+            st.sampled_from(["doa", "aoa", "wdoa", "peak"])), limit=data.draw(st.sampled_from([None, 1])))
+    finally:
+        iterations_module.split_iterations = original
+    window, period = tuple(plan.window_ns), int(plan.period_ns)
+    assert window[0] == starts[k] and window[1] - window[0] == period
+    sw = plan.swaps
+    for row in sw.itertuples():
+        deadline = _periodic_deadline_by_hand(trace, row.block_id, row.idle_from_ns, window, period)
+        assert row.idle_to_ns == deadline
+        assert row.stall_ns == max(row.in_end_ns - deadline, 0)
+        assert row.out_start_ns >= row.idle_from_ns and row.in_start_ns >= row.out_end_ns
+    assert plan.stall_ns == int(sw["stall_ns"].sum())
+    assert plan.peak_before == _load_by_hand(trace, window, period, sw.iloc[:0])
+    assert plan.peak_after == _load_by_hand(trace, window, period, sw)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(max_ops=12, max_blocks=5, min_accesses=3), st.data())
+def test_any_set_of_repeating_swaps_resimulated_over_three_periods(trace, data):
+    """Any subset of the candidates (not only those a priority picks), timed by the periodic scheduler and
+    folded into the period's load curve, against the instant-by-instant load and the deadlines by hand."""
+    from memlens.swap.candidates import idle_intervals, swap_candidates
+    from memlens.swap.periodic import periodic_schedule
+
+    op_starts = trace.ops["start_ns"].astype(int).tolist()
+    picks = sorted(set(data.draw(st.lists(st.sampled_from(op_starts[1:]), min_size=1, max_size=3))))
+    starts = [op_starts[0]] + picks
+    its = _iterations(starts, trace.time_span_ns()[1])
+    k = data.draw(st.integers(0, len(starts) - 1))
+    rate = data.draw(st.integers(500, 200_000))
+    model = BandwidthModel(h2d_bytes_per_s=rate * 1e9, d2h_bytes_per_s=rate * 1e9, latency_ns=0.0)
+    iv = idle_intervals(trace, DEVICE, steady_state=True, iteration=k, iterations=its)
+    window, period = tuple(iv.attrs["window_ns"]), int(iv.attrs["period_ns"])
+    cands = swap_candidates(iv, model, 0)
+    chosen = [i for i in range(len(cands)) if data.draw(st.booleans())]
+    c = cands.iloc[chosen].reset_index(drop=True)
+    sched = periodic_schedule(period)(c["idle_from_ns"].to_numpy(np.int64), c["idle_to_ns"].to_numpy(np.int64),
+                                      c["out_ns"].to_numpy(np.int64), c["in_ns"].to_numpy(np.int64))
+    curve = PeriodicLoadCurve(trace, DEVICE, window)
+    swaps = pd.DataFrame({"block_id": c["block_id"], "size": c["size"], "out_end_ns": sched.out_end,
+                          "in_start_ns": sched.in_start})
+    for i, row in c.iterrows():
+        deadline = _periodic_deadline_by_hand(trace, int(row.block_id), int(row.idle_from_ns), window, period)
+        assert int(row.idle_to_ns) == deadline
+        assert sched.in_end[i] - sched.in_start[i] == row.in_ns and sched.out_end[i] - sched.out_start[i] == row.out_ns
+        if sched.stall[i] < period:  # a settled schedule: the stall is the copy-in's lateness
+            assert sched.stall[i] == max(int(sched.in_end[i]) - deadline, 0)
+    settled = not len(c) or (sched.stall < period).all()
+    assert curve.peak()[0] == _load_by_hand(trace, window, period, swaps.iloc[:0])
+    if settled:
+        assert curve.peak(c["size"].to_numpy(np.int64), sched)[0] == _load_by_hand(trace, window, period, swaps)
