@@ -11,6 +11,8 @@ block by block and instant by instant, from REFERENCE.md section 2, not from mem
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -25,7 +27,15 @@ from memlens.swap import plan_swaps  # noqa: E402
 from memlens.swap.periodic import PeriodicLoadCurve  # noqa: E402
 from memlens.trace import Trace  # noqa: E402
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# MEMLENS_HYPOTHESIS_EXAMPLES caps the examples per property (scripts/mutation.sh runs them once per mutant)
+CAP = int(os.environ.get("MEMLENS_HYPOTHESIS_EXAMPLES", "0")) or None
+
+
+def examples(n: int) -> int:
+    return min(n, CAP) if CAP else n
+
+
+SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEVICE = "cuda:0"
 
 
@@ -251,7 +261,7 @@ def _next_op_start(trace: Trace, block: int, after: int) -> int:
     return min(x for x in s if x >= after)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces(max_ops=9, max_blocks=5, min_accesses=2), st.integers(1, 400))
 def test_swap_deadlines_are_op_starts_and_stalls_are_reported(trace, bytes_per_ns):
     model = BandwidthModel(h2d_bytes_per_s=bytes_per_ns * 1e9, d2h_bytes_per_s=bytes_per_ns * 1e9,
@@ -348,7 +358,7 @@ def _load_by_hand(trace: Trace, window: tuple[int, int], period: int, swaps: pd.
     return best
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces(max_ops=12, max_blocks=5, min_accesses=3), st.data())
 def test_a_repeating_plan_resimulated_over_three_periods(trace, data):
     op_starts = trace.ops["start_ns"].astype(int).tolist()
@@ -379,7 +389,7 @@ def test_a_repeating_plan_resimulated_over_three_periods(trace, data):
     assert plan.peak_after == _load_by_hand(trace, window, period, sw)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(traces(max_ops=12, max_blocks=5, min_accesses=3), st.data())
 def test_any_set_of_repeating_swaps_resimulated_over_three_periods(trace, data):
     """Any subset of the candidates (not only those a priority picks), timed by the periodic scheduler and
@@ -414,3 +424,60 @@ def test_any_set_of_repeating_swaps_resimulated_over_three_periods(trace, data):
     assert curve.peak()[0] == _load_by_hand(trace, window, period, swaps.iloc[:0])
     if settled:
         assert curve.peak(c["size"].to_numpy(np.int64), sched)[0] == _load_by_hand(trace, window, period, swaps)
+
+
+# ---- exact values of the helpers --------------------------------------------------------------------------
+def test_block_rows_dense_and_sparse_ids():
+    from memlens.analysis.ati_intervals import block_rows
+    dense = np.array([10, 12, 11, 15], np.int64)
+    assert block_rows(dense, np.array([15, 10, 13, 9, 16, 11], np.int64)).tolist() == [3, 0, -1, -1, -1, 2]
+    # ids far apart (a hashed or imported numbering): the binary-search path, the largest id included
+    sparse = np.array([7, 1 << 40, 3, 1 << 50], np.int64)
+    assert block_rows(sparse, np.array([1 << 50, 3, 1 << 40, 7, 8, -1], np.int64)).tolist() == [3, 2, 1, 0, -1, -1]
+    assert block_rows(np.zeros(0, np.int64), np.array([1], np.int64)).tolist() == [-1]
+
+
+def test_sparse_block_ids_keep_every_interval():
+    """Blocks numbered 5 and 2**45: both get their intervals (ATI 150 -> 300 for the large id)."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [100, 300], "end_ns": [150, 320]})
+    blocks = pd.DataFrame({"block_id": [5, 1 << 45], "device": DEVICE, "size": [64, 4096], "alloc_ns": [0, 0],
+                           "free_ns": [500, 500]})
+    acc = pd.DataFrame({"block_id": [1 << 45, 1 << 45, 5], "t_ns": [100, 300, 300], "op_id": [1, 2, 2],
+                        "is_write": False})
+    iv = access_intervals(Trace.from_tables(blocks, acc, ops))
+    ati = iv[iv["kind"] == "access_to_access"]
+    assert ati[["block_id", "start_ns", "end_ns"]].values.tolist() == [[1 << 45, 150, 300]]
+    assert len(iv) == 5
+
+
+def test_cycle_window_without_iterations_and_with_them():
+    from memlens.analysis.ati_intervals import cycle_window
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [100, 900], "end_ns": [150, 1000]})
+    blocks = pd.DataFrame({"block_id": [1], "device": DEVICE, "size": [64], "alloc_ns": [100], "free_ns": [1000]})
+    acc = pd.DataFrame({"block_id": [1], "t_ns": [100], "op_id": [1], "is_write": False})
+    trace = Trace.from_tables(blocks, acc, ops)
+    none = pd.DataFrame({"iteration": [], "start_ns": [], "end_ns": [], "source": []})
+    assert cycle_window(trace, none, None) == (100, 1001, 901, "trace end")
+    its = _iterations([100, 400, 700], 1000)
+    assert cycle_window(trace, its, 0) == (100, 400, 300, "next iteration")
+    assert cycle_window(trace, its, 2) == (700, 1001, 301, "trace end")  # span 301 > previous 300
+    its = _iterations([100, 400, 900], 1000)
+    assert cycle_window(trace, its, 2) == (900, 1400, 500, "previous iteration")  # span 101 < 500
+    with pytest.raises(Exception, match="iteration 7 is not in the trace"):
+        cycle_window(trace, its, 7)
+
+
+def test_steady_iteration_prefers_a_measured_period():
+    from memlens.analysis.iterations import steady_iteration
+    # periods 100 (warm-up), 300, 310, and a last step of 290 recorded: the middle one with a successor
+    its = pd.DataFrame({"iteration": [0, 1, 2, 3], "start_ns": [0, 100, 400, 710], "end_ns": [100, 400, 710, 1000]})
+    assert steady_iteration(its) == 2
+    # a short partial third step is never chosen; with two steps the last stands for the cycle
+    assert steady_iteration(its.iloc[:2]) == 1
+    assert steady_iteration(its.iloc[:1]) == 0 and steady_iteration(its.iloc[:0]) is None
+    # periods 300, 300, 300, 10 (a partial step), and a last of 290: median of those after the warm-up 295;
+    # step 3 (10 ns) is too short, 4 has no successor: step 2
+    short = pd.DataFrame({"iteration": [0, 1, 2, 3, 4], "start_ns": [0, 300, 600, 900, 910],
+                          "end_ns": [300, 600, 900, 910, 1200]})
+    assert steady_iteration(short) == 2
+    assert steady_iteration(short.iloc[[0, 1, 3, 4]].assign(iteration=[0, 1, 2, 3])) == 1
