@@ -215,11 +215,11 @@ def test_steady_state_default_iteration_and_min_size(loop):
     plan = plan_swaps(loop, bandwidth="pcie4", steady_state=True)
     its = split_iterations(loop)
     dur = (its["end_ns"] - its["start_ns"]).to_numpy(np.float64)
-    # after the warm-up, at least half the median length, and followed by a recorded iteration (its period
-    # and wrap-arounds measured): with three recorded steps, the middle one
-    ok = [i for i in range(1, len(its) - 1) if dur[i] >= 0.5 * np.median(dur[1:])]
-    assert len(its) == 3 and ok == [1]
-    expected = 1
+    # after the warm-up, at least half the median length, and preferably followed by a recorded iteration
+    # (its period and wrap-arounds measured): with three steps of even length, the middle one
+    ok = [i for i in range(1, len(its)) if dur[i] >= 0.5 * np.median(dur[1:])]
+    complete = [i for i in ok if i < len(its) - 1]
+    expected = complete[-1] if complete else ok[-1]
     assert plan.steady_state and plan.iteration == int(its["iteration"].iloc[expected])
     assert plan.infinite_bandwidth_peak <= plan.peak_after <= plan.peak_before
     assert plan.min_size == 1 << 20 and plan.summary()["min_size"] == 1 << 20
