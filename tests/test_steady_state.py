@@ -158,6 +158,17 @@ def resimulate(trace: Trace, plan, model: BandwidthModel, periods: int = 3) -> i
     assert (sw["out_start_ns"] >= sw["idle_from_ns"]).all() and (sw["in_start_ns"] >= sw["out_end_ns"]).all()
     assert (sw["in_end_ns"] <= sw["idle_to_ns"]).all() and plan.stall_ns == 0  # never stalls
     assert (sw["idle_to_ns"] - sw["idle_from_ns"] <= p).all()
+    # each copy-in is due at the start of the op that next accesses the block, in the recording or in the
+    # repeated window (its first access there one period later)
+    every = _accesses_with_ops(trace)
+    for row in sw.itertuples():
+        mine = every[every["block_id"] == row.block_id].reset_index(drop=True)
+        pos = int(np.flatnonzero(mine["op_end"].to_numpy() == row.idle_from_ns)[-1])
+        due = [int(x) for x in mine["op_start"].iloc[pos + 1:]]
+        in_window = mine[(mine["op_start"] >= w0) & (mine["op_start"] < w1)]
+        if len(in_window):
+            due.append(int(in_window["op_start"].min()) + p)
+        assert row.idle_to_ns == max(min(due + [row.idle_from_ns + p - 1]), row.idle_from_ns), row.block_id
     reps = range(-1, periods + 1)
     for start, end in (("out_start_ns", "out_end_ns"), ("in_start_ns", "in_end_ns")):
         s = np.concatenate([sw[start].to_numpy() + j * p for j in reps])
@@ -209,6 +220,21 @@ def test_repeated_plan_never_exceeds_its_peak_nor_stalls(loop, link):
     limited = plan_swaps(loop, bandwidth=model, min_size=0, iteration=k, limit=limit)
     assert limited.met_limit == (limited.peak_after <= limit)
     assert resimulate(loop, limited, model) <= limited.peak_after
+
+
+@pytest.mark.parametrize("link", ["pcie4", "8GB/s"])
+def test_straight_line_plan_is_due_at_op_starts(loop, link):
+    """Every swap of a plan over the whole recording: back by the start of the op that next accesses the
+    block (by hand from the raw tables), or its stall is the lateness, and the plan's stall their sum."""
+    plan = plan_swaps(loop, bandwidth=link, min_size=0)
+    every = _accesses_with_ops(loop)
+    assert len(plan.swaps) > 0
+    for row in plan.swaps.itertuples():
+        mine = every[every["block_id"] == row.block_id].reset_index(drop=True)
+        pos = int(np.flatnonzero(mine["op_end"].to_numpy() == row.idle_from_ns)[-1])
+        assert row.idle_to_ns == int(mine["op_start"].iloc[pos + 1]), row.block_id
+        assert row.stall_ns == max(row.in_end_ns - row.idle_to_ns, 0)
+    assert plan.stall_ns == int(plan.swaps["stall_ns"].sum())
 
 
 def test_steady_state_default_iteration_and_min_size(loop):

@@ -59,10 +59,14 @@ def run(args) -> int:
     print(f"bound:        {format_bytes(result.infinite_bandwidth_peak)} at infinite bandwidth")
     if result.limit is not None:
         print(f"limit:        {format_bytes(result.limit)}: {'met' if result.met_limit else 'NOT met'}")
-    print(f"traffic:      {format_bytes(result.transfer_bytes)}, estimated stall {format_ns(result.stall_ns)}")
+    late = int((result.swaps["stall_ns"] > 0).sum())
+    print(f"traffic:      {format_bytes(result.transfer_bytes)}, estimated stall {format_ns(result.stall_ns)} "
+          f"({late:,} copy-ins end after the start of the op that needs the block; {result.clock.get('kind')} clock)")
     for row in result.swaps.nlargest(args.top, "size").itertuples():
         where = " ".join(str(x) for x in (row.category, row.op, row.module) if x)
         wrap = "  wraps" if row.crosses_boundary else ""
+        stall = f"  STALLS {format_ns(row.stall_ns)}" if row.stall_ns > 0 else ""
         print(f"  block {row.block_id:>8} {format_bytes(row.size):>10}  out {format_ns(row.out_start_ns)}"
-              f"  back {format_ns(row.in_start_ns)}{wrap}  {where}")
+              f"  in {format_ns(row.in_start_ns)}-{format_ns(row.in_end_ns)}  needed at {format_ns(row.idle_to_ns)}"
+              f"{stall}{wrap}  {where}")
     return 0

@@ -35,9 +35,10 @@ class SwapPlan:
     `peak_before`: peak live bytes without swapping (of one period in steady state); `peak_after`: with the
     swaps (the steady-state peak when the plan repeats); `infinite_bandwidth_peak`: with every ATI swapped
     for free (the bound no bandwidth can beat); `transfer_bytes`: bytes copied both ways (per period);
-    `stall_ns`: estimated time ops wait for copy-ins; `swaps`: one row per swap (block, size, copy times,
-    saved window, stall, whether it wraps around the iteration boundary or its copies cross it,
-    category/op/module); `met_limit`: whether `peak_after <= limit` (None when minimising). `bandwidth` is
+    `stall_ns`: estimated time ops wait for copy-ins (each swap's copy-in must end by the start of the op
+    that next accesses the block, its ``idle_to_ns``; ``stall_ns`` per swap is how much later it ends);
+    `swaps`: one row per swap (block, size, copy times, saved window, stall, whether it wraps around the
+    iteration boundary or its copies cross it, category/op/module); `met_limit`: whether `peak_after <= limit` (None when minimising). `bandwidth` is
     the link model (rates and both copy latencies), `min_size` the smallest block considered. In steady
     state `iteration`, `period_ns` and `window_ns` say which period was planned. `curve_before` /
     `curve_after` (t_ns, live) are the load curves, and `candidates_table` the candidates with their
@@ -84,6 +85,7 @@ class SwapPlan:
                 "infinite_bandwidth_peak": int(self.infinite_bandwidth_peak), "limit": self.limit,
                 "met_limit": self.met_limit, "priority": self.priority, "saved_bytes": int(self.saved_bytes),
                 "transfer_bytes": int(self.transfer_bytes), "stall_ns": int(self.stall_ns),
+                "late_copy_ins": int((self.swaps["stall_ns"] > 0).sum()) if len(self.swaps) else 0,
                 "swap_count": int(len(self.swaps)), "candidates": int(self.candidates),
                 "idle_intervals": int(self.intervals), "min_size": int(self.min_size),
                 "bandwidth": self.bandwidth, "bandwidth_text": self.bandwidth_text, "clock": self.clock,
