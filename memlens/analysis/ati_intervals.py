@@ -48,9 +48,9 @@ import pandas as pd
 from memlens.analysis.clock import clock_of
 from memlens.errors import InputError, NeedsAccessesError
 
-KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")
-ATI_KIND = "access_to_access"
-EDGE_KINDS = ("alloc_to_first", "last_to_free", "alloc_to_free")
+KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")  # pragma: no mutate
+ATI_KIND = "access_to_access"  # pragma: no mutate
+EDGE_KINDS = ("alloc_to_first", "last_to_free", "alloc_to_free")  # pragma: no mutate
 INTERVAL_COLUMNS = ("block_id", "device", "size", "start_ns", "end_ns", "length_ns", "kind", "ordinal",
                     "truncated", "wraps")
 
