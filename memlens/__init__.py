@@ -32,7 +32,15 @@ from memlens.predict.shim import watch_torch_import as _watch_torch_import  # no
 _watch_torch_import()
 
 
+# subpackages the README names as `memlens.<name>.<object>`, imported on first attribute access
+_LAZY_SUBPACKAGES = ("analysis", "devicetime", "plan", "predict", "report", "simulate", "swap", "viz", "widgets",
+                     "whatif")
+
+
 def __getattr__(name):
+    if name in _LAZY_SUBPACKAGES:
+        import importlib
+        return importlib.import_module(f"memlens.{name}")
     if name in _LAZY:
         import importlib
         module, attr = _LAZY[name]

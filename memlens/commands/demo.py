@@ -35,5 +35,21 @@ def run(args) -> int:
         print(f"report: {result['report']}")
     else:
         print(f"report: not written: {result['report_error']}")
-    print(f"next:   memlens info {result['trace']}")
+    print(f"next:   {cli_command()} info {result['trace']}")
     return 0
+
+
+def cli_command() -> str:
+    """How to type the memlens CLI from this shell: `memlens` when it is on PATH, else its path in the
+    interpreter's bin directory (a venv that is not activated), else `python -m memlens`."""
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    beside = Path(sys.executable).parent / "memlens"
+    if shutil.which("memlens") and (not beside.exists() or Path(shutil.which("memlens")).resolve() == beside.resolve()):
+        return "memlens"
+    if beside.exists():
+        return os.path.relpath(beside) if not os.path.relpath(beside).startswith("../..") else str(beside)
+    return f"{sys.executable} -m memlens"

@@ -59,6 +59,9 @@ def run(args) -> int:
     print(f"bound:        {format_bytes(result.infinite_bandwidth_peak)} at infinite bandwidth")
     if result.limit is not None:
         print(f"limit:        {format_bytes(result.limit)}: {'met' if result.met_limit else 'NOT met'}")
+    if len(result.swaps) == 0 and result.smaller_candidates:
+        print(f"hint:         no block of {format_bytes(result.min_size)} or more can be swapped; "
+              f"{result.smaller_candidates:,} idle intervals of smaller blocks could: try --min-size 0")
     late = int((result.swaps["stall_ns"] > 0).sum())
     print(f"traffic:      {format_bytes(result.transfer_bytes)}, estimated stall {format_ns(result.stall_ns)} "
           f"({late:,} copy-ins end after the start of the op that needs the block; {result.clock.get('kind')} clock)")

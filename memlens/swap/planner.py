@@ -38,9 +38,10 @@ class SwapPlan:
     `stall_ns`: estimated time ops wait for copy-ins (each swap's copy-in must end by the start of the op
     that next accesses the block, its ``idle_to_ns``; ``stall_ns`` per swap is how much later it ends);
     `swaps`: one row per swap (block, size, copy times, saved window, stall, whether it wraps around the
-    iteration boundary or its copies cross it, category/op/module); `met_limit`: whether `peak_after <= limit` (None when minimising). `bandwidth` is
-    the link model (rates and both copy latencies), `min_size` the smallest block considered. In steady
-    state `iteration`, `period_ns` and `window_ns` say which period was planned. `curve_before` /
+    iteration boundary or its copies cross it, category/op/module); `met_limit`: whether
+    `peak_after <= limit` (None when minimising). `bandwidth` is the link model (rates and both copy
+    latencies), `min_size` the smallest block considered (`smaller_candidates`: swappable intervals of
+    smaller blocks, left out by it). In steady state `iteration`, `period_ns` and `window_ns` say which period was planned. `curve_before` /
     `curve_after` (t_ns, live) are the load curves, and `candidates_table` the candidates with their
     three priorities (doa_ns, aoa, wdoa_ns), their rank under each and whether they were chosen.
     """
@@ -56,6 +57,7 @@ class SwapPlan:
     swaps: pd.DataFrame
     bandwidth: dict = field(default_factory=dict)
     candidates: int = 0
+    smaller_candidates: int = 0
     intervals: int = 0
     min_size: int = DEFAULT_MIN_SIZE
     clock: dict = field(default_factory=lambda: {"kind": "host"})
@@ -87,6 +89,7 @@ class SwapPlan:
                 "transfer_bytes": int(self.transfer_bytes), "stall_ns": int(self.stall_ns),
                 "late_copy_ins": int((self.swaps["stall_ns"] > 0).sum()) if len(self.swaps) else 0,
                 "swap_count": int(len(self.swaps)), "candidates": int(self.candidates),
+                "smaller_candidates": int(self.smaller_candidates),
                 "idle_intervals": int(self.intervals), "min_size": int(self.min_size),
                 "bandwidth": self.bandwidth, "bandwidth_text": self.bandwidth_text, "clock": self.clock,
                 "steady_state": self.steady_state, "iteration": self.iteration, "period_ns": self.period_ns,
@@ -151,6 +154,8 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
     peak_before = curve.peak()[0]
     bound = infinite_bandwidth_peak(trace, device, intervals, curve, scheduler)
     cands = swap_candidates(intervals, model, min_size)
+    # swappable intervals of blocks under min_size: a plan with no swaps says how many a lower floor would see
+    smaller = int(len(swap_candidates(intervals, model, 0))) - len(cands) if min_size > 1 else 0
     sel = select(cands, curve, limit, priority, target=bound, scheduler=scheduler)
     chosen = cands.iloc[sel.chosen].reset_index(drop=True)
     sch = sel.schedule
@@ -178,7 +183,8 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
     return SwapPlan(device=device, peak_before=int(peak_before), peak_after=int(sel.peak),
                     infinite_bandwidth_peak=int(bound), limit=limit, priority=name,
                     transfer_bytes=int(2 * swaps["size"].sum()), stall_ns=int(sel.stall_ns), swaps=swaps,
-                    bandwidth=model.to_dict(), candidates=int(len(cands)), intervals=int(len(intervals)),
+                    bandwidth=model.to_dict(), candidates=int(len(cands)), smaller_candidates=smaller,
+                    intervals=int(len(intervals)),
                     min_size=min_size, clock=clock_of(trace), bandwidth_text=model.describe(),
                     steady_state=periodic, iteration=iteration if periodic else None, period_ns=period,
                     window_ns=window, curve_before=pd.DataFrame({"t_ns": t0, "live": live0}),
