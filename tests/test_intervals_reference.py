@@ -146,9 +146,12 @@ def _iterations(starts: list[int], hi: int) -> pd.DataFrame:
                          "source": "marker"})
 
 
-def reference_cycle(trace: Trace, starts: list[int], k: int, steady: bool) -> tuple[list[tuple], int]:
-    """The intervals of iteration k (block, kind, start, end, truncated, wraps) and its period, by hand."""
+def reference_cycle(trace: Trace, starts: list[int], k: int | None, steady: bool) -> tuple[list[tuple], int]:
+    """The intervals of iteration k (block, kind, start, end, truncated, wraps) and its period, by hand;
+    k None: every interval of the recording, the last iteration's period."""
     lo, hi = trace.time_span_ns()
+    whole = k is None
+    k = len(starts) - 1 if whole else k
     w0 = starts[k]
     if k < len(starts) - 1:
         period = starts[k + 1] - w0
@@ -169,9 +172,9 @@ def reference_cycle(trace: Trace, starts: list[int], k: int, steady: bool) -> tu
             firsts = [f for f in firsts if w0 <= f < w1]
             if alive_before and firsts:
                 kind, e, trunc, wraps = "access_to_access", max(min(firsts) + period, s), False, True
-        if not (w0 <= s < w1):
+        if not whole and not (w0 <= s < w1):
             continue
-        if not steady and (e > w1 or wraps):
+        if not whole and not steady and (e > w1 or wraps):
             continue
         rows.append((b, kind, s, e, trunc, wraps))
     return sorted(rows), period
@@ -188,8 +191,8 @@ def test_steady_state_wraps_equal_the_definition(trace, data):
                                           min_size=1, max_size=3))))
     starts = [op_starts[0]] + [p for p in picks if p > op_starts[0]]
     its = _iterations(starts, hi)
-    k = data.draw(st.integers(0, len(starts) - 1))
-    steady = data.draw(st.booleans())
+    k = data.draw(st.one_of(st.none(), st.integers(0, len(starts) - 1)))
+    steady = data.draw(st.booleans()) or k is None
     iv = access_intervals(trace, steady_state=steady, iteration=k, iterations=its)
     expected, period = reference_cycle(trace, starts, k, steady)
     assert iv.attrs["period_ns"] == period
@@ -225,6 +228,13 @@ def test_no_invented_wrap_when_the_next_iteration_was_recorded():
     last = access_intervals(trace, steady_state=True, iteration=1, iterations=its)
     # block 2 is accessed in the last iteration: [1150, 1200] inside, then 1250 -> 1100 + period (1000)
     assert last[last["wraps"]][["block_id", "start_ns", "end_ns"]].values.tolist() == [[2, 1250, 2100]]
+    invented = last[last["wraps"]].iloc[0]
+    assert invented["kind"] == "access_to_access" and not invented["truncated"] and invented["length_ns"] == 850
+    assert last.attrs["wraps_beyond_recording"] == 1 and first.attrs["wraps_beyond_recording"] == 0
+    # the whole recording in steady state: every interval, with the last iteration's wrap added
+    whole = access_intervals(trace, steady_state=True, iterations=its)
+    assert len(whole) == len(access_intervals(trace)) and whole.attrs["window_ns"] == (1000, 2000)
+    assert whole[whole["wraps"]][["block_id", "start_ns", "end_ns"]].values.tolist() == [[2, 1250, 2100]]
     assert last.attrs["period_source"] == "previous iteration" and last.attrs["period_ns"] == 1000
 
 
@@ -427,6 +437,13 @@ def test_any_set_of_repeating_swaps_resimulated_over_three_periods(trace, data):
 
 
 # ---- exact values of the helpers --------------------------------------------------------------------------
+def test_count_distinct_both_paths():
+    from memlens.analysis.ati_intervals import count_distinct
+    assert count_distinct(np.zeros(0, np.int64)) == 0
+    assert count_distinct(np.array([5, 5, 7, 9, 7], np.int64)) == 3
+    assert count_distinct(np.array([1, 1 << 40, 1, 3], np.int64)) == 3  # sparse: by hashing
+
+
 def test_block_rows_dense_and_sparse_ids():
     from memlens.analysis.ati_intervals import block_rows
     dense = np.array([10, 12, 11, 15], np.int64)

@@ -140,7 +140,7 @@ def cycle_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tupl
     return w0, w0 + period, period, source
 
 
-def first_access_in_window(trace, window: tuple[int, int], device: str | None = None) -> pd.Series:
+def first_access_in_window(trace, window: tuple[int, int]) -> pd.Series:
     """Start (ns) of the first op that accesses each block within ``[w0, w1)``, by block_id (blocks not
     accessed in the window are absent). An access belongs to the window its op starts in."""
     w0, w1 = int(window[0]), int(window[1])
@@ -149,9 +149,6 @@ def first_access_in_window(trace, window: tuple[int, int], device: str | None = 
     start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64),
                                acc["t_ns"].to_numpy(dtype=np.int64))
     inside = (start >= w0) & (start < w1)
-    if device is not None:
-        on = trace.blocks.loc[trace.blocks["device"] == device, "block_id"].to_numpy(dtype=np.int64)
-        inside &= np.isin(block, on)
     return pd.Series(start[inside]).groupby(block[inside]).min()
 
 
