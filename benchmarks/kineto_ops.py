@@ -88,7 +88,7 @@ def _literal(text):
         return text
 
 
-def _signature(row):
+def _signature(row, default_dtype="float32"):
     """(args with tensors as (shape, dtype name), has concrete scalars)."""
     from memlens.record.dtypes import dtype_name
     dims, types = row["dims"] or [], row["types"] or []
@@ -96,7 +96,7 @@ def _signature(row):
     args = []
     for i, (d, t) in enumerate(zip(dims, types)):
         if t == "TensorList" or (t == "GenericList" and d and isinstance(d[0], list)):
-            args.append(tuple((tuple(x), "float32") for x in d if isinstance(x, list)))
+            args.append(tuple((tuple(x), default_dtype) for x in d if isinstance(x, list)))
         elif t not in _NOT_DTYPES and dtype_name(t):
             args.append((tuple(d), dtype_name(t)))
         elif concrete is not None and i < len(concrete):
@@ -104,6 +104,16 @@ def _signature(row):
         else:
             args.append(None)
     return args, concrete is not None
+
+
+def _common_float_dtype(ops) -> str:
+    """The floating dtype most tensor arguments of the profile have (for TensorList arguments, whose
+    element dtypes Kineto does not write)."""
+    from collections import Counter
+    from memlens.record.dtypes import dtype_name, is_floating
+    counts = Counter(dtype_name(t) for types in ops["types"].dropna() for t in types
+                     if t not in _NOT_DTYPES and is_floating(dtype_name(t)))
+    return counts.most_common(1)[0][0] if counts else "float32"
 
 
 def _meta_out(name, args, kwargs):
@@ -129,9 +139,8 @@ def _meta_out(name, args, kwargs):
     func = resolve_op(name)
     if func is None:
         return None
-    packet = getattr(func, "_overloadpacket", None)
     try:
-        return back((packet or func)(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()}))
+        return back(func(*[to_meta(a) for a in args], **{k: to_meta(v) for k, v in kwargs.items()}))
     except Exception:   # noqa: BLE001 (meta kernels are missing for some ops: handled by the caller)
         return None
 
@@ -194,20 +203,57 @@ def _legacy_record(ops, i, parent, name, args):
     return None
 
 
+def _is_tensor(a) -> bool:
+    return isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], tuple) and isinstance(a[1], str)
+
+
+def _overload(name, args):
+    """The overload of `name` whose schema takes exactly these arguments (tensors where tensors are),
+    as its qualified name ("aten::mean.dim"); `name` when none fits."""
+    import torch
+    ns, _, op = name.partition("::")
+    packet = getattr(getattr(torch.ops, ns, None), op, None)
+    if packet is None:
+        return name
+    for ov in packet.overloads():
+        schema = getattr(packet, ov)._schema
+        if len(schema.arguments) != len(args) or any(a.kwarg_only and a.name == "out" for a in schema.arguments):
+            continue
+        kinds = [str(a.type).startswith("Tensor") for a in schema.arguments]
+        if all(k == _is_tensor(v) or v is None for k, v in zip(kinds, args)):
+            return name if ov == "default" else f"{name}.{ov}"
+    return name
+
+
 def _keywords(name, args):
-    """Kineto lists every schema argument in order; keyword-only ones (addmm's beta/alpha) go back to
-    keywords, as a Python call passes them (the flop formulas take them so)."""
+    """(qualified name, positional args, keyword args): Kineto lists every schema argument in order;
+    keyword-only ones (addmm's beta/alpha, mean's dtype) go back to keywords, as a Python call passes them."""
     from memlens.record.flops import resolve_op
+    name = _overload(name, args)
     schema = getattr(resolve_op(name), "_schema", None)
     if schema is None or len(schema.arguments) < len(args):
-        return args, {}
+        return name, args, {}
     positional, kwargs = [], {}
     for arg, value in zip(schema.arguments, args):
         if arg.kwarg_only:
             kwargs[arg.name] = value
         else:
             positional.append(value)
-    return positional, kwargs
+    return name, positional, kwargs
+
+
+# the vendor convolution entry points as aten::convolution(input, weight, bias, stride, padding, dilation,
+# transposed, output_padding, groups), the op a dispatch recorder sees
+_CONV_ALIASES = {
+    "aten::cudnn_convolution": lambda a: ("aten::convolution", [a[0], a[1], None, a[3], a[2], a[4], False,
+                                                                [0] * len(a[2] or [0, 0]), a[5]]),
+    "aten::miopen_convolution": lambda a: ("aten::convolution", [a[0], a[1], a[2], a[4], a[3], a[5], False,
+                                                                 [0] * len(a[3] or [0, 0]), a[6]]),
+}
+# position of the is_causal argument in the schema of fused attention ops
+_CAUSAL_ARG = {"aten::_flash_attention_forward": 8, "aten::_scaled_dot_product_flash_attention": 4,
+               "aten::_scaled_dot_product_efficient_attention": 5, "aten::_efficient_attention_forward": 8,
+               "aten::_scaled_dot_product_cudnn_attention": 5}
 
 
 def profile_ops(path) -> tuple[pd.DataFrame, dict]:
@@ -225,35 +271,49 @@ def profile_ops(path) -> tuple[pd.DataFrame, dict]:
     acts["op"] = np.where(np.isnan(owner), -1, owner).astype(np.int64)
     own = acts[acts["op"] >= 0].groupby("op").agg(measured_us=("dur", "sum"), kernels=("dur", "size"),
                                                  memcpy_bytes=("bytes", "sum"))
+    memcpy = acts[(acts["kind"] == "memcpy") & (acts["op"] >= 0)]
+    transfers = {int(o): ("h2d" if "HtoD" in nm else "d2h" if "DtoH" in nm else "")
+                 for o, nm in zip(memcpy["op"], memcpy["name"])}
     keep = np.flatnonzero(~has_child | np.isin(np.arange(len(ops)), own.index.to_numpy()))
     rows, missing = [], 0
+    common_dtype = _common_float_dtype(ops)
     for i in keep:
         name = ops.at[i, "name"]
         if not name.startswith("aten::"):
             if i in own.index:
                 missing += 1
             continue
-        args, concrete = _signature(ops.loc[i])
+        args, concrete = _signature(ops.loc[i], common_dtype)
         record = None if concrete else _legacy_record(ops, i, parent, name, args)
         if record is not None:
             rec_name, rec_args, out = record
-            rec_args, kwargs = _keywords(rec_name, rec_args)
+            rec_name, rec_args, kwargs = _keywords(rec_name, rec_args)
         else:
-            rec_name = name
-            rec_args, kwargs = _keywords(name, args)
-            out = _meta_out(name, rec_args, kwargs)
+            if name in _CONV_ALIASES:
+                name, args = _CONV_ALIASES[name](args)
+            rec_name, rec_args, kwargs = _keywords(name, args)
+            out = _meta_out(rec_name, rec_args, kwargs)
+            if out is None:     # no meta kernel (cudnn_batch_norm ...): the result is shaped like the input
+                out = next((a for a in rec_args if isinstance(a, tuple) and len(a) == 2
+                            and isinstance(a[1], str) and isinstance(a[0], tuple)), None)
         try:
             facts = op_costs(rec_name, tuple(rec_args), kwargs, out)
         except Exception:   # noqa: BLE001
             missing += 1
             continue
         m = own.loc[i] if i in own.index else None
+        direction = transfers.get(i, "")
+        concrete_args = ops.at[i, "concrete"] or []
+        causal = name in _CAUSAL_ARG and len(concrete_args) > _CAUSAL_ARG[name] \
+            and concrete_args[_CAUSAL_ARG[name]] == "True"
         rows.append({"op": int(i), "name": rec_name, "flops": facts.flops, "bytes_read": facts.bytes_read,
                      "bytes_written": facts.bytes_written, "dtype": facts.dtype, "shapes": facts.shapes,
                      "measured_ns": 0.0 if m is None else float(m["measured_us"]) * 1e3,
                      "kernels": 0 if m is None else int(m["kernels"]),
                      "memcpy_bytes": 0 if m is None else int(m["memcpy_bytes"]),
-                     "start_ns": ops.at[i, "ts"] * 1e3})
+                     "start_ns": ops.at[i, "ts"] * 1e3, "causal": causal, "transfer": direction,
+                     # an op that launched no GPU work ran on the host (a fact of the profile)
+                     "device": "cpu" if m is None else "cuda"})
     table = pd.DataFrame(rows)
     info = {"gpu": device_name(doc), "gpu_busy_ns": float(acts["dur"].sum()) * 1e3,
             "attributed_ns": float(acts.loc[acts["op"] >= 0, "dur"].sum()) * 1e3,

@@ -69,9 +69,15 @@ class GPU:
     attention_efficiency: float = 0.5     # achieved fraction of the dense peak inside fused attention
     mem_efficiency: float = 0.85          # achieved fraction of memory bandwidth by streaming kernels
     misaligned_gemm_penalty: float = 1.0  # slowdown of GEMMs whose leading dimensions break 16-byte alignment
+    norm_efficiency: float = 0.4          # achieved fraction of memory bandwidth by row-wise norm / short softmax
+    softmax_block_efficiency: float = 0.2  # the same for softmax over rows > 1024 (one thread block per row)
+    pageable_bw: float = 11e9             # bytes/s of host copies from pageable (not pinned) memory
     source: str = "user-defined"
     latency_source: str = "user-defined"
     aliases: tuple = field(default=(), compare=False)
+    # per op class (fixed-part scale, throughput-part scale) fitted by memlens.calibrate; empty = built-in
+    class_scale: dict = field(default_factory=dict, compare=False)
+    calibration: dict = field(default_factory=dict, compare=False)   # fit residuals, profile, base GPU
 
     def __post_init__(self):
         if not isinstance(self.flops, dict) or not self.flops:
@@ -90,7 +96,13 @@ class GPU:
         for name in ("latency_ns", "launch_ns", "gemm_floor_ns", "gemm_k_ns", "attention_floor_ns"):
             if not getattr(self, name) >= 0:
                 raise InputError(f"GPU {self.name!r}: {name} must be >= 0 ns")
-        for name in ("gemm_efficiency", "attention_efficiency", "mem_efficiency"):
+        if not self.pageable_bw > 0:
+            raise InputError(f"GPU {self.name!r}: pageable_bw must be positive bytes/s")
+        for cls, pair in self.class_scale.items():
+            if len(tuple(pair)) != 2 or any(not (float(v) >= 0) for v in pair):
+                raise InputError(f"GPU {self.name!r}: class_scale[{cls!r}] must be (fixed scale, throughput scale) >= 0")
+        for name in ("gemm_efficiency", "attention_efficiency", "mem_efficiency", "norm_efficiency",
+                     "softmax_block_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InputError(f"GPU {self.name!r}: {name} must be in (0, 1]")
         if not self.misaligned_gemm_penalty >= 1:
@@ -118,6 +130,7 @@ class GPU:
         d = asdict(self)
         d["host_bw"] = list(self.host_bw)
         d["aliases"] = list(self.aliases)
+        d["class_scale"] = {k: list(v) for k, v in self.class_scale.items()}
         return d
 
 
@@ -129,7 +142,7 @@ def _scaled(base: dict, clock_ratio: float) -> dict:
 # Measured on the H100 SXM (TraceLens bert-small profile, kernel durations): smallest elementwise kernel
 # ~1.6 us; single-wave bf16 GEMMs 5.8 us at K=512 and 8.2 us at K=2048 (-> 5.0 us + 1.6 ns per K);
 # flash attention at 1 x 8 heads x 141 tokens x 64: 9.3 us (-> 7.0 us + the compute of 2 KV blocks).
-_H100_LAT = {"launch_ns": 1_550.0, "gemm_floor_ns": 5_000.0, "gemm_k_ns": 1.55, "attention_floor_ns": 7_000.0}
+_H100_LAT = {"launch_ns": 1_550.0, "gemm_floor_ns": 5_000.0, "gemm_k_ns": 1.55, "attention_floor_ns": 4_500.0}
 _H100_CLOCK = 1.98
 _PCIE3 = (13.2 * _GB, 12.2 * _GB)   # Zhang et al. measured (arXiv 1903.06631), out / in
 _PCIE4 = (25 * _GB, 25 * _GB)
@@ -142,6 +155,7 @@ def _nvidia(name, clock, **kw):
     lat = _scaled(_H100_LAT, _H100_CLOCK / clock)
     lat.update({k: kw.pop(k) for k in list(kw) if k in lat})
     return GPU(name=name, clock_ghz=clock, vendor="nvidia", misaligned_gemm_penalty=kw.pop("misaligned", 3.0),
+               attention_efficiency=kw.pop("attention_efficiency", 0.17),
                latency_source=kw.pop("latency_source", f"H100 constants scaled by boost clock ({_H100_CLOCK} / "
                                                      f"{clock} GHz); not measured on this part"),
                **lat, **kw)
@@ -190,8 +204,9 @@ BUILTIN: tuple[GPU, ...] = (
         mem_bw=5.3e12, host_bw=_PCIE5, host_link="PCIe 5.0 x16",
         # measured (MI300X TraceLens bert-small profile): smallest elementwise kernel ~2.1 us; single-wave
         # bf16 GEMMs 5.0 us at K=512 and 7.2 us at K=2048; attention (attn_fwd) 27 us at 141 tokens
-        launch_ns=2_100.0, gemm_floor_ns=4_300.0, gemm_k_ns=1.4, attention_floor_ns=21_000.0,
-        gemm_efficiency=0.5, attention_efficiency=0.35, mem_efficiency=0.8, misaligned_gemm_penalty=1.25,
+        launch_ns=2_100.0, gemm_floor_ns=4_300.0, gemm_k_ns=1.4, attention_floor_ns=11_000.0,
+        gemm_efficiency=0.5, attention_efficiency=0.12, mem_efficiency=0.8, misaligned_gemm_penalty=2.0,
+        norm_efficiency=0.25, pageable_bw=35e9,
         source="AMD Instinct MI300X data sheet, dense matrix rates",
         latency_source="kernel durations in the public MI300X TraceLens profile (AMD-AGI/TraceLens tests/traces/mi300)",
         aliases=("mi300x", "mi300", "mi-300x")),
