@@ -14,7 +14,9 @@ cycle than that, so those rows are estimates, marked so in `latency_source`).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 
 import pandas as pd
 
@@ -217,11 +219,43 @@ def _key(text: str) -> str:
     return text.strip().lower().replace("_", " ").replace("-", " ")
 
 
+def save_gpu(g: GPU, path) -> Path:
+    """Write `g` as JSON (``GPU.to_dict``) to `path`; returns the path. Read back with `gpu(path)`."""
+    path = Path(path)
+    path.write_text(json.dumps(g.to_dict(), indent=1, default=float))
+    return path
+
+
+def load_gpu(path) -> GPU:
+    """The `GPU` saved in a JSON file (`save_gpu`, `memlens calibrate -o`). `InputError` if unreadable."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read a GPU from {path} ({type(exc).__name__}: {exc})") from None
+    if not isinstance(d, dict):
+        raise InputError(f"{path}: not a GPU description (a JSON object written by memlens calibrate)")
+    known = {f.name for f in fields(GPU)}
+    args = {k: v for k, v in d.items() if k in known}
+    for key in ("host_bw", "aliases"):
+        if key in args:
+            args[key] = tuple(args[key])
+    if isinstance(args.get("class_scale"), dict):
+        args["class_scale"] = {k: tuple(v) for k, v in args["class_scale"].items()}
+    try:
+        return GPU(**args)
+    except TypeError as exc:
+        raise InputError(f"{path}: not a GPU description ({exc})") from None
+
+
 def gpu(name) -> GPU:
-    """The built-in GPU called `name` (case and '-'/'_' ignored: "H100", "h100-sxm", "mi300x"), or a
-    `GPU` passed through. Raises `InputError` naming the known GPUs otherwise."""
+    """The built-in GPU called `name` (case and '-'/'_' ignored: "H100", "h100-sxm", "mi300x"), a JSON
+    file written by `memlens calibrate` / `save_gpu` (a path ending in .json), or a `GPU` passed through.
+    Raises `InputError` naming the known GPUs otherwise."""
     if isinstance(name, GPU):
         return name
+    if isinstance(name, Path) or isinstance(name, str) and name.strip().lower().endswith(".json"):
+        return load_gpu(name)
     if not isinstance(name, str) or not name.strip():
         raise InputError(f"GPU must be a name or a memlens.GPU, not {name!r}")
     want = _key(name)
