@@ -215,9 +215,10 @@ def _overload(name, args):
     packet = getattr(getattr(torch.ops, ns, None), op, None)
     if packet is None:
         return name
-    for ov in packet.overloads():
+    # out= overloads last: 2021-era traces record `clamp_min(self, min, out)` under the plain name
+    for ov in sorted(packet.overloads(), key=lambda o: o.endswith("out")):
         schema = getattr(packet, ov)._schema
-        if len(schema.arguments) != len(args) or any(a.kwarg_only and a.name == "out" for a in schema.arguments):
+        if len(schema.arguments) != len(args):
             continue
         kinds = [str(a.type).startswith("Tensor") for a in schema.arguments]
         if all(k == _is_tensor(v) or v is None for k, v in zip(kinds, args)):

@@ -207,7 +207,7 @@ BUILTIN: tuple[GPU, ...] = (
         # measured (MI300X TraceLens bert-small profile): smallest elementwise kernel ~2.1 us; single-wave
         # bf16 GEMMs 5.0 us at K=512 and 7.2 us at K=2048; attention (attn_fwd) 27 us at 141 tokens
         launch_ns=2_100.0, gemm_floor_ns=4_300.0, gemm_k_ns=1.4, attention_floor_ns=11_000.0,
-        gemm_efficiency=0.5, attention_efficiency=0.12, mem_efficiency=0.8, misaligned_gemm_penalty=2.0,
+        gemm_efficiency=0.4, attention_efficiency=0.12, mem_efficiency=0.8, misaligned_gemm_penalty=2.0,
         norm_efficiency=0.25, pageable_bw=35e9,
         source="AMD Instinct MI300X data sheet, dense matrix rates",
         latency_source="kernel durations in the public MI300X TraceLens profile (AMD-AGI/TraceLens tests/traces/mi300)",
