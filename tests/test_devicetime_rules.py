@@ -121,6 +121,12 @@ def test_winograd_for_3x3_stride_1_on_cuda_cores():
     ns = _model("aten::convolution", flops, 0, 0, shapes, "float32")[2]
     k = flops / 2.25 / (2 * 64 * 8)                                  # 16
     assert ns == pytest.approx(2000 + 2 * 16 * 16 * k / (1e14 / 4 * 0.3) * 1e9)
+    # on tensor cores the same layer runs as an implicit GEMM (no Winograd): K = 36 at 16/16 channel use...
+    # ... with 4 channels padded to 16: a quarter of the bf16 rate, plus the layout transposes
+    tc = _model("aten::convolution", flops, 0, 0, shapes.replace("f32", "bf16"))[2]
+    act = (4 * 64 + 8 * 64) * 2
+    per_unit = 1e15 * 0.25 / 4
+    assert tc == pytest.approx(2000 + 2 * 16 * 16 * 36 / (per_unit * 0.3) * 1e9 + 2000 + 2 * act / 0.5e12 * 1e9)
 
 
 def test_depthwise_convolution_is_memory_bound():
