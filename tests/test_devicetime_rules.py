@@ -249,3 +249,22 @@ def test_cli_calibrate_then_gpu_json_everywhere(measured_run, tmp_path, capsys):
     assert g.name in capsys.readouterr().out
     assert main(["calibrate", str(measured_run), "-o", str(measured_run / "manifest.json" / "x.json")]) == 2
     assert main(["calibrate", str(measured_run), "-o", str(tmp_path / "y.json"), "--base", "H900"]) == 2
+
+
+def test_causal_flag_read_from_an_imported_traces_scalar_arguments():
+    shapes = "bf16[1,2,256,64],bf16[1,2,256,64],bf16[1,2,256,64]->bf16[1,2,256,64]"
+    ops = pd.DataFrame({"name": ["aten::_scaled_dot_product_flash_attention"] * 3, "flops": [0] * 3,
+                        "bytes_read": [1] * 3, "bytes_written": [1] * 3, "dtype": ["bfloat16"] * 3,
+                        "shapes": [shapes] * 3,
+                        "concrete_inputs": ['["","","","0.","True","False","0.125"]',
+                                            '["","","","0.","False","False","0.125"]', None]})
+    block = 4 * 128 * 128 * 64 / (1e15 / 4) * 1e9
+    assert cm.device_times(ops, TOY)["device_ns"].tolist() == \
+        [round(3000 + 1.5 * block), round(3000 + 2 * block), round(3000 + 2 * block)]
+
+
+def test_causal_argument_positions_match_the_schemas():
+    from memlens.devicetime.rules.names import CAUSAL_ARG
+    for name, pos in CAUSAL_ARG.items():
+        schema = getattr(torch.ops.aten, name.split("::")[1]).default._schema
+        assert schema.arguments[pos].name in ("is_causal", "custom_mask_type"), name

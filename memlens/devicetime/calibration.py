@@ -21,6 +21,7 @@ import pandas as pd
 
 from memlens.devicetime.costmodel import device_times, split_parts
 from memlens.devicetime.gpus import GPU, gpu as resolve_gpu
+from memlens.devicetime.rules.names import causal_from_args
 from memlens.errors import InputError
 
 RIDGE = 0.01            # pull of each factor towards 1 (in units of squared relative error)
@@ -55,7 +56,9 @@ def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str]:
 def _parts(ops: pd.DataFrame, g: GPU, tf32: bool) -> tuple[np.ndarray, np.ndarray]:
     """(fixed ns, throughput ns) per op on uncalibrated `g`, computed once per distinct signature."""
     cols = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer"]
-    facts = ops.reindex(columns=cols).fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "",
+    facts = ops.reindex(columns=cols)
+    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
+        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])].fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "",
                                               "shapes": "", "causal": False, "transfer": ""})
     facts = facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
                           "shapes": str, "name": str, "causal": bool, "transfer": str})

@@ -36,7 +36,7 @@ from memlens.devicetime.gpus import DTYPE_TO_KEY, GPU
 from memlens.devicetime.rules import attention, gemm, memory, rowwise
 from memlens.devicetime.rules.gemm import GEMM_TILES, SPLIT_K
 from memlens.devicetime.rules.names import (CLASSES, CONV, MULTI_KERNEL, NORM, POOLING, base_name,
-                                            op_class)
+                                            causal_from_args, op_class)
 
 MODEL_NAME = ("memlens.devicetime v2 (per-op-class: GEMM/conv waves by shape and layout, causal attention, "
               "softmax by row length, host links, calibratable)")
@@ -140,8 +140,12 @@ _FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "ca
 def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataFrame:
     """Per op of `ops`: op_class (str), kernels (int64), device_ns (int64, modeled duration on `gpu`) and
     roofline_ns (int64, the naive roofline), in the order of `ops`. Ops whose optional ``device`` column
-    says "cpu" ran on the host: 0 ns, class "none". Computed once per distinct signature."""
+    says "cpu" ran on the host: 0 ns, class "none". Without a ``causal`` column, an imported trace's
+    ``concrete_inputs`` (the profile's scalar arguments) say which attention ops are causal. Computed once
+    per distinct signature."""
     facts = ops.reindex(columns=_FACTS)
+    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
+        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])]
     facts = facts.fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
                           "causal": False, "transfer": "", "device": ""})
     facts = facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,

@@ -49,6 +49,34 @@ ZERO_COST = frozenset({"aten::_unsafe_view", "aten::_reshape_alias", "aten::alia
                        "aten::view_as", "aten::reshape_as", "aten::unflatten", "aten::is_nonzero",
                        "aten::item", "aten::size", "aten::stride", "aten::numel", "aten::dim"})
 
+# position of the causal flag among each fused attention op's schema arguments (``is_causal``; the
+# efficient-attention kernels take ``custom_mask_type``, 1 = causal from the top left), for traces that
+# keep the scalar arguments (Kineto's ``Concrete Inputs``)
+CAUSAL_ARG = {"aten::_scaled_dot_product_flash_attention": 4, "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
+              "aten::_scaled_dot_product_efficient_attention": 6, "aten::_scaled_dot_product_cudnn_attention": 6,
+              "aten::_flash_attention_forward": 8, "aten::scaled_dot_product_attention": 5,
+              "aten::_flash_attention_backward": 11, "aten::_scaled_dot_product_flash_attention_backward": 11,
+              "aten::_scaled_dot_product_efficient_attention_backward": 11,
+              "aten::_efficient_attention_forward": 9, "aten::_efficient_attention_backward": 14}
+
+
+def causal_from_args(name: str, concrete_args) -> bool:
+    """True when the scalar arguments of fused attention op `name` (a list of their texts, or its JSON
+    string) ask for a causal mask; False otherwise or when unknown."""
+    pos = CAUSAL_ARG.get(base_name(name))
+    if pos is None or not concrete_args:
+        return False
+    if isinstance(concrete_args, str):
+        import json
+        try:
+            concrete_args = json.loads(concrete_args)
+        except ValueError:
+            return False
+    if not isinstance(concrete_args, (list, tuple)) or len(concrete_args) <= pos:
+        return False
+    return str(concrete_args[pos]).strip() in ("True", "true", "1", "2")   # mask types 1, 2: causal
+
+
 # eager CUDA ops that launch more than one kernel (PyTorch's native CUDA implementations)
 MULTI_KERNEL = {
     "aten::native_layer_norm_backward": 2,      # input grad, then gamma/beta grads
