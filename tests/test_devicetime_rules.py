@@ -37,7 +37,13 @@ def test_builtin_constants_exact():
     assert (mi300.gemm_efficiency, mi300.attention_efficiency, mi300.attention_floor_ns, mi300.norm_efficiency,
             mi300.softmax_block_efficiency, mi300.pageable_bw, mi300.misaligned_gemm_penalty,
             mi300.vendor) == (0.4, 0.12, 11000.0, 0.25, 0.2, 35e9, 2.0, "amd")
-    assert a100.attention_floor_ns == pytest.approx(4500.0 * 1.98 / 1.41)
+    assert a100.attention_floor_ns == pytest.approx(4500.0 * 1.98 / 1.41) and a100.attention_efficiency == 0.45
+    assert gpu("V100").attention_efficiency == 0.3 and gpu("L4").attention_efficiency == 0.45
+    mi250 = gpu("MI250X")       # one GCD: half the package; MI300X latencies scaled by clock 2.1 / 1.7
+    assert (mi250.flops["bf16"], mi250.mem_bw, mi250.compute_units, mi250.vendor) == (191.5e12, 1.6e12, 110, "amd")
+    assert mi250.launch_ns == pytest.approx(2100 * 2.1 / 1.7) and mi250.gemm_floor_ns == pytest.approx(4300 * 2.1 / 1.7)
+    assert (mi250.gemm_efficiency, mi250.norm_efficiency, mi250.host_bw) == (0.4, 0.25, (25e9, 25e9))
+    assert gpu("MI210").flops["bf16"] == 181e12 and gpu("MI210").compute_units == 104
     assert h100.class_scale == {} and h100.calibration == {}
 
 

@@ -4,6 +4,14 @@ Each built-in row carries its source. Peaks are *dense* (no 2:4 sparsity) vendor
 host link is the effective pinned-memory copy rate per direction (~80% of the raw PCIe rate, which is
 what ``cudaMemcpyAsync`` of pinned memory reaches; NVLink-C2C at its nominal 450 GB/s per direction).
 
+Library efficiencies (fractions of a peak): `gemm_efficiency` (cuBLAS ~0.7; hipBLASLt 0.4: the MI300X
+TimeSformer profile's large GEMMs reach 0.35-0.4 of the datasheet rate), `attention_efficiency`
+(FlashAttention-2: 0.17 on Hopper, 0.45 on Ampere/Ada, 0.3 for Volta's memory-efficient kernel; AMD 0.12
+from the MI300X bert-small profile), `norm_efficiency` (row-wise norms: 0.41 of HBM on the H100 TimeSformer
+profile, 0.25 on the MI300X one), `softmax_block_efficiency` (0.20 on both), `pageable_bw` (host copies
+from pageable memory: ~11 GB/s on NVIDIA systems, 35 GB/s with ROCm's staging). See
+`memlens.devicetime.rules` for the rules that use them.
+
 The latency constants (`kernel_floor_ns`, `gemm_floor_ns`, `gemm_k_ns`, `attention_floor_ns`) describe
 how far small kernels are from any peak (see `memlens.devicetime.costmodel`). They were read, kernel by
 kernel, from public Kineto profiles for the H100 SXM and the MI300X (AMD-AGI/TraceLens test traces:
@@ -163,6 +171,24 @@ def _nvidia(name, clock, **kw):
                **lat, **kw)
 
 
+# FlashAttention-2 on parts whose mma.sync path it was written for (Ampere, Ada): Dao (arXiv 2307.08691)
+# reports 50-73% of the A100's peak in the forward pass at long sequences, less for head dim 64, short or
+# causal sequences; on Hopper it does not use wgmma (~35% at best, FA3 paper), hence 0.17 there
+_FA2_AMPERE = 0.45
+_MI300X_LAT = {"launch_ns": 2_100.0, "gemm_floor_ns": 4_300.0, "gemm_k_ns": 1.4, "attention_floor_ns": 11_000.0}
+
+
+def _amd(name, clock, units, **kw):
+    """An AMD Instinct part: the MI300X's latency constants scaled by boost clock (2.1 GHz / clock), its
+    library efficiencies (hipBLASLt, CK/Triton attention, MIOpen), PCIe 4.0 unless given."""
+    lat = {k: v * 2.1 / clock for k, v in _MI300X_LAT.items()}
+    return GPU(name=name, vendor="amd", clock_ghz=clock, compute_units=units, host_bw=kw.pop("host_bw", _PCIE4),
+               host_link=kw.pop("host_link", "PCIe 4.0 x16"), gemm_efficiency=0.4, attention_efficiency=0.12,
+               mem_efficiency=0.8, misaligned_gemm_penalty=2.0, norm_efficiency=0.25, pageable_bw=35e9,
+               latency_source=f"MI300X constants scaled by boost clock (2.1 / {clock} GHz); not measured on this part",
+               **lat, **kw)
+
+
 BUILTIN: tuple[GPU, ...] = (
     _nvidia("H100 SXM", 1.98, flops={"fp64": 67 * _T, "fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T,
                                       "fp16": 989.4 * _T, "fp8": 1978.9 * _T, "int8": 1978.9 * _T},
@@ -189,17 +215,17 @@ BUILTIN: tuple[GPU, ...] = (
     _nvidia("A100 SXM 80GB", 1.41, flops={"fp64": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T,
                                            "fp16": 312 * _T, "int8": 624 * _T},
             mem_bw=2.039e12, host_bw=_PCIE4, memory_bytes=80 * 2**30, compute_units=108, host_link="PCIe 4.0 x16",
-            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense rates",
+            source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense rates", attention_efficiency=_FA2_AMPERE,
             aliases=("a100", "a100-sxm", "a100_80gb", "a100-80gb")),
     _nvidia("L4", 2.04, flops={"fp32": 30.3 * _T, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T,
                                 "fp8": 242.5 * _T, "int8": 242.5 * _T},
             mem_bw=300e9, host_bw=_PCIE4, memory_bytes=24 * 2**30, compute_units=58, host_link="PCIe 4.0 x16",
             source="NVIDIA L4 Tensor Core GPU datasheet, dense rates (half the with-sparsity figures)",
-            aliases=("l4",)),
+            attention_efficiency=_FA2_AMPERE, aliases=("l4",)),
     _nvidia("V100 SXM2 32GB", 1.53, flops={"fp64": 7.8 * _T, "fp32": 15.7 * _T, "fp16": 125 * _T},
             mem_bw=900e9, host_bw=_PCIE3, memory_bytes=32 * 2**30, compute_units=80, host_link="PCIe 3.0 x16",
             source="NVIDIA V100 Tensor Core GPU datasheet (SXM2); no bf16/tf32 tensor cores (they run at fp32)",
-            aliases=("v100", "v100-sxm2", "v100_32gb")),
+            attention_efficiency=0.3, aliases=("v100", "v100-sxm2", "v100_32gb", "v100-dgxs", "v100 dgxs 32gb")),
     GPU(name="MI300X", vendor="amd", clock_ghz=2.1, compute_units=304, memory_bytes=192 * 2**30,
         flops={"fp64": 163.4 * _T, "fp32": 163.4 * _T, "tf32": 653.7 * _T, "bf16": 1307.4 * _T,
                "fp16": 1307.4 * _T, "fp8": 2614.9 * _T, "int8": 2614.9 * _T},
@@ -212,6 +238,16 @@ BUILTIN: tuple[GPU, ...] = (
         source="AMD Instinct MI300X data sheet, dense matrix rates",
         latency_source="kernel durations in the public MI300X TraceLens profile (AMD-AGI/TraceLens tests/traces/mi300)",
         aliases=("mi300x", "mi300", "mi-300x")),
+    _amd("MI250X (one GCD)", 1.7, 110, flops={"fp64": 47.9 * _T, "fp32": 47.9 * _T, "bf16": 191.5 * _T,
+                                                "fp16": 191.5 * _T, "int8": 191.5 * _T},
+         mem_bw=1.6e12, memory_bytes=64 * 2**30,
+         source="AMD Instinct MI250X data sheet, per graphics compute die (PyTorch sees each of the two GCDs "
+                "as one device): half the package's dense matrix rates and HBM2e bandwidth",
+         aliases=("mi250x", "mi250", "mi-250x")),
+    _amd("MI210", 1.7, 104, flops={"fp64": 45.3 * _T, "fp32": 45.3 * _T, "bf16": 181 * _T, "fp16": 181 * _T,
+                                   "int8": 181 * _T},
+         mem_bw=1.6e12, memory_bytes=64 * 2**30, source="AMD Instinct MI210 data sheet, dense matrix rates",
+         aliases=("mi210", "mi-210")),
 )
 
 
