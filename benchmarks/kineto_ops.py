@@ -54,7 +54,7 @@ def _ops_and_activity(doc):
             ops.append({"name": e["name"], "ts": float(e["ts"]), "dur": float(e.get("dur", 0)),
                         "tid": str(e.get("tid")), "ext": int(args.get("External id", -1)),
                         "dims": args.get("Input Dims"), "types": args.get("Input type"),
-                        "concrete": args.get("Concrete Inputs")})
+                        "concrete": args.get("Concrete Inputs"), "strides": args.get("Input Strides")})
         elif cat.lower() in GPU_CATEGORIES:
             ext = args.get("External id", args.get("external id", -1))
             acts.append({"name": e.get("name", ""), "kind": GPU_CATEGORIES[cat.lower()], "ts": float(e["ts"]),
@@ -314,7 +314,8 @@ def profile_ops(path) -> tuple[pd.DataFrame, dict]:
                      "memcpy_bytes": 0 if m is None else int(m["memcpy_bytes"]),
                      "start_ns": ops.at[i, "ts"] * 1e3, "causal": causal, "transfer": direction,
                      # an op that launched no GPU work ran on the host (a fact of the profile)
-                     "device": "cpu" if m is None else "cuda"})
+                     "device": "cpu" if m is None else "cuda",
+                     "input_strides": json.dumps(ops.at[i, "strides"]) if ops.at[i, "strides"] else ""})
     table = pd.DataFrame(rows)
     info = {"gpu": device_name(doc), "gpu_busy_ns": float(acts["dur"].sum()) * 1e3,
             "attributed_ns": float(acts.loc[acts["op"] >= 0, "dur"].sum()) * 1e3,

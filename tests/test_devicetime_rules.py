@@ -274,3 +274,25 @@ def test_causal_argument_positions_match_the_schemas():
     for name, pos in CAUSAL_ARG.items():
         schema = getattr(torch.ops.aten, name.split("::")[1]).default._schema
         assert schema.arguments[pos].name in ("is_causal", "custom_mask_type"), name
+
+
+def test_non_contiguous_operands_lose_the_vectorized_path():
+    from memlens.devicetime.rules.memory import non_contiguous
+    shape = [(("bf16", (2, 3, 4)))]
+    assert non_contiguous(shape, [[12, 4, 1], []]) is False
+    assert non_contiguous(shape, "[[12, 1, 3]]") is True            # permuted, as JSON text
+    assert non_contiguous([("bf16", (2, 1, 4))], [[4, 99, 1]]) is False   # size-1 dims: any stride
+    assert non_contiguous(shape, None) is False and non_contiguous(shape, "not json") is False
+    # priced: 2-byte types pay 1.5x on the bytes; 4-byte types and cat do not
+    base = 1000 + 18
+    assert _model("aten::neg", 0, 9000, 9000, "bf16[4500]->bf16[4500]", strided=True)[2] == \
+        pytest.approx(1000 + 1.5 * 18)
+    assert _model("aten::neg", 0, 9000, 9000, "f32[2250]->f32[2250]", "float32", strided=True)[2] == \
+        pytest.approx(base)
+    assert _model("aten::cat", 0, 9000, 9000, "[bf16[2250],bf16[2250]]->bf16[4500]", strided=True)[2] == \
+        pytest.approx(base)
+    ops = pd.DataFrame({"name": ["aten::neg"] * 2, "flops": [0, 0], "bytes_read": [9000] * 2,
+                        "bytes_written": [9000] * 2, "dtype": ["bfloat16"] * 2,
+                        "shapes": ["bf16[3,1500]->bf16[3,1500]"] * 2,
+                        "input_strides": ["[[1500, 1]]", "[[1, 3]]"]})
+    assert cm.device_times(ops, TOY)["device_ns"].tolist() == [1018, 1027]

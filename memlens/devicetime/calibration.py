@@ -19,9 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memlens.devicetime.costmodel import device_times, split_parts
+from memlens.devicetime.costmodel import device_times, op_facts, split_parts
 from memlens.devicetime.gpus import GPU, gpu as resolve_gpu
-from memlens.devicetime.rules.names import causal_from_args
 from memlens.errors import InputError
 
 RIDGE = 0.01            # pull of each factor towards 1 (in units of squared relative error)
@@ -55,16 +54,11 @@ def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str]:
 
 def _parts(ops: pd.DataFrame, g: GPU, tf32: bool) -> tuple[np.ndarray, np.ndarray]:
     """(fixed ns, throughput ns) per op on uncalibrated `g`, computed once per distinct signature."""
-    cols = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer"]
-    facts = ops.reindex(columns=cols)
-    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
-        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])].fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "",
-                                              "shapes": "", "causal": False, "transfer": ""})
-    facts = facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
-                          "shapes": str, "name": str, "causal": bool, "transfer": str})
+    facts = op_facts(ops).drop(columns=["device"])
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(facts))
-    pairs = np.array([split_parts(g, n, int(f), int(r), int(w), d, s, tf32=tf32, causal=bool(c), transfer=t)
-                      for n, f, r, w, d, s, c, t in uniques], dtype="float64").reshape(-1, 2)
+    pairs = np.array([split_parts(g, n, int(f), int(r), int(w), d, s, tf32=tf32, causal=bool(c), transfer=t,
+                                  strided=bool(st))
+                      for n, f, r, w, d, s, c, t, st in uniques], dtype="float64").reshape(-1, 2)
     return pairs[codes, 0], pairs[codes, 1]
 
 

@@ -4,8 +4,9 @@ people profile and checked against real profiles of several models on NVIDIA and
 
 Inputs are the ops table's cost facts (`flops`, `bytes_read`, `bytes_written`, `dtype`, `shapes`, see
 `memlens.record.costs`), optional per-op columns (`causal`: the attention op masks causally;
-`transfer`: "h2d" / "d2h" for a copy over the host link; `device`: "cpu" for an op that ran on the
-host), and a `GPU`. Each op gets an op class, a kernel count and a duration in ns; the rules live in
+`transfer`: "h2d" / "d2h" for a copy over the host link; `strided`: an input is not contiguous;
+`device`: "cpu" for an op that ran on the host; an imported profile's `concrete_inputs` and
+`input_strides` stand in for `causal` and `strided`), and a `GPU`. Each op gets an op class, a kernel count and a duration in ns; the rules live in
 `memlens.devicetime.rules` (one module per class, each with its sources):
 
 - **none** (0 ns, 0 kernels): views, metadata, allocation-only ops and composites that had nothing to do
@@ -43,6 +44,8 @@ MODEL_NAME = ("memlens.devicetime v2 (per-op-class: GEMM/conv waves by shape and
 
 _TENSOR_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _MORE_RE = re.compile(r"\.\.\.\+(\d+)")
+# elementwise-class ops with their own indexing kernels (not TensorIterator's vectorized/strided pair)
+_OWN_INDEXING = frozenset({"aten::cat", "aten::stack", "aten::_cat"})
 _FLOOR_FIELDS = ("launch_ns", "gemm_floor_ns", "gemm_k_ns", "attention_floor_ns")
 
 
@@ -58,7 +61,7 @@ def parse_shapes(shapes: str) -> tuple[list, list, int]:
 
 
 def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-            tf32: bool, causal: bool, transfer: str) -> tuple[str, int, float]:
+            tf32: bool, causal: bool, transfer: str, strided: bool = False) -> tuple[str, int, float]:
     moved = float(bytes_read + bytes_written)
     cls = op_class(name, flops, int(moved))
     if transfer in ("h2d", "d2h") and moved > 0:
@@ -90,35 +93,39 @@ def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, 
         return cls, 1, g.launch_ns
     if n in POOLING:
         return cls, kernels, memory.pooling_ns(g, n, kernels, moved, float(bytes_read), float(bytes_written))
-    return cls, kernels, memory.elementwise_ns(g, kernels, inputs, outputs, moved, float(flops), dtype)
+    if n in _OWN_INDEXING:      # its inputs are smaller than its result without being broadcast
+        return cls, kernels, kernels * g.launch_ns + memory.stream_ns(g, moved)
+    return cls, kernels, memory.elementwise_ns(g, kernels, inputs, outputs, moved, float(flops), dtype, strided)
 
 
 def model_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-             *, tf32: bool = False, causal: bool = False, transfer: str = "") -> tuple[str, int, float]:
+             *, tf32: bool = False, causal: bool = False, transfer: str = "", strided: bool = False
+             ) -> tuple[str, int, float]:
     """(op class, kernels launched, device ns) of one op on `g`.
 
     `causal`: a fused attention op with a causal mask; `transfer`: "h2d"/"d2h" for a copy over the host
-    link. On a calibrated GPU (`g.class_scale`), the class's fixed part (what the latency constants
+    link; `strided`: an input is not contiguous (elementwise ops lose their vectorized path). On a calibrated GPU (`g.class_scale`), the class's fixed part (what the latency constants
     contribute) and throughput part (the rest) are scaled by the fitted factors.
     """
-    cls, kernels, ns = _raw_op(g, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer)
+    cls, kernels, ns = _raw_op(g, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer,
+                               strided)
     scale = g.class_scale.get(cls) if g.class_scale else None
     if scale is not None and ns > 0:
         fixed, work = split_parts(g, name, flops, bytes_read, bytes_written, dtype, shapes, tf32=tf32,
-                                  causal=causal, transfer=transfer, total=ns)
+                                  causal=causal, transfer=transfer, strided=strided, total=ns)
         ns = float(scale[0]) * fixed + float(scale[1]) * work
     return cls, kernels, ns
 
 
 def split_parts(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-                *, tf32: bool = False, causal: bool = False, transfer: str = "", total: float | None = None
-                ) -> tuple[float, float]:
+                *, tf32: bool = False, causal: bool = False, transfer: str = "", strided: bool = False,
+                total: float | None = None) -> tuple[float, float]:
     """(fixed ns, throughput ns) of one op on uncalibrated `g`: the throughput part is the op's time with
     every latency constant at 0, the fixed part what the constants add."""
     if total is None:
-        total = _raw_op(g, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer)[2]
+        total = _raw_op(g, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer, strided)[2]
     bare = replace(g, class_scale={}, **{f: 0.0 for f in _FLOOR_FIELDS})
-    work = _raw_op(bare, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer)[2]
+    work = _raw_op(bare, name, flops, bytes_read, bytes_written, dtype, shapes, tf32, causal, transfer, strided)[2]
     return max(total - work, 0.0), work
 
 
@@ -134,30 +141,41 @@ def has_cost_facts(ops: pd.DataFrame) -> bool:
     return any(c in ops.columns and (ops[c] > 0).any() for c in ("bytes_read", "bytes_written", "flops"))
 
 
-_FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "device"]
+_FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "strided", "device"]
+
+
+def op_facts(ops: pd.DataFrame) -> pd.DataFrame:
+    """The columns the model reads, typed and filled (`_FACTS`): the cost facts plus ``causal``,
+    ``transfer``, ``strided`` and ``device``. ``causal`` and ``strided`` come from the ops table when it
+    has them, else from an imported trace's ``concrete_inputs`` / ``input_strides`` (the profile's scalar
+    arguments and strides)."""
+    facts = ops.reindex(columns=_FACTS)
+    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
+        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])]
+    if "strided" not in ops.columns and "input_strides" in ops.columns and len(ops):
+        facts["strided"] = [memory.non_contiguous(parse_shapes(s)[0], st) if isinstance(s, str) else False
+                            for s, st in zip(ops["shapes"], ops["input_strides"])]
+    facts = facts.fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
+                          "causal": False, "transfer": "", "strided": False, "device": ""})
+    return facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
+                         "shapes": str, "name": str, "causal": bool, "transfer": str, "strided": bool,
+                         "device": str})
 
 
 def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataFrame:
     """Per op of `ops`: op_class (str), kernels (int64), device_ns (int64, modeled duration on `gpu`) and
     roofline_ns (int64, the naive roofline), in the order of `ops`. Ops whose optional ``device`` column
     says "cpu" ran on the host: 0 ns, class "none". Without a ``causal`` column, an imported trace's
-    ``concrete_inputs`` (the profile's scalar arguments) say which attention ops are causal. Computed once
-    per distinct signature."""
-    facts = ops.reindex(columns=_FACTS)
-    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
-        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])]
-    facts = facts.fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
-                          "causal": False, "transfer": "", "device": ""})
-    facts = facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
-                          "shapes": str, "name": str, "causal": bool, "transfer": str, "device": str})
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(facts))
+    ``concrete_inputs`` say which attention ops are causal, and its ``input_strides`` which operands are
+    not contiguous (`op_facts`). Computed once per distinct signature."""
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(op_facts(ops)))
     rows = []
-    for name, flops, br, bw, dtype, shapes, causal, transfer, device in uniques:
+    for name, flops, br, bw, dtype, shapes, causal, transfer, strided, device in uniques:
         if device.lower().startswith("cpu"):
             rows.append(("none", 0, 0.0, 0.0))
             continue
         cls, kernels, ns = model_op(gpu, name, int(flops), int(br), int(bw), dtype, shapes, tf32=tf32,
-                                    causal=bool(causal), transfer=transfer)
+                                    causal=bool(causal), transfer=transfer, strided=bool(strided))
         rows.append((cls, kernels, ns, roofline_op(gpu, int(flops), int(br) + int(bw), dtype, tf32=tf32)))
     if not rows:
         return pd.DataFrame({"op_class": pd.Series(dtype=object), "kernels": pd.Series(dtype=np.int64),
@@ -169,4 +187,4 @@ def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataF
 
 
 __all__ = ["CLASSES", "GEMM_TILES", "MODEL_NAME", "MULTI_KERNEL", "SPLIT_K", "base_name", "device_times",
-           "model_op", "op_class", "roofline_op", "parse_shapes", "has_cost_facts", "split_parts", "DTYPE_TO_KEY"]
+           "model_op", "op_class", "roofline_op", "parse_shapes", "has_cost_facts", "split_parts", "op_facts", "DTYPE_TO_KEY"]

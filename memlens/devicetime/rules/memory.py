@@ -3,7 +3,9 @@
 Sources: PyTorch's elementwise machinery (aten/src/ATen/native/cuda/Loops.cuh, CUDALoops.cuh): operands
 that are contiguous and of one shape take the vectorized path (16-byte loads); a broadcast operand forces
 the ``OffsetCalculator`` path with one element per load, which halves the achieved bandwidth of 2-byte
-types (a warp's load is 64 bytes instead of 128). Multi-tensor apply (ATen/native/cuda/MultiTensorApply.cuh,
+types (a warp's load is 64 bytes instead of 128). A permuted (non-contiguous) operand takes the same path,
+but its unit-stride innermost dimension keeps each warp's loads in whole segments, so it loses a third,
+not half (`STRIDED_FACTOR`; the transposed q/k copies and rotary ops of the Qwen and TimeSformer profiles). Multi-tensor apply (ATen/native/cuda/MultiTensorApply.cuh,
 ``depth_to_max_tensors``): 110/64/48/36/30 tensors per launch for 1-5 lists, 320 blocks of 64 Ki elements.
 Max-pool backward (DilatedMaxPool2d.cu): the input gradient is zero-filled and every input element gathers
 from the overlapping output windows, so it reads the output gradient and indices about twice and writes the
@@ -23,6 +25,8 @@ _FOREACH_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
 _FOREACH_BLOCKS, _FOREACH_CHUNK = 320, 65536
 _TENSOR_RE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _LIST_RE = re.compile(r"\[((?:[a-z0-9]+\[[0-9,]*\],?)+)(?:\.\.\.\+(\d+))?\]")
+BROADCAST_FACTOR = 2.0      # one-element loads of a 2-byte type: half the bytes per warp load
+STRIDED_FACTOR = 1.5        # permuted operand, unit innermost stride: the index math, not the segments
 _ROW_GATHERS = ("aten::embedding", "aten::index_select", "aten::gather", "aten::take", "aten::index")
 
 
@@ -31,9 +35,11 @@ def stream_ns(g, moved: float) -> float:
     return moved / (g.mem_bw * g.mem_efficiency) * 1e9
 
 
-def elementwise_ns(g, kernels: int, inputs: list, outputs: list, moved: float, flops: float, dtype: str) -> float:
-    """One floor per kernel plus the bytes; a broadcast operand of a 2-byte (or narrower) type halves the
-    achieved bandwidth; registered flops (rare) bound it from below."""
+def elementwise_ns(g, kernels: int, inputs: list, outputs: list, moved: float, flops: float, dtype: str,
+                   strided: bool = False) -> float:
+    """One floor per kernel plus the bytes; for a 2-byte (or narrower) result, a broadcast operand costs
+    `BROADCAST_FACTOR` and a non-contiguous one (`strided`) `STRIDED_FACTOR` on the bytes; registered
+    flops (rare) bound it from below."""
     ns = stream_ns(g, moved)
     out = outputs[0] if outputs else None
     if out is not None:
@@ -41,10 +47,40 @@ def elementwise_ns(g, kernels: int, inputs: list, outputs: list, moved: float, f
         itemsize = ITEMSIZE.get(out[0], 4)
         broadcast = any(0 < math.prod(s) < out_n and len(s) > 0 for _, s in inputs)
         if broadcast and itemsize < 4:
-            ns *= 2.0
+            ns *= BROADCAST_FACTOR
+        elif strided and itemsize < 4:
+            ns *= STRIDED_FACTOR
     if flops > 0:
         ns = max(ns, flops / g.peak_flops(dtype) * 1e9)
     return kernels * g.launch_ns + ns
+
+
+def non_contiguous(inputs: list, strides) -> bool:
+    """True when a tensor input's strides (`strides`: one list per schema argument, as a profile logs
+    them, ``[]`` for non-tensors; or its JSON text) are not the contiguous ones for its sizes (dimensions
+    of size 1 ignored). Lists are matched to the tensor inputs in order, by rank."""
+    if not strides:
+        return False
+    if isinstance(strides, str):
+        import json
+        try:
+            strides = json.loads(strides)
+        except ValueError:
+            return False
+    lists = [s for s in strides if isinstance(s, list) and s and all(isinstance(v, int) for v in s)]
+    j = 0
+    for _, dims in inputs:
+        while j < len(lists) and len(lists[j]) != len(dims):
+            j += 1
+        if j >= len(lists):
+            return False
+        expected = 1
+        for size, stride in zip(reversed(dims), reversed(lists[j])):
+            if size > 1 and stride != expected:
+                return True
+            expected *= size
+        j += 1
+    return False
 
 
 def gather_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: float) -> float:
