@@ -234,6 +234,22 @@ MUTANTS = [
      '    s = m / m.sum()',
      '    s = np.ones_like(m)',
      ['tests/test_devicetime_rules.py::test_fit_factors_closed_form']),
+    ('devicetime: strided operands at full speed', 'memlens/devicetime/rules/memory.py',
+     'STRIDED_FACTOR = 1.5 ',
+     'STRIDED_FACTOR = 1.0 ',
+     ['tests/test_devicetime_rules.py::test_non_contiguous_operands_lose_the_vectorized_path']),
+    ('devicetime: cat priced as broadcast elementwise', 'memlens/devicetime/costmodel.py',
+     '    if n in _OWN_INDEXING:      # its inputs',
+     '    if False:      # its inputs',
+     ['tests/test_devicetime_rules.py::test_non_contiguous_operands_lose_the_vectorized_path']),
+    ('devicetime: strides of size-1 dims checked', 'memlens/devicetime/rules/memory.py',
+     'if size > 1 and stride != expected:',
+     'if stride != expected:',
+     ['tests/test_devicetime_rules.py::test_non_contiguous_operands_lose_the_vectorized_path']),
+    ('devicetime: causal flag of concrete inputs ignored', 'memlens/devicetime/rules/names.py',
+     'return str(concrete_args[pos]).strip() in',
+     'return False and str(concrete_args[pos]).strip() in',
+     ['tests/test_devicetime_rules.py::test_causal_flag_read_from_an_imported_traces_scalar_arguments']),
 ]
 
 
