@@ -144,19 +144,25 @@ def has_cost_facts(ops: pd.DataFrame) -> bool:
 _FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "strided", "device"]
 
 
+_DEFAULTS = {"name": "", "flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
+             "causal": False, "transfer": "", "strided": False, "device": ""}
+
+
 def op_facts(ops: pd.DataFrame) -> pd.DataFrame:
     """The columns the model reads, typed and filled (`_FACTS`): the cost facts plus ``causal``,
     ``transfer``, ``strided`` and ``device``. ``causal`` and ``strided`` come from the ops table when it
     has them, else from an imported trace's ``concrete_inputs`` / ``input_strides`` (the profile's scalar
     arguments and strides)."""
-    facts = ops.reindex(columns=_FACTS)
-    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and len(ops):
-        facts["causal"] = [causal_from_args(n, a) for n, a in zip(ops["name"].astype(str), ops["concrete_inputs"])]
-    if "strided" not in ops.columns and "input_strides" in ops.columns and len(ops):
+    n = len(ops)
+    facts = pd.DataFrame({c: (ops[c].to_numpy() if c in ops.columns else np.full(n, _DEFAULTS[c], dtype=object))
+                          for c in _FACTS}, index=ops.index)
+    if "causal" not in ops.columns and "concrete_inputs" in ops.columns and n:
+        facts["causal"] = [causal_from_args(n_, a) for n_, a in zip(ops["name"].astype(str), ops["concrete_inputs"])]
+    if "strided" not in ops.columns and "input_strides" in ops.columns and n:
         facts["strided"] = [memory.non_contiguous(parse_shapes(s)[0], st) if isinstance(s, str) else False
                             for s, st in zip(ops["shapes"], ops["input_strides"])]
-    facts = facts.fillna({"flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
-                          "causal": False, "transfer": "", "strided": False, "device": ""})
+    for c in _FACTS:     # missing values inside present columns (an object column keeps its dtype)
+        facts[c] = facts[c].astype(object).where(facts[c].notna(), _DEFAULTS[c])
     return facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
                          "shapes": str, "name": str, "causal": bool, "transfer": str, "strided": bool,
                          "device": str})
