@@ -45,6 +45,8 @@ def test_builtin_constants_exact():
     assert (mi250.gemm_efficiency, mi250.norm_efficiency, mi250.host_bw) == (0.4, 0.25, (25e9, 25e9))
     assert gpu("MI210").flops["bf16"] == 181e12 and gpu("MI210").compute_units == 104
     assert h100.class_scale == {} and h100.calibration == {}
+    row = memlens.gpus().set_index("name").loc["MI300X"]
+    assert (row["norm_efficiency"], row["attention_efficiency"], row["pageable_bw"]) == (0.25, 0.12, 35e9)
 
 
 # ---- rules, hand-computed on TOY -----------------------------------------------------------------------

@@ -304,7 +304,8 @@ def gpu(name) -> GPU:
 
 def gpus() -> pd.DataFrame:
     """The built-in GPUs, one row each: peaks (FLOP/s per dtype, dense), memory bandwidth (bytes/s), host
-    link per direction (bytes/s), launch floor (ns), the other latency constants, and the sources."""
+    link per direction (bytes/s), launch floor (ns), the other latency constants, the library efficiencies
+    (fractions of a peak), the pageable copy rate (bytes/s), and the sources."""
     rows = []
     for g in BUILTIN:
         row = {"name": g.name, "vendor": g.vendor}
@@ -313,7 +314,11 @@ def gpus() -> pd.DataFrame:
         row.update({"mem_bw": g.mem_bw, "memory_bytes": g.memory_bytes, "host_link": g.host_link,
                     "host_bw_out": g.host_bw[0], "host_bw_in": g.host_bw[1], "host_latency_ns": g.latency_ns,
                     "launch_ns": g.launch_ns, "gemm_floor_ns": g.gemm_floor_ns, "gemm_k_ns": g.gemm_k_ns,
-                    "attention_floor_ns": g.attention_floor_ns, "compute_units": g.compute_units,
+                    "attention_floor_ns": g.attention_floor_ns, "gemm_efficiency": g.gemm_efficiency,
+                    "attention_efficiency": g.attention_efficiency, "mem_efficiency": g.mem_efficiency,
+                    "norm_efficiency": g.norm_efficiency, "softmax_block_efficiency": g.softmax_block_efficiency,
+                    "misaligned_gemm_penalty": g.misaligned_gemm_penalty, "pageable_bw": g.pageable_bw,
+                    "compute_units": g.compute_units,
                     "clock_ghz": g.clock_ghz, "source": g.source, "latency_source": g.latency_source})
         rows.append(row)
     return pd.DataFrame(rows)
