@@ -18,6 +18,7 @@ _LAZY = {
     "retime": ("memlens.devicetime.retiming", "retime"),
     "gpus": ("memlens.devicetime.gpus", "gpus"),
     "GPU": ("memlens.devicetime.gpus", "GPU"),
+    "calibrate": ("memlens.devicetime.calibration", "calibrate"),
     "load_many": ("memlens.analysis.runs", "load_many"),
     "RunSet": ("memlens.analysis.runs", "RunSet"),
     "predict": ("memlens.predict", "predict"),
@@ -57,4 +58,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "retime", "gpus", "GPU", "predict", "fake", "max_batch", "__version__"]
+           "retime", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "__version__"]

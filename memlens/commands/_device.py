@@ -7,8 +7,8 @@ def add_gpu_option(parser) -> None:
     """Add ``--gpu NAME`` and ``--tf32`` to a verb's parser."""
     parser.add_argument("--gpu", default=None, metavar="NAME",
                         help="analyse on the modeled clock of this GPU (H100, H200, A100, L4, V100, MI300X ...; "
-                             "see `memlens gpus`): the trace is retimed first, and its host link is the default "
-                             "--bandwidth")
+                             "see `memlens gpus`; or a JSON file from `memlens calibrate`): the trace is retimed "
+                             "first, and its host link is the default --bandwidth")
     parser.add_argument("--tf32", action="store_true",
                         help="with --gpu: fp32 matmuls run at the TF32 tensor-core rate")
 

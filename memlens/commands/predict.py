@@ -14,7 +14,8 @@ def register(sub) -> None:
     p = sub.add_parser("predict", help="predict a script's GPU memory without a GPU",
                        description="Run `-- python script.py args` on fake cuda tensors and predict peak "
                                    "allocated/reserved bytes through the caching-allocator simulator.")
-    p.add_argument("--gpu", default="H100", help="GPU model (H100, H200, A100, L4, ...; default H100)")
+    p.add_argument("--gpu", default="H100", help="GPU model (H100, H200, A100, L4, ...; default H100) or a JSON file from "
+                                                    "`memlens calibrate` (its base GPU's memory facts)")
     p.add_argument("--capacity", default=None, help="device memory to check against, e.g. 80GiB "
                                                     "(default: the GPU's)")
     p.add_argument("--conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF (default: the environment's)")

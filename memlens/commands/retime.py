@@ -10,7 +10,7 @@ def register(sub) -> None:
                                    "result. Needs a trace recorded by memlens (per-op cost facts).")
     p.add_argument("trace", help="a .memlens directory recorded by memlens")
     p.add_argument("-o", "--output", required=True, help="the .memlens directory to write")
-    p.add_argument("--gpu", default="H100", help="GPU name (see `memlens gpus`; default H100)")
+    p.add_argument("--gpu", default="H100", help="GPU name (see `memlens gpus`; default H100) or a JSON file from `memlens calibrate`")
     p.add_argument("--tf32", action="store_true", help="fp32 matmuls run at the TF32 tensor-core rate")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it is a memlens trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")

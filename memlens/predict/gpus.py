@@ -60,6 +60,10 @@ def gpu_facts(gpu: str | GPUMemoryFacts, **overrides) -> GPUMemoryFacts:
     """The facts of `gpu` (a name from the table, case-insensitive, or a `GPUMemoryFacts`), with overrides."""
     if isinstance(gpu, GPUMemoryFacts):
         facts = gpu
+    elif str(gpu).strip().lower().endswith(".json"):   # a calibrated GPU: the memory of the part it was fitted on
+        from memlens.devicetime.gpus import load_gpu
+        described = load_gpu(gpu)
+        return gpu_facts(described.calibration.get("base") or described.name, **overrides)
     else:
         norm = str(gpu).upper().replace(" ", "")
         keys = {k.upper(): k for k in _TABLE}
