@@ -504,24 +504,26 @@ def test_frame_attrs_and_messages_exact():
     """Every fact a frame carries beside its rows, by hand: two blocks, one nested op, one access stamped
     after its block's recorded free and one exactly at a free."""
     ops = pd.DataFrame({"op_id": [1, 2, 3], "name": "op", "start_ns": [100, 120, 400], "end_ns": [300, 200, 500]})
-    blocks = pd.DataFrame({"block_id": [1, 2], "device": [DEVICE, "cpu"], "size": [64, 32], "alloc_ns": [0, 0],
-                           "free_ns": [450, 500]})
+    blocks = pd.DataFrame({"block_id": [1, 2, 3], "device": [DEVICE, "cpu", DEVICE], "size": [64, 32, 16],
+                           "alloc_ns": [0, 0, 0], "free_ns": [450, 500, 300]})
     # block 1: op 1 [100, 300], nested op 2 [120, 200] (starts before op 1 ends), op 3 stamped 500 > free 450;
     # block 2: one access by op 3 stamped 500, exactly at its free (inside its lifetime); one access of a
     # block nobody recorded (id 9)
-    acc = pd.DataFrame({"block_id": [1, 1, 1, 2, 9], "t_ns": [100, 120, 500, 500, 400], "op_id": [1, 2, 3, 3, 3],
-                        "is_write": [False, False, True, True, False]})
+    # block 3: its only access stamped at 400, after its free at 300
+    acc = pd.DataFrame({"block_id": [1, 1, 1, 2, 9, 3], "t_ns": [100, 120, 500, 500, 400, 400],
+                        "op_id": [1, 2, 3, 3, 3, 3], "is_write": [False, False, True, True, False, False]})
     trace = Trace.from_tables(blocks, acc, ops)
     iv = access_intervals(trace)
     from memlens.analysis.clock import clock_of
-    assert iv.attrs == {"accesses_outside_lifetime": 1, "overlapping_ops": 1, "accesses_of_unknown_blocks": 1,
+    assert iv.attrs == {"accesses_outside_lifetime": 2, "overlapping_ops": 1, "accesses_of_unknown_blocks": 1,
                         "trace_span_ns": (0, 500), "clock": clock_of(trace), "steady_state": False,
                         "iteration": None, "period_ns": None, "window_ns": None, "iteration_source": None}
     rows = iv[["block_id", "kind", "start_ns", "end_ns"]].astype({"kind": str}).values.tolist()
     # block 1's lifetime widened to the write at 500; the nested op's interval is 0 at its start
     assert rows == [[1, "alloc_to_first", 0, 100], [1, "access_to_access", 120, 120],
                     [1, "access_to_access", 200, 400], [1, "last_to_free", 500, 500],
-                    [2, "alloc_to_first", 0, 400], [2, "last_to_free", 500, 500]]
+                    [2, "alloc_to_first", 0, 400], [2, "last_to_free", 500, 500],
+                    [3, "alloc_to_first", 0, 400], [3, "last_to_free", 400, 400]]
     assert access_intervals(trace, device="cpu").attrs["accesses_of_unknown_blocks"] == 0
     its = pd.DataFrame({"iteration": [3, 4, 5], "start_ns": [0, 150, 300], "end_ns": [150, 300, 500],
                         "source": "marker"})
@@ -530,8 +532,11 @@ def test_frame_attrs_and_messages_exact():
                                       "period_source", "wraps_beyond_recording")} == {
         "steady_state": True, "iteration": 4, "period_ns": 150, "window_ns": (150, 300),
         "iteration_source": "marker", "period_source": "next iteration", "wraps_beyond_recording": 0}
-    from memlens.analysis.ati_intervals import cycle_window
+    from memlens.analysis.ati_intervals import cycle_window, op_end_times, period_window
     assert cycle_window(trace, its, None) == (300, 501, 201, "trace end")  # span 201 > 150
+    assert period_window(trace, its, 4) == (150, 300, 150) and period_window(trace, its, None) == (300, 501, 201)
+    # op 3 is [400, 500]; op 8 is unknown: its access sits at its stamp
+    assert op_end_times(trace, np.array([3, 8, 1]), np.array([400, 77, 100])).tolist() == [500, 77, 300]
     tie = its.assign(start_ns=[0, 99, 300])  # previous period 201 == span 201: the recorded span is kept
     assert cycle_window(trace, tie, None) == (300, 501, 201, "trace end")
     longer = its.assign(start_ns=[0, 98, 300])  # previous period 202 > span 201
