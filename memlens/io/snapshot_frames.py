@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from memlens import limits
 from memlens.errors import InputError
+from memlens.io.bounded_text import Placeholder, bounded_repr, safe_str, short_str
 
 NO_STACK = -1
 _INT64_MAX = 2**63 - 1
@@ -51,8 +52,9 @@ class StackCodes:
     plain_names: tuple[np.ndarray, pa.Array] | None = None
 
 
-class StackRef:
-    """Stands for a frames list that was already interned (the streaming reader's memo holds these)."""
+class StackRef(Placeholder):
+    """Stands for a frames list that was already interned (the streaming reader's memo holds these). Only
+    an entry's or a block's ``frames`` may hold one; read anywhere else it raises `PlaceholderSeen`."""
 
     __slots__ = ("sid",)
 
@@ -68,7 +70,7 @@ def read_odd_frame(f) -> tuple[str, str, int, int, int]:
     "filename": str, "line": 0 <= int < 2**63} dict: a non-dict is a frame named by its text (odd = 1); a
     line that is not a non-negative int64 is read as 0, "unknown" (unknown_line = 1), as for C++ frames."""
     if type(f) is not dict:
-        return (str(f)[:200], "", 0, 0, 1)
+        return (short_str(f, 200), "", 0, 0, 1)  # bounded: a DAG of shared lists has an endless text
     line = f.get("line")
     if type(line) is not int:
         try:
@@ -79,8 +81,7 @@ def read_odd_frame(f) -> tuple[str, str, int, int, int]:
     if not 0 <= line <= _INT64_MAX:
         unknown, line = 1, 0
     name, filename = f.get("name", ""), f.get("filename", "")
-    return (name if type(name) is str else str(name), filename if type(filename) is str else str(filename),
-            line, unknown, 0)
+    return (safe_str(name), safe_str(filename), line, unknown, 0)
 
 
 def _is_usual_frame(f) -> bool:
@@ -99,7 +100,7 @@ def repair_key(sid: int, frames) -> tuple:
     lost = []
     for f in frames:
         if type(f) is dict:
-            lost.append(None if _is_usual_frame(f) else ("dict", repr(f.get("line"))[:64]))
+            lost.append(None if _is_usual_frame(f) else ("dict", bounded_repr(f.get("line"), 64)))
         elif type(f) is tuple and len(f) == 3 and type(f[2]) is int:  # a frame read before (see `release`)
             lost.append(None)
         else:

@@ -23,7 +23,11 @@ import re
 from array import array
 from struct import Struct
 
+from memlens import limits
 from memlens.errors import InputError
+from memlens.io.safe_pickle import (MAX_STACK, MAX_TUPLE_NODES, too_deep_message, too_many_loose_message,
+                                    tuple_too_big_message)
+from memlens.io.bounded_text import PlaceholderSeen
 from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner, StackRef, too_many_frames
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
@@ -34,20 +38,28 @@ _RELEASED = object()  # memo slot of an entry already converted to columns
 _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
 
 
-MAX_STACK = 1_000_000  # loose objects on the stack; the same bound as memlens.io.safe_pickle.check_opcodes
-
-
 def too_many_loose() -> InputError:
-    return InputError(f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); "
-                      "not a memory snapshot")
+    """Loose objects on the stack, counted over every MARK level: the bound of safe_pickle.check_opcodes."""
+    return InputError(too_many_loose_message())
+
+
+def _check_tuple(t: tuple) -> None:
+    """Refuse a tuple whose expansion (through shared references) is over `MAX_TUPLE_NODES`: hashing it
+    as a dict key or a coded field, or printing it, would walk all of it (the compiled walker's tuple_ok)."""
+    nodes = 1 + len(t)
+    if nodes > MAX_TUPLE_NODES:
+        raise InputError(tuple_too_big_message())
+    todo = [x for x in t if type(x) is tuple]
+    while todo:
+        x = todo.pop()
+        nodes += len(x)
+        if nodes > MAX_TUPLE_NODES:
+            raise InputError(tuple_too_big_message())
+        todo.extend(y for y in x if type(y) is tuple)
 
 
 class _Unsupported(Exception):
     """The stream uses something this reader does not interpret (the C unpickler will decide)."""
-
-
-class _TooManyLoose(Exception):
-    """Raised by the compiled walker where the Python one raises `too_many_loose()`."""
 
 
 def _compiled_walk():
@@ -70,10 +82,10 @@ def _walk_compiled(walk, data, interner: CompiledStackInterner, drop_read_pages:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stack, depth, parts = walk(data, interner.frame_table, _Unsupported, _TooManyLoose, _RELEASED, MAX_STACK,
-                                   drop_read_pages)
-    except _TooManyLoose:
-        raise too_many_loose() from None
+        nesting = limits.max_nesting()
+        messages = (too_many_loose_message(), too_deep_message(nesting), tuple_too_big_message())
+        stack, depth, parts = walk(data, interner.frame_table, _Unsupported, InputError, messages, _RELEASED,
+                                   MAX_STACK, nesting, MAX_TUPLE_NODES, drop_read_pages)
     finally:
         if collecting:
             gc.enable()
@@ -145,6 +157,44 @@ class EntryColumns:
         interner.release(*memo_state)
 
 
+def check_streamed(obj, where=None) -> None:
+    """`limits.check_nesting` of a streamed snapshot, which also makes sure that no `StackRef` is left
+    anywhere but as a ``frames`` value (where the interner reads it as its stack id) or among the coded
+    values of `EntryColumns`: anywhere else it would be read as text. Raises `PlaceholderSeen` then (the
+    caller reads the file with the general unpickler)."""
+    limit = limits.max_nesting()
+    containers = (dict, list, tuple, set, frozenset)
+    stack = [(obj, 1)]
+    seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is EntryColumns:
+            if any(type(v) is StackRef for values in item.names.values() for v in values):
+                raise PlaceholderSeen("StackRef")
+            continue
+        if kind is dict:
+            if StackRef in map(type, item):
+                raise PlaceholderSeen("StackRef")
+            children = item.values()
+        elif kind in containers:
+            children = item
+        else:
+            continue
+        if seen.get(id(item), 0) >= depth:
+            continue
+        seen[id(item)] = depth
+        if depth > limit:
+            raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
+                             "the limit)", where)
+        for child in children:
+            kind = type(child)
+            if kind in containers or kind is EntryColumns:
+                stack.append((child, depth + 1))
+            elif kind is StackRef and not (type(item) is dict and item.get("frames") is child):
+                raise PlaceholderSeen("StackRef")
+
+
 def _is_entry(obj) -> bool:
     return type(obj) is dict and "action" in obj
 
@@ -170,7 +220,9 @@ def stream_snapshot(data, interner: StackInterner | CompiledStackInterner, drop_
     except InputError:  # a limit was hit: the general unpickler would only spend more memory on it
         raise
     except (_Unsupported, IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError,
-            UnicodeDecodeError, MemoryError, RecursionError):
+            UnicodeDecodeError, MemoryError, RecursionError, PlaceholderSeen):
+        # PlaceholderSeen: an interned frames list was used where its content is needed (as a frame): its
+        # memo slot holds a stand-in, so the general unpickler, which keeps the list, reads the file
         return None
     except Exception as exc:  # struct.error and friends: treat as corrupt
         if type(exc).__name__ == "error":
@@ -191,6 +243,8 @@ def _parse(data, interner: StackInterner):
     run_of_gets = _GET_RUN.match
     get_formats: dict[int, Struct] = {}
     max_frames = interner.max_frames
+    nesting = limits.max_nesting()
+    room = MAX_STACK  # loose objects the current MARK level may hold: the limit less those of the levels below
 
     def check_frames(target, items):
         # a frames list longer than the limit is refused while it grows, before it costs memory
@@ -223,6 +277,8 @@ def _parse(data, interner: StackInterner):
         if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
             end = run_of_gets(data, pos - 1).end()
             count = (end - pos + 1) // 5
+            if len(stack) + count > room:  # before the references are made
+                raise too_many_loose()
             fmt = get_formats.get(count)
             if fmt is None:
                 fmt = get_formats[count] = Struct("<" + "xI" * count)
@@ -231,15 +287,13 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("reference to a converted entry")
             stack.extend(values)
             pos = end
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
         elif op == 0x68:  # BINGET
             value = memo[data[pos]]
             if value is _RELEASED:
                 raise _Unsupported("reference to a converted entry")
             stack.append(value)
             pos += 1
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x94:  # MEMOIZE
             top = stack[-1]
@@ -247,7 +301,10 @@ def _parse(data, interner: StackInterner):
                 memo_index[id(top)] = len(memo)
             memo.append(top)
         elif op == 0x28:  # MARK
+            if len(metastack) >= nesting:
+                raise InputError(too_deep_message(nesting))
             metastack.append(stack)
+            room -= len(stack)
             stack = []
         elif op == 0x8A:  # LONG1
             size = data[pos]
@@ -259,11 +316,12 @@ def _parse(data, interner: StackInterner):
             pos += 4
         elif op == 0x7D:  # EMPTY_DICT
             stack.append({})
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x75:  # SETITEMS
             items = stack
             stack = metastack.pop()
+            room += len(stack)
             target = stack[-1]
             if type(target) is not dict:
                 raise _Unsupported("SETITEMS on a non-dict")
@@ -271,15 +329,16 @@ def _parse(data, interner: StackInterner):
         elif op == 0x4B:  # BININT1
             stack.append(data[pos])
             pos += 1
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x5D:  # EMPTY_LIST
             stack.append([])
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x65:  # APPENDS
             items = stack
             stack = metastack.pop()
+            room += len(stack)
             target = stack[-1]
             if type(target) is not list:
                 raise _Unsupported("APPENDS on a non-list")
@@ -314,15 +373,15 @@ def _parse(data, interner: StackInterner):
             stack[-1][key] = value
         elif op == 0x4E:  # NONE
             stack.append(None)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x88:  # NEWTRUE
             stack.append(True)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x89:  # NEWFALSE
             stack.append(False)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x47:  # BINFLOAT
             stack.append(_F64.unpack_from(data, pos)[0])
@@ -336,17 +395,28 @@ def _parse(data, interner: StackInterner):
             pos += 8
         elif op == 0x29:  # EMPTY_TUPLE
             stack.append(())
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x85:  # TUPLE1
+            if type(stack[-1]) is tuple:
+                _check_tuple((stack[-1],))
             stack[-1:] = [(stack[-1],)]
         elif op == 0x86:  # TUPLE2
-            stack[-2:] = [tuple(stack[-2:])]
+            items = tuple(stack[-2:])
+            if tuple in map(type, items):
+                _check_tuple(items)
+            stack[-2:] = [items]
         elif op == 0x87:  # TUPLE3
-            stack[-3:] = [tuple(stack[-3:])]
+            items = tuple(stack[-3:])
+            if tuple in map(type, items):
+                _check_tuple(items)
+            stack[-3:] = [items]
         elif op == 0x74:  # TUPLE (from mark)
             items = tuple(stack)
+            if len(items) >= MAX_TUPLE_NODES or tuple in map(type, items):
+                _check_tuple(items)
             stack = metastack.pop()
+            room += len(stack)
             stack.append(items)
         elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
             if op == 0x71:

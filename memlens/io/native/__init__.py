@@ -22,7 +22,10 @@ import sysconfig
 import tempfile
 import threading
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_walk.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "stream_walk.cpp")
+# included by stream_walk.cpp (one translation unit): part of the cache key
+_HEADERS = [os.path.join(_HERE, name) for name in ("keyed_hash.h", "frame_table.h", "read_slots.h", "walk.h")]
 _NAME = "memlens_stream_walk"
 _CFLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared"]
 _lock = threading.Lock()
@@ -41,8 +44,11 @@ def walker() -> str:
 
 
 def _library_path() -> str:
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    sha = hashlib.sha256()
+    for source in [_SOURCE, *_HEADERS]:
+        with open(source, "rb") as f:
+            sha.update(f.read())
+    digest = hashlib.sha256(sha.digest() + repr(_CFLAGS).encode()).hexdigest()[:12]
     root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
     tag = f"stream_walk-{sys.implementation.cache_tag}-{digest}"
