@@ -90,7 +90,10 @@ def load():
         try:
             path = _library_path()
             if not os.path.exists(path):
-                _build(path)
+                from memlens.buildlock import build_lock
+                with build_lock(os.path.dirname(path), "the compiled snapshot walker", library=path):
+                    if not os.path.exists(path):  # not built meanwhile by the process we waited for
+                        _build(path)
             loader = importlib.machinery.ExtensionFileLoader(_NAME, path)
             spec = importlib.util.spec_from_file_location(_NAME, path, loader=loader)
             module = importlib.util.module_from_spec(spec)
