@@ -82,6 +82,11 @@ def check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: boo
                          meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
         uncompressed = sum(per_group) if whole_table else max(per_group, default=0)
         rows = meta.num_rows
+        # what the rows take once decoded: at least 8 bytes per value. Run-length and dictionary encoding
+        # make a column of one repeated value (or of nulls) nearly free on disk and in the footer's
+        # uncompressed sizes, so a footer may claim a billion rows that read_parquet would then allocate
+        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        decoded = 8 * max(meta.num_columns, 1) * (sum(group_rows) if whole_table else max(group_rows, default=0))
     except Exception as exc:  # pyarrow raises many types for corrupt footers
         raise InputError(f"cannot read Parquet metadata ({type(exc).__name__}: {str(exc)[:160]})",
                          fpath) from None
@@ -91,6 +96,9 @@ def check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: boo
     if not whole_table and total > limit and total > MAX_PARQUET_RATIO * size:
         raise InputError(limits.too_big(f"table decompresses to {total} bytes from {size} ({total // size}x; "
                                         "a decompression bomb?), past"), fpath)
+    if decoded > limit:
+        raise InputError(limits.too_big(f"table claims {rows:,} rows of {meta.num_columns} columns, at least "
+                                        f"{decoded} bytes once read, past"), fpath)
     if uncompressed > limit:
         raise InputError(limits.too_big(f"{'table' if whole_table else 'a row group'} decompresses to "
                                          f"{uncompressed} bytes, past"), fpath)
