@@ -59,7 +59,10 @@ def detect_format(path) -> str:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError("no such file or directory", path)
+        from memlens.tracedir import settle
+        settle(path)  # a trace being re-saved, or whose save was killed: wait for it / recover it
+        if not path.exists():
+            raise InputError("no such file or directory", path)
     if path.is_dir():
         if (path / "manifest.json").is_file():
             return "memlens"

@@ -23,8 +23,8 @@ from memlens.errors import InputError
 from memlens.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
 from memlens.trace import Trace
 from memlens.trace_checks import check_metadata, validate_trace
-from memlens.tracedir import (FORMAT_NAME, MANIFEST, ROWS_PER_GROUP, _dir_lock, _owner_alive, _recover, _sha256,
-                              _siblings, is_trace_dir, save_trace, write_table)
+from memlens.tracedir import (FORMAT_NAME, MANIFEST, ROWS_PER_GROUP, _dir_lock, _sha256, is_trace_dir, save_trace,
+                              settle, write_table)
 
 __all__ = ["FORMAT_NAME", "MANIFEST", "ROWS_PER_GROUP", "MAX_PARQUET_RATIO", "check_metadata", "check_table_file",
            "is_trace_dir", "load_trace", "save_trace", "validate_trace", "write_table"]
@@ -42,10 +42,7 @@ def load_trace(path, *, verify_checksums: bool = True) -> Trace:
     Every problem raises `InputError` naming the file and what is wrong.
     """
     path = Path(path)
-    leftovers = _siblings(path, ".old") + _siblings(path, ".tmp")
-    if leftovers and (not path.exists() or not all(_owner_alive(p, path) for p in leftovers)):
-        with _dir_lock(path.parent, exclusive=True):
-            _recover(path)
+    settle(path)
     with _dir_lock(path.parent, exclusive=False):
         return _load_locked(path, verify_checksums)
 

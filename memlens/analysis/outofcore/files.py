@@ -37,7 +37,9 @@ class TraceFiles:
         """Read and check the manifest of the trace directory `path` (no table data is read)."""
         import pyarrow.parquet as pq
         from memlens.io.store import FORMAT_NAME, MANIFEST, check_metadata, check_table_file
+        from memlens.tracedir import settle
         path = Path(path)
+        settle(path)  # a save in progress or killed: wait for it / recover it
         if not path.exists():
             raise InputError("no such file or directory", path)
         mpath = path / MANIFEST
