@@ -40,7 +40,8 @@ from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, P
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
 from memlens.io.snapshot_story import tell_story
 from memlens.io.bounded_text import PlaceholderSeen
-from memlens.io.snapshot_stream import check_streamed, stream_snapshot
+from memlens.io.snapshot_limits import check_streamed
+from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
 _KIND = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}

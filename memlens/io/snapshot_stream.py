@@ -25,10 +25,11 @@ from struct import Struct
 
 from memlens import limits
 from memlens.errors import InputError
+from memlens.io.bounded_text import PlaceholderSeen
 from memlens.io.safe_pickle import (MAX_STACK, MAX_TUPLE_NODES, too_deep_message, too_many_loose_message,
                                     tuple_too_big_message)
-from memlens.io.bounded_text import PlaceholderSeen
 from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner, StackRef, too_many_frames
+from memlens.io.snapshot_limits import check_tuple
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
@@ -41,21 +42,6 @@ _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opco
 def too_many_loose() -> InputError:
     """Loose objects on the stack, counted over every MARK level: the bound of safe_pickle.check_opcodes."""
     return InputError(too_many_loose_message())
-
-
-def _check_tuple(t: tuple) -> None:
-    """Refuse a tuple whose expansion (through shared references) is over `MAX_TUPLE_NODES`: hashing it
-    as a dict key or a coded field, or printing it, would walk all of it (the compiled walker's tuple_ok)."""
-    nodes = 1 + len(t)
-    if nodes > MAX_TUPLE_NODES:
-        raise InputError(tuple_too_big_message())
-    todo = [x for x in t if type(x) is tuple]
-    while todo:
-        x = todo.pop()
-        nodes += len(x)
-        if nodes > MAX_TUPLE_NODES:
-            raise InputError(tuple_too_big_message())
-        todo.extend(y for y in x if type(y) is tuple)
 
 
 class _Unsupported(Exception):
@@ -155,44 +141,6 @@ class EntryColumns:
             stack_ids.append(sid)
             forget(e, _RELEASED)
         interner.release(*memo_state)
-
-
-def check_streamed(obj, where=None) -> None:
-    """`limits.check_nesting` of a streamed snapshot, which also makes sure that no `StackRef` is left
-    anywhere but as a ``frames`` value (where the interner reads it as its stack id) or among the coded
-    values of `EntryColumns`: anywhere else it would be read as text. Raises `PlaceholderSeen` then (the
-    caller reads the file with the general unpickler)."""
-    limit = limits.max_nesting()
-    containers = (dict, list, tuple, set, frozenset)
-    stack = [(obj, 1)]
-    seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if kind is EntryColumns:
-            if any(type(v) is StackRef for values in item.names.values() for v in values):
-                raise PlaceholderSeen("StackRef")
-            continue
-        if kind is dict:
-            if StackRef in map(type, item):
-                raise PlaceholderSeen("StackRef")
-            children = item.values()
-        elif kind in containers:
-            children = item
-        else:
-            continue
-        if seen.get(id(item), 0) >= depth:
-            continue
-        seen[id(item)] = depth
-        if depth > limit:
-            raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
-                             "the limit)", where)
-        for child in children:
-            kind = type(child)
-            if kind in containers or kind is EntryColumns:
-                stack.append((child, depth + 1))
-            elif kind is StackRef and not (type(item) is dict and item.get("frames") is child):
-                raise PlaceholderSeen("StackRef")
 
 
 def _is_entry(obj) -> bool:
@@ -399,22 +347,22 @@ def _parse(data, interner: StackInterner):
                 raise too_many_loose()
         elif op == 0x85:  # TUPLE1
             if type(stack[-1]) is tuple:
-                _check_tuple((stack[-1],))
+                check_tuple((stack[-1],))
             stack[-1:] = [(stack[-1],)]
         elif op == 0x86:  # TUPLE2
             items = tuple(stack[-2:])
             if tuple in map(type, items):
-                _check_tuple(items)
+                check_tuple(items)
             stack[-2:] = [items]
         elif op == 0x87:  # TUPLE3
             items = tuple(stack[-3:])
             if tuple in map(type, items):
-                _check_tuple(items)
+                check_tuple(items)
             stack[-3:] = [items]
         elif op == 0x74:  # TUPLE (from mark)
             items = tuple(stack)
             if len(items) >= MAX_TUPLE_NODES or tuple in map(type, items):
-                _check_tuple(items)
+                check_tuple(items)
             stack = metastack.pop()
             room += len(stack)
             stack.append(items)

@@ -1,0 +1,64 @@
+"""What the streaming snapshot walkers refuse or hand back beyond the opcode loop (issue 26): tuples whose
+expansion through shared references is too large to hash or print, and a walked snapshot that still holds
+one of the walker's stand-ins (`StackRef`) where content is needed."""
+from __future__ import annotations
+
+from memlens import limits
+from memlens.errors import InputError
+from memlens.io.bounded_text import PlaceholderSeen
+from memlens.io.safe_pickle import MAX_TUPLE_NODES, tuple_too_big_message
+from memlens.io.snapshot_frames import StackRef
+
+
+def check_tuple(t: tuple) -> None:
+    """Refuse a tuple whose expansion (through shared references) is over `MAX_TUPLE_NODES`: hashing it
+    as a dict key or a coded field, or printing it, would walk all of it (the compiled walker's tuple_ok)."""
+    nodes = 1 + len(t)
+    if nodes > MAX_TUPLE_NODES:
+        raise InputError(tuple_too_big_message())
+    todo = [x for x in t if type(x) is tuple]
+    while todo:
+        x = todo.pop()
+        nodes += len(x)
+        if nodes > MAX_TUPLE_NODES:
+            raise InputError(tuple_too_big_message())
+        todo.extend(y for y in x if type(y) is tuple)
+
+
+def check_streamed(obj, where=None) -> None:
+    """`limits.check_nesting` of a streamed snapshot, which also makes sure that no `StackRef` is left
+    anywhere but as a ``frames`` value (where the interner reads it as its stack id) or among the coded
+    values of `EntryColumns`: anywhere else it would be read as text. Raises `PlaceholderSeen` then (the
+    caller reads the file with the general unpickler)."""
+    from memlens.io.snapshot_stream import EntryColumns
+    limit = limits.max_nesting()
+    containers = (dict, list, tuple, set, frozenset)
+    stack = [(obj, 1)]
+    seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if kind is EntryColumns:
+            if any(type(v) is StackRef for values in item.names.values() for v in values):
+                raise PlaceholderSeen("StackRef")
+            continue
+        if kind is dict:
+            if StackRef in map(type, item):
+                raise PlaceholderSeen("StackRef")
+            children = item.values()
+        elif kind in containers:
+            children = item
+        else:
+            continue
+        if seen.get(id(item), 0) >= depth:
+            continue
+        seen[id(item)] = depth
+        if depth > limit:
+            raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
+                             "the limit)", where)
+        for child in children:
+            kind = type(child)
+            if kind in containers or kind is EntryColumns:
+                stack.append((child, depth + 1))
+            elif kind is StackRef and not (type(item) is dict and item.get("frames") is child):
+                raise PlaceholderSeen("StackRef")
