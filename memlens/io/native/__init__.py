@@ -8,6 +8,8 @@ happens once per machine. `load()` raises `NativeUnavailable` with the reason wh
 the reader then uses the Python walker, which gives the same decisions and the same results.
 
 ``MEMLENS_PICKLE_WALKER=python`` selects the Python walker (``compiled``, the default, falls back to it).
+``MEMLENS_WALKER_SANITIZE=1`` builds it with AddressSanitizer and UBSan (a separate cache entry; load it with
+``LD_PRELOAD=$(c++ -print-file-name=libasan.so)``): for the fuzz runs of tests/fuzz_walker.py.
 """
 from __future__ import annotations
 
@@ -43,12 +45,19 @@ def walker() -> str:
     return "python" if name == "python" else "compiled"
 
 
+_SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
+
+
+def _flags() -> list[str]:
+    return _CFLAGS + (_SANITIZE if os.environ.get("MEMLENS_WALKER_SANITIZE") == "1" else [])
+
+
 def _library_path() -> str:
     sha = hashlib.sha256()
     for source in [_SOURCE, *_HEADERS]:
         with open(source, "rb") as f:
             sha.update(f.read())
-    digest = hashlib.sha256(sha.digest() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(sha.digest() + repr(_flags()).encode()).hexdigest()[:12]
     root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
     tag = f"stream_walk-{sys.implementation.cache_tag}-{digest}"
@@ -66,7 +75,7 @@ def _build(path: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".so.tmp")
     os.close(fd)
     try:
-        cmd = [compiler, *_CFLAGS, "-I", sysconfig.get_paths()["include"], _SOURCE, "-o", tmp]
+        cmd = [compiler, *_flags(), "-I", sysconfig.get_paths()["include"], _SOURCE, "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
