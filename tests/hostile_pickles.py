@@ -115,10 +115,11 @@ def dag_frame(levels: int = 40) -> bytes:
 
 
 def placeholder_frame() -> bytes:
-    """A frames list interned by one entry, then used as a frame of the next (its memo slot then holds the
-    walker's stand-in for an interned list)."""
+    """A frames list interned by the first entry, then used as a frame of an entry in a later batch (the
+    pickler appends 1,000 items per batch): its memo slot then holds the walker's stand-in for an interned
+    list."""
     frames = [{"name": "forward", "filename": "/home/u/model.py", "line": 7}]
-    return _snapshot([_entry(0, frames), _entry(1, [frames])])
+    return _snapshot([_entry(0, frames)] + [_entry(i, []) for i in range(1, 1001)] + [_entry(1001, [frames])])
 
 
 def none_and_huge_int() -> bytes:
