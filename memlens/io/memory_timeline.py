@@ -89,7 +89,7 @@ def _raw(rows: np.ndarray, source: str, where):
         i = int(np.flatnonzero(wrong)[0])
         raise InputError(f"memory-timeline row {i} has action {int(action[i])} with {int(nbytes[i])} bytes "
                          "(CREATE and PREEXISTING add bytes, DESTROY removes them)", where)
-    if (timed & (t < 0)).any():
+    if ((t != -1) & (t < 0)).any():
         raise InputError("memory-timeline row has a negative time (only PREEXISTING rows use -1)", where)
     timed = t != -1
     t0 = int(t[timed].min()) if timed.any() else 0
