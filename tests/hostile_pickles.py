@@ -75,6 +75,14 @@ def get_flood(count: int) -> bytes:
             + b"eas.")
 
 
+def get_batches(batches: int, per_batch: int) -> bytes:
+    """One entry dict appended alone, then referenced `per_batch` times in each of `batches` APPENDS."""
+    entry = pickle.dumps(_entry(0, []), protocol=4)[2:-1]
+    gets = b"j" + (4).to_bytes(4, "little")
+    return (b"\x80\x04}\x94\x8c\x0ddevice_traces\x94]\x94]\x94(" + entry + b"e"
+            + (b"(" + gets * per_batch + b"e") * batches + b"as.")
+
+
 def tuple_dag(levels: int = 40):
     t = None
     for _ in range(levels):

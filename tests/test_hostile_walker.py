@@ -63,9 +63,10 @@ def test_crafted_stack_hashes_cost_no_more_than_random_ones(tmp_path):
     (hp.mark_flood(1000), "nests more than"),
     (hp.loose_across_marks(400_000, 3), "loose objects"),
     (hp.get_flood(1_100_000), "loose objects"),
+    (hp.get_flood(1000), "more than once"),
     (hp.dag_dict_key(), "tuple that expands"),
     (hp.dag_compile_context(), "tuple that expands"),
-], ids=["marks", "loose_over_levels", "get_run", "dag_key", "dag_context"])
+], ids=["marks", "loose_over_levels", "get_run", "same_entry", "dag_key", "dag_context"])
 def test_walkers_refuse_inside_the_walk(walker, data, needle, monkeypatch):
     with pytest.raises(InputError, match=needle):
         _walk(data, walker, monkeypatch)
@@ -106,12 +107,22 @@ def test_cpp_exceptions_never_abort(tmp_path):
         data = open({str(path)!r}, "rb").read()
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
         try:
-            walk(data, table, _Unsupported, InputError, ("a", "b", "c"), _RELEASED, 1 << 40, 1 << 40, 256, False)
+            walk(data, table, _Unsupported, InputError, ("a", "b", "c", "d"), _RELEASED, 1 << 40, 1 << 40, 256, False)
         except MemoryError:
             print("MemoryError")
     """)
     out = run_python(["-c", script], timeout=120)
     assert out.code == 0 and out.stdout.strip() == "MemoryError", (out.code, out.stderr[-500:])
+
+
+@pytest.mark.parametrize("walker", WALKERS)
+def test_one_entry_referenced_in_many_batches_is_refused(tmp_path, walker):
+    """36M references to one entry dict (5 bytes each) made 36M rows: the walkers refuse a repeat within a
+    batch; across batches they hand the file on, and the general reader refuses it too."""
+    path = tmp_path / "same_entry.pickle"
+    path.write_bytes(hp.get_batches(batches=4, per_batch=250_000))
+    line = assert_refused(run_memlens("info", path, env={"MEMLENS_PICKLE_WALKER": walker}), str(path))
+    assert "more than once" in line
 
 
 # ---- 3. shared-list DAG as a frame: read in bounded time, named by a bounded text

@@ -6,8 +6,16 @@ from __future__ import annotations
 from memlens import limits
 from memlens.errors import InputError
 from memlens.io.bounded_text import PlaceholderSeen
-from memlens.io.safe_pickle import MAX_TUPLE_NODES, tuple_too_big_message
+from memlens.io.safe_pickle import MAX_TUPLE_NODES, too_many_loose_message, tuple_too_big_message
 from memlens.io.snapshot_frames import StackRef
+
+# the same entry dict appended again (GETs of it): each copy would be one more row for 5 bytes of file
+DUPLICATE_ENTRY = "a device-trace entry appears more than once (the same dict again; a crafted file)"
+
+
+def too_many_loose() -> InputError:
+    """Loose objects on the stack, counted over every MARK level: the bound of safe_pickle.check_opcodes."""
+    return InputError(too_many_loose_message())
 
 
 def check_tuple(t: tuple) -> None:

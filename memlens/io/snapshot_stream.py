@@ -29,7 +29,7 @@ from memlens.io.bounded_text import PlaceholderSeen
 from memlens.io.safe_pickle import (MAX_STACK, MAX_TUPLE_NODES, too_deep_message, too_many_loose_message,
                                     tuple_too_big_message)
 from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner, StackRef, too_many_frames
-from memlens.io.snapshot_limits import check_tuple
+from memlens.io.snapshot_limits import DUPLICATE_ENTRY, check_tuple, too_many_loose
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
@@ -37,11 +37,6 @@ _INT_FIELDS = ("addr", "size", "stream", "time_us", "device_free")
 _CODED_FIELDS = ("action", "compile_context", "user_metadata")
 _RELEASED = object()  # memo slot of an entry already converted to columns
 _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
-
-
-def too_many_loose() -> InputError:
-    """Loose objects on the stack, counted over every MARK level: the bound of safe_pickle.check_opcodes."""
-    return InputError(too_many_loose_message())
 
 
 class _Unsupported(Exception):
@@ -69,7 +64,8 @@ def _walk_compiled(walk, data, interner: CompiledStackInterner, drop_read_pages:
     gc.disable()
     try:
         nesting = limits.max_nesting()
-        messages = (too_many_loose_message(), too_deep_message(nesting), tuple_too_big_message())
+        messages = (too_many_loose_message(), too_deep_message(nesting), tuple_too_big_message(),
+                    DUPLICATE_ENTRY)
         stack, depth, parts = walk(data, interner.frame_table, _Unsupported, InputError, messages, _RELEASED,
                                    MAX_STACK, nesting, MAX_TUPLE_NODES, drop_read_pages)
     finally:
@@ -212,6 +208,8 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("entries appended to a list that holds other items")
             cols = columns[id(target)] = EntryColumns()
             keep.append(target)
+        if len(items) > 1 and len(set(map(id, items))) != len(items):  # as the compiled take_entries
+            raise InputError(DUPLICATE_ENTRY)
         cols.add(items, interner, forget, (memo, memo_index))
 
     def need(count):
@@ -231,14 +229,14 @@ def _parse(data, interner: StackInterner):
             if fmt is None:
                 fmt = get_formats[count] = Struct("<" + "xI" * count)
             values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
-            if _RELEASED in values:
-                raise _Unsupported("reference to a converted entry")
+            if _RELEASED in values:  # an entry read again: refused, as the same entry twice in a batch
+                raise InputError(DUPLICATE_ENTRY)
             stack.extend(values)
             pos = end
         elif op == 0x68:  # BINGET
             value = memo[data[pos]]
             if value is _RELEASED:
-                raise _Unsupported("reference to a converted entry")
+                raise InputError(DUPLICATE_ENTRY)
             stack.append(value)
             pos += 1
             if len(stack) > room:

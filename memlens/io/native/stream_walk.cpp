@@ -54,7 +54,7 @@ PyObject* Walk::run() {
                 p += 5;
             }
             for (Py_ssize_t i = start; i < PyList_GET_SIZE(stack); i++)
-                if (PyList_GET_ITEM(stack, i) == released) return fail("reference to a converted entry");
+                if (PyList_GET_ITEM(stack, i) == released) return refused(duplicate_entry);  // an entry again
             pos = p;
             if (!loose_ok()) return nullptr;
             break;
@@ -63,7 +63,7 @@ PyObject* Walk::run() {
             if (pos >= n) return fail("index out of range");
             PyObject* v = memo_get(data[pos]);
             if (!v) return nullptr;
-            if (v == released) return fail("reference to a converted entry");
+            if (v == released) return refused(duplicate_entry);
             if (PyList_Append(stack, v)) return nullptr;
             pos += 1;
             if (!loose_ok()) return nullptr;
@@ -321,17 +321,18 @@ PyObject* Walk::finish() {
     return Py_BuildValue("(OnN)", stack, (Py_ssize_t)metastack.size(), parts);
 }
 
-// walk(data, frame_table, unsupported, input_error, (too many loose, too deep, tuple too big messages),
+// walk(data, frame_table, unsupported, input_error,
+//      (too many loose, too deep, tuple too big, duplicate entry messages),
 //      released, max_stack, max_depth, max_tuple, drop_pages)
 //   -> (stack at STOP, metastack depth at STOP, entry columns per device trace list)
 PyObject* walk_(PyObject* args) {
     PyObject *data, *table, *unsupported, *input_error, *released;
-    PyObject *loose_msg, *deep_msg, *tuple_msg;
+    PyObject *loose_msg, *deep_msg, *tuple_msg, *duplicate_msg;
     Py_ssize_t max_stack, max_depth, max_tuple;
     int drop_pages;
-    if (!PyArg_ParseTuple(args, "OO!OO(UUU)Onnnp", &data, &FrameTableType, &table, &unsupported, &input_error,
-                          &loose_msg, &deep_msg, &tuple_msg, &released, &max_stack, &max_depth, &max_tuple,
-                          &drop_pages))
+    if (!PyArg_ParseTuple(args, "OO!OO(UUUU)Onnnp", &data, &FrameTableType, &table, &unsupported, &input_error,
+                          &loose_msg, &deep_msg, &tuple_msg, &duplicate_msg, &released, &max_stack, &max_depth,
+                          &max_tuple, &drop_pages))
         return nullptr;
     Py_buffer view;
     if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)) return nullptr;
@@ -347,6 +348,7 @@ PyObject* walk_(PyObject* args) {
         w.too_many_loose = loose_msg;
         w.too_deep = deep_msg;
         w.tuple_too_big = tuple_msg;
+        w.duplicate_entry = duplicate_msg;
         w.released = released;
         w.max_stack = max_stack;
         w.max_depth = max_depth;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "frame_table.h"
@@ -45,6 +46,8 @@ struct Walk {
     PyObject* too_many_loose = nullptr;  // its messages (str), the same as the Python walker's
     PyObject* too_deep = nullptr;
     PyObject* tuple_too_big = nullptr;
+    PyObject* duplicate_entry = nullptr;
+    std::unordered_set<PyObject*> released_now;  // GET-read entries converted in this batch (borrowed)
     PyObject* released = nullptr;
     PyObject* action_key = nullptr;      // "action" (owned)
     PyObject* frames_key = nullptr;      // "frames" (owned)
@@ -94,6 +97,10 @@ struct Walk {
     bool refuse(PyObject* message) {
         PyErr_SetObject(input_error, message);
         return false;
+    }
+    PyObject* refused(PyObject* message) {
+        refuse(message);
+        return nullptr;
     }
     // checked before anything is made for `more` objects: a run of 36M GETs must not first build 36M refs
     bool room_for(Py_ssize_t more) {
@@ -229,9 +236,12 @@ bool Walk::take_entries(PyObject* target, PyObject* const* items, Py_ssize_t cou
     } else {
         cols = found->second;
     }
+    released_now.clear();
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject* e = items[i];
         if (!PyDict_CheckExact(e)) return fail_b("entry is not a dict");
+        // the same entry dict again (GETs of it): each copy would be a row, 5 bytes of file per row
+        if (!released_now.empty() && released_now.count(e)) return refuse(duplicate_entry);
         for (int k = 0; k < kIntFields; k++) {
             PyObject* v = PyDict_GetItemWithError(e, int_keys[k]);
             if (!v && PyErr_Occurred()) return false;
@@ -282,6 +292,7 @@ bool Walk::take_entries(PyObject* target, PyObject* const* items, Py_ssize_t cou
         }
         Py_DECREF(frames);
         cols->stack_id.push_back(sid);
+        if (slot_of.count(e)) released_now.insert(e);  // only a GET-read entry can come twice
         Py_INCREF(released);
         forget(e, released);
     }
