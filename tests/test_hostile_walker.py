@@ -125,6 +125,14 @@ def test_one_entry_referenced_in_many_batches_is_refused(tmp_path, walker):
     assert "more than once" in line
 
 
+def test_general_reader_refuses_repeated_entries_too(tmp_path):
+    """A protocol-0 pickle goes to the general unpickler (the walkers read protocols 2+)."""
+    entry = hp._entry(0, [])
+    path = tmp_path / "repeat0.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [[entry, hp._entry(1, []), entry]]}, protocol=0))
+    assert_refused(run_memlens("info", path), str(path), "more than once")
+
+
 # ---- 3. shared-list DAG as a frame: read in bounded time, named by a bounded text
 
 @pytest.mark.parametrize("walker", WALKERS)

@@ -14,7 +14,6 @@ import pandas as pd
 from memlens.errors import InputError
 from memlens.io.bounded_text import safe_str, short_str
 from memlens.io.snapshot_frames import NO_STACK, StackInterner
-from memlens.io.snapshot_limits import DUPLICATE_ENTRY
 from memlens.io.snapshot_stream import MISSING, EntryColumns
 
 # strings torch writes when a field carries nothing
@@ -75,10 +74,6 @@ def _not_int64(values: list) -> InputError:
 def _part_from_dicts(entries: list, index: int, interner: StackInterner) -> dict:
     if any(type(e) is not dict for e in entries):
         raise InputError(f"device_traces[{index}] holds entries that are not dicts")
-    if len(entries) > 1:  # the walkers' check (snapshot_stream.DUPLICATE_ENTRY), for files they hand on
-        ids = np.fromiter(map(id, entries), dtype=np.uint64, count=len(entries))
-        if len(np.unique(ids)) != len(ids):
-            raise InputError(DUPLICATE_ENTRY)
     part = {
         "action": np.array([e.get("action") for e in entries] or [], dtype=object),
         "addr": _int_column([e.get("addr") for e in entries]),

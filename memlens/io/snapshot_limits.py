@@ -70,3 +70,17 @@ def check_streamed(obj, where=None) -> None:
                 stack.append((child, depth + 1))
             elif kind is StackRef and not (type(item) is dict and item.get("frames") is child):
                 raise PlaceholderSeen("StackRef")
+
+
+def check_repeated_entries(snapshot, where=None) -> None:
+    """Refuse a snapshot read from a file whose device traces hold the same entry dict twice (`DUPLICATE_ENTRY`,
+    as the walkers do for the files they read; this is for those they hand to the general unpickler). Each
+    repeat is one more row for 5 bytes of file, so 36M of them made gigabytes. A snapshot built in memory
+    may repeat entries: it is the caller's own."""
+    import numpy as np
+    traces = snapshot.get("device_traces") if type(snapshot) is dict else None
+    for entries in traces if type(traces) is list else ():
+        if type(entries) is list and len(entries) > 1:
+            ids = np.fromiter(map(id, entries), dtype=np.uint64, count=len(entries))
+            if len(np.unique(ids)) != len(ids):
+                raise InputError(DUPLICATE_ENTRY, where)
