@@ -40,7 +40,7 @@ from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, P
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
 from memlens.io.snapshot_story import tell_story
 from memlens.io.bounded_text import PlaceholderSeen
-from memlens.io.snapshot_limits import check_repeated_entries, check_streamed
+from memlens.io.snapshot_limits import check_shared, check_streamed
 from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
@@ -73,7 +73,7 @@ def _read(buf, path):
     if snapshot is None:
         interner = new_stack_interner()
         snapshot = loads_buffer(buf, path)
-        check_repeated_entries(snapshot, path)
+    check_shared(snapshot, path)
     return snapshot, interner
 
 
