@@ -13,8 +13,11 @@ Each table is a plain Parquet file, so other tools read it directly, e.g.
 
 Writes are atomic: everything goes to a hidden sibling directory with a unique name
 (``.NAME.<pid>.<random>.tmp``), fsynced, and is then swapped into place under an exclusive `flock` of the
-parent directory: the old trace is renamed to ``.NAME.<pid>.<random>.old``, the new one to ``NAME``, and
-the old one removed. Readers hold a shared lock of the same directory for the whole load, so a reader
+parent directory. Where the kernel and file system can (Linux ``renameat2(RENAME_EXCHANGE)``: ext4, xfs,
+btrfs, tmpfs), the swap is one atomic exchange of the two directories, so ``NAME`` is there at every
+instant, holding the old trace or the new one, and the old one (now under the temporary name) is removed
+after. Elsewhere the old trace is renamed to ``.NAME.<pid>.<random>.old``, the new one to ``NAME``, and
+the old one removed; a reader that finds ``NAME`` missing then waits for the lock (`settle`). Readers hold a shared lock of the same directory for the whole load, so a reader
 sees the old trace or the new one, never a mix or nothing; writers never share a temporary name. A save
 killed between the two renames is recovered by the next load or save: the complete new trace (its
 manifest is written last) or else the old one is renamed back to ``NAME``. Temporary directories of
@@ -119,6 +122,41 @@ def _owner_alive(sibling: Path, path: Path) -> bool:
     except OSError:
         return True
     return True
+
+
+def settle(path) -> None:
+    """Before reading `path`: when it is missing or a save's leftovers of a dead writer lie beside it,
+    wait for any swap in progress (the exclusive lock) and undo a save killed between its renames, so
+    that a reader never reports "no such file" for a trace being re-saved or whose save was killed."""
+    path = Path(path)
+    leftovers = _siblings(path, ".old") + _siblings(path, ".tmp")
+    if not leftovers or (path.exists() and all(_owner_alive(p, path) for p in leftovers)):
+        return
+    with _dir_lock(path.parent, exclusive=True):
+        _recover(path)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the directories `a` and `b` in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where
+    the system or the file system cannot (the caller then renames twice)."""
+    import ctypes
+    import errno
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
 
 
 def _recover(path: Path) -> None:
@@ -235,10 +273,14 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_gro
             if path.exists():
                 if not overwrite:  # another writer created it meanwhile
                     raise InputError("already exists (pass overwrite=True to replace it)", path)
-                # swap: move the old one aside (a unique name) so that a crash never leaves no trace at all
-                old = tmp.with_suffix(".old")
-                os.replace(path, old)
-                os.replace(tmp, path)
+                if _exchange(tmp, path):  # one step: `path` never missing; `tmp` now holds the old trace
+                    old = tmp
+                else:
+                    # two steps: move the old one aside (a unique name) so that a crash never leaves no
+                    # trace at all; readers that find `path` missing wait for this lock (`settle`)
+                    old = tmp.with_suffix(".old")
+                    os.replace(path, old)
+                    os.replace(tmp, path)
             else:
                 old = None
                 os.replace(tmp, path)

@@ -4,7 +4,8 @@
 # machine; where .venv already has a torch (e.g. your own CUDA build) it is kept.
 # Then the compiled recorder (memlens/record/native) is built against that torch (once per machine,
 # cached; MEMLENS_BUILD_DIR moves the cache). Without a C++ compiler this says so and memlens records
-# with its Python recorder. Likewise the compiled snapshot-pickle walker (memlens/io/native, plain c++).
+# with its Python recorder. Likewise the compiled snapshot-pickle walker (memlens/io/native, plain c++)
+# and, on a CPU-only torch, the fake-CUDA shim of `memlens predict` (memlens/predict/csrc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=${1:?usage: scripts/install.sh EXTRA}
@@ -26,6 +27,14 @@ try:
     print("memlens: compiled snapshot-pickle walker ready")
 except io_native.NativeUnavailable as exc:
     print(f"memlens: compiled snapshot-pickle walker not built ({exc}); snapshots are read by the Python walker")
+# the fake-CUDA shim of `memlens predict` on a CPU-only torch: built here, so that no first use compiles
+from memlens.predict import shim
+try:
+    if not shim.torch_has_cuda_build():
+        print(f"memlens: fake-CUDA shim ready ({shim.build()})")
+except Exception as exc:
+    print(f"memlens: fake-CUDA shim not built ({str(exc).splitlines()[0] if str(exc) else exc}); "
+          "memlens predict builds it on first use")
 PYEOF
 # the console script lives in .venv/bin, which is not on PATH until the venv is activated
 echo "memlens is installed in .venv: run .venv/bin/memlens --help, or 'source .venv/bin/activate' first to type just memlens"

@@ -27,6 +27,7 @@ class Outcome:
     stderr: str
     peak_rss: int  # bytes, of the child alone (os.wait4)
     seconds: float
+    cpu_seconds: float = 0.0  # user + system CPU of the child (os.wait4): stable on a loaded machine
 
 
 def run_memlens(*argv, env: dict | None = None, timeout: float = TIME_CEILING_S, cwd=None) -> Outcome:
@@ -63,7 +64,7 @@ def run_python(args: list, env: dict | None = None, timeout: float = TIME_CEILIN
     # old mm's at exec): once this test process is large it would blame the child. The child's own mm
     # high-water mark (VmHWM, fresh after exec) is sampled instead; ru_maxrss is the fallback.
     peak = hwm.peak if hwm.peak else usage.ru_maxrss * 1024
-    return Outcome(proc.returncode, stdout, stderr, peak, seconds)
+    return Outcome(proc.returncode, stdout, stderr, peak, seconds, usage.ru_utime + usage.ru_stime)
 
 
 class _HighWaterMark:

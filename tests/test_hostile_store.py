@@ -87,38 +87,47 @@ def test_sparse_terabyte_without_manifest_size_hits_the_limit(tmp_path):
 # ---------------------------------------------------------------- 9. atomic save, recovery, concurrency
 
 _KILL_AT_RENAME = textwrap.dedent("""
-    import os, signal, sys
+    import os, shutil, signal, sys
     import numpy as np, pandas as pd
+    from memlens import tracedir
     from memlens.trace import Trace
     from memlens.io.store import save_trace
     path, shift, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    exchange = sys.argv[4] if len(sys.argv) > 4 else "auto"
     blocks = pd.DataFrame({"block_id": np.arange(4), "device": "cuda:0", "size": 512 * (np.arange(4) + 1),
                            "alloc_ns": 10 * np.arange(4) + shift, "free_ns": 10 * np.arange(4) + 5 + shift})
-    real_replace, calls = os.replace, [0]
-    def replace(src, dst):
-        calls[0] += 1
-        if calls[0] == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real_replace(src, dst)
-    os.replace = replace
+    if exchange == "off":  # the two-rename swap of systems without renameat2(RENAME_EXCHANGE)
+        tracedir._exchange = lambda a, b: False
+    calls = [0]
+    def step(real):  # every step of a save that touches the disk counts; SIGKILL at step `kill_at`
+        def wrapped(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*args, **kwargs)
+        return wrapped
+    os.replace, os.fsync, shutil.rmtree = step(os.replace), step(os.fsync), step(shutil.rmtree)
+    tracedir._exchange, tracedir._fsync_dir, tracedir._sha256 = (
+        step(tracedir._exchange), step(tracedir._fsync_dir), step(tracedir._sha256))
     save_trace(Trace.from_tables(blocks), path, overwrite=True)
 """)
 
 
-@pytest.mark.parametrize("kill_at", [1, 2])
-def test_kill_during_overwrite_leaves_a_loadable_trace(tmp_path, kill_at):
+@pytest.mark.parametrize("exchange", ["auto", "off"])
+@pytest.mark.parametrize("kill_at", range(1, 14))
+def test_kill_during_overwrite_leaves_a_loadable_trace(tmp_path, kill_at, exchange):
+    """Issue 26: a save SIGKILLed at any of its steps (each fsync, checksum, rename or exchange, removal)
+    leaves the old trace or the complete new one, which the next reader finds (never "no such file")."""
+    from memlens.io import load
     path = save_trace(small_trace(shift=0), tmp_path / "run.memlens")
     script = tmp_path / "kill.py"
     script.write_text(_KILL_AT_RENAME)
-    killed = run_python([script, path, 1000, kill_at])
-    assert killed.code == -9, killed.stderr
-    # kill_at=1 dies before anything moved; kill_at=2 dies with the old trace moved aside, the new one
-    # complete in its temporary directory and nothing at the path
-    assert path.exists() == (kill_at == 1)
-    trace = load_trace(path)
+    killed = run_python([script, path, 1000, kill_at, exchange])
+    assert killed.code in (-9, 0), killed.stderr
+    trace = load(path)  # detect_format, then load_trace: both recover a killed save
     assert trace.blocks["alloc_ns"].min() in (0, 1000)
-    if kill_at == 2:
-        assert trace.blocks["alloc_ns"].min() == 1000  # the complete new trace wins over the old one
+    if killed.code == 0:
+        assert trace.blocks["alloc_ns"].min() == 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kill.py", "run.memlens"]
 
 
@@ -126,7 +135,9 @@ def test_kill_during_first_save_leaves_nothing_half_written(tmp_path):
     script = tmp_path / "kill.py"
     script.write_text(_KILL_AT_RENAME)
     target = tmp_path / "new.memlens"
-    assert run_python([script, target, 0, 1]).code == -9
+    # steps of a first save of three tables: fsync and checksum of each (6), the manifest's fsync (7), the
+    # rename into place (8)
+    assert run_python([script, target, 0, 8]).code == -9
     assert not target.exists()  # killed before its one rename: the complete trace sits in a temp directory
     # the next load recovers it: what the writer had fully written is not lost
     assert load_trace(target).blocks["alloc_ns"].tolist() == [0, 10, 20, 30]

@@ -8,6 +8,8 @@ gradient accumulations (out of place under the Python recorder's dispatch mode, 
 """
 from __future__ import annotations
 
+import os
+
 import threading
 from collections import Counter
 
@@ -82,8 +84,11 @@ def assert_same_stacks(py, cc):
         assert t.ops["stack_id"].notna().all()
         made = t.blocks["alloc_op_id"].notna()
         assert t.blocks.loc[made, "stack_id"].notna().all()
-        assert not t.stacks["filename"].str.contains("/torch/").any()
-        assert not t.stacks["filename"].str.contains("/memlens/").any()
+        # no frame inside torch or memlens themselves; compared with their install folders, not with any path
+        # holding "/memlens/" (a clone in a folder named memlens, git's default, holds these tests)
+        for package in (torch, memlens):
+            inside = os.path.dirname(os.path.abspath(package.__file__)) + os.sep
+            assert not t.stacks["filename"].str.startswith(inside).any(), package.__name__
         assert (t.stacks.groupby("stack_id").size() <= DEFAULT_MAX_DEPTH).all()
 
 

@@ -6,6 +6,7 @@ apart their peaks are (`memlens.load_many`)."""
 from __future__ import annotations
 
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
+from memlens.errors import printable
 
 
 def register(sub) -> None:
@@ -47,33 +48,39 @@ def _summary(args, path) -> dict:
     return {**trace.summary(), **story(trace)}
 
 
+def _say(text: str) -> None:
+    """One line of the text summary, with control and bidi characters from the file (frame names,
+    unrecognised actions, phase names) written as escapes, so that a trace cannot drive the terminal."""
+    print(printable(text))
+
+
 def _print(path: str, s: dict) -> None:
     from memlens.units import format_bytes, format_ns
-    print(f"trace:     {path} ({s['source_kind']})")
-    print(f"blocks:    {s['blocks']:,}  (alive at end {s['alive_at_end']:,}, allocated before recording "
+    _say(f"trace:     {path} ({s['source_kind']})")
+    _say(f"blocks:    {s['blocks']:,}  (alive at end {s['alive_at_end']:,}, allocated before recording "
           f"{s['allocated_before']:,}, freed without alloc {s['free_without_alloc']:,})")
-    print(f"accesses:  {s['accesses']:,}" + ("" if s["has_accesses"] else "  (this source records none)"))
-    print(f"ops:       {s['ops']:,}")
+    _say(f"accesses:  {s['accesses']:,}" + ("" if s["has_accesses"] else "  (this source records none)"))
+    _say(f"ops:       {s['ops']:,}")
     from memlens.clock import clock_label
-    print(f"duration:  {format_ns(s['duration_ns'])} on the {clock_label(s.get('clock') or {'kind': 'host'})}")
+    _say(f"duration:  {format_ns(s['duration_ns'])} on the {clock_label(s.get('clock') or {'kind': 'host'})}")
     for dev, peak in s["peak_live_bytes"].items():
-        print(f"peak live: {dev}: {format_bytes(peak)} ({peak:,} bytes)")
+        _say(f"peak live: {dev}: {format_bytes(peak)} ({peak:,} bytes)")
         cause = s.get("peak", {}).get(dev)
         if cause is None:
             continue
         if cause["reserved_bytes"] is not None:
-            print(f"reserved:  {dev}: peak {format_bytes(cause['reserved_bytes'])} "
+            _say(f"reserved:  {dev}: peak {format_bytes(cause['reserved_bytes'])} "
                   f"({cause['reserved_bytes']:,} bytes; memory reserved before recording included)")
-        print(f"cause:     {cause['cause']}")
+        _say(f"cause:     {cause['cause']}")
         for site in cause["top_sites"][:5]:
-            print(f"site:      {format_bytes(site['bytes']):>10}  {site['site']}")
+            _say(f"site:      {format_bytes(site['bytes']):>10}  {site['site']}")
     if "iterations" in s:  # the out-of-core summary has no peak story
-        print(f"iterations: {s['iterations']}" + (f" ({s['iteration_source']})" if s["iterations"] else ""))
+        _say(f"iterations: {s['iterations']}" + (f" ({s['iteration_source']})" if s["iterations"] else ""))
     if s.get("phases"):
         names = [p["name"] for p in s["phases"]]
-        print(f"phases:    {len(names)}: " + ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
+        _say(f"phases:    {len(names)}: " + ", ".join(names[:8]) + (" ..." if len(names) > 8 else ""))
     for note in s["notes"]:
-        print(f"note:      {note}")
+        _say(f"note:      {note}")
 
 
 def run(args) -> int:
@@ -108,7 +115,7 @@ def run(args) -> int:
                     "imbalance": imbalance, "imbalance_stats": stats})
         return 0
     for r, s in summaries:
-        print(f"== {r.name} (rank from {r.rank_source})")
+        _say(f"== {r.name} (rank from {r.rank_source})")
         _print(r.path, s)
-    print(f"imbalance: {imbalance}")
+    _say(f"imbalance: {imbalance}")
     return 0

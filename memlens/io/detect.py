@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import os
 import zlib
 from pathlib import Path
 
@@ -37,6 +38,20 @@ def _head(path: Path, nbytes: int = _SNIFF_BYTES) -> bytes:
     return raw
 
 
+def check_regular(path) -> None:
+    """`InputError` unless `path` is a regular file (after symlinks): opening a FIFO blocks until a writer
+    comes, and a device or socket never ends (issue 26)."""
+    import stat
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    if not stat.S_ISREG(mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise InputError(f"is {kind}, not a file memlens can read (save it to a file first)", path)
+
+
 def detect_format(path) -> str:
     """Name of the format of `path` (a key of `IMPORTERS`), judged by content.
 
@@ -44,11 +59,15 @@ def detect_format(path) -> str:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError("no such file or directory", path)
+        from memlens.tracedir import settle
+        settle(path)  # a trace being re-saved, or whose save was killed: wait for it / recover it
+        if not path.exists():
+            raise InputError("no such file or directory", path)
     if path.is_dir():
         if (path / "manifest.json").is_file():
             return "memlens"
         raise InputError("is a directory but not a memlens trace (no manifest.json)", path)
+    check_regular(path)
     try:
         head = _head(path)
     except OSError as exc:
@@ -85,6 +104,8 @@ def load(path, format: str | None = None):
 
     `format` forces a format (a key of `IMPORTERS`); otherwise it is detected from the content.
     """
+    if format and not Path(path).is_dir():
+        check_regular(path)
     fmt = format or detect_format(path)
     if fmt not in IMPORTERS:
         raise InputError(f"unknown format '{fmt}' (known: {', '.join(IMPORTERS)})", path)

@@ -82,6 +82,15 @@ def _raw(rows: np.ndarray, source: str, where):
     t, action, nbytes, category = rows.T
     if not np.isin(action, (PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY)).all():
         raise InputError(f"unknown action code {int(action[~np.isin(action, (1, 2, 3, 4))][0])}", where)
+    # the sign of the bytes is the action's: a CREATE that frees or a DESTROY that allocates would pair
+    # into blocks with wrong sizes and lifetimes (issue 26)
+    wrong = ((action == CREATE) | (action == PREEXISTING)) & (nbytes < 0) | (action == DESTROY) & (nbytes > 0)
+    if wrong.any():
+        i = int(np.flatnonzero(wrong)[0])
+        raise InputError(f"memory-timeline row {i} has action {int(action[i])} with {int(nbytes[i])} bytes "
+                         "(CREATE and PREEXISTING add bytes, DESTROY removes them)", where)
+    if ((t != -1) & (t < 0)).any():
+        raise InputError("memory-timeline row has a negative time (only PREEXISTING rows use -1)", where)
     timed = t != -1
     t0 = int(t[timed].min()) if timed.any() else 0
     t_ns = np.where(timed, t - t0, 0)
@@ -153,6 +162,10 @@ def _coalesced(times, sizes, source: str, where):
         raise InputError("coalesced memory timeline: sizes must be one row of per-category bytes per time", where)
     if s.shape[1] == len(CATEGORY_ORDER) + 1:  # torch's leading zero column
         s = s[:, 1:]
+    if (s < 0).any():  # a curve of live bytes never goes below zero; its falls would end blocks never made
+        i, cat = (int(v[0]) for v in np.nonzero(s < 0))
+        raise InputError(f"coalesced memory timeline: row {i} holds {int(s[i, cat])} bytes of "
+                         f"{CATEGORY_ORDER[cat]} (live bytes cannot be negative)", where)
     t_ns = (t - t.min()) * 1000
     rows = []  # (category, size, alloc_ns, free_ns) with None = open
     for cat in range(len(CATEGORY_ORDER)):

@@ -97,6 +97,26 @@ for _opcode in __import__("pickletools").opcodes:
     if _opcode.name != "MARK" and __import__("pickletools").markobject not in _opcode.stack_before:
         _NET[ord(_opcode.code.encode("latin-1"))] = len(_opcode.stack_after) - len(_opcode.stack_before)
 MAX_STACK = 1_000_000  # loose objects on the unpickler's stack: real pickles hold a few thousand at most
+# nodes in the expansion of one tuple (it, its items, theirs, counted through shared references): hashing
+# a tuple (a dict key) or printing it walks all of them, and a DAG of shared pairs 40 levels deep is a few
+# hundred bytes of pickle with 2**40 nodes. Snapshot tuples are pairs (segment_pool_id). Each use of a tuple
+# as a key then costs at most this many steps, so the work stays linear in the file's size.
+MAX_TUPLE_NODES = 256
+_TUPLE1, _TUPLE2, _TUPLE3, _TUPLE, _DUP = 0x85, 0x86, 0x87, 0x74, 0x32
+_MEMO_OPS = frozenset((0x94, 0x68, 0x6A, 0x71, 0x72, 0x70, 0x67))  # MEMOIZE, GETs and PUTs
+
+
+def too_many_loose_message() -> str:
+    return f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); not a memory snapshot"
+
+
+def too_deep_message(nesting: int) -> str:
+    return f"pickle nests more than {nesting} levels deep (set MEMLENS_MAX_NESTING to raise the limit)"
+
+
+def tuple_too_big_message() -> str:
+    return (f"pickle builds a tuple that expands to more than {MAX_TUPLE_NODES} items through shared references "
+            "(a crafted file: hashing or printing it would never finish)")
 _MEMOIZE, _BINGET, _LONG_BINGET, _BINPUT, _LONG_BINPUT, _MARK = 0x94, 0x68, 0x6A, 0x71, 0x72, 0x28
 _PUT, _GET, _STOP = 0x70, 0x67, 0x2E
 
@@ -114,8 +134,13 @@ def check_opcodes(buf, path=None) -> None:
     u32 = struct.Struct("<I").unpack_from
     u64 = struct.Struct("<Q").unpack_from
     pos = filled = depth = 0
-    stack_size, marks = 0, []
+    marks: list[int] = []
+    # the stack as the weight of each object: the nodes of a tuple's expansion, 1 for anything else (only
+    # tuples are hashed through their items); memo_weight: the same for each memo slot
+    stack: list[int] = []
+    memo_weight: list[int] = []
     net = _NET
+    cap = MAX_TUPLE_NODES
 
     def bad(message):
         raise InputError(message, path)
@@ -131,23 +156,44 @@ def check_opcodes(buf, path=None) -> None:
         at = pos
         pos += 1
         if op == _MARK:
-            marks.append(stack_size)
+            marks.append(len(stack))
         elif op in pops_mark:
             if not marks:
                 bad(f"not a valid pickle (no MARK for the opcode at byte {at})")
-            stack_size = marks.pop() + (op != 0x31)  # POP_MARK leaves nothing; the others one object
+            mark = marks.pop()
+            weight = 1 + sum(stack[mark:]) if op == _TUPLE else 1
+            del stack[mark:]
+            if op != 0x31:  # POP_MARK leaves nothing; the others one object
+                stack.append(weight)
+            if weight > cap:
+                bad(tuple_too_big_message())
+        elif _TUPLE1 <= op <= _TUPLE3:
+            take = op - _TUPLE1 + 1
+            weight = 1 + sum(stack[-take:])
+            del stack[-take:]
+            stack.append(weight)
+            if weight > cap:
+                bad(tuple_too_big_message())
+        elif op == _DUP:
+            stack.append(stack[-1] if stack else 1)
+        elif op in _MEMO_OPS:
+            pass  # below, with their argument
         else:
-            stack_size += net[op]
-            if stack_size > MAX_STACK:
-                bad(f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); "
-                    "not a memory snapshot")
+            change = net[op]
+            if change > 0:
+                stack.extend([1] * change)
+                if len(stack) > MAX_STACK:
+                    bad(too_many_loose_message())
+            elif change < 0:
+                del stack[change:]
         if kind == 0:
             if op == _MEMOIZE:
                 filled += 1
+                memo_weight.append(stack[-1] if stack else 1)
             elif op == _MARK:
                 depth += 1
                 if depth > nesting:
-                    bad(f"pickle nests more than {nesting} levels deep (set MEMLENS_MAX_NESTING to raise the limit)")
+                    bad(too_deep_message(nesting))
             elif op in pops_mark:
                 depth -= 1
             elif op == _STOP:
@@ -160,9 +206,14 @@ def check_opcodes(buf, path=None) -> None:
                     if index > filled:
                         bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored so "
                             "far (corrupt or crafted file)")
+                    _put(memo_weight, index, stack)
                     filled = max(filled, index + 1)
                 elif index >= filled:
                     bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored (corrupt file)")
+                else:
+                    stack.append(memo_weight[index])
+                    if len(stack) > MAX_STACK:
+                        bad(too_many_loose_message())
             pos += size
         elif kind == 1:
             if pos + size > n:
@@ -187,12 +238,25 @@ def check_opcodes(buf, path=None) -> None:
                         if index > filled or index < 0:
                             bad(f"pickle memo index {index} at byte {at} skips ahead of the {filled} objects stored "
                                 "so far (corrupt or crafted file)")
+                        _put(memo_weight, index, stack)
                         filled = max(filled, index + 1)
                     elif not 0 <= index < filled:
                         bad(f"pickle refers to memo slot {index} at byte {at}, which was never stored")
+                    else:
+                        stack.append(memo_weight[index])
+                        if len(stack) > MAX_STACK:
+                            bad(too_many_loose_message())
                 pos = end + 1
         if op == 0x51:  # BINPERSID
             bad("refusing to unpickle: the file uses persistent ids")
+
+
+def _put(memo_weight: list, index: int, stack: list) -> None:
+    weight = stack[-1] if stack else 1
+    if index == len(memo_weight):
+        memo_weight.append(weight)
+    else:
+        memo_weight[index] = weight
 
 
 class _ViewReader:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from memlens import limits
 from memlens.errors import InputError
 from memlens.io.safe_pickle import loads_buffer, pickle_buffer
 from memlens.io.snapshot_events import EventColumns, events_table, read_device_traces
@@ -40,6 +39,8 @@ from memlens.io.snapshot_meta import annotation_ops, describe
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, FREE_REQUESTED, Pairing, pair_blocks
 from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
 from memlens.io.snapshot_story import tell_story
+from memlens.io.bounded_text import PlaceholderSeen
+from memlens.io.snapshot_limits import check_shared, check_streamed
 from memlens.io.snapshot_stream import stream_snapshot
 
 SOURCE = "cuda_snapshot"
@@ -64,11 +65,15 @@ def _read(buf, path):
     """(snapshot object, its stack interner) from pickle bytes: streamed, or by the restricted unpickler."""
     interner = new_stack_interner()
     snapshot = stream_snapshot(buf, interner, drop_read_pages=True)  # pickle_buffer maps files read-only
+    if snapshot is not None:
+        try:
+            check_streamed(snapshot, path)
+        except PlaceholderSeen:  # a stand-in of the walker where content is needed: read it in full
+            snapshot = None
     if snapshot is None:
         interner = new_stack_interner()
         snapshot = loads_buffer(buf, path)
-    else:
-        limits.check_nesting(snapshot, path)
+    check_shared(snapshot, path)
     return snapshot, interner
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
+from memlens.io.bounded_text import safe_str, short_str
 from memlens.io.snapshot_frames import NO_STACK, StackInterner
 from memlens.io.snapshot_stream import MISSING, EntryColumns
 
@@ -46,18 +47,28 @@ class EventColumns:
 
 
 def _int_column(values: list) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values with 0 for missing, missing mask) of a list of ints / None."""
+    """(int64 values with 0 for missing, missing mask) of a list of ints / None; any other value, or an
+    int beyond int64 (with or without None beside it), is an `InputError` naming it."""
     try:
         return np.array(values, dtype=np.int64).reshape(len(values)), np.zeros(len(values), dtype=bool)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         missing = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
         filled = [0 if v is None else v for v in values]
         try:
             return np.array(filled, dtype=np.int64).reshape(len(values)), missing
         except (TypeError, ValueError, OverflowError):
-            bad = next(v for v in filled if not isinstance(v, (int, np.integer)))
-            raise InputError(f"a device-trace entry holds {type(bad).__name__} {str(bad)[:40]!r} "
-                             "where an integer is expected") from None
+            raise _not_int64(filled) from None
+
+
+def _not_int64(values: list) -> InputError:
+    """The error for the first value of `values` that is not an int64."""
+    for v in values:
+        if not isinstance(v, (int, np.integer)):
+            return InputError(f"a device-trace entry holds {type(v).__name__} {short_str(v, 40)!r} "
+                              "where an integer is expected")
+        if not -(2**63) <= v < 2**63:
+            return InputError(f"a device-trace entry holds the integer {short_str(v, 40)} beyond int64")
+    return InputError("a device-trace entry holds a value that is not an int64")
 
 
 def _part_from_dicts(entries: list, index: int, interner: StackInterner) -> dict:
@@ -75,7 +86,7 @@ def _part_from_dicts(entries: list, index: int, interner: StackInterner) -> dict
     for key in ("user_metadata", "compile_context"):
         values = [e.get(key) for e in entries]
         if any(v not in _EMPTY_CONTEXT for v in values):
-            part[key] = ["" if v in _EMPTY_CONTEXT else str(v) for v in values]
+            part[key] = ["" if v in _EMPTY_CONTEXT else safe_str(v, 1000) for v in values]
     return part
 
 
@@ -94,7 +105,7 @@ def _part_from_columns(cols: EntryColumns) -> dict:
     for key in ("user_metadata", "compile_context"):
         names = cols.names[key]
         if any(v not in _EMPTY_CONTEXT for v in names):
-            text = np.asarray(["" if v in _EMPTY_CONTEXT else str(v) for v in names], dtype=object)
+            text = np.asarray(["" if v in _EMPTY_CONTEXT else safe_str(v, 1000) for v in names], dtype=object)
             part[key] = text[np.frombuffer(cols.codes[key], np.int32)].tolist()
     return part
 

@@ -31,9 +31,10 @@ import pyarrow as pa
 
 from memlens import limits
 from memlens.errors import InputError
+from memlens.io.bounded_text import Placeholder
+from memlens.io.snapshot_odd_frames import _INT64_MAX, read_odd_frame, repair_key  # noqa: F401 (re-exported)
 
 NO_STACK = -1
-_INT64_MAX = 2**63 - 1
 
 
 @dataclass
@@ -51,8 +52,9 @@ class StackCodes:
     plain_names: tuple[np.ndarray, pa.Array] | None = None
 
 
-class StackRef:
-    """Stands for a frames list that was already interned (the streaming reader's memo holds these)."""
+class StackRef(Placeholder):
+    """Stands for a frames list that was already interned (the streaming reader's memo holds these). Only
+    an entry's or a block's ``frames`` may hold one; read anywhere else it raises `PlaceholderSeen`."""
 
     __slots__ = ("sid",)
 
@@ -61,50 +63,6 @@ class StackRef:
 
 # `at::_ops::zeros_like::call(...)` -> the ATen operator the user called (outermost such frame)
 _ATEN_OP = re.compile(r"^at::_ops::([A-Za-z0-9_]+)::call\b")
-
-
-def read_odd_frame(f) -> tuple[str, str, int, int, int]:
-    """(name, filename, line, unknown_line, odd) of a frame that is not the usual {"name": str,
-    "filename": str, "line": 0 <= int < 2**63} dict: a non-dict is a frame named by its text (odd = 1); a
-    line that is not a non-negative int64 is read as 0, "unknown" (unknown_line = 1), as for C++ frames."""
-    if type(f) is not dict:
-        return (str(f)[:200], "", 0, 0, 1)
-    line = f.get("line")
-    if type(line) is not int:
-        try:
-            line = int(line or 0)
-        except (TypeError, ValueError, OverflowError):
-            line = -1
-    unknown = 0
-    if not 0 <= line <= _INT64_MAX:
-        unknown, line = 1, 0
-    name, filename = f.get("name", ""), f.get("filename", "")
-    return (name if type(name) is str else str(name), filename if type(filename) is str else str(filename),
-            line, unknown, 0)
-
-
-def _is_usual_frame(f) -> bool:
-    if type(f) is not dict:
-        return False
-    line = f.get("line")
-    return (type(line) is int and 0 <= line <= _INT64_MAX and type(f.get("name", "")) is str
-            and type(f.get("filename", "")) is str)
-
-
-def repair_key(sid: int, frames) -> tuple:
-    """What makes two frame lists with repaired frames the same stack as written: the stack id and, per
-    frame, what the repair lost (a bad line's value, an odd frame's type). Repairs are counted once per key,
-    so a stack repeated in thousands of entries counts once, and two stacks that differ only in their bad
-    line values (2**64-1 and -1 both read as 0) count twice."""
-    lost = []
-    for f in frames:
-        if type(f) is dict:
-            lost.append(None if _is_usual_frame(f) else ("dict", repr(f.get("line"))[:64]))
-        elif type(f) is tuple and len(f) == 3 and type(f[2]) is int:  # a frame read before (see `release`)
-            lost.append(None)
-        else:
-            lost.append((type(f).__name__,))
-    return (sid, *lost)
 
 
 class StackInterner:

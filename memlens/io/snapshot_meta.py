@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.io.bounded_text import bounded_value, safe_str
 from memlens.io.snapshot_events import EventColumns
 from memlens.io.snapshot_pairing import ALLOC
 from memlens.io.snapshot_segments import FinalState
@@ -40,20 +41,20 @@ def describe(ev: EventColumns, kind: np.ndarray, blocks: pd.DataFrame, final: Fi
         "source_kind": "cuda_snapshot", "source_path": source, "format_era": format_era(ev, final, extras),
         "clock": ev.clock, "ooms": ooms,
         "entries": {dev: int((ev.device_code == i).sum()) for i, dev in enumerate(ev.devices)},
-        "action_counts": {str(k): int(v) for k, v in action_counts.items()},
+        "action_counts": {safe_str(k): int(v) for k, v in action_counts.items()},
         "devices": sorted(set(ev.devices) | set(final.segments["device"]) | set(blocks["device"])),
     }
     if ev.t0_unix_ns is not None:
         meta["t0_unix_ns"] = ev.t0_unix_ns
     if "allocator_settings" in extras:
-        meta["allocator_settings"] = extras["allocator_settings"]
+        meta["allocator_settings"] = bounded_value(extras["allocator_settings"])
     annotations = extras.get("external_annotations")
     if annotations:
-        meta["external_annotations"] = annotations
+        meta["external_annotations"] = bounded_value(annotations)
     for key in ("user_metadata", "compile_context"):
         if key in ev.extras:
             meta[key] = _distinct(ev.extras[key])
-    other = sorted(str(k) for k in extras if k not in ("allocator_settings", "external_annotations"))
+    other = sorted(safe_str(k) for k in extras if k not in ("allocator_settings", "external_annotations"))
     if other:
         meta["other_keys"] = other
 
@@ -124,7 +125,7 @@ def annotation_ops(annotations, t0_unix_ns: int | None, t_end_ns: int | None = N
     for a in annotations:
         if not isinstance(a, dict) or "time_us" not in a:
             continue
-        key = (str(a.get("name", "")), a.get("device"))
+        key = (safe_str(a.get("name", "")), a.get("device"))
         t = int(a["time_us"]) * 1000 - t0_unix_ns
         if a.get("stage") == "START":
             open_ranges.setdefault(key, []).append(t)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from memlens.io.bounded_text import safe_str
 from memlens.io.snapshot_frames import NO_STACK, StackInterner
 
 LIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
@@ -38,7 +39,7 @@ def _pool_id(value) -> str:
         return ""
     if isinstance(value, (tuple, list)):
         return ",".join(str(int(v)) for v in value)
-    return str(value)
+    return safe_str(value)
 
 
 def _current_history(block: dict, addr: int):
@@ -74,7 +75,7 @@ def read_segments(segments, interner: StackInterner) -> FinalState:
         seg_rows.append((
             device, seg_addr, int(total), int(seg.get("allocated_size", 0)),
             int(seg.get("active_size", 0)), int(seg.get("requested_size", 0)), int(seg.get("stream", 0)),
-            str(seg.get("segment_type", "")), bool(seg.get("is_expandable", False)),
+            safe_str(seg.get("segment_type", "")), bool(seg.get("is_expandable", False)),
             _pool_id(seg.get("segment_pool_id")), interner.intern(seg.get("frames")),
         ))
         offset = seg_addr
@@ -96,7 +97,7 @@ def read_segments(segments, interner: StackInterner) -> FinalState:
                     frames = frames or current.get("frames")
                     requested = requested if requested is not None else current.get("real_size")
             blk_rows.append((device, seg_addr, addr, size, int(requested if requested is not None else size),
-                             str(blk.get("state", "")), interner.intern(frames)))
+                             safe_str(blk.get("state", "")), interner.intern(frames)))
     seg_df = pd.DataFrame(seg_rows, columns=[
         "device", "addr", "total_size", "allocated_size", "active_size", "requested_size", "stream", "pool",
         "is_expandable", "segment_pool_id", "stack_id"])

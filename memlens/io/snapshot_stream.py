@@ -23,8 +23,13 @@ import re
 from array import array
 from struct import Struct
 
+from memlens import limits
 from memlens.errors import InputError
+from memlens.io.bounded_text import PlaceholderSeen
+from memlens.io.safe_pickle import (MAX_STACK, MAX_TUPLE_NODES, too_deep_message, too_many_loose_message,
+                                    tuple_too_big_message)
 from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner, StackRef, too_many_frames
+from memlens.io.snapshot_limits import DUPLICATE_ENTRY, check_tuple, too_many_loose
 
 MISSING = -(2**63)  # marks an absent/None integer field in EntryColumns
 _U32, _I32, _U16, _F64, _U64 = Struct("<I"), Struct("<i"), Struct("<H"), Struct(">d"), Struct("<Q")
@@ -34,20 +39,8 @@ _RELEASED = object()  # memo slot of an entry already converted to columns
 _GET_RUN = re.compile(rb"(?:j....)+", re.DOTALL)  # consecutive LONG_BINGET opcodes
 
 
-MAX_STACK = 1_000_000  # loose objects on the stack; the same bound as memlens.io.safe_pickle.check_opcodes
-
-
-def too_many_loose() -> InputError:
-    return InputError(f"pickle piles up more than {MAX_STACK:,} loose objects (a flood of tiny opcodes); "
-                      "not a memory snapshot")
-
-
 class _Unsupported(Exception):
     """The stream uses something this reader does not interpret (the C unpickler will decide)."""
-
-
-class _TooManyLoose(Exception):
-    """Raised by the compiled walker where the Python one raises `too_many_loose()`."""
 
 
 def _compiled_walk():
@@ -70,10 +63,11 @@ def _walk_compiled(walk, data, interner: CompiledStackInterner, drop_read_pages:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        stack, depth, parts = walk(data, interner.frame_table, _Unsupported, _TooManyLoose, _RELEASED, MAX_STACK,
-                                   drop_read_pages)
-    except _TooManyLoose:
-        raise too_many_loose() from None
+        nesting = limits.max_nesting()
+        messages = (too_many_loose_message(), too_deep_message(nesting), tuple_too_big_message(),
+                    DUPLICATE_ENTRY)
+        stack, depth, parts = walk(data, interner.frame_table, _Unsupported, InputError, messages, _RELEASED,
+                                   MAX_STACK, nesting, MAX_TUPLE_NODES, drop_read_pages)
     finally:
         if collecting:
             gc.enable()
@@ -170,7 +164,9 @@ def stream_snapshot(data, interner: StackInterner | CompiledStackInterner, drop_
     except InputError:  # a limit was hit: the general unpickler would only spend more memory on it
         raise
     except (_Unsupported, IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError,
-            UnicodeDecodeError, MemoryError, RecursionError):
+            UnicodeDecodeError, MemoryError, RecursionError, PlaceholderSeen):
+        # PlaceholderSeen: an interned frames list was used where its content is needed (as a frame): its
+        # memo slot holds a stand-in, so the general unpickler, which keeps the list, reads the file
         return None
     except Exception as exc:  # struct.error and friends: treat as corrupt
         if type(exc).__name__ == "error":
@@ -191,6 +187,8 @@ def _parse(data, interner: StackInterner):
     run_of_gets = _GET_RUN.match
     get_formats: dict[int, Struct] = {}
     max_frames = interner.max_frames
+    nesting = limits.max_nesting()
+    room = MAX_STACK  # loose objects the current MARK level may hold: the limit less those of the levels below
 
     def check_frames(target, items):
         # a frames list longer than the limit is refused while it grows, before it costs memory
@@ -210,6 +208,8 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("entries appended to a list that holds other items")
             cols = columns[id(target)] = EntryColumns()
             keep.append(target)
+        if len(items) > 1 and len(set(map(id, items))) != len(items):  # as the compiled take_entries
+            raise InputError(DUPLICATE_ENTRY)
         cols.add(items, interner, forget, (memo, memo_index))
 
     def need(count):
@@ -223,23 +223,23 @@ def _parse(data, interner: StackInterner):
         if op == 0x6A:    # LONG_BINGET, usually a run of them (a frames list): resolve the run at C speed
             end = run_of_gets(data, pos - 1).end()
             count = (end - pos + 1) // 5
+            if len(stack) + count > room:  # before the references are made
+                raise too_many_loose()
             fmt = get_formats.get(count)
             if fmt is None:
                 fmt = get_formats[count] = Struct("<" + "xI" * count)
             values = list(map(memo.__getitem__, fmt.unpack_from(data, pos - 1)))
-            if _RELEASED in values:
-                raise _Unsupported("reference to a converted entry")
+            if _RELEASED in values:  # an entry read again: refused, as the same entry twice in a batch
+                raise InputError(DUPLICATE_ENTRY)
             stack.extend(values)
             pos = end
-            if len(stack) > MAX_STACK:
-                raise too_many_loose()
         elif op == 0x68:  # BINGET
             value = memo[data[pos]]
             if value is _RELEASED:
-                raise _Unsupported("reference to a converted entry")
+                raise InputError(DUPLICATE_ENTRY)
             stack.append(value)
             pos += 1
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x94:  # MEMOIZE
             top = stack[-1]
@@ -247,7 +247,10 @@ def _parse(data, interner: StackInterner):
                 memo_index[id(top)] = len(memo)
             memo.append(top)
         elif op == 0x28:  # MARK
+            if len(metastack) >= nesting:
+                raise InputError(too_deep_message(nesting))
             metastack.append(stack)
+            room -= len(stack)
             stack = []
         elif op == 0x8A:  # LONG1
             size = data[pos]
@@ -259,11 +262,12 @@ def _parse(data, interner: StackInterner):
             pos += 4
         elif op == 0x7D:  # EMPTY_DICT
             stack.append({})
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x75:  # SETITEMS
             items = stack
             stack = metastack.pop()
+            room += len(stack)
             target = stack[-1]
             if type(target) is not dict:
                 raise _Unsupported("SETITEMS on a non-dict")
@@ -271,15 +275,16 @@ def _parse(data, interner: StackInterner):
         elif op == 0x4B:  # BININT1
             stack.append(data[pos])
             pos += 1
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x5D:  # EMPTY_LIST
             stack.append([])
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x65:  # APPENDS
             items = stack
             stack = metastack.pop()
+            room += len(stack)
             target = stack[-1]
             if type(target) is not list:
                 raise _Unsupported("APPENDS on a non-list")
@@ -314,15 +319,15 @@ def _parse(data, interner: StackInterner):
             stack[-1][key] = value
         elif op == 0x4E:  # NONE
             stack.append(None)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x88:  # NEWTRUE
             stack.append(True)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x89:  # NEWFALSE
             stack.append(False)
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x47:  # BINFLOAT
             stack.append(_F64.unpack_from(data, pos)[0])
@@ -336,17 +341,28 @@ def _parse(data, interner: StackInterner):
             pos += 8
         elif op == 0x29:  # EMPTY_TUPLE
             stack.append(())
-            if len(stack) > MAX_STACK:
+            if len(stack) > room:
                 raise too_many_loose()
         elif op == 0x85:  # TUPLE1
+            if type(stack[-1]) is tuple:
+                check_tuple((stack[-1],))
             stack[-1:] = [(stack[-1],)]
         elif op == 0x86:  # TUPLE2
-            stack[-2:] = [tuple(stack[-2:])]
+            items = tuple(stack[-2:])
+            if tuple in map(type, items):
+                check_tuple(items)
+            stack[-2:] = [items]
         elif op == 0x87:  # TUPLE3
-            stack[-3:] = [tuple(stack[-3:])]
+            items = tuple(stack[-3:])
+            if tuple in map(type, items):
+                check_tuple(items)
+            stack[-3:] = [items]
         elif op == 0x74:  # TUPLE (from mark)
             items = tuple(stack)
+            if len(items) >= MAX_TUPLE_NODES or tuple in map(type, items):
+                check_tuple(items)
             stack = metastack.pop()
+            room += len(stack)
             stack.append(items)
         elif op == 0x71 or op == 0x72:  # BINPUT / LONG_BINPUT (protocols 1-3)
             if op == 0x71:

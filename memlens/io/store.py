@@ -23,8 +23,8 @@ from memlens.errors import InputError
 from memlens.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
 from memlens.trace import Trace
 from memlens.trace_checks import check_metadata, validate_trace
-from memlens.tracedir import (FORMAT_NAME, MANIFEST, ROWS_PER_GROUP, _dir_lock, _owner_alive, _recover, _sha256,
-                              _siblings, is_trace_dir, save_trace, write_table)
+from memlens.tracedir import (FORMAT_NAME, MANIFEST, ROWS_PER_GROUP, _dir_lock, _sha256, is_trace_dir, save_trace,
+                              settle, write_table)
 
 __all__ = ["FORMAT_NAME", "MANIFEST", "ROWS_PER_GROUP", "MAX_PARQUET_RATIO", "check_metadata", "check_table_file",
            "is_trace_dir", "load_trace", "save_trace", "validate_trace", "write_table"]
@@ -42,10 +42,7 @@ def load_trace(path, *, verify_checksums: bool = True) -> Trace:
     Every problem raises `InputError` naming the file and what is wrong.
     """
     path = Path(path)
-    leftovers = _siblings(path, ".old") + _siblings(path, ".tmp")
-    if leftovers and (not path.exists() or not all(_owner_alive(p, path) for p in leftovers)):
-        with _dir_lock(path.parent, exclusive=True):
-            _recover(path)
+    settle(path)
     with _dir_lock(path.parent, exclusive=False):
         return _load_locked(path, verify_checksums)
 
@@ -82,6 +79,11 @@ def check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: boo
                          meta.row_group(i).total_byte_size) for i in range(meta.num_row_groups)]
         uncompressed = sum(per_group) if whole_table else max(per_group, default=0)
         rows = meta.num_rows
+        # what the rows take once decoded: at least 8 bytes per value. Run-length and dictionary encoding
+        # make a column of one repeated value (or of nulls) nearly free on disk and in the footer's
+        # uncompressed sizes, so a footer may claim a billion rows that read_parquet would then allocate
+        group_rows = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+        decoded = 8 * max(meta.num_columns, 1) * (sum(group_rows) if whole_table else max(group_rows, default=0))
     except Exception as exc:  # pyarrow raises many types for corrupt footers
         raise InputError(f"cannot read Parquet metadata ({type(exc).__name__}: {str(exc)[:160]})",
                          fpath) from None
@@ -91,6 +93,9 @@ def check_table_file(fpath: Path, info: dict, mpath: Path, verify_checksums: boo
     if not whole_table and total > limit and total > MAX_PARQUET_RATIO * size:
         raise InputError(limits.too_big(f"table decompresses to {total} bytes from {size} ({total // size}x; "
                                         "a decompression bomb?), past"), fpath)
+    if decoded > limit:
+        raise InputError(limits.too_big(f"table claims {rows:,} rows of {meta.num_columns} columns, at least "
+                                        f"{decoded} bytes once read, past"), fpath)
     if uncompressed > limit:
         raise InputError(limits.too_big(f"{'table' if whole_table else 'a row group'} decompresses to "
                                          f"{uncompressed} bytes, past"), fpath)

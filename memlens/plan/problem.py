@@ -105,6 +105,9 @@ class PlanProblem:
                            self.table[mask].reset_index(drop=True), self.device, self.source)
 
 
+MAX_FOOTPRINT = float(2**62)  # bytes: room for offsets + sizes in int64 arithmetic
+
+
 def _aligned(values: np.ndarray, alignment: int) -> np.ndarray:
     if alignment < 1:
         raise InputError(f"alignment must be a positive number of bytes, got {alignment}")
@@ -130,13 +133,27 @@ def problem_from_frame(df: pd.DataFrame, alignment: int = 1, source: str = "fram
     for col in ATTRIBUTION_COLUMNS:
         if col in df.columns:
             table[col] = df[col].to_numpy()
-    return PlanProblem(start, end, size, _aligned(align, alignment), table, None, source)
+    align = _aligned(align, alignment)
+    # offsets are int64: a layout of every buffer end to end, each padded to its alignment, must fit (an
+    # int64-max size would overflow into a wrong plan or a crash, issue 26)
+    if (align < 1).any():
+        raise InputError("buffer table has an alignment below 1 byte")
+    footprint = float(np.maximum(size, align).astype(np.float64).sum() + align.astype(np.float64).sum())
+    if footprint >= MAX_FOOTPRINT:
+        raise InputError(f"buffer sizes (with their alignment) add up to {footprint:.3g} bytes, beyond the "
+                         f"{MAX_FOOTPRINT:.3g} bytes an int64 plan can lay out")
+    return PlanProblem(start, end, size, align, table, None, source)
 
 
 def problem_from_csv(path, alignment: int = 1) -> PlanProblem:
     """A problem from a MiniMalloc CSV file (``id,lower,upper,size[,alignment]``)."""
     from memlens.io.lifetimes_csv import read_lifetimes_csv
-    return problem_from_frame(read_lifetimes_csv(path), alignment, source=str(path))
+    try:
+        return problem_from_frame(read_lifetimes_csv(path), alignment, source=str(path))
+    except InputError as exc:  # name the file, as every input error does
+        if exc.path is None:
+            raise InputError(exc.message, path) from None
+        raise
 
 
 def _iteration_window(trace, iteration: int) -> tuple[int, int]:

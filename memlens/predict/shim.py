@@ -94,11 +94,19 @@ def build(verbose: bool = False) -> Path:
     if path.exists():
         return path
     out = build_dir()
-    out.mkdir(parents=True, exist_ok=True)
     code = ("import sys; from torch.utils.cpp_extension import load; "
             f"load({EXTENSION_NAME!r}, [sys.argv[1]], build_directory=sys.argv[2], verbose={bool(verbose)}, "
             "extra_cflags=['-O2'])")
-    proc = subprocess.run([sys.executable, "-c", code, str(SOURCE), str(out)], capture_output=True, text=True)
+    from memlens.buildlock import BuildBusy, build_lock
+    try:
+        # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
+        with build_lock(out, "the fake-CUDA shim", library=path):
+            if path.exists():  # built by the process we waited for
+                return path
+            proc = subprocess.run([sys.executable, "-c", code, str(SOURCE), str(out)], capture_output=True,
+                                  text=True)
+    except BuildBusy as exc:
+        raise ShimError(str(exc)) from None
     if proc.returncode != 0 or not path.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise ShimError(f"could not build the fake-CUDA shim in {out} (needs a C++ compiler and torch's "

@@ -34,10 +34,19 @@ class TraceFiles:
 
     @classmethod
     def open(cls, path) -> "TraceFiles":
-        """Read and check the manifest of the trace directory `path` (no table data is read)."""
+        """Read and check the manifest of the trace directory `path` (no table data is read). Holds the
+        shared lock of its folder meanwhile, as `load_trace` does, so that a concurrent save is seen whole
+        (the tables read later are read as they are then)."""
+        from memlens.tracedir import _dir_lock, settle
+        path = Path(path)
+        settle(path)  # a save in progress or killed: wait for it / recover it
+        with _dir_lock(path.parent, exclusive=False):
+            return cls._open_locked(path)
+
+    @classmethod
+    def _open_locked(cls, path: Path) -> "TraceFiles":
         import pyarrow.parquet as pq
         from memlens.io.store import FORMAT_NAME, MANIFEST, check_metadata, check_table_file
-        path = Path(path)
         if not path.exists():
             raise InputError("no such file or directory", path)
         mpath = path / MANIFEST

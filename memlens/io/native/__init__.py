@@ -8,6 +8,8 @@ happens once per machine. `load()` raises `NativeUnavailable` with the reason wh
 the reader then uses the Python walker, which gives the same decisions and the same results.
 
 ``MEMLENS_PICKLE_WALKER=python`` selects the Python walker (``compiled``, the default, falls back to it).
+``MEMLENS_WALKER_SANITIZE=1`` builds it with AddressSanitizer and UBSan (a separate cache entry; load it with
+``LD_PRELOAD=$(c++ -print-file-name=libasan.so)``): for the fuzz runs of tests/fuzz_walker.py.
 """
 from __future__ import annotations
 
@@ -22,7 +24,10 @@ import sysconfig
 import tempfile
 import threading
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stream_walk.cpp")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "stream_walk.cpp")
+# included by stream_walk.cpp (one translation unit): part of the cache key
+_HEADERS = [os.path.join(_HERE, name) for name in ("keyed_hash.h", "frame_table.h", "read_slots.h", "walk.h")]
 _NAME = "memlens_stream_walk"
 _CFLAGS = ["-O2", "-std=c++17", "-fPIC", "-shared"]
 _lock = threading.Lock()
@@ -40,9 +45,19 @@ def walker() -> str:
     return "python" if name == "python" else "compiled"
 
 
+_SANITIZE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]
+
+
+def _flags() -> list[str]:
+    return _CFLAGS + (_SANITIZE if os.environ.get("MEMLENS_WALKER_SANITIZE") == "1" else [])
+
+
 def _library_path() -> str:
-    with open(_SOURCE, "rb") as f:
-        digest = hashlib.sha256(f.read() + repr(_CFLAGS).encode()).hexdigest()[:12]
+    sha = hashlib.sha256()
+    for source in [_SOURCE, *_HEADERS]:
+        with open(source, "rb") as f:
+            sha.update(f.read())
+    digest = hashlib.sha256(sha.digest() + repr(_flags()).encode()).hexdigest()[:12]
     root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
     tag = f"stream_walk-{sys.implementation.cache_tag}-{digest}"
@@ -60,7 +75,7 @@ def _build(path: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".so.tmp")
     os.close(fd)
     try:
-        cmd = [compiler, *_CFLAGS, "-I", sysconfig.get_paths()["include"], _SOURCE, "-o", tmp]
+        cmd = [compiler, *_flags(), "-I", sysconfig.get_paths()["include"], _SOURCE, "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -84,7 +99,10 @@ def load():
         try:
             path = _library_path()
             if not os.path.exists(path):
-                _build(path)
+                from memlens.buildlock import build_lock
+                with build_lock(os.path.dirname(path), "the compiled snapshot walker", library=path):
+                    if not os.path.exists(path):  # not built meanwhile by the process we waited for
+                        _build(path)
             loader = importlib.machinery.ExtensionFileLoader(_NAME, path)
             spec = importlib.util.spec_from_file_location(_NAME, path, loader=loader)
             module = importlib.util.module_from_spec(spec)

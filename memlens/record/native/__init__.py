@@ -13,6 +13,8 @@ import shutil
 import sys
 import threading
 
+from memlens.buildlock import build_lock
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "recorder.cpp")
 _HEADERS = [os.path.join(_HERE, "op_stacks.h")]   # included by recorder.cpp: part of the cache key
@@ -63,9 +65,10 @@ def load(verbose: bool = False):
         try:
             from torch.utils.cpp_extension import load as _load
             path = build_dir()
-            os.makedirs(path, exist_ok=True)
-            _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
-                            extra_cflags=_CFLAGS, verbose=verbose)
+            # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
+            with build_lock(path, "the compiled recorder", library=os.path.join(path, "memlens_recorder.so")):
+                _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
+                                extra_cflags=_CFLAGS, verbose=verbose)
         except Exception as exc:   # a missing ninja, a compile error, a failed import: say so once
             _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
             raise NativeUnavailable(_error) from exc
