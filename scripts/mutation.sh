@@ -8,8 +8,13 @@
 #                                     mutmut's results. --patch DIFF: only the lines that unified diff adds
 #                                     (a scope: e.g. the functions under test). mutmut edits the files in
 #                                     place while it runs: run it in a copy of the tree if you keep working.
+#                                     Ends with the score per module (killed / timed out / survived /
+#                                     other, from mutmut's cache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the tests must import the mutated files of THIS tree, also in a worktree or a copy whose venv has
+# another checkout installed
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-.venv/bin/python}"
 [ -x "$PY" ] || PY=python3
 if [ "${1:-}" = "--spot" ]; then
@@ -36,3 +41,18 @@ paths=$(IFS=,; echo "${modules[*]}")
   --runner "$PY -m pytest -x -q -p no:cacheprovider $tests" \
   || true  # mutmut exits non-zero when mutants survive; the results below say which
 "$PY" -m mutmut results
+"$PY" - <<'SCORE'
+import sqlite3
+rows = sqlite3.connect(".mutmut-cache").execute(
+    "SELECT f.filename, m.status, COUNT(*) FROM Mutant m JOIN Line l ON m.line = l.id "
+    "JOIN SourceFile f ON l.sourcefile = f.id GROUP BY f.filename, m.status").fetchall()
+score = {}
+for name, status, n in rows:
+    score.setdefault(name, {})[status] = n
+for name, by in sorted(score.items()):
+    total = sum(by.values())
+    killed = by.get("ok_killed", 0)
+    print(f"{name}: {total} mutants, {killed} killed, {by.get('bad_timeout', 0)} timed out, "
+          f"{by.get('bad_survived', 0)} survived, {total - killed - by.get('bad_timeout', 0) - by.get('bad_survived', 0)} "
+          "other (suspicious / untested / skipped)")
+SCORE
