@@ -51,8 +51,8 @@ for name, status, n in rows:
     score.setdefault(name, {})[status] = n
 for name, by in sorted(score.items()):
     total = sum(by.values())
-    killed = by.get("ok_killed", 0)
+    killed = by.get("ok_killed", 0) + by.get("ok_suspicious", 0)   # suspicious: killed, but slowly
     print(f"{name}: {total} mutants, {killed} killed, {by.get('bad_timeout', 0)} timed out, "
           f"{by.get('bad_survived', 0)} survived, {total - killed - by.get('bad_timeout', 0) - by.get('bad_survived', 0)} "
-          "other (suspicious / untested / skipped)")
+          "other (untested / skipped)")
 SCORE
