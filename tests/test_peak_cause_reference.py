@@ -130,7 +130,7 @@ def test_stack_lines_limits_and_missing():
     assert stack_lines(stacks, 99) == []
 
 
-# ---- block sites: hand-made and brute force ---------------------------------------------------------------
+# ---- block sites and site groups, by hand ------------------------------------------------------------------
 def _blocks_trace(rows: list[dict], stacks: pd.DataFrame | None, location: list[str] | None = None,
                   metadata: dict | None = None, **tables) -> Trace:
     b = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
@@ -172,79 +172,6 @@ def test_block_sites_every_rule():
     assert block_sites(_blocks_trace(rows, None)).tolist()[:2] == ["blk aten::mm", "blk aten::mm"]
 
 
-FILES = ["/home/u/train.py", "C:\\proj\\model.py", "/env/site-packages/torch/nn/functional.py",
-         "torch/autograd/__init__.py", "", "libc10_cuda.so", "/u/torchvision/ops.py"]
-
-
-@st.composite
-def blocks_and_stacks(draw):
-    """Blocks with distinct power-of-two sizes (no two groups of them sum alike: no ties to break), random
-    categories / ops / modules / stacks / locations, on two devices; stacks of random frames."""
-    n_stacks = draw(st.integers(0, 4))
-    frames = {}
-    for sid in range(n_stacks):
-        frames[10 + sid] = [(draw(st.sampled_from(["f", "g", "step"])), draw(st.sampled_from(FILES)),
-                             draw(st.integers(0, 3))) for _ in range(draw(st.integers(1, 4)))]
-    n = draw(st.integers(1, 9))
-    exps = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True))
-    rows, locations = [], []
-    for i in range(n):
-        rows.append(_row(50 + i, 1 << exps[i], category=draw(st.sampled_from(["unknown", "parameter", "activation"])),
-                         op=draw(st.sampled_from(["", "aten::mm", "aten::add"])),
-                         module=draw(st.sampled_from(["", "blk"])),
-                         stack_id=draw(st.sampled_from([None, 10, 11, 12, 13, 99])),
-                         before=draw(st.booleans()), alloc=i,
-                         device=draw(st.sampled_from(["cuda:0", "cuda:0", "cpu"]))))
-        locations.append(draw(st.sampled_from(["", "", "", "loc.py:1 h"])))
-    with_location = draw(st.booleans())
-    return rows, (_stacks(frames) if frames or draw(st.booleans()) else None), \
-        (locations if with_location else None), frames
-
-
-def reference_site(row, location, frames):
-    if location:
-        return location
-    for name, filename, line in frames.get(row["stack_id"], []) if row["stack_id"] is not None else []:
-        f = filename.replace("\\", "/")
-        if f.endswith(".py") and "/torch/" not in f and not f.startswith("torch/"):
-            return f"{f.split('/')[-1]}:{line} {name}"
-    if row["op"]:
-        return f"{row['module']} {row['op']}" if row["module"] else f"{row['op']} (no Python frame)"
-    if row["allocated_before"]:
-        return ("(alive before recording)" if row["category"] == "unknown"
-                else f"(alive before recording: {row['category']})")
-    return "(no stack)"
-
-
-@SETTINGS
-@given(blocks_and_stacks(), st.sampled_from([None, "cuda:0", "cpu"]), st.sampled_from(["site", "stack"]))
-def test_sites_match_the_brute_force_reference(case, device, by):
-    rows, stacks, locations, frames = case
-    trace = _blocks_trace(rows, stacks, location=locations)
-    labels = [reference_site(r, (locations or [""] * len(rows))[i], frames) for i, r in enumerate(rows)]
-    assert block_sites(trace).tolist() == labels
-    groups: dict[str, list[dict]] = {}
-    for label, r in zip(labels, rows):
-        if device is not None and r["device"] != device:
-            continue
-        key = label if by == "site" or r["stack_id"] is None else f"{label} [stack {r['stack_id']}]"
-        groups.setdefault(key, []).append(r)
-    out = sites(trace, device=device, by=by)
-    assert list(out.columns) == ["site", "bytes", "blocks", "category", "op", "stack_id"]
-    expected = []
-    for key, members in groups.items():
-        by_cat: dict[str, int] = {}
-        for r in members:
-            by_cat[r["category"]] = by_cat.get(r["category"], 0) + r["size"]
-        largest = max(members, key=lambda r: r["size"])
-        expected.append((key, sum(r["size"] for r in members), len(members), max(by_cat, key=by_cat.get),
-                         largest["op"], -1 if largest["stack_id"] is None else largest["stack_id"]))
-    expected.sort(key=lambda e: -e[1])
-    got = [(r.site, int(r.bytes), int(r.blocks), r.category, r.op, -1 if pd.isna(r.stack_id) else int(r.stack_id))
-           for r in out.itertuples()]
-    assert got == expected
-
-
 def test_sites_arguments_and_empty():
     trace = _blocks_trace([_row(0, 4, op="aten::mm", stack_id=3)], None)
     with pytest.raises(ValueError, match="by must be 'site' or 'stack', got 'line'"):
@@ -257,8 +184,8 @@ def test_sites_arguments_and_empty():
 
 def test_sites_break_ties_by_block_count():
     # equal bytes: the site with more blocks first; equal both: the order the blocks came in
-    trace = _blocks_trace([_row(0, 4, op="a"), _row(1, 2, op="b"), _row(2, 2, op="b"), _row(3, 4, op="c")], None)
-    assert sites(trace)["site"].tolist() == ["b (no Python frame)", "a (no Python frame)", "c (no Python frame)"]
+    trace = _blocks_trace([_row(0, 4, op="z"), _row(1, 2, op="b"), _row(2, 2, op="b"), _row(3, 4, op="c")], None)
+    assert sites(trace)["site"].tolist() == ["b (no Python frame)", "z (no Python frame)", "c (no Python frame)"]
     # the category holding the most bytes of a site; on a tie, the first block's
     trace = _blocks_trace([_row(0, 1, "gradient", op="a"), _row(1, 2, "parameter", op="a"),
                            _row(2, 2, "gradient", op="a"), _row(3, 3, "activation", op="a")], None)
@@ -390,6 +317,20 @@ def test_peak_cause_lists_four_others_and_sums_the_rest():
     assert len(c.top_sites) == 8 and c.top_sites[0] == {"site": "aten::a (no Python frame)", "bytes": 6 * MiB}
 
 
+def test_peak_cause_orders_the_rest_by_bytes_and_names_exactly_four():
+    # 6 MiB of gradients made during the recording by aten::g, on 4 MiB of gradients, 5 MiB of parameters,
+    # 3 MiB of optimizer state and 2 MiB of inputs from before it: the gradients left (4 MiB) come after the
+    # parameters (5 MiB) although there are more gradients in all (10 MiB); four others, none "more"
+    rows = [_row(0, 6 * MiB, "gradient", op="aten::g", alloc=2000), _row(1, 4 * MiB, "gradient", before=True),
+            _row(2, 5 * MiB, "parameter", before=True), _row(3, 3 * MiB, "optimizer_state", before=True),
+            _row(4, 2 * MiB, "input", before=True)]
+    c = peak_cause(_blocks_trace(rows, None))["cuda:0"]
+    assert c.by_category == {"gradient": 10 * MiB, "parameter": 5 * MiB, "optimizer_state": 3 * MiB, "input": 2 * MiB}
+    assert c.cause == ("The peak of cuda:0 (20.0 MiB) is reached at 2.0 us: gradients allocated during the "
+                       "recording (6.0 MiB by aten::g) on top of parameters (5.0 MiB), gradients (4.0 MiB), "
+                       "optimizer state (3.0 MiB), inputs (2.0 MiB).")
+
+
 def test_peak_cause_when_everything_predates_the_recording():
     # a final state only: every live block was allocated before recording; five categories, four named
     rows = [_row(i, size, cat, before=True) for i, (cat, size) in enumerate(
@@ -401,3 +342,77 @@ def test_peak_cause_when_everything_predates_the_recording():
     assert c.cause == ("The peak of cuda:0 (15.5 MiB) is reached at 0 ns: everything live then was allocated "
                        "before recording began (parameters 8.0 MiB, optimizer state 4.0 MiB, gradients 2.0 MiB, "
                        "activations 1.0 MiB).")
+
+
+# ---- brute force over small random blocks and stacks (last: the slowest) -----------------------------
+FILES = ["/home/u/train.py", "C:\\proj\\model.py", "/env/site-packages/torch/nn/functional.py",
+         "torch/autograd/__init__.py", "", "libc10_cuda.so", "/u/torchvision/ops.py"]
+
+
+@st.composite
+def blocks_and_stacks(draw):
+    """Blocks with distinct power-of-two sizes (no two groups of them sum alike: no ties to break), random
+    categories / ops / modules / stacks / locations, on two devices; stacks of random frames."""
+    n_stacks = draw(st.integers(0, 4))
+    frames = {}
+    for sid in range(n_stacks):
+        frames[sid] = [(draw(st.sampled_from(["f", "g", "step"])), draw(st.sampled_from(FILES)),
+                             draw(st.integers(0, 3))) for _ in range(draw(st.integers(1, 4)))]
+    n = draw(st.integers(1, 9))
+    exps = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n, unique=True))
+    rows, locations = [], []
+    for i in range(n):
+        rows.append(_row(50 + i, 1 << exps[i], category=draw(st.sampled_from(["unknown", "parameter", "activation"])),
+                         op=draw(st.sampled_from(["", "aten::mm", "aten::add"])),
+                         module=draw(st.sampled_from(["", "blk"])),
+                         stack_id=draw(st.sampled_from([None, 0, 1, 2, 3, 99])),
+                         before=draw(st.booleans()), alloc=i,
+                         device=draw(st.sampled_from(["cuda:0", "cuda:0", "cpu"]))))
+        locations.append(draw(st.sampled_from(["", "", "", "loc.py:1 h"])))
+    with_location = draw(st.booleans())
+    return rows, (_stacks(frames) if frames or draw(st.booleans()) else None), \
+        (locations if with_location else None), frames
+
+
+def reference_site(row, location, frames):
+    if location:
+        return location
+    for name, filename, line in frames.get(row["stack_id"], []) if row["stack_id"] is not None else []:
+        f = filename.replace("\\", "/")
+        if f.endswith(".py") and "/torch/" not in f and not f.startswith("torch/"):
+            return f"{f.split('/')[-1]}:{line} {name}"
+    if row["op"]:
+        return f"{row['module']} {row['op']}" if row["module"] else f"{row['op']} (no Python frame)"
+    if row["allocated_before"]:
+        return ("(alive before recording)" if row["category"] == "unknown"
+                else f"(alive before recording: {row['category']})")
+    return "(no stack)"
+
+
+@SETTINGS
+@given(blocks_and_stacks(), st.sampled_from([None, "cuda:0", "cpu"]), st.sampled_from(["site", "stack"]))
+def test_sites_match_the_brute_force_reference(case, device, by):
+    rows, stacks, locations, frames = case
+    trace = _blocks_trace(rows, stacks, location=locations)
+    labels = [reference_site(r, (locations or [""] * len(rows))[i], frames) for i, r in enumerate(rows)]
+    assert block_sites(trace).tolist() == labels
+    groups: dict[str, list[dict]] = {}
+    for label, r in zip(labels, rows):
+        if device is not None and r["device"] != device:
+            continue
+        key = label if by == "site" or r["stack_id"] is None else f"{label} [stack {r['stack_id']}]"
+        groups.setdefault(key, []).append(r)
+    out = sites(trace, device=device, by=by)
+    assert list(out.columns) == ["site", "bytes", "blocks", "category", "op", "stack_id"]
+    expected = []
+    for key, members in groups.items():
+        by_cat: dict[str, int] = {}
+        for r in members:
+            by_cat[r["category"]] = by_cat.get(r["category"], 0) + r["size"]
+        largest = max(members, key=lambda r: r["size"])
+        expected.append((key, sum(r["size"] for r in members), len(members), max(by_cat, key=by_cat.get),
+                         largest["op"], -1 if largest["stack_id"] is None else largest["stack_id"]))
+    expected.sort(key=lambda e: -e[1])
+    got = [(r.site, int(r.bytes), int(r.blocks), r.category, r.op, -1 if pd.isna(r.stack_id) else int(r.stack_id))
+           for r in out.itertuples()]
+    assert got == expected
