@@ -195,6 +195,19 @@ def test_sites_break_ties_by_block_count():
     assert sites(trace).iloc[0]["category"] == "input"
 
 
+def test_peak_cause_record_defaults_to_no_sites():
+    cause = PeakCause(device="cuda:0", allocated_bytes=5, reserved_bytes=None, peak_ns=7, by_category={"input": 5},
+                      phase="", pushed={}, cause="x.")
+    assert cause.top_sites == []
+    assert cause.to_json() == {"allocated_bytes": 5, "reserved_bytes": None, "by_category": {"input": 5},
+                               "cause": "x.", "phase": "", "peak_ns": 7, "top_sites": []}
+    # each record its own list
+    other = PeakCause(device="cuda:1", allocated_bytes=0, reserved_bytes=None, peak_ns=0, by_category={},
+                      phase="", pushed={}, cause="")
+    other.top_sites.append({"site": "s", "bytes": 1})
+    assert cause.top_sites == []
+
+
 # ---- the phase of a moment ---------------------------------------------------------------------------------
 def test_phase_of_takes_the_latest_starting_phase_holding_the_moment():
     phases = [{"name": "forward", "start_ns": 0, "end_ns": 100}, {"name": "backward", "start_ns": 100, "end_ns": 200},
