@@ -75,9 +75,11 @@ def test_stack_sites_innermost_user_frame():
         8: [("add", "torch/_tensor.py", 40), ("exec", "<frozen runpy>", 0)],
         # not .py: a C++ frame named like a file is skipped
         9: [("x", "/home/u/ext.cpp", 1), ("y", "/home/u/a.py", 2)],
+        # a bare file name, no directory
+        0: [("main", "run.py", 4)],
     })
     labels = stack_sites(stacks)
-    assert labels.to_dict() == {3: "train.py:12 step", 5: "model.py:7 fwd", 9: "a.py:2 y"}
+    assert labels.to_dict() == {3: "train.py:12 step", 5: "model.py:7 fwd", 9: "a.py:2 y", 0: "run.py:4 main"}
     assert len(stack_sites(None)) == 0 and len(stack_sites(stacks.iloc[:0])) == 0
 
 
@@ -107,8 +109,8 @@ def test_stack_lines_by_hand():
     # PyObject_Call and _start are glue between / after Python frames with no op or engine: left out;
     # the first run's label without an op is its last frame's name up to "(" (at most 60 characters)
     long = "v" * 70 + "(args)"
-    stacks = _stacks({2: [("first(int)", "", 0), (long, "", 0), ("f", "m.py", 1)]})
-    assert stack_lines(stacks, 2) == ["... 2 C++ frames (" + "v" * 60 + ")", "f (m.py:1)"]
+    stacks = _stacks({2: [("first(int)", "", 0), ("second(int)", "", 0), (long, "", 0), ("f", "m.py", 1)]})
+    assert stack_lines(stacks, 2) == ["... 3 C++ frames (" + "v" * 60 + ")", "f (m.py:1)"]
     # "at::_ops::NAME::call" must start the name and end at a word boundary: neither names an op here, so
     # the first run is labelled by its last frame
     stacks = _stacks({4: [("x at::_ops::mm::call()", "", 0), ("at::_ops::mm::callable()", "", 0),
@@ -302,6 +304,41 @@ def test_peak_cause_at_an_iteration_start_is_in_the_iteration_it_starts():
     assert c.peak_ns == 100
     assert c.cause == ("The peak of cuda:0 (3.0 MiB) is reached in iteration 1 (at 100 ns): gradients allocated "
                        "in it (2.0 MiB by aten::b) on top of activations (1.0 MiB).")
+
+
+def _marked_ops(*starts):
+    """One op per iteration marker (memlens.step()), starting at `starts`."""
+    return pd.DataFrame({"op_id": range(len(starts)), "name": "aten::a", "start_ns": list(starts),
+                         "end_ns": [s + 10 for s in starts], "iteration": range(len(starts))})
+
+
+def test_peak_cause_in_the_iteration_that_holds_it_not_a_later_one():
+    # iterations 0 [0, 100) and 1 [100, ...]; 5 MiB at 5 (freed at 50) is the peak, in iteration 0; 1 MiB at
+    # 105 keeps iteration 1 (an iteration without allocations would be dropped)
+    rows = [_row(0, 5 * MiB, "activation", op="aten::a", alloc=5, free=50), _row(1, 1 * MiB, "input", alloc=105)]
+    c = peak_cause(_blocks_trace(rows, None, ops=_marked_ops(0, 100)))["cuda:0"]
+    assert c.cause == ("The peak of cuda:0 (5.0 MiB) is reached in iteration 0 (at 5 ns): activations allocated "
+                       "in it (5.0 MiB by aten::a).")
+
+
+def test_peak_cause_at_the_last_instant_of_the_last_iteration():
+    # the peak (1 + 2 MiB) comes with the trace's last stamp, 150 ns: the last iteration [100, 150] holds it
+    rows = [_row(0, 1 * MiB, "input", alloc=5), _row(1, 2 * MiB, "activation", op="aten::b", alloc=150)]
+    c = peak_cause(_blocks_trace(rows, None, ops=_marked_ops(0, 100)))["cuda:0"]
+    assert c.cause == ("The peak of cuda:0 (3.0 MiB) is reached in iteration 1 (at 150 ns): activations allocated "
+                       "in it (2.0 MiB by aten::b) on top of inputs (1.0 MiB).")
+
+
+def test_peak_cause_with_phases_ignores_iterations():
+    # the trace names its phases (a snapshot's annotations or frames): the peak at 150 ns lies in none of
+    # them, so it is placed in time only, with what was allocated during the recording -- the iterations
+    # the ops mark are not used (with phases, they would be the phases' own repeats, e.g. a layer loop)
+    rows = [_row(0, 1 * MiB, "input", before=True), _row(1, 2 * MiB, "activation", op="aten::b", alloc=150)]
+    phases = [{"name": "forward", "start_ns": 0, "end_ns": 90}]
+    c = peak_cause(_blocks_trace(rows, None, ops=_marked_ops(0, 100), metadata={"phases": phases}))["cuda:0"]
+    assert c.phase == ""
+    assert c.cause == ("The peak of cuda:0 (3.0 MiB) is reached at 150 ns: activations allocated during the "
+                       "recording (2.0 MiB by aten::b) on top of inputs (1.0 MiB).")
 
 
 def test_peak_cause_without_phases_or_iterations_by_hand():
