@@ -192,10 +192,15 @@ def test_reserved_curves_lists_every_device_that_has_one():
               {"block_id": 2, "device": "cpu", "size": 6, "alloc_ns": 50, "free_ns": 70, "alloc_seq": 2,
                "free_seq": 3, "allocated_before": False}]
     # cuda:0: final segments; cuda:1: only in the segments (no block); cuda:2: only segment events (no block,
-    # no final state: not a device of the trace, so not listed); cpu: nothing
-    events = [_ev(4, 60, "segment_alloc", 5, device="cuda:2")]
+    # no final state: not a device of the trace, so not listed); cuda:3: a block and segment events but no
+    # final segments (listed beside the devices of the final state); cpu: nothing
+    blocks = blocks + [{"block_id": 3, "device": "cuda:3", "size": 2, "alloc_ns": 55, "free_ns": None,
+                        "alloc_seq": 5, "free_seq": None, "allocated_before": False}]
+    events = [_ev(4, 60, "segment_alloc", 5, device="cuda:2"), _ev(6, 65, "segment_alloc", 4, device="cuda:3")]
     curves = reserved_curves(_trace(blocks, events, [(DEV, 8), ("cuda:1", 16)]))
-    assert list(curves) == [DEV, "cuda:1"]
+    assert list(curves) == [DEV, "cuda:1", "cuda:3"]
+    # cuda:3: 2 bytes live from seq 5, before its +4 at seq 6: the start is raised to 2
+    assert curves["cuda:3"].reserved.tolist() == [2, 6] and curves["cuda:3"].seq.tolist() == [-1, 6]
     assert all(isinstance(c, ReservedCurve) for c in curves.values())
     assert curves[DEV].reserved.tolist() == [8, 8] and curves["cuda:1"].reserved.tolist() == [16, 16]
     assert curves["cuda:1"].t_ns.tolist() == [50, 70]
