@@ -176,7 +176,7 @@ def test_block_sites_every_rule():
 
 def test_sites_arguments_and_empty():
     trace = _blocks_trace([_row(0, 4, op="aten::mm", stack_id=3)], None)
-    with pytest.raises(ValueError, match="by must be 'site' or 'stack', got 'line'"):
+    with pytest.raises(ValueError, match=r"^by must be 'site' or 'stack', got 'line'$"):
         sites(trace, by="line")
     empty = sites(trace, device="cuda:7")
     assert len(empty) == 0 and list(empty.columns) == ["site", "bytes", "blocks", "category", "op", "stack_id"]
