@@ -381,6 +381,14 @@ def test_peak_cause_orders_the_rest_by_bytes_and_names_exactly_four():
                        "optimizer state (3.0 MiB), inputs (2.0 MiB).")
 
 
+def test_peak_cause_names_a_single_byte_on_top():
+    # 2 MiB of activations at 20 ns on one byte of input from before the recording: 2 MiB + 1 B is "2.0 MiB"
+    rows = [_row(0, 2 * MiB, "activation", op="aten::b", alloc=20), _row(1, 1, "input", before=True)]
+    c = peak_cause(_blocks_trace(rows, None))["cuda:0"]
+    assert c.cause == ("The peak of cuda:0 (2.0 MiB) is reached at 20 ns: activations allocated during the "
+                       "recording (2.0 MiB by aten::b) on top of inputs (1 B).")
+
+
 def test_peak_cause_when_everything_predates_the_recording():
     # a final state only: every live block was allocated before recording; five categories, four named
     rows = [_row(i, size, cat, before=True) for i, (cat, size) in enumerate(
