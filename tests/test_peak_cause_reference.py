@@ -367,6 +367,19 @@ def test_peak_cause_lists_four_others_and_sums_the_rest():
     assert len(c.top_sites) == 8 and c.top_sites[0] == {"site": "aten::a (no Python frame)", "bytes": 6 * MiB}
 
 
+def test_peak_cause_with_five_others_names_four_and_one_more():
+    # as above without the temporaries: five others, the fifth (workspaces, 1 MiB) is the "more"
+    rows = [_row(0, 6 * MiB, "activation", op="aten::a", alloc=2000),
+            _row(1, 4 * MiB, "activation", op="aten::b", alloc=2100)]
+    for i, (cat, size) in enumerate([("parameter", 5 * MiB), ("gradient", 4 * MiB), ("optimizer_state", 3 * MiB),
+                                     ("input", 2 * MiB), ("workspace", 1 * MiB)]):
+        rows.append(_row(10 + i, size, cat, before=True))
+    c = peak_cause(_blocks_trace(rows, None))["cuda:0"]
+    assert c.cause == ("The peak of cuda:0 (25.0 MiB) is reached at 2.1 us: activations allocated during the "
+                       "recording (10.0 MiB, 6.0 MiB of it by aten::a) on top of parameters (5.0 MiB), gradients "
+                       "(4.0 MiB), optimizer state (3.0 MiB), inputs (2.0 MiB) and 1.0 MiB more.")
+
+
 def test_peak_cause_orders_the_rest_by_bytes_and_names_exactly_four():
     # 6 MiB of gradients made during the recording by aten::g, on 4 MiB of gradients, 5 MiB of parameters,
     # 3 MiB of optimizer state and 2 MiB of inputs from before it: the gradients left (4 MiB) come after the
