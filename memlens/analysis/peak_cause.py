@@ -194,8 +194,11 @@ def peak_cause(trace, top_sites: int = TOP_SITES) -> dict[str, PeakCause]:
         elif iterations is not None and str(iterations["source"].iloc[0]) != "none":
             hit = iterations[(iterations["start_ns"] <= pb.peak_ns) & (iterations["end_ns"] >= pb.peak_ns)]
             if len(hit):
-                start = int(hit["start_ns"].iloc[0])
-                where = f"in iteration {int(hit['iteration'].iloc[0])} (at {format_ns(pb.peak_ns)})"
+                # at the instant one iteration ends and the next starts, the peak is in the one it starts
+                # (iterations run from their start to the next one's), as `_phase_of` takes the later phase
+                hit = hit.sort_values("start_ns", kind="stable").iloc[-1]
+                start = int(hit["start_ns"])
+                where = f"in iteration {int(hit['iteration'])} (at {format_ns(pb.peak_ns)})"
         alloc = live["alloc_ns"].to_numpy("float64", na_value=-np.inf)
         # what the phase / iteration added, or without either what was allocated during the recording
         new = alloc >= start if start is not None else ~live["allocated_before"].to_numpy(dtype=bool)
