@@ -32,7 +32,10 @@ def _bounds_around_peak(trace, device: str, max_blocks: int, iterations: pd.Data
     i_peak = int(np.argmax(curve["live"].to_numpy()))
     t_peak = int(curve["t_ns"].iloc[i_peak])
     if iterations is not None and len(iterations) and str(iterations["source"].iloc[0]) != "none":
-        hit = iterations[(iterations["start_ns"] <= t_peak) & (iterations["end_ns"] >= t_peak)]
+        # iterations are [start, end): a peak at the instant one starts is in the one it starts
+        its = iterations.sort_values("start_ns", kind="stable")
+        pos = int(np.searchsorted(its["start_ns"].to_numpy(np.int64), t_peak, side="right")) - 1
+        hit = its.iloc[pos:pos + 1] if pos >= 0 and int(its["end_ns"].iloc[pos]) >= t_peak else its.iloc[:0]
         if len(hit):
             t0, t1 = int(hit["start_ns"].iloc[0]), int(hit["end_ns"].iloc[0])
             lt = trace.lifetimes()
