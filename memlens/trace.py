@@ -19,7 +19,7 @@ Tables (required columns and dtypes in `SCHEMA`; extra columns are allowed and k
 ``ops``: op_id (int64), name (str), start_ns / end_ns (int64), module (str), iteration (Int64); cost facts
     (optional: filled with 0 / "" when a source lacks them, e.g. imported traces): flops (int64),
     bytes_read / bytes_written (int64, bytes), dtype (str, dominant compute dtype), shapes (str, e.g.
-    ``"bf16[141,512],bf16[512,512]->bf16[141,512]"``); see `memlens.record.costs`.
+    ``"bf16[141,512],bf16[512,512]->bf16[141,512]"``); see `memlens.opfacts.costs`.
 ``segments`` (optional): allocator segments at the end of the recording (snapshot imports)
 ``segment_blocks`` (optional): the blocks inside those segments, with their state
 ``events`` (optional): raw allocator events (segment_alloc, segment_free, oom, ...), in order
