@@ -5,7 +5,8 @@ trace of a few GB that is the text plus several times it in Python objects, most
 flow events the importer never looks at. `read_kineto_filtered` decodes the file a piece (1 MiB) at a time
 with the standard library's JSON decoder, one ``traceEvents`` element at a time, and keeps only the events
 `memlens.io.kineto.kineto_to_trace` reads: ``[memory]`` instants and the complete (``ph == "X"``) spans of
-ops, ``nn.Module:`` calls and ``ProfilerStep#`` ranges, each with only the fields it reads (`slim_event`).
+ops, ``nn.Module:`` calls, ``ProfilerStep#`` ranges, runtime calls and GPU kernels / copies / memsets, each
+with only the fields it reads (`slim_event`).
 The top-level keys other than ``traceEvents`` are kept as they are. The `Trace` built from that is the one the in-memory import builds (tested), then saved as usual:
 the memory events and ops are still held whole (the attribution of each memory event to its innermost op on
 its thread needs every op).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from memlens import limits
 from memlens.errors import InputError, reading_file
+from memlens.io.kineto_ops import OP_CATEGORIES
 
 READ_CHARS = 1 << 20  # bytes read (and decoded) at a time
 MAX_VALUE_CHARS = 64 << 20  # longer than any one event: a value still undecodable this far on is bad JSON
@@ -27,7 +29,9 @@ MAX_VALUE_CHARS = 64 << 20  # longer than any one event: a value still undecodab
 
 def kept_by_the_importer(event) -> bool:
     """Whether `kineto_to_trace` reads `event`: a ``[memory]`` event, or a complete span of an op, module
-    call or profiler step (`memlens.io.kineto_ops`)."""
+    call or profiler step (`memlens.io.kineto_ops`), a runtime call or a GPU kernel / memcpy / memset
+    (`memlens.io.kineto_kernels`)."""
+    from memlens.io.kineto_kernels import ACTIVITY_CATEGORIES, RUNTIME_CATEGORIES
     from memlens.io.kineto_ops import _MODULE_PREFIX, _STEP_PREFIX, OP_CATEGORIES
     if type(event) is not dict:
         return False
@@ -36,21 +40,26 @@ def kept_by_the_importer(event) -> bool:
         return True
     if event.get("ph") != "X":
         return False
-    return event.get("cat") in OP_CATEGORIES or str(name if name is not None else "").startswith(
-        (_MODULE_PREFIX, _STEP_PREFIX))
+    cat = event.get("cat")
+    return cat in OP_CATEGORIES or str(cat or "").lower() in RUNTIME_CATEGORIES or \
+        str(cat or "").lower() in ACTIVITY_CATEGORIES or \
+        str(name if name is not None else "").startswith((_MODULE_PREFIX, _STEP_PREFIX))
 
 
 _EVENT_KEYS = ("name", "ph", "cat", "ts", "dur", "pid", "tid")  # what `kineto_to_trace` reads of an event
 _MEMORY_ARGS = ("Bytes", "Device Type", "Device Id", "Addr", "Total Allocated", "Total Reserved", "Ev Idx")
-_OP_ARGS = ("External id",)
+# ops: ids and the logged inputs (`memlens.io.kineto_facts.ARG_KEYS`); GPU events and runtime calls: the ids
+# that link them (`memlens.io.kineto_kernels`)
+_OP_ARGS = ("External id", "Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+_GPU_ARGS = ("External id", "external id", "correlation", "stream")
 _SHARED_VALUES = ("name", "ph", "cat", "pid", "tid")  # repeated from event to event: one object each
 
 
 def slim_event(event: dict, shared: dict) -> dict:
-    """A kept event with only the keys the importer reads (a real op's args carry input shapes, types and
-    values), its keys and repeated values the same objects across events (each decode makes its own
-    copies): a few hundred bytes instead of a few KB. `shared`: the distinct values seen so far.
-    Anything the importer would refuse (args that are not a dict) is kept as it is."""
+    """A kept event with only the keys the importer reads (a real op's args also carry call stacks and
+    ids it does not read; a kernel's carry grid, block and occupancy), its keys and repeated values the
+    same objects across events (each decode makes its own copies). `shared`: the distinct values seen so
+    far. Anything the importer would refuse (args that are not a dict) is kept as it is."""
     out = {}
     for key in _EVENT_KEYS:
         if key in event:
@@ -61,7 +70,8 @@ def slim_event(event: dict, shared: dict) -> dict:
     if "args" in event:
         args = event["args"]
         if type(args) is dict:
-            wanted = _MEMORY_ARGS if event.get("name") == "[memory]" else _OP_ARGS
+            name, cat = event.get("name"), event.get("cat")
+            wanted = _MEMORY_ARGS if name == "[memory]" else _OP_ARGS if cat in OP_CATEGORIES else _GPU_ARGS
             args = {key: args[key] for key in wanted if key in args}
         out["args"] = args
     return out
