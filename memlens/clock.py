@@ -125,12 +125,14 @@ def restamp(trace: Trace, start, end, clock: dict, *, op_columns: dict | None = 
 def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per op (rows of `ops`), the measured device interval from its ``kernel_start_ns`` /
     ``kernel_end_ns`` (trace ns): ops that launched nothing sit at zero length where the device is at
-    that point; starts are made non-decreasing in recorded order (one position per op even when
+    that point (a nested op, ``depth`` > 0 in an imported profile, where its parent's kernels began: not
+    after them); starts are made non-decreasing in recorded order (one position per op even when
     kernels of different streams overlap)."""
     n = len(ops)
     order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
     ks = ops["kernel_start_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
     ke = ops["kernel_end_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
+    nested = (ops["depth"].to_numpy() > 0)[order] if "depth" in ops.columns else np.zeros(n, dtype=bool)
     has = ~np.isnan(ks)
     first = ks[has].min() if has.any() else 0.0
     S = np.empty(n, dtype=np.int64)
@@ -142,7 +144,7 @@ def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
             e = max(int(ke[i]), s)
             pos_s, pos_e = s, max(pos_e, e)
         else:
-            s = e = max(pos_s, pos_e)
+            s = e = pos_s if nested[i] else max(pos_s, pos_e)
             pos_s = s
         S[i], E[i] = s, e
     start, end = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)

@@ -88,8 +88,10 @@ def _memory_columns(events: list, where) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
-def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
-    """Convert a parsed Chrome trace (dict with ``traceEvents`` or a bare event list) to a `memlens.Trace`."""
+def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_events=None):
+    """Convert a parsed Chrome trace (dict with ``traceEvents`` or a bare event list) to a `memlens.Trace`.
+    `gpu_events`: the runtime calls and GPU activity already collected (a streamed read,
+    `memlens.io.kineto_kernels.GpuEvents`); else they are read from the events."""
     from memlens.trace import Trace
 
     where = path if path is not None else source
@@ -135,7 +137,7 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
     ops_table = ops.table(op_start, op_end, op_thread)
     parent, depth = nesting(op_thread, op_start, op_end)
     facts, fact_counts = facts_columns(ops.names, ops.args, parent, depth)
-    kernels, gpu_counts = kernel_columns(events, ops.external_id, op_thread, op_start, op_end, parent, depth,
+    kernels, gpu_counts = kernel_columns(events if gpu_events is None else gpu_events, ops.external_id, op_thread, op_start, op_end, parent, depth,
                                          {t: i for i, t in enumerate(thread_names)}, t0_us)
     ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
                                  **facts, **kernels)

@@ -17,6 +17,8 @@ into it (`per_op_kernels`): ``kernel_busy_ns`` of a top-level op is the device t
 """
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import pandas as pd
 
@@ -39,38 +41,73 @@ def _arg_int(args: dict, *keys) -> int:
     return -1
 
 
-def gpu_events(events: list) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(launches, activity) of a trace's events, times in the trace's microseconds.
+class GpuEvents:
+    """The runtime calls and GPU activity of a trace, collected one event at a time into flat arrays (8 bytes
+    a field: a streamed read of a trace of millions of kernels keeps no dict per kernel); `frames` gives the
+    tables. Categories are matched without case (2021 traces capitalise them)."""
 
-    launches: start_us, thread ("pid/tid"), correlation, external_id (-1 when absent).
-    activity: name, category (kernel / gpu_memcpy / gpu_memset), start_us, end_us, correlation, stream,
-    external_id. Categories are matched without case (2021 traces capitalise them)."""
-    launches, acts = [], []
-    for e in events:
+    _CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+    def __init__(self):
+        self.threads: dict = {}
+        self.launch = {k: array(t) for k, t in (("ts", "d"), ("thread", "q"), ("corr", "q"), ("ext", "q"))}
+        self.act = {k: array(t) for k, t in (("cat", "b"), ("ts", "d"), ("end", "d"), ("corr", "q"),
+                                               ("stream", "q"), ("ext", "q"))}
+
+    def add(self, e) -> bool:
+        """Collect `e` when it is a runtime call or a GPU activity; whether it was one."""
         if type(e) is not dict or e.get("ph") != "X":
-            continue
+            return False
         cat = str(e.get("cat") or "").lower()
-        if cat not in RUNTIME_CATEGORIES and cat not in ACTIVITY_CATEGORIES:
-            continue
+        runtime = cat in RUNTIME_CATEGORIES
+        if not runtime and cat not in ACTIVITY_CATEGORIES:
+            return False
         args = e.get("args") if type(e.get("args")) is dict else {}
         try:
             ts = float(e["ts"])
             dur = float(e.get("dur") or 0.0)
         except (KeyError, TypeError, ValueError):
-            continue
+            return True
         ext = _arg_int(args, "External id", "external id")
-        if cat in RUNTIME_CATEGORIES:
-            launches.append((ts, f"{e.get('pid')}/{e.get('tid')}", _arg_int(args, "correlation"), ext))
+        if runtime:
+            thread = self.threads.setdefault(f"{e.get('pid')}/{e.get('tid')}", len(self.threads))
+            for key, value in (("ts", ts), ("thread", thread), ("corr", _arg_int(args, "correlation")), ("ext", ext)):
+                self.launch[key].append(value)
         else:
-            acts.append((str(e.get("name", "")), ACTIVITY_CATEGORIES[cat], ts, ts + dur,
-                         _arg_int(args, "correlation"), _arg_int(args, "stream"), ext))
-    launch_df = pd.DataFrame(launches, columns=["start_us", "thread", "correlation", "external_id"])
-    act_df = pd.DataFrame(acts, columns=["name", "category", "start_us", "end_us", "correlation", "stream",
-                                         "external_id"])
-    for df, cols in ((launch_df, ("start_us",)), (act_df, ("start_us", "end_us"))):
-        for c in cols:
-            df[c] = df[c].astype(np.float64)
-    return launch_df, act_df
+            code = self._CATEGORIES.index(ACTIVITY_CATEGORIES[cat])
+            for key, value in (("cat", code), ("ts", ts), ("end", ts + dur), ("corr", _arg_int(args, "correlation")),
+                               ("stream", _arg_int(args, "stream")), ("ext", ext)):
+                self.act[key].append(value)
+        return True
+
+    def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """(launches, activity), times in the trace's microseconds.
+
+        launches: start_us, thread ("pid/tid"), correlation, external_id (-1 when absent).
+        activity: category (kernel / gpu_memcpy / gpu_memset), start_us, end_us, correlation, stream,
+        external_id."""
+        names = np.array(list(self.threads), dtype=object)
+        codes = np.array(self.launch["thread"], dtype=np.int64)
+        def flat(values, dtype):
+            return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype)
+        launches = pd.DataFrame({"start_us": flat(self.launch["ts"], np.float64),
+                                 "thread": names[codes] if len(codes) else np.empty(0, object),
+                                 "correlation": flat(self.launch["corr"], np.int64),
+                                 "external_id": flat(self.launch["ext"], np.int64)})
+        cats = np.array(self._CATEGORIES, dtype=object)
+        acts = pd.DataFrame({"category": cats[flat(self.act["cat"], np.int8)],
+                             "start_us": flat(self.act["ts"], np.float64), "end_us": flat(self.act["end"], np.float64),
+                             "correlation": flat(self.act["corr"], np.int64), "stream": flat(self.act["stream"], np.int64),
+                             "external_id": flat(self.act["ext"], np.int64)})
+        return launches, acts
+
+
+def gpu_events(events: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(launches, activity) of a trace's events (`GpuEvents.frames`)."""
+    collected = GpuEvents()
+    for e in events:
+        collected.add(e)
+    return collected.frames()
 
 
 def attribute(acts: pd.DataFrame, launches: pd.DataFrame, op_external_id: np.ndarray, op_thread: np.ndarray,
@@ -149,16 +186,17 @@ def per_op_kernels(n_ops: int, parent: np.ndarray, depth: np.ndarray, act_op: np
             "kernels": count, "kernel_busy_ns": busy}
 
 
-def kernel_columns(events: list, op_external_id: np.ndarray, op_thread: np.ndarray, op_start: np.ndarray,
+def kernel_columns(events, op_external_id: np.ndarray, op_thread: np.ndarray, op_start: np.ndarray,
                    op_end: np.ndarray, parent: np.ndarray, depth: np.ndarray, thread_codes: dict,
                    t0_us: float) -> tuple[dict, dict]:
-    """(ops-table columns `KERNEL_COLUMNS`, the ``metadata["gpu_activity"]`` counts) of a trace's events.
+    """(ops-table columns `KERNEL_COLUMNS`, the ``metadata["gpu_activity"]`` counts) of a trace's events (a
+    list, or the `GpuEvents` a streamed read collected).
 
     Op times are ns from `t0_us` (trace microseconds); `thread_codes` maps "pid/tid" to the ops' thread
     codes. The counts: activities (kernels, memcpys, memsets), attributed to an op, launched before
     profiling began (no runtime call in the trace), launched outside every op, and busy ns (the union of
     the activity intervals: all of them, and the attributed ones)."""
-    launches, acts = gpu_events(events)
+    launches, acts = events.frames() if isinstance(events, GpuEvents) else gpu_events(events)
 
     def to_ns(us):
         return np.rint((np.asarray(us, dtype=np.float64) - t0_us) * 1000).astype(np.int64)
