@@ -298,3 +298,21 @@ def test_real_profile_streamed_reader_same_ops(shared):
     whole, streamed = memlens.load(path), import_kineto_streamed(path)
     pd.testing.assert_frame_equal(whole.ops, streamed.ops)
     assert whole.metadata["gpu_activity"] == streamed.metadata["gpu_activity"]
+
+
+def test_kernel_summary_reads_the_2021_format(shared):
+    """The benchmarks' per-kernel view (`memlens.gpu_activity.kernel_summary`) attributes the 2021 format's
+    capitalised Kernel / Memcpy / Memset events too (it found 0 before)."""
+    from memlens.gpu_activity import kernel_summary
+    path = shared("kineto/kineto_resnet50_2021format.pt.trace.json.gz")
+    raw = raw_gpu(path)
+    k = kernel_summary(path)
+    assert len(k) == raw["activities"] and (k["op"] >= 0).sum() == raw["activities"] - raw["unlaunched"]
+    assert (k["end_ns"] - k["start_ns"]).sum() / 1e3 == pytest.approx(
+        sum(float(e["dur"]) for e in _raw_events(path) if str(e.get("cat", "")).lower() in _GPU_CATS
+            and e.get("ph") == "X"), rel=1e-9)
+
+
+def _raw_events(path) -> list:
+    with gzip.open(path) as f:
+        return json.load(f)["traceEvents"]

@@ -29,13 +29,14 @@ import json
 import numpy as np
 import pandas as pd
 
-from memlens.opfacts.costs import COLUMNS, op_costs
+from memlens.opfacts.costs import COLUMNS, CostFacts, op_costs
 from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES, dtype_name
 
 ARG_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 _MEMORY_FORMATS = ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")
 _UNKNOWN = object()   # a scalar the trace did not log and the schema gives no default for
 _CACHE: dict = {}
+_NO_FACTS = (CostFacts(0, 0, 0, "", ""), False, False)
 
 
 def signature_key(args) -> tuple:
@@ -144,7 +145,11 @@ def signature_facts(name: str, args, list_dtype: str = "float32") -> tuple:
     key = (name, signature_key(args), list_dtype)
     hit = _CACHE.get(key)
     if hit is None:
-        hit = _CACHE[key] = _signature_facts(name, args if type(args) is dict else {}, list_dtype)
+        try:
+            hit = _signature_facts(name, args if type(args) is dict else {}, list_dtype)
+        except Exception:   # logged arguments no tensor can have (negative sizes, odd nesting): no facts
+            hit = _NO_FACTS
+        _CACHE[key] = hit
     return hit
 
 
@@ -200,23 +205,38 @@ def _common_dtype(op_args) -> str:
     return max(seen, key=seen.get) if seen else "float32"
 
 
+def _logged(args) -> tuple:
+    """The logged inputs of an op (`ARG_KEYS`) as one hashable text per op: cheap (one repr)."""
+    return repr(tuple(args.get(k) for k in ARG_KEYS)) if type(args) is dict else ""
+
+
+def _json_or_empty(args, key: str) -> str:
+    value = args.get(key) if type(args) is dict else None
+    return "" if value is None else json.dumps(value, separators=(",", ":"))
+
+
 def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tuple[dict, dict]:
-    """(the ops-table columns of `COLUMNS` plus ``input_strides`` and ``concrete_inputs`` (JSON text), counts
-    for the metadata). `op_args` are the ops' ``args`` dicts; `parent` / `depth` their nesting
-    (`memlens.io.kineto_attrib.nesting`)."""
+    """(the ops-table columns of `COLUMNS` plus ``input_strides`` and ``concrete_inputs`` (JSON text, "" when
+    not logged), counts for the metadata). `op_args` are the ops' ``args`` dicts; `parent` / `depth` their
+    nesting (`memlens.io.kineto_attrib.nesting`). Facts are computed once per distinct (name, inputs)."""
     n = len(names)
-    keys = [(nm, signature_key(a)) for nm, a in zip(names, op_args)]
-    codes, uniques = pd.factorize(pd.Series(keys, dtype=object)) if n else (np.zeros(0, np.int64), [])
+    codes, uniques = pd.factorize(pd.Series([(nm, _logged(a)) for nm, a in zip(names, op_args)], dtype=object)) \
+        if n else (np.zeros(0, np.int64), [])
     first = np.full(len(uniques), -1, dtype=np.int64)
     first[codes[::-1]] = np.arange(n)[::-1]
-    list_dtype = _common_dtype(op_args[i] for i in first)
-    rows = [signature_facts(names[i], op_args[i], list_dtype) for i in first]
+    first_args = [op_args[i] for i in first]
+    has_dims = np.array([type(a) is dict and a.get("Input Dims") is not None for a in first_args], dtype=bool)
+    list_dtype = _common_dtype(first_args)
+    # a trace without shapes needs no facts (and no torch)
+    rows = [signature_facts(names[i], a, list_dtype) if dims else _NO_FACTS
+            for i, a, dims in zip(first, first_args, has_dims)]
     facts = pd.DataFrame([r[0] for r in rows], columns=list(COLUMNS)) if rows else \
         pd.DataFrame({c: pd.Series(dtype=object) for c in COLUMNS})
-    own = np.array([r[1] for r in rows], dtype=bool)[codes] if rows else np.zeros(0, bool)
-    known = np.array([r[2] for r in rows], dtype=bool)[codes] if rows else np.zeros(0, bool)
-    logged = np.array([bool(k[1][0] not in ("", "null")) for k in uniques], dtype=bool)[codes] if rows \
-        else np.zeros(0, bool)
+
+    def per_op(values, dtype):
+        return np.asarray(values, dtype=dtype)[codes] if rows else np.zeros(0, dtype)
+    own, known, logged = (per_op([r[1] for r in rows], bool), per_op([r[2] for r in rows], bool),
+                          per_op(has_dims, bool))
     # an op carries the facts when it has its own kernel and no op around it does
     covered = np.zeros(n, dtype=bool)              # some ancestor has its own kernel
     for d in range(1, int(depth.max()) + 1 if n else 0):
@@ -227,14 +247,11 @@ def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tupl
     carries = own & ~covered
     out = {}
     for col in ("flops", "bytes_read", "bytes_written"):
-        values = facts[col].to_numpy(np.int64)[codes] if rows else np.zeros(0, np.int64)
-        out[col] = np.where(carries, values, 0).astype(np.int64)
+        out[col] = np.where(carries, per_op(facts[col].to_numpy(np.int64), np.int64), 0).astype(np.int64)
     for col in ("dtype", "shapes"):
-        out[col] = facts[col].to_numpy(object)[codes] if rows else np.empty(0, object)
-    out["input_strides"] = np.array([k[1][2] if k[1][2] != "null" else "" for k in uniques],
-                                    dtype=object)[codes] if rows else np.empty(0, object)
-    out["concrete_inputs"] = np.array([k[1][3] if k[1][3] != "null" else "" for k in uniques],
-                                      dtype=object)[codes] if rows else np.empty(0, object)
+        out[col] = per_op(facts[col].to_numpy(object), object)
+    out["input_strides"] = per_op([_json_or_empty(a, "Input Strides") for a in first_args], object)
+    out["concrete_inputs"] = per_op([_json_or_empty(a, "Concrete Inputs") for a in first_args], object)
     counts = {"ops_with_shapes": int(logged.sum()), "ops_carrying_facts": int(carries.sum()),
               "facts_results_unknown": int((carries & ~known).sum())}
     return out, counts

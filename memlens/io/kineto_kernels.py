@@ -22,11 +22,8 @@ from array import array
 import numpy as np
 import pandas as pd
 
+from memlens.gpu_activity import ACTIVITY_CATEGORIES, RUNTIME_CATEGORIES
 from memlens.io.kineto_attrib import innermost_enclosing
-
-ACTIVITY_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "gpu_memcpy", "memcpy": "gpu_memcpy",
-                       "gpu_memset": "gpu_memset", "memset": "gpu_memset"}
-RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
 KERNEL_COLUMNS = ("kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns")
 
 
