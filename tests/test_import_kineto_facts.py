@@ -58,7 +58,8 @@ def _memory(ts, nbytes, addr):
 def hand_made(era=2022, launch="cudaLaunchKernel"):
     """linear(x[64,128], W[256,128], b[256]) = t(W) + addmm(b, x, W^T) on thread 1, then add(y, y) that
     launches a kernel, a memcpy and a memset, then relu_ that launches nothing; one kernel ran from a launch
-    made before profiling began (correlation 99, no runtime call in the trace). Times in us."""
+    made before profiling began (correlation 99, no runtime call in the trace); the memset (another stream's,
+    say) overlaps the memcpy by 1 us. Times in us."""
     bf = "c10::BFloat16"
     ops = [
         _op("aten::linear", 10, 100, 1, [[64, 128], [256, 128], [256]], [bf, bf, bf], era=era),
@@ -72,7 +73,7 @@ def hand_made(era=2022, launch="cudaLaunchKernel"):
     runtime = [_launch(30, 11, 4, era, launch), _launch(210, 12, 5, era, launch),
                _launch(220, 13, 5, era, "cudaMemcpyAsync"), _launch(230, 14, 5, era, "cudaMemsetAsync")]
     gpu = [_gpu("kernel", "gemm_kernel", 40, 30, 11, era), _gpu("kernel", "add_kernel", 240, 4, 12, era),
-           _gpu("gpu_memcpy", "Memcpy DtoD", 250, 6, 13, era), _gpu("gpu_memset", "Memset", 260, 2, 14, era),
+           _gpu("gpu_memcpy", "Memcpy DtoD", 250, 6, 13, era), _gpu("gpu_memset", "Memset", 255, 2, 14, era),
            _gpu("kernel", "early_kernel", 1, 5, 99, era)]
     memory = [_memory(21, 64 * 256 * BF16, 4096), _memory(201, 64 * 256 * BF16, 8192)]
     if era < 2022:
@@ -98,25 +99,28 @@ def test_hand_made_kernels_per_op_and_the_measured_clock(era, launch):
     assert ops.loc["aten::t", "kernels"] == 0 and ops.loc["aten::relu_", "kernels"] == 0
     t0 = 10  # the trace's t = 0: its first [memory] instant or op, in us (the early kernel ran before it)
     assert ops.loc["aten::add", "kernel_start_ns"] == (240 - t0) * 1000
-    assert ops.loc["aten::add", "kernel_end_ns"] == (262 - t0) * 1000
+    assert ops.loc["aten::add", "kernel_end_ns"] == (257 - t0) * 1000
     assert ops.loc["aten::linear", "parent_op_id"] is pd.NA
     assert ops.loc["aten::addmm", "parent_op_id"] == ops.loc["aten::linear", "op_id"]
     assert ops.loc["aten::transpose", "parent_op_id"] == ops.loc["aten::t", "op_id"]
     act = trace.metadata["gpu_activity"]
     assert act["activities"] == 5 and act["attributed"] == 4 and act["launched_before_profiling"] == 1
-    assert act["attributed_busy_ns"] == 42_000 and act["busy_ns"] == 47_000
+    # busy time is the union: the memset's 1 us under the memcpy counts once (summed: 30 + 4 + 6 + 2 = 42)
+    assert act["attributed_busy_ns"] == 30_000 + 4_000 + 7_000 and act["busy_ns"] == 41_000 + 5_000
+    assert act["attributed_sum_ns"] == 42_000
     assert any("launched before profiling began" in n for n in trace.metadata["notes"])
 
     clocked = memlens.onto_kernel_clock(trace)
     c = clocked.metadata["clock"]
     assert c["kind"] == "cuda" and c["gpu"] == "Hand GPU" and c["from"] == "host"
-    assert c["device_busy_ns"] == 42_000 and c["kernels"] == 4
+    assert c["device_busy_ns"] == 41_000 and c["kernels"] == 4
     out = by_name(clocked)
     assert out.loc["aten::addmm", "device_ns"] == 30_000 and out.loc["aten::linear", "device_ns"] == 30_000
     assert out.loc["aten::add", "device_ns"] == 12_000 and out.loc["aten::relu_", "device_ns"] == 0
     # the clock starts at the first attributed activity; ops span their kernels there
     assert out.loc["aten::addmm", "start_ns"] == 0 and out.loc["aten::addmm", "end_ns"] == 30_000
-    assert out.loc["aten::add", "start_ns"] == 200_000 and out.loc["aten::add", "end_ns"] == 222_000
+    assert out.loc["aten::add", "start_ns"] == 200_000 and out.loc["aten::add", "end_ns"] == 217_000
+    assert out.loc["aten::relu_", "start_ns"] == out.loc["aten::relu_", "end_ns"] == 217_000
     assert set(c) >= set(CLOCK_KEYS)
 
 
@@ -147,6 +151,40 @@ def test_hand_made_cost_facts_by_hand(era):
     assert tuple(ref) == tuple(ops.loc["aten::addmm", ["flops", "bytes_read", "bytes_written", "dtype", "shapes"]])
 
 
+def test_an_external_id_decides_over_the_enclosing_op():
+    doc = hand_made()
+    # the add's kernel is launched at 210 us, inside add, but the launch names relu_'s External id
+    next(e for e in doc["traceEvents"] if e.get("args", {}).get("correlation") == 12
+         and e["cat"] == "cuda_runtime")["args"]["External id"] = 6
+    ops = by_name(kineto_to_trace(doc))
+    assert ops.loc["aten::relu_", "kernel_busy_ns"] == 4_000 and ops.loc["aten::add", "kernel_busy_ns"] == 8_000
+
+
+def test_union_of_intervals():
+    from memlens.io.kineto_kernels import union_ns
+    s, e = np.array([20, 0, 2, 8, -5]), np.array([25, 10, 5, 12, -3])
+    assert union_ns(s, e) == 12 + 5 + 2 and union_ns(s[:0], e[:0]) == 0
+
+
+def test_facts_are_counted_once_down_a_chain_of_ops():
+    """to (a composite) > _to_copy (its own kernel: the recorder's op) > empty_strided, copy_ (inside it):
+    the bytes of the conversion are counted once, on _to_copy."""
+    f32 = "float"
+    ops = [_op("aten::to", 10, 50, 1, [[1000], [], [], [], [], []], [f32, "Scalar", "Scalar", "Scalar", "Scalar", ""],
+               ["", "15", "0", "False", "False", ""]),
+           _op("aten::_to_copy", 11, 45, 2, [[1000], [], [], [], [], [], []],
+               [f32, "Scalar", "", "", "", "Scalar", ""], ["", "15", "", "", "", "False", ""]),
+           _op("aten::empty_strided", 12, 3, 3, [[], [], [], [], [], []], ["ScalarList", "ScalarList", "Scalar", "",
+                                                                           "Scalar", ""],
+               ["[1000]", "[1]", "15", "", "cuda:0", ""]),
+           _op("aten::copy_", 20, 30, 4, [[1000], [1000], []], ["c10::BFloat16", f32, "Scalar"], ["", "", "False"])]
+    trace = kineto_to_trace({"traceEvents": ops + [_memory(12, 2000, 4096)]})
+    t = by_name(trace)
+    assert t.loc["aten::_to_copy", "bytes_read"] == 4000 and t.loc["aten::_to_copy", "bytes_written"] == 2000
+    assert trace.ops["bytes_read"].sum() == 4000 and trace.ops["bytes_written"].sum() == 2000
+    assert t.loc["aten::copy_", "shapes"] == "bf16[1000],f32[1000]->bf16[1000]"
+
+
 def test_retime_works_on_an_imported_profile():
     trace = kineto_to_trace(hand_made())
     r = memlens.retime(trace, gpu="H100")
@@ -167,7 +205,7 @@ def test_a_trace_without_shapes_is_refused_with_the_reason():
     assert any("record_shapes=True" in n for n in trace.metadata["notes"])
     with pytest.raises(memlens.InputError, match="record_shapes=True"):
         memlens.retime(trace)
-    assert memlens.onto_kernel_clock(trace).metadata["clock"]["device_busy_ns"] == 42_000
+    assert memlens.onto_kernel_clock(trace).metadata["clock"]["device_busy_ns"] == 41_000
 
 
 def test_a_trace_without_kernels_is_refused_by_the_kernel_clock():
@@ -316,3 +354,19 @@ def test_kernel_summary_reads_the_2021_format(shared):
 def _raw_events(path) -> list:
     with gzip.open(path) as f:
         return json.load(f)["traceEvents"]
+
+
+@pytest.mark.parametrize("era", [2022, 2021])
+def test_kineto_frames_reads_every_era(era):
+    """`memlens.gpu_activity.kineto_frames` (the benchmarks' per-kernel view) on the hand-made profile: the
+    2021 spellings (Operator, Runtime, Kernel / Memcpy / Memset, 'external id') give the same frames."""
+    from memlens.gpu_activity import attribute_activity, kineto_frames
+    ops, launches, acts = kineto_frames(hand_made(era))
+    assert len(ops) == 6 and len(launches) == 4 and len(acts) == 5
+    assert sorted(acts["category"]) == ["gpu_memcpy", "gpu_memset", "kernel", "kernel", "kernel"]
+    assert launches["external_id"].tolist() == [4, 5, 5, 5]
+    att = attribute_activity(ops, launches, acts)
+    names = ops["name"].to_numpy()
+    assert [names[o] if o >= 0 else None for o in att["op"]] == ["aten::addmm", "aten::add", "aten::add",
+                                                                  "aten::add", None]
+    assert (acts["end_ns"] - acts["start_ns"]).tolist() == [30_000, 4_000, 6_000, 2_000, 5_000]
