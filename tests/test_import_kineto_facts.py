@@ -160,6 +160,17 @@ def test_an_external_id_decides_over_the_enclosing_op():
     assert ops.loc["aten::relu_", "kernel_busy_ns"] == 4_000 and ops.loc["aten::add", "kernel_busy_ns"] == 8_000
 
 
+def test_nesting_of_ops():
+    from memlens.io.kineto_attrib import nesting
+    # thread 0: A [0,10] > B [1,2]; C [3,12] only overlaps A; D [11,13] only overlaps C; E [20,30] > F [20,30]
+    # (same span: the first is the parent) > G [25,25] (zero length); thread 1: H [1,5] (alone on its thread)
+    start = np.array([0, 1, 3, 11, 20, 20, 25, 1]) * 1000      # ns
+    end = np.array([10, 2, 12, 13, 30, 30, 25, 5]) * 1000
+    parent, depth = nesting(np.array([0, 0, 0, 0, 0, 0, 0, 1]), start, end)
+    assert parent.tolist() == [-1, 0, -1, -1, -1, 4, 5, -1]
+    assert depth.tolist() == [0, 1, 1, 1, 0, 1, 2, 0]
+
+
 def test_union_of_intervals():
     from memlens.io.kineto_kernels import union_ns
     s, e = np.array([20, 0, 2, 8, -5]), np.array([25, 10, 5, 12, -3])
