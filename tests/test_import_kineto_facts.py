@@ -4,7 +4,6 @@ one clock contract on every trace. Values are checked against hand-made Kineto J
 hand here) and against the real profiles' raw JSON events (recomputed here, independently of memlens)."""
 from __future__ import annotations
 
-import copy
 import gzip
 import json
 
