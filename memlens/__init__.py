@@ -16,6 +16,7 @@ _LAZY = {
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
     "retime": ("memlens.devicetime.retiming", "retime"),
+    "onto_kernel_clock": ("memlens.clock", "onto_kernel_clock"),
     "gpus": ("memlens.devicetime.gpus", "gpus"),
     "GPU": ("memlens.devicetime.gpus", "GPU"),
     "calibrate": ("memlens.devicetime.calibration", "calibrate"),
@@ -58,4 +59,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "retime", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "__version__"]
+           "retime", "onto_kernel_clock", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "__version__"]

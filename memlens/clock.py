@@ -1,7 +1,7 @@
 """Which clock a trace's times are on, and moving a trace from one clock to another.
 
-``trace.metadata["clock"] = {"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``; absent means
-the host clock. `restamp` puts a trace on a new clock given each op's new interval; `onto_kernel_clock`
+``trace.metadata["clock"] = {"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``, the same keys on
+every trace (`memlens.schema.CLOCK_KEYS`). `restamp` puts a trace on a new clock given each op's new interval; `onto_kernel_clock`
 does it with the measured CUDA kernel times of each op (the recorder's CUDA path). `memlens.retime`
 (in `memlens.devicetime`) does it with modeled durations.
 
@@ -18,6 +18,7 @@ import copy
 import numpy as np
 import pandas as pd
 
+from memlens.schema import make_clock
 from memlens.trace import Trace, clock_of  # noqa: F401  (clock_of: re-exported)
 
 
@@ -113,7 +114,7 @@ def restamp(trace: Trace, start, end, clock: dict, *, op_columns: dict | None = 
         extra["events"] = ev
     meta = copy.deepcopy(trace.metadata)
     old = clock_of(trace)
-    meta["clock"] = {**clock, "from": old.get("kind", "host")}
+    meta["clock"] = make_clock(**{**clock, "from": old.get("kind", "host")})
     notes = list(meta.get("notes", []))
     notes.append(note or f"times are on the {clock_label(meta['clock'])} (re-stamped from the "
                          f"{old.get('kind', 'host')} clock)")
@@ -124,12 +125,14 @@ def restamp(trace: Trace, start, end, clock: dict, *, op_columns: dict | None = 
 def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per op (rows of `ops`), the measured device interval from its ``kernel_start_ns`` /
     ``kernel_end_ns`` (trace ns): ops that launched nothing sit at zero length where the device is at
-    that point; starts are made non-decreasing in recorded order (one position per op even when
+    that point (a nested op, ``depth`` > 0 in an imported profile, where its parent's kernels began: not
+    after them); starts are made non-decreasing in recorded order (one position per op even when
     kernels of different streams overlap)."""
     n = len(ops)
     order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
     ks = ops["kernel_start_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
     ke = ops["kernel_end_ns"].to_numpy(dtype="float64", na_value=np.nan)[order]
+    nested = (ops["depth"].to_numpy() > 0)[order] if "depth" in ops.columns else np.zeros(n, dtype=bool)
     has = ~np.isnan(ks)
     first = ks[has].min() if has.any() else 0.0
     S = np.empty(n, dtype=np.int64)
@@ -141,7 +144,7 @@ def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
             e = max(int(ke[i]), s)
             pos_s, pos_e = s, max(pos_e, e)
         else:
-            s = e = max(pos_s, pos_e)
+            s = e = pos_s if nested[i] else max(pos_s, pos_e)
             pos_s = s
         S[i], E[i] = s, e
     start, end = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
@@ -150,18 +153,33 @@ def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 
 def onto_kernel_clock(trace: Trace, gpu: str | None = None) -> Trace:
-    """The trace on the measured CUDA clock: each op spans its kernels (first start to last end, from
-    the ``kernel_start_ns`` / ``kernel_end_ns`` columns the recorder fills from CUDA activity); ops that
-    launched no kernel take 0 ns. ``metadata["clock"] = {"kind": "cuda", "gpu": gpu}``. Raises
-    `InputError` when the trace has no kernel times."""
+    """The trace on the measured device clock: each op spans its kernels, memcpys and memsets (first start
+    to last end, from the ``kernel_start_ns`` / ``kernel_end_ns`` columns that the recorder fills from CUDA
+    activity and the Kineto importer from the profile's GPU events); ops that launched nothing take 0 ns.
+    ``device_ns`` is each op's device busy time (``kernel_busy_ns`` when the trace has it: in an imported
+    profile, an op's own activity plus that of the ops nested in it). ``metadata["clock"]``: kind "cuda",
+    `gpu` (default: the profile's device name), ``device_busy_ns`` (the busy time of the attributed activity:
+    the union of its intervals when the importer measured it, else the summed busy time of the top-level
+    ops) and ``kernels``. Raises `InputError` when the trace has no kernel times."""
     from memlens.errors import InputError
     ops = trace.ops
     if "kernel_start_ns" not in ops.columns or ops["kernel_start_ns"].notna().sum() == 0:
-        raise InputError("the trace has no CUDA kernel times per op (record on CUDA with kernel_times=True)")
+        raise InputError("the trace has no GPU kernel times per op (record on CUDA with kernel_times=True, or "
+                         "import a profile that has kernels, i.e. torch.profiler with CUDA activities)")
     start, end = kernel_intervals(ops)
-    busy = ops["kernel_busy_ns"] if "kernel_busy_ns" in ops.columns else None
-    clock = {"kind": "cuda", "gpu": gpu, "model": None,
-             "device_busy_ns": int(busy.fillna(0).sum()) if busy is not None else int((end - start).sum())}
-    return restamp(trace, start, end, clock, op_columns={"device_ns": end - start},
-                   note="times are on the measured CUDA kernel clock: each op spans the kernels it launched "
-                        "(first start to last end); ops without kernels take 0 ns")
+    top = ops["parent_op_id"].isna().to_numpy() if "parent_op_id" in ops.columns else np.ones(len(ops), bool)
+    if "kernel_busy_ns" in ops.columns:
+        busy = ops["kernel_busy_ns"].to_numpy(dtype="float64", na_value=0).astype(np.int64)
+        device_ns = np.where(ops["kernel_start_ns"].notna().to_numpy(), busy, end - start)
+    else:
+        device_ns = end - start
+    kernels = int(ops["kernels"].fillna(0).to_numpy()[top].sum()) if "kernels" in ops.columns else None
+    activity = trace.metadata.get("gpu_activity") if isinstance(trace.metadata.get("gpu_activity"), dict) else {}
+    busy_total = activity.get("attributed_busy_ns", int(device_ns[top].sum()))
+    if gpu is None:
+        props = trace.metadata.get("deviceProperties")
+        gpu = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
+    clock = make_clock("cuda", gpu=gpu, device_busy_ns=int(busy_total), kernels=kernels)
+    return restamp(trace, start, end, clock, op_columns={"device_ns": device_ns},
+                   note="times are on the measured device kernel clock: each op spans the kernels, copies and "
+                        "memsets it launched (first start to last end); ops without any take 0 ns")

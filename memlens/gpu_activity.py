@@ -31,6 +31,12 @@ LAUNCH_NAMES = frozenset({
     "hipMemcpyAsync", "hipMemcpyWithStream", "hipMemcpy", "hipMemsetAsync", "hipMemset", "hipGraphLaunch",
 })
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# every era's spelling of GPU activity and runtime categories, lower-cased (2021 traces write Kernel,
+# Memcpy, Memset, Runtime; the Kineto importer, `memlens.io.kineto_kernels`, reads the same names)
+ACTIVITY_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "gpu_memcpy", "memcpy": "gpu_memcpy",
+                       "gpu_memset": "gpu_memset", "memset": "gpu_memset"}
+RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})
+OP_CATEGORIES = frozenset({"cpu_op", "operator"})
 
 _GEMM_RE = re.compile(r"gemm|cutlass|xmma|Cijk_|cublas|hipblas|wgmma|s16816|matmul", re.I)
 _ATTN_RE = re.compile(r"flash|fmha|attn|attention", re.I)
@@ -68,34 +74,36 @@ def kineto_frames(doc: dict) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
 
     ops: name, start_ns, end_ns, tid, external_id (CPU ops). launches: name, start_ns, tid, correlation,
     external_id (runtime calls that start GPU work). activity: name, category, start_ns, end_ns,
-    correlation, stream (kernels, memcpys, memsets).
+    correlation, stream (kernels, memcpys, memsets). Every era: categories are matched without case
+    (``Operator`` / ``Runtime`` / ``Kernel`` / ``Memcpy`` / ``Memset`` in 2021 traces, whose runtime calls
+    spell ``external id``).
     """
     ops, launches, acts = [], [], []
     for e in doc.get("traceEvents", []):
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
-        cat = e.get("cat")
-        args = e.get("args") or {}
-        try:
-            ts = float(e["ts"]) * 1000.0
-            dur = float(e.get("dur", 0.0)) * 1000.0
-        except (KeyError, TypeError, ValueError):
+        cat = str(e.get("cat") or "").lower()
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        try:   # exact integer ns: epoch-microsecond stamps (2021) times 1000 are past float64's integers
+            whole = int(float(e["ts"]))
+            ts = whole * 1000 + int(round((float(e["ts"]) - whole) * 1000))
+            dur = int(round(float(e.get("dur", 0.0)) * 1000))
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
-        if cat == "cpu_op":
-            ops.append((str(e.get("name", "")), ts, ts + dur, str(e.get("tid", "")),
-                        _int(args.get("External id"))))
-        elif cat in ("cuda_runtime", "cuda_driver") and e.get("name") in LAUNCH_NAMES:
-            launches.append((str(e["name"]), ts, str(e.get("tid", "")), _int(args.get("correlation")),
-                             _int(args.get("External id"))))
-        elif cat in GPU_CATEGORIES:
-            acts.append((str(e.get("name", "")), cat, ts, ts + dur, _int(args.get("correlation")),
-                         _int(args.get("stream"))))
+        ext = _int(args.get("External id", args.get("external id")))
+        if cat in OP_CATEGORIES:
+            ops.append((str(e.get("name", "")), ts, ts + dur, str(e.get("tid", "")), ext))
+        elif cat in RUNTIME_CATEGORIES and e.get("name") in LAUNCH_NAMES:
+            launches.append((str(e["name"]), ts, str(e.get("tid", "")), _int(args.get("correlation")), ext))
+        elif cat in ACTIVITY_CATEGORIES:
+            acts.append((str(e.get("name", "")), ACTIVITY_CATEGORIES[cat], ts, ts + dur,
+                         _int(args.get("correlation")), _int(args.get("stream"))))
     ops_df = pd.DataFrame(ops, columns=["name", "start_ns", "end_ns", "tid", "external_id"])
     launch_df = pd.DataFrame(launches, columns=["name", "start_ns", "tid", "correlation", "external_id"])
     act_df = pd.DataFrame(acts, columns=["name", "category", "start_ns", "end_ns", "correlation", "stream"])
     for df, cols in ((ops_df, ("start_ns", "end_ns")), (launch_df, ("start_ns",)), (act_df, ("start_ns", "end_ns"))):
         for c in cols:
-            df[c] = np.rint(df[c].astype("float64")).astype(np.int64) if len(df) else df[c].astype(np.int64)
+            df[c] = df[c].astype(np.int64)
     return ops_df, launch_df, act_df
 
 

@@ -44,6 +44,35 @@ SCHEMA: dict[str, dict[str, str]] = {
 OPTIONAL_COLUMNS: dict[str, frozenset] = {
     "ops": frozenset({"flops", "bytes_read", "bytes_written", "dtype", "shapes"}),
 }
+# ``metadata["clock"]``: the clock a trace's times are on, the same dict on every trace (recorded, imported,
+# re-stamped). kind: "host" (the recording process's clock: a CPU recording's op times, a CUDA recording's or
+# a profile's launch times), "cuda" (measured device kernel times, `memlens.clock.onto_kernel_clock`) or
+# "modeled" (`memlens.retime`); gpu: the device the times are of (None on the host clock); model: the cost
+# model (modeled only); from: the kind of the clock the trace was re-stamped from (None when never);
+# device_busy_ns / kernels: device busy time (ns) and kernel count on a device clock; source_units: how the
+# source file counted time when it was imported ("ts_us", "time_us", "event_index", "ns", "us",
+# "file_units"; None for recordings). Producers may add keys (retime adds "tf32").
+CLOCK_KINDS = ("host", "cuda", "modeled")
+CLOCK_KEYS = ("kind", "gpu", "model", "from", "device_busy_ns", "kernels", "source_units")
+
+
+def make_clock(kind: str = "host", **fields) -> dict:
+    """A ``metadata["clock"]`` dict of `kind` with every key of `CLOCK_KEYS` (None where not given)."""
+    clock = dict.fromkeys(CLOCK_KEYS)
+    clock.update(fields, kind=kind)
+    return clock
+
+
+def conform_clock(value) -> dict:
+    """The contract's clock dict for a metadata ``clock`` value: a dict gains the keys it lacks (None); a
+    string, which importers wrote before the contract (``"ts_us"``, ``"time_us"``, ``"event_index"`` ...),
+    is the host clock with that string as ``source_units``; None (older recordings) is the host clock."""
+    if isinstance(value, dict):
+        return make_clock(**{"kind": "host", **value}) if value.get("kind") is not None else \
+            make_clock(**{**value, "kind": "host"})
+    return make_clock("host", source_units=value if isinstance(value, str) else None)
+
+
 REQUIRED_TABLES = ("blocks", "accesses", "ops")
 OPTIONAL_TABLES = ("segments", "segment_blocks", "events", "stacks")
 

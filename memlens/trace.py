@@ -19,7 +19,7 @@ Tables (required columns and dtypes in `SCHEMA`; extra columns are allowed and k
 ``ops``: op_id (int64), name (str), start_ns / end_ns (int64), module (str), iteration (Int64); cost facts
     (optional: filled with 0 / "" when a source lacks them, e.g. imported traces): flops (int64),
     bytes_read / bytes_written (int64, bytes), dtype (str, dominant compute dtype), shapes (str, e.g.
-    ``"bf16[141,512],bf16[512,512]->bf16[141,512]"``); see `memlens.record.costs`.
+    ``"bf16[141,512],bf16[512,512]->bf16[141,512]"``); see `memlens.opfacts.costs`.
 ``segments`` (optional): allocator segments at the end of the recording (snapshot imports)
 ``segment_blocks`` (optional): the blocks inside those segments, with their state
 ``events`` (optional): raw allocator events (segment_alloc, segment_free, oom, ...), in order
@@ -36,7 +36,7 @@ import pandas as pd
 # the schema lives below this module (the saved-trace writer needs it, and Trace.save needs the writer);
 # its names stay importable from here, where producers and analyses have always taken them
 from memlens.schema import (CATEGORIES, OPTIONAL_COLUMNS, OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA,  # noqa: F401
-                            SCHEMA_VERSION, conform, empty_table)
+                            SCHEMA_VERSION, conform, conform_clock, empty_table)
 from memlens.trace_checks import validate_trace
 from memlens.tracedir import save_trace
 
@@ -68,11 +68,13 @@ def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
 
 
 def clock_of(trace) -> dict:
-    """The clock a trace's times are on, as a plain dict (a copy): ``{"kind": "host"|"cuda"|"modeled",
-    ...}``; ``{"kind": "host"}`` when the metadata names none (or only a unit string, as some importers do).
-    (`memlens.clock` re-exports it beside the re-stamping that moves a trace between clocks.)"""
+    """The clock a trace's times are on, as a plain dict (a copy) with every key of the contract
+    (`memlens.schema.CLOCK_KEYS`: kind "host"|"cuda"|"modeled", gpu, model, ...); the host clock when the
+    metadata names none, or only a unit string as importers did before the contract. Takes anything with a
+    ``metadata`` dict. (`memlens.clock` re-exports it beside the re-stamping that moves a trace between
+    clocks.)"""
     clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
-    return dict(clock) if isinstance(clock, dict) and clock.get("kind") else {"kind": "host"}
+    return conform_clock(clock)
 
 
 @dataclass
@@ -90,6 +92,12 @@ class Trace:
     segment_blocks: pd.DataFrame | None = None
     events: pd.DataFrame | None = None
     stacks: pd.DataFrame | None = None
+
+    def __post_init__(self):
+        # one clock contract on every trace, however it was built or loaded (a saved trace of an older
+        # memlens may hold the clock as a unit string, or none): `memlens.schema.conform_clock`
+        if isinstance(self.metadata, dict):
+            self.metadata["clock"] = conform_clock(self.metadata.get("clock"))
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod

@@ -198,7 +198,7 @@ def test_memory_timeline_raw_matches_category_curves(shared):
     with gzip.open(path) as f:
         rows = json.load(f)
     trace = memlens.load(path)
-    assert trace.metadata["source_kind"] == "memory_timeline" and trace.metadata["clock"] == "ns"
+    assert trace.metadata["source_kind"] == "memory_timeline" and trace.metadata["clock"]["source_units"] == "ns"
     order = ["parameter", "optimizer_state", "input", "temporary", "activation", "gradient",
              "autograd_detail", "unknown"]
     timed = [r[0] for r in rows if r[0] != -1]

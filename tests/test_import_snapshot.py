@@ -151,13 +151,13 @@ def test_stacks_rebuild_the_raw_frames(imported):
 
 def test_era_specifics(imported):
     _, _, old = imported("snapshots/flexgen_opt1.3b_2023format.pickle")
-    assert old.metadata["clock"] == "event_index" and old.metadata["format_era"].startswith("2023")
+    assert old.metadata["clock"]["source_units"] == "event_index" and old.metadata["format_era"].startswith("2023")
     assert any("no time_us" in n for n in old.metadata["notes"])
     # live blocks take their stacks from the 2023 history
     live = old.blocks[old.blocks["free_ns"].isna()]
     assert live["stack_id"].notna().all() and (live["location"] != "").all()
     raw, _, segs = imported("snapshots/verl_segments_only.pickle")
-    assert segs.metadata["clock"] == "none" and len(segs.events) == 0
+    assert segs.metadata["clock"]["source_units"] == "none" and len(segs.events) == 0
     assert segs.blocks["allocated_before"].all() and segs.blocks["alloc_ns"].isna().all()
     assert (segs.segment_blocks["state"] == "active_pending_free").sum() == 9
     assert segs.segments["segment_pool_id"].tolist() == [
@@ -231,7 +231,7 @@ def test_crafted_snapshot_rules():
     ev, b = tr.events, tr.blocks
     assert ev["seq"].tolist() == list(range(12))
     assert ev["t_ns"].tolist() == [0, 1000, 2000, 3000, 5000, 6000, 7000, 8000, 9000, 2000, 3000, 4000]
-    assert tr.metadata["clock"] == "time_us" and tr.metadata["t0_unix_ns"] == 10_000
+    assert tr.metadata["clock"]["source_units"] == "time_us" and tr.metadata["t0_unix_ns"] == 10_000
     oom = ev[ev["action"] == "oom"].iloc[0]
     assert oom["device_free"] == 123 and pd.isna(oom["addr"]) and tr.metadata["ooms"] == 1
     by_name = {r.location.split()[-1]: r for r in b[b["location"] != ""].itertuples()}
@@ -259,7 +259,7 @@ def test_crafted_without_time_us_uses_entry_order():
         for entry in trace:
             entry.pop("time_us")
     tr = snapshot_to_trace(snap)
-    assert tr.metadata["clock"] == "event_index"
+    assert tr.metadata["clock"]["source_units"] == "event_index"
     assert tr.events["t_ns"].tolist() == list(range(9)) + list(range(3))
     assert "t0_unix_ns" not in tr.metadata
 

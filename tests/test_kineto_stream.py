@@ -34,9 +34,10 @@ def test_real_traces_import_the_same_streamed(shared, monkeypatch, rel, read_byt
     assert_same_trace(import_kineto_streamed(path), import_kineto(path))
 
 
-def small_trace(n: int = 50, pad_events: int = 0) -> dict:
-    """[memory] alloc / free pairs inside cpu_ops on one thread, with `pad_events` kernel events per op
-    (events the importer never reads), ProfilerStep ranges and top-level keys."""
+def small_trace(n: int = 50, pad_events: int = 0, pad_cat: str = "kernel") -> dict:
+    """[memory] alloc / free pairs inside cpu_ops on one thread, with `pad_events` events of category
+    `pad_cat` per op (kernels without their launch: the importer only counts them; python_function spans:
+    events it never reads), ProfilerStep ranges and top-level keys."""
     events = []
     for i in range(n):
         t = 1000.0 + 10 * i
@@ -49,7 +50,7 @@ def small_trace(n: int = 50, pad_events: int = 0) -> dict:
                        "args": {"Bytes": -512 * (i + 1), "Addr": 4096 * i, "Device Type": 1, "Device Id": 0,
                                 "Total Allocated": 0, "Total Reserved": 1 << 20, "Ev Idx": 2 * i + 1}})
         for k in range(pad_events):
-            events.append({"ph": "X", "cat": "kernel", "name": f"void kernel_{k}<float>(...)", "pid": 0,
+            events.append({"ph": "X", "cat": pad_cat, "name": f"void kernel_{k}<float>(...)", "pid": 0,
                            "tid": 7, "ts": t + 3, "dur": 1.5, "args": {"stream": 7, "correlation": i * 100 + k,
                                                                       "grid": [1, 2, 3], "block": [128, 1, 1]}})
     events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 2, "ts": 990.0,
@@ -123,7 +124,8 @@ print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()
 
 
 def test_streamed_read_holds_much_less_for_a_trace_of_unused_events(tmp_path):
-    """Child VmHWM at 1x and 8x a trace whose events are mostly kernels (20 per op): the whole-file parse
+    """Child VmHWM at 1x and 8x a trace whose events are mostly ones the importer never reads (20
+    python_function spans per op; kernels are read, into flat arrays: `GpuEvents`): the whole-file parse
     holds the text and a dict per event; the streamed read a piece of text and the kept events (ops and
     memory events, slimmed), then the Trace built from them (not flat: the attribution of memory events
     to ops needs every op). Measured: +413 MB whole vs +60 MB streamed from 2k to 16k ops (~25 MB noise
@@ -131,7 +133,7 @@ def test_streamed_read_holds_much_less_for_a_trace_of_unused_events(tmp_path):
     hwm = {}
     for n in (2_000, 16_000):
         src = tmp_path / f"t{n}.json"
-        src.write_text(json.dumps(small_trace(n, pad_events=20)))
+        src.write_text(json.dumps(small_trace(n, pad_events=20, pad_cat="python_function")))
         for mode in ("streamed", "whole"):
             proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src)], capture_output=True, text=True,
                                   timeout=300)

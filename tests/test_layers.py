@@ -57,3 +57,14 @@ def test_analyses_do_not_import_the_diff_face():
     bad = [f"{f.name}: {m}" for f in (ROOT / "analysis").rglob("*.py") for m in imported_modules(f)
            if m == "memlens.diff"]
     assert bad == []
+
+
+def test_op_facts_sit_below_the_recorder_and_the_importers():
+    """`memlens.opfacts` (per-op cost facts) is shared by the recorder and the importers: it imports no other
+    memlens module above the errors, and the importers never import the recorder (they take the facts from
+    opfacts, as the recorder does)."""
+    bad = [f"{f.name}: {m}" for f in (ROOT / "opfacts").glob("*.py") for m in imported_modules(f)
+           if m.startswith("memlens") and not m.startswith(("memlens.opfacts", "memlens.errors"))]
+    bad += [f"io/{f.name}: {m}" for f in (ROOT / "io").glob("*.py") for m in imported_modules(f)
+            if m.startswith("memlens.record")]
+    assert bad == []

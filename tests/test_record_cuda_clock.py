@@ -83,7 +83,8 @@ def test_onto_kernel_clock_invariants(cpu_trace):
     trace = memlens.Trace.from_tables(cpu_trace.blocks, cpu_trace.accesses, with_k, metadata=cpu_trace.metadata)
     out = onto_kernel_clock(trace, gpu="NVIDIA H100 80GB HBM3")
     assert out.metadata["clock"] == {"kind": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "model": None,
-                                     "device_busy_ns": int(per["kernel_busy_ns"].sum()), "from": "host"}
+                                     "device_busy_ns": int(per["kernel_busy_ns"].sum()), "from": "host",
+                                     "kernels": len(kernels), "source_units": None}
     assert clock_label(out) == "measured CUDA kernel clock (NVIDIA H100 80GB HBM3)"
     o = out.ops.sort_values(["recorded_start_ns", "op_id"])
     first = int(kernels["start_ns"].min())

@@ -11,6 +11,7 @@ import html
 import numpy as np
 
 from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
+from memlens.analysis.clock import clock_of
 from memlens.units import format_bytes, format_ns
 
 IDLE_SHARE = 0.4  # "idle for more than 40% of the step" - the share named in the sentence
@@ -110,7 +111,7 @@ def _access_findings(trace, bw: BandwidthModel, its, iv) -> list[str]:
         out.append(f"The biggest idle block by size x idle time is block {top['block_id']} "
                    f"({format_bytes(top['size'])}, {top.get('category') or 'unknown'}{', ' + where if where else ''}), "
                    f"idle for {format_ns(top['max_idle_ns'])} ({_pct(top['idle_fraction'])} of its lifetime).")
-    if set(trace.devices) == {"cpu"}:
+    if set(trace.devices) == {"cpu"} and clock_of(trace)["kind"] == "host":   # not once retimed
         out.append("These times come from a CPU run: ops take far longer than on a GPU, so intervals are longer "
                    "and more of them pass the bandwidth filter than they would on a GPU.")
     return out

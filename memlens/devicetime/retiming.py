@@ -48,8 +48,8 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
                          "record the run with memlens.record")
     if not has_cost_facts(ops):
         raise InputError("the trace has no per-op cost facts (flops/bytes per op), so it cannot be put on a "
-                         "device clock; record it with memlens.record (imported snapshots and profiler traces "
-                         "carry no op shapes)")
+                         "device clock; record it with memlens.record, or import a torch.profiler trace recorded "
+                         "with record_shapes=True (snapshots and memory timelines carry no op shapes)")
     dt = device_times(ops, g, tf32=tf32)
     if "phase" in ops.columns:
         # optimizer step counters stay on the host in PyTorch (unless capturable/fused): their .item()

@@ -27,8 +27,11 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
+from memlens.schema import make_clock
 from memlens.io.jsonfile import load_json
-from memlens.io.kineto_attrib import innermost_enclosing
+from memlens.io.kineto_attrib import innermost_enclosing, nesting
+from memlens.io.kineto_facts import facts_columns
+from memlens.io.kineto_kernels import kernel_columns
 from memlens.io.kineto_ops import OpTable, read_ops
 from memlens.io.size_pairing import pair_by_size_lifo
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, Pairing, pair_blocks
@@ -85,8 +88,10 @@ def _memory_columns(events: list, where) -> pd.DataFrame:
     return df.sort_values(keys, kind="stable").reset_index(drop=True)
 
 
-def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
-    """Convert a parsed Chrome trace (dict with ``traceEvents`` or a bare event list) to a `memlens.Trace`."""
+def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_events=None):
+    """Convert a parsed Chrome trace (dict with ``traceEvents`` or a bare event list) to a `memlens.Trace`.
+    `gpu_events`: the runtime calls and GPU activity already collected (a streamed read,
+    `memlens.io.kineto_kernels.GpuEvents`); else they are read from the events."""
     from memlens.trace import Trace
 
     where = path if path is not None else source
@@ -119,8 +124,8 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
         sub = pair_by_size_lifo(dev_code[keep], np.abs(nbytes[keep]), nbytes[keep] > 0)
         pairing = _lift(sub, keep, len(mem))
 
-    thread_codes, _ = pd.factorize(pd.concat([pd.Series(ops.thread, dtype=object), mem["thread"]],
-                                             ignore_index=True))
+    thread_codes, thread_names = pd.factorize(pd.concat([pd.Series(ops.thread, dtype=object), mem["thread"]],
+                                                        ignore_index=True))
     op_thread, mem_thread = thread_codes[:len(ops)], thread_codes[len(ops):]
     op_start = np.rint((ops.start_us - t0_us) * 1000).astype(np.int64)
     op_end = np.rint((ops.end_us - t0_us) * 1000).astype(np.int64)
@@ -130,6 +135,12 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
     blocks, before = _pre_profiling_blocks(blocks, mem, dev_code, devices)
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(np.int64)]
     ops_table = ops.table(op_start, op_end, op_thread)
+    parent, depth = nesting(op_thread, op_start, op_end)
+    facts, fact_counts = facts_columns(ops.names, ops.args, parent, depth)
+    kernels, gpu_counts = kernel_columns(events if gpu_events is None else gpu_events, ops.external_id, op_thread, op_start, op_end, parent, depth,
+                                         {t: i for i, t in enumerate(thread_names)}, t0_us)
+    ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
+                                 **facts, **kernels)
     events = pd.DataFrame({
         "seq": seq, "t_ns": t_ns, "device": np.asarray(devices, dtype=object)[dev_code],
         "action": np.where(nbytes >= 0, "alloc", "free").astype(object),
@@ -144,6 +155,8 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None):
     metadata = _metadata(obj, mem, devices, has_addr, int(zero.sum()), before, source, t0_us,
                          int((op_of_event >= 0).sum()), len(ops_table),
                          int(blocks["free_without_alloc"].sum()))
+    metadata.update(op_facts=fact_counts, gpu_activity=gpu_counts)
+    metadata["notes"] += _gpu_notes(fact_counts, gpu_counts)
     return Trace.from_tables(blocks, ops=ops_table, metadata=metadata, events=events)
 
 
@@ -224,7 +237,7 @@ def _us_to_ns(us: float) -> int:
 
 def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, before, source, t0_us,
               attributed, n_ops, freed_unseen) -> dict:
-    meta = {"source_kind": "kineto", "source_path": source, "clock": "ts_us",
+    meta = {"source_kind": "kineto", "source_path": source, "clock": make_clock("host", source_units="ts_us"),
             "format_era": "2022+: [memory] events with Addr and totals" if has_addr
             else "2021: [memory] events without Addr", "t0_trace_ts_us": t0_us,
             "memory_events": int(len(mem)),
@@ -268,3 +281,22 @@ def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, befo
                      "thread and have no op.")
     meta["notes"] = notes
     return meta
+
+
+def _gpu_notes(facts: dict, gpu: dict) -> list[str]:
+    """What the op facts and the GPU activity could not tell, in sentences."""
+    notes = []
+    if facts["ops_with_shapes"] == 0:
+        notes.append("The trace has no op shapes (record with torch.profiler.profile(record_shapes=True)): ops "
+                     "carry no cost facts, so it cannot be retimed.")
+    elif facts["facts_results_unknown"]:
+        notes.append(f"{facts['facts_results_unknown']} ops carrying cost facts have results memlens could not "
+                     "derive from the logged arguments (scalars the trace did not log, or no meta kernel): their "
+                     "bytes written count only the arguments they write, and flops that need the result are 0.")
+    if gpu["launched_before_profiling"]:
+        notes.append(f"{gpu['launched_before_profiling']} GPU kernels/copies ran without their launch in the "
+                     "trace (launched before profiling began): they belong to no op.")
+    if gpu["launched_outside_ops"]:
+        notes.append(f"{gpu['launched_outside_ops']} GPU kernels/copies were launched outside every op: they "
+                     "belong to no op.")
+    return notes

@@ -44,3 +44,32 @@ def innermost_enclosing(op_thread: np.ndarray, op_start: np.ndarray, op_end: np.
         found &= (starts[cand] <= t) & (t < ends[cand])
         result[queries[found]] = ops[cand[found]]
     return result
+
+
+def nesting(op_thread: np.ndarray, op_start: np.ndarray, op_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(parent, depth) of each op: the index of the innermost other op on the same thread that contains it
+    (-1 for a top-level op, and for an op that only overlaps the one open around it) and its nesting depth
+    (0 at top level: the number of ops open at its start). Same rules as `innermost_enclosing`: ops ordered
+    by (start, longest first), so of two ops with the same span the first is the parent."""
+    n = len(op_start)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth_out = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return parent, depth_out
+    op_end = np.maximum(op_end, op_start + 1)
+    for thread in np.unique(op_thread):
+        ops = np.flatnonzero(op_thread == thread)
+        ops = ops[np.lexsort((np.arange(len(ops)), -op_end[ops], op_start[ops]))]
+        starts, ends = op_start[ops], op_end[ops]
+        depth = np.arange(len(ops)) - np.searchsorted(np.sort(ends), starts, side="right")
+        m = len(ops)
+        keys = depth.astype(np.int64) * m + np.arange(m)
+        by_key = np.argsort(keys, kind="stable")
+        pos = np.searchsorted(keys[by_key], (depth - 1).astype(np.int64) * m + np.arange(m), side="right") - 1
+        cand = by_key[pos.clip(0)]
+        # the parent contains the child (within float rounding of the trace's microseconds); ops that only
+        # overlap (not nested: a malformed trace) have none
+        found = (depth > 0) & (pos >= 0) & (depth[cand] == depth - 1) & (ends[cand] >= ends - 2)
+        parent[ops[found]] = ops[cand[found]]
+        depth_out[ops] = np.maximum(depth, 0)
+    return parent, depth_out

@@ -26,6 +26,7 @@ class OpTable:
     external_id: np.ndarray    # -1 when absent
     modules: list[str]
     iteration: np.ndarray      # -1 when the op lies in no ProfilerStep#N
+    args: list                 # each op's ``args`` dict (shapes, types, strides, scalars, ids)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -61,7 +62,8 @@ def read_ops(events: list, where) -> OpTable:
     try:
         ops, start, end, thread = _spans(events, lambda e: e.get("cat") in OP_CATEGORIES)
         names = [str(e.get("name", "")) for e in ops]
-        ext = np.array([(e.get("args") or {}).get("External id", -1) for e in ops], dtype=np.int64)
+        args = [e.get("args") if type(e.get("args")) is dict else {} for e in ops]
+        ext = np.array([a.get("External id", -1) for a in args], dtype=np.int64)
         mods, m_start, m_end, m_thread = _spans(
             events, lambda e: str(e.get("name", "")).startswith(_MODULE_PREFIX))
         steps, s_start, s_end, _ = _spans(events, lambda e: str(e.get("name", "")).startswith(_STEP_PREFIX))
@@ -89,4 +91,4 @@ def read_ops(events: list, where) -> OpTable:
         pos = np.searchsorted(s_start[order], start, side="right") - 1
         inside = (pos >= 0) & (start <= s_end[order][pos.clip(0)])
         iteration[inside] = step_numbers[order][pos[inside]]
-    return OpTable(names, thread, start, end, ext, modules, iteration)
+    return OpTable(names, thread, start, end, ext, modules, iteration, args)

@@ -5,7 +5,8 @@ trace of a few GB that is the text plus several times it in Python objects, most
 flow events the importer never looks at. `read_kineto_filtered` decodes the file a piece (1 MiB) at a time
 with the standard library's JSON decoder, one ``traceEvents`` element at a time, and keeps only the events
 `memlens.io.kineto.kineto_to_trace` reads: ``[memory]`` instants and the complete (``ph == "X"``) spans of
-ops, ``nn.Module:`` calls and ``ProfilerStep#`` ranges, each with only the fields it reads (`slim_event`).
+ops, ``nn.Module:`` calls and ``ProfilerStep#`` ranges, each with only the fields it reads (`slim_event`);
+runtime calls and GPU kernels / copies / memsets go to flat arrays (`memlens.io.kineto_kernels.GpuEvents`).
 The top-level keys other than ``traceEvents`` are kept as they are. The `Trace` built from that is the one the in-memory import builds (tested), then saved as usual:
 the memory events and ops are still held whole (the attribution of each memory event to its innermost op on
 its thread needs every op).
@@ -20,15 +21,17 @@ from pathlib import Path
 
 from memlens import limits
 from memlens.errors import InputError, reading_file
+from memlens.io.kineto_ops import OP_CATEGORIES
 
 READ_CHARS = 1 << 20  # bytes read (and decoded) at a time
 MAX_VALUE_CHARS = 64 << 20  # longer than any one event: a value still undecodable this far on is bad JSON
 
 
 def kept_by_the_importer(event) -> bool:
-    """Whether `kineto_to_trace` reads `event`: a ``[memory]`` event, or a complete span of an op, module
-    call or profiler step (`memlens.io.kineto_ops`)."""
-    from memlens.io.kineto_ops import _MODULE_PREFIX, _STEP_PREFIX, OP_CATEGORIES
+    """Whether `kineto_to_trace` reads `event` as an event: a ``[memory]`` event, or a complete span of an
+    op, module call or profiler step (`memlens.io.kineto_ops`). (Runtime calls and GPU activity go to a
+    `memlens.io.kineto_kernels.GpuEvents` instead, as flat arrays.)"""
+    from memlens.io.kineto_ops import _MODULE_PREFIX, _STEP_PREFIX
     if type(event) is not dict:
         return False
     name = event.get("name")
@@ -42,15 +45,16 @@ def kept_by_the_importer(event) -> bool:
 
 _EVENT_KEYS = ("name", "ph", "cat", "ts", "dur", "pid", "tid")  # what `kineto_to_trace` reads of an event
 _MEMORY_ARGS = ("Bytes", "Device Type", "Device Id", "Addr", "Total Allocated", "Total Reserved", "Ev Idx")
-_OP_ARGS = ("External id",)
+# ops: their id and the logged inputs (`memlens.io.kineto_facts.ARG_KEYS`)
+_OP_ARGS = ("External id", "Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 _SHARED_VALUES = ("name", "ph", "cat", "pid", "tid")  # repeated from event to event: one object each
 
 
 def slim_event(event: dict, shared: dict) -> dict:
-    """A kept event with only the keys the importer reads (a real op's args carry input shapes, types and
-    values), its keys and repeated values the same objects across events (each decode makes its own
-    copies): a few hundred bytes instead of a few KB. `shared`: the distinct values seen so far.
-    Anything the importer would refuse (args that are not a dict) is kept as it is."""
+    """A kept event with only the keys the importer reads (a real op's args also carry call stacks and
+    ids it does not read), its keys and repeated values the
+    same objects across events (each decode makes its own copies). `shared`: the distinct values seen so
+    far. Anything the importer would refuse (args that are not a dict) is kept as it is."""
     out = {}
     for key in _EVENT_KEYS:
         if key in event:
@@ -133,19 +137,20 @@ class _Text:
         raise InputError(f"invalid JSON at character {offset:,}: {what}{hint}", self.path)
 
 
-def read_kineto_filtered(path):
+def read_kineto_filtered(path, gpu=None):
     """The trace at `path` (plain or gzip JSON) as `kineto_to_trace` takes it, with only the events
-    `kept_by_the_importer` in ``traceEvents`` (a bare event list gives a list). Bad JSON raises
-    `InputError` naming the file and the character where it stops making sense."""
+    `kept_by_the_importer` in ``traceEvents`` (a bare event list gives a list); runtime calls and GPU
+    activity go to `gpu` (a `memlens.io.kineto_kernels.GpuEvents`) when given, else are dropped. Bad JSON
+    raises `InputError` naming the file and the character where it stops making sense."""
     path = Path(path)
     with reading_file(path), open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream:
-        return _read_document(_Text(stream, path))
+        return _read_document(_Text(stream, path), gpu)
 
 
-def _read_events(text: _Text, decoder: json.JSONDecoder) -> list:
-    """The kept elements of the JSON array at the cursor."""
+def _read_events(text: _Text, decoder: json.JSONDecoder, gpu) -> list:
+    """The kept elements of the JSON array at the cursor (GPU events into `gpu`, when given)."""
     kept, shared = [], {}
     text.expect("[")
     if text.peek() == "]":
@@ -153,7 +158,9 @@ def _read_events(text: _Text, decoder: json.JSONDecoder) -> list:
         return kept
     while True:
         event = text.value(decoder)
-        if kept_by_the_importer(event):
+        if gpu is not None and gpu.add(event):
+            pass
+        elif kept_by_the_importer(event):
             limits.check_nesting(event, text.path)
             kept.append(slim_event(event, shared))
         nxt = text.peek()
@@ -165,13 +172,13 @@ def _read_events(text: _Text, decoder: json.JSONDecoder) -> list:
             text.fail("expected ',' or ']' between events")
 
 
-def _read_document(text: _Text):
+def _read_document(text: _Text, gpu=None):
     decoder = json.JSONDecoder()
     first = text.peek()
     if first == "":
         raise InputError("file is empty", text.path)
     if first == "[":
-        doc = _read_events(text, decoder)
+        doc = _read_events(text, decoder, gpu)
     elif first == "{":
         doc = {}
         text.pos += 1
@@ -184,7 +191,7 @@ def _read_document(text: _Text):
                 key = text.value(decoder)
                 text.expect(":")
                 if key == "traceEvents" and text.peek() == "[":
-                    doc[key] = _read_events(text, decoder)
+                    doc[key] = _read_events(text, decoder, gpu)
                 else:
                     doc[key] = text.value(decoder)
                     limits.check_nesting(doc[key], text.path)
@@ -206,4 +213,6 @@ def import_kineto_streamed(path):
     """`memlens.io.kineto.import_kineto` reading the file with `read_kineto_filtered`: the same `Trace`,
     without the file's text or the events the importer does not read in memory."""
     from memlens.io.kineto import kineto_to_trace
-    return kineto_to_trace(read_kineto_filtered(path), source=str(path), path=path)
+    from memlens.io.kineto_kernels import GpuEvents
+    gpu = GpuEvents()
+    return kineto_to_trace(read_kineto_filtered(path, gpu), source=str(path), path=path, gpu_events=gpu)

@@ -7,8 +7,8 @@ schema's keyword-only arguments go back to keywords, as a Python call passes the
 """
 from __future__ import annotations
 
-from memlens.record.dtypes import SCALAR_TYPE_NAMES
-from memlens.record.flops import resolve_op
+from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES
+from memlens.opfacts.flops import resolve_op
 
 
 def _from_compiled(value):

@@ -25,8 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memlens.record.attribution import Attribution
 from memlens.record.buffers import EventBuffers
 from memlens.record.costs import CostCache, signature_args, signature_value
-from memlens.record.opinfo import METADATA, VIEW
-from memlens.record.opinfo import classify_cached as classify
+from memlens.opfacts.opinfo import METADATA, VIEW
+from memlens.opfacts.opinfo import classify_cached as classify
 from memlens.record.stacks import StackTable
 
 Tensor = torch.Tensor
