@@ -66,6 +66,13 @@ def detect_format(path) -> str:
     if path.is_dir():
         if (path / "manifest.json").is_file():
             return "memlens"
+        # a two-rename save may have moved the trace aside between the two checks: look again under the
+        # readers' shared lock, which no swap holds at the same time
+        from memlens.tracedir import _dir_lock, settle
+        settle(path)
+        with _dir_lock(path.parent, exclusive=False):
+            if (path / "manifest.json").is_file():
+                return "memlens"
         raise InputError("is a directory but not a memlens trace (no manifest.json)", path)
     check_regular(path)
     try:
