@@ -58,23 +58,17 @@ def detect_format(path) -> str:
     Raises `InputError` when the path is missing, empty or of no known format.
     """
     path = Path(path)
-    if not path.exists():
-        from memlens.tracedir import settle
-        settle(path)  # a trace being re-saved, or whose save was killed: wait for it / recover it
+    from memlens.tracedir import _dir_lock, settle
+    settle(path)  # a trace being re-saved, or whose save was killed: wait for it / recover it
+    # the readers' shared lock: no save swaps a trace at this path between the checks below
+    with _dir_lock(path.parent, exclusive=False):
         if not path.exists():
             raise InputError("no such file or directory", path)
-    if path.is_dir():
-        if (path / "manifest.json").is_file():
-            return "memlens"
-        # a two-rename save may have moved the trace aside between the two checks: look again under the
-        # readers' shared lock, which no swap holds at the same time
-        from memlens.tracedir import _dir_lock, settle
-        settle(path)
-        with _dir_lock(path.parent, exclusive=False):
+        if path.is_dir():
             if (path / "manifest.json").is_file():
                 return "memlens"
-        raise InputError("is a directory but not a memlens trace (no manifest.json)", path)
-    check_regular(path)
+            raise InputError("is a directory but not a memlens trace (no manifest.json)", path)
+        check_regular(path)
     try:
         head = _head(path)
     except OSError as exc:
