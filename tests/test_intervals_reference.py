@@ -561,3 +561,63 @@ def test_dense_ids_far_from_zero():
     from memlens.analysis.ati_intervals import block_rows
     ids = (1 << 40) + np.array([3, 0, 2], np.int64)
     assert block_rows(ids, (1 << 40) + np.array([0, 1, 2, 3], np.int64)).tolist() == [1, -1, 2, 0]
+
+
+# ---- swap plans: every reported fact by hand ----------------------------------------------------------------
+def _two_block_trace() -> Trace:
+    """X (1 MB) read by ops [0, 100] and [1100, 1200], W (500 kB) alive [400, 700): the peak 1.5 MB is there."""
+    ops = pd.DataFrame({"op_id": [1, 2], "name": "op", "start_ns": [0, 1100], "end_ns": [100, 1200]})
+    blocks = pd.DataFrame({"block_id": [1, 2], "device": DEVICE, "size": [1_000_000, 500_000],
+                           "alloc_ns": [0, 400], "free_ns": [1300, 700]})
+    acc = pd.DataFrame({"block_id": [1, 1], "t_ns": [0, 1200], "op_id": [1, 2], "is_write": [False, True]})
+    return Trace.from_tables(blocks, acc, ops)
+
+
+def test_a_plan_reports_every_fact_by_hand():
+    fast = BandwidthModel(h2d_bytes_per_s=1e13, d2h_bytes_per_s=1e13, latency_ns=0.0)
+    plan = plan_swaps(_two_block_trace(), bandwidth=fast, min_size=0)
+    s = plan.summary()
+    assert {k: s[k] for k in ("peak_before", "peak_after", "infinite_bandwidth_peak", "saved_bytes",
+                              "transfer_bytes", "stall_ns", "late_copy_ins", "swap_count", "candidates",
+                              "smaller_candidates", "idle_intervals", "min_size", "met_limit", "limit",
+                              "steady_state", "iteration", "period_ns", "window_ns")} == {
+        "peak_before": 1_500_000, "peak_after": 1_000_000, "infinite_bandwidth_peak": 1_000_000,
+        "saved_bytes": 500_000, "transfer_bytes": 2_000_000, "stall_ns": 0, "late_copy_ins": 0, "swap_count": 1,
+        "candidates": 1, "smaller_candidates": 0, "idle_intervals": 1, "min_size": 0, "met_limit": None,
+        "limit": None, "steady_state": False, "iteration": None, "period_ns": None, "window_ns": None}
+    assert s["priority"].startswith("best:") and s["priority"] != "best:"
+    assert plan.swaps["crosses_boundary"].tolist() == [False] and plan.swaps["wraps"].tolist() == [False]
+    assert len(plan.candidates_table) == 1 and plan.candidates_table["doa_ns"].tolist() == [800]
+    # the curves, by hand: X out at 200 and back at 1000; W alive [400, 700)
+    before = list(zip(plan.curve_before["t_ns"], plan.curve_before["live"]))
+    assert before == [(0, 1_000_000), (400, 1_500_000), (700, 1_000_000), (1300, 0)]
+    after = list(zip(plan.curve_after["t_ns"], plan.curve_after["live"]))
+    assert max(v for _, v in after) == 1_000_000 and (200, 0) in after and (1000, 1_000_000) in after
+    limited = plan_swaps(_two_block_trace(), bandwidth=fast, min_size=0, limit=1_200_000, priority="doa")
+    assert limited.met_limit is True and limited.summary()["priority"] == "doa"
+
+
+def test_periodic_schedule_by_hand():
+    """One swap idle [10, 90) of a 100 ns period, 20 ns each way: out 10..30, in as late as allowed 70..90,
+    settled (the neighbours are the same shifted by a period), no stall."""
+    from memlens.swap.periodic import periodic_schedule
+    s = periodic_schedule(100)(np.array([10]), np.array([90]), np.array([20]), np.array([20]))
+    assert (s.out_start.tolist(), s.out_end.tolist(), s.in_start.tolist(), s.in_end.tolist()) == \
+        ([10], [30], [70], [90])
+    assert s.stall.tolist() == [0]
+    # two swaps whose copies cannot fit one period: the queue grows every period, each marked a period late
+    s = periodic_schedule(100)(np.array([0, 0]), np.array([99, 99]), np.array([60, 60]), np.array([60, 60]))
+    assert (s.stall >= 100).all()
+
+
+def test_empty_periodic_curve_and_the_default_steady_iteration(monkeypatch):
+    trace = _two_block_trace()
+    empty = PeriodicLoadCurve(Trace.from_tables(trace.blocks.iloc[:0], trace.accesses.iloc[:0]), DEVICE, (0, 10))
+    assert empty.peak() == (0, 0, 10)  # the whole period at 0 bytes
+    import memlens.analysis.iterations as iterations_module
+    its = _iterations([0, 600, 1100], 1300)
+    monkeypatch.setattr(iterations_module, "split_iterations", lambda _trace: its)
+    fast = BandwidthModel(h2d_bytes_per_s=1e13, d2h_bytes_per_s=1e13, latency_ns=0.0)
+    plan = plan_swaps(trace, bandwidth=fast, min_size=0, steady_state=True)
+    # iterations of 600, 500 and a last 201 ns: the middle one, which has a successor
+    assert (plan.iteration, plan.period_ns, plan.window_ns) == (1, 500, (600, 1100))
