@@ -215,9 +215,9 @@ def _json_or_empty(args, key: str) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"))
 
 
-def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tuple[dict, dict]:
+def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tuple[dict, dict, np.ndarray]:
     """(the ops-table columns of `COLUMNS` plus ``input_strides`` and ``concrete_inputs`` (JSON text, "" when
-    not logged), counts for the metadata). `op_args` are the ops' ``args`` dicts; `parent` / `depth` their
+    not logged), counts for the metadata, which ops carry the facts (bool per op)). `op_args` are the ops' ``args`` dicts; `parent` / `depth` their
     nesting (`memlens.io.kineto_attrib.nesting`). Facts are computed once per distinct (name, inputs)."""
     n = len(names)
     codes, uniques = pd.factorize(pd.Series([(nm, _logged(a)) for nm, a in zip(names, op_args)], dtype=object)) \
@@ -254,4 +254,4 @@ def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tupl
     out["concrete_inputs"] = per_op([_json_or_empty(a, "Concrete Inputs") for a in first_args], object)
     counts = {"ops_with_shapes": int(logged.sum()), "ops_carrying_facts": int(carries.sum()),
               "facts_results_unknown": int((carries & ~known).sum())}
-    return out, counts
+    return out, counts, carries

@@ -24,6 +24,7 @@ import pandas as pd
 
 from memlens.gpu_activity import ACTIVITY_CATEGORIES, RUNTIME_CATEGORIES
 from memlens.io.kineto_attrib import innermost_enclosing
+from memlens.io.kineto_transfer import DIRECTIONS, direction_code, transfer_device_columns
 KERNEL_COLUMNS = ("kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns")
 
 
@@ -49,7 +50,7 @@ class GpuEvents:
         self.threads: dict = {}
         self.launch = {k: array(t) for k, t in (("ts", "d"), ("thread", "q"), ("corr", "q"), ("ext", "q"))}
         self.act = {k: array(t) for k, t in (("cat", "b"), ("ts", "d"), ("end", "d"), ("corr", "q"),
-                                               ("stream", "q"), ("ext", "q"))}
+                                               ("stream", "q"), ("ext", "q"), ("dir", "b"))}
 
     def add(self, e) -> bool:
         """Collect `e` when it is a runtime call or a GPU activity; whether it was one."""
@@ -72,8 +73,9 @@ class GpuEvents:
                 self.launch[key].append(value)
         else:
             code = self._CATEGORIES.index(ACTIVITY_CATEGORIES[cat])
+            direction = direction_code(e.get("name"), args) if code == 1 else 0
             for key, value in (("cat", code), ("ts", ts), ("end", ts + dur), ("corr", _arg_int(args, "correlation")),
-                               ("stream", _arg_int(args, "stream")), ("ext", ext)):
+                               ("stream", _arg_int(args, "stream")), ("ext", ext), ("dir", direction)):
                 self.act[key].append(value)
         return True
 
@@ -82,7 +84,7 @@ class GpuEvents:
 
         launches: start_us, thread ("pid/tid"), correlation, external_id (-1 when absent).
         activity: category (kernel / gpu_memcpy / gpu_memset), start_us, end_us, correlation, stream,
-        external_id."""
+        external_id, direction (a memcpy's "h2d" / "d2h", else "")."""
         names = np.array(list(self.threads), dtype=object)
         codes = np.array(self.launch["thread"], dtype=np.int64)
         def flat(values, dtype):
@@ -95,7 +97,8 @@ class GpuEvents:
         acts = pd.DataFrame({"category": cats[flat(self.act["cat"], np.int8)],
                              "start_us": flat(self.act["ts"], np.float64), "end_us": flat(self.act["end"], np.float64),
                              "correlation": flat(self.act["corr"], np.int64), "stream": flat(self.act["stream"], np.int64),
-                             "external_id": flat(self.act["ext"], np.int64)})
+                             "external_id": flat(self.act["ext"], np.int64),
+                             "direction": np.asarray(DIRECTIONS, dtype=object)[flat(self.act["dir"], np.int8)]})
         return launches, acts
 
 
@@ -185,8 +188,9 @@ def per_op_kernels(n_ops: int, parent: np.ndarray, depth: np.ndarray, act_op: np
 
 def kernel_columns(events, op_external_id: np.ndarray, op_thread: np.ndarray, op_start: np.ndarray,
                    op_end: np.ndarray, parent: np.ndarray, depth: np.ndarray, thread_codes: dict,
-                   t0_us: float) -> tuple[dict, dict]:
-    """(ops-table columns `KERNEL_COLUMNS`, the ``metadata["gpu_activity"]`` counts) of a trace's events (a
+                   t0_us: float, carries=None) -> tuple[dict, dict]:
+    """(ops-table columns `KERNEL_COLUMNS` (plus ``transfer`` and ``device`` when `carries`, which ops carry
+    the cost facts, is given: `memlens.io.kineto_transfer`), the ``metadata["gpu_activity"]`` counts) of a trace's events (a
     list, or the `GpuEvents` a streamed read collected).
 
     Op times are ns from `t0_us` (trace microseconds); `thread_codes` maps "pid/tid" to the ops' thread
@@ -201,6 +205,10 @@ def kernel_columns(events, op_external_id: np.ndarray, op_thread: np.ndarray, op
                              lambda t: thread_codes.get(t, -1), to_ns)
     start, end = to_ns(acts["start_us"]), to_ns(acts["end_us"])
     columns = per_op_kernels(len(op_start), parent, depth, op, start, end)
+    if carries is not None:
+        direction = pd.Index(DIRECTIONS).get_indexer(acts["direction"].to_numpy(object)).astype(np.int64)
+        columns.update(transfer_device_columns(op, direction, end - start, carries, parent, depth,
+                                               columns["kernels"]))
     mine = op >= 0
     counts = {"activities": int(len(acts)), "kernels": int((acts["category"] == "kernel").sum()),
               "attributed": int(mine.sum()), "launched_before_profiling": int((~launched & ~mine).sum()),
