@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memlens.opfacts.costs import CostFacts, op_costs
+from memlens.opfacts.costs import op_costs
 from memlens.opfacts.dtypes import dtype_name
 
 CONV = "aten::cudnn_convolution"
@@ -113,8 +113,8 @@ def legacy_call(name: str, dims, types, later=(), parent=None, children=()):
 
 def legacy_facts(candidates, names, op_args, parent: np.ndarray, thread: np.ndarray,
                  start: np.ndarray, end: np.ndarray) -> dict:
-    """{op index: `CostFacts`} for the ops in `candidates` (indices of `LEGACY_OPS` ops the signature match
-    could not price) that `legacy_call` can rebuild. `op_args`: the ops' ``args`` dicts; `parent`: the
+    """{op index: `memlens.opfacts.costs.CostFacts`} for the ops in `candidates` (indices of `LEGACY_OPS`
+    ops the signature match could not price) that `legacy_call` can rebuild. `op_args`: the ops' ``args`` dicts; `parent`: the
     innermost op around each (-1 at top level); `thread`, `start`, `end`: each op's thread code and times
     (any one unit), to find the ops after it on its thread."""
     candidates = [int(i) for i in candidates]
@@ -149,4 +149,4 @@ def legacy_facts(candidates, names, op_args, parent: np.ndarray, thread: np.ndar
     return out
 
 
-__all__ = ["LEGACY_OPS", "CostFacts", "conv_params", "consumer_input", "legacy_call", "legacy_facts"]
+__all__ = ["LEGACY_OPS", "LOOKAHEAD", "conv_params", "consumer_input", "legacy_call", "legacy_facts"]
