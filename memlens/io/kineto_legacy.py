@@ -115,8 +115,8 @@ def legacy_facts(candidates, names, op_args, parent: np.ndarray, thread: np.ndar
                  start: np.ndarray, end: np.ndarray) -> dict:
     """{op index: `memlens.opfacts.costs.CostFacts`} for the ops in `candidates` (indices of `LEGACY_OPS`
     ops the signature match could not price) that `legacy_call` can rebuild. `op_args`: the ops' ``args``
-    dicts; `parent`: the innermost op around each (-1 at top level); `thread`, `start`, `end`: each op's thread code and times
-    (any one unit), to find the ops after it on its thread."""
+    dicts; `parent`: the innermost op around each (-1 at top level); `thread`, `start`, `end`: each op's
+    thread code and times (any one unit), to find the ops after it on its thread."""
     candidates = [int(i) for i in candidates]
     if not candidates:
         return {}
