@@ -8,10 +8,9 @@ Kernels, memcpys and memsets are given to the op whose ``External id`` they carr
 it on the GPU event). The ops kept are the ones a dispatch recorder would see: ops that own GPU work, and
 leaf ops (no child op) that own none (views, metadata, CPU-side work).
 
-2021-era traces (capitalised ``Operator``/``Kernel`` categories) carry no scalar arguments: a
-convolution's stride and padding are taken from the shape of its output, found as the first input of the
-next op on the thread that has the output's batch and channels (forward) or from the grad_output
-(backward); max-pool gets ResNet's 3x3 / stride 2 / pad 1 when its output is found the same way.
+2021-era traces (capitalised ``Operator``/``Kernel`` categories) carry no scalar arguments: their
+convolutions and max-pools are rebuilt as the importer rebuilds them (`memlens.io.kineto_legacy`: the
+output from the next op on the thread that takes it, stride and padding inferred from the sizes).
 """
 from __future__ import annotations
 
@@ -23,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from memlens.io.kineto_legacy import LEGACY_OPS, LOOKAHEAD, legacy_call
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset",
                   "memset": "memset"}
@@ -145,62 +146,15 @@ def _meta_out(name, args, kwargs):
         return None
 
 
-def _conv_params(x, w, out):
-    """(stride, padding) of a 2-D convolution from its input, weight and output shapes."""
-    stride, pad = [], []
-    for i in (2, 3):
-        s = max(1, round(x[i] / max(out[i], 1)))
-        p = max(0, ((out[i] - 1) * s + w[i] - x[i] + 1) // 2)
-        stride.append(s), pad.append(p)
-    return stride, pad
-
-
-def _next_input(ops, i, n, c):
-    """First input of the next op on the thread whose first input is [n, c, h, w] (a conv's output)."""
+def _legacy_record(ops, i, parent, name):
+    """(name, args, out) of a 2021-era op logged without scalar arguments, rebuilt by the importer's
+    `memlens.io.kineto_legacy.legacy_call` from its shapes and the ops after it on its thread; None if unknown."""
     end = ops.at[i, "ts"] + ops.at[i, "dur"]
-    later = ops[(ops["tid"] == ops.at[i, "tid"]) & (ops["ts"] >= end)].sort_values("ts").head(40)
-    for dims in later["dims"]:
-        if dims and isinstance(dims[0], list) and len(dims[0]) == 4 and dims[0][0] == n and dims[0][1] == c:
-            return tuple(dims[0])
-    return None
-
-
-def _legacy_record(ops, i, parent, name, args):
-    """(name, args, out) for 2021-era convolution / pooling ops without scalar arguments; None if unknown."""
-    if name == "aten::cudnn_convolution" and len(args) >= 2 and args[0] and args[1]:
-        x, w = args[0][0], args[1][0]
-        out = _next_input(ops, i, x[0], w[0])
-        if out is None:
-            return None
-        stride, pad = _conv_params(x, w, out)
-        dt = args[0][1]
-        return ("aten::convolution", [args[0], args[1], None, stride, pad, [1, 1], False, [0, 0], 1],
-                (out, dt))
-    if name in ("aten::cudnn_convolution_backward_input", "aten::cudnn_convolution_backward_weight"):
-        p = parent[i]
-        if p < 0 or not ops.at[p, "dims"]:
-            return None
-        pd_ = ops.at[p, "dims"]          # cudnn_convolution_backward(self, grad_output, weight, ...)
-        x, go, w = tuple(pd_[0]), tuple(pd_[1]), tuple(pd_[2])
-        if len(x) != 4 or len(go) != 4 or len(w) != 4:
-            return None
-        dt = "float32"
-        stride, pad = _conv_params(x, w, go)
-        want_input = name.endswith("input")
-        mask = [want_input, not want_input, False]
-        out = ((x, dt) if want_input else None, None if want_input else (w, dt), None)
-        return ("aten::convolution_backward", [(go, dt), (x, dt), (w, dt), None, stride, pad, [1, 1], False,
-                                               [0, 0], 1, mask], out)
-    if name == "aten::max_pool2d_with_indices" and args and args[0]:
-        x = args[0][0]
-        out = _next_input(ops, i, x[0], x[1])
-        if out is None:
-            return None
-        return (name, [args[0], [3, 3], [2, 2], [1, 1], [1, 1], False], ((out, args[0][1]), (out, "int64")))
-    if name == "aten::max_pool2d_with_indices_backward" and len(args) >= 2 and args[0] and args[1]:
-        go, x = args[0], args[1]
-        return (name, [go, x, [3, 3], [2, 2], [1, 1], [1, 1], False, (go[0], "int64")], x)
-    return None
+    later = ops[(ops["tid"] == ops.at[i, "tid"]) & (ops["ts"] >= end)].sort_values("ts").head(LOOKAHEAD)["dims"]
+    p = parent[i]
+    around = (ops.at[p, "dims"] or [], ops.at[p, "types"] or []) if p >= 0 else None
+    children = set(ops.loc[parent == i, "name"])
+    return legacy_call(name, ops.at[i, "dims"] or [], ops.at[i, "types"] or [], list(later), around, children)
 
 
 def _is_tensor(a) -> bool:
@@ -285,7 +239,7 @@ def profile_ops(path) -> tuple[pd.DataFrame, dict]:
                 missing += 1
             continue
         args, concrete = _signature(ops.loc[i], common_dtype)
-        record = None if concrete else _legacy_record(ops, i, parent, name, args)
+        record = None if concrete or name not in LEGACY_OPS else _legacy_record(ops, i, parent, name)
         if record is not None:
             rec_name, rec_args, out = record
             rec_name, rec_args, kwargs = _keywords(rec_name, rec_args)

@@ -136,7 +136,7 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(np.int64)]
     ops_table = ops.table(op_start, op_end, op_thread)
     parent, depth = nesting(op_thread, op_start, op_end)
-    facts, fact_counts, carries = facts_columns(ops.names, ops.args, parent, depth)
+    facts, fact_counts, carries = facts_columns(ops.names, ops.args, parent, depth, op_thread, op_start, op_end)
     kernels, gpu_counts = kernel_columns(events if gpu_events is None else gpu_events, ops.external_id, op_thread, op_start, op_end, parent, depth,
                                          {t: i for i, t in enumerate(thread_names)}, t0_us, carries)
     ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,

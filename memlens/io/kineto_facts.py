@@ -29,6 +29,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from memlens.io.kineto_legacy import LEGACY_OPS, legacy_facts
 from memlens.opfacts.costs import COLUMNS, CostFacts, op_costs
 from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES, dtype_name
 
@@ -215,10 +216,13 @@ def _json_or_empty(args, key: str) -> str:
     return "" if value is None else json.dumps(value, separators=(",", ":"))
 
 
-def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tuple[dict, dict, np.ndarray]:
+def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray, thread=None, start=None,
+                  end=None) -> tuple[dict, dict, np.ndarray]:
     """(the ops-table columns of `COLUMNS` plus ``input_strides`` and ``concrete_inputs`` (JSON text, "" when
     not logged), counts for the metadata, which ops carry the facts (bool per op)). `op_args` are the ops' ``args`` dicts; `parent` / `depth` their
-    nesting (`memlens.io.kineto_attrib.nesting`). Facts are computed once per distinct (name, inputs)."""
+    nesting (`memlens.io.kineto_attrib.nesting`). Facts are computed once per distinct (name, inputs), except
+    for the 2021-era ops the signature cannot price (`memlens.io.kineto_legacy`), rebuilt per op from the
+    ops around them: that needs each op's `thread` code and `start` / `end` times (skipped without them)."""
     n = len(names)
     codes, uniques = pd.factorize(pd.Series([(nm, _logged(a)) for nm, a in zip(names, op_args)], dtype=object)) \
         if n else (np.zeros(0, np.int64), [])
@@ -237,6 +241,24 @@ def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tupl
         return np.asarray(values, dtype=dtype)[codes] if rows else np.zeros(0, dtype)
     own, known, logged = (per_op([r[1] for r in rows], bool), per_op([r[2] for r in rows], bool),
                           per_op(has_dims, bool))
+    legacy = {}
+    if thread is not None and n:
+        unpriced = np.flatnonzero(~known & np.isin(np.asarray(names, dtype=object), list(LEGACY_OPS)))
+        legacy = legacy_facts(unpriced, names, op_args, parent, np.asarray(thread), np.asarray(start),
+                              np.asarray(end))
+    rebuilt = np.fromiter(legacy, np.int64, len(legacy))
+    if len(rebuilt):
+        own, known = own.copy(), known.copy()
+        own[rebuilt] = known[rebuilt] = True
+        # an op around a rebuilt one that has a kernel of its own but no result (2021's aten::convolution /
+        # aten::_convolution, stride unlogged) would carry facts without flops or output bytes: it yields
+        # them to the rebuilt op, which has the same call's complete facts
+        for i in rebuilt:
+            p = parent[i]
+            while p >= 0:
+                if own[p] and not known[p]:
+                    own[p] = False
+                p = parent[p]
     # an op carries the facts when it has its own kernel and no op around it does
     covered = np.zeros(n, dtype=bool)              # some ancestor has its own kernel
     for d in range(1, int(depth.max()) + 1 if n else 0):
@@ -250,8 +272,12 @@ def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray) -> tupl
         out[col] = np.where(carries, per_op(facts[col].to_numpy(np.int64), np.int64), 0).astype(np.int64)
     for col in ("dtype", "shapes"):
         out[col] = per_op(facts[col].to_numpy(object), object)
+    for i, f in legacy.items():
+        for col in COLUMNS:
+            if col in ("dtype", "shapes") or carries[i]:
+                out[col][i] = getattr(f, col)
     out["input_strides"] = per_op([_json_or_empty(a, "Input Strides") for a in first_args], object)
     out["concrete_inputs"] = per_op([_json_or_empty(a, "Concrete Inputs") for a in first_args], object)
     counts = {"ops_with_shapes": int(logged.sum()), "ops_carrying_facts": int(carries.sum()),
-              "facts_results_unknown": int((carries & ~known).sum())}
+              "facts_results_unknown": int((carries & ~known).sum()), "facts_rebuilt_2021": len(legacy)}
     return out, counts, carries
