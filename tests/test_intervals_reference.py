@@ -395,6 +395,11 @@ def test_a_repeating_plan_resimulated_over_three_periods(trace, data):
         assert row.stall_ns == max(row.in_end_ns - deadline, 0)
         assert row.out_start_ns >= row.idle_from_ns and row.in_start_ns >= row.out_end_ns
     assert plan.stall_ns == int(sw["stall_ns"].sum())
+    from memlens.swap.planner import SWAP_COLUMNS
+    assert list(sw.columns) == list(SWAP_COLUMNS)
+    times = sw[["out_start_ns", "out_end_ns", "in_start_ns", "in_end_ns"]].to_numpy()
+    outside = ((times < window[0]) | (times > window[1])).any(axis=1) if len(sw) else np.zeros(0, bool)
+    assert sw["crosses_boundary"].tolist() == (outside | sw["wraps"].to_numpy(bool)).tolist()
     assert plan.peak_before == _load_by_hand(trace, window, period, sw.iloc[:0])
     assert plan.peak_after == _load_by_hand(trace, window, period, sw)
 
