@@ -166,14 +166,8 @@ def attribute_activity(ops: pd.DataFrame, launches: pd.DataFrame, activity: pd.D
     launch_tid = by_corr["tid"].to_numpy()[pos[has]] if "tid" in by_corr.columns else None
     owner = np.full(len(launch_t), -1, dtype=np.int64)
     if "external_id" in ops.columns and len(ops):
-        ext = ops["external_id"].to_numpy()
-        valid = ext >= 0
-        if valid.any():
-            ext_index = pd.Series(np.flatnonzero(valid), index=ext[valid])
-            ext_index = ext_index[~ext_index.index.duplicated(keep="last")]
-            hit = ext_index.reindex(launch_ext).to_numpy(dtype="float64", na_value=np.nan)
-            ok = ~np.isnan(hit) & (launch_ext >= 0)
-            owner[ok] = hit[ok].astype(np.int64)
+        hit = rows_by_external_id(ops["external_id"].to_numpy(), launch_ext)
+        owner[hit >= 0] = hit[hit >= 0]
     missing = owner < 0
     if missing.any():
         owner[missing] = innermost_containing(ops, launch_t[missing],
@@ -209,3 +203,20 @@ def kernel_summary(path) -> pd.DataFrame:
     att["op_name"] = np.where(att["op"] >= 0, names[np.clip(att["op"].to_numpy(), 0, max(len(names) - 1, 0))]
                               if len(names) else "", "")
     return att
+
+
+def rows_by_external_id(op_external_id: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Row of the op whose External id is each of `wanted` (-1 when none, or when the id is negative: not
+    logged). Where several ops share an id, the last one (the innermost, as the profiler writes them)."""
+    op_external_id = np.asarray(op_external_id, dtype=np.int64)
+    wanted = np.asarray(wanted, dtype=np.int64)
+    out = np.full(len(wanted), -1, dtype=np.int64)
+    valid = op_external_id >= 0
+    if not valid.any():
+        return out
+    index = pd.Series(np.flatnonzero(valid), index=op_external_id[valid])
+    index = index[~index.index.duplicated(keep="last")]
+    hit = index.reindex(wanted).to_numpy(dtype="float64", na_value=np.nan)
+    ok = ~np.isnan(hit) & (wanted >= 0)
+    out[ok] = hit[ok].astype(np.int64)
+    return out

@@ -254,7 +254,7 @@ MUTANTS = [
     ("kineto import: nested ops not summed into their parents", "memlens/io/kineto_kernels.py",
      "    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):", "    for d in range(0):",
      ['tests/test_import_kineto_facts.py::test_hand_made_kernels_per_op_and_the_measured_clock']),
-    ("kineto import: External ids ignored", "memlens/io/kineto_kernels.py",
+    ("kineto import: External ids ignored", "memlens/gpu_activity.py",
      "    valid = op_external_id >= 0\n", "    valid = op_external_id < -1\n",
      ['tests/test_import_kineto_facts.py::test_an_external_id_decides_over_the_enclosing_op']),
     ("kineto import: a kernel without its launch still counted as launched", "memlens/io/kineto_kernels.py",

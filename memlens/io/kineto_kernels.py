@@ -22,7 +22,7 @@ from array import array
 import numpy as np
 import pandas as pd
 
-from memlens.gpu_activity import ACTIVITY_CATEGORIES, RUNTIME_CATEGORIES
+from memlens.gpu_activity import ACTIVITY_CATEGORIES, RUNTIME_CATEGORIES, rows_by_external_id
 from memlens.io.kineto_attrib import innermost_enclosing
 from memlens.io.kineto_transfer import DIRECTIONS, direction_code, transfer_device_columns
 KERNEL_COLUMNS = ("kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns")
@@ -127,13 +127,8 @@ def attribute(acts: pd.DataFrame, launches: pd.DataFrame, op_external_id: np.nda
     safe = pos.clip(0)
     ext = np.where(launched, by_corr["external_id"].to_numpy(np.int64)[safe] if len(by_corr) else -1,
                    acts["external_id"].to_numpy(np.int64))
-    valid = op_external_id >= 0
-    if valid.any():
-        ext_index = pd.Series(np.flatnonzero(valid), index=op_external_id[valid])
-        ext_index = ext_index[~ext_index.index.duplicated(keep="last")]
-        hit = ext_index.reindex(ext).to_numpy(dtype="float64", na_value=np.nan)
-        ok = ~np.isnan(hit) & (ext >= 0)
-        op[ok] = hit[ok].astype(np.int64)
+    hit = rows_by_external_id(op_external_id, ext)
+    op[hit >= 0] = hit[hit >= 0]
     missing = np.flatnonzero((op < 0) & launched)
     if len(missing) and len(op_start):
         rows = safe[missing]

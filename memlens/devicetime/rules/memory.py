@@ -20,6 +20,7 @@ import math
 import re
 
 from memlens.devicetime.rules.gemm import ITEMSIZE
+from memlens.devicetime.rules.names import logged_list
 
 _FOREACH_TENSORS = {1: 110, 2: 64, 3: 48, 4: 36, 5: 30}
 _FOREACH_BLOCKS, _FOREACH_CHUNK = 320, 65536
@@ -61,12 +62,9 @@ def non_contiguous(inputs: list, strides) -> bool:
     of size 1 ignored). Lists are matched to the tensor inputs in order, by rank."""
     if not strides:
         return False
-    if isinstance(strides, str):
-        import json
-        try:
-            strides = json.loads(strides)
-        except ValueError:
-            return False
+    strides = logged_list(strides)
+    if not isinstance(strides, (list, tuple)):
+        return False
     lists = [s for s in strides if isinstance(s, list) and s and all(isinstance(v, int) for v in s)]
     j = 0
     for _, dims in inputs:

@@ -60,18 +60,25 @@ CAUSAL_ARG = {"aten::_scaled_dot_product_flash_attention": 4, "aten::_scaled_dot
               "aten::_efficient_attention_forward": 9, "aten::_efficient_attention_backward": 14}
 
 
+def logged_list(value):
+    """A profile's logged argument list as a list: `value` itself, or its JSON text decoded (None when the
+    text is not JSON)."""
+    if not isinstance(value, str):
+        return value
+    import json
+    try:
+        return json.loads(value)
+    except ValueError:
+        return None
+
+
 def causal_from_args(name: str, concrete_args) -> bool:
     """True when the scalar arguments of fused attention op `name` (a list of their texts, or its JSON
     string) ask for a causal mask; False otherwise or when unknown."""
     pos = CAUSAL_ARG.get(base_name(name))
     if pos is None or not concrete_args:
         return False
-    if isinstance(concrete_args, str):
-        import json
-        try:
-            concrete_args = json.loads(concrete_args)
-        except ValueError:
-            return False
+    concrete_args = logged_list(concrete_args)
     if not isinstance(concrete_args, (list, tuple)) or len(concrete_args) <= pos:
         return False
     return str(concrete_args[pos]).strip() in ("True", "true", "1", "2")   # mask types 1, 2: causal
