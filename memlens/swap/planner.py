@@ -153,9 +153,12 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
         window, period, curve, scheduler = None, None, LoadCurve(trace, device), serial_schedule
     peak_before = curve.peak()[0]
     bound = infinite_bandwidth_peak(trace, device, intervals, curve, scheduler)
-    cands = swap_candidates(intervals, model, min_size)
-    # swappable intervals of blocks under min_size: a plan with no swaps says how many a lower floor would see
-    smaller = int(len(swap_candidates(intervals, model, 0))) - len(cands) if min_size > 1 else 0
+    # every swappable interval once; those of blocks under min_size are only counted (a plan with no swaps
+    # says how many a lower floor would see)
+    swappable = swap_candidates(intervals, model, 0)
+    large = swappable["size"].to_numpy(np.int64) >= max(min_size, 1)
+    cands = swappable[large].reset_index(drop=True)
+    smaller = int((~large).sum())
     sel = select(cands, curve, limit, priority, target=bound, scheduler=scheduler)
     chosen = cands.iloc[sel.chosen].reset_index(drop=True)
     sch = sel.schedule
