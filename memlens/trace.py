@@ -44,7 +44,8 @@ from memlens.tracedir import save_trace
 def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
     """Give every block an alloc_seq/free_seq when the producer left them out.
 
-    Order: by time; at equal times frees come before allocs (half-open lifetimes), then block_id.
+    Order: by time; at equal times frees come before allocs (half-open lifetimes), then block_id; a block
+    allocated and freed at the same instant is freed after that instant's allocs (never before its own).
     """
     if len(blocks) == 0 or (blocks["alloc_seq"].notna().all() and
                             (blocks["free_seq"].notna() | blocks["free_ns"].isna()).all()):
@@ -54,7 +55,10 @@ def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
         blocks["alloc_ns"].to_numpy(dtype="float64", na_value=-np.inf),
         blocks["free_ns"].to_numpy(dtype="float64", na_value=np.inf),
     ])
-    kind = np.concatenate([np.ones(n), np.zeros(n)])  # free (0) before alloc (1) at the same time
+    # free (0) before alloc (1) at the same time; a block's own free never before its own alloc (2: a block
+    # that lives zero ns is freed after the allocs of that instant)
+    zero_length = (blocks["alloc_ns"] == blocks["free_ns"]).fillna(False).to_numpy(dtype=bool)
+    kind = np.concatenate([np.ones(n), np.where(zero_length, 2.0, 0.0)])
     bid = np.concatenate([blocks["block_id"].to_numpy(), blocks["block_id"].to_numpy()])
     order = np.lexsort((bid, kind, t))
     rank = np.empty(2 * n, dtype=np.int64)

@@ -59,9 +59,8 @@ def traces(draw, max_ops: int = 9, max_blocks: int = 5, min_accesses: int = 0):
         first = int(starts[chosen[0]]) if chosen else 1000
         last = int(ends[chosen[-1]]) if chosen else horizon
         alloc = None if draw(st.booleans()) and b % 2 == 0 else draw(st.integers(900, first))
-        # a block lives at least 1 ns: one allocated and freed at the same instant is ordered free-first by
-        # Trace.from_tables (a known gap, left for the next stop)
-        free = None if draw(st.booleans()) else draw(st.integers(max(last, (alloc or 0) + 1), horizon + 1))
+        # a block may live zero ns (allocated and freed at the same instant: sequenced alloc, then free)
+        free = None if draw(st.booleans()) else draw(st.integers(max(last, alloc or 0), horizon + 1))
         blocks.append({"block_id": 100 + 7 * b, "device": DEVICE, "size": draw(st.integers(1, 64)) * 1024,
                        "alloc_ns": alloc, "free_ns": free})
         for i in chosen:

@@ -9,6 +9,7 @@ import contextlib
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
@@ -94,7 +95,9 @@ def import_lifetimes_csv(path):
 
 
 # in a streamed conversion, an event's seq orders it among events at the same time as `Trace.from_tables`
-# orders a CSV's (frees before allocs, then block id): free_seq = block id, alloc_seq = this + block id
+# orders a CSV's (frees before allocs, then block id): free_seq = block id, alloc_seq = this + block id; a
+# buffer that lives zero time units is freed after that instant's allocs (twice this + block id), never
+# before its own alloc
 ALLOC_SEQ_BASE = 1 << 40
 CHUNK_ROWS = 1 << 18  # CSV rows parsed, checked and written at once (~0.2 GB with string ids, measured)
 
@@ -106,7 +109,8 @@ def _blocks_of(df: pd.DataFrame, first_block: int) -> pd.DataFrame:
         "block_id": ids, "device": "plan", "size": df["size"].to_numpy(),
         "addr": df["offset"].array if "offset" in df.columns else pd.NA,
         "alloc_ns": df["lower"].to_numpy(), "free_ns": df["upper"].to_numpy(),
-        "alloc_seq": ALLOC_SEQ_BASE + ids, "free_seq": ids,
+        "alloc_seq": ALLOC_SEQ_BASE + ids,
+        "free_seq": np.where(df["lower"].to_numpy() == df["upper"].to_numpy(), 2 * ALLOC_SEQ_BASE + ids, ids),
         "source": "lifetimes_csv", "buffer_id": df["id"].to_numpy(),
     })
     if "alignment" in df.columns:
