@@ -214,6 +214,31 @@ def test_explorer_renders_and_a_click_shows_block_details(lab, artifacts_dir):
             text = page.inner_text(".memlens-details")
             assert f"Block {target['block_id']}" in text and "size" in text
             page.screenshot(path=str(artifacts_dir / "jupyterlab_explorer.png"), full_page=True)
+            # nothing a newcomer reads is clipped: the details panel wraps within its width, the panel tabs'
+            # titles show whole, and the ATI histogram's count axis reads whole numbers (not "0.00 / 50.0")
+            clipped = page.evaluate(
+                "() => [...document.querySelectorAll('.memlens-explorer .lm-TabBar-tabLabel')]"
+                ".filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText.slice(0, 60))")
+            assert clipped == [], clipped
+            overflowing = page.evaluate(
+                "() => { const d = document.querySelector('.memlens-details');"
+                " const right = Math.min(d.closest('.widget-html').getBoundingClientRect().right,"
+                "  d.closest('.jp-OutputArea-output').getBoundingClientRect().right);"
+                " return [...d.querySelectorAll('td, th, b, span')]"
+                ".filter(e => e.getBoundingClientRect().right > right + 1).map(e => e.innerText.slice(0, 60)); }")
+            assert overflowing == [], overflowing
+            # ... and sits beside the timeline (not wrapped below it) in a 1,500 px window with the file browser open
+            beside = page.evaluate(
+                "() => { const t = document.querySelector('.memlens-explorer .js-plotly-plot').getBoundingClientRect();"
+                " const d = document.querySelector('.memlens-details').closest('.widget-html').getBoundingClientRect();"
+                " return d.left >= t.right - 1 && d.top < t.bottom; }")
+            assert beside
+            tabs = page.evaluate("() => [...document.querySelectorAll('.memlens-explorer .lm-TabBar-tabLabel')]"
+                                 ".map(e => e.innerText)")
+            assert tabs == ["intervals (ATI)", "what-if"], tabs
+            ticks = page.evaluate("() => [...document.querySelectorAll('.memlens-explorer .js-plotly-plot')[1]"
+                                  ".querySelectorAll('.ytick text')].map(e => e.textContent)")
+            assert ticks and all(t.replace("k", "").isdigit() for t in ticks), ticks
             # zooming with the mouse (a relayout event) reaches Python and redraws the linked views:
             # the status line's time range changes
             status = ".memlens-explorer .widget-html-content"

@@ -85,7 +85,7 @@ def ati_histogram(trace_or_intervals, bandwidth=None, device: str | None = None,
                                  ("" if weight == "count" else ", weighted by size x length (idle byte-time)") +
                                  f"; link {link}" + (f"; {iv.attrs['clock_label']}" if iv.attrs.get("clock_label") else "")),
                       xaxis=dict(type="log", title="interval length (ns)"),
-                      yaxis=dict(title="intervals" if weight == "count" else "bytes x ns", tickformat=".3s"))
+                      yaxis=dict(title="intervals" if weight == "count" else "bytes x ns", tickformat=".3~s"))
     return fig
 
 

@@ -69,7 +69,7 @@ class ExplorerControls:
         whatif = W.VBox([W.HBox([self.w_allocator, self.w_conf, self.w_run_whatif]), self.whatif_result,
                          self.whatif_output])
         self._panels = W.Tab([ati, whatif])
-        self._panels.set_title(0, "access intervals (ATI)")
+        self._panels.set_title(0, "intervals (ATI)")
         self._panels.set_title(1, "what-if")
         for w in (self.w_device, self.w_view, self.w_axis, self.w_colour, self.w_categories, self.w_bandwidth,
                   self.w_ecdf):

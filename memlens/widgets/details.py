@@ -17,6 +17,14 @@ from memlens.widgets.geometry import BlockGeometry
 
 MAX_ACCESS_ROWS = 25
 MAX_FRAMES = 12
+# the panel sits beside the 750 px timeline, so both fit a JupyterLab output area of 1,050 px (a 1,440 px
+# window with the file browser open); long values (module paths, op names) wrap instead of being clipped, at
+# a normal line height (an HTML widget inherits the 28 px height of one-line controls)
+DETAILS_WIDTH_PX = 280
+DETAILS_STYLE = ("white-space:normal;overflow-wrap:anywhere;line-height:1.35;font-size:12px;"
+                 f"max-width:{DETAILS_WIDTH_PX - 20}px")
+PROMPT_HTML = (f"<div class='memlens-details' style='{DETAILS_STYLE}'>"
+               "<i>Click a block in the timeline for its details.</i></div>")
 
 
 def hit_test(geom: BlockGeometry, mask: np.ndarray, axis: str, x: float, y: float,
@@ -99,7 +107,7 @@ def details_html(d: dict) -> str:
             _row("allocated", alloc), _row("freed", free), _row("lifetime", format_ns(d["lifetime_ns"])),
             _row("category", d.get("category") or "unknown"), _row("allocating op", d.get("op") or "(unknown)"),
             _row("module", d.get("module") or "(unknown)"), _row("seen by", d.get("source"))]
-    parts = [f"<div class='memlens-details' data-block-id='{int(d['block_id'])}'>",
+    parts = [f"<div class='memlens-details' data-block-id='{int(d['block_id'])}' style='{DETAILS_STYLE}'>",
              f"<b>Block {int(d['block_id'])}</b><table>{''.join(rows)}</table>"]
     if d.get("stack"):
         parts.append("<b>Stack</b><pre style='font-size:11px;margin:0'>" +
@@ -126,7 +134,7 @@ def details_html(d: dict) -> str:
 
 def live_html(live: pd.DataFrame, x_label: str) -> str:
     """The details panel for a click on the stacked view: what is live there."""
-    head = (f"<div class='memlens-details'><b>Live at {safe(x_label)}</b>: {live.attrs['live_blocks']:,} blocks, "
+    head = (f"<div class='memlens-details' style='{DETAILS_STYLE}'><b>Live at {safe(x_label)}</b>: {live.attrs['live_blocks']:,} blocks, "
             f"{safe(format_bytes(live.attrs['live_bytes']))}<table style='font-size:11px'>")
     rows = "".join(f"<tr><td>{int(r.block_id)}</td><td>{safe(format_bytes(int(r.size)))}</td>"
                    f"<td>{safe(r.category)}</td><td>{safe(r.module)}</td></tr>" for r in live.itertuples(index=False))

@@ -17,7 +17,7 @@ from memlens.errors import InputError
 from memlens.units import format_ns
 from memlens.viz.labels import safe
 from memlens.widgets.controls import ExplorerControls
-from memlens.widgets.details import block_details, details_html, hit_test, live_at, live_html
+from memlens.widgets.details import DETAILS_WIDTH_PX, PROMPT_HTML, block_details, details_html, hit_test, live_at, live_html
 from memlens.widgets.drawing import block_hover_text, draw_timeline, show_figure, status_html, timeline_widget
 from memlens.widgets.geometry import block_geometry
 from memlens.widgets.state import ExplorerState, colour_groups, iteration_window, selection_mask
@@ -54,11 +54,13 @@ class Explorer(ExplorerControls, W.VBox):
         self.swap_figures: list = []  # the what-if's swap plan: load before/after, copy timeline
         self.ati_output = W.Output(layout=W.Layout(min_height="300px"))
         self.whatif_output = W.Output()
-        self.details = W.HTML("<i>Click a block in the timeline for its details.</i>",
-                              layout=W.Layout(width="310px", flex="0 0 310px",
+        self.details = W.HTML(PROMPT_HTML,
+                              layout=W.Layout(width=f"{DETAILS_WIDTH_PX}px", flex=f"0 0 {DETAILS_WIDTH_PX}px",
                                               max_height=f"{PLOT_HEIGHT_PX + 95}px", overflow="auto"))
         self._build_controls()
-        super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details]), self._panels])
+        super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details],
+                                                                   layout=W.Layout(flex_flow="row wrap")),
+                          self._panels])
         self.add_class("memlens-explorer")
         self.refresh()
 

@@ -20,7 +20,7 @@ from memlens.widgets.geometry import BlockGeometry
 from memlens.widgets.lod import dedupe_pixels, rectangles_lod, stacked_live, visible
 from memlens.widgets.state import ExplorerState
 
-PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 720, 360   # plot area (inside the margins) that LOD is computed for
+PLOT_WIDTH_PX, PLOT_HEIGHT_PX = 660, 360   # plot area (inside the margins) that LOD is computed for
 
 
 @dataclass
