@@ -26,10 +26,11 @@ def story(trace) -> dict:
     allocation sites; the number of iterations; the phases (ns since the trace start)."""
     from memlens.analysis.iterations import split_iterations
     from memlens.analysis.peak_cause import peak_cause
+    from memlens.analysis.phases import trace_phases
 
     its = split_iterations(trace)
     phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
-               "source": str(p.get("source", ""))} for p in trace.metadata.get("phases") or []]
+               "source": str(p.get("source", ""))} for p in trace_phases(trace)]
     return {"peak": {dev: c.to_json() for dev, c in peak_cause(trace).items()},
             "iterations": 0 if str(its["source"].iloc[0]) == "none" else int(len(its)),
             "iteration_source": str(its["source"].iloc[0]), "phases": phases}

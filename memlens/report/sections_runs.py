@@ -16,17 +16,28 @@ MAX_PHASE_ROWS = 200
 
 def phases(ctx: ReportContext) -> list:
     """The run's phases (forward, backward, optimizer step, zero_grad, record_function ranges) as the source
-    tells them: a snapshot's ``external_annotations`` and, where its stacks show them, phases read from frames."""
-    rows = ctx.trace.metadata.get("phases") or []
+    tells them: a snapshot's ``external_annotations`` and, where its stacks show them, phases read from frames;
+    a recording's ops' phases."""
+    from memlens.analysis.phases import trace_phases
+    from memlens.clock import clock_label
+
+    rows = trace_phases(ctx.trace)
     if not rows:
-        raise SectionUnavailable("the source tells no phases (no record_function annotations, and no stack "
-                                 "frames showing the forward pass, backward pass or optimizer step)")
+        raise SectionUnavailable("the source tells no phases (no record_function annotations, no stack "
+                                 "frames showing the forward pass, backward pass or optimizer step, and no "
+                                 "recorded ops in a phase)")
     df = pd.DataFrame([{"phase": p["name"], "start": p["start_ns"], "end": p["end_ns"],
                         "duration": p["end_ns"] - p["start_ns"], "from": p.get("source", ""),
                         "annotation": p.get("label", "")} for p in rows])
-    parts = [paragraph(f"{len(df):,} phases: annotated ranges (record_function) as recorded, and the forward "
-                       "pass, backward pass and optimizer step where the allocation stacks show them (module "
-                       "calls, the autograd engine, torch.optim). Times are since the trace start.")]
+    if rows[0].get("source") == "recorded ops":
+        how = ("the forward pass, backward pass and optimizer step as the recorder saw each op (module hooks, "
+               "the autograd engine, optimizer hooks), one row per run of consecutive ops in one phase")
+    else:
+        how = ("annotated ranges (record_function) as recorded, and the forward pass, backward pass and "
+               "optimizer step where the allocation stacks show them (module calls, the autograd engine, "
+               "torch.optim)")
+    parts = [paragraph(f"{len(df):,} phases: {how}. Times are since the trace start, on the "
+                       f"{clock_label(ctx.trace)}.")]
     if len(df) > MAX_PHASE_ROWS:
         parts.append(note(f"The table lists the first {MAX_PHASE_ROWS} of {len(df):,} phases."))
     parts.append(table(df.head(MAX_PHASE_ROWS), {"start": ns_text, "end": ns_text, "duration": ns_text}))
