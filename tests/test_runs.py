@@ -191,3 +191,18 @@ def test_report_run_selector_in_a_browser(ranks_dir, tmp_path):
         assert errors == []
     finally:
         browser.close()
+
+
+def test_peaks_figure_uses_the_unit_that_suits_the_runs():
+    import pandas as pd
+
+    from memlens.report.runs_page import peaks_figure
+    mib = pd.DataFrame({"run": ["rank 0", "rank 1"], "device": "cuda:0",
+                        "allocated_bytes": [6 << 20, 3 << 19], "reserved_bytes": pd.array([8 << 20, None], "Int64")})
+    fig = peaks_figure(mib)
+    assert fig.layout.yaxis.title.text == "peak (MiB)"
+    assert list(fig.data[0].y) == [6.0, 1.5] and list(fig.data[1].y) == [8.0, 0.0]
+    assert "MiB allocated" in fig.data[0].hovertemplate
+    gib = mib.assign(allocated_bytes=[5 << 30, 1 << 29], reserved_bytes=pd.array([None, None], "Int64"))
+    fig = peaks_figure(gib)
+    assert fig.layout.yaxis.title.text == "peak (GiB)" and list(fig.data[0].y) == [5.0, 0.5] and len(fig.data) == 1

@@ -105,24 +105,31 @@ class RunsReport:
 
 
 def peaks_figure(peaks):
-    """Grouped bars: peak allocated (and reserved, where known) bytes per run and device, in GiB. Each bar's
-    ``customdata`` is the run's index in the set (the page's selector uses it)."""
+    """Grouped bars: peak allocated (and reserved, where known) bytes per run and device, in the binary unit
+    that suits the largest (the unit the table beside it uses for such values). Each bar's ``customdata`` is
+    the run's index in the set (the page's selector uses it)."""
+    import pandas as pd
     import plotly.graph_objects as go
+
+    from memlens.viz.labels import byte_unit
     runs = list(dict.fromkeys(peaks["run"]))
     index = {r: i for i, r in enumerate(runs)}
+    largest = max([0.0] + [float(v) for v in (peaks["allocated_bytes"].max(), peaks["reserved_bytes"].max())
+                           if len(peaks) and not pd.isna(v)])
+    div, unit = byte_unit(largest)
     fig = go.Figure()
     for dev, rows in peaks.groupby("device", sort=True):
         x = [f"{r}" for r in rows["run"]]
         custom = [index[r] for r in rows["run"]]
-        fig.add_bar(name=f"{dev} allocated", x=x, y=rows["allocated_bytes"].to_numpy() / 2**30, customdata=custom,
-                    hovertemplate="%{x}: %{y:.3f} GiB allocated at the peak<extra>" + esc(dev) + "</extra>")
+        fig.add_bar(name=f"{dev} allocated", x=x, y=rows["allocated_bytes"].to_numpy() / div, customdata=custom,
+                    hovertemplate=f"%{{x}}: %{{y:.3f}} {unit} allocated at the peak<extra>" + esc(dev) + "</extra>")
         reserved = rows["reserved_bytes"]
         if reserved.notna().any():
-            fig.add_bar(name=f"{dev} reserved", x=x, y=reserved.astype("Float64").fillna(0).to_numpy() / 2**30,
+            fig.add_bar(name=f"{dev} reserved", x=x, y=reserved.astype("Float64").fillna(0).to_numpy() / div,
                         customdata=custom, opacity=0.55,
-                        hovertemplate="%{x}: %{y:.3f} GiB reserved<extra>" + esc(dev) + "</extra>")
+                        hovertemplate=f"%{{x}}: %{{y:.3f}} {unit} reserved<extra>" + esc(dev) + "</extra>")
     fig.update_layout(barmode="group", height=360, margin=dict(l=60, r=20, t=30, b=40),
-                      yaxis_title="peak (GiB)", xaxis_title="run (click a bar to show it below)")
+                      yaxis_title=f"peak ({unit})", xaxis_title="run (click a bar to show it below)")
     return fig
 
 
