@@ -161,6 +161,10 @@ def test_cs336_training_vs_inference(shared):
     assert len([t for t in fig.data if t.mode == "lines"]) == 2
     assert fig.layout.yaxis.title.text == "live memory (GiB)"
     assert max(max(t.y) for t in fig.data) * 2**30 == pytest.approx(peak_a)
+    # the two peak labels sit on opposite sides of their markers, so they never print over each other
+    marks = [t for t in fig.data if t.mode == "markers+text"]
+    assert [t.text[0].split(" ")[:2] for t in marks] == [["A", "peak"], ["B", "peak"]]
+    assert [t.textposition for t in marks] == ["top left", "top right"]
 
 
 @pytest.mark.shared

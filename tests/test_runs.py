@@ -206,3 +206,11 @@ def test_peaks_figure_uses_the_unit_that_suits_the_runs():
     gib = mib.assign(allocated_bytes=[5 << 30, 1 << 29], reserved_bytes=pd.array([None, None], "Int64"))
     fig = peaks_figure(gib)
     assert fig.layout.yaxis.title.text == "peak (GiB)" and list(fig.data[0].y) == [5.0, 0.5] and len(fig.data) == 1
+
+
+def test_report_of_several_runs_says_its_size_in_binary_units(ranks_dir, tmp_path):
+    from memlens.units import format_bytes
+    out = tmp_path / "runs.html"
+    rc, stdout, err = cli("report", *sorted(str(p) for p in ranks_dir.glob("*.memlens")), "-o", str(out))
+    assert rc == 0, err
+    assert f"report: {out} ({format_bytes(out.stat().st_size)}, 3 runs, " in stdout and " MB" not in stdout

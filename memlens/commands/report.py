@@ -110,6 +110,7 @@ def _write(args, built) -> int:
 def _run_many(args) -> int:
     from memlens.commands._output import print_json
     from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
+    from memlens.units import format_bytes
 
     sections = args.sections or DEFAULT_SECTIONS
     report_options = {"x": args.x, "whatif": not args.no_whatif}
@@ -125,6 +126,6 @@ def _run_many(args) -> int:
                              for r in built.runset.runs],
                     "imbalance": built.runset.imbalance(), "sections": built.status()})
         return 0
-    print(f"report: {out} ({out.stat().st_size / 1e6:.1f} MB, {len(built.runset)} runs, {built.seconds:.1f} s)")
+    print(f"report: {out} ({format_bytes(out.stat().st_size)}, {len(built.runset)} runs, {built.seconds:.1f} s)")
     print(f"imbalance: {built.runset.imbalance()}")
     return 0

@@ -63,7 +63,9 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
             if s.events:
                 fig.add_trace(go.Scatter(
                     x=[(s.peak_x - off) / scale], y=[s.peak_bytes / div], mode="markers+text",
-                    text=[f"{'AB'[side]} peak {format_bytes(s.peak_bytes)}"], textposition="top center",
+                    # A's label left of its marker, B's right of its own: two peaks at about the same place never
+                    # print one label over the other
+                    text=[f"{'AB'[side]} peak {format_bytes(s.peak_bytes)}"], textposition=("top left", "top right")[side],
                     marker=dict(symbol="triangle-down", size=11, color=color), showlegend=False,
                     hovertemplate=f"{label} peak {s.peak_bytes:,} B<extra></extra>"), row=row, col=1)
         fig.update_yaxes(title_text=f"live memory ({unit})", rangemode="tozero", row=row, col=1)
