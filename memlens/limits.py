@@ -74,20 +74,35 @@ def too_big(what: str) -> str:
             "to read it anyway)")
 
 
-def check_nesting(obj, where=None, limit: int | None = None) -> None:
+CONTAINERS = (dict, list, tuple, set, frozenset)
+
+
+def check_nesting(obj, where=None, limit: int | None = None, *, also_walk: tuple = (), visit=None,
+                  watch: tuple = (), on_watched=None) -> None:
     """Raise `InputError` when dicts/lists/tuples in `obj` nest deeper than `limit` (iterative walk,
-    so the check itself cannot overflow the stack; each container is visited once)."""
+    so the check itself cannot overflow the stack; each container is visited once).
+
+    Hooks for walkers that check more on the same pass (`memlens.io.snapshot_limits.check_streamed`):
+    objects of the types in `also_walk` are walked into too (passed to `visit`, never descended); `visit(item)`
+    is called on every container and `also_walk` object before its children; `on_watched(parent, child)` on
+    every child whose type is in `watch`. Hooks raise to refuse."""
     limit = max_nesting() if limit is None else limit
+    walked = CONTAINERS + tuple(also_walk)
     stack = [(obj, 1)]
     seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
     while stack:
         item, depth = stack.pop()
-        if type(item) is dict:
+        kind = type(item)
+        if kind is dict:
             children = item.values()
-        elif type(item) in (list, tuple, set, frozenset):
+        elif kind in CONTAINERS:
             children = item
         else:
+            if visit is not None and kind in also_walk:
+                visit(item)
             continue
+        if visit is not None:
+            visit(item)
         if seen.get(id(item), 0) >= depth:
             continue
         seen[id(item)] = depth
@@ -95,5 +110,8 @@ def check_nesting(obj, where=None, limit: int | None = None) -> None:
             raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
                              "the limit)", where)
         for child in children:
-            if type(child) in (dict, list, tuple, set, frozenset):
+            kind = type(child)
+            if kind in walked:
                 stack.append((child, depth + 1))
+            elif watch and kind in watch:
+                on_watched(item, child)

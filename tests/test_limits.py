@@ -206,3 +206,26 @@ def test_zlib_errors_are_covered():
     # the damaged-input test relies on these being the exceptions gzip raises
     with pytest.raises((OSError, EOFError, zlib.error)):
         gzip.decompress(b"\x1f\x8b" + b"\0" * 10)
+
+
+def test_streamed_snapshot_check_refuses_a_stack_ref_anywhere_but_as_frames(monkeypatch):
+    from memlens.io.bounded_text import PlaceholderSeen
+    from memlens.io.snapshot_frames import StackRef
+    from memlens.io.snapshot_limits import check_streamed
+    from memlens.io.snapshot_stream import EntryColumns
+
+    ref = StackRef(3)
+    cols = EntryColumns()
+    check_streamed({"segments": [{"blocks": [{"frames": ref, "size": 8}]}], "device_traces": [cols]})
+    for bad in ({"frames": StackRef(4), "name": ref}, {"a": [ref]}, {ref: 1}, (1, ref), [[{"x": {ref}}]]):
+        with pytest.raises(PlaceholderSeen):
+            check_streamed({"segments": [bad]})
+    bad_cols = EntryColumns()
+    bad_cols.names[next(iter(bad_cols.names))].append(ref)
+    with pytest.raises(PlaceholderSeen):
+        check_streamed({"device_traces": [[bad_cols]]})
+    # the nesting limit holds on the same walk, and an EntryColumns counts as one level below its list
+    monkeypatch.setenv("MEMLENS_MAX_NESTING", "3")
+    check_streamed({"device_traces": [cols]})
+    with pytest.raises(InputError, match="nested more than 3 deep"):
+        check_streamed({"device_traces": [[[cols]]]})

@@ -39,37 +39,20 @@ def check_streamed(obj, where=None) -> None:
     values of `EntryColumns`: anywhere else it would be read as text. Raises `PlaceholderSeen` then (the
     caller reads the file with the general unpickler)."""
     from memlens.io.snapshot_stream import EntryColumns
-    limit = limits.max_nesting()
-    containers = (dict, list, tuple, set, frozenset)
-    stack = [(obj, 1)]
-    seen: dict[int, int] = {}  # id -> deepest depth visited at (a shared container is revisited only deeper)
-    while stack:
-        item, depth = stack.pop()
-        kind = type(item)
-        if kind is EntryColumns:
+
+    def visit(item) -> None:
+        if type(item) is EntryColumns:
             if any(type(v) is StackRef for values in item.names.values() for v in values):
                 raise PlaceholderSeen("StackRef")
-            continue
-        if kind is dict:
-            if StackRef in map(type, item):
-                raise PlaceholderSeen("StackRef")
-            children = item.values()
-        elif kind in containers:
-            children = item
-        else:
-            continue
-        if seen.get(id(item), 0) >= depth:
-            continue
-        seen[id(item)] = depth
-        if depth > limit:
-            raise InputError(f"containers nested more than {limit} deep (set MEMLENS_MAX_NESTING to raise "
-                             "the limit)", where)
-        for child in children:
-            kind = type(child)
-            if kind in containers or kind is EntryColumns:
-                stack.append((child, depth + 1))
-            elif kind is StackRef and not (type(item) is dict and item.get("frames") is child):
-                raise PlaceholderSeen("StackRef")
+        elif type(item) is dict and StackRef in map(type, item):
+            raise PlaceholderSeen("StackRef")
+
+    def stack_ref(parent, ref) -> None:
+        if not (type(parent) is dict and parent.get("frames") is ref):
+            raise PlaceholderSeen("StackRef")
+
+    limits.check_nesting(obj, where, also_walk=(EntryColumns,), visit=visit, watch=(StackRef,),
+                         on_watched=stack_ref)
 
 
 def check_shared(snapshot, where=None) -> None:
