@@ -190,3 +190,22 @@ def test_user_rules_reproduce_a_hand_count_on_a_real_snapshot(shared):
     assert out.blocks["category"].tolist() == expected
     got = _bytes(out.blocks["category"], out.blocks["size"])
     assert got == _bytes(expected, trace.blocks["size"]) and got["estimator"] > 0 and got["client"] > 0
+
+
+def test_categorised_traces_keep_their_categories_when_saved_and_per_file_in_info(tmp_path, capsys):
+    # a notebook's categorised Trace saved (as %memlens passes Trace variables to the CLI) and loaded back
+    out = categorize(memlens.load(SAMPLE), [("matmul", "op", "mm"), ("@builtin",)])
+    back = memlens.load(out.save(tmp_path / "cat.memlens"))
+    assert back.blocks["category"].tolist() == out.blocks["category"].tolist()
+    assert back.blocks["category_rule"].tolist() == out.blocks["category_rule"].tolist()
+    assert back.metadata["categories"]["rules"] == ["rules[0] matmul: op ~ mm", "rules[1] @builtin: every block"]
+    # several files: each one categorised by the same rules
+    a, b = tmp_path / "a.pickle", tmp_path / "b.pickle"
+    for p in (a, b):
+        p.write_bytes(pickle.dumps(_annotated_snapshot()))
+    rules = tmp_path / "r.toml"
+    rules.write_text('[[rule]]\ncategory = "attention"\nannotation = "^attn"\n', encoding="utf-8")
+    assert main(["info", str(a), str(b), "--json", "--categories", str(rules)]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    # by hand: 200 + 300 bytes allocated inside attn_block, the other 1000 match no rule
+    assert [r["peak"]["cuda:0"]["by_category"] for r in runs] == [{"unknown": 1000, "attention": 500}] * 2
