@@ -34,12 +34,17 @@ def _hand_categories(trace, rules: list[tuple[str, str, str]]) -> list[str]:
     """The category of every block under `rules` ((category, field, pattern); "@builtin" keeps), first match
     wins, unmatched "unknown": one block at a time."""
     stacks = _frames_by_stack(trace)
+    op_phase = dict(zip(trace.ops["op_id"], trace.ops["phase"])) if "phase" in trace.ops.columns else {}
     out = []
     for r in trace.blocks.itertuples(index=False):
         frames = stacks.get(int(r.stack_id), []) if not pd.isna(r.stack_id) else []
-        texts = {"module": [str(r.module)], "op": [str(r.op)], "builtin": [str(r.category)],
+        phase = getattr(r, "phase", None)
+        if phase is None:  # a recording: the phase of the op that allocated the block
+            phase = op_phase.get(int(r.alloc_op_id), "") if not pd.isna(r.alloc_op_id) else ""
+        texts = {"module": [str(r.module)], "op": [str(r.op)], "builtin": [str(r.category)], "phase": [phase],
                  "function": [f[0] for f in frames], "file": [f[1] for f in frames],
-                 "frame": [f"{f[1]}:{f[2]} {f[0]}" for f in frames]}
+                 "frame": [f"{f[1]}:{f[2]} {f[0]}" for f in frames],
+                 "stack": ["\n".join(f"{f[1]}:{f[2]} {f[0]}" for f in frames)] if frames else []}
         chosen = "unknown"
         for category, field, pattern in rules:
             if field is None or any(re.search(pattern, t) for t in texts[field]):
@@ -57,7 +62,8 @@ def _bytes(categories, sizes) -> dict[str, int]:
 
 
 RULES = [("first_layer", "module", r"^model\.0$"), ("matmul", "op", r"^aten::(add)?mm$"),
-         ("data", "function", r"^batch$"), ("generated", "frame", r"generate\.py:45 "), ("@builtin", None, None)]
+         ("data", "stack", r"generate\.py:42 batch\n.*generate\.py:45 "), ("grads", "builtin", r"^gradient$"),
+         ("backward", "phase", r"^backward$"), ("generated", "frame", r"generate\.py:45 "), ("@builtin", None, None)]
 
 
 def _as_dicts(rules):
@@ -72,13 +78,13 @@ def test_rules_reproduce_a_hand_count_on_a_recorded_trace():
     assert out.blocks["category"].tolist() == expected
     assert _bytes(out.blocks["category"], out.blocks["size"]) == _bytes(expected, trace.blocks["size"])
     # every rule decided some blocks here, so the count tests each of them
-    assert {"first_layer", "matmul", "data", "generated"} <= set(expected)
+    assert {"first_layer", "matmul", "data", "backward", "grads", "generated"} <= set(expected)
     pd.testing.assert_frame_equal(trace.blocks, before)  # the input is not changed
     assert out is not trace and out.blocks["builtin_category"].tolist() == before["category"].tolist()
     # each block names the rule that decided it; @builtin keeps memlens's own rule beside it
     rule = out.blocks["category_rule"]
     assert set(rule[out.blocks["category"] == "first_layer"]) == {"rules[0] first_layer: module ~ ^model\\.0$"}
-    kept = out.blocks[rule.str.startswith("rules[4] @builtin: every block")]
+    kept = out.blocks[rule.str.startswith("rules[6] @builtin: every block")]
     assert len(kept) and all(r.endswith(f"({b})") for r, b in zip(kept["category_rule"], kept["builtin_category_rule"]))
     assert out.metadata["categories"]["rules"][1] == "rules[1] matmul: op ~ ^aten::(add)?mm$"
 
