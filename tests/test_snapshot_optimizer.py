@@ -21,12 +21,13 @@ def _frames(*frames):
     return [{"filename": f, "line": line, "name": n} for n, f, line in frames]
 
 
-def _training_snapshot(step_frames) -> dict:
+def _training_snapshot(step_frames, extra_p2: int = 0) -> dict:
     """One training step, every event 1 us apart: two parameters (P1, P2 bytes) made by a torch.nn
     constructor; a forward making a P1-sized activation and a 512-byte temporary; a backward making the two
     gradients (AccumulateGrad) and releasing the activation; then the user's optimizer (`step_frames(line)`)
     making exp_avg / exp_avg_sq for both parameters, a P1-sized and a 999-byte temporary it frees, and a
-    777-byte block it keeps; then the loop's own code making the next batch (4096 bytes)."""
+    777-byte block it keeps, and `extra_p2` more P2-sized blocks it keeps; then the loop's own code making the
+    next batch (4096 bytes)."""
     init = _frames(("__init__", "/x/torch/nn/modules/linear.py", 100), ("build", "lab/model.py", 5))
     fwd = _frames(("forward", "lab/model.py", 20), ("_call_impl", MODULE, 1), ("main", "lab/train.py", 30))
     grad = _frames(("torch::autograd::AccumulateGrad::apply", "", 0),
@@ -54,6 +55,8 @@ def _training_snapshot(step_frames) -> dict:
     add("alloc", 0x110000, P1, step_frames(15))
     add("alloc", 0x112000, 999, step_frames(16))
     add("alloc", 0x113000, 777, step_frames(17))
+    for k in range(extra_p2):
+        add("alloc", 0x200000 + 0x1000 * k, P2, step_frames(19))
     add("free_requested", 0x110000, P1, step_frames(18))
     add("free_requested", 0x112000, 999, step_frames(18))
     add("alloc", 0x114000, 4096, _frames(("main", "lab/train.py", 25)))
@@ -93,6 +96,17 @@ def test_user_optimizer_state_is_found_by_hand(name, tmp_path):
     # at the end (the peak: nothing of the step is freed after it), 2 * (P1 + P2) bytes are optimizer state
     peak = peak_breakdown(trace)["cuda:0"]
     assert dict(zip(peak.by_category["category"], peak.by_category["bytes"]))["optimizer_state"] == 2 * (P1 + P2)
+
+
+def test_at_most_four_state_blocks_per_parameter(tmp_path):
+    # P2 has one parameter (and its gradient): of the six P2-sized blocks the step keeps (exp_avg, exp_avg_sq
+    # and four more), the first four are its state, the last two are not
+    path = tmp_path / "many.pickle"
+    path.write_bytes(pickle.dumps(_training_snapshot(USER_OPTIMIZERS["step_in_any_file"], extra_p2=4)))
+    b = memlens.load(path).blocks
+    p2 = b[(b["size"] == P2) & b["category_rule"].str.startswith("made by an optimizer's code")]
+    kept = b[(b["size"] == P2) & (b["alloc_ns"] > 12_000)].sort_values("alloc_ns")  # made by the step
+    assert len(kept) == 6 and p2["block_id"].tolist() == kept["block_id"].tolist()[:4]
 
 
 def test_what_is_optimizer_code_by_hand():

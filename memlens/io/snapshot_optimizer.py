@@ -53,10 +53,11 @@ def optimizer_code(by_name, by_file, any_, phase: np.ndarray) -> np.ndarray:
     return any_(names | files) & np.isin(phase, ["", "optimizer_step"])
 
 
-def optimizer_state_in_step(trace, stack_is_code: pd.Series, reference: np.ndarray) -> np.ndarray:
+def optimizer_state_in_step(trace, stack_is_code: pd.Series, references: list[np.ndarray]) -> np.ndarray:
     """bool per row of ``trace.blocks``: state made by optimizer code (module docstring). `stack_is_code`:
-    bool per stack_id (`optimizer_code`); `reference`: bool per block, a parameter-sized reference (a block
-    made by model construction, a gradient, or one alive before recording without a stack)."""
+    bool per stack_id (`optimizer_code`); `references`: bool masks over the blocks, each a set of
+    parameter-sized blocks (made by model construction or alive before recording without a stack; the
+    gradients): the parameters of a size are as many as the largest set has of it."""
     b = trace.blocks
     n = len(b)
     sid = pd.array(b["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
@@ -68,8 +69,9 @@ def optimizer_state_in_step(trace, stack_is_code: pd.Series, reference: np.ndarr
     if not made.any():
         return np.zeros(n, dtype=bool)
     candidates = made & (free_t > _run_end(trace, stack_is_code, made, alloc_t))
-    if reference.any():
-        per_size = pd.Series(size[reference]).value_counts()
+    counts = [pd.Series(size[m]).value_counts() for m in references if m.any()]
+    if counts:
+        per_size = pd.concat(counts, axis=1).max(axis=1)
         limit = per_size.reindex(size).fillna(0).to_numpy(dtype=np.int64) * MAX_STATE_PER_PARAMETER
         # at most MAX_STATE_PER_PARAMETER state blocks per parameter of each size, the earliest made
         rows = np.flatnonzero(candidates & (limit > 0))

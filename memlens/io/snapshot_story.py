@@ -118,9 +118,9 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     setup = fact("setup", "").astype(object)
     size = b["size"].to_numpy(dtype=np.int64)
     if f is not None and f["optimizer_code"].any():
-        reference = ((setup == "parameter") & np.isinf(free_t)) | (fact("accumulate_grad", False).astype(bool) & (
-            sid >= 0)) | (b["allocated_before"].to_numpy(dtype=bool) & (sid < 0))
-        state = optimizer_state_in_step(trace, f["optimizer_code"].astype(bool), reference)
+        params = ((setup == "parameter") & np.isinf(free_t)) | (b["allocated_before"].to_numpy(dtype=bool) & (sid < 0))
+        grads = fact("accumulate_grad", False).astype(bool) & (sid >= 0)
+        state = optimizer_state_in_step(trace, f["optimizer_code"].astype(bool), [params, grads])
         assign(state, "optimizer_state", "made by an optimizer's code (frames: step, _init_group, adam, optimizer "
                "file ...), parameter-sized, alive after that code ran")
     assign((setup == "parameter") & np.isinf(free_t), "parameter",
