@@ -126,6 +126,8 @@ def test_toml_rules_name_their_line_and_bad_rules_name_file_and_rule(tmp_path):
         assert message in str(err.value) and str(path) in str(err.value), message
     with pytest.raises(InputError, match=r"rules\[1\]: op: the pattern must be a string"):
         load_rules([("a", "op", "mm"), ("b", "op", 3)])
+    with pytest.raises(InputError, match="no rules"):
+        load_rules([])
     with pytest.raises(InputError, match="no such rules file"):
         load_rules(tmp_path / "absent.toml")
 

@@ -94,6 +94,9 @@ def load_rules(rules, source: str | None = None) -> RuleSet:
         raise InputError(f"rules must be a list of dicts or tuples, or a .toml path, not {type(rules).__name__}") \
             from None
     name = source or "rules"
+    if not items:
+        raise InputError("no rules: give at least one (end with {\"category\": \"@builtin\"} to keep memlens's own "
+                         "categories for the rest)")
     return RuleSet(tuple(_rule(item, f"{name}[{i}]", None) for i, item in enumerate(_bounded(items, name))),
                    source=name)
 
