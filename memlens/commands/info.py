@@ -108,7 +108,8 @@ def run(args) -> int:
     from memlens.analysis.runs import imbalance_sentence, imbalance_stats, load_many, peaks_frame
     runs = load_many(args.trace)
     engines = [engine_for(Namespace(**{**vars(args), "trace": r.path})) for r in runs.runs]
-    if "dask" not in engines and getattr(args, "categories", None) is None:  # one parallel load per file gives the summary and the peak breakdown
+    # one parallel load per file gives the summary and the peak breakdown (of memlens's own categories)
+    if "dask" not in engines and getattr(args, "categories", None) is None:
         summaries = list(zip(runs.runs, runs.summaries()))
         peaks = runs.peaks()
     else:  # out of core or re-categorised: the peaks come from each file's own summary
