@@ -218,3 +218,17 @@ def test_categorised_traces_keep_their_categories_when_saved_and_per_file_in_inf
     runs = json.loads(capsys.readouterr().out)["runs"]
     # by hand: 200 + 300 bytes allocated inside attn_block, the other 1000 match no rule
     assert [r["peak"]["cuda:0"]["by_category"] for r in runs] == [{"unknown": 1000, "attention": 500}] * 2
+
+
+@pytest.mark.parametrize("name", ["cs336_wedsonlin_medium_128_training", "verl_segments_only"])
+def test_frame_rules_written_as_user_rules_give_the_builtin_categories(shared, name):
+    from memlens.categories import DEFAULT_RULES, FRAME_RULES
+    trace = memlens.load(shared(f"snapshots/{name}.pickle"))
+    b = trace.blocks
+    framed = categorize(trace, list(FRAME_RULES)).blocks
+    assert framed["category"].tolist() == b["category"].tolist()
+    assert categorize(trace, list(DEFAULT_RULES)).blocks["category"].tolist() == b["category"].tolist()
+    # the frame rules decide exactly the blocks memlens's own frame rules decided
+    by_frames = b["category_rule"].isin(["cuBLAS / cuDNN frame on the stack", "allocated under autograd's AccumulateGrad"])
+    assert by_frames.any()  # cs336: 169 gradients; verl: one cuBLAS workspace
+    assert (~framed["category_rule"].str.contains("@builtin")).tolist() == by_frames.tolist()
