@@ -88,6 +88,11 @@ def test_rules_reproduce_a_hand_count_on_a_recorded_trace():
     kept = out.blocks[rule.str.startswith("rules[6] @builtin: every block")]
     assert len(kept) and all(r.endswith(f"({b})") for r, b in zip(kept["category_rule"], kept["builtin_category_rule"]))
     assert out.metadata["categories"]["rules"][1] == "rules[1] matmul: op ~ ^aten::(add)?mm$"
+    # categorising again starts from memlens's own categories, not from the first rules' answer
+    again = categorize(out, [("grads", "builtin", "^gradient$"), ("@builtin",)])
+    assert again.blocks["category"].tolist() == _hand_categories(trace, [("grads", "builtin", "^gradient$"),
+                                                                         ("@builtin", None, None)])
+    assert again.blocks["builtin_category"].tolist() == before["category"].tolist()
 
 
 def test_first_match_wins_and_unmatched_blocks_are_unknown():

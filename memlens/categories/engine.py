@@ -44,9 +44,13 @@ def assign(trace, ruleset: RuleSet) -> tuple[np.ndarray, np.ndarray]:
     """(category, category_rule) per row of ``trace.blocks`` under `ruleset`, first match winning."""
     facts = BlockFacts(trace)
     n = facts.n
-    builtin = trace.blocks["category"].astype(str).to_numpy(dtype=object)
-    builtin_rule = (trace.blocks["category_rule"].astype(str).to_numpy(dtype=object)
-                    if "category_rule" in trace.blocks.columns else np.full(n, "", dtype=object))
+    b = trace.blocks
+    # memlens's own answer: kept aside when the trace was categorised by rules before
+    first = "builtin_category" in b.columns
+    builtin = b["builtin_category" if first else "category"].astype(str).to_numpy(dtype=object)
+    rule_col = "builtin_category_rule" if first else "category_rule"
+    builtin_rule = (b[rule_col].astype(str).to_numpy(dtype=object) if rule_col in b.columns
+                    else np.full(n, "", dtype=object))
     category = np.full(n, "unknown", dtype=object)
     why = np.full(n, NO_RULE, dtype=object)
     open_ = np.ones(n, dtype=bool)

@@ -76,8 +76,9 @@ class BlockFacts:
     def column(self, field: str) -> np.ndarray:
         """The block texts of `field` "module", "op", "phase" or "builtin"."""
         b = self.blocks
-        if field == "builtin":
-            return b["category"].astype(str).to_numpy(dtype=object)
+        if field == "builtin":  # memlens's own category, also on a trace categorised by rules before
+            return b["builtin_category" if "builtin_category" in b.columns else "category"].astype(str).to_numpy(
+                dtype=object)
         if field == "phase":
             return self._phases()
         return b[field].astype(str).to_numpy(dtype=object) if field in b.columns else np.full(self.n, "", object)
