@@ -132,6 +132,9 @@ def test_toml_rules_name_their_line_and_bad_rules_name_file_and_rule(tmp_path):
         assert message in str(err.value) and str(path) in str(err.value), message
     with pytest.raises(InputError, match=r"rules\[1\]: op: the pattern must be a string"):
         load_rules([("a", "op", "mm"), ("b", "op", 3)])
+    path.write_bytes(b"#" * ((4 << 20) + 1))
+    with pytest.raises(InputError, match="a rules file holds at most"):
+        load_rules(path)
     with pytest.raises(InputError, match="no rules"):
         load_rules([])
     with pytest.raises(InputError, match="no such rules file"):

@@ -43,6 +43,7 @@ STACK_FIELDS = ("frame", "function", "file", "stack")
 BUILTIN = "@builtin"
 MAX_RULES = 10_000
 MAX_PATTERN = 2_000  # characters: a longer "regex" is a pasted file, not a rule
+MAX_FILE_BYTES = 4 << 20  # a rules file past 4 MiB is not a rules file
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def read_rules_file(path) -> RuleSet:
     line of its ``[[rule]]`` header."""
     path = Path(path)
     try:
+        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(f"{path.stat().st_size:,} bytes: a rules file holds at most {MAX_FILE_BYTES:,}", path)
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError("no such rules file", path) from None
