@@ -15,6 +15,7 @@ _LAZY = {
     "step": ("memlens.record", "step"),
     "report": ("memlens.report", "report"),
     "diff": ("memlens.diff", "diff"),
+    "categorize": ("memlens.categories", "categorize"),
     "retime": ("memlens.devicetime.retiming", "retime"),
     "onto_kernel_clock": ("memlens.clock", "onto_kernel_clock"),
     "gpus": ("memlens.devicetime.gpus", "gpus"),
@@ -59,4 +60,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "retime", "onto_kernel_clock", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "__version__"]
+           "categorize", "retime", "onto_kernel_clock", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "__version__"]

@@ -14,6 +14,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("-o", "--output", default=None, type=options.output_path, help="also write an HTML page with the overlay figure")
     p.add_argument("--top", type=options.count(1), default=20, help="rows per table (default 20)")
+    options.add_categories_option(p)  # both traces categorised by the same rules
     p.set_defaults(func=run)
 
 
@@ -28,7 +29,11 @@ def run(args) -> int:
         raise InputError(f"--top must be at least 1, got {args.top}")
     if sys.stderr.isatty():
         print(f"comparing {args.a} with {args.b} ...", file=sys.stderr)
-    d = diff(args.a, args.b, name_a=args.a, name_b=args.b)
+    a, b = args.a, args.b
+    if args.categories is not None:
+        from memlens.io import load
+        a, b = (options.with_categories(load(path), args.categories) for path in (args.a, args.b))
+    d = diff(a, b, name_a=args.a, name_b=args.b)
     page = None
     if args.output:
         from memlens.report.diff_page import diff_report

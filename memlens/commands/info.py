@@ -16,6 +16,8 @@ def register(sub) -> None:
                                    "files: each one's summary, its rank, and the imbalance of the peaks.")
     p.add_argument("trace", nargs="+", help="a .memlens directory or any importable file (several allowed)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    from memlens.commands.options import add_categories_option
+    add_categories_option(p)
     add_engine_options(p)
     p.set_defaults(func=run)
 
@@ -41,12 +43,18 @@ def _summary(args, path) -> dict:
     from argparse import Namespace
     one = Namespace(**{**vars(args), "trace": path})
     if engine_for(one) == "dask":
+        from memlens.commands.options import refuse_categories_out_of_core
+        refuse_categories_out_of_core(args, "info")
         from memlens.analysis.outofcore import engine
         with runner_for(one) as runner:
             return engine.summary(path, runner)
+    from memlens.commands.options import with_categories
     from memlens.io import load
-    trace = load(path)
-    return {**trace.summary(), **story(trace)}
+    trace = with_categories(load(path), getattr(args, "categories", None))
+    told = {**trace.summary(), **story(trace)}
+    if "categories" in trace.metadata:  # the user's rules decided the categories
+        told["categories"] = trace.metadata["categories"]
+    return told
 
 
 def _say(text: str) -> None:
@@ -64,6 +72,8 @@ def _print(path: str, s: dict) -> None:
     _say(f"ops:       {s['ops']:,}")
     from memlens.clock import clock_label
     _say(f"duration:  {format_ns(s['duration_ns'])} on the {clock_label(s.get('clock') or {'kind': 'host'})}")
+    if s.get("categories"):
+        _say(f"categories: by {len(s['categories']['rules'])} rule(s) of {s['categories']['source']}")
     for dev, peak in s["peak_live_bytes"].items():
         _say(f"peak live: {dev}: {format_bytes(peak)} ({peak:,} bytes)")
         cause = s.get("peak", {}).get(dev)
@@ -99,10 +109,11 @@ def run(args) -> int:
     from memlens.analysis.runs import imbalance_sentence, imbalance_stats, load_many, peaks_frame
     runs = load_many(args.trace)
     engines = [engine_for(Namespace(**{**vars(args), "trace": r.path})) for r in runs.runs]
-    if "dask" not in engines:  # one parallel load per file gives the summary and the peak breakdown
+    # one parallel load per file gives the summary and the peak breakdown (of memlens's own categories)
+    if "dask" not in engines and getattr(args, "categories", None) is None:
         summaries = list(zip(runs.runs, runs.summaries()))
         peaks = runs.peaks()
-    else:  # out of core: the peaks come from the summaries (no breakdown of what is live at them)
+    else:  # out of core or re-categorised: the peaks come from each file's own summary
         summaries = [(r, _summary(args, r.path)) for r in runs.runs]
         peaks = peaks_frame([{"run": r.name, "rank": r.rank, "path": r.path, "device": dev, "allocated_bytes": b,
                               "rank_source": r.rank_source}

@@ -185,3 +185,37 @@ def check_device(trace, device: str | None, option: str = "--device") -> None:
     if device not in devices:
         raise InputError(f"{option} {device}: the trace has no such device (it has: "
                          f"{', '.join(devices) or 'none'})")
+
+
+def categories_file(text: str):
+    """A rules file for ``--categories`` (TOML ``[[rule]]`` tables, `memlens.categories.rules`), read and
+    checked now, before any trace is loaded; returns its `RuleSet`."""
+    from memlens.categories.rules import read_rules_file
+    try:
+        return read_rules_file(text)
+    except InputError as exc:
+        _fail(f"{exc.path}: {exc.message}" if exc.path else exc.message)
+
+
+def add_categories_option(p) -> None:
+    """``--categories RULES.toml``: the command sees the categories the user's rules give (`memlens.categorize`)."""
+    p.add_argument("--categories", metavar="RULES.toml", type=categories_file, default=None,
+                   help="categorise blocks by your own ordered regex rules (a TOML file of [[rule]] tables over "
+                        "frame, function, file, stack, module, op, annotation, phase, builtin; first match wins; "
+                        "category \"@builtin\" keeps memlens's own)")
+
+
+def with_categories(trace, rules):
+    """`trace` categorised by `rules` (the ``--categories`` value), or `trace` itself when None."""
+    if rules is None:
+        return trace
+    from memlens.categories import categorize
+    return categorize(trace, rules)
+
+
+def refuse_categories_out_of_core(args, what: str) -> None:
+    """`InputError` when ``--categories`` is combined with the out-of-core engine, which reads aggregates of
+    the saved categories and cannot re-categorise blocks."""
+    if getattr(args, "categories", None) is not None:
+        raise InputError(f"--categories needs the trace in memory; {what} would run out of core (add --engine "
+                         "memory)")

@@ -26,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
     from memlens.commands._engine import add_engine_options
+    options.add_categories_option(p)
     add_engine_options(p)  # dask: the sections from out-of-core aggregates, whole-trace what-ifs on a window
     from memlens.commands._device import add_gpu_option
     add_gpu_option(p)
@@ -49,16 +50,21 @@ def run(args) -> int:
     from memlens.report import build_report
 
     if len(args.trace) > 1:
+        if args.categories is not None:
+            from memlens.errors import InputError
+            raise InputError("--categories applies to the report of one trace (the page of several compares "
+                             "their peaks, not categories)")
         return _run_many(args)
     args.trace = args.trace[0]
     from memlens.commands._engine import engine_for, require_in_memory
     if engine_for(args) == "dask":
+        options.refuse_categories_out_of_core(args, "the report")
         return _run_out_of_core(args)
     require_in_memory(args.trace, "the report")
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
-    trace = load(args.trace)
+    trace = options.with_categories(load(args.trace), args.categories)
     sections = args.sections
     report_options = {"x": args.x, "whatif": not args.no_whatif}
     if args.bandwidth:

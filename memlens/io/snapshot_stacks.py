@@ -28,14 +28,15 @@ def stack_facts(stacks: pd.DataFrame | None, codes=None) -> pd.DataFrame:
     ``setup`` (what model / optimizer construction makes, outside backward / optimizer step / zero_grad:
     "parameter" for Module.to / _apply, a torch.nn module's constructor, a constructor run under
     ``with torch.device(...)``, weight init or loading; "optimizer_state" under a function that builds an
-    optimizer; else ""), ``model_key`` (outermost module forward function and its caller, "" outside a
+    optimizer; else ""), ``optimizer_code`` (frames of an optimizer's code, torch's or the user's, outside a
+    forward / backward pass: `memlens.io.snapshot_optimizer`), ``model_key`` (outermost module forward function and its caller, "" outside a
     module call) and ``model_line`` (line executing in that forward, -1 when none).
 
     Vectorised: each distinct frame name / file name is tested once, and per-stack answers are reductions
     over the frames of each stack (big snapshots have hundreds of thousands of stacks). `codes` (a
     `memlens.io.snapshot_frames.StackCodes` of these rows, from the importer) saves factorizing the
     name and filename columns again."""
-    cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line")
+    cols = ("stack_id", "phase", "accumulate_grad", "workspace", "setup", "model_key", "model_line", "optimizer_code")
     if stacks is None or len(stacks) == 0:
         return pd.DataFrame({c: [] for c in cols})
     st = stacks if _sorted_by_stack_and_depth(stacks) else stacks.sort_values(["stack_id", "depth"], kind="stable")
@@ -109,6 +110,8 @@ def stack_facts(stacks: pd.DataFrame | None, codes=None) -> pd.DataFrame:
                      | any_(by_file(lambda f: f.endswith("torch/nn/parameter.py"), suffix("torch/nn/parameter.py")))
                      | any_(is_py & by_name(lambda x: _WEIGHT_NAMES.search(x),
                                             lambda a: pc.match_substring_regex(a, _WEIGHT_NAMES.pattern))))
+    from memlens.io.snapshot_optimizer import optimizer_code
+    is_optimizer = optimizer_code(by_name, by_file, any_, phase)
     skip = np.isin(phase, ["backward", "optimizer_step", "zero_grad"])
     setup = np.select([skip, builds_optimizer, under_device | makes_weights], ["", "optimizer_state", "parameter"],
                       "").astype(object)
@@ -134,7 +137,7 @@ def stack_facts(stacks: pd.DataFrame | None, codes=None) -> pd.DataFrame:
         "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x, has("AccumulateGrad"))),
         "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE),
                                   lambda a: _any_of(a, [has(w) for w in _WORKSPACE]))), "setup": setup,
-        "model_key": keys, "model_line": model_line})
+        "model_key": keys, "model_line": model_line, "optimizer_code": is_optimizer})
 
 
 def _sorted_by_stack_and_depth(stacks: pd.DataFrame) -> bool:

@@ -11,6 +11,9 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 1. ``optimizer_state``: allocated in the optimizer step and alive when it ends (AdamW ``exp_avg`` ...).
 2. ``temporary`` (optimizer): allocated in the optimizer step and freed within it.
 3. ``workspace``: a cuBLAS / cuDNN frame on the stack.
+3a. ``optimizer_state`` (optimizer code): made by an optimizer's code that no phase marks (the user's own
+    AdamW, any file, any caller), parameter-sized and outliving that code's run of events
+    (`memlens.io.snapshot_optimizer`).
 3b. ``parameter``: made by model construction (a torch.nn module's ``__init__``, ``Module.to`` / ``_apply``,
     weight init or state-dict / checkpoint loading frames) and alive to the end; ``optimizer_state``:
     made under a function that builds an optimizer (Megatron's ``get_megatron_optimizer``...).
@@ -37,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.io.snapshot_optimizer import optimizer_state_in_step
 from memlens.io.snapshot_phases import MIN_RUN, infer_phases, model_calls, phase_at  # noqa: F401  (MIN_RUN re-exported)
 from memlens.io.snapshot_stacks import PHASE_NAMES, stack_facts  # noqa: F401  (re-exported: the story's inputs)
 
@@ -85,6 +89,14 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         np.minimum.at(first, pos[fr], np.flatnonzero(fr))
         has_free = first < len(fr)
         free_phase[has_free] = event_phase[first[has_free]]
+        if f is not None and f["optimizer_code"].any():
+            # released by an optimizer's own code (a user's step that no phase marks): the optimizer step
+            ev_sid = pd.array(ev["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1) \
+                if "stack_id" in ev.columns else np.full(len(ev), -1, dtype=np.int64)
+            by_code = f["optimizer_code"].astype(bool).reindex(ev_sid).fillna(False).to_numpy(dtype=bool)
+            released = np.zeros(n, dtype=bool)
+            released[has_free] = by_code[first[has_free]]
+            free_phase[released] = "optimizer_step"
     alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
     free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
     _, hi = trace.time_span_ns()
@@ -104,6 +116,13 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(alloc_phase == "zero_grad", "temporary", "allocated in zero_grad")
     assign(fact("workspace", False).astype(bool) & (sid >= 0), "workspace", "cuBLAS / cuDNN frame on the stack")
     setup = fact("setup", "").astype(object)
+    size = b["size"].to_numpy(dtype=np.int64)
+    if f is not None and f["optimizer_code"].any():
+        params = ((setup == "parameter") & np.isinf(free_t)) | (b["allocated_before"].to_numpy(dtype=bool) & (sid < 0))
+        grads = fact("accumulate_grad", False).astype(bool) & (sid >= 0)
+        state = optimizer_state_in_step(trace, f["optimizer_code"].astype(bool), [params, grads])
+        assign(state, "optimizer_state", "made by an optimizer's code (frames: step, _init_group, adam, optimizer "
+               "file ...), parameter-sized, alive after that code ran")
     assign((setup == "parameter") & np.isinf(free_t), "parameter",
            "made by model construction, weight init/loading or Module.to (stack) and never freed")
     assign(setup == "optimizer_state", "optimizer_state", "made while building the optimizer (stack)")
@@ -120,7 +139,6 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
 
     # structure: blocks alive before recording, without a stack
     before = b["allocated_before"].to_numpy(dtype=bool) & (sid < 0) & ~decided
-    size = b["size"].to_numpy(dtype=np.int64)
     partner = np.isin(cat, ["gradient", "optimizer_state"])
     if before.any() and partner.any():
         partner_sizes = pd.Series(size[partner]).value_counts()
