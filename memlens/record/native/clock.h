@@ -4,7 +4,6 @@
 
 #pragma once
 
-
 static inline int64_t raw_now() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -5,10 +5,13 @@
 
 #pragma once
 
-constexpr int kSlots = 16;
+constexpr int kSlots = 16;   // recordings at once (one RecordFunction callback template instance each)
 
+// An allocation made while an op ran, kept until its end: a fresh output's (folded into its block) or a
+// temporary's (a raw allocator event).
 struct PendingAlloc { int64_t t, ptr, size; int16_t dev; };
 
+// One op in flight in a thread (ThreadState keeps a stack of them, reused from op to op).
 struct Frame {
   bool recorded = false;
   at::CallbackHandle quieted = 0;      // our callback, switched off by this frame for the op's kernel
