@@ -6,7 +6,7 @@
 #pragma once
 
 // ---- compact streams: delta + varint coded records ----------------------------------------------
-// The fixed-size records above are what drain() hands to Python; in memory, the large streams keep
+// The fixed-size records (records.h) are what drain() hands to Python; in memory, the large streams keep
 // them delta-coded (each field against the previous record's) as LEB128 varints: an op takes ~8 bytes
 // instead of 16, an access ~2 instead of 4, a block ~10 instead of 24, a free ~5 instead of 12.
 static inline uint64_t zz(int64_t v) { return (uint64_t(v) << 1) ^ uint64_t(v >> 63); }
