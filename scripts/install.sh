@@ -14,6 +14,9 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
 .venv/bin/python -m pip install -q -e ".[$EXTRA]"
+# what is built next says so on stderr, with its progress (memlens/buildprogress.py); a cached build is quiet
+echo "memlens: building the compiled parts against this torch (once per machine, cached; the compiled recorder" \
+     "takes about 3 min on 2 cores)"
 .venv/bin/python - <<'PYEOF' || true
 from memlens.record import native
 try:

@@ -399,3 +399,64 @@ def test_custom_autograd_function_with_allocator_hook():
     assert_same(py, cc)
     assert cc.metadata["stop_reason"] is None
     assert (cc.ops["name"] == "aten::mul").sum() >= 3         # forward x * x, backward grad * 2 * x
+
+
+def test_new_users_mlp_adamw_differs_only_as_documented():
+    """A new user's first recording: an MLP, a fresh AdamW (its state made inside the recording), 3 steps,
+    each backend on its own fresh copy. The traces differ in exactly the ways README's recorder section
+    lists, with the numbers AdamW's algorithm gives (not read from either backend):
+    - per step, the Python recorder lists 4 more `aten::detach` ops (a dispatch mode makes autograd detach
+      the outputs it saves for backward, relu's and log_softmax's, when saving and when unpacking them;
+      views: no block, no access);
+    - the compiled one lists `aten::empty` + `aten::detach_` of each `torch.tensor(0.)` (AdamW's step
+      counter, once per parameter), which a dispatch mode does not see (only their `lift_fresh`); each
+      writes the 4-byte counter: 2 accesses per parameter, and the counter's block names `aten::empty` as
+      its op (no op in the Python trace);
+    - each op with a Python number argument (per parameter and step: `step += 1`, the weight-decay and
+      beta2 `mul_`, the division by the bias correction, `+ eps`: 5) allocates its number as an 8-byte
+      0-d tensor, and casts it to a 4-byte float inside the op; the Python recorder's mode hands the op a
+      Python number and calls it again, which wraps it once more: one more 8-byte block per such op.
+    Everything else agrees op by op: blocks, sizes, categories, accesses."""
+    steps = 3
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        return model, _train(model, opt, torch.randn(32, 64), torch.randint(0, 10, (32,)), steps=steps)
+
+    traces = {}
+    for backend in ("python", "compiled"):
+        model, run = make()
+        with memlens.record(model, backend=backend) as rec:
+            run()
+        traces[backend] = rec.trace
+    py, cc = traces["python"], traces["compiled"]
+    n_params = len(list(model.parameters()))                  # 4: two weights, two biases
+    number_ops = 5 * n_params * steps                          # ops given a Python number: 60
+
+    # ops
+    names_py, names_cc = Counter(py.ops["name"]), Counter(cc.ops["name"])
+    assert names_py - names_cc == {"aten::detach": 4 * steps}
+    assert names_cc - names_py == {"aten::empty": n_params, "aten::detach_": n_params}
+    assert len(py.ops) - len(cc.ops) == 4 * steps - 2 * n_params
+
+    # accesses: op by op the same, but for the step counters' empty and detach_ in the compiled trace
+    counter = ((4, "optimizer_state", True),)
+    assert _access_ops(py) == [x for x in _access_ops(cc) if x not in (("aten::empty", counter),
+                                                                       ("aten::detach_", counter))]
+    assert len(cc.accesses) - len(py.accesses) == 2 * n_params
+
+    # blocks tensors showed: the same, but the step counters' op
+    made_by_empty = Counter({(4, "optimizer_state", "aten::empty", False): n_params})
+    made_by_none = Counter({(4, "optimizer_state", "", False): n_params})
+    assert _dispatch_blocks(cc) - made_by_empty == _dispatch_blocks(py) - made_by_none
+    assert _dispatch_blocks(cc) & made_by_empty == made_by_empty
+    assert _dispatch_blocks(py) & made_by_none == made_by_none
+
+    # blocks only the allocator saw: the numbers and their casts (the Python recorder's two clocks
+    # place some at an op's edge outside it, so which op they belong to is not compared)
+    only_alloc = lambda t: Counter(t.blocks.loc[~t.blocks["source"].str.startswith("dispatch"), "size"])  # noqa: E731
+    assert only_alloc(cc) == {8: number_ops, 4: number_ops}
+    assert only_alloc(py) == {8: 2 * number_ops, 4: number_ops}
+    assert len(py.blocks) - len(cc.blocks) == number_ops

@@ -40,6 +40,14 @@ def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
     return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
 
 
+# Ops that at::RecordFunction never reports (c10's ObservedOperators list), so that the compiled recorder
+# and torch.profiler never see them: left out here too, so that both backends list the same ops (the
+# optimizer's step and zero_grad annotations, record_function's own ops, reach a dispatch mode).
+UNOBSERVED_OPS = frozenset({
+    "aten::size", "aten::is_leaf", "aten::output_nr", "aten::_version", "aten::is_complex",
+    "profiler::_record_function_enter", "profiler::_record_function_enter_new", "profiler::_record_function_exit"})
+
+
 _orphaned_modes: list = []   # (thread ident, mode) of recordings stopped from another thread
 _orphans_lock = threading.Lock()
 
@@ -99,6 +107,8 @@ class _RecordingMode(TorchDispatchMode):
             return func(*args, **kwargs)
         entry = session.op_cache_get(id(func))   # by id: OpOverload.__hash__ is a Python method
         if entry is None:
+            if func._schema.name in UNOBSERVED_OPS:   # never cached: each call takes this branch
+                return func(*args, **kwargs)
             try:
                 entry = session.learn_op(func)
             except Exception as exc:  # never raise into user code: stop recording, keep the trace so far

@@ -2,7 +2,7 @@
 
 `memlens.record(save_to=PATH)` and ``memlens record -o OUT`` save this way. The accesses table is the one
 that grows with the length of a recording (one row per (op, block) touched: 10^8-10^9 rows in a long run),
-so it is never held whole: the compiled recorder's windowed drain (recorder.cpp ``drain_windowed`` /
+so it is never held whole: the compiled recorder's windowed drain (native/drain.h ``drain_windowed`` /
 ``next_accesses``) decodes the accesses of a window of ops at a time (at most `OPS_PER_WINDOW` ops and
 `RECORDS_PER_WINDOW` records) from its coded streams (memory and spill files), each window becomes its
 rows (`build.accesses_of_ops`, the same code as the in-memory path) and is written as one Parquet row

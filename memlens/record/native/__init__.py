@@ -1,12 +1,16 @@
-"""The compiled recorder (recorder.cpp), built on first use against the installed torch.
+"""The compiled recorder (recorder.cpp and the parts it includes), built on first use against the installed torch.
 
 `load()` JIT-builds it with `torch.utils.cpp_extension.load` (g++ and ninja) into a cache directory
-keyed by the source's hash, the torch version and the Python version, so it is built once per machine
-(`scripts/install.sh` builds it ahead of time). `MEMLENS_BUILD_DIR` moves the cache. When no compiler
-is present `load()` raises `NativeUnavailable` with the reason; the recorder then falls back to Python.
+keyed by the hash of every source file here, the torch version and the Python version, so it is built
+once per machine (`scripts/install.sh` builds it ahead of time). A build says so on stderr (what, where,
+about how long) and shows its progress (memlens.buildprogress). `MEMLENS_BUILD_DIR` moves the cache. When
+no compiler is present `load()` raises `NativeUnavailable` with the reason; the recorder then falls back
+to Python.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import hashlib
 import os
 import shutil
@@ -14,10 +18,11 @@ import sys
 import threading
 
 from memlens.buildlock import build_lock
+from memlens.buildprogress import build_progress, needs_build
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_SOURCE = os.path.join(_HERE, "recorder.cpp")
-_HEADERS = [os.path.join(_HERE, "op_stacks.h")]   # included by recorder.cpp: part of the cache key
+_SOURCE = os.path.join(_HERE, "recorder.cpp")   # the one translation unit: it includes every part (*.h)
+BUILD_ESTIMATE = "about 3 min on 2 cores"
 _CFLAGS = ["-O2", "-DNDEBUG"]   # NDEBUG as torch was built: RecordFunction's layout depends on it
 _lock = threading.Lock()
 _module = None
@@ -28,11 +33,17 @@ class NativeUnavailable(RuntimeError):
     """The compiled recorder could not be built or loaded (the message says why)."""
 
 
+def sources() -> list[str]:
+    """Every file the build compiles: recorder.cpp and the parts it includes (all *.h here), sorted."""
+    return [_SOURCE, *sorted(glob.glob(os.path.join(_HERE, "*.h")))]
+
+
 def build_dir() -> str:
     """Where the compiled recorder is cached (created on demand)."""
     import torch
     sha = hashlib.sha256()
-    for path in [_SOURCE, *_HEADERS]:
+    for path in sources():
+        sha.update(os.path.basename(path).encode() + b"\0")
         with open(path, "rb") as f:
             sha.update(f.read())
     digest = hashlib.sha256(sha.digest() + repr(_CFLAGS).encode()).hexdigest()[:12]
@@ -66,9 +77,13 @@ def load(verbose: bool = False):
             from torch.utils.cpp_extension import load as _load
             path = build_dir()
             # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
-            with build_lock(path, "the compiled recorder", library=os.path.join(path, "memlens_recorder.so")):
-                _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
-                                extra_cflags=_CFLAGS, verbose=verbose)
+            library = os.path.join(path, "memlens_recorder.so")
+            with build_lock(path, "the compiled recorder", library=library):
+                build = (build_progress("the compiled recorder", path, len(sources()), BUILD_ESTIMATE)
+                         if needs_build(library, sources()) else contextlib.nullcontext())
+                with build:   # a build never runs silently: what, where, how long so far
+                    _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
+                                    extra_cflags=_CFLAGS, verbose=verbose)
         except Exception as exc:   # a missing ninja, a compile error, a failed import: say so once
             _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
             raise NativeUnavailable(_error) from exc

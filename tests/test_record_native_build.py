@@ -1,0 +1,130 @@
+"""Building the compiled recorder: every part is compiled and keys the cache, and a build is never silent.
+
+The build itself is replaced by a fake (torch.utils.cpp_extension.load) that writes what ninja would
+(an object file, then the library) over a fraction of a second, so these tests need no compiler.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.utils.cpp_extension as cpp  # noqa: E402
+
+from memlens import buildprogress  # noqa: E402
+from memlens.record import native  # noqa: E402
+
+NATIVE_DIR = os.path.dirname(native.__file__)
+
+
+def test_every_part_recorder_cpp_includes_is_a_source_and_nothing_else():
+    with open(os.path.join(NATIVE_DIR, "recorder.cpp")) as f:
+        included = re.findall(r'^#include "([^"]+)"', f.read(), flags=re.M)
+    parts = sorted(os.path.basename(p) for p in glob.glob(os.path.join(NATIVE_DIR, "*.h")))
+    assert sorted(included) == parts and len(parts) == 14
+    assert [os.path.basename(p) for p in native.sources()] == ["recorder.cpp", *parts]
+
+
+def test_each_part_keys_the_cache(monkeypatch, tmp_path):
+    """Changing any part (a header too) gives another build folder."""
+    monkeypatch.setenv("MEMLENS_BUILD_DIR", str(tmp_path))
+    real = native.sources()
+    first = native.build_dir()
+    copies = []
+    for i, path in enumerate(real):
+        copy = tmp_path / f"src{i}" / os.path.basename(path)
+        copy.parent.mkdir()
+        copy.write_bytes(open(path, "rb").read())
+        copies.append(str(copy))
+    monkeypatch.setattr(native, "sources", lambda: copies)
+    assert native.build_dir() == first           # same bytes, same names: the same folder
+    folders = {first}
+    for copy in copies:
+        original = open(copy, "rb").read()
+        with open(copy, "ab") as f:
+            f.write(b"\n// changed\n")
+        folders.add(native.build_dir())
+        open(copy, "wb").write(original)
+    assert len(folders) == len(copies) + 1
+
+
+def _fake_torch_build(calls, seconds=0.3, fail=False):
+    def load(name, sources, build_directory, **kwargs):
+        calls.append(build_directory)
+        time.sleep(seconds / 2)
+        open(os.path.join(build_directory, "recorder.o"), "w").close()
+        time.sleep(seconds / 2)
+        if fail:
+            raise RuntimeError("Error building extension 'memlens_recorder'")
+        open(os.path.join(build_directory, "memlens_recorder.so"), "w").close()
+        return "the module"
+    return load
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("MEMLENS_BUILD_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_module", None)
+    monkeypatch.setattr(native, "_error", None)
+    monkeypatch.setattr(native.shutil, "which", lambda name: "/usr/bin/" + name)   # no compiler needed
+    monkeypatch.setattr(buildprogress, "TICK_S", 0.05)
+    return tmp_path
+
+
+def test_first_build_says_what_where_and_how_far(fresh, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(cpp, "load", _fake_torch_build(calls))
+    assert native.load() == "the module"
+    folder = native.build_dir()
+    assert calls == [folder]
+    lines = capsys.readouterr().err.splitlines()
+    n_files = 1 + len(glob.glob(os.path.join(NATIVE_DIR, "*.h")))   # recorder.cpp and its 14 parts
+    assert lines[0] == (f"memlens: building the compiled recorder (C++, {n_files} files, about 3 min on 2 cores) "
+                        f"in {folder} ...")
+    ticks = lines[1:-1]
+    assert ticks and all(re.fullmatch(r"memlens:   \.\.\. 0:00 elapsed, (compiling \(0 of 1 object files "
+                                      r"done\)|linking)", t) for t in ticks), ticks
+    assert "compiling (0 of 1 object files done)" in ticks[0]   # the object file comes half way through
+    assert ticks[-1].endswith("linking")
+    assert lines[-1] == "memlens: built the compiled recorder in 0:00"
+
+
+def test_loading_a_built_recorder_says_nothing(fresh, monkeypatch, capsys):
+    folder = native.build_dir()
+    os.makedirs(folder)
+    library = os.path.join(folder, "memlens_recorder.so")
+    open(library, "w").close()
+    newest = max(os.stat(p).st_mtime for p in native.sources())
+    os.utime(library, (newest + 10, newest + 10))
+    monkeypatch.setattr(cpp, "load", lambda **kwargs: "the module")
+    assert native.load() == "the module"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_source_newer_than_the_library_is_a_build(tmp_path):
+    src, lib = tmp_path / "a.h", tmp_path / "x.so"
+    src.write_text("x")
+    assert buildprogress.needs_build(lib, [src])              # no library yet
+    lib.write_text("")
+    os.utime(src, (1000, 1000))
+    os.utime(lib, (2000, 2000))
+    assert not buildprogress.needs_build(lib, [src])
+    os.utime(src, (3000, 3000))
+    assert buildprogress.needs_build(lib, [src])
+
+
+def test_a_failed_build_says_so_and_falls_back(fresh, monkeypatch, capsys):
+    monkeypatch.setattr(cpp, "load", _fake_torch_build([], seconds=0.1, fail=True))
+    with pytest.raises(native.NativeUnavailable, match="Error building extension"):
+        native.load()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("memlens: building the compiled recorder (C++, ")
+    assert err[-1] == "memlens: building the compiled recorder failed after 0:00"
+
+
+def test_clock_reads_minutes_and_seconds():
+    assert [buildprogress._clock(s) for s in (0, 9.9, 61, 185, 3600)] == ["0:00", "0:09", "1:01", "3:05", "60:00"]
