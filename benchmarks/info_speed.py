@@ -30,8 +30,14 @@ SHARED = ROOT.parent / "shared" / "traces" / "snapshots"
 SMALL_BYTES = 5 << 20
 
 
+def _env() -> dict:
+    # as a user runs it: this tree's memlens, with its compiled bytecode cached (an installed package has it)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+
+
 def _wall(cmd: list[str]) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = _env()
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     return time.perf_counter() - t0
@@ -41,6 +47,7 @@ def measure(path: Path, repeat: int) -> dict:
     """Median wall seconds of the pickle, pandas and info children for `path` (alternating)."""
     py = sys.executable
     runs = {"pickle": [], "pandas": [], "info": []}
+    _wall([py, "-m", "memlens", "info", "--json", str(path)])  # warm-up: bytecode written, files in the page cache
     for _ in range(repeat):
         runs["pickle"].append(_wall([py, "-c", f"import pickle; pickle.load(open({str(path)!r}, 'rb'))"]))
         runs["pandas"].append(_wall([py, "-c", "import pandas"]))
@@ -50,7 +57,7 @@ def measure(path: Path, repeat: int) -> dict:
 
 def slowest_imports(path: Path, n: int = 15) -> list[tuple[int, str]]:
     """The `n` slowest top-level-ish imports of ``memlens info`` (cumulative us, module)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = _env()
     err = subprocess.run([sys.executable, "-X", "importtime", "-m", "memlens", "info", "--json", str(path)],
                          capture_output=True, text=True, env=env, cwd=ROOT).stderr
     rows = []

@@ -154,7 +154,23 @@ def top_site_sources(trace, top_sites: list[dict], source_root=None, reader: Sou
     """Add ``source`` (the line's text) to each ``{"site", "bytes"}`` of `top_sites` whose label names a site
     frame of the trace's stacks and whose file is found; in place."""
     reader = reader or SourceReader(source_root)
-    frames = site_frames(getattr(trace, "stacks", None)).drop_duplicates("site").set_index("site")
+    stacks = getattr(trace, "stacks", None)
+    if stacks is None or len(stacks) == 0 or not top_sites:
+        return
+    # only the stacks holding a frame named by a label ("file.py:LINE FUNCTION"): `memlens info` runs this on
+    # every file, and a snapshot has tens of thousands of frames
+    wanted = set()
+    for entry in top_sites:
+        head, _, function = str(entry["site"]).partition(" ")
+        line = head.rpartition(":")[2]
+        if head.endswith(".py:" + line) and line.isdigit():
+            wanted.add((int(line), function))
+    if not wanted:
+        return
+    hit = stacks["line"].isin({ln for ln, _ in wanted}).to_numpy() & stacks["name"].astype(str).isin(
+        {fn for _, fn in wanted}).to_numpy()
+    ids = np.unique(stacks["stack_id"].to_numpy()[hit])
+    frames = site_frames(stacks[stacks["stack_id"].isin(ids).to_numpy()]).drop_duplicates("site").set_index("site")
     for entry in top_sites:
         if entry["site"] in frames.index:
             f = frames.loc[entry["site"]]
