@@ -175,10 +175,13 @@ def predict(script: str, args: list[str] | None = None, gpu: str = "H100", capac
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise InputError(f"{script}: prediction did not finish within {timeout_s:g} s") from None
+    # the script's own prints share the child's stdout; `--json` writes its document last, "{" on a line of its own
+    out = done.stdout
+    start = 0 if out.startswith("{\n") else out.rfind("\n{\n") + 1
     try:
-        return json.loads(done.stdout)
+        return json.loads(out[start:])
     except ValueError:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (done.stderr.strip().splitlines() or [f"no prediction (exit {done.returncode})"])[-1]
         raise InputError(f"{script}: {last}") from None
 
 

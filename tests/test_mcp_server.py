@@ -136,3 +136,18 @@ def test_missing_extra_is_one_line(monkeypatch, capsys):
     assert main(["mcp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'memlens[mcp]'" in err[0]
+
+
+def test_predict_runs_the_script_in_a_child(tmp_path):
+    """A script that holds 4 MiB and 2 MiB of float32 on fake CUDA at once: 6 MiB allocated at the peak (both
+    multiples of 512 B, so the allocator's rounding keeps them); its print cannot corrupt the protocol."""
+    script = tmp_path / "two_tensors.py"
+    script.write_text("import torch\nprint('hello from the script')\n"
+                      "a = torch.empty(1 << 20, device='cuda')\nb = torch.empty(1 << 19, device='cuda')\n")
+    _, answers = talk([("predict", {"script": str(script), "gpu": "H100"}),
+                       ("predict", {"script": str(tmp_path / "missing.py")})])
+    (err, text), (bad_err, bad_text) = answers
+    assert not err, text
+    got = json.loads(text)
+    assert got["peak_allocated"] == 6 << 20 and got["fits"] is True and got["script_error"] is None
+    assert bad_err and "missing.py" in bad_text and "no such script" in bad_text
