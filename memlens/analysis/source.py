@@ -167,9 +167,8 @@ def top_site_sources(trace, top_sites: list[dict], source_root=None, reader: Sou
             wanted.add((int(line), function))
     if not wanted:
         return
-    hit = stacks["line"].isin({ln for ln, _ in wanted}).to_numpy() & stacks["name"].astype(str).isin(
-        {fn for _, fn in wanted}).to_numpy()
-    ids = np.unique(stacks["stack_id"].to_numpy()[hit])
+    near = stacks[stacks["line"].isin({ln for ln, _ in wanted}).to_numpy()]  # ints first: cheap
+    ids = np.unique(near["stack_id"].to_numpy()[near["name"].astype(str).isin({fn for _, fn in wanted}).to_numpy()])
     frames = site_frames(stacks[stacks["stack_id"].isin(ids).to_numpy()]).drop_duplicates("site").set_index("site")
     for entry in top_sites:
         if entry["site"] in frames.index:
