@@ -20,10 +20,10 @@ def _stacks(frames_by_id: dict[int, list[tuple[str, str, int]]]) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-ATTN = [("attn", "/src/model.py", 10), ("forward", "/src/model.py", 50)]
-MLP = [("mlp", "/src/model.py", 20), ("forward", "/src/model.py", 50)]
-LOSS = [("loss", "/src/train.py", 7)]
-FLASH = [("flash", "/src/model.py", 12), ("forward", "/src/model.py", 50)]
+ATTN = [("attn", "/a/proj/pkg/model.py", 10), ("forward", "/a/proj/pkg/model.py", 50)]
+MLP = [("mlp", "/a/proj/pkg/model.py", 20), ("forward", "/a/proj/pkg/model.py", 50)]
+LOSS = [("loss", "/a/proj/pkg/train.py", 7)]
+FLASH = [("flash", "/a/proj/pkg/model.py", 12), ("forward", "/a/proj/pkg/model.py", 50)]
 
 
 def _block(i, size, alloc, free, stack, op=""):
@@ -57,12 +57,25 @@ def test_stack_diff_by_hand():
     a, b = two_runs()
     d = memlens.diff(a, b)
     assert [(r.change, r.site, r.bytes_a, r.bytes_b, r.delta) for r in d.stacks.itertuples()] == EXPECTED
-    assert list(d.stacks["stack"])[:3] == ["flash (/src/model.py:12) < forward (/src/model.py:50)",
-                                           "mlp (/src/model.py:20) < forward (/src/model.py:50)",
-                                           "loss (/src/train.py:7)"]
+    # files by the last three parts of their paths
+    assert list(d.stacks["stack"])[:3] == ["flash (proj/pkg/model.py:12) < forward (proj/pkg/model.py:50)",
+                                           "mlp (proj/pkg/model.py:20) < forward (proj/pkg/model.py:50)",
+                                           "loss (proj/pkg/train.py:7)"]
     assert [(r.blocks_a, r.blocks_b) for r in d.stacks.itertuples()] == [(0, 1), (1, 1), (1, 0), (0, 1)]
     summary = " ".join(d.summary())
     assert "2 appeared (4.2 KiB), 1 vanished (500 B), 1 grew (1000 B)" in summary
+
+
+def test_the_same_code_from_two_checkouts_matches():
+    """B ran from another checkout (/home/b/proj/... instead of /a/proj/...): the frames match by the last
+    three parts of their paths, so only the real changes are listed."""
+    a, b = two_runs()
+    st = b.stacks.copy()
+    st["filename"] = st["filename"].astype(str).str.replace("/a/", "/home/b/", regex=False)
+    assert (st["filename"].str.startswith("/home/b/proj/") | (st["filename"] == "")).all()
+    b = Trace.from_tables(b.blocks, metadata=dict(b.metadata), stacks=st)
+    d = memlens.diff(a, b)
+    assert [(r.change, r.site, r.bytes_a, r.bytes_b, r.delta) for r in d.stacks.itertuples()] == EXPECTED
 
 
 def test_stack_diff_in_the_cli_json_and_page(tmp_path, capsys):
@@ -73,20 +86,21 @@ def test_stack_diff_in_the_cli_json_and_page(tmp_path, capsys):
     assert [(r["change"], r["site"], r["bytes_a"], r["bytes_b"]) for r in out["stacks"]] == [e[:4] for e in EXPECTED]
     assert {s["key"]: s["status"] for s in out["html_sections"]}["stacks"] == "ok"
     page = (tmp_path / "d.html").read_text()
-    assert "flash (/src/model.py:12) &lt; forward (/src/model.py:50)" in page
+    assert "flash (proj/pkg/model.py:12) &lt; forward (proj/pkg/model.py:50)" in page
     assert main(["diff", str(pa), str(pb)]) == 0
     text = capsys.readouterr().out.splitlines()
     i = next(k for k, line in enumerate(text) if line.startswith("Stacks at the peak"))
     assert text[i + 1].split() == ["appeared", "+3.9", "KiB", "(0", "B", "->", "3.9", "KiB)", "model.py:12", "flash"]
-    assert text[i + 2].strip() == "flash (/src/model.py:12) < forward (/src/model.py:50)"
+    assert text[i + 2].strip() == "flash (proj/pkg/model.py:12) < forward (proj/pkg/model.py:50)"
 
 
 def _key_of(trace) -> dict[int, str]:
-    """stack_id -> Python frames innermost first, written with plain Python."""
+    """stack_id -> Python frames innermost first (files by their path's last three parts), in plain Python."""
     frames: dict[int, list] = {}
     for r in trace.stacks.itertuples():
         frames.setdefault(int(r.stack_id), []).append((int(r.depth), r.name, r.filename, int(r.line)))
-    return {sid: " < ".join(f"{n} ({f}:{ln})" for _, n, f, ln in sorted(fs) if str(f).endswith(".py"))
+    return {sid: " < ".join(f"{n} ({'/'.join(str(f).split('/')[-3:])}:{ln})" for _, n, f, ln in sorted(fs)
+                            if str(f).endswith(".py"))
             for sid, fs in frames.items()}
 
 

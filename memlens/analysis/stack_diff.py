@@ -2,8 +2,9 @@
 
 Beside the diff by category / module / op (`memlens.analysis.diff`), which says *what kind* of memory
 changed, this says *which code* holds it. A block's stack key is its Python frames, innermost first, as
-"function (file.py:line)" joined by " < " (C++ frames left out: their names carry addresses and templates that
-differ between builds of the same code); a block without a Python frame keys on its allocation site label
+"function (dir/sub/file.py:line)" joined by " < ", each file named by the last three parts of its path (so the
+same code run from two checkouts, or on two machines, matches) and C++ frames left out (their names carry
+addresses and templates that differ between builds of the same code); a block without a Python frame keys on its allocation site label
 (`memlens.analysis.peak_cause.block_sites`: the allocating op, "(no stack)", "(alive before recording)").
 Stacks are matched between the traces by that key, so the same code in two runs pairs up even though the
 traces number their stacks differently. Bytes are summed over the blocks live at each device's peak.
@@ -20,13 +21,14 @@ JOIN = " < "  # between frames: "inner (f.py:3) < outer (f.py:9)" reads as "call
 
 
 def stack_keys(stacks: pd.DataFrame | None) -> pd.Series:
-    """stack_id -> its Python frames, innermost first, "name (file.py:line)" joined by " < " ("" when the
-    stack has no Python frame)."""
+    """stack_id -> its Python frames, innermost first, "name (dir/sub/file.py:line)" (the path's last three
+    parts) joined by " < " ("" when the stack has no Python frame)."""
     if stacks is None or len(stacks) == 0:
         return pd.Series(dtype=object)
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
     py = st[st["filename"].astype(str).str.endswith(".py").to_numpy()]
-    frame = py["name"].astype(str) + " (" + py["filename"].astype(str) + ":" + py["line"].astype(str) + ")"
+    tail = py["filename"].astype(str).str.replace("\\", "/", regex=False).str.split("/").str[-3:].str.join("/")
+    frame = py["name"].astype(str) + " (" + tail + ":" + py["line"].astype(str) + ")"
     return frame.groupby(py["stack_id"].to_numpy(), sort=True).agg(JOIN.join)
 
 
