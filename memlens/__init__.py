@@ -36,8 +36,8 @@ _watch_torch_import()
 
 
 # subpackages the README names as `memlens.<name>.<object>`, imported on first attribute access
-_LAZY_SUBPACKAGES = ("analysis", "devicetime", "plan", "predict", "report", "simulate", "swap", "viz", "widgets",
-                     "whatif")
+_LAZY_SUBPACKAGES = ("analysis", "devicetime", "io", "opfacts", "plan", "predict", "report", "simulate", "swap", "viz",
+                     "widgets", "whatif")
 
 
 def __getattr__(name):
@@ -50,6 +50,11 @@ def __getattr__(name):
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
+    import importlib.util
+    if not name.startswith("_") and importlib.util.find_spec(f"memlens.{name}") is not None:
+        # any other module the README names (memlens.reserved, memlens.units, ...) loads on first access too
+        import importlib
+        return importlib.import_module(f"memlens.{name}")
     raise AttributeError(f"module 'memlens' has no attribute {name!r}")
 
 

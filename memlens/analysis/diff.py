@@ -39,6 +39,8 @@ class TraceDiff:
       (aligned by index) and the median iteration peak and duration.
     - ``ati``: statistics of A and B and their ``delta``, plus ``by_category`` (None unless both traces
       record accesses).
+    - ``stacks``: call stacks whose bytes at the peak changed (appeared, vanished, grew, shrank), with A's
+      and B's bytes (`memlens.analysis.stack_diff`).
     - ``cannot_compare``: what could not be compared and why; ``notes``: how the comparison was made.
     """
 
@@ -58,6 +60,7 @@ class TraceDiff:
     ati: dict | None
     cannot_compare: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stacks: pd.DataFrame = field(default_factory=pd.DataFrame)
     trace_a: object = field(default=None, repr=False)
     trace_b: object = field(default=None, repr=False)
 
@@ -70,7 +73,7 @@ class TraceDiff:
                 "device_pairs": [list(p) for p in self.device_pairs], "peak": rows(self.peak),
                 "at_peak": {k: rows(v) for k, v in self.at_peak.items()},
                 "blocks": {k: _plain(v) for k, v in self.blocks.items()},
-                "appeared": rows(self.appeared), "disappeared": rows(self.disappeared), "by_op": rows(self.by_op),
+                "appeared": rows(self.appeared), "stacks": rows(self.stacks), "disappeared": rows(self.disappeared), "by_op": rows(self.by_op),
                 "op_counts": None if self.op_counts is None else rows(self.op_counts),
                 "iterations": its, "ati": None if self.ati is None else {
                     k: (rows(v) if isinstance(v, pd.DataFrame) else _plain(v)) for k, v in self.ati.items()},
@@ -96,6 +99,9 @@ class TraceDiff:
             top = frame.iloc[int(np.argmax(frame["delta"].abs().to_numpy()))]
             out.append(f"At the peak, the largest change by {by} is {top[by]}: {format_bytes(top['bytes_a'])} -> "
                        f"{format_bytes(top['bytes_b'])} ({_signed_bytes(top['delta'])}).")
+        from memlens.analysis.stack_diff import stack_sentence
+        if stack_sentence(self.stacks):
+            out.append(stack_sentence(self.stacks))
         bl = self.blocks
         out.append(f"Matching blocks by ({', '.join(bl['signature'])}, order): {bl['matched']:,} in both, "
                    f"{bl['appeared']:,} only in B ({format_bytes(bl['appeared_bytes'])}), {bl['disappeared']:,} "
@@ -349,7 +355,9 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
     iterations, it_notes = _iterations(a, b)
     ati, ati_notes = _ati(a, b)
     op_counts, op_notes = _op_counts(a, b)
+    from memlens.analysis.stack_diff import stack_diff, stack_note
     cannot = [n for n in notes if "only in" in n] + field_notes + op_notes + it_notes + ati_notes
+    cannot += [n for n in [stack_note(a, b)] if n]
     notes = [n for n in notes if "only in" not in n]
     if "op" not in fields:
         cannot.append("live memory at the peak by op: the traces' op names cannot be matched")
@@ -362,6 +370,6 @@ def diff(a, b, name_a: str | None = None, name_b: str | None = None) -> TraceDif
                      source_b=b.metadata.get("source_kind", "unknown"), device_pairs=pairs, peak=peak,
                      at_peak={by: _at_peak(pa, pb, pairs, by) for by in GROUPS}, blocks=blocks, appeared=appeared,
                      disappeared=disappeared, by_op=_by_op(a, b, pairs), op_counts=op_counts,
-                     iterations=iterations, ati=ati,
+                     iterations=iterations, ati=ati, stacks=stack_diff(a, b, pairs, pa, pb),
                      cannot_compare=cannot, notes=[n[0].upper() + n[1:] + "." for n in notes],
                      trace_a=a, trace_b=b)

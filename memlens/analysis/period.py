@@ -15,12 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import fft
 
 Z_MIN = 5.0  # standard errors above chance: false detection probability ~3e-7 per lag
 EMBEDDINGS = 3
 MAX_ANCHORS = 3  # candidate iteration starts matched against the whole sequence
 CANDIDATES = 32
+
+
+def _fft():
+    """scipy.fft, imported on first use: it costs ~0.5 s, which `memlens info` on a trace without a repeating
+    pattern to search (or with optimizer steps) need not pay."""
+    from scipy import fft
+    return fft
 
 
 @dataclass(frozen=True)
@@ -38,7 +44,7 @@ def approximate_match_rates(symbols: np.ndarray, embeddings: int = EMBEDDINGS, s
     """Estimated match rate m(L) for L = 0 .. n-1 (index L), by FFT autocorrelation of random phases."""
     n = len(symbols)
     k = int(symbols.max()) + 1 if n else 0
-    nfft = fft.next_fast_len(max(2 * n, 2))
+    nfft = _fft().next_fast_len(max(2 * n, 2))
     rng = np.random.default_rng(seed)
     total = np.zeros(n)
     if n >= 20_000:  # noise per lag ~ 1/sqrt(2 * (n - lag)): one embedding is precise enough
@@ -46,9 +52,9 @@ def approximate_match_rates(symbols: np.ndarray, embeddings: int = EMBEDDINGS, s
     for _ in range(embeddings):
         phase = rng.uniform(0.0, 2 * np.pi, size=k)
         z = np.exp(1j * phase[symbols])
-        spectrum = fft.fft(z, nfft, workers=-1)
+        spectrum = _fft().fft(z, nfft, workers=-1)
         spectrum *= np.conj(spectrum)
-        total += fft.ifft(spectrum, workers=-1)[:n].real
+        total += _fft().ifft(spectrum, workers=-1)[:n].real
     overlap = n - np.arange(n)
     return total / embeddings / np.maximum(overlap, 1)
 
@@ -121,7 +127,7 @@ class TemplateMatcher:
         if key not in self._spectra:
             rng = np.random.default_rng(self.seed + embedding)
             phase = rng.uniform(0.0, 2 * np.pi, size=int(self.symbols.max()) + 1)
-            self._spectra[key] = (phase, fft.fft(np.exp(1j * phase[self.symbols]), nfft, workers=-1))
+            self._spectra[key] = (phase, _fft().fft(np.exp(1j * phase[self.symbols]), nfft, workers=-1))
         return self._spectra[key]
 
     def match(self, start: int, width: int) -> np.ndarray:
@@ -134,14 +140,14 @@ class TemplateMatcher:
             windows = np.lib.stride_tricks.sliding_window_view(padded, width)
             return (windows == template).mean(axis=1)
         embeddings = 1 if width >= 1000 else EMBEDDINGS
-        nfft = fft.next_fast_len(n + width)
+        nfft = _fft().next_fast_len(n + width)
         total = np.zeros(n)
         for e in range(embeddings):
             phase, spectrum = self._spectrum(e, nfft)
             # corr[i] = sum_j z[i + j] * conj(t[j]): a convolution with the reversed conjugate template
-            kernel = fft.fft(np.exp(-1j * phase[template[::-1]]), nfft, workers=-1)
+            kernel = _fft().fft(np.exp(-1j * phase[template[::-1]]), nfft, workers=-1)
             kernel *= spectrum
-            total += fft.ifft(kernel, workers=-1).real[width - 1:width - 1 + n]
+            total += _fft().ifft(kernel, workers=-1).real[width - 1:width - 1 + n]
         return total / embeddings / width
 
 

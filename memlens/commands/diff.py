@@ -23,7 +23,7 @@ def run(args) -> int:
 
     from memlens.commands._output import print_json
     from memlens.diff import diff
-    from memlens.errors import InputError
+    from memlens.errors import InputError, printable
 
     if args.top < 1:
         raise InputError(f"--top must be at least 1, got {args.top}")
@@ -46,7 +46,25 @@ def run(args) -> int:
         print_json(out)
         return 0
     for line in d.summary():
-        print(line)
+        print(printable(line))
+    _print_stacks(d.stacks, min(args.top, 10))
     if page is not None:
         print(f"diff page: {args.output}")
     return 0
+
+
+def _print_stacks(stacks, top: int) -> None:
+    """The largest stack changes at the peak: change, delta, A -> B bytes, the site, then the stack (cut)."""
+    from memlens.errors import printable
+    from memlens.units import format_bytes
+
+    if stacks is None or len(stacks) == 0:
+        return
+    print(f"Stacks at the peak, largest changes first ({min(top, len(stacks))} of {len(stacks):,}):")
+    for r in stacks.head(top).itertuples(index=False):
+        sign = "+" if r.delta >= 0 else "-"
+        print(printable(f"  {r.change:<9} {sign + format_bytes(abs(int(r.delta))):>11}  ({format_bytes(int(r.bytes_a))} "
+                        f"-> {format_bytes(int(r.bytes_b))})  {r.site}"))
+        if r.stack != r.site:
+            stack = str(r.stack)
+            print(printable(f"            {stack if len(stack) <= 200 else stack[:197] + '...'}"))

@@ -18,22 +18,31 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     from memlens.commands.options import add_categories_option
     add_categories_option(p)
+    p.add_argument("--source-root", default=None, metavar="DIR",
+                   help="show each top site's source line, finding the frames' files under DIR (by the longest "
+                        "tail of their path); without it, the files where the frames point are read when present")
     add_engine_options(p)
     p.set_defaults(func=run)
 
 
-def story(trace) -> dict:
+def story(trace, source_root=None) -> dict:
     """The ``peak`` / ``iterations`` / ``phases`` part of ``info --json`` (see the issue-17 contract):
     per device allocated and reserved bytes at the peak, bytes by category, the cause sentence and the top
-    allocation sites; the number of iterations; the phases (ns since the trace start)."""
+    allocation sites (each with ``source``, its line's text, when the file is found under `source_root` or
+    where the frame points); the number of iterations; the phases (ns since the trace start)."""
     from memlens.analysis.iterations import split_iterations
     from memlens.analysis.peak_cause import peak_cause
     from memlens.analysis.phases import trace_phases
+    from memlens.analysis.source import SourceReader, top_site_sources
 
     its = split_iterations(trace)
     phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
                "source": str(p.get("source", ""))} for p in trace_phases(trace)]
-    return {"peak": {dev: c.to_json() for dev, c in peak_cause(trace).items()},
+    peak = {dev: c.to_json() for dev, c in peak_cause(trace).items()}
+    reader = SourceReader(source_root)
+    for cause in peak.values():
+        top_site_sources(trace, cause["top_sites"], reader=reader)
+    return {"peak": peak,
             "iterations": 0 if str(its["source"].iloc[0]) == "none" else int(len(its)),
             "iteration_source": str(its["source"].iloc[0]), "phases": phases}
 
@@ -50,8 +59,11 @@ def _summary(args, path) -> dict:
             return engine.summary(path, runner)
     from memlens.commands.options import with_categories
     from memlens.io import load
+    if getattr(args, "source_root", None) is not None:
+        from memlens.analysis.source import SourceReader
+        SourceReader(args.source_root)  # a bad --source-root is refused before the file is loaded
     trace = with_categories(load(path), getattr(args, "categories", None))
-    told = {**trace.summary(), **story(trace)}
+    told = {**trace.summary(), **story(trace, getattr(args, "source_root", None))}
     if "categories" in trace.metadata:  # the user's rules decided the categories
         told["categories"] = trace.metadata["categories"]
     return told
@@ -85,6 +97,8 @@ def _print(path: str, s: dict) -> None:
         _say(f"cause:     {cause['cause']}")
         for site in cause["top_sites"][:5]:
             _say(f"site:      {format_bytes(site['bytes']):>10}  {site['site']}")
+            if site.get("source"):
+                _say(f"           {'':>10}  | {site['source']}")
     if "iterations" in s:  # the out-of-core summary has no peak story
         _say(f"iterations: {s['iterations']}" + (f" ({s['iteration_source']})" if s["iterations"] else ""))
     if s.get("phases"):

@@ -24,6 +24,9 @@ def register(sub) -> None:
                         "outliers,iterations,whatif,metadata)")
     p.add_argument("--no-whatif", action="store_true", help="skip the what-if simulations (faster)")
     p.add_argument("--memory-limit", default=None, type=options.positive_size, help="memory limit for the swapping what-if (e.g. 2GB)")
+    p.add_argument("--source-root", default=None, metavar="DIR",
+                   help="show the source line of each allocation site, finding the frames' files under DIR; "
+                        "without it, the files where the frames point are read when present")
     p.add_argument("--json", action="store_true", help="print the path and each section's status as JSON")
     from memlens.commands._engine import add_engine_options
     options.add_categories_option(p)
@@ -61,6 +64,9 @@ def run(args) -> int:
         options.refuse_categories_out_of_core(args, "the report")
         return _run_out_of_core(args)
     require_in_memory(args.trace, "the report")
+    if args.source_root is not None:
+        from memlens.analysis.source import SourceReader
+        SourceReader(args.source_root)  # a bad --source-root is refused before the trace is loaded
     progress = sys.stderr.isatty()
     if progress:
         print(f"loading {args.trace} ...", file=sys.stderr)
@@ -74,6 +80,8 @@ def run(args) -> int:
     if args.gpu:
         report_options["gpu"] = args.gpu
         report_options["tf32"] = args.tf32
+    if args.source_root is not None:
+        report_options["source_root"] = args.source_root
     built = build_report(trace, title=args.title, sections=sections, progress=progress,
                          source_name=args.trace, **report_options)
     return _write(args, built)

@@ -17,12 +17,9 @@ process so that building it never initialises torch in the caller.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.abc
-import importlib.metadata
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +49,7 @@ def _torch_dir() -> Path | None:
 
 
 def _torch_version() -> str:
+    import importlib.metadata  # here, not at module level: `import memlens` loads this module
     try:
         return importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
@@ -103,6 +101,7 @@ def build(verbose: bool = False) -> Path:
         with build_lock(out, "the fake-CUDA shim", library=path):
             if path.exists():  # built by the process we waited for
                 return path
+            import subprocess
             proc = subprocess.run([sys.executable, "-c", code, str(SOURCE), str(out)], capture_output=True,
                                   text=True)
     except BuildBusy as exc:
@@ -133,6 +132,7 @@ def preload() -> bool:
     try:
         if "torch" in sys.modules or torch_has_cuda_build() or not is_built():
             return False
+        import ctypes
         lib = _torch_dir() / "lib"
         for name in ("libc10.so", "libtorch_cpu.so"):
             ctypes.CDLL(str(lib / name), mode=ctypes.RTLD_GLOBAL)

@@ -46,6 +46,20 @@ def _peak(ctx) -> list:
     return parts
 
 
+def _stacks(ctx) -> list:
+    d = ctx.d
+    frame = getattr(d, "stacks", None)
+    if frame is None or len(frame) == 0:
+        raise SectionUnavailable("no stack holds different bytes at the two peaks")
+    from memlens.analysis.stack_diff import stack_sentence
+    parts = [paragraph(stack_sentence(frame) + " A stack is its Python frames, innermost first ('<' reads "
+                       "'called from'); blocks without one are keyed by their allocation site.")]
+    note_text = next((c for c in d.cannot_compare if c.startswith("stacks at the peak")), None)
+    if note_text:
+        parts.append(note(note_text))
+    return parts + [table(frame.head(ctx.top), BYTES)]
+
+
 def _blocks(ctx) -> list:
     d = ctx.d
     bl = d.blocks
@@ -93,7 +107,8 @@ def _not_compared(ctx) -> list:
 
 
 DIFF_SECTIONS = (("summary", "Summary", _summary), ("overlay", "Live memory, both runs", _overlay),
-                 ("peak", "Peak and what is live at it", _peak), ("blocks", "Blocks that appear or disappear", _blocks),
+                 ("peak", "Peak and what is live at it", _peak),
+                 ("stacks", "Call stacks at the peak: appeared, vanished, grew", _stacks), ("blocks", "Blocks that appear or disappear", _blocks),
                  ("iterations", "Iterations", _iterations), ("ati", "Access time intervals", _ati),
                  ("not_compared", "What could not be compared", _not_compared))
 

@@ -67,15 +67,19 @@ def peak(ctx: ReportContext) -> list:
 
     by = "module" if (ctx.trace.blocks["module"].astype(str) != "").any() else "op"
     return peak_parts(ctx.peaks, peak_cause(ctx.trace), ctx.trace,
-                      lambda dev, pb: live_at(ctx.trace, dev, pb.peak_seq, pb.peak_ns), by, ctx.options.top)
+                      lambda dev, pb: live_at(ctx.trace, dev, pb.peak_seq, pb.peak_ns), by, ctx.options.top,
+                      source_root=ctx.options.source_root)
 
 
-def peak_parts(peaks: dict, causes: dict, sites_trace, live_of, by: str, top: int) -> list:
+def peak_parts(peaks: dict, causes: dict, sites_trace, live_of, by: str, top: int, source_root=None) -> list:
     """The peak section from its data: `peaks` ({device: `PeakBreakdown`}), `causes` ({device:
     `PeakCause`}, may lack devices), `sites_trace` (anything with the trace's ``stacks``), `live_of(device,
-    breakdown)` (the blocks live at that peak), `by` (the composition figure's grouping)."""
+    breakdown)` (the blocks live at that peak), `by` (the composition figure's grouping), `source_root` (where
+    the sites' source files are; None: where the frames point)."""
+    from memlens.analysis.source import SourceReader
     from memlens.viz.peak import peak_composition
 
+    reader = SourceReader(source_root)
     fmt = {"bytes": bytes_text, "share": share_text, "size": bytes_text, "alloc_ns": ns_text, "free_ns": ns_text}
     parts = [peak_composition(peaks, by=by, top=min(top, 15))]
     for dev, pb in peaks.items():
@@ -85,7 +89,9 @@ def peak_parts(peaks: dict, causes: dict, sites_trace, live_of, by: str, top: in
         parts.append(paragraph(pb.describe() + (f" The allocation that reached it came from {pb.op_at_peak}."
                                                 if pb.op_at_peak else "")))
         parts.append(tag("h4", "allocation sites live at the peak (hover a site for its stack)"))
-        parts.append(sites_table(sites_trace, live_of(dev, pb), top))
+        live = live_of(dev, pb)
+        parts.append(sites_table(sites_trace, live, top, reader))
+        parts += files_table(sites_trace, live, top, reader)
         for note_text in pb.notes:
             parts.append(note(note_text))
         for key, frame in (("category", pb.by_category), ("module", pb.by_module), ("op", pb.by_op)):
@@ -96,21 +102,41 @@ def peak_parts(peaks: dict, causes: dict, sites_trace, live_of, by: str, top: in
     return parts
 
 
-def sites_table(trace, blocks, top: int):
+def sites_table(trace, blocks, top: int, reader=None):
     """Bytes by allocation site (`memlens.analysis.peak_cause.sites`); each site's cell carries the stack of
-    its largest block as hover text (Python frames innermost first, C++ frames folded)."""
+    its largest block as hover text (Python frames innermost first, C++ frames folded). With a
+    `memlens.analysis.source.SourceReader` that finds the sites' files, a column shows each line's text."""
     from memlens.analysis.peak_cause import sites, stack_lines
+    from memlens.analysis.source import add_source_lines
     from memlens.report.markup import Safe, esc
 
     df = sites(trace, blocks=blocks).head(top)
-    head = "".join(f"<th>{esc(h)}</th>" for h in ("site", "bytes", "blocks", "category", "op"))
+    if reader is not None:
+        df = add_source_lines(trace, df, reader=reader)
+    with_source = "source" in df.columns and df["source"].notna().any()
+    head = "".join(f"<th>{esc(h)}</th>" for h in ("site",) + (("source line",) if with_source else ()) +
+                   ("bytes", "blocks", "category", "op"))
     rows = []
     for r in df.itertuples(index=False):
         stack = "\n".join(stack_lines(trace.stacks, r.stack_id, 16)) or "no stack recorded"
-        rows.append(f"<tr><td>{tag('span', r.site, title=stack, cls='memlens-stack')}</td>"
+        code = f"<td><code>{esc(r.source or '')}</code></td>" if with_source else ""
+        rows.append(f"<tr><td>{tag('span', r.site, title=stack, cls='memlens-stack')}</td>{code}"
                     f"<td>{esc(bytes_text(r.bytes))}</td><td>{int(r.blocks):,}</td><td>{esc(r.category)}</td>"
                     f"<td>{esc(r.op)}</td></tr>")
     return Safe(f'<table class="memlens-table"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def files_table(trace, blocks, top: int, reader) -> list:
+    """Bytes live at the peak per source file of their sites (`memlens.analysis.source.by_file`); nothing when
+    no block has a Python frame."""
+    from memlens.analysis.source import by_file
+
+    df = by_file(trace, blocks, reader=reader).head(top)
+    if len(df) == 0:
+        return []
+    df["found"] = df["found"].map(lambda v: "yes" if v else "no")
+    return [tag("h4", "bytes live at the peak by source file"),
+            table(df, {"bytes": bytes_text}, {"lines": "site lines", "found": "source read"})]
 
 
 def largest(ctx: ReportContext) -> list:

@@ -1,0 +1,228 @@
+"""`memlens mcp`: memlens's questions as tools of a Model Context Protocol server (stdio), for AI assistants.
+
+Each tool takes a trace path (any file `memlens.load` reads) and answers with compact JSON text, the same
+numbers `memlens info --json` / `diff --json` / `simulate --json` print: bytes and nanoseconds throughout.
+The official ``mcp`` package is an optional extra (``pip install 'memlens[mcp]'``); it is imported only
+when the server is built, so that ``import memlens`` and every other verb stay light.
+
+While a tool runs, anything written to stdout goes to stderr instead: stdout carries the protocol's
+messages, and a stray print (a library's progress line) would corrupt it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+
+from memlens.errors import InputError
+
+SERVER_NAME = "memlens"
+MAX_ROWS = 200  # the most rows a tool returns in one table: an assistant's context is small
+_CACHE_SIZE = 2  # traces kept loaded between calls (an assistant asks several questions of one file)
+_cache: dict[tuple, object] = {}
+
+
+def require_mcp():
+    """Import the ``mcp`` package, or raise `InputError` saying how to install the extra."""
+    try:
+        import mcp.server.mcpserver as mcpserver
+    except ImportError as exc:
+        raise InputError("memlens mcp needs the 'mcp' package (the Model Context Protocol SDK, version 2 or "
+                         "later): pip install 'memlens[mcp]'" + (f" ({exc})" if "mcpserver" in str(exc) else "")
+                         ) from None
+    return mcpserver
+
+
+def load_cached(path: str):
+    """`memlens.load(path)`, kept for the next call while the file is unchanged (same size and mtime)."""
+    from memlens.io import load
+
+    real = os.path.realpath(str(path))
+    try:
+        st = os.stat(real)
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror or 'cannot be read'}") from None
+    key = (real, st.st_size, st.st_mtime_ns)
+    if key not in _cache:
+        trace = load(str(path))
+        while len(_cache) >= _CACHE_SIZE:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = trace
+    return _cache[key]
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), default=str)
+
+
+def _rows(n, default: int = 20) -> int:
+    return max(1, min(int(default if n is None else n), MAX_ROWS))
+
+
+def info(path: str) -> dict:
+    """The `memlens info --json` summary of one trace: blocks, ops, devices, duration (ns), peak live bytes
+    per device, and the peak story (allocated and reserved bytes, bytes by category, the cause sentence, the
+    top allocation sites, iterations, phases)."""
+    from memlens.commands.info import story
+    trace = load_cached(path)
+    return {**trace.summary(), **story(trace)}
+
+
+def peak_cause(path: str, device: str | None = None) -> dict:
+    """{device: the peak's cause}: ``allocated_bytes``, ``reserved_bytes``, ``by_category`` (bytes),
+    ``pushed`` (the category and op whose allocations pushed memory to the peak, bytes), ``phase``,
+    ``peak_ns`` and the ``cause`` sentence."""
+    from memlens.analysis.peak_cause import peak_cause as causes
+    trace = load_cached(path)
+    out = {}
+    for dev, c in causes(trace, top_sites=0).items():
+        if device is None or dev == device:
+            out[dev] = {**c.to_json(), "pushed": dict(c.pushed)}
+            out[dev].pop("top_sites", None)
+    if device is not None and not out:
+        raise InputError(f"{path}: no device {device} (it has: {', '.join(trace.devices) or 'none'})")
+    return out
+
+
+def sites(path: str, device: str | None = None, top: int | None = 20, by: str = "site",
+          source_root: str | None = None) -> dict:
+    """{device: rows} of the allocation sites live at each device's peak, largest first: ``site``
+    ("file.py:line function"), ``bytes``, ``blocks``, ``category``, ``op``; with `source_root` (or when the
+    frames' files exist) also ``source`` (the text of that line). `by` "stack" splits a line by caller."""
+    from memlens.analysis.peak import live_at, peak_breakdown
+    from memlens.analysis.peak_cause import sites as site_table
+    if by not in ("site", "stack"):
+        raise InputError(f"by must be 'site' or 'stack', got {by!r}")
+    trace = load_cached(path)
+    out = {}
+    for dev, pb in peak_breakdown(trace, largest=0).items():
+        if device is not None and dev != device:
+            continue
+        df = site_table(trace, blocks=live_at(trace, dev, pb.peak_seq, pb.peak_ns), by=by).head(_rows(top))
+        df = _with_source(trace, df, source_root)
+        out[dev] = [{k: (None if v is None or (isinstance(v, float) and v != v) else
+                         int(v) if k in ("bytes", "blocks") else str(v)) for k, v in r.items() if k != "stack_id"}
+                    for r in df.to_dict(orient="records")]
+    if device is not None and not out:
+        raise InputError(f"{path}: no device {device} (it has: {', '.join(trace.devices) or 'none'})")
+    return out
+
+
+def _with_source(trace, df, source_root):
+    try:
+        from memlens.analysis.source import add_source_lines
+    except ImportError:  # the source view is not part of this build
+        return df
+    return add_source_lines(trace, df, source_root)
+
+
+def diff(path_a: str, path_b: str, top: int | None = 10) -> dict:
+    """`memlens diff A B --json` cut to `top` rows per table: peak bytes of A and B per device pair, what is
+    live at each peak by category / module / op, blocks that appear or vanish, iterations, ATI, and what could
+    not be compared."""
+    from memlens.analysis.diff import diff as compare
+    d = compare(load_cached(path_a), load_cached(path_b), name_a=path_a, name_b=path_b)
+    out = d.to_json(top=_rows(top, 10))
+    out["summary"] = d.summary()
+    return out
+
+
+def simulate(path: str, allocator: str = "caching", conf: str | None = None, capacity: str | None = None,
+             device: str | None = None) -> dict:
+    """{device: results} of replaying the trace's requests through an allocator model (`caching`: PyTorch's
+    CUDACachingAllocator under `conf`, a PYTORCH_CUDA_ALLOC_CONF string; or `malloc`, `bestfit`, `bump`):
+    peak reserved / allocated bytes, segment reservations (count and bytes), OOMs, and the recorded reserved
+    peak when the trace has one. `capacity` e.g. "80GB"."""
+    from memlens.simulate import simulate as replay
+    if allocator not in ("caching", "malloc", "bestfit", "bump"):
+        raise InputError(f"allocator must be caching, malloc, bestfit or bump, got {allocator!r}")
+    trace = load_cached(path)
+    if device is not None and device not in trace.devices:
+        raise InputError(f"{path}: no device {device} (it has: {', '.join(trace.devices) or 'none'})")
+    result = replay(trace, allocator=allocator, conf=conf, capacity=capacity, device=device)
+    out = {}
+    for dev, s in result.to_json().items():
+        s = dict(s)
+        allocs = s.pop("segment_allocs")
+        s.pop("segment_alloc_times_ns", None)
+        frees = s.pop("segment_frees")
+        s.update(segment_allocs=len(allocs), segment_alloc_bytes=int(sum(allocs)), segment_frees=len(frees),
+                 ooms=s["ooms"][:10])
+        if isinstance(s.get("recorded"), dict):
+            rec = dict(s["recorded"])
+            rec = {k: (len(v) if isinstance(v, (list, tuple)) else v) for k, v in rec.items()}
+            s["recorded"] = rec
+        out[dev] = s
+    return out
+
+
+def predict(script: str, args: list[str] | None = None, gpu: str = "H100", capacity: str | None = None,
+            conf: str | None = None, timeout_s: float = 600.0) -> dict:
+    """`memlens predict --json -- python SCRIPT ARGS`: run a training/inference script on fake CUDA tensors
+    (no GPU) and predict its peak allocated / reserved bytes on `gpu`. The script runs in a child process (its
+    prints cannot reach the protocol stream), at most `timeout_s` seconds."""
+    import subprocess
+    if not os.path.isfile(script):
+        raise InputError(f"{script}: no such script")
+    cmd = [sys.executable, "-m", "memlens", "predict", "--json", "--gpu", str(gpu)]
+    if capacity:
+        cmd += ["--capacity", str(capacity)]
+    if conf:
+        cmd += ["--conf", str(conf)]
+    cmd += ["--", "python", script, *[str(a) for a in (args or [])]]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"{script}: prediction did not finish within {timeout_s:g} s") from None
+    # the script's own prints share the child's stdout; `--json` writes its document last, "{" on a line of its own
+    out = done.stdout
+    start = 0 if out.startswith("{\n") else out.rfind("\n{\n") + 1
+    try:
+        return json.loads(out[start:])
+    except ValueError:
+        last = (done.stderr.strip().splitlines() or [f"no prediction (exit {done.returncode})"])[-1]
+        raise InputError(f"{script}: {last}") from None
+
+
+TOOLS = (info, peak_cause, sites, diff, simulate, predict)
+_TITLES = {"info": "Summarise a memory trace", "peak_cause": "What caused the memory peak",
+           "sites": "Allocation sites live at the peak", "diff": "Compare two memory traces",
+           "simulate": "Replay a trace through an allocator model", "predict": "Predict a script's GPU memory"}
+
+
+def _as_tool(fn, tool_error):
+    """`fn` wrapped for the server: JSON text out, stdout kept off the protocol stream, memlens's input
+    errors as the tool's error message (one line, naming the file)."""
+    import functools
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs) -> str:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                return _dumps(fn(*args, **kwargs))
+        except InputError as exc:
+            raise tool_error(str(exc)) from None
+        except (MemoryError, RecursionError) as exc:
+            raise tool_error(f"the input is too large or malformed for this machine ({type(exc).__name__})") from None
+    call.__annotations__ = {**fn.__annotations__, "return": str}
+    return call
+
+
+def build_server():
+    """The `MCPServer` with memlens's tools (needs the ``mcp`` extra)."""
+    mcpserver = require_mcp()
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from memlens._version import __version__
+    server = mcpserver.MCPServer(SERVER_NAME, version=__version__, instructions=(
+        "memlens answers questions about PyTorch GPU memory traces (CUDA snapshots .pickle, profiler JSON, "
+        ".memlens directories). Every tool takes file paths on this machine; sizes are bytes, times ns."))
+    for fn in TOOLS:
+        server.tool(name=fn.__name__, title=_TITLES[fn.__name__], description=fn.__doc__)(_as_tool(fn, ToolError))
+    return server
+
+
+def serve() -> None:
+    """Run the server over stdio until the client closes it."""
+    build_server().run("stdio")
