@@ -18,6 +18,8 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   instead of the CPU build's math fallback (see `_predicted_sdpa`).
 - ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
   default foreach path as a real run does (not the per-parameter loop).
+- torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
+  that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
 Everything is restored on exit.
 """
 from __future__ import annotations
@@ -147,6 +149,8 @@ class _Patches:
             types.append(FakeTensor)
             self._undo.append(lambda: types.remove(FakeTensor) if FakeTensor in types else None)
 
+        self._undo.append(_hide_fake_data_ptr_warning())
+
     def restore(self) -> None:
         while self._undo:
             self._undo.pop()()
@@ -159,6 +163,27 @@ class _Patches:
 
 
 _MISSING = object()
+# torch warns whenever a fake tensor's data pointer is read (``copy.deepcopy`` of a parameter reads it, as do
+# some libraries); inside a prediction every tensor is fake by design, so the warning says nothing to the user
+_FAKE_DATA_PTR_WARNING = r"Accessing the data pointer of FakeTensor is deprecated"
+
+
+def _hide_fake_data_ptr_warning():
+    """Ignore torch's FakeTensor data-pointer warning (that message only) until the returned undo is called;
+    filters the user adds meanwhile are kept."""
+    import warnings
+    warnings.filterwarnings("ignore", message=_FAKE_DATA_PTR_WARNING, category=UserWarning)
+    entry = warnings.filters[0]
+
+    def undo() -> None:
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            return
+        mutated = getattr(warnings, "_filters_mutated", None)   # drops the per-call-site decisions cached
+        if mutated is not None:
+            mutated()
+    return undo
 
 
 @contextlib.contextmanager
@@ -193,6 +218,12 @@ def _predict_mode_class():
         @property
         def avoid_device_init(self) -> bool:
             return True
+
+        def __deepcopy__(self, memo):
+            # ``copy.deepcopy`` of a fake tensor copies its ``__dict__``, which holds this mode: a copy would
+            # drag along the patched ``torch.cuda`` module (TypeError: cannot pickle 'module' object) and
+            # give the copied tensor a second mode. The copy of a fake tensor belongs to the same mode.
+            return self
 
     return PredictFakeTensorMode
 
