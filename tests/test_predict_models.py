@@ -191,3 +191,74 @@ result = {str(mode): figures(adamw_step(lambda mode=mode: Net(mode),
 def _has(module: str) -> bool:
     import importlib.util
     return importlib.util.find_spec(module) is not None
+
+
+def _predict_cli(script, *extra):
+    return subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", *extra, "--", "python",
+                           str(script)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def test_cli_failed_script_exits_nonzero_with_no_verdict(tmp_path):
+    work = textwrap.dedent("""
+        import sys, torch
+        model = torch.nn.Linear(256, 256).cuda()
+        model(torch.randn(8, 256, device="cuda")).sum().backward()
+    """)
+    raises = tmp_path / "raises.py"
+    raises.write_text(work + "raise ValueError('bad batch in the script')\n")
+    exits = tmp_path / "exits.py"
+    exits.write_text(work + "sys.exit(3)\n")
+    clean_exit = tmp_path / "clean_exit.py"
+    clean_exit.write_text(work + "sys.exit(0)\n")
+    for script, said in ((raises, "ValueError: bad batch in the script"), (exits, "exited with 3")):
+        for extra in ((), ("--json",)):
+            proc = _predict_cli(script, *extra)
+            assert proc.returncode == 1, (script.name, extra, proc.stderr[-2000:])
+            # no verdict at all: no peaks, no "fits", no JSON
+            assert "peak" not in proc.stdout and "fits" not in proc.stdout and "{" not in proc.stdout, proc.stdout
+            assert said in proc.stderr and "no prediction" in proc.stderr, proc.stderr[-2000:]
+    # sys.exit(0) is a script that completed: it gets its prediction
+    proc = _predict_cli(clean_exit, "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+    s = json.loads(proc.stdout[proc.stdout.index("{"):])
+    # the weight and its gradient (256*256 fp32 each) at least
+    assert s["fits"] is True and s["peak_allocated"] >= 2 * 256 * 256 * 4
+
+
+def test_api_failed_code_raises_and_has_no_verdict():
+    r = run_child("""
+import memlens.predict as mp
+def step():
+    model = torch.nn.Linear(256, 256).cuda()
+    model(torch.randn(8, 256, device="cuda")).sum().backward()
+    raise ValueError("bad batch in the step")
+try:
+    memlens.predict(step, gpu="H100")
+    propagated = None
+except ValueError as exc:
+    propagated = [str(exc), list(getattr(exc, "__notes__", []))]
+p = memlens.predict(gpu="H100")
+try:
+    with p:
+        step()
+except ValueError:
+    pass
+answers = {}
+for name, read in (("peak_allocated", lambda: p.peak_allocated), ("fits", lambda: p.fits()),
+                   ("oom", lambda: p.oom), ("summary", lambda: p.summary())):
+    try:
+        answers[name] = repr(read())
+    except mp.PredictionFailed as exc:
+        answers[name] = "PredictionFailed: " + str(exc)
+result = {"propagated": propagated, "answers": answers, "failure": p.failure,
+          "partial_trace_blocks": int((p.trace.blocks.device == "cuda:0").sum())}
+""")
+    assert r["propagated"][0] == "bad batch in the step"
+    assert any("no prediction" in note for note in r["propagated"][1])
+    assert r["failure"] == "ValueError: bad batch in the step"
+    for name, answer in r["answers"].items():
+        assert answer.startswith("PredictionFailed: ") and "ValueError: bad batch in the step" in answer, name
+    # what ran up to the error is kept for inspection: weight, bias, input, output, grads...
+    assert r["partial_trace_blocks"] >= 4
