@@ -338,3 +338,31 @@ result = figures(step)
     assert r["param_bytes"] == 4 * n and r["opt_state"] == 2 * 4 * n
     assert r["predicted"] >= 4 * 4 * n
     assert abs(r["predicted"] - r["reference"]) <= 0.15 * r["reference"], r
+
+
+def test_silu_and_mish_backward_run_as_one_fused_kernel():
+    """SwiGLU's silu: CUDA (and CPU) run ``silu_backward`` as one kernel that allocates the gradient only; on
+    a CPU-only build the fake `cuda` op used to fall back to its decomposition (sigmoid, ones, sub, mul,
+    add, mul, mul: up to six input-sized temporaries). The gradient arriving from ``sum`` is an expanded
+    (stride 0) tensor, which must not make the prediction decompose the op either."""
+    r = run_child(CPU_REFERENCE + """
+import torch.nn.functional as F
+out = {}
+for name, act in (("silu", F.silu), ("mish", F.mish)):
+    def step(device, act=act):
+        x = torch.randn(64, 256, device=device, requires_grad=True)
+        act(x).sum().backward()
+    p = predicted(step)
+    out[name] = {"ops": p.trace.ops.name.tolist(), "predicted": p.peak_allocated, "reference": cpu_peak(step)}
+result = out
+""")
+    x = 64 * 256 * 4
+    for name in ("silu", "mish"):
+        f = r[name]
+        assert f["ops"] == ["aten::randn", f"aten::{name}", "aten::sum", "aten::ones_like", "aten::expand",
+                            f"aten::{name}_backward", "aten::detach"], name
+        # at most two input-sized tensors at once (x with its output, then x with its gradient) and two
+        # 4-byte scalars (the sum and backward's seed), each rounded up to 512 bytes
+        assert f["predicted"] == 2 * x + 2 * 512, name
+        # the CPU run: the same two tensors, the scalars unrounded (its mish keeps no extra either)
+        assert abs(f["predicted"] - f["reference"]) <= 1024, (name, f)

@@ -18,6 +18,8 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   instead of the CPU build's math fallback (see `_predicted_sdpa`).
 - ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
   default foreach path as a real run does (not the per-parameter loop).
+- ops with a fused CPU/CUDA kernel and a decomposition for other backends (``silu_backward``) stay whole, as
+  on CUDA (see `_fused_backward_kernels_stay_whole`).
 - torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
   that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
 Everything is restored on exit.
@@ -150,6 +152,7 @@ class _Patches:
             self._undo.append(lambda: types.remove(FakeTensor) if FakeTensor in types else None)
 
         self._undo.append(_hide_fake_data_ptr_warning())
+        self._undo.append(_fused_backward_kernels_stay_whole())
 
     def restore(self) -> None:
         while self._undo:
@@ -166,6 +169,34 @@ _MISSING = object()
 # torch warns whenever a fake tensor's data pointer is read (``copy.deepcopy`` of a parameter reads it, as do
 # some libraries); inside a prediction every tensor is fake by design, so the warning says nothing to the user
 _FAKE_DATA_PTR_WARNING = r"Accessing the data pointer of FakeTensor is deprecated"
+
+
+_FUSED_WITH_FALLBACK: list[str] | None = None
+
+
+def _cuda_kernel_missing_on_this_build(*args, **kwargs):
+    raise RuntimeError("memlens.predict: a CPU-only torch has no CUDA kernels (only fake cuda tensors reach here)")
+
+
+def _fused_backward_kernels_stay_whole():
+    """On a CPU build, ops with a CPU kernel and a CompositeImplicitAutograd fallback (``silu_backward``,
+    ``mish_backward``) have no CUDA kernel, so autograd takes the fallback for fake `cuda` tensors and runs
+    the decomposition: five or six temporaries the size of the input where CUDA runs one fused kernel. A
+    placeholder CUDA registration makes the dispatcher treat them as CUDA would (FakeTensorMode then sizes
+    the one output); it is never called, since fake tensors stop at the Python key. Removed on exit."""
+    global _FUSED_WITH_FALLBACK
+    from memlens.predict import shim
+    if shim.torch_has_cuda_build():
+        return lambda: None
+    if _FUSED_WITH_FALLBACK is None:   # the op table is fixed once torch is loaded: look it up once (~60 ms)
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        _FUSED_WITH_FALLBACK = [name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
+                                if name.startswith("aten::") and has(name, "CPU")
+                                and has(name, "CompositeImplicitAutograd") and not has(name, "CUDA")]
+    lib = torch.library.Library("aten", "IMPL")
+    for name in _FUSED_WITH_FALLBACK:
+        lib.impl(name, _cuda_kernel_missing_on_this_build, "CUDA")
+    return lib._destroy
 
 
 def _hide_fake_data_ptr_warning():
