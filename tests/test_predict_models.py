@@ -367,3 +367,30 @@ result = out
         assert f["predicted"] == 2 * x + 2 * 512, name
         # the CPU run: the same two tensors, the scalars unrounded (its mish keeps no extra either)
         assert abs(f["predicted"] - f["reference"]) <= 1024, (name, f)
+
+
+def test_a_script_that_saves_a_checkpoint_is_predicted(tmp_path):
+    """torch.save of fake tensors fails in plain torch; inside a prediction it writes the checkpoint's
+    structure (shapes, dtypes) without the bytes, and allocates nothing on the (modelled) GPU, as a real
+    save, which copies to the host, does not."""
+    ckpt = tmp_path / "ckpt.pt"
+    r = run_child(f"""
+def step(save):
+    model = torch.nn.Linear(1024, 512).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(64, 1024, device="cuda")).sum().backward()
+    opt.step()
+    if save:
+        torch.save({{"model": model.state_dict(), "opt": opt.state_dict()}}, {str(ckpt)!r})
+peaks = [memlens.predict(lambda: step(save), gpu="H100").peak_allocated for save in (False, True)]
+blocks = [len(memlens.predict(lambda: step(save), gpu="H100").trace.blocks) for save in (False, True)]
+loaded = torch.load({str(ckpt)!r}, map_location="cpu", weights_only=True)
+result = {{"peaks": peaks, "blocks": blocks, "weight": list(loaded["model"]["weight"].shape),
+          "exp_avg_sq": list(loaded["opt"]["state"][0]["exp_avg_sq"].shape),
+          "dtype": str(loaded["model"]["bias"].dtype)}}
+""")
+    assert r["weight"] == [512, 1024] and r["exp_avg_sq"] == [512, 1024] and r["dtype"] == "torch.float32"
+    # the save adds no block and leaves the peak where it was
+    assert r["blocks"][0] == r["blocks"][1] and r["peaks"][0] == r["peaks"][1]
+    # weight, bias, their grads and both AdamW moments at least
+    assert r["peaks"][0] >= 4 * 4 * (1024 * 512 + 512)

@@ -20,6 +20,7 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   default foreach path as a real run does (not the per-parameter loop).
 - ops with a fused CPU/CUDA kernel and a decomposition for other backends (``silu_backward``) stay whole, as
   on CUDA (see `_fused_backward_kernels_stay_whole`).
+- ``torch.save``: writes the checkpoint's structure without the bytes (see `_save_without_data`).
 - torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
   that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
 Everything is restored on exit.
@@ -68,6 +69,17 @@ def _fake_apply(self, fn, recurse=True):
         if buf is not None:
             self._buffers[key] = fn(buf)
     return self
+
+
+def _save_without_data(original):
+    """`torch.save` for fake tensors: the checkpoint a real run writes (same objects, shapes, dtypes, file
+    size) with its storage bytes left as empty space (torch's ``skip_data``; loads as zeros). Plain torch
+    cannot pickle fake tensors, so a training script that saves a checkpoint would otherwise fail. A real
+    save copies device storages to the host, allocating nothing on the GPU; so does this."""
+    def save(obj, f, *args, **kwargs):
+        with torch.serialization.skip_data(materialize_fake_tensors=True):
+            return original(obj, f, *args, **kwargs)
+    return save
 
 
 def _predicted_sdpa(original, capability: tuple[int, int]):
@@ -139,6 +151,7 @@ class _Patches:
         for name in ("trunc_normal_",):
             self._set(init, name, _no_grad_fill)
         self._set(torch.nn.Module, "_apply", _fake_apply)
+        self._set(torch, "save", _save_without_data(torch.save))
         F = torch.nn.functional
         self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
         # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
