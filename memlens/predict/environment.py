@@ -20,6 +20,8 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   default foreach path as a real run does (not the per-parameter loop).
 - ops with a fused CPU/CUDA kernel and a decomposition for other backends (``silu_backward``) stay whole, as
   on CUDA (see `_fused_backward_kernels_stay_whole`).
+- ``torch.backends.mha`` fast path off: ``nn.TransformerEncoder`` in inference with a padding mask would build
+  nested tensors, which fake tensors cannot hold; the regular path predicts the padded batch (an upper bound).
 - ``torch.save``: writes the checkpoint's structure without the bytes (see `_save_without_data`).
 - torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
   that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
@@ -152,6 +154,10 @@ class _Patches:
             self._set(init, name, _no_grad_fill)
         self._set(torch.nn.Module, "_apply", _fake_apply)
         self._set(torch, "save", _save_without_data(torch.save))
+        # nn.TransformerEncoder's inference fast path packs padded batches into nested tensors, which fake
+        # tensors cannot hold (torch falls back to a real CUDA kernel); the regular path keeps the padding
+        import torch.backends.mha as mha
+        self._set(mha, "_is_fastpath_enabled", False)
         F = torch.nn.functional
         self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
         # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
