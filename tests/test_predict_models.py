@@ -135,9 +135,11 @@ result = {"seen": sum("data pointer of FakeTensor" in str(w.message) for w in se
 
 def test_transformer_encoder_and_decoder_match_a_real_cpu_run():
     r = run_child(CPU_REFERENCE + """
-enc = adamw_step(lambda: nn.TransformerEncoder(nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True), 2),
+enc = adamw_step(lambda: nn.TransformerEncoder(
+                     nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, batch_first=True), 2),
                  lambda d: torch.randn(8, 32, 256, device=d), lambda m, x: m(x).pow(2).mean())
-dec = adamw_step(lambda: nn.TransformerDecoder(nn.TransformerDecoderLayer(256, 4, 1024, dropout=0.0, batch_first=True), 2),
+dec = adamw_step(lambda: nn.TransformerDecoder(
+                     nn.TransformerDecoderLayer(256, 4, 1024, dropout=0.0, batch_first=True), 2),
                  lambda d: (torch.randn(8, 32, 256, device=d), torch.randn(8, 16, 256, device=d)),
                  lambda m, x: m(*x).pow(2).mean())
 result = {"encoder": figures(enc), "decoder": figures(dec)}

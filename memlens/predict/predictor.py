@@ -301,7 +301,8 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     ``with memlens.predict(gpu="H100", capacity="80GiB") as p: ...`` runs the block on fake `cuda` tensors;
     ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
     finished `Prediction`. When the code raises, its exception propagates (with a note saying no prediction
-    was made) and the `Prediction`'s results raise `PredictionFailed` naming it. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
+    was made) and the `Prediction`'s results raise `PredictionFailed` naming it.
+    Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
     `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
     leave out the modelled kernel temporaries of `memlens.predict.scratch`), `cudnn_workspace` (bytes, "64MiB",
