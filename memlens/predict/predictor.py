@@ -134,13 +134,19 @@ class Prediction:
         finally:
             self._env.__exit__(None, None, None)
         self._reset_marks = [m - t_start for m in self._reset_marks]
-        if self._recorder.trace is not None:
-            self.trace = self._finish(self._recorder.trace, self._recorder)
-        self.wall_ns = perf_counter_ns() - self._t0
-        if exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None)):
+        failed = exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
+        if failed:
             self.failure = f"{exc_type.__name__}: {exc}"
             if isinstance(exc, Exception):
                 exc.add_note("memlens.predict: the predicted code raised this, so no prediction was made")
+        if self._recorder.trace is not None:
+            try:
+                self.trace = self._finish(self._recorder.trace, self._recorder)
+            except Exception:
+                if not failed:
+                    raise
+                # the partial trace of a failed run is for inspection only; the code's own error comes first
+        self.wall_ns = perf_counter_ns() - self._t0
         return False
 
     def _patch_stats(self) -> None:
