@@ -72,18 +72,25 @@ def run(args) -> int:
     except SystemExit as exc:
         if exc.code not in (0, None):
             failure = f"the script exited with {exc.code}"
-    except Exception as exc:  # the script's own error: report it, keep the prediction up to it
-        failure = f"the script raised {type(exc).__name__}: {exc}"
+    except Exception:  # the script's own error: shown as Python shows it, and no verdict (below)
+        if p.failure is None:   # not the script's: memlens's own (the shim, say) reports itself
+            raise
+        import traceback
+        traceback.print_exc()
+        failure = f"the script raised {p.failure}"
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+    if failure is not None:
+        # a run that did not complete has no peak to report and must never be said to fit
+        print(f"memlens predict: {script}: no prediction: {failure}", file=sys.stderr)
+        return 1
     if p.trace is None:
-        raise InputError(f"{script}: nothing was predicted ({failure or 'no trace'})")
+        raise InputError(f"{script}: nothing was predicted (no trace)")
     if args.out:
         p.trace.save(args.out)
     s = p.summary()
     oom = p.oom
     s["oom"] = str(oom) if oom is not None else None
-    s["script_error"] = failure
     if args.json:
         print_json(s)
     else:
@@ -95,8 +102,6 @@ def run(args) -> int:
             from memlens.units import format_ns
             print(f"modeled GPU time:   {format_ns(s['device_busy_ns'])} busy (memlens.retime's cost model)")
         print(f"fits:               {s['fits']}" + (f"  ({s['oom']})" if s["oom"] else ""))
-        if failure:
-            print(f"note:               {failure}")
         if args.out:
             print(f"trace:              {args.out}")
-    return 0 if failure is None else 1
+    return 0

@@ -18,6 +18,13 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
   instead of the CPU build's math fallback (see `_predicted_sdpa`).
 - ``torch.optim``'s foreach eligibility: fake tensors count as plain tensors, so optimizers take CUDA's
   default foreach path as a real run does (not the per-parameter loop).
+- ops with a fused CPU/CUDA kernel and a decomposition for other backends (``silu_backward``) stay whole, as
+  on CUDA (see `_fused_backward_kernels_stay_whole`).
+- ``torch.backends.mha`` fast path off: ``nn.TransformerEncoder`` in inference with a padding mask would build
+  nested tensors, which fake tensors cannot hold; the regular path predicts the padded batch (an upper bound).
+- ``torch.save``: writes the checkpoint's structure without the bytes (see `_save_without_data`).
+- torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
+  that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
 Everything is restored on exit.
 """
 from __future__ import annotations
@@ -64,6 +71,17 @@ def _fake_apply(self, fn, recurse=True):
         if buf is not None:
             self._buffers[key] = fn(buf)
     return self
+
+
+def _save_without_data(original):
+    """`torch.save` for fake tensors: the checkpoint a real run writes (same objects, shapes, dtypes, file
+    size) with its storage bytes left as empty space (torch's ``skip_data``; loads as zeros). Plain torch
+    cannot pickle fake tensors, so a training script that saves a checkpoint would otherwise fail. A real
+    save copies device storages to the host, allocating nothing on the GPU; so does this."""
+    def save(obj, f, *args, **kwargs):
+        with torch.serialization.skip_data(materialize_fake_tensors=True):
+            return original(obj, f, *args, **kwargs)
+    return save
 
 
 def _predicted_sdpa(original, capability: tuple[int, int]):
@@ -135,6 +153,11 @@ class _Patches:
         for name in ("trunc_normal_",):
             self._set(init, name, _no_grad_fill)
         self._set(torch.nn.Module, "_apply", _fake_apply)
+        self._set(torch, "save", _save_without_data(torch.save))
+        # nn.TransformerEncoder's inference fast path packs padded batches into nested tensors, which fake
+        # tensors cannot hold (torch falls back to a real CUDA kernel); the regular path keeps the padding
+        import torch.backends.mha as mha
+        self._set(mha, "_is_fastpath_enabled", False)
         F = torch.nn.functional
         self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
         # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
@@ -146,6 +169,9 @@ class _Patches:
         if FakeTensor not in types:
             types.append(FakeTensor)
             self._undo.append(lambda: types.remove(FakeTensor) if FakeTensor in types else None)
+
+        self._undo.append(_hide_fake_data_ptr_warning())
+        self._undo.append(_fused_backward_kernels_stay_whole())
 
     def restore(self) -> None:
         while self._undo:
@@ -159,6 +185,55 @@ class _Patches:
 
 
 _MISSING = object()
+# torch warns whenever a fake tensor's data pointer is read (``copy.deepcopy`` of a parameter reads it, as do
+# some libraries); inside a prediction every tensor is fake by design, so the warning says nothing to the user
+_FAKE_DATA_PTR_WARNING = r"Accessing the data pointer of FakeTensor is deprecated"
+
+
+_FUSED_WITH_FALLBACK: list[str] | None = None
+
+
+def _cuda_kernel_missing_on_this_build(*args, **kwargs):
+    raise RuntimeError("memlens.predict: a CPU-only torch has no CUDA kernels (only fake cuda tensors reach here)")
+
+
+def _fused_backward_kernels_stay_whole():
+    """On a CPU build, ops with a CPU kernel and a CompositeImplicitAutograd fallback (``silu_backward``,
+    ``mish_backward``) have no CUDA kernel, so autograd takes the fallback for fake `cuda` tensors and runs
+    the decomposition: five or six temporaries the size of the input where CUDA runs one fused kernel. A
+    placeholder CUDA registration makes the dispatcher treat them as CUDA would (FakeTensorMode then sizes
+    the one output); it is never called, since fake tensors stop at the Python key. Removed on exit."""
+    global _FUSED_WITH_FALLBACK
+    from memlens.predict import shim
+    if shim.torch_has_cuda_build():
+        return lambda: None
+    if _FUSED_WITH_FALLBACK is None:   # the op table is fixed once torch is loaded: look it up once (~60 ms)
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        _FUSED_WITH_FALLBACK = [name[len("aten::"):] for name in torch._C._dispatch_get_all_op_names()
+                                if name.startswith("aten::") and has(name, "CPU")
+                                and has(name, "CompositeImplicitAutograd") and not has(name, "CUDA")]
+    lib = torch.library.Library("aten", "IMPL")
+    for name in _FUSED_WITH_FALLBACK:
+        lib.impl(name, _cuda_kernel_missing_on_this_build, "CUDA")
+    return lib._destroy
+
+
+def _hide_fake_data_ptr_warning():
+    """Ignore torch's FakeTensor data-pointer warning (that message only) until the returned undo is called;
+    filters the user adds meanwhile are kept."""
+    import warnings
+    warnings.filterwarnings("ignore", message=_FAKE_DATA_PTR_WARNING, category=UserWarning)
+    entry = warnings.filters[0]
+
+    def undo() -> None:
+        try:
+            warnings.filters.remove(entry)
+        except ValueError:
+            return
+        mutated = getattr(warnings, "_filters_mutated", None)   # drops the per-call-site decisions cached
+        if mutated is not None:
+            mutated()
+    return undo
 
 
 @contextlib.contextmanager
@@ -193,6 +268,12 @@ def _predict_mode_class():
         @property
         def avoid_device_init(self) -> bool:
             return True
+
+        def __deepcopy__(self, memo):
+            # ``copy.deepcopy`` of a fake tensor copies its ``__dict__``, which holds this mode: a copy would
+            # drag along the patched ``torch.cuda`` module (TypeError: cannot pickle 'module' object) and
+            # give the copied tensor a second mode. The copy of a fake tensor belongs to the same mode.
+            return self
 
     return PredictFakeTensorMode
 

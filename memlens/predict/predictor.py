@@ -38,6 +38,11 @@ from memlens.predict.oom import OOM, first_oom
 _active = threading.local()
 
 
+class PredictionFailed(RuntimeError):
+    """The predicted code raised, so there is no prediction: a run that did not complete must not be said
+    to fit. The message names the code's exception; `Prediction.trace` still holds what ran up to it."""
+
+
 def _capacity_bytes(capacity) -> int | None:
     if capacity is None:
         return None
@@ -91,6 +96,7 @@ class Prediction:
         self._env = None
         self._recorder = None
         self._reset_marks: list[int] = []
+        self.failure: str | None = None   # "ValueError: ..." when the predicted code raised
         self.wall_ns = 0
 
     # ---- the block --------------------------------------------------------------------------
@@ -128,8 +134,18 @@ class Prediction:
         finally:
             self._env.__exit__(None, None, None)
         self._reset_marks = [m - t_start for m in self._reset_marks]
+        failed = exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
+        if failed:
+            self.failure = f"{exc_type.__name__}: {exc}"
+            if isinstance(exc, Exception):
+                exc.add_note("memlens.predict: the predicted code raised this, so no prediction was made")
         if self._recorder.trace is not None:
-            self.trace = self._finish(self._recorder.trace, self._recorder)
+            try:
+                self.trace = self._finish(self._recorder.trace, self._recorder)
+            except Exception:
+                if not failed:
+                    raise
+                # the partial trace of a failed run is for inspection only; the code's own error comes first
         self.wall_ns = perf_counter_ns() - self._t0
         return False
 
@@ -191,6 +207,9 @@ class Prediction:
 
     # ---- results ----------------------------------------------------------------------------
     def _need_trace(self):
+        if self.failure is not None:
+            raise PredictionFailed(f"no prediction: the predicted code raised {self.failure} (a run that does "
+                                   "not complete is not predicted to fit; `trace` holds what ran up to it)")
         if self.trace is None:
             raise RuntimeError("no prediction yet: read the results after the `with memlens.predict()` block")
         return self.trace
@@ -266,10 +285,11 @@ class Prediction:
         the CUDA context and NCCL buffers like `fits`; None when the run fits."""
         cap = _capacity_bytes(capacity)
         sim = self.simulate(cap)
-        return first_oom(self.trace, sim, cap)
+        return first_oom(self._need_trace(), sim, cap)
 
     def summary(self) -> dict:
         """The headline figures (bytes, ns)."""
+        self._need_trace()
         return {"gpu": self.gpu.name, "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
                 "peak_allocated_since_reset": self.peak_allocated_since_reset,
                 "device_bytes_needed": self.device_bytes_needed,
@@ -286,7 +306,9 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
 
     ``with memlens.predict(gpu="H100", capacity="80GiB") as p: ...`` runs the block on fake `cuda` tensors;
     ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
-    finished `Prediction`. Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
+    finished `Prediction`. When the code raises, its exception propagates (with a note saying no prediction
+    was made) and the `Prediction`'s results raise `PredictionFailed` naming it.
+    Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
     `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
     leave out the modelled kernel temporaries of `memlens.predict.scratch`), `cudnn_workspace` (bytes, "64MiB",

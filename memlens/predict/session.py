@@ -33,8 +33,13 @@ def _all_contiguous(args) -> bool:
 
 
 def _is_composite(func) -> bool:
+    """Whether a CUDA run executes `func` as its decomposition: a CompositeImplicitAutograd kernel and no
+    backend kernel. ``silu_backward`` and ``mish_backward`` have both (one fused kernel on CPU and CUDA; the
+    decomposition serves other backends), so they stay whole. On a CPU build the CUDA kernels cannot be
+    asked about; the CPU kernel stands for them."""
     try:
-        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"))
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        return bool(has(func.name(), "CompositeImplicitAutograd")) and not has(func.name(), "CPU")
     except Exception:
         return False
 
