@@ -166,11 +166,32 @@ def _patch_fsdp_storage(patches: _Patches, session) -> None:
     patches.set(_fsdp_param, "free_storage", free_storage)
 
 
+def _patch_strategy_sightings(patches: _Patches, seen: set) -> None:
+    """Note which sharding strategies the user's code used: FSDP2 (an FSDP parameter group was made),
+    DDP (a DistributedDataParallel was made), ZeRO (a ZeroRedundancyOptimizer was made)."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def sighted(cls, name):
+        init = cls.__init__
+
+        def __init__(self, *args, **kwargs):
+            seen.add(name)
+            init(self, *args, **kwargs)
+        patches.set(cls, "__init__", __init__)
+
+    sighted(_fsdp_param_group.FSDPParamGroup, "fsdp2")
+    sighted(DDP, "ddp")
+    sighted(ZeroRedundancyOptimizer, "zero")
+
+
 @contextlib.contextmanager
-def rank_world(rank: int, world_size: int, session=None, notes: list | None = None):
+def rank_world(rank: int, world_size: int, session=None, notes: list | None = None, seen: set | None = None):
     """Run the body as rank `rank` of `world_size` on torch's fake process group (see the module docstring).
     `session`: the prediction's recording session (told about FSDP2's storage frees); `notes` collects what
-    the user's code asked for that was replaced (backends requested)."""
+    the user's code asked for that was replaced (backends requested); `seen` collects the strategies the
+    code used ("fsdp2", "ddp", "zero")."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore   # registers the "fake" backend
 
@@ -198,6 +219,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         _patch_streams(patches)
         _patch_fsdp_storage(patches, session)
         ddp.patch(patches)
+        _patch_strategy_sightings(patches, seen if seen is not None else set())
         yield
     finally:
         patches.restore()

@@ -54,6 +54,7 @@ class DistributedPrediction:
     nccl: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)
+    strategies: set = field(default_factory=set)   # what the code used: "fsdp2", "ddp", "zero"
 
     def fits(self) -> bool | None:
         """True when every predicted rank fits; None when a rank's code failed (no verdict)."""
@@ -75,7 +76,7 @@ class DistributedPrediction:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,
                 "fits": self.fits(), "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "symmetry": self.symmetry, "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
+                "symmetry": self.symmetry, "strategies": sorted(self.strategies), "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
                 "ranks": [vars(r) for r in self.results]}
 
     def table(self) -> str:
@@ -125,14 +126,14 @@ def _allocation_signature(prediction) -> tuple:
     return tuple(zip(b["requested_size"].tolist(), b["op"].tolist()))
 
 
-def _run_rank(run, rank, world_size, gpu, capacity, nccl_bytes, options, notes):
+def _run_rank(run, rank, world_size, gpu, capacity, nccl_bytes, options, notes, seen):
     from memlens.predict.distributed.environment import rank_world
     from memlens.predict.predictor import Prediction
     p = Prediction(gpu, capacity, nccl_bytes=nccl_bytes, **options)
     error = None
     try:
         with p:
-            with rank_world(rank, world_size, p._recorder._session, notes):
+            with rank_world(rank, world_size, p._recorder._session, notes, seen):
                 run()
     except Exception as exc:   # the user's code failed on this rank: report it, no verdict
         error = f"{type(exc).__name__}: {exc}"
@@ -175,7 +176,8 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
             raise InputError(f"ranks {ranks!r} must be within 0..{world_size - 1}")
     out = DistributedPrediction(world_size, str(gpu), _capacity_bytes(capacity), nccl=nccl)
     for r in first:
-        out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl["bytes"], options, out.notes)
+        out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl["bytes"], options, out.notes,
+                                            out.strategies)
         if err:
             out.errors[r] = err
     ran = list(first)
@@ -188,7 +190,7 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
             out.symmetry = "asymmetric: rank 0 and the last rank differ, so every rank ran"
             for r in range(1, world_size - 1):
                 out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl["bytes"], options,
-                                                    out.notes)
+                                                    out.notes, out.strategies)
                 if err:
                     out.errors[r] = err
             ran = list(range(world_size))
