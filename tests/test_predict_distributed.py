@@ -240,3 +240,36 @@ def test_cli_world_size_prints_a_rank_table_and_checks_the_strategy(tmp_path):
     assert all(rank["peak_allocated"] >= 4 * shard_bytes for rank in s["ranks"])   # params, grads, 2 states
     wrong = cli("--world-size", "2", "--strategy", "ddp")
     assert wrong.returncode != 0 and "fsdp2" in (wrong.stdout + wrong.stderr)
+
+
+def test_zero_redundancy_optimizer_keeps_state_for_its_own_partition():
+    r = run_child("""
+import torch.nn as nn
+from torch.distributed.optim import ZeroRedundancyOptimizer
+keep = []
+def step():
+    model = nn.Sequential(nn.Linear(1000, 510), nn.ReLU(), nn.Linear(510, 7)).cuda()
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW)
+    model(torch.randn(16, 1000, device="cuda")).sum().backward()
+    opt.step()
+    keep.append((model, opt))
+d = memlens.predict(step, gpu="H100", world_size=2, ranks="all")
+def held(p, c):
+    b = p.trace.blocks
+    return sorted(b[(b.device == "cuda:0") & (b.category == c) & b.free_ns.isna()].requested_size.tolist())
+result = {"errors": d.errors, "strategies": sorted(d.strategies),
+          "state": {str(k): held(p, "optimizer_state") for k, p in d.predictions.items()},
+          "params": {str(k): held(p, "parameter") for k, p in d.predictions.items()}}
+""")
+    sizes = [4 * 510 * 1000, 4 * 510, 4 * 7 * 510, 4 * 7]
+    # ZeRO's partition by hand: largest first, each to the rank holding the fewest bytes so far
+    totals, owner = [0, 0], {}
+    for i in sorted(range(4), key=lambda i: -sizes[i]):
+        rank = totals.index(min(totals))
+        owner[i] = rank
+        totals[rank] += sizes[i]
+    assert r["errors"] == {} and r["strategies"] == ["zero"]
+    for rank in (0, 1):
+        mine = [sizes[i] for i in range(4) if owner[i] == rank]
+        assert r["state"][str(rank)] == sorted(mine * 2)          # exp_avg, exp_avg_sq of its own parameters
+        assert r["params"][str(rank)] == sorted(sizes)            # every rank keeps the full replica

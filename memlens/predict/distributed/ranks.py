@@ -3,8 +3,8 @@
 Each predicted rank is one ordinary `memlens.predict` run (fake `cuda` tensors, the recorder, the
 caching-allocator replay on the modeled GPU) of the user's code inside `environment.rank_world`: torch's
 fake process group as that rank of `world_size`. FSDP2 (``fully_shard``) runs its own code, so its sharded
-parameters, all-gather outputs and reduce-scatter inputs are allocated as on a GPU; DDP's buckets are
-modelled (`ddp.py`); NCCL's own memory is a stated allowance per rank (`nccl.py`).
+parameters, all-gather outputs and reduce-scatter inputs are allocated as on a GPU, and so is
+``ZeroRedundancyOptimizer``'s per-rank optimizer state; DDP's buckets are modelled (`ddp.py`); NCCL's own memory is a stated allowance per rank (`nccl.py`).
 
 Which ranks run (`ranks`):
 - ``"auto"`` (default): rank 0 and the last rank run; when they allocate the same sequence of block sizes
