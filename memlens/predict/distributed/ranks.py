@@ -129,16 +129,21 @@ def _allocation_signature(prediction) -> tuple:
 def _run_rank(run, rank, world_size, gpu, capacity, nccl_bytes, options, notes, seen):
     from memlens.predict.distributed.environment import rank_world
     from memlens.predict.predictor import Prediction
+    from memlens.predict.distributed.streams import apply_streams, track_allocation_streams
     p = Prediction(gpu, capacity, nccl_bytes=nccl_bytes, **options)
     error = None
+    streams: dict = {}
     try:
         with p:
+            streams = track_allocation_streams(p._recorder._session)
             with rank_world(rank, world_size, p._recorder._session, notes, seen):
                 run()
     except Exception as exc:   # the user's code failed on this rank: report it, no verdict
         error = f"{type(exc).__name__}: {exc}"
     if p.trace is not None:
-        p.trace.metadata.setdefault("prediction", {}).update({"rank": rank, "world_size": world_size})
+        moved = apply_streams(p.trace, streams)     # before any replay: results are computed lazily
+        p.trace.metadata.setdefault("prediction", {}).update(
+            {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved})
     return p, error
 
 
