@@ -273,3 +273,21 @@ result = {"errors": d.errors, "strategies": sorted(d.strategies),
         mine = [sizes[i] for i in range(4) if owner[i] == rank]
         assert r["state"][str(rank)] == sorted(mine * 2)          # exp_avg, exp_avg_sq of its own parameters
         assert r["params"][str(rank)] == sorted(sizes)            # every rank keeps the full replica
+
+
+def test_fsdp2_collective_buffers_are_allocated_on_their_own_streams():
+    r = run_child(FSDP_STEP + """
+d = memlens.predict(step, gpu="H100", world_size=2, ranks="first")
+b = d.predictions[0].trace.blocks
+b = b[b.device == "cuda:0"]
+side = b[b.stream != 0]
+result = {"streams": int(side.stream.nunique()),
+          "per_stream": sorted(sorted(set(g.requested_size.tolist())) for _, g in side.groupby("stream"))}
+""")
+    # a group's padded shard: Linear(1000, 510) 255 rows x (1000 + 1) fp32 values; Linear(510, 7) 4 rows x 511
+    shard0, shard1 = 4 * 255 * 1001, 4 * 4 * 511
+    # FSDP2's code: all-gather outputs (2 ranks x the shard) are made on the all-gather copy-in stream,
+    # reduce-scatter outputs (one shard; the sharded gradients are views of it) on the reduce-scatter
+    # stream; reduce-scatter inputs are made on the default stream before it switches
+    assert r["streams"] == 2
+    assert r["per_stream"] == [sorted([shard0, shard1]), sorted([2 * shard0, 2 * shard1])]
