@@ -12,8 +12,8 @@ Inside `rank_world(rank, world_size, session)` (entered inside a `memlens.predic
   ``tolist()``, which a fake tensor cannot answer. Meshes hold no GPU memory.
 - ``torch.cuda.Stream`` / ``Event`` / ``current_stream`` / ``stream``: a CPU build has none; FSDP2 uses them
   for its all-gather and reduce-scatter streams. They become torch's device-generic ``torch.Stream`` and
-  ``torch.Event`` on the fake-CUDA shim's guard (no-op synchronisation). The recorder keeps no stream per
-  block, so the allocator replay puts every block in one stream's pools (see README: not modelled).
+  ``torch.Event`` on the fake-CUDA shim's guard (no-op synchronisation); ``with torch.cuda.stream(s)``
+  switches the shim's current stream, which `streams.py` notes per block for the allocator replay's pools.
 - FSDP2 frees and re-allocates unsharded parameters with ``UntypedStorage.resize_`` (``free_storage`` /
   ``alloc_storage`` in ``_fsdp_param``), which no dispatch mode sees; the patched versions tell the
   recorder, so a resharded parameter's bytes are freed and its next all-gather allocates them again.
