@@ -291,3 +291,19 @@ result = {"streams": int(side.stream.nunique()),
     # stream; reduce-scatter inputs are made on the default stream before it switches
     assert r["streams"] == 2
     assert r["per_stream"] == [sorted([shard0, shard1]), sorted([2 * shard0, 2 * shard1])]
+
+
+def test_max_batch_per_rank_with_world_size_one_matches_the_single_gpu_search():
+    r = run_child("""
+import torch.nn as nn
+def stepper(n):
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), foreach=False)
+    model(torch.randn(n, 1024, device="cuda")).pow(2).mean().backward(); opt.step()
+cap = memlens.predict(lambda: stepper(3000), gpu="H100").device_bytes_needed
+one = memlens.max_batch(stepper, capacity=cap, gpu="H100", low=1024)
+world = memlens.max_batch(stepper, capacity=cap, gpu="H100", low=1024, world_size=1)
+result = {"one": [one["max"], sorted(one["tried"].items())], "world": [world["max"], sorted(world["tried"].items())]}
+""")
+    # the same sizes tried, the same bytes needed for each, the same answer (3000 needs exactly `cap`)
+    assert r["world"] == r["one"] and r["one"][0] >= 3000

@@ -72,6 +72,12 @@ class DistributedPrediction:
         """The largest predicted peak reserved over the ranks, bytes."""
         return max((r.peak_reserved or 0 for r in self.results), default=0)
 
+    @property
+    def device_bytes_needed(self) -> int:
+        """The most device memory any rank needs (peak reserved + CUDA context + NCCL allowance), bytes;
+        what `memlens.max_batch(..., world_size=N)` bisects on."""
+        return max((r.device_bytes_needed or 0 for r in self.results), default=0)
+
     def summary(self) -> dict:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,
