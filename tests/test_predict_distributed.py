@@ -307,3 +307,29 @@ result = {"one": [one["max"], sorted(one["tried"].items())], "world": [world["ma
 """)
     # the same sizes tried, the same bytes needed for each, the same answer (3000 needs exactly `cap`)
     assert r["world"] == r["one"] and r["one"][0] >= 3000
+
+
+def test_tensor_parallel_plan_shards_parameters_and_gradients():
+    r = run_child("""
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh       # imported before the prediction, by name
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+keep = []
+def step():
+    mesh = init_device_mesh("cuda", (4,))
+    model = nn.Sequential(nn.Linear(1024, 4096, bias=False), nn.ReLU(), nn.Linear(4096, 1024, bias=False)).cuda()
+    parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(16, 1024, device="cuda")).sum().backward()
+    opt.step()
+    keep.append((model, opt))
+d = memlens.predict(step, gpu="H100", world_size=4, ranks="first")
+b = d.predictions[0].trace.blocks
+b = b[(b.device == "cuda:0") & b.free_ns.isna()]
+result = {"errors": d.errors, **{c: sorted(b[b.category == c].requested_size.tolist())
+                                 for c in ("parameter", "gradient", "optimizer_state")}}
+""")
+    quarter = 4 * 1024 * 4096 // 4        # each weight split four ways (by columns, then by rows)
+    assert r["errors"] == {}
+    assert r["parameter"] == [quarter, quarter] and r["gradient"] == [quarter, quarter]
+    assert r["optimizer_state"] == [quarter] * 4

@@ -68,10 +68,25 @@ class _Patches:
 _MISSING = object()
 
 
+def _mesh_init(init):
+    """DeviceMesh.__init__ given a fake rank map: ``init_device_mesh`` imported by name before the prediction
+    (so not the patched one) made its identity map ``torch.arange(n)`` under FakeTensorMode; make it real."""
+    def __init__(self, *args, **kwargs):
+        from torch._subclasses.fake_tensor import FakeTensor
+        rank_map = kwargs.get("_rank_map")
+        if isinstance(rank_map, FakeTensor):
+            kwargs["_rank_map"] = torch.arange(rank_map.numel(), dtype=rank_map.dtype)
+        init(self, *args, **kwargs)
+    return __init__
+
+
 def _patch_device_mesh(patches: _Patches) -> None:
     from torch.distributed import device_mesh as dm
     for name, value in list(vars(dm.DeviceMesh).items()):
         if name.startswith("__") and name not in ("__init__", "__getitem__", "__eq__", "__hash__"):
+            continue
+        if name == "__init__":
+            patches.set(dm.DeviceMesh, name, _unfaked(_mesh_init(value)))
             continue
         if isinstance(value, property):
             patches.set(dm.DeviceMesh, name, property(_unfaked(value.fget)))
