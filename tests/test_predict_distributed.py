@@ -333,3 +333,42 @@ result = {"errors": d.errors, **{c: sorted(b[b.category == c].requested_size.tol
     assert r["errors"] == {}
     assert r["parameter"] == [quarter, quarter] and r["gradient"] == [quarter, quarter]
     assert r["optimizer_state"] == [quarter] * 4
+
+
+def test_per_rank_oom_and_fit_follow_the_world_size():
+    r = run_child(FSDP_STEP + """
+def step():      # 8 layers: the sharded state (16 B per parameter / N) outweighs one layer's all-gather
+    model = nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+    for m in model:
+        fully_shard(m)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(16, 2048, device="cuda")).sum().backward()
+    opt.step()
+two = memlens.predict(step, gpu="H100", world_size=2, ranks="first")
+four = memlens.predict(step, gpu="H100", world_size=4, ranks="first")
+p2 = two.predictions[0]
+floor_two = p2.peak_allocated + p2.gpu.cuda_context + two.nccl["bytes"]   # a rank of 2 cannot do with less
+cap = four.device_bytes_needed          # enough for a rank of 4 (its peak reserved and the rest)
+two_cap = memlens.predict(step, gpu="H100", world_size=2, ranks="first", capacity=cap)
+four_cap = memlens.predict(step, gpu="H100", world_size=4, ranks="first", capacity=cap)
+p = two_cap.predictions[0]
+result = {"needs": [floor_two, cap], "fits": [two_cap.fits(), four_cap.fits()],
+          "oom": two_cap.results[0].oom, "oom_op": p.oom.op if p.oom else None,
+          "rows": [[x.rank, x.fits, x.oom is not None] for x in two_cap.results]}
+""")
+    # a rank of 2 holds twice the shards of a rank of 4: its allocated peak alone exceeds what a rank of 4 needs
+    assert r["needs"][0] > r["needs"][1]
+    assert r["fits"] == [False, True]
+    assert r["oom"].startswith("OOM: ") and r["oom_op"] and r["oom_op"] in r["oom"]
+    assert r["rows"] == [[0, False, True], [1, False, True]]
+
+
+def test_cli_world_size_failed_script_prints_no_verdict(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nx = torch.empty(4, device='cuda')\nraise RuntimeError('bad step')\n")
+    proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--world-size", "2", "--", "python",
+                           str(script)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 1
+    assert "bad step" in proc.stdout and "fits" not in proc.stdout
