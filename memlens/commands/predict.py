@@ -24,7 +24,8 @@ def register(sub) -> None:
                         "algorithm choice cannot be known without the GPU)")
     p.add_argument("--no-kernel-scratch", action="store_true",
                    help="leave out the modelled CUDA kernel temporaries (index_put sort, reduction buffers)")
-    p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path")
+    p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path (with --world-size and "
+                                                "several ranks run: OUT/rank<r>.memlens)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="predict sharded training per rank: the script runs as each predicted rank of N under "

@@ -35,11 +35,14 @@ def run_ranks(args, argv: list[str]) -> int:
                     f"{', '.join(sorted(d.strategies)) or 'no sharding strategy memlens recognises'}; "
                     "memlens does not wrap the model, so the prediction is not one of that strategy")
     s["strategy_error"] = mismatch
-    if args.out and not d.errors:
+    written = []
+    if args.out and not d.errors:       # one rank: OUT itself; several: OUT/rank<r>.memlens per rank that ran
         import os
-        for rank, p in d.predictions.items():
+        for rank, p in sorted(d.predictions.items()):
             path = args.out if len(d.predictions) == 1 else os.path.join(args.out, f"rank{rank}.memlens")
             p.trace.save(path)
+            written.append(path)
+    s["traces"] = written
     if args.json:
         print_json(s)
     else:
@@ -54,6 +57,8 @@ def run_ranks(args, argv: list[str]) -> int:
             print(f"NCCL:       {d.nccl['bytes']:,} bytes per rank counted against capacity "
                   f"({d.nccl.get('formula', '')}; {d.nccl['source']})")
             print(f"fits:       {d.fits()}")
+        if written:
+            print(f"traces:     {', '.join(written)}")
         for note in d.notes:
             print(f"note:       {note}")
         if mismatch:
