@@ -182,8 +182,9 @@ d = memlens.predict(step, gpu="H100", world_size=8, ranks="first")
 p = d.predictions[0]
 result = {"nccl": d.nccl, "need": d.results[0].device_bytes_needed,
           "parts": p.peak_reserved + p.gpu.cuda_context, "stands": [x.stands_for for x in d.results],
-          "symmetry": d.symmetry}
+          "symmetry": d.symmetry, "in_trace": p.trace.metadata["prediction"]["nccl_allowance"]}
 """, env={"NCCL_BUFFSIZE": str(2 << 20)})
+    assert r["in_trace"] == r["nccl"]          # stated in each rank's trace too
     # NCCL_BUFFSIZE (2 MiB from the environment) x 16 channels x 2 ring neighbours
     assert r["nccl"]["bytes"] == (2 << 20) * 16 * 2 and "NCCL_BUFFSIZE" in r["nccl"]["source"]
     assert r["need"] == r["parts"] + r["nccl"]["bytes"]

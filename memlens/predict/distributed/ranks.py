@@ -132,11 +132,11 @@ def _allocation_signature(prediction) -> tuple:
     return tuple(zip(b["requested_size"].tolist(), b["op"].tolist()))
 
 
-def _run_rank(run, rank, world_size, gpu, capacity, nccl_bytes, options, notes, seen):
+def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen):
     from memlens.predict.distributed.environment import rank_world
     from memlens.predict.predictor import Prediction
     from memlens.predict.distributed.streams import apply_streams, track_allocation_streams
-    p = Prediction(gpu, capacity, nccl_bytes=nccl_bytes, **options)
+    p = Prediction(gpu, capacity, nccl_bytes=nccl["bytes"], **options)
     error = None
     streams: dict = {}
     try:
@@ -149,7 +149,7 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl_bytes, options, notes, 
     if p.trace is not None:
         moved = apply_streams(p.trace, streams)     # before any replay: results are computed lazily
         p.trace.metadata.setdefault("prediction", {}).update(
-            {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved})
+            {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved, "nccl_allowance": nccl})
     return p, error
 
 
@@ -187,7 +187,7 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
             raise InputError(f"ranks {ranks!r} must be within 0..{world_size - 1}")
     out = DistributedPrediction(world_size, str(gpu), _capacity_bytes(capacity), nccl=nccl)
     for r in first:
-        out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl["bytes"], options, out.notes,
+        out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl, options, out.notes,
                                             out.strategies)
         if err:
             out.errors[r] = err
@@ -200,7 +200,7 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
         else:
             out.symmetry = "asymmetric: rank 0 and the last rank differ, so every rank ran"
             for r in range(1, world_size - 1):
-                out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl["bytes"], options,
+                out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl, options,
                                                     out.notes, out.strategies)
                 if err:
                     out.errors[r] = err
