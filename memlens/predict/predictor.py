@@ -298,6 +298,8 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     torch's fake process group (FSDP2, DDP; options `ranks`, `args`, `nccl_channels`) and returns a
     `memlens.predict.distributed.DistributedPrediction`: see `memlens.predict.distributed.ranks`.
     """
+    if "world_size" in options and options["world_size"] is None:
+        del options["world_size"]
     if options.get("world_size") is not None:
         from memlens.predict.distributed.ranks import predict_ranks
         if fn is None or (isinstance(fn, str) and not fn.endswith(".py")) or isinstance(fn, GPUMemoryFacts):

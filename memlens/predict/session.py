@@ -19,6 +19,7 @@ from memlens.record.session import Session, _RecordingMode, _inner_tensors
 Tensor = torch.Tensor
 _PRIM_DEVICE = torch.ops.prim.device.default
 _COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
+_WRAPPER_TYPES: dict[type, bool] = {}   # tensor type -> is a traceable wrapper subclass (DTensor)
 
 
 def _all_contiguous(args) -> bool:
@@ -115,7 +116,11 @@ class PredictSession(Session):
         when `value` holds a wrapper subclass (a DTensor under FSDP2 or tensor parallelism): its memory is
         in its inner tensors, which the recorder's careful path records (`on_op` sends the op there)."""
         if isinstance(value, Tensor):
-            if type(value) is not Tensor and hasattr(value, "__tensor_flatten__"):
+            kind = type(value)
+            wrapper = _WRAPPER_TYPES.get(kind)
+            if wrapper is None:   # once per tensor type: a failed attribute look-up per tensor costs
+                wrapper = _WRAPPER_TYPES[kind] = kind is not Tensor and hasattr(kind, "__tensor_flatten__")
+            if wrapper:
                 for x in _inner_tensors(value):
                     self._note_devices(x)
                 return True
