@@ -181,6 +181,8 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
         first = list(range(world_size))
     elif ranks == "first":
         first = [0]
+    elif isinstance(ranks, str):
+        raise InputError(f"ranks must be 'auto', 'all', 'first' or a list of ranks, not {ranks!r}")
     else:
         first = sorted({int(r) for r in ranks})
         if not first or first[0] < 0 or first[-1] >= world_size:
@@ -205,6 +207,8 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
                 if err:
                     out.errors[r] = err
             ran = list(range(world_size))
+    elif ranks == "auto" and world_size > 1:
+        out.symmetry = "not checked: the code failed on a rank that ran (no verdict)"
     elif ranks == "first" and world_size > 1:
         out.symmetry = "assumed symmetric (ranks='first'): rank 0 stands for every rank, not checked"
     elif ranks == "all" or world_size == 1:
