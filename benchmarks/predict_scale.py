@@ -9,12 +9,18 @@ RMSNorm, no biases), one step of batch 1 x 2048 tokens, in two variants:
   fp32 gradients of the masters, torch.optim.AdamW (foreach) steps the masters with fp32 states, and the
   masters are copied back into the bf16 weights.
 
+- ``fsdp2`` (issue 29): the same model under FSDP2 on 8 ranks (``memlens.predict(step, world_size=8)``):
+  built on the meta device, ``fully_shard`` per layer and at the root with bf16 compute and fp32 gradient
+  reduction (``MixedPrecisionPolicy``), ``to_empty(device="cuda")``, fp32 sharded parameters and AdamW
+  states; torch's fake process group, no weights anywhere. Prints host wall seconds, this process's peak
+  RSS and the per-rank table (``--world-size N`` changes 8).
+
 Prints the wall-clock seconds of the prediction (model build + step + trace + allocator replay), the
 predicted peaks and the first op that would not fit in 80 GiB; then runs the swap and plan what-ifs
 (`memlens swap` / `memlens plan` on the predicted trace, through their CLI commands) and prints their
 figures and seconds. Nothing is allocated for real.
 
-    python benchmarks/predict_scale.py [bf16|fp32-adam ...] [--layers N] [--no-whatif]
+    python benchmarks/predict_scale.py [bf16|fp32-adam|fsdp2 ...] [--layers N] [--world-size N] [--no-whatif]
 """
 from __future__ import annotations
 
@@ -98,6 +104,46 @@ def predicted_step(variant: str, layers: int):
     return p, n_params
 
 
+def fsdp2_step(layers: int):
+    """One FSDP2 training step of the Llama-style model, as each rank runs it (see the module docstring)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    def step():
+        with torch.device("meta"):
+            model = Llama(layers)
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+        model.to_empty(device="cuda")
+        opt = torch.optim.AdamW(model.parameters())
+        ids = torch.randint(0, 32000, (1, 2048), device="cuda")
+        logits = model(ids)
+        F.cross_entropy(logits.view(-1, logits.shape[-1]).float(), ids.view(-1)).backward()
+        del logits
+        opt.step()
+    return step
+
+
+def main_fsdp2(layers: int, world_size: int) -> None:
+    import resource
+    with torch.device("meta"):
+        n_params = sum(x.numel() for x in Llama(layers).parameters())
+    t = time.perf_counter()
+    d = memlens.predict(fsdp2_step(layers), gpu="H100", capacity="80GiB", world_size=world_size)
+    secs = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux: KiB
+    # by hand, per rank: fp32 sharded parameters, fp32 gradients and two fp32 AdamW moments, 16 B / param / N
+    floor = 16 * n_params // world_size
+    assert not d.errors, d.errors
+    assert min(r.peak_allocated for r in d.results) >= floor, (d.summary(), floor)
+    print(f"fsdp2: {n_params / 1e9:.2f}B params, {layers} layers, {world_size} ranks: predicted in {secs:.1f} s "
+          f"(host wall clock, ranks run: {sorted(d.predictions)}), peak RSS {rss / 2**30:.2f} GiB; "
+          f"by-hand floor per rank {floor / 2**30:.2f} GiB")
+    print(d.table())
+    print(f"  {d.symmetry}; NCCL allowance {d.nccl['bytes'] / 2**20:.0f} MiB per rank")
+
+
 def whatifs(trace_path: str) -> None:
     """`memlens swap` and `memlens plan` on the predicted trace, as a user would run them."""
     import json
@@ -150,6 +196,16 @@ if __name__ == "__main__":
         i = argv.index("--layers")
         layers = int(argv[i + 1])
         del argv[i:i + 2]
+    world_size = 8
+    if "--world-size" in argv:
+        i = argv.index("--world-size")
+        world_size = int(argv[i + 1])
+        del argv[i:i + 2]
     whatif = "--no-whatif" not in argv
     argv = [a for a in argv if a != "--no-whatif"]
+    if "fsdp2" in argv:
+        argv.remove("fsdp2")
+        main_fsdp2(layers, world_size)
+        if not argv:
+            sys.exit(0)
     main(argv or ["bf16", "fp32-adam"], layers, whatif)

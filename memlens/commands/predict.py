@@ -24,8 +24,20 @@ def register(sub) -> None:
                         "algorithm choice cannot be known without the GPU)")
     p.add_argument("--no-kernel-scratch", action="store_true",
                    help="leave out the modelled CUDA kernel temporaries (index_put sort, reduction buffers)")
-    p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path")
+    p.add_argument("--out", default=None, help="write the predicted trace to this .memlens path (with --world-size and "
+                                                "several ranks run: OUT/rank<r>.memlens)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="predict sharded training per rank: the script runs as each predicted rank of N under "
+                        "torch's fake process group (its own init_process_group, FSDP2, DDP run as written)")
+    p.add_argument("--strategy", choices=("fsdp2", "ddp", "zero"), default=None,
+                   help="with --world-size: the strategy the script itself uses; memlens checks it was used "
+                        "(it does not wrap the model)")
+    p.add_argument("--ranks", default="auto",
+                   help="with --world-size: auto (rank 0 and the last; all when they differ), all, first, or a "
+                        "comma list of ranks")
+    p.add_argument("--nccl-channels", type=int, default=None,
+                   help="with --world-size: NCCL channels in the NCCL memory allowance (default 16)")
     p.add_argument("command", nargs=argparse_remainder(), help="-- python script.py [args]")
     p.set_defaults(func=run)
 
@@ -60,6 +72,9 @@ def run(args) -> int:
     script = argv[0]
     if not os.path.isfile(script):
         raise InputError(f"{script}: no such script")
+    if args.world_size is not None:
+        from memlens.commands.predict_ranks import run_ranks
+        return run_ranks(args, argv)
     p = Prediction(args.gpu, args.capacity, conf=args.conf, cudnn_workspace=args.cudnn_workspace,
                    kernel_scratch=not args.no_kernel_scratch)
     saved_argv, saved_path = sys.argv, list(sys.path)

@@ -315,7 +315,19 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     or ``fn(op_row) -> bytes``: an allowance per convolution call; default None adds none, since cuDNN's
     algorithm choice cannot be known without the GPU), `fast_cache_key` (False:
     FakeTensorMode's own dispatch-cache keys, see `memlens.predict.fastkey`).
+
+    ``memlens.predict(step_fn_or_script, gpu=..., world_size=N)`` predicts sharded training per rank under
+    torch's fake process group (FSDP2, DDP; options `ranks`, `args`, `nccl_channels`) and returns a
+    `memlens.predict.distributed.DistributedPrediction`: see `memlens.predict.distributed.ranks`.
     """
+    if "world_size" in options and options["world_size"] is None:
+        del options["world_size"]
+    if options.get("world_size") is not None:
+        from memlens.predict.distributed.ranks import predict_ranks
+        if fn is None or (isinstance(fn, str) and not fn.endswith(".py")) or isinstance(fn, GPUMemoryFacts):
+            raise InputError("memlens.predict(world_size=...) runs each rank's code: give a step function or "
+                             "a script path as the first argument, not a `with` block")
+        return predict_ranks(fn, gpu, capacity, **options)
     if fn is None or isinstance(fn, (str, GPUMemoryFacts)):
         if fn is not None:
             gpu = fn

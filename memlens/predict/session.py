@@ -14,11 +14,12 @@ import torch
 
 from memlens.predict.scratch_index_put import index_put_sort_facts
 from memlens.predict.scratch_reduce import reduce_facts, reduce_op_table
-from memlens.record.session import Session, _RecordingMode
+from memlens.record.session import Session, _RecordingMode, _inner_tensors
 
 Tensor = torch.Tensor
 _PRIM_DEVICE = torch.ops.prim.device.default
 _COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
+_WRAPPER_TYPES: dict[type, bool] = {}   # tensor type -> is a traceable wrapper subclass (DTensor)
 
 
 def _all_contiguous(args) -> bool:
@@ -90,6 +91,10 @@ def _to_dtype_call(run):
     return call
 
 
+class _WrapperSubclassOp(Exception):
+    """An op on a wrapper subclass (DTensor): recorded by the careful path, which looks inside."""
+
+
 class PredictSession(Session):
     """A `Session` that records fake tensors' storages as blocks on their fake device."""
 
@@ -111,23 +116,38 @@ class PredictSession(Session):
             self._op_cache[id(func)] = entry
         return entry
 
-    def _note_devices(self, value) -> None:
-        """Remember the fake device of every tensor in `value` whose storage is new to the session."""
+    def _note_devices(self, value) -> bool:
+        """Remember the fake device of every tensor in `value` whose storage is new to the session. True
+        when `value` holds a wrapper subclass (a DTensor under FSDP2 or tensor parallelism): its memory is
+        in its inner tensors, which the recorder's careful path records (`on_op` sends the op there)."""
         if isinstance(value, Tensor):
+            kind = type(value)
+            wrapper = _WRAPPER_TYPES.get(kind)
+            if wrapper is None:   # once per tensor type: a failed attribute look-up per tensor costs
+                wrapper = _WRAPPER_TYPES[kind] = kind is not Tensor and hasattr(kind, "__tensor_flatten__")
+            if wrapper:
+                for x in _inner_tensors(value):
+                    self._note_devices(x)
+                return True
             st = value.untyped_storage()
             key = id(st)
             if key not in self._live:
                 self._fake_device[key] = value.device
         elif type(value) is list or type(value) is tuple:
+            wrapped = False
             for v in value:
-                self._note_devices(v)
+                wrapped = self._note_devices(v) or wrapped
+            return wrapped
+        return False
 
     def on_op(self, entry, args, kwargs, out, start, end) -> None:
-        self._note_devices(out)
-        self._note_devices(args)
+        wrapped = self._note_devices(out)
+        wrapped = self._note_devices(args) or wrapped
         if kwargs:
-            self._note_devices(tuple(kwargs.values()))
+            wrapped = self._note_devices(tuple(kwargs.values())) or wrapped
         self.op_threads.append(_get_ident())
+        if wrapped:     # the fast path would see the wrapper's empty storage: take the careful path
+            raise _WrapperSubclassOp(entry[6])
         if entry[6] in _SCRATCH_OPS:
             if entry[6] in _INDEX_PUT_OPS:
                 facts = index_put_sort_facts(entry[6], args, kwargs)
@@ -145,11 +165,16 @@ class PredictSession(Session):
             self.op_threads.pop()
         self._note_devices(out)
         self._note_devices(args)
+        if kwargs:
+            self._note_devices(tuple(kwargs.values()))
         self.op_threads.append(_get_ident())
         super().on_op_carefully(entry, args, kwargs, out, start, end)
 
     def _mark_locked(self, tensor, category: int, module_idx: int) -> None:
-        self._note_devices(tensor)
+        if self._note_devices(tensor):      # a DTensor parameter, gradient or state: its local tensor
+            for inner in _inner_tensors(tensor):
+                super()._mark_locked(inner, category, module_idx)
+            return
         super()._mark_locked(tensor, category, module_idx)
 
     def _discover(self, st, op: int, t: int, before: bool) -> int:

@@ -15,6 +15,8 @@ def max_batch(step_fn: Callable[[int], object], capacity="80GiB", gpu="H100", *,
     training code, so the search doubles from `low` until a size does not fit (or `high`), then bisects.
     Returns ``{"max": n or 0, "tried": {n: device bytes needed}, "predictions": {n: Prediction}}`` where
     device bytes = peak reserved + CUDA context + NCCL buffers; ``max`` 0 means even `low` does not fit.
+    With ``world_size=N`` (and the other options of `memlens.predict.distributed`) each size is predicted
+    per rank and fits only when every rank fits (a failed rank counts as not fitting).
     """
     from memlens.predict.predictor import predict
     if low < 1:
@@ -26,7 +28,7 @@ def max_batch(step_fn: Callable[[int], object], capacity="80GiB", gpu="H100", *,
         p = predict(lambda: step_fn(n), gpu=gpu, capacity=capacity, **options)
         preds[n] = p
         tried[n] = p.device_bytes_needed
-        return p.fits()
+        return bool(p.fits())
 
     if not fits(low):
         return {"max": 0, "tried": tried, "predictions": preds}
