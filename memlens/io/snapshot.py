@@ -41,7 +41,7 @@ from memlens.io.snapshot_segments import LIVE_STATES, FinalState, read_segments
 from memlens.io.snapshot_story import tell_story
 from memlens.io.bounded_text import PlaceholderSeen
 from memlens.io.snapshot_limits import check_shared, check_streamed
-from memlens.io.snapshot_stream import stream_snapshot
+from memlens.io.snapshot_stream import EntryColumns, stream_snapshot
 
 SOURCE = "cuda_snapshot"
 _KIND = {"alloc": ALLOC, "free_requested": FREE_REQUESTED, "free_completed": FREE_COMPLETED}
@@ -67,7 +67,7 @@ def _read(buf, path):
     snapshot = stream_snapshot(buf, interner, drop_read_pages=True)  # pickle_buffer maps files read-only
     if snapshot is not None:
         try:
-            check_streamed(snapshot, path)
+            check_streamed(snapshot, path, columns_type=EntryColumns)
         except PlaceholderSeen:  # a stand-in of the walker where content is needed: read it in full
             snapshot = None
     if snapshot is None:

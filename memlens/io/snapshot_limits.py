@@ -33,12 +33,13 @@ def check_tuple(t: tuple) -> None:
         todo.extend(y for y in x if type(y) is tuple)
 
 
-def check_streamed(obj, where=None) -> None:
+def check_streamed(obj, where=None, *, columns_type: type) -> None:
     """`limits.check_nesting` of a streamed snapshot, which also makes sure that no `StackRef` is left
     anywhere but as a ``frames`` value (where the interner reads it as its stack id) or among the coded
-    values of `EntryColumns`: anywhere else it would be read as text. Raises `PlaceholderSeen` then (the
-    caller reads the file with the general unpickler)."""
-    from memlens.io.snapshot_stream import EntryColumns
+    values of `columns_type` (the streaming reader's `EntryColumns`, passed in: the reader imports this
+    module): anywhere else it would be read as text. Raises `PlaceholderSeen` then (the caller reads the
+    file with the general unpickler)."""
+    EntryColumns = columns_type
 
     def visit(item) -> None:
         if type(item) is EntryColumns:
