@@ -43,3 +43,29 @@ def compiled_record(name: str, inputs: list, outputs: list) -> tuple:
                 positional.append(value)
         values = positional
     return name, tuple(values), kwargs, (outs[0] if len(outs) == 1 else outs)
+
+
+# Cost facts per distinct signature, kept for the process: a signature's bytes (the op's name, then each
+# argument's dtype code and shape, or its scalar value) determine its facts, and a notebook records the same
+# step again and again; computing them (schema lookups, flop formulas) costs ~50-100 us per signature.
+_FACTS_BY_SIGNATURE: dict = {}
+_FACTS_CACHE_LIMIT = 1 << 16     # signatures kept at most (~200 bytes each); the cache restarts past it
+
+
+def signature_facts(signatures: list, op_names: list, decode) -> list:
+    """The `CostFacts` of each compiled-recorder signature (raw bytes, in signature-number order).
+    `decode(i)` gives signature i as `decode_signature` does; it is called only for signatures this
+    process has not computed facts for yet (the key is the op's name and the bytes after the name word,
+    so recordings with other op numberings share entries)."""
+    from memlens.opfacts.costs import op_costs
+    cache = _FACTS_BY_SIGNATURE
+    if len(cache) > _FACTS_CACHE_LIMIT:
+        cache.clear()
+    rows = []
+    for i, raw in enumerate(signatures):
+        key = (op_names[int.from_bytes(raw[:8], "little", signed=True)], raw[8:])
+        facts = cache.get(key)
+        if facts is None:
+            facts = cache[key] = op_costs(*compiled_record(*decode(i)))
+        rows.append(facts)
+    return rows

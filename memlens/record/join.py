@@ -93,46 +93,69 @@ def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFr
     First choice: the allocation at that address whose [alloc, free] contains the moment the block
     was seen. Otherwise (clock skew) the nearest allocation at that address within `tolerance_ns`
     of it. Sizes must agree (see the module docstring). Each allocation matches at most one block.
+
+    Arrays only (no frames): an as-of join by (device, address) on one sorted int64 per row, with the
+    tie rules of ``pd.merge_asof`` backward / nearest (the one before wins a tie of distances).
     """
     result = np.full(len(blocks), -1, dtype=np.int64)
     if len(alloc_blocks) == 0 or len(blocks) == 0:
         return result
-    left = pd.DataFrame({"row": np.arange(len(blocks)), "device": blocks["device"].to_numpy(dtype=object),
-                         "addr": blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64),
-                         "size": blocks["size"].to_numpy(), "key": seen})
-    left = left[seen >= 0].sort_values("key", kind="stable")
-    right = alloc_blocks.reset_index(drop=True)
-    right = pd.DataFrame({"arow": np.arange(len(right)), "device": right["device"].to_numpy(dtype=object),
-                          "addr": right["addr"].to_numpy(), "asize": right["size"].to_numpy(),
-                          "key": right["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf),
-                          "free_t": right["free_t"].to_numpy(dtype="float64", na_value=np.inf)})
-    right["alloc_t"] = right["key"]
-    right["key"] = right["key"].clip(lower=-2.0 ** 62).astype(np.int64)
-    right = right.sort_values("key", kind="stable")
-    containing = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="backward")
-    ok = _usable(containing) & (containing["free_t"].to_numpy(dtype="float64", na_value=np.inf)
-                                >= containing["key"].to_numpy())
-    nearest = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="nearest",
-                            tolerance=tolerance_ns)
-    near_ok = _usable(nearest)
-    choice = np.where(ok, containing["arow"].to_numpy(dtype="float64", na_value=-1),
-                      np.where(near_ok, nearest["arow"].to_numpy(dtype="float64", na_value=-1), -1))
-    picked = pd.DataFrame({"row": containing["row"].to_numpy(), "arow": choice.astype(np.int64),
-                           "exact": ok})
-    picked = picked[picked["arow"] >= 0].sort_values("exact", ascending=False, kind="stable")
-    picked = picked[~picked["arow"].duplicated(keep="first")]
-    result[picked["row"].to_numpy(dtype=np.int64)] = picked["arow"].to_numpy(dtype=np.int64)
+    seen = np.asarray(seen, dtype=np.int64)
+    lrow = np.flatnonzero(seen >= 0)
+    if len(lrow) == 0:
+        return result
+    lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
+    lkey = seen[lrow]
+    ldev = blocks["device"].to_numpy(dtype=object)[lrow].astype(str)
+    laddr = blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[lrow]
+    lsize = blocks["size"].to_numpy()[lrow]
+    rkey = np.clip(alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf), -2.0 ** 62,
+                   None).astype(np.int64)
+    rfree = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.inf)
+    rsize = alloc_blocks["size"].to_numpy()
+    rdev = alloc_blocks["device"].to_numpy(dtype=object).astype(str)
+    raddr = alloc_blocks["addr"].to_numpy(dtype=np.int64)
+    # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
+    # array then answers "last allocation at or before" and "first at or after" within a group
+    dev_code, _ = pd.factorize(np.concatenate([ldev, rdev]))
+    _, group = np.unique(np.stack([dev_code.astype(np.int64), np.concatenate([laddr, raddr])]), axis=1,
+                         return_inverse=True)
+    group = group.reshape(-1).astype(np.int64)
+    keys, rank = np.unique(np.concatenate([lkey, rkey]), return_inverse=True)
+    combined = group * (len(keys) + 1) + rank.reshape(-1)
+    nl, nr = len(lrow), len(rkey)
+    lc, rc, lgroup, rgroup = combined[:nl], combined[nl:], group[:nl], group[nl:]
+    rorder = np.lexsort((np.arange(nr), rc))                    # equal keys keep the allocator's row order
+    rsorted = rc[rorder]
+    back = np.searchsorted(rsorted, lc, side="right") - 1       # last at or before (of equal keys: the last)
+    back_row = rorder[np.maximum(back, 0)]
+    back_row = np.where((back >= 0) & (rgroup[back_row] == lgroup), back_row, -1)
+    fwd = np.searchsorted(rsorted, lc, side="left")             # first at or after (of equal keys: the first)
+    fwd_row = rorder[np.minimum(fwd, nr - 1)]
+    fwd_row = np.where((fwd < nr) & (rgroup[fwd_row] == lgroup), fwd_row, -1)
+    exact_size = np.char.startswith(ldev, "cpu")
+
+    def usable(arow):
+        asize = np.where(arow >= 0, rsize[np.maximum(arow, 0)], -1)
+        return (arow >= 0) & np.where(exact_size, asize == lsize, asize >= lsize)
+
+    ok = usable(back_row) & (np.where(back_row >= 0, rfree[np.maximum(back_row, 0)], np.inf) >= lkey)
+    # nearest within the tolerance: the one before unless the one after is strictly nearer
+    bdiff = lkey - rkey[np.maximum(back_row, 0)]
+    fdiff = rkey[np.maximum(fwd_row, 0)] - lkey
+    b_in = (back_row >= 0) & (bdiff <= tolerance_ns)
+    f_in = (fwd_row >= 0) & (fdiff <= tolerance_ns)
+    near = np.where(b_in & f_in, np.where(bdiff <= fdiff, back_row, fwd_row),
+                    np.where(b_in, back_row, np.where(f_in, fwd_row, -1)))
+    choice = np.where(ok, back_row, np.where(usable(near), near, -1))
+    # containing matches first, then the nearest ones, each in the order blocks were seen; an allocation
+    # goes to the first block that picked it
+    picked = np.flatnonzero(choice >= 0)
+    picked = picked[np.argsort(~ok[picked], kind="stable")]
+    _, first = np.unique(choice[picked], return_index=True)
+    picked = picked[first]
+    result[lrow[picked]] = choice[picked]
     return result
-
-
-def _usable(merged: pd.DataFrame) -> np.ndarray:
-    """Rows with a candidate of a compatible size: equal on CPU (allocators there report requested
-    bytes), at least as large elsewhere (the CUDA caching allocator reports its rounded block)."""
-    found = merged["arow"].notna().to_numpy()
-    asize = merged["asize"].to_numpy(dtype="float64", na_value=-1)
-    size = merged["size"].to_numpy()
-    exact = merged["device"].astype(str).str.startswith("cpu").to_numpy()
-    return found & np.where(exact, asize == size, asize >= size)
 
 
 def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray, rows: np.ndarray) -> int:
