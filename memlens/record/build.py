@@ -47,23 +47,29 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
     paths = np.asarray(session.module_paths, dtype=object)
     ops = pd.DataFrame({
         "op_id": np.arange(n, dtype=np.int64),
-        "name": names[name_idx] if n else np.empty(0, object),
+        "name": _objects(names[name_idx] if n else np.empty(0, object)),
         "start_ns": start - session.t_start,
         "end_ns": end - session.t_start,
-        "module": paths[module_idx] if n else np.empty(0, object),
+        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
         "iteration": iteration,
         "phase": phase,
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
     })
     for col, values in _cost_columns(session, n).items():
-        ops[col] = values
+        ops[col] = _objects(values) if values.dtype == object else values
     if session.stack_table is not None:   # one stack id per op, appended right after the op record
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
         sid = pd.array(np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)]), dtype="Int64")
         sid[sid < 0] = pd.NA
         ops["stack_id"] = sid
     return ops, module_idx, source
+
+
+def _objects(values) -> pd.Series:
+    """A text column kept as Python objects (the schema's dtype): pandas would otherwise infer its str
+    dtype from the array, and `Trace.from_tables` cast it back, both a copy per column."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
 
 
 def _cost_columns(session: Session, n: int) -> dict:
@@ -172,14 +178,14 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
     paths = np.asarray(session.module_paths, dtype=object)
     devices = np.asarray(session.devices, dtype=object)
     blocks = pd.DataFrame({
-        "block_id": bid, "device": devices[dev] if n else np.empty(0, object),
+        "block_id": bid, "device": _objects(devices[dev] if n else np.empty(0, object)),
         "addr": pd.array(addr, dtype="Int64"), "size": size,
         "alloc_ns": alloc_ns, "free_ns": free_ns,
-        "category": category, "op": op_name,
+        "category": _objects(category), "op": _objects(op_name),
         "alloc_op_id": pd.array(np.where(made_here, alloc_op, 0), dtype="Int64"),
-        "module": paths[module_idx] if n else np.empty(0, object),
+        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": "dispatch",
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, "dispatch", dtype=object)),
         "category_rule": rule,
     })
     blocks.loc[~made_here, "alloc_op_id"] = pd.NA

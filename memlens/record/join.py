@@ -26,6 +26,11 @@ from memlens.record.instruments import AllocatorData
 MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 
 
+def _objects(values) -> pd.Series:
+    """A text column kept as Python objects (the schema's dtype), not pandas' inferred str dtype."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+
+
 def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     """Allocator events (t_ns, device, addr, delta) -> blocks (device, addr, size, alloc_t, free_t).
 
@@ -288,15 +293,15 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
     first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
     out = pd.DataFrame({
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": rest["device"].to_numpy(),
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(rest["device"]),
         "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
         "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": pd.array(f_t, dtype="Int64"),
-        "category": np.where(freed_inside, "temporary", "unknown"),
-        "op": np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
+        "category": _objects(np.where(freed_inside, "temporary", "unknown")),
+        "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
         "alloc_op_id": pd.array(np.where(inside, idx, 0), dtype="Int64"),
-        "module": np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
+        "module": _objects(np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": name,
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
         "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
                                   "seen only by the allocator"),
         "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
