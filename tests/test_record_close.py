@@ -57,6 +57,22 @@ def _reference_usable(merged):
     return found & np.where(exact, asize == size, asize >= size)
 
 
+def reference_first_seen(blocks, accesses, ops):
+    seen = np.full(len(blocks), -1, dtype=np.int64)
+    made = blocks["alloc_op_id"].notna().to_numpy()
+    if len(ops) and made.any():
+        seen[made] = ops["end_ns"].to_numpy()[blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)]
+    if len(accesses):
+        first = accesses.groupby("block_id")["t_ns"].min()
+        pos = pd.Index(blocks["block_id"]).get_indexer(first.index)
+        ok = pos >= 0
+        rows = pos[ok]
+        vals = first.to_numpy()[ok]
+        fill = seen[rows] < 0
+        seen[rows[fill]] = vals[fill]
+    return seen
+
+
 def reference_refine_autograd_seeds(blocks, accesses, ops):
     cand = blocks["category"].eq("unknown") & blocks["alloc_op_id"].notna()
     if not cand.any() or len(accesses) == 0:
@@ -148,6 +164,20 @@ def test_refine_autograd_seeds_matches_the_pandas_version(seed):
     pd.testing.assert_frame_equal(build.refine_autograd_seeds(blocks, accesses, ops), expected)
 
 
+@pytest.mark.parametrize("seed", range(100))
+def test_first_seen_matches_the_groupby_version(seed):
+    rng = np.random.default_rng(seed)
+    n_ops, nb, na = int(rng.integers(0, 10)), int(rng.integers(0, 15)), int(rng.integers(0, 40))
+    ops = pd.DataFrame({"op_id": np.arange(n_ops), "end_ns": np.sort(rng.integers(0, 1000, n_ops))})
+    alloc_op = pd.array(rng.integers(0, max(n_ops, 1), nb), dtype="Int64")
+    alloc_op[(rng.random(nb) < 0.4) | (n_ops == 0)] = pd.NA
+    blocks = pd.DataFrame({"block_id": rng.permutation(nb + 5)[:nb].astype(np.int64), "alloc_op_id": alloc_op})
+    accesses = pd.DataFrame({"block_id": rng.integers(0, nb + 5, na).astype(np.int64),
+                             "t_ns": rng.integers(0, 1000, na).astype(np.int64)})
+    np.testing.assert_array_equal(join._first_seen(blocks, accesses, ops),
+                                  reference_first_seen(blocks, accesses, ops))
+
+
 # ---- recorded workloads: the whole Trace built both ways from one recording ----------------------------
 def _conv_training():
     torch.manual_seed(0)
@@ -186,6 +216,7 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
         allocator_data, settings = self._allocator_and_settings(session, allocator_data)
         with monkeypatch.context() as m:      # the reference: pandas join/refine, no cached cost facts
             m.setattr(join, "match_blocks", reference_match_blocks)
+            m.setattr(join, "_first_seen", reference_first_seen)
             m.setattr(build, "refine_autograd_seeds", reference_refine_autograd_seeds)
             m.setattr("memlens.record.assemble.refine_autograd_seeds", reference_refine_autograd_seeds)
             m.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})

@@ -79,13 +79,21 @@ def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame)
     seen = np.full(len(blocks), -1, dtype=np.int64)
     made = blocks["alloc_op_id"].notna().to_numpy()
     if len(ops) and made.any():
-        seen[made] = ops["end_ns"].to_numpy()[blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)]
-    if len(accesses):
-        first = accesses.groupby("block_id")["t_ns"].min()
-        pos = pd.Index(blocks["block_id"]).get_indexer(first.index)
-        ok = pos >= 0
-        rows = pos[ok]
-        vals = first.to_numpy()[ok]
+        op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)
+        seen[made] = ops["end_ns"].to_numpy()[op[made]]
+    if len(accesses) and len(blocks):
+        # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
+        acc_block = accesses["block_id"].to_numpy(dtype=np.int64)
+        acc_t = accesses["t_ns"].to_numpy(dtype=np.int64)
+        order = np.lexsort((acc_t, acc_block))
+        head = np.ones(len(order), dtype=bool)
+        head[1:] = acc_block[order[1:]] != acc_block[order[:-1]]
+        first_block, first_t = acc_block[order[head]], acc_t[order[head]]
+        bid = blocks["block_id"].to_numpy(dtype=np.int64)
+        by_id = np.argsort(bid, kind="stable")
+        at = np.clip(np.searchsorted(bid[by_id], first_block), 0, len(bid) - 1)
+        ok = bid[by_id[at]] == first_block
+        rows, vals = by_id[at[ok]], first_t[ok]
         fill = seen[rows] < 0
         seen[rows[fill]] = vals[fill]
     return seen
