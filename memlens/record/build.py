@@ -182,13 +182,12 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
         "addr": pd.array(addr, dtype="Int64"), "size": size,
         "alloc_ns": alloc_ns, "free_ns": free_ns,
         "category": _objects(category), "op": _objects(op_name),
-        "alloc_op_id": pd.array(np.where(made_here, alloc_op, 0), dtype="Int64"),
+        "alloc_op_id": pd.arrays.IntegerArray(np.where(made_here, alloc_op, 0).astype(np.int64), ~made_here),
         "module": _objects(paths[module_idx] if n else np.empty(0, object)),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
         "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, "dispatch", dtype=object)),
         "category_rule": rule,
     })
-    blocks.loc[~made_here, "alloc_op_id"] = pd.NA
     if "stack_id" in ops.columns:
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)
         sid = pd.array(np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64),

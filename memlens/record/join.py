@@ -31,6 +31,11 @@ def _objects(values) -> pd.Series:
     return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
 
 
+def _masked(values, missing) -> pd.arrays.IntegerArray:
+    """An Int64 column of `values` with NA where `missing` (built at once, not set row by row)."""
+    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(missing, dtype=bool))
+
+
 def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     """Allocator events (t_ns, device, addr, delta) -> blocks (device, addr, size, alloc_t, free_t).
 
@@ -65,8 +70,7 @@ def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     out_alloc = pd.DataFrame({
         "device": np.asarray(dev_names, dtype=object)[dev[alloc_rows]], "addr": addr[alloc_rows],
         "size": delta[alloc_rows], "alloc_t": pd.array(t[alloc_rows], dtype="Int64"),
-        "free_t": pd.array(np.where(has, free_t, 0), dtype="Int64")})
-    out_alloc.loc[~has, "free_t"] = pd.NA
+        "free_t": _masked(np.where(has, free_t, 0), ~has)})
     out_free = pd.DataFrame({
         "device": np.asarray(dev_names, dtype=object)[dev[free_rows]], "addr": addr[free_rows],
         "size": -delta[free_rows], "alloc_t": pd.array([pd.NA] * len(free_rows), dtype="Int64"),
@@ -177,7 +181,7 @@ def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray
     made = blocks["alloc_op_id"].notna().to_numpy() & (rows >= 0)
     if not made.any():
         return 0
-    op = blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)
+    op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[made]
     t = alloc_t[rows[made]]
     lo = ops["start_ns"].to_numpy()[op]
     hi = ops["end_ns"].to_numpy()[op]
@@ -250,9 +254,10 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     alloc_col[upd] = new_alloc[upd]
     blocks["alloc_ns"] = alloc_col
     fixed_before = upd & blocks["allocated_before"].to_numpy()
-    blocks.loc[fixed_before, "allocated_before"] = False
-    blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
-        blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
+    if fixed_before.any():
+        blocks.loc[fixed_before, "allocated_before"] = False
+        blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
+            blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
     f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
     fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
@@ -261,7 +266,10 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     free_col = blocks["free_ns"].copy()
     free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
     blocks["free_ns"] = free_col
-    blocks.loc[matched, "source"] = "dispatch+" + name
+    if matched.any():
+        source = blocks["source"].to_numpy(dtype=object).copy()
+        source[matched] = "dispatch+" + name
+        blocks["source"] = pd.Series(source, index=blocks.index, dtype=object)
     asize = alloc_blocks["size"].to_numpy()
     if "allocator_size" not in blocks.columns:
         blocks["allocator_size"] = pd.array([pd.NA] * len(blocks), dtype="Int64")
@@ -303,10 +311,10 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     out = pd.DataFrame({
         "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(rest["device"]),
         "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
-        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": pd.array(f_t, dtype="Int64"),
+        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": _masked(f_t, np.isnan(f_nan)),
         "category": _objects(np.where(freed_inside, "temporary", "unknown")),
         "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
-        "alloc_op_id": pd.array(np.where(inside, idx, 0), dtype="Int64"),
+        "alloc_op_id": _masked(np.where(inside, idx, 0), ~inside),
         "module": _objects(np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
         "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
@@ -314,8 +322,6 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
                                   "seen only by the allocator"),
         "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
     })
-    out.loc[np.isnan(f_nan), "free_ns"] = pd.NA
-    out.loc[~inside, "alloc_op_id"] = pd.NA
     if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
         sid = pd.array(np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64), dtype="Int64")
