@@ -165,6 +165,7 @@ class CompiledDrain:
         order = np.argsort(t_all, kind="stable")
         dev_all = np.concatenate(dev).astype(np.int64)[order]
         return pd.DataFrame({"t_ns": t_all[order],
-                             "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
+                             "device": pd.Series(devices[np.where(dev_all < len(self.devices), dev_all,
+                                                                  len(self.devices))], dtype=object),
                              "addr": np.concatenate(ptr).astype(np.int64)[order],
                              "delta": np.concatenate(delta).astype(np.int64)[order]})

@@ -68,11 +68,11 @@ def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     has = paired[alloc_rows]
     free_t[has] = t[alloc_rows[has] + 1]
     out_alloc = pd.DataFrame({
-        "device": np.asarray(dev_names, dtype=object)[dev[alloc_rows]], "addr": addr[alloc_rows],
+        "device": _objects(np.asarray(dev_names, dtype=object)[dev[alloc_rows]]), "addr": addr[alloc_rows],
         "size": delta[alloc_rows], "alloc_t": pd.array(t[alloc_rows], dtype="Int64"),
         "free_t": _masked(np.where(has, free_t, 0), ~has)})
     out_free = pd.DataFrame({
-        "device": np.asarray(dev_names, dtype=object)[dev[free_rows]], "addr": addr[free_rows],
+        "device": _objects(np.asarray(dev_names, dtype=object)[dev[free_rows]]), "addr": addr[free_rows],
         "size": -delta[free_rows], "alloc_t": pd.array([pd.NA] * len(free_rows), dtype="Int64"),
         "free_t": pd.array(t[free_rows], dtype="Int64")})
     return pd.concat([out_alloc, out_free], ignore_index=True)
