@@ -40,6 +40,12 @@ recorder and the profiler are within the run-to-run noise (+-0.03x here) of each
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
 
+Measured, whole block (`--quick`, 2026-11-28, load average 3.0-3.7, CPU-time ratios to the plain steps;
+the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.83x / 1.19x / 1.24x,
+profiler with key_averages() 8.58x / 10.44x / 10.51x (up to its exit 1.61x / 1.74x / 2.03x); close 30.6 /
+10.9 / 5.8 us per recorded op. CNN: compiled 2.64x / 1.46x / 1.00x, profiler 2.51x / 2.69x / 5.63x (exit
+only 1.29x / 1.37x / 1.32x); close 275 / 78.5 / 12.7 us per op (a fixed ~20 ms of frame building).
+
 Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
 the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
 (CNN); 20 steps 18.7 B (GPT) / 18.0-18.2 B (CNN) (2026-11-26, after the flat live-block map, 128 B
