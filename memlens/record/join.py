@@ -207,13 +207,15 @@ def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFra
         streams.append(("cuda_snapshot", snapshot_events(allocator.snapshot)))
     stats = {}
     for name, ev in streams:
-        ev = ev.copy()
-        ev["t_ns"] = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        # the four columns pair_events reads, on the trace's clock (one frame, not a copy then a column set)
+        t = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        ev = pd.DataFrame({"t_ns": t, "device": _objects(ev["device"].to_numpy(dtype=object)),
+                           "addr": ev["addr"].to_numpy(), "delta": ev["delta"].to_numpy()})
         if window_ns is not None:
-            inside = (ev["t_ns"] >= -MATCH_TOLERANCE_NS) & (ev["t_ns"] <= window_ns + MATCH_TOLERANCE_NS)
+            inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
             if not inside.all():
                 notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
-            ev = ev[inside]
+                ev = ev[inside]
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
         if stats[name]["clock_offset_ns"]:
             notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
