@@ -14,6 +14,18 @@ and the recorded step length on the trace's clock over the plain step (1.0 = the
 time is not in the trace; issue 14 item 5).
 
     .venv/bin/python benchmarks/recorder_overhead.py [--workload gpt|cnn|both] [--reps 7] [--steps 3]
+        [--whole 1,5,50] [--whole-reps 5] [--quick] [--only whole|steps]
+
+Whole block (issue 27): what a user pays from entering the block to a usable result, for 1, 5 and 50
+steps (`--whole`): wall and process CPU time of the whole block -- enter, the steps, exit, and then
+`rec.trace` (memlens: the trace is built at exit) or `prof.key_averages()` (torch.profiler: the per-op
+table a user prints after the block; its exit already parses the Kineto events) -- against the same steps
+run plainly, with the per-step time inside the block beside it. Modes are interleaved, in a rotated
+order, over `--whole-reps` rounds; medians. Also printed: the close (exit until the result is usable)
+per recorded op and as a share of the plain steps' own time, and the first recording's close in the
+process (cost facts are computed once per distinct op signature for the process, lazy imports run).
+`--quick`: 3 rounds for the per-step table and the 1- and 5-step blocks, 2 for 50 steps (a few minutes
+on a loaded 2-core machine).
 
 Measured (torch 2.13 CPU, 1 thread, a 2-core machine shared with other jobs, load average 4.6-6.7; CPU-time
 ratios, medians of 9 rounds x 3 per-step samples; three runs on 2026-11-26 after the compiled recorder's
@@ -27,6 +39,12 @@ module hooks moved to C++ and its callback was switched off inside recorded kern
 recorder and the profiler are within the run-to-run noise (+-0.03x here) of each other: "below the
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
+
+Measured, whole block (`--quick`, 2026-11-28, load average 3.0-3.7, CPU-time ratios to the plain steps;
+the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.83x / 1.19x / 1.24x,
+profiler with key_averages() 8.58x / 10.44x / 10.51x (up to its exit 1.61x / 1.74x / 2.03x); close 30.6 /
+10.9 / 5.8 us per recorded op. CNN: compiled 2.64x / 1.46x / 1.00x, profiler 2.51x / 2.69x / 5.63x (exit
+only 1.29x / 1.37x / 1.32x); close 275 / 78.5 / 12.7 us per op (a fixed ~20 ms of frame building).
 
 Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
 the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
@@ -181,6 +199,93 @@ def bench(name, model, step, reps, steps):
     return ratios
 
 
+WHOLE_MODES = ["plain", "compiled", "profiler"]
+
+
+def whole_block(mode, model, step, steps):
+    """(wall s, CPU s of the whole block; wall s, CPU s of its close; [wall s of each step inside];
+    recorded ops; wall s, CPU s of the block up to the end of the exit) for `steps` steps under `mode`.
+    The close is the exit plus, for the profiler, its key_averages(); memlens builds the trace at exit
+    (rec.trace is then usable)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    if mode == "compiled":
+        inst = memlens.record(model, backend="compiled")
+    elif mode == "profiler":
+        inst = _instrument("profiler", model)
+    else:
+        inst = None
+    if inst is not None:
+        inst.__enter__()
+    inside = []
+    for _ in range(steps):
+        s0 = time.perf_counter()
+        step()
+        inside.append(time.perf_counter() - s0)
+    c1, t1 = time.process_time(), time.perf_counter()
+    n_ops = 0
+    c_exit, t_exit = c1, t1
+    if inst is not None:
+        inst.__exit__(None, None, None)
+        c_exit, t_exit = time.process_time(), time.perf_counter()
+        if mode == "profiler":
+            n_ops = sum(e.count for e in inst.key_averages())
+        else:
+            n_ops = len(inst.trace.ops)
+    c2, t2 = time.process_time(), time.perf_counter()
+    return t2 - t0, c2 - c0, t2 - t1, c2 - c1, inside, n_ops, t_exit - t0, c_exit - c0
+
+
+def bench_whole(name, model, step, step_counts, reps_for):
+    """The whole-block table of one workload (see the module docstring)."""
+    for _ in range(2):
+        step()
+    t0, c0 = time.perf_counter(), time.process_time()
+    with memlens.record(model, backend="compiled") as rec:   # the process's first recording of this step
+        step()
+    cold_wall, cold_cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(f"\n{name}: whole block, enter -> steps -> exit -> usable result (memlens: rec.trace; profiler: "
+          f"key_averages()), 1 thread, load average {os.getloadavg()[0]:.1f}")
+    print(f"  first recording in this process (1 step, whole block): {cold_wall * 1e3:.1f} ms wall, "
+          f"{cold_cpu * 1e3:.1f} ms CPU; {len(rec.trace.ops)} ops")
+    print(f"  {'steps':>5} {'mode':9} {'block wall':>11} {'block CPU':>10} {'x plain wall':>12} {'x plain CPU':>11} "
+          f"{'step inside':>11} {'close wall':>10} {'close CPU':>9} {'close/op CPU':>12} {'close/steps':>11}")
+    rows = {}
+    for steps in step_counts:
+        reps = reps_for(steps)
+        res = {m: [] for m in WHOLE_MODES}
+        for r in range(reps):
+            for mode in WHOLE_MODES[r % len(WHOLE_MODES):] + WHOLE_MODES[:r % len(WHOLE_MODES)]:
+                res[mode].append(whole_block(mode, model, step, steps))
+        med = {m: {"wall": statistics.median(x[0] for x in res[m]), "cpu": statistics.median(x[1] for x in res[m]),
+                   "close_wall": statistics.median(x[2] for x in res[m]),
+                   "close_cpu": statistics.median(x[3] for x in res[m]),
+                   "step": statistics.median(t for x in res[m] for t in x[4]),
+                   "ops": statistics.median(x[5] for x in res[m]),
+                   "exit_wall": statistics.median(x[6] for x in res[m]),
+                   "exit_cpu": statistics.median(x[7] for x in res[m])} for m in WHOLE_MODES}
+        plain = med["plain"]
+        for mode in WHOLE_MODES:
+            m = med[mode]
+            per_op = f"{m['close_cpu'] / m['ops'] * 1e6:9.1f} us" if m["ops"] else f"{'':>12}"
+            share = f"{m['close_cpu'] / plain['cpu'] * 100:10.0f}%" if mode != "plain" else f"{'':>11}"
+            print(f"  {steps:5d} {mode:9} {m['wall'] * 1e3:8.1f} ms {m['cpu'] * 1e3:7.1f} ms "
+                  f"{m['wall'] / plain['wall']:11.2f}x {m['cpu'] / plain['cpu']:10.2f}x "
+                  f"{m['step'] / plain['step']:10.2f}x {m['close_wall'] * 1e3:7.1f} ms {m['close_cpu'] * 1e3:6.1f} ms "
+                  f"{per_op} {share}")
+        p = med["profiler"]
+        print(f"  {steps:5d} {'prof-exit':9} {p['exit_wall'] * 1e3:8.1f} ms "
+              f"{p['exit_cpu'] * 1e3:7.1f} ms {p['exit_wall'] / plain['wall']:11.2f}x {p['exit_cpu'] / plain['cpu']:10.2f}x")
+        rows[steps] = med
+        print(f"        ({reps} rounds; compiled whole block / profiler whole block: wall "
+              f"{med['compiled']['wall'] / med['profiler']['wall']:.2f}, CPU "
+              f"{med['compiled']['cpu'] / med['profiler']['cpu']:.2f}; recorded ops "
+              f"{med['compiled']['ops']:.0f}, profiler ops {med['profiler']['ops']:.0f})")
+    print("  (step inside: median wall time of a step inside the block / plain; close: exit until the result "
+          "is usable; close/steps: close CPU / the plain steps' CPU; prof-exit: the profiler's block up to the end "
+          "of its exit, before key_averages(), which is where it parses its events)")
+    return rows
+
+
 def _quantile(values, q):
     v = sorted(values)
     return v[int(q * (len(v) - 1))]
@@ -192,7 +297,17 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--whole", default="1,5,50", help="step counts of the whole-block table ('' for none)")
+    parser.add_argument("--whole-reps", type=int, default=5, help="rounds per step count of the whole-block table")
+    parser.add_argument("--only", choices=["whole", "steps"], default=None, help="run one of the two tables")
+    parser.add_argument("--quick", action="store_true", help="few rounds (see the module docstring)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.whole_reps = min(args.reps, 3), min(args.whole_reps, 3)
+    step_counts = [int(x) for x in args.whole.split(",") if x.strip()]
+
+    def reps_for(steps):
+        return max(2, args.whole_reps - 1) if args.quick and steps >= 50 else args.whole_reps
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
@@ -201,12 +316,14 @@ def main(argv=None):
         cfg = WORKLOADS[name]
         if name == "gpt":
             model, step = transformer_workload(cfg)
-            bench(f"GPT training step (vocab, d, heads, layers, seq, batch = {cfg}, AdamW)", model, step,
-                  args.reps, args.steps)
+            title = f"GPT training step (vocab, d, heads, layers, seq, batch = {cfg}, AdamW)"
         else:
             model, step = cnn_workload(cfg)
-            bench(f"CNN training step (channels, batch = {cfg}, BatchNorm, SGD momentum)", model, step,
-                  args.reps, args.steps)
+            title = f"CNN training step (channels, batch = {cfg}, BatchNorm, SGD momentum)"
+        if step_counts and args.only != "steps":
+            bench_whole(title, model, step, step_counts, reps_for)
+        if args.only != "whole":
+            bench(title, model, step, args.reps, args.steps)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,14 @@ def empty_table(table: str) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=d) for c, d in SCHEMA[table].items()})
 
 
+def _already(series: pd.Series, dtype: str) -> bool:
+    """Whether `series` is already what `conform` would make of it for `dtype`: the same non-object dtype,
+    or an object column with no missing value (strings as Python objects, not pandas' str dtype)."""
+    if dtype == "object":
+        return series.dtype == object and not series.isna().any()
+    return series.dtype == dtype
+
+
 def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.DataFrame:
     """Return `df` with every schema column of `table` present and cast to its dtype.
 
@@ -104,6 +112,9 @@ def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.
     for col, dtype in schema.items():
         if col in df.columns:
             series = df[col]
+            if col != "device" and _already(series, dtype):     # nothing to cast (astype would copy the column)
+                out[col] = series
+                continue
         elif strict and col not in OPTIONAL_COLUMNS.get(table, ()):
             raise InputError(f"table '{table}' lacks column '{col}'")
         elif dtype == "Int64":

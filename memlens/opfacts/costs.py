@@ -43,7 +43,7 @@ from memlens.opfacts.signatures import (TensorMeta, results_of, shapes_string, s
 
 # re-exported: callers import these from here (the recorder session, the trace builder, tests)
 __all__ = ["COLUMNS", "CostCache", "CostFacts", "SCALAR_TYPE_NAMES", "TensorMeta", "count_flops",
-           "dtype_name", "facts_table", "itemsize", "op_costs", "per_op_columns", "resolve_op",
+           "dtype_name", "facts_frame", "facts_table", "itemsize", "op_costs", "per_op_columns", "resolve_op",
            "shapes_string", "signature_args", "signature_value"]
 
 COLUMNS = ("flops", "bytes_read", "bytes_written", "dtype", "shapes")
@@ -182,7 +182,11 @@ class CostCache:
 def facts_table(records) -> pd.DataFrame:
     """Cost facts of many calls: `records` is a sequence of ``(op, args, kwargs, out)`` (see `op_costs`).
     Returns a DataFrame with one row per record and the columns of `COLUMNS`."""
-    rows = [op_costs(op, args, kwargs, out) for op, args, kwargs, out in records]
+    return facts_frame([op_costs(op, args, kwargs, out) for op, args, kwargs, out in records])
+
+
+def facts_frame(rows) -> pd.DataFrame:
+    """The `facts_table` DataFrame of `CostFacts` rows already computed (one row per call, in order)."""
     if not rows:
         return pd.DataFrame({"flops": pd.Series(dtype="int64"), "bytes_read": pd.Series(dtype="int64"),
                              "bytes_written": pd.Series(dtype="int64"), "dtype": pd.Series(dtype=object),

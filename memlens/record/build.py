@@ -47,17 +47,17 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
     paths = np.asarray(session.module_paths, dtype=object)
     ops = pd.DataFrame({
         "op_id": np.arange(n, dtype=np.int64),
-        "name": names[name_idx] if n else np.empty(0, object),
+        "name": _objects(names[name_idx] if n else np.empty(0, object)),
         "start_ns": start - session.t_start,
         "end_ns": end - session.t_start,
-        "module": paths[module_idx] if n else np.empty(0, object),
+        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
         "iteration": iteration,
         "phase": phase,
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
     })
     for col, values in _cost_columns(session, n).items():
-        ops[col] = values
+        ops[col] = _objects(values) if values.dtype == object else values
     if session.stack_table is not None:   # one stack id per op, appended right after the op record
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
         sid = pd.array(np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)]), dtype="Int64")
@@ -66,16 +66,22 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
     return ops, module_idx, source
 
 
+def _objects(values) -> pd.Series:
+    """A text column kept as Python objects (the schema's dtype): pandas would otherwise infer its str
+    dtype from the array, and `Trace.from_tables` cast it back, both a copy per column."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+
+
 def _cost_columns(session: Session, n: int) -> dict:
     """flops / bytes_read / bytes_written / dtype / shapes per op, from the deduplicated cost signatures
     (computed here, once per distinct signature, not while recording)."""
-    from memlens.record.compiled_signatures import compiled_record
-    from memlens.record.costs import facts_table, per_op_columns
+    from memlens.record.compiled_signatures import signature_facts
+    from memlens.record.costs import facts_frame, per_op_columns
     if getattr(session, "backend", "python") == "compiled":
-        # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): decode each once
-        records = [compiled_record(*session.decode_signature(i)) for i in range(len(session.signatures))]
+        # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): facts once per
+        # signature, and once per process for a signature met in an earlier recording
         sig = np.asarray(session.sig_of_op, dtype=np.int64)[:n]
-        facts = facts_table(records)
+        facts = facts_frame(signature_facts(session.signatures, session.op_names, session.decode_signature))
     else:
         sig = session.buf.op_sigs.to_numpy()[:n, 0]
         facts = session.costs.facts()
@@ -172,17 +178,16 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
     paths = np.asarray(session.module_paths, dtype=object)
     devices = np.asarray(session.devices, dtype=object)
     blocks = pd.DataFrame({
-        "block_id": bid, "device": devices[dev] if n else np.empty(0, object),
+        "block_id": bid, "device": _objects(devices[dev] if n else np.empty(0, object)),
         "addr": pd.array(addr, dtype="Int64"), "size": size,
         "alloc_ns": alloc_ns, "free_ns": free_ns,
-        "category": category, "op": op_name,
-        "alloc_op_id": pd.array(np.where(made_here, alloc_op, 0), dtype="Int64"),
-        "module": paths[module_idx] if n else np.empty(0, object),
+        "category": _objects(category), "op": _objects(op_name),
+        "alloc_op_id": pd.arrays.IntegerArray(np.where(made_here, alloc_op, 0).astype(np.int64), ~made_here),
+        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": "dispatch",
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, "dispatch", dtype=object)),
         "category_rule": rule,
     })
-    blocks.loc[~made_here, "alloc_op_id"] = pd.NA
     if "stack_id" in ops.columns:
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)
         sid = pd.array(np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64),
@@ -241,16 +246,35 @@ def _records_history(ops: pd.DataFrame, safe_op: np.ndarray) -> np.ndarray:
 def refine_autograd_seeds(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     """Unknown blocks made during recording whose first reader (another op) runs in backward are
     autograd's own tensors, e.g. the ``ones_like`` gradient seed of ``loss.backward()``."""
-    cand = blocks["category"].eq("unknown") & blocks["alloc_op_id"].notna()
+    cand = (blocks["category"].to_numpy(dtype=object) == "unknown") & blocks["alloc_op_id"].notna().to_numpy()
     if not cand.any() or len(accesses) == 0:
         return blocks
-    made_by = blocks.loc[cand, ["block_id", "alloc_op_id"]].astype({"alloc_op_id": "int64"})
-    acc = accesses.merge(made_by, on="block_id")
-    acc = acc[acc["op_id"] != acc["alloc_op_id"]].sort_values(["block_id", "t_ns", "op_id"], kind="stable")
-    first = acc.drop_duplicates("block_id")
-    phase = ops.set_index("op_id")["phase"]
-    seeds = first.loc[first["op_id"].map(phase).eq("backward").to_numpy(), "block_id"]
-    hit = blocks["block_id"].isin(seeds).to_numpy() & cand.to_numpy()
+    bid = blocks["block_id"].to_numpy(dtype=np.int64)
+    made_by = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)
+    # each access's candidate block row (block ids are unique); -1 where its block is no candidate
+    order = np.argsort(bid, kind="stable")
+    acc_bid = accesses["block_id"].to_numpy(dtype=np.int64)
+    pos = np.clip(np.searchsorted(bid[order], acc_bid), 0, len(bid) - 1)
+    row = np.where(bid[order][pos] == acc_bid, order[pos], -1)
+    acc_op = accesses["op_id"].to_numpy(dtype=np.int64)
+    keep = (row >= 0) & cand[np.maximum(row, 0)] & (acc_op != made_by[np.maximum(row, 0)])
+    row, acc_op, acc_t = row[keep], acc_op[keep], accesses["t_ns"].to_numpy(dtype=np.int64)[keep]
+    if len(row) == 0:
+        return blocks
+    # each candidate's first access by another op: the least (time, op)
+    first = np.lexsort((acc_op, acc_t, bid[row]))
+    head = np.ones(len(first), dtype=bool)
+    head[1:] = bid[row[first[1:]]] != bid[row[first[:-1]]]
+    first = first[head]
+    op_ids = ops["op_id"].to_numpy(dtype=np.int64)
+    phases = ops["phase"].to_numpy(dtype=object)
+    at = np.clip(np.searchsorted(op_ids, acc_op[first]), 0, max(len(op_ids) - 1, 0))
+    found = (op_ids[at] == acc_op[first]) if len(op_ids) else np.zeros(len(first), bool)
+    seed_rows = row[first][found & (phases[at] == "backward" if len(op_ids) else found)]
+    if len(seed_rows) == 0:
+        return blocks
+    hit = np.zeros(len(blocks), dtype=bool)
+    hit[seed_rows] = True
     blocks = blocks.copy()
     blocks.loc[hit, "category"] = "autograd_detail"
     blocks.loc[hit, "category_rule"] = "made outside modules with no autograd history, first read by backward"

@@ -9,8 +9,8 @@ recorder does. At the end the records are drained with numpy into the same int64
 `Session` fills, so `assemble_trace` builds both backends' traces with the same code.
 
 With stacks=True the C++ side also walks the Python frames of each op at its end (native/op_stacks.h:
-the same user frames, order, depth and dedup as stacks.StackTable); `_drain_stacks` turns them into the
-same `op_stacks` stream and stack table.
+the same user frames, order, depth and dedup as stacks.StackTable); `_drain_stacks` (compiled_drain.py)
+turns them into the same `op_stacks` stream and stack table.
 
 Clock: every time is on the compiled recorder's clock (monotonic ns minus the recorder's own time in
 the thread, including the Python hooks below), so a trace's gaps are the program's, not the recorder's.
@@ -21,27 +21,19 @@ import os
 import tempfile
 
 import numpy as np
-import pandas as pd
 
 import torch
 
 from memlens.record.attribution import (ITER_OPTIMIZER, MARK_GRADIENT, MARK_INPUT, MARK_OPTIMIZER_STATE,
                                         MARK_PARAMETER, PHASE_OPTIMIZER)
+from memlens.record.compiled_drain import (BLOCK_DTYPE, CTX_DTYPE, FREE_DTYPE, MEM_DTYPE,  # noqa: F401
+                                           OP_DTYPE, WIDE_DTYPE, CompiledDrain)
+from memlens.record.compiled_signatures import decode_signature
 from memlens.record.session import Session
-from memlens.record.stacks import SKIP_PREFIXES, StackTable
-
-OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
-WIDE_DTYPE = np.dtype([("op", "<i8"), ("kind", "<i8"), ("value", "<i8")])
-CTX_DTYPE = np.dtype([("op", "<i8"), ("ctx", "<i8")])
-BLOCK_DTYPE = np.dtype([("ptr", "<i8"), ("size_dev", "<i8"), ("op_before", "<u4"), ("alloc_dt", "<u4")])
-_U32_MAX = (1 << 32) - 1
-FREE_DTYPE = np.dtype([("t", "<i8"), ("block", "<i4")])
-MEM_DTYPE = np.dtype([("t", "<i8"), ("ptr", "<i8"), ("delta_dev", "<i8")])
-_NATIVE_SEQ_CAP = 1 << 30       # recorder.cpp caps backward node numbers here (int32 records)
-_SEQ_CAP = 1 << 62              # the Python recorder's cap (session._SEQ_CAP)
+from memlens.record.stacks import SKIP_PREFIXES
 
 
-class CompiledSession(Session):
+class CompiledSession(CompiledDrain, Session):
     """`Session` with the C++ hot path; same public behaviour and the same streams after `stop()`."""
 
     backend = "compiled"
@@ -314,197 +306,8 @@ class CompiledSession(Session):
         grads = [p.grad for p in self.model.parameters() if isinstance(p.grad, torch.Tensor)]
         self._mark_many(grads, [MARK_GRADIENT] * len(grads))
 
-    # ---- drain: C++ records -> the Session's int64 streams ----------------------------------
-    def _drain(self, d: dict) -> None:
-        ops = np.frombuffer(d["ops"], dtype=np.uint8).view(OP_DTYPE)
-        acc = np.frombuffer(d["accesses"], dtype=np.uint8).view("<i4").astype(np.int64)
-        blocks = np.frombuffer(d["blocks"], dtype=np.uint8).view(BLOCK_DTYPE)
-        frees = np.frombuffer(d["frees"], dtype=np.uint8).view(FREE_DTYPE)
-        mem = np.frombuffer(d["memory"], dtype=np.uint8).view(MEM_DTYPE)
-        self.op_names = list(d["op_names"])
-        self.signatures = list(d["sigs"])
-        self.devices = list(d["devices"])
-        self.tensors_without_storage += int(d["tensors_without_storage"])
-        self.recorder_bytes = int(d["peak_bytes"])
-        self.spilled_bytes = int(d["spilled_bytes"])
-        self.recorder_parts = dict(d["parts"])
-        self.memory_note = d["memory_note"]
-        if d["late_frees"]:
-            note = (f"{d['late_frees']} storages were freed in threads without the memory hook; their free "
-                    "time is the end of the recording")
-            self.memory_note = f"{self.memory_note}; {note}" if self.memory_note else note
-        if d["stop_reason"] and not self.stop_reason:
-            self.stop_reason = d["stop_reason"]
-        n = len(ops)
-        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=np.uint8).view(WIDE_DTYPE),
-                               np.frombuffer(d["ctx"], dtype=np.uint8).view(CTX_DTYPE), int(d["first_start"]))
-        start, end, sig, nacc, ctx = raw
-        sig_name = np.asarray([int.from_bytes(s[:8], "little", signed=True) for s in self.signatures],
-                              dtype=np.int64)
-        self.sig_of_op = sig
-        aseq = ops["aseq"].astype(np.int64)
-        aseq = np.where(aseq == -2 - _NATIVE_SEQ_CAP, -2 - _SEQ_CAP, aseq)
-        table = np.empty((n, 6), dtype=np.int64)
-        table[:, 0] = sig_name[sig] if n else 0
-        table[:, 1] = ctx
-        table[:, 2] = start
-        table[:, 3] = end
-        table[:, 4] = aseq
-        table[:, 5] = np.cumsum(nacc)
-        self._fill(self.buf.ops, table)
-        self._fill(self.buf.accesses, acc.reshape(-1, 1))
-        nb = len(blocks)
-        size = blocks["size_dev"] & ((1 << 48) - 1)
-        dev = blocks["size_dev"] >> 48
-        before = (blocks["op_before"] >> 31).astype(np.int64)
-        op = (blocks["op_before"] & 0x7FFFFFFF).astype(np.int64)
-        safe = np.clip(op, 0, max(n - 1, 0))
-        made_t = np.where((before == 0) & (op < n), start[safe] if n else -1, -1)
-        claimed = blocks["alloc_dt"] != _U32_MAX
-        self._block_cols = {"ptr": blocks["ptr"], "size": size, "dev": dev, "claimed": claimed,
-                            "alloc_t": np.where(claimed & (op < n), (start[safe] if n else 0)
-                                                + blocks["alloc_dt"].astype(np.int64), -1)}
-        btable = np.empty((nb, 7), dtype=np.int64)
-        btable[:, 0] = np.arange(nb)
-        btable[:, 1] = dev
-        btable[:, 2] = blocks["ptr"]
-        btable[:, 3] = size
-        btable[:, 4] = np.where(before == 1, -1, made_t)
-        btable[:, 5] = op
-        btable[:, 6] = before
-        self._fill(self.buf.blocks, btable)
-        # Each thread's clock leaves out the recorder's own time in that thread, so clocks of threads
-        # feeding one recording drift apart by the difference; a free found in another thread than the
-        # block's (a storage that died where no memory hook runs, found by a later op's sweep) can then
-        # read earlier than the block's making: it is put at the making (it happened after, unseen).
-        free_t = frees["t"].astype(np.int64)
-        if len(frees):
-            made_at = np.maximum(btable[:, 4], np.where(claimed, self._block_cols["alloc_t"], -1))
-            free_t = np.maximum(free_t, made_at[frees["block"]])
-        ftable = np.stack([frees["block"], free_t], axis=1) if len(frees) else np.empty((0, 2), np.int64)
-        self._fill(self.buf.frees, ftable)
-        self.n_blocks = nb
-        self.memory_events = self._memory_events(mem, self._block_cols, frees) if self.memory else None
-
-    def _drain_stacks(self, d: dict | None) -> None:
-        """stacks=True: one stack id per op into `buf.op_stacks` (-1 for ops recorded before the capture
-        was on) and the C++ table's stacks into `stack_table` (same ids, same frames as StackTable)."""
-        if d is None or self.stack_table is None:
-            return
-        n = self.buf.ops.to_numpy().shape[0]
-        ids = np.frombuffer(d["ids"], dtype="<i4").astype(np.int64)
-        first = min(int(d["first_op"]), n)
-        per_op = np.full(n, -1, dtype=np.int64)
-        take = min(len(ids), n - first)
-        per_op[first:first + take] = ids[:take]
-        self._fill(self.buf.op_stacks, per_op.reshape(-1, 1))
-        self.stack_table = StackTable.from_frames(d["stacks"], self.stack_table.max_depth)
-        self.recorder_bytes += int(d["bytes"])
-        if getattr(self, "recorder_parts", None) is not None:
-            self.recorder_parts["stacks"] = int(d["bytes"])
-
-    @staticmethod
-    def _decode_ops(ops, wide, ctxs, first_start: int):
-        """Absolute (start, end, signature, access count, context) per op from the 16-byte records."""
-        n = len(ops)
-        d = ops["dstart"].astype(np.int64)
-        dur = ops["dur"].astype(np.int64)
-        sig = (ops["sig_nacc"] >> 8).astype(np.int64)
-        nacc = (ops["sig_nacc"] & 0xFF).astype(np.int64)
-        absolute = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-        for kind, target in ((1, dur), (2, nacc), (3, sig)):
-            w = wide[wide["kind"] == kind]
-            target[w["op"]] = w["value"]
-        w = wide[wide["kind"] == 0]
-        absolute[w["op"]] = w["value"]
-        escaped = absolute != np.iinfo(np.int64).min
-        d[escaped] = 0
-        cs = np.cumsum(d)
-        # start[j] = offset + cs[j], the offset reset at each escaped (absolute) start
-        offset_at = np.where(escaped, absolute - cs, first_start)
-        last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1)) if n else np.empty(0, np.int64)
-        offset = np.where(last >= 0, offset_at[np.clip(last, 0, None)], first_start)
-        start = offset + cs
-        ctx = np.zeros(n, dtype=np.int64)
-        if len(ctxs) and n:
-            # a change recorded when `op` ops existed applies from op `op` on (the last one wins)
-            at = np.searchsorted(ctxs["op"], np.arange(n), side="right") - 1
-            ctx = np.where(at >= 0, ctxs["ctx"][np.clip(at, 0, None)], 0)
-        return start, start + dur, sig, nacc, ctx
-
-    @staticmethod
-    def _fill(stream, table: np.ndarray) -> None:
-        stream.data = stream.data.__class__("q")
-        stream.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
-
-    def _memory_events(self, mem, blocks, frees) -> pd.DataFrame:
-        """Every allocator event as the profiler would list it: the raw ones plus the allocations (and
-        frees) folded into block records, put back."""
-        claimed = np.flatnonzero(blocks["claimed"])
-        t = [mem["t"], blocks["alloc_t"][claimed]]
-        ptr = [mem["ptr"], blocks["ptr"][claimed]]
-        delta = [mem["delta_dev"] >> 8, blocks["size"][claimed]]
-        dev = [mem["delta_dev"] & 0xFF, blocks["dev"][claimed].astype(np.int64)]
-        fb = frees["block"]
-        fc = blocks["claimed"][fb] if len(fb) else np.zeros(0, bool)
-        t.append(frees["t"][fc])
-        ptr.append(blocks["ptr"][fb[fc]])
-        delta.append(-blocks["size"][fb[fc]])
-        dev.append(blocks["dev"][fb[fc]].astype(np.int64))
-        devices = np.asarray(self.devices + ["?"], dtype=object)
-        t_all = np.concatenate(t).astype(np.int64)
-        # sorted as arrays, then one frame (a sorted copy of a frame held two frames: ~70 bytes per event)
-        order = np.argsort(t_all, kind="stable")
-        dev_all = np.concatenate(dev).astype(np.int64)[order]
-        return pd.DataFrame({"t_ns": t_all[order],
-                             "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
-                             "addr": np.concatenate(ptr).astype(np.int64)[order],
-                             "delta": np.concatenate(delta).astype(np.int64)[order]})
-
     # ---- signatures (for per-op cost facts) --------------------------------------------------
     def decode_signature(self, sig: int) -> tuple:
         """(op name, inputs, outputs) of signature `sig`: tensors as ("tensor", dtype code, shape), lists
         as lists, scalars as Python values (see recorder.cpp put_value)."""
         return decode_signature(self.signatures[sig], self.op_names)
-
-
-def decode_signature(raw: bytes, op_names: list) -> tuple:
-    """Decode one signature from recorder.cpp into (op name, inputs, outputs)."""
-    words = np.frombuffer(raw, dtype="<i8")
-
-    def read(w, i):
-        tag = int(w[i])
-        if tag == ord("T"):
-            dtype = int(w[i + 1])
-            ndim = int(w[i + 2])
-            if ndim < 0:
-                return ("tensor", dtype, None), i + 3
-            return ("tensor", dtype, tuple(int(x) for x in w[i + 3:i + 3 + ndim])), i + 3 + ndim
-        if tag == ord("L"):
-            k = int(w[i + 1])
-            items, j = [], i + 2
-            for _ in range(k):
-                item, j = read(w, j)
-                items.append(item)
-            return items, j
-        if tag == ord("W"):       # a Python number wrapped as a 0-d tensor by the binding
-            return ("scalar", int(w[i + 1])), i + 2
-        if tag == ord("I"):
-            return int(w[i + 1]), i + 2
-        if tag == ord("D"):
-            return float(np.frombuffer(np.int64(w[i + 1]).tobytes(), "<f8")[0]), i + 2
-        if tag == ord("B"):
-            return bool(w[i + 1]), i + 2
-        if tag == ord("N"):
-            return None, i + 1
-        return "?", i + 1
-
-    name = op_names[int(words[0])]
-    inputs, outputs, i, side = [], [], 1, 0
-    while i < len(words):
-        if side == 0 and int(words[i]) == ord("|"):
-            side, i = 1, i + 1
-            continue
-        item, i = read(words, i)
-        (outputs if side else inputs).append(item)
-    return name, inputs, outputs

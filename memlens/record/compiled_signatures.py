@@ -1,11 +1,13 @@
 """How a signature the compiled recorder logged becomes the ``(op, args, kwargs, out)`` that
 `memlens.record.costs.op_costs` reads.
 
-`memlens.record.compiled.decode_signature` gives each tensor as ``("tensor", ScalarType code, shape)``
+`decode_signature` gives each tensor as ``("tensor", ScalarType code, shape)``
 and a wrapped Python number as ``("scalar", ...)``; here tensors become ``(shape, dtype name)`` and the
 schema's keyword-only arguments go back to keywords, as a Python call passes them.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES
 from memlens.opfacts.flops import resolve_op
@@ -26,7 +28,7 @@ def _from_compiled(value):
 
 def compiled_record(name: str, inputs: list, outputs: list) -> tuple:
     """``(op, args, kwargs, out)`` for `facts_table` from one signature decoded by
-    `memlens.record.compiled.decode_signature` (tensors as ("tensor", ScalarType code, shape))."""
+    `decode_signature` (tensors as ("tensor", ScalarType code, shape))."""
     values = [_from_compiled(v) for v in inputs]
     outs = tuple(_from_compiled(v) for v in outputs)
     # the compiled recorder logs every schema argument in order; keyword-only ones (addmm's beta/alpha,
@@ -43,3 +45,71 @@ def compiled_record(name: str, inputs: list, outputs: list) -> tuple:
                 positional.append(value)
         values = positional
     return name, tuple(values), kwargs, (outs[0] if len(outs) == 1 else outs)
+
+
+# Cost facts per distinct signature, kept for the process: a signature's bytes (the op's name, then each
+# argument's dtype code and shape, or its scalar value) determine its facts, and a notebook records the same
+# step again and again; computing them (schema lookups, flop formulas) costs ~50-100 us per signature.
+_FACTS_BY_SIGNATURE: dict = {}
+_FACTS_CACHE_LIMIT = 1 << 16     # signatures kept at most (~200 bytes each); the cache restarts past it
+
+
+def signature_facts(signatures: list, op_names: list, decode) -> list:
+    """The `CostFacts` of each compiled-recorder signature (raw bytes, in signature-number order).
+    `decode(i)` gives signature i as `decode_signature` does; it is called only for signatures this
+    process has not computed facts for yet (the key is the op's name and the bytes after the name word,
+    so recordings with other op numberings share entries)."""
+    from memlens.opfacts.costs import op_costs
+    cache = _FACTS_BY_SIGNATURE
+    if len(cache) > _FACTS_CACHE_LIMIT:
+        cache.clear()
+    rows = []
+    for i, raw in enumerate(signatures):
+        key = (op_names[int.from_bytes(raw[:8], "little", signed=True)], raw[8:])
+        facts = cache.get(key)
+        if facts is None:
+            facts = cache[key] = op_costs(*compiled_record(*decode(i)))
+        rows.append(facts)
+    return rows
+
+
+def decode_signature(raw: bytes, op_names: list) -> tuple:
+    """Decode one signature from recorder.cpp into (op name, inputs, outputs)."""
+    words = np.frombuffer(raw, dtype="<i8")
+
+    def read(w, i):
+        tag = int(w[i])
+        if tag == ord("T"):
+            dtype = int(w[i + 1])
+            ndim = int(w[i + 2])
+            if ndim < 0:
+                return ("tensor", dtype, None), i + 3
+            return ("tensor", dtype, tuple(int(x) for x in w[i + 3:i + 3 + ndim])), i + 3 + ndim
+        if tag == ord("L"):
+            k = int(w[i + 1])
+            items, j = [], i + 2
+            for _ in range(k):
+                item, j = read(w, j)
+                items.append(item)
+            return items, j
+        if tag == ord("W"):       # a Python number wrapped as a 0-d tensor by the binding
+            return ("scalar", int(w[i + 1])), i + 2
+        if tag == ord("I"):
+            return int(w[i + 1]), i + 2
+        if tag == ord("D"):
+            return float(np.frombuffer(np.int64(w[i + 1]).tobytes(), "<f8")[0]), i + 2
+        if tag == ord("B"):
+            return bool(w[i + 1]), i + 2
+        if tag == ord("N"):
+            return None, i + 1
+        return "?", i + 1
+
+    name = op_names[int(words[0])]
+    inputs, outputs, i, side = [], [], 1, 0
+    while i < len(words):
+        if side == 0 and int(words[i]) == ord("|"):
+            side, i = 1, i + 1
+            continue
+        item, i = read(words, i)
+        (outputs if side else inputs).append(item)
+    return name, inputs, outputs

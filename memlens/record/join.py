@@ -26,6 +26,16 @@ from memlens.record.instruments import AllocatorData
 MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 
 
+def _objects(values) -> pd.Series:
+    """A text column kept as Python objects (the schema's dtype), not pandas' inferred str dtype."""
+    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+
+
+def _masked(values, missing) -> pd.arrays.IntegerArray:
+    """An Int64 column of `values` with NA where `missing` (built at once, not set row by row)."""
+    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(missing, dtype=bool))
+
+
 def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     """Allocator events (t_ns, device, addr, delta) -> blocks (device, addr, size, alloc_t, free_t).
 
@@ -58,12 +68,11 @@ def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     has = paired[alloc_rows]
     free_t[has] = t[alloc_rows[has] + 1]
     out_alloc = pd.DataFrame({
-        "device": np.asarray(dev_names, dtype=object)[dev[alloc_rows]], "addr": addr[alloc_rows],
+        "device": _objects(np.asarray(dev_names, dtype=object)[dev[alloc_rows]]), "addr": addr[alloc_rows],
         "size": delta[alloc_rows], "alloc_t": pd.array(t[alloc_rows], dtype="Int64"),
-        "free_t": pd.array(np.where(has, free_t, 0), dtype="Int64")})
-    out_alloc.loc[~has, "free_t"] = pd.NA
+        "free_t": _masked(np.where(has, free_t, 0), ~has)})
     out_free = pd.DataFrame({
-        "device": np.asarray(dev_names, dtype=object)[dev[free_rows]], "addr": addr[free_rows],
+        "device": _objects(np.asarray(dev_names, dtype=object)[dev[free_rows]]), "addr": addr[free_rows],
         "size": -delta[free_rows], "alloc_t": pd.array([pd.NA] * len(free_rows), dtype="Int64"),
         "free_t": pd.array(t[free_rows], dtype="Int64")})
     return pd.concat([out_alloc, out_free], ignore_index=True)
@@ -74,13 +83,21 @@ def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame)
     seen = np.full(len(blocks), -1, dtype=np.int64)
     made = blocks["alloc_op_id"].notna().to_numpy()
     if len(ops) and made.any():
-        seen[made] = ops["end_ns"].to_numpy()[blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)]
-    if len(accesses):
-        first = accesses.groupby("block_id")["t_ns"].min()
-        pos = pd.Index(blocks["block_id"]).get_indexer(first.index)
-        ok = pos >= 0
-        rows = pos[ok]
-        vals = first.to_numpy()[ok]
+        op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)
+        seen[made] = ops["end_ns"].to_numpy()[op[made]]
+    if len(accesses) and len(blocks):
+        # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
+        acc_block = accesses["block_id"].to_numpy(dtype=np.int64)
+        acc_t = accesses["t_ns"].to_numpy(dtype=np.int64)
+        order = np.lexsort((acc_t, acc_block))
+        head = np.ones(len(order), dtype=bool)
+        head[1:] = acc_block[order[1:]] != acc_block[order[:-1]]
+        first_block, first_t = acc_block[order[head]], acc_t[order[head]]
+        bid = blocks["block_id"].to_numpy(dtype=np.int64)
+        by_id = np.argsort(bid, kind="stable")
+        at = np.clip(np.searchsorted(bid[by_id], first_block), 0, len(bid) - 1)
+        ok = bid[by_id[at]] == first_block
+        rows, vals = by_id[at[ok]], first_t[ok]
         fill = seen[rows] < 0
         seen[rows[fill]] = vals[fill]
     return seen
@@ -93,46 +110,69 @@ def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFr
     First choice: the allocation at that address whose [alloc, free] contains the moment the block
     was seen. Otherwise (clock skew) the nearest allocation at that address within `tolerance_ns`
     of it. Sizes must agree (see the module docstring). Each allocation matches at most one block.
+
+    Arrays only (no frames): an as-of join by (device, address) on one sorted int64 per row, with the
+    tie rules of ``pd.merge_asof`` backward / nearest (the one before wins a tie of distances).
     """
     result = np.full(len(blocks), -1, dtype=np.int64)
     if len(alloc_blocks) == 0 or len(blocks) == 0:
         return result
-    left = pd.DataFrame({"row": np.arange(len(blocks)), "device": blocks["device"].to_numpy(dtype=object),
-                         "addr": blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64),
-                         "size": blocks["size"].to_numpy(), "key": seen})
-    left = left[seen >= 0].sort_values("key", kind="stable")
-    right = alloc_blocks.reset_index(drop=True)
-    right = pd.DataFrame({"arow": np.arange(len(right)), "device": right["device"].to_numpy(dtype=object),
-                          "addr": right["addr"].to_numpy(), "asize": right["size"].to_numpy(),
-                          "key": right["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf),
-                          "free_t": right["free_t"].to_numpy(dtype="float64", na_value=np.inf)})
-    right["alloc_t"] = right["key"]
-    right["key"] = right["key"].clip(lower=-2.0 ** 62).astype(np.int64)
-    right = right.sort_values("key", kind="stable")
-    containing = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="backward")
-    ok = _usable(containing) & (containing["free_t"].to_numpy(dtype="float64", na_value=np.inf)
-                                >= containing["key"].to_numpy())
-    nearest = pd.merge_asof(left, right, on="key", by=["device", "addr"], direction="nearest",
-                            tolerance=tolerance_ns)
-    near_ok = _usable(nearest)
-    choice = np.where(ok, containing["arow"].to_numpy(dtype="float64", na_value=-1),
-                      np.where(near_ok, nearest["arow"].to_numpy(dtype="float64", na_value=-1), -1))
-    picked = pd.DataFrame({"row": containing["row"].to_numpy(), "arow": choice.astype(np.int64),
-                           "exact": ok})
-    picked = picked[picked["arow"] >= 0].sort_values("exact", ascending=False, kind="stable")
-    picked = picked[~picked["arow"].duplicated(keep="first")]
-    result[picked["row"].to_numpy(dtype=np.int64)] = picked["arow"].to_numpy(dtype=np.int64)
+    seen = np.asarray(seen, dtype=np.int64)
+    lrow = np.flatnonzero(seen >= 0)
+    if len(lrow) == 0:
+        return result
+    lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
+    lkey = seen[lrow]
+    ldev = blocks["device"].to_numpy(dtype=object)[lrow].astype(str)
+    laddr = blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[lrow]
+    lsize = blocks["size"].to_numpy()[lrow]
+    rkey = np.clip(alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf), -2.0 ** 62,
+                   None).astype(np.int64)
+    rfree = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.inf)
+    rsize = alloc_blocks["size"].to_numpy()
+    rdev = alloc_blocks["device"].to_numpy(dtype=object).astype(str)
+    raddr = alloc_blocks["addr"].to_numpy(dtype=np.int64)
+    # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
+    # array then answers "last allocation at or before" and "first at or after" within a group
+    dev_code, _ = pd.factorize(np.concatenate([ldev, rdev]))
+    _, group = np.unique(np.stack([dev_code.astype(np.int64), np.concatenate([laddr, raddr])]), axis=1,
+                         return_inverse=True)
+    group = group.reshape(-1).astype(np.int64)
+    keys, rank = np.unique(np.concatenate([lkey, rkey]), return_inverse=True)
+    combined = group * (len(keys) + 1) + rank.reshape(-1)
+    nl, nr = len(lrow), len(rkey)
+    lc, rc, lgroup, rgroup = combined[:nl], combined[nl:], group[:nl], group[nl:]
+    rorder = np.lexsort((np.arange(nr), rc))                    # equal keys keep the allocator's row order
+    rsorted = rc[rorder]
+    back = np.searchsorted(rsorted, lc, side="right") - 1       # last at or before (of equal keys: the last)
+    back_row = rorder[np.maximum(back, 0)]
+    back_row = np.where((back >= 0) & (rgroup[back_row] == lgroup), back_row, -1)
+    fwd = np.searchsorted(rsorted, lc, side="left")             # first at or after (of equal keys: the first)
+    fwd_row = rorder[np.minimum(fwd, nr - 1)]
+    fwd_row = np.where((fwd < nr) & (rgroup[fwd_row] == lgroup), fwd_row, -1)
+    exact_size = np.char.startswith(ldev, "cpu")
+
+    def usable(arow):
+        asize = np.where(arow >= 0, rsize[np.maximum(arow, 0)], -1)
+        return (arow >= 0) & np.where(exact_size, asize == lsize, asize >= lsize)
+
+    ok = usable(back_row) & (np.where(back_row >= 0, rfree[np.maximum(back_row, 0)], np.inf) >= lkey)
+    # nearest within the tolerance: the one before unless the one after is strictly nearer
+    bdiff = lkey - rkey[np.maximum(back_row, 0)]
+    fdiff = rkey[np.maximum(fwd_row, 0)] - lkey
+    b_in = (back_row >= 0) & (bdiff <= tolerance_ns)
+    f_in = (fwd_row >= 0) & (fdiff <= tolerance_ns)
+    near = np.where(b_in & f_in, np.where(bdiff <= fdiff, back_row, fwd_row),
+                    np.where(b_in, back_row, np.where(f_in, fwd_row, -1)))
+    choice = np.where(ok, back_row, np.where(usable(near), near, -1))
+    # containing matches first, then the nearest ones, each in the order blocks were seen; an allocation
+    # goes to the first block that picked it
+    picked = np.flatnonzero(choice >= 0)
+    picked = picked[np.argsort(~ok[picked], kind="stable")]
+    _, first = np.unique(choice[picked], return_index=True)
+    picked = picked[first]
+    result[lrow[picked]] = choice[picked]
     return result
-
-
-def _usable(merged: pd.DataFrame) -> np.ndarray:
-    """Rows with a candidate of a compatible size: equal on CPU (allocators there report requested
-    bytes), at least as large elsewhere (the CUDA caching allocator reports its rounded block)."""
-    found = merged["arow"].notna().to_numpy()
-    asize = merged["asize"].to_numpy(dtype="float64", na_value=-1)
-    size = merged["size"].to_numpy()
-    exact = merged["device"].astype(str).str.startswith("cpu").to_numpy()
-    return found & np.where(exact, asize == size, asize >= size)
 
 
 def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray, rows: np.ndarray) -> int:
@@ -141,7 +181,7 @@ def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray
     made = blocks["alloc_op_id"].notna().to_numpy() & (rows >= 0)
     if not made.any():
         return 0
-    op = blocks.loc[made, "alloc_op_id"].to_numpy(dtype=np.int64)
+    op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[made]
     t = alloc_t[rows[made]]
     lo = ops["start_ns"].to_numpy()[op]
     hi = ops["end_ns"].to_numpy()[op]
@@ -167,13 +207,15 @@ def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFra
         streams.append(("cuda_snapshot", snapshot_events(allocator.snapshot)))
     stats = {}
     for name, ev in streams:
-        ev = ev.copy()
-        ev["t_ns"] = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        # the four columns pair_events reads, on the trace's clock (one frame, not a copy then a column set)
+        t = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
+        ev = pd.DataFrame({"t_ns": t, "device": _objects(ev["device"].to_numpy(dtype=object)),
+                           "addr": ev["addr"].to_numpy(), "delta": ev["delta"].to_numpy()})
         if window_ns is not None:
-            inside = (ev["t_ns"] >= -MATCH_TOLERANCE_NS) & (ev["t_ns"] <= window_ns + MATCH_TOLERANCE_NS)
+            inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
             if not inside.all():
                 notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
-            ev = ev[inside]
+                ev = ev[inside]
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
         if stats[name]["clock_offset_ns"]:
             notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
@@ -214,9 +256,10 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     alloc_col[upd] = new_alloc[upd]
     blocks["alloc_ns"] = alloc_col
     fixed_before = upd & blocks["allocated_before"].to_numpy()
-    blocks.loc[fixed_before, "allocated_before"] = False
-    blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
-        blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
+    if fixed_before.any():
+        blocks.loc[fixed_before, "allocated_before"] = False
+        blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
+            blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
     f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
     fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
@@ -225,7 +268,10 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     free_col = blocks["free_ns"].copy()
     free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
     blocks["free_ns"] = free_col
-    blocks.loc[matched, "source"] = "dispatch+" + name
+    if matched.any():
+        source = blocks["source"].to_numpy(dtype=object).copy()
+        source[matched] = "dispatch+" + name
+        blocks["source"] = pd.Series(source, index=blocks.index, dtype=object)
     asize = alloc_blocks["size"].to_numpy()
     if "allocator_size" not in blocks.columns:
         blocks["allocator_size"] = pd.array([pd.NA] * len(blocks), dtype="Int64")
@@ -265,21 +311,19 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
     first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
     out = pd.DataFrame({
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": rest["device"].to_numpy(),
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(rest["device"]),
         "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
-        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": pd.array(f_t, dtype="Int64"),
-        "category": np.where(freed_inside, "temporary", "unknown"),
-        "op": np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
-        "alloc_op_id": pd.array(np.where(inside, idx, 0), dtype="Int64"),
-        "module": np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", ""),
+        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": _masked(f_t, np.isnan(f_nan)),
+        "category": _objects(np.where(freed_inside, "temporary", "unknown")),
+        "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
+        "alloc_op_id": _masked(np.where(inside, idx, 0), ~inside),
+        "module": _objects(np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": name,
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
         "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
                                   "seen only by the allocator"),
         "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
     })
-    out.loc[np.isnan(f_nan), "free_ns"] = pd.NA
-    out.loc[~inside, "alloc_op_id"] = pd.NA
     if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
         sid = pd.array(np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64), dtype="Int64")

@@ -13,21 +13,20 @@ import threading
 import warnings
 from itertools import repeat
 from time import perf_counter_ns
-from weakref import ref as _weakref
 
 import numpy as np
 import torch
 from torch._C import _current_autograd_node
 from torch._C._autograd import _get_sequence_nr
-from torch._C._dynamo.eval_frame import set_eval_frame as _set_eval_frame
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlens.record.attribution import Attribution
+from memlens.record.dispatch_mode import _orphaned_modes, _orphans_lock, _RecordingMode, reap_orphaned_modes
 from memlens.record.buffers import EventBuffers
 from memlens.record.costs import CostCache, signature_args, signature_value
 from memlens.opfacts.opinfo import METADATA, VIEW
 from memlens.opfacts.opinfo import classify_cached as classify
 from memlens.record.stacks import StackTable
+from memlens.record.storage_blocks import StorageBlocks, _inner_tensors  # noqa: F401  (importable from here)
 
 Tensor = torch.Tensor
 _SEQ_CAP = (1 << 62)           # AccumulateGrad nodes carry UINT64_MAX as sequence number
@@ -40,104 +39,7 @@ def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
     return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
 
 
-# Ops that at::RecordFunction never reports (c10's ObservedOperators list), so that the compiled recorder
-# and torch.profiler never see them: left out here too, so that both backends list the same ops (the
-# optimizer's step and zero_grad annotations, record_function's own ops, reach a dispatch mode).
-UNOBSERVED_OPS = frozenset({
-    "aten::size", "aten::is_leaf", "aten::output_nr", "aten::_version", "aten::is_complex",
-    "profiler::_record_function_enter", "profiler::_record_function_enter_new", "profiler::_record_function_exit"})
-
-
-_orphaned_modes: list = []   # (thread ident, mode) of recordings stopped from another thread
-_orphans_lock = threading.Lock()
-
-
-def reap_orphaned_modes() -> int:
-    """Pop, in the calling thread, the dispatch modes of its recordings that another thread stopped
-    (while they are on top of this thread's mode stack); returns how many were popped."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-    me = threading.get_ident()
-    popped = 0
-    with _orphans_lock:
-        mine = [m for owner, m in _orphaned_modes if owner == me]
-        if not mine:
-            return 0
-        while mine and _get_current_dispatch_mode() in mine:
-            mode = _get_current_dispatch_mode()
-            mode.__exit__(None, None, None)
-            mine.remove(mode)
-            popped += 1
-        _orphaned_modes[:] = [(o, m) for o, m in _orphaned_modes if o != me or m in mine]
-    from memlens.record import hooks
-    live = hooks.all_sessions()
-    hooks.thread_sessions()[:] = [s for s in hooks.thread_sessions() if s in live]
-    return popped
-
-
-def _inner_tensors(value) -> list:
-    """The tensors a traceable wrapper subclass holds (``__tensor_flatten__``), e.g. a jagged nested
-    tensor's values and offsets; [] for ordinary tensors."""
-    if type(value) is Tensor or not hasattr(value, "__tensor_flatten__"):
-        return []
-    try:
-        names, _ = value.__tensor_flatten__()
-        return [x for x in (getattr(value, n, None) for n in names) if isinstance(x, Tensor)]
-    except Exception:
-        return []
-
-
-class _RecordingMode(TorchDispatchMode):
-    """Sees every ATen op below autograd (forward, backward, optimizer) and reports it to the session."""
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # PyTorch would wrap __torch_dispatch__ in torch._disable_dynamo (~1 us per op); we switch
-        # Dynamo's frame evaluation off around our own frames directly, which is what it does.
-        return False
-
-    def __init__(self, session: "Session"):
-        super().__init__()
-        self.session = session
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if kwargs is None:
-            kwargs = {}
-        session = self.session
-        if not session.active:
-            return func(*args, **kwargs)
-        entry = session.op_cache_get(id(func))   # by id: OpOverload.__hash__ is a Python method
-        if entry is None:
-            if func._schema.name in UNOBSERVED_OPS:   # never cached: each call takes this branch
-                return func(*args, **kwargs)
-            try:
-                entry = session.learn_op(func)
-            except Exception as exc:  # never raise into user code: stop recording, keep the trace so far
-                session.fail(exc)
-                return func(*args, **kwargs)
-        prior = _set_eval_frame(None)
-        try:
-            if entry[7] and args and isinstance(args[0], Tensor):   # resize_/set_: rare, slow path
-                return session.run_reallocating_op(entry, args, kwargs)
-            start = perf_counter_ns()
-            out = entry[5](*args, **kwargs)      # the C++ op behind the OpOverload: one frame less
-            end = perf_counter_ns()
-            # one op record at a time: autograd's device threads (one per GPU) share this session
-            with session.lock:
-                if not session.active:   # stopped while this op ran (by another thread): the trace is built
-                    return out
-                try:
-                    session.on_op(entry, args, kwargs, out, start, end)
-                except Exception:  # e.g. a sparse tensor has no storage: redo this op tensor by tensor
-                    try:
-                        session.on_op_carefully(entry, args, kwargs, out, start, end)
-                    except Exception as exc:  # never raise into user code: stop, keep the trace so far
-                        session.fail(exc)
-            return out
-        finally:
-            _set_eval_frame(prior)
-
-
-class Session(Attribution):
+class Session(Attribution, StorageBlocks):
     """State of one recording (the public `Recorder` creates one per `with` block or decorated call)."""
 
     backend = "python"
@@ -372,41 +274,6 @@ class Session(Attribution):
         o = (out.shape, out.dtype) if isinstance(out, Tensor) else signature_value(out)
         return self._costs_index((name_idx, a, k, o), self.op_funcs[name_idx], a, dict(k), o)
 
-    def _touch_safely(self, value, write: int, op: int, t: int, fresh: bool = False) -> None:
-        if isinstance(value, Tensor):
-            inner = _inner_tensors(value)
-            if inner:  # a wrapper subclass (jagged nested tensor, ...): its memory is in its inner tensors
-                for x in inner:
-                    self._touch_safely(x, write, op, t, fresh)
-                return
-            try:
-                st = value.untyped_storage()
-                b = self._live.get(id(st))
-                if b is None:
-                    b = self._discover(st, op, t, not fresh)
-            except Exception:
-                self.tensors_without_storage += 1
-                return
-            if b >= 0:
-                self._acc_append((b << 1) | write)
-        elif type(value) is list or type(value) is tuple:
-            for x in value:
-                self._touch_safely(x, write, op, t, fresh)
-
-    def _touch(self, value, write: int, op: int, t: int) -> None:
-        """Log an access to every tensor in `value` (a tensor or a list/tuple of them)."""
-        if isinstance(value, Tensor):
-            st = value.untyped_storage()
-            b = self._live.get(id(st))
-            if b is None:
-                b = self._discover(st, op, t, True)
-            if b >= 0:
-                self._acc_append((b << 1) | write)
-        elif type(value) is list or type(value) is tuple:
-            for x in value:
-                if isinstance(x, Tensor):
-                    self._touch(x, write, op, t)
-
     def learn_op(self, func) -> tuple:
         """Classify `func` once per session. The entry (a tuple, indexed in the hot path) is
         (0 name index, 1 kind, 2 positional writes as 0/1, 3 keyword writes, 4 conditional-write
@@ -421,95 +288,3 @@ class Session(Attribution):
                  info.resizes)
         self._op_cache[id(func)] = entry
         return entry
-
-    def run_reallocating_op(self, entry, args, kwargs):
-        """Run resize_/set_ and log it, seeing `self`'s allocation before and after the op."""
-        st = args[0].untyped_storage()
-        had_bytes = True
-        try:
-            had_bytes = st.nbytes() > 0
-            if had_bytes and id(st) not in self._live:
-                self._discover(st, self.n_ops, perf_counter_ns(), True)
-        except Exception as exc:
-            self.fail(exc)
-        start = perf_counter_ns()
-        out = entry[5](*args, **kwargs)
-        end = perf_counter_ns()
-        with self.lock:
-            if not self.active:
-                return out
-            try:
-                if not had_bytes and id(st) not in self._live:   # its first bytes: made by this op
-                    self._discover(st, self.n_ops, start, False)
-                self.on_op(entry, args, kwargs, out, start, end)
-            except Exception as exc:
-                self.fail(exc)
-        return out
-
-    def _check_reallocated(self, tensor, op: int, start: int, end: int) -> None:
-        """After resize_/set_: if `tensor`'s storage now holds other bytes (same storage object, new
-        allocation), the old block is freed at the op's end and a new block made by this op begins."""
-        if not isinstance(tensor, Tensor):
-            return
-        st = tensor.untyped_storage()
-        b = self._live.get(id(st))
-        if b is None:
-            return
-        blocks = np.frombuffer(self.buf.blocks.data, dtype=np.int64).reshape(-1, 7)
-        row = blocks[b] if b < len(blocks) and blocks[b, 0] == b else blocks[blocks[:, 0] == b][0]
-        addr, size = int(row[2]), int(row[3])
-        del blocks, row                       # release the buffer export before appending again
-        if st.nbytes() == size and (size == 0 or st.data_ptr() == addr):
-            return
-        for ref_id, (_, bid, _) in list(self._refs.items()):
-            if bid == b:
-                del self._refs[ref_id]
-                break
-        del self._live[id(st)]
-        self._frees_extend((b, end))
-        new = self._discover(st, op, start, False)
-        if new >= 0:
-            self._acc_append((new << 1) | 1)
-
-    def _discover(self, st, op: int, t: int, before: bool) -> int:
-        """A storage seen for the first time: give it a block id and watch for its free.
-
-        `before`: first seen as an input (it existed before this op, possibly before recording);
-        otherwise it is a fresh output allocated by op `op`. Returns -1 for storages with no bytes.
-        """
-        size = st.nbytes()
-        device = st.device
-        if size == 0 or device.type == "meta":
-            return -1
-        try:                        # before any state changes: it raises for the storage of a
-            addr = st.data_ptr()    # wrapper subclass (a jagged nested tensor): no block of its own
-        except RuntimeError:
-            self.tensors_without_storage += 1
-            return -1
-        return self._new_block(st, device, addr, size, op, t, before)
-
-    def _new_block(self, st, device, addr: int, size: int, op: int, t: int, before: bool) -> int:
-        """Give storage `st` (on `device`, `size` bytes at `addr`) a block id, watch for its free and
-        append its block record; returns the id."""
-        di = self._device_idx.get(device)
-        if di is None:
-            di = self._device_idx[device] = len(self.devices)
-            self.devices.append(str(device))
-        bid = self.n_blocks
-        self.n_blocks = bid + 1
-        key = id(st)
-        self._live[key] = bid
-        ref = _weakref(st, self._on_free)      # a plain C weakref: ~4x cheaper than a KeyedRef
-        self._refs[id(ref)] = (ref, bid, key)
-        self._blocks_extend((bid, di, addr, size, -1 if before else t, op, 1 if before else 0))
-        return bid
-
-    def _on_free(self, ref) -> None:
-        """Weak-reference callback: the storage died (runs in whichever thread dropped it)."""
-        t = perf_counter_ns()
-        entry = self._refs.pop(id(ref), None)
-        if entry is None:          # recording already stopped and released its references
-            return
-        _, bid, key = entry
-        self._live.pop(key, None)
-        self._frees_extend((bid, t))
