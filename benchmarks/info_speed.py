@@ -14,6 +14,11 @@ imports of the CLI (``python -X importtime``), cumulative microseconds, for find
 
     python benchmarks/info_speed.py                       # the shared small snapshots (../shared/traces)
     python benchmarks/info_speed.py FILE.pickle ... --repeat 5 --importtime
+    python benchmarks/info_speed.py --mosaic-python /tmp/mosaic-venv/bin/python --mosaic-path /tmp/mosaic
+
+``--mosaic-python`` (a Python that can import Meta's Mosaic, with ``--mosaic-path`` put on its PYTHONPATH
+for a source checkout) adds ``mosaic``: ``mosaic_get_memory_usage_peak --snapshot F`` (its peak stacks, the
+nearest of its commands to ``info``), timed in the same rounds.
 """
 from __future__ import annotations
 
@@ -42,21 +47,29 @@ def _wall(cmd: list[str], tree: Path = ROOT) -> float:
     return time.perf_counter() - t0
 
 
-def measure(path: Path, repeat: int, baseline: Path | None = None) -> dict:
+def measure(path: Path, repeat: int, baseline: Path | None = None, mosaic: tuple | None = None) -> dict:
     """Median wall seconds of the pickle, pandas and info children for `path` (alternating); with `baseline`
-    (another checkout) also ``info_baseline``, that tree's `memlens info`."""
+    (another checkout) also ``info_baseline``, that tree's `memlens info`; with `mosaic` ((python, path or
+    None)) also ``mosaic``, Mosaic's peak command."""
     py = sys.executable
     info = [py, "-m", "memlens", "info", "--json", str(path)]
-    runs = {"pickle": [], "pandas": [], "info": []} | ({"info_baseline": []} if baseline else {})
+    runs = {"pickle": [], "pandas": [], "info": []} | ({"info_baseline": []} if baseline else {}) \
+        | ({"mosaic": []} if mosaic else {})
     _wall(info)  # warm-up: bytecode written, the file in the page cache
     if baseline:
         _wall(info, baseline)
+    if mosaic:
+        mosaic_cmd = [mosaic[0], "-m", "mosaic.cmd.get_memory_usage_peak", "--snapshot", str(path)]
+        mosaic_tree = Path(mosaic[1]) if mosaic[1] else ROOT
+        _wall(mosaic_cmd, mosaic_tree)
     for _ in range(repeat):
         runs["pickle"].append(_wall([py, "-c", f"import pickle; pickle.load(open({str(path)!r}, 'rb'))"]))
         runs["pandas"].append(_wall([py, "-c", "import pandas"]))
         runs["info"].append(_wall(info))
         if baseline:
             runs["info_baseline"].append(_wall(info, baseline))
+        if mosaic:
+            runs["mosaic"].append(_wall(mosaic_cmd, mosaic_tree))
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
@@ -84,18 +97,22 @@ def main(argv=None) -> int:
     ap.add_argument("--importtime", action="store_true")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of memlens (e.g. before a change): its `info` timed in the same run")
+    ap.add_argument("--mosaic-python", default=None, help="a Python that can import Meta's Mosaic: time it too")
+    ap.add_argument("--mosaic-path", default=None, help="a Mosaic source checkout put on that Python's path")
     args = ap.parse_args(argv)
+    mosaic = (args.mosaic_python, args.mosaic_path) if args.mosaic_python else None
     files = args.files or sorted(p for p in SHARED.glob("*.pickle") if p.stat().st_size <= SMALL_BYTES)
     if not files:
         print(f"no snapshots given and none under {SHARED}", file=sys.stderr)
         return 2
     print(f"{'file':<48} {'MB':>5} {'pickle s':>9} {'pandas s':>9} {'info s':>8} {'info-pickle':>12} {'ratio':>6}"
-          + ("  baseline info s" if args.baseline else ""))
+          + ("  baseline info s" if args.baseline else "") + ("  mosaic s" if mosaic else ""))
     for f in files:
-        m = measure(f, args.repeat, args.baseline)
+        m = measure(f, args.repeat, args.baseline, mosaic)
         print(f"{f.name:<48} {f.stat().st_size / 1e6:5.1f} {m['pickle']:9.2f} {m['pandas']:9.2f} {m['info']:8.2f} "
               f"{m['info'] - m['pickle']:11.2f}s {m['info'] / m['pickle']:6.1f}"
-              + (f"  {m['info_baseline']:16.2f}" if args.baseline else ""))
+              + (f"  {m['info_baseline']:16.2f}" if args.baseline else "")
+              + (f"  {m['mosaic']:8.2f}" if mosaic else ""))
     print("(wall seconds on the host clock, medians of fresh child processes; target: info - pickle <= 1 s)")
     if args.importtime:
         print("slowest imports of `memlens info` (cumulative us):")

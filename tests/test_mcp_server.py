@@ -144,10 +144,15 @@ def test_predict_runs_the_script_in_a_child(tmp_path):
     script = tmp_path / "two_tensors.py"
     script.write_text("import torch\nprint('hello from the script')\n"
                       "a = torch.empty(1 << 20, device='cuda')\nb = torch.empty(1 << 19, device='cuda')\n")
+    failing = tmp_path / "raises.py"
+    failing.write_text("import torch\na = torch.empty(1 << 20, device='cuda')\nraise ValueError('bad batch')\n")
     _, answers = talk([("predict", {"script": str(script), "gpu": "H100"}),
-                       ("predict", {"script": str(tmp_path / "missing.py")})])
-    (err, text), (bad_err, bad_text) = answers
+                       ("predict", {"script": str(tmp_path / "missing.py")}),
+                       ("predict", {"script": str(failing)})])
+    (err, text), (bad_err, bad_text), (failed_err, failed_text) = answers
     assert not err, text
     got = json.loads(text)
-    assert got["peak_allocated"] == 6 << 20 and got["fits"] is True and got["script_error"] is None
+    assert got["peak_allocated"] == 6 << 20 and got["fits"] is True
     assert bad_err and "missing.py" in bad_text and "no such script" in bad_text
+    # a script that raises gets no verdict: the tool answers with the script's error, never "fits"
+    assert failed_err and "raises.py" in failed_text and "ValueError" in failed_text and "fits" not in failed_text

@@ -407,7 +407,9 @@ def test_peak_cause_when_everything_predates_the_recording():
     rows = [_row(i, size, cat, before=True) for i, (cat, size) in enumerate(
         [("parameter", 8 * MiB), ("optimizer_state", 4 * MiB), ("gradient", 2 * MiB), ("activation", 1 * MiB),
          ("input", MiB // 2)])]
-    rows.append(_row(9, 1 * MiB, "gradient", alloc=0, free=0))    # one stamp, so the trace has a time: 0
+    # one stamp, so the trace has a time: 0 (a 0-byte block: one of any size allocated and freed at the same
+    # instant is live at that instant, and would be the peak's top)
+    rows.append(_row(9, 0, "gradient", alloc=0, free=0))
     c = peak_cause(_blocks_trace(rows, None))["cuda:0"]
     assert c.pushed == {} and c.allocated_bytes == 31 * MiB // 2
     assert c.cause == ("The peak of cuda:0 (15.5 MiB) is reached at 0 ns: everything live then was allocated "

@@ -43,3 +43,12 @@ def test_streamed_csv_rows_order_events_as_from_tables():
     assert got["alloc_seq"].tolist() == [ALLOC_SEQ_BASE + i for i in range(4)]
     assert got["free_seq"].tolist() == [0, 2 * ALLOC_SEQ_BASE + 1, 2, 2 * ALLOC_SEQ_BASE + 3]
     assert _events_in_order(got) == [e for e in WANT if e[1] != 4]
+
+
+def test_a_zero_length_block_is_live_at_its_instant():
+    # 64 B alive [0, 10) and 100 B allocated and freed at 10: after A's free at 10, B holds 100 B for an instant
+    blocks = pd.DataFrame({"block_id": [0, 1], "device": "plan", "size": [64, 100], "alloc_ns": [0, 10],
+                           "free_ns": pd.array([10, 10], dtype="Int64")})
+    live = Trace.from_tables(blocks).live_bytes("plan")
+    assert live["live"].tolist() == [64, 0, 100, 0]
+    assert int(live["live"].max()) == 100

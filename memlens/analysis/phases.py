@@ -17,7 +17,8 @@ def trace_phases(trace) -> list[dict]:
     known = trace.metadata.get("phases") or []
     if known:
         return list(known)
-    return phases_from_ops(trace.ops)
+    # an out-of-core report's stand-in trace carries metadata only: no ops table to read phases from
+    return phases_from_ops(getattr(trace, "ops", None))
 
 
 def phases_from_ops(ops) -> list[dict]:

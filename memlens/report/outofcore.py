@@ -231,10 +231,21 @@ def outliers(octx: OutOfCoreContext) -> list:
     return outlier_parts(ranked, int(ranked.attrs.get("blocks_ranked", len(ranked))), octx.options.top)
 
 
+MAX_PHASE_OPS = 2_000_000  # ops rows read whole for a recording's phases (5 columns: <= 80 MB)
+
+
 def phases(octx: OutOfCoreContext) -> list:
-    """The phases the source tells (trace metadata: no table is read)."""
+    """The phases the source tells: the trace metadata's, else (a recording) the runs of its ops' phases,
+    read from five columns of the ops table when it has at most `MAX_PHASE_OPS` rows."""
     from memlens.report.sections_runs import phases as phases_section
-    return phases_section(SimpleNamespace(trace=SimpleNamespace(metadata=dict(octx.files.metadata))))
+    files = octx.files
+    ops = None
+    if not files.metadata.get("phases") and 0 < files.rows.get("ops", 0) <= MAX_PHASE_OPS:
+        wanted = ["op_id", "start_ns", "end_ns", "phase", "iteration"]
+        present = [c for c in wanted if c in files.columns("ops")]
+        if "phase" in present:
+            ops = files.read("ops", columns=present)
+    return phases_section(SimpleNamespace(trace=SimpleNamespace(metadata=dict(files.metadata), ops=ops)))
 
 
 def metadata(octx: OutOfCoreContext) -> list:
