@@ -350,3 +350,45 @@ def test_best_is_the_best_of_the_four_runs(seed):
         want = min(runs, key=key)
         got = _select_among(cands, curve, limit, "best", target, serial_schedule)
         assert key(got) == key(want)
+
+
+# ---- the peak-greedy: aimed at the current peak instant --------------------------------------------------------
+
+def test_peak_greedy_follows_the_peak_as_it_moves():
+    """live 100 on [10, 20), 90 on [30, 40), 10 elsewhere; A frees [9, 21), B [29, 41), 30 bytes each; limit 60.
+    A takes the first peak to 70, the peak moves to [30, 40) and B takes it to 60; then the peak (70, at 10)
+    has no cover left: [A, B], peak 70, each swap once."""
+    curve = curve_of([0, 10, 20, 30, 40, 60], [10, 90, -90, 80, -80, -10])
+    cands = cands_of([(8, 22, 1, 1, 30), (28, 42, 1, 1, 30)])
+    sel = select(cands, curve, 60, "peak", 60)
+    assert (sel.method, sel.chosen.tolist(), sel.peak, sel.stall_ns) == ("peak", [0, 1], 70, 0)
+
+
+def test_peak_greedy_goes_past_eight_covers_that_do_not_help():
+    """X (100 bytes) frees [310, 500) under the first peak (300 at [400, 410)); the second peak (250 at
+    [520, 530)) is covered by eight 50-byte swaps idle [420, 590) and one 10-byte Z idle [505, 700). With X
+    chosen, X's 100 ns copy-in must end by 600, so each eight's copy-in is moved to [495, 500): back before
+    520, it frees nothing over the limit. The search goes on to Z (absent [510, 695)): [X, Z], peak 240."""
+    curve = curve_of([0, 400, 410, 520, 530, 1000], [100, 200, -200, 150, -150, -100])
+    rows = [(300, 600, 10, 100, 100)] + [(420, 590, 5, 5, 50)] * 8 + [(505, 700, 5, 5, 10)]
+    sel = select_peak_greedy(cands_of(rows), curve, 150, 150)
+    assert (sorted(sel.chosen.tolist()), sel.peak, sel.stall_ns) == ([0, 9], 240, 0)
+
+
+def test_peak_greedy_window_ending_at_the_next_periods_peak_does_not_cover_it():
+    """One period [0, 100): 60, 80 on [10, 40), the peak 100 on [40, 50), 60. C (10 bytes) is absent
+    [110, 140), i.e. [10, 40) of the next period: back at 140 before the load rises to the peak, it cannot
+    lower it, and the greedy (aimed at the peak only) takes nothing."""
+    curve = periodic_curve_of([0, 10, 40, 50], [60, 20, 20, -40], 0, 100)
+    cands = cands_of([(109, 141, 1, 1, 10)])
+    assert select_peak_greedy(cands, curve, 70, 70).chosen.tolist() == []
+    # the same window by the priorities: it lowers the load over the limit on [10, 40), so it is kept
+    assert select_by_priority(cands, curve, 70, "doa", 70).chosen.tolist() == [0]
+
+
+def test_peak_greedy_window_ending_at_the_peak_does_not_cover_it():
+    """The same without a period: C is absent [9, 40), back before the load rises to the peak at 40."""
+    curve = curve_of([0, 10, 40, 50, 100], [60, 20, 20, -40, -60])
+    cands = cands_of([(8, 41, 1, 1, 10)])
+    assert select_peak_greedy(cands, curve, 70, 70).chosen.tolist() == []
+    assert select_by_priority(cands, curve, 70, "doa", 70).chosen.tolist() == [0]
