@@ -392,3 +392,39 @@ def test_peak_greedy_window_ending_at_the_peak_does_not_cover_it():
     cands = cands_of([(8, 41, 1, 1, 10)])
     assert select_peak_greedy(cands, curve, 70, 70).chosen.tolist() == []
     assert select_by_priority(cands, curve, 70, "doa", 70).chosen.tolist() == [0]
+
+
+def test_equal_priorities_take_the_larger_block_first():
+    """Same DOA (44 ns): B (30 bytes, absent [8, 52)) before A (10 bytes, absent [9, 53)). B alone brings
+    the 100 on [10, 50) to the limit 70, so A is never needed."""
+    curve = curve_of([0, 10, 50], [10, 90, -100])
+    cands = cands_of([(8, 54, 1, 1, 10), (7, 53, 1, 1, 30)])
+    sel = select_by_priority(cands, curve, 70, "doa", 70)
+    assert (sel.chosen.tolist(), sel.peak) == ([1], 70)
+
+
+def test_peak_greedy_tries_the_longer_of_two_equal_covers_first():
+    """X (absent [1, 69)) and Y (absent [41, 99)), 20 bytes each, both cover the overload [45, 55) and lower
+    it the same: the longer window, X, is kept."""
+    curve = curve_of([0, 45, 55, 100], [10, 90, -90, -10])
+    cands = cands_of([(0, 70, 1, 1, 20), (40, 100, 1, 1, 20)])
+    sel = select_peak_greedy(cands, curve, 90, 90)
+    assert (sel.chosen.tolist(), sel.peak) == ([0], 80)
+
+
+@pytest.mark.parametrize("periodic", [False, True])
+def test_peak_greedy_window_starting_at_the_peak_covers_it(periodic):
+    """The peak 100 on [40, 50): C leaves at 40 (after the rise: the peak instant keeps its level, the rest
+    of [40, 50) drops to 90), so the greedy takes it for the overload it removes. Periodic: C leaves at 140,
+    i.e. 40 of the next period."""
+    t, d = [0, 40, 50, 100], [60, 40, -40, -60]
+    if periodic:
+        curve, cands = periodic_curve_of(t[:3], d[:3], 0, 100), cands_of([(139, 151, 1, 1, 10)])
+    else:
+        curve, cands = curve_of(t, d), cands_of([(39, 51, 1, 1, 10)])
+    assert select_peak_greedy(cands, curve, 70, 70).chosen.tolist() == [0]
+
+
+def test_an_unknown_priority_is_named():
+    with pytest.raises(ValueError, match="unknown priority 'fastest'"):
+        select(cands_of(TWO), curve_of(TWO_T, TWO_D), 50, "fastest", 70)
