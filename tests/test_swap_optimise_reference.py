@@ -428,3 +428,44 @@ def test_peak_greedy_window_starting_at_the_peak_covers_it(periodic):
 def test_an_unknown_priority_is_named():
     with pytest.raises(ValueError, match="unknown priority 'fastest'"):
         select(cands_of(TWO), curve_of(TWO_T, TWO_D), 50, "fastest", 70)
+
+
+def ref_priority_greedy(ev, score, goal, wdoa: bool):
+    """The documented rule, written out: candidates by priority (then size, then position); a pick is kept when
+    the overload above the goal drops and the stall does not grow; stop at the goal; then, latest first, drop
+    each pick whose removal makes nothing worse."""
+    order = sorted(range(len(score)), key=lambda k: (-score[k], -ev.z[k], k))
+    chosen = []
+    peak, over, stall, _ = ev(chosen)
+    for k in order:
+        if peak <= goal or (wdoa and score[k] <= 0):
+            break
+        p2, o2, s2, _ = ev(chosen + [k])
+        if s2 <= stall and o2 < over:
+            chosen, peak, over, stall = chosen + [k], p2, o2, s2
+    for k in reversed(list(chosen)):
+        p2, o2, s2, _ = ev([c for c in chosen if c != k])
+        if s2 <= stall and p2 <= peak and o2 <= over:
+            chosen, peak, over, stall = [c for c in chosen if c != k], p2, o2, s2
+    return chosen, peak, stall
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 17, 23, 41])  # 17, 23, 41: a pick that leaves the overload as it
+def test_priority_selection_matches_the_rule_written_out(seed):  # is must not be kept (it changes what follows)
+    rng = np.random.default_rng(500 + seed)
+    n = 24
+    t = np.sort(rng.choice(np.arange(0, 300), n, replace=False))
+    delta = rng.integers(-30, 60, n)
+    delta[-1] = -int(np.cumsum(delta)[-2])
+    curve = curve_of(t, delta)
+    # slow copies on a few long windows: picks compete for the two copy streams
+    cands = cands_of([(x, x + int(rng.integers(15, 90)), int(rng.integers(1, 12)), int(rng.integers(1, 12)),
+                       int(rng.integers(1, 40))) for x in rng.integers(0, 260, 16)])
+    live = np.cumsum(delta)
+    for goal in (int(np.percentile(live, 50)), int(np.percentile(live, 85))):
+        ev = _Evaluator(cands, curve, goal)
+        scores = priority_scores(cands, curve, goal)
+        for p in PRIORITIES:
+            sel = select_by_priority(cands, curve, goal, p, goal)
+            chosen, peak, stall = ref_priority_greedy(ev, scores[p].tolist(), goal, p == "wdoa")
+            assert (sel.chosen.tolist(), sel.peak, sel.stall_ns) == (chosen, peak, stall)
