@@ -175,10 +175,11 @@ def useful_candidates(cands: pd.DataFrame, curve: LoadCurve, goal: int) -> np.nd
     hits = np.concatenate([[0], np.cumsum(over)])
 
     def meets(lo_t, hi_t):
-        lo = np.clip(np.searchsorted(t, lo_t, side="right") - 1, 0, len(t) - 1)
-        hi = np.clip(np.searchsorted(t, hi_t, side="left"), 0, len(t))
-        hi = np.maximum(hi, lo + 1)
-        return (hits[hi] - hits[lo]) > 0
+        # the level in force at lo_t (none before the first event), then every event in (lo_t, hi_t): the
+        # block is still there during the events at lo_t and back before those at hi_t (`LoadCurve`)
+        lo = np.maximum(np.searchsorted(t, lo_t, side="right") - 1, 0)
+        hi = np.searchsorted(t, hi_t, side="left")
+        return ((hits[hi] - hits[lo]) > 0) & (lo_t < hi_t)  # an empty window meets no instant
 
     period = getattr(curve, "period", None)
     if period is None:
@@ -186,7 +187,7 @@ def useful_candidates(cands: pd.DataFrame, curve: LoadCurve, goal: int) -> np.nd
     w0, w1 = curve.w0, curve.w1
     late = a >= w1
     a, b = np.where(late, a - period, a), np.where(late, b - period, b)
-    useful = meets(a, np.minimum(b, w1)) & (a < b)
+    useful = meets(a, np.minimum(b, w1))
     wrapped = b > w1
     return useful | (wrapped & meets(np.full(len(a), w0), b - period))
 
