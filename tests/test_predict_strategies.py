@@ -1,0 +1,99 @@
+"""memlens.predict_strategies: each strategy applied by memlens with torch's own APIs, its per-rank sharded
+state checked against sharding arithmetic done by hand here (FSDP2 padded shards, DDP's full replica and bucket,
+ZeroRedundancyOptimizer's greedy partition), and activation checkpointing's saving computed by hand.
+
+Each prediction runs in a child process that imports memlens before torch (see tests/test_predict_distributed.py).
+"""
+from __future__ import annotations
+
+import math
+
+from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+
+WORLD = 4
+IN, HID, BLOCKS = 63, 510, 3        # 510 and 63 rows do not divide by 4: FSDP2 pads to ceil(rows / 4)
+# one block's parameters: Linear(63, 510) weight, bias; Linear(510, 63) weight, bias
+BLOCK_SHAPES = [(HID, IN), (HID,), (IN, HID), (IN,)]
+BATCH = 4096
+
+MODEL = f"""
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear({IN}, {HID}), nn.ReLU(), nn.Linear({HID}, {IN}))
+                                    for _ in range({BLOCKS}))
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+def step(model, opt):
+    model(torch.randn({BATCH}, {IN}, device="cuda")).sum().backward()
+    opt.step()
+def held(p):
+    b = p.trace.blocks
+    b = b[(b.device == "cuda:0") & b.free_ns.isna()]
+    return {{c: sorted(g.requested_size.tolist()) for c, g in b.groupby("category")}}
+"""
+
+
+def fp32(shape) -> int:
+    return 4 * math.prod(shape)
+
+
+def test_strategy_table_matches_the_sharding_arithmetic():
+    r = run_child(MODEL + f"""
+df, preds = memlens.predict_strategies(Net, step, world_sizes=({WORLD},),
+                                       strategies=("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2"),
+                                       return_predictions=True)
+result = {{"rows": df.to_dict("records"), "held": {{s: held(d.predictions[0]) for (s, w), d in preds.items()}}}}
+""")
+    rows = {row["strategy"]: row for row in r["rows"]}
+    assert list(rows) == ["ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2"]
+    assert all(row["error"] is None and row["fits"] and row["world_size"] == WORLD for row in rows.values())
+    shapes = BLOCK_SHAPES * BLOCKS
+    full = [fp32(s) for s in shapes]
+    padded = [4 * math.ceil(s[0] / WORLD) * math.prod(s[1:]) for s in shapes]
+    block_padded = [sum(padded[i:i + 4]) for i in range(0, len(padded), 4)]
+    # ZeroRedundancyOptimizer: largest first, each to the rank with the fewest elements so far (first on ties)
+    sizes, mine = [0] * WORLD, []
+    for s in sorted(shapes, key=math.prod, reverse=True):
+        r_min = sizes.index(min(sizes))
+        sizes[r_min] += math.prod(s)
+        if r_min == 0:
+            mine.append(fp32(s))
+    expect = {
+        # DDP: the full replica, its gradients, AdamW's two states per parameter, one bucket of every gradient
+        "ddp": (sum(full), sum(full), 2 * sum(full)),
+        # FSDP2: padded shards; one reduce-scatter output per block; rank 0's local shards are full padded rows
+        "fsdp2": (sum(padded), sum(block_padded), 2 * sum(padded)),
+        "fsdp2+ac": (sum(padded), sum(block_padded), 2 * sum(padded)),
+        "zero1": (sum(full), sum(full), 2 * sum(mine)),
+        "zero2": (sum(padded), sum(block_padded), 2 * sum(padded)),
+    }
+    for s, (param, grad, state) in expect.items():
+        got = (rows[s]["parameter_bytes"], rows[s]["gradient_bytes"], rows[s]["optimizer_state_bytes"])
+        assert got == (param, grad, state), s
+    assert sorted(r["held"]["fsdp2"]["parameter"]) == sorted(padded)
+    assert sorted(r["held"]["fsdp2"]["gradient"]) == sorted(block_padded)
+    # DDP's one bucket (torch 2.13: a single bucket before the first rebuild) holds every gradient's bytes
+    assert r["held"]["ddp"]["autograd_detail"] == [sum(full)]
+    assert r["held"]["zero1"]["autograd_detail"] == [sum(full)]
+    peak = {s: rows[s]["peak_allocated"] for s in rows}
+    assert peak["fsdp2+ac"] < peak["fsdp2"] <= peak["ddp"] and peak["zero1"] <= peak["ddp"]
+
+
+def test_activation_checkpointing_saves_the_hidden_activations_of_all_but_one_block():
+    r = run_child(MODEL + f"""
+df = memlens.predict_strategies(Net, step, world_sizes=({WORLD},), strategies=("fsdp2", "fsdp2+ac"))
+result = df.to_dict("records")
+""")
+    no_ac, ac = r
+    # Without checkpointing each block keeps its ReLU output (BATCH x HID fp32, saved by ReLU and by the second
+    # Linear; the first Linear's output is freed once ReLU has run) until its backward. With checkpointing each
+    # block keeps only its input; at the start of backward the last block is recomputed, so the peak holds one
+    # block's hidden activation instead of BLOCKS of them. Parameters are the same shards in both.
+    hidden = 4 * BATCH * HID
+    assert no_ac["peak_allocated"] - ac["peak_allocated"] == (BLOCKS - 1) * hidden
+    # activations dominate this model: the saving is larger than all its parameters' bytes
+    assert (BLOCKS - 1) * hidden > 4 * BLOCKS * sum(math.prod(s) for s in BLOCK_SHAPES)
