@@ -97,3 +97,64 @@ result = df.to_dict("records")
     assert no_ac["peak_allocated"] - ac["peak_allocated"] == (BLOCKS - 1) * hidden
     # activations dominate this model: the saving is larger than all its parameters' bytes
     assert (BLOCKS - 1) * hidden > 4 * BLOCKS * sum(math.prod(s) for s in BLOCK_SHAPES)
+
+
+RANKS_SCRIPT = """
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+dist.init_process_group("nccl")
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
+for m in model:
+    fully_shard(m)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters())
+model(torch.randn(32, 256, device="cuda")).sum().backward()
+opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_cli_report_has_one_run_per_predicted_rank_with_the_predicted_peaks(tmp_path):
+    import json
+    import os
+    import re
+    import subprocess
+    import sys
+
+    from memlens.units import format_bytes
+    from tests.test_predict_distributed import ROOT
+    script = tmp_path / "train.py"
+    script.write_text(RANKS_SCRIPT)
+    html_path = tmp_path / "ranks.html"
+    proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", "--world-size", "4", "--json",
+                           "--report", str(html_path), "--", "python", str(script)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert s["report"] == str(html_path)
+    html = html_path.read_text()
+    status = json.loads(re.search(r'id="memlens-report-status">(.*?)</script>', html, re.S).group(1))
+    # 256/512 rows divide by 4: ranks 0 and 3 run and allocate alike, rank 0 stands for ranks 1 and 2
+    assert status["runs"] == ["rank 0", "rank 3"]
+    assert html.count('class="memlens-run"') == 2
+    assert "rank 0 stands for ranks 1, 2" in html
+    assert "Predicted, not measured" in html and "modeled GPU clock" in html
+    table = html[html.index('id="runs"'):html.index('class="memlens-run"')]
+    for r in (0, 3):
+        row = s["ranks"][r]
+        assert row["ran"] and row["peak_allocated"] > 0
+        assert format_bytes(row["peak_allocated"]) in table and format_bytes(row["peak_reserved"]) in table
+
+
+def test_report_peaks_equal_the_prediction_per_rank(tmp_path):
+    r = run_child(f"""
+import pathlib
+pathlib.Path({str(tmp_path / 'train.py')!r}).write_text({RANKS_SCRIPT!r})
+from memlens.report.predicted_ranks import build_predicted_ranks_report
+d = memlens.predict({str(tmp_path / 'train.py')!r}, gpu="H100", world_size=4)
+rep = build_predicted_ranks_report(d, directory={str(tmp_path)!r})
+gpu = rep.peaks[rep.peaks.device == "cuda:0"]
+result = {{"report": [[int(a), int(b), int(c)] for a, b, c in zip(gpu["rank"], gpu["allocated_bytes"], gpu["reserved_bytes"])],
+          "predicted": [[x.rank, x.peak_allocated, x.peak_reserved] for x in d.results if x.ran]}}
+""")
+    assert r["report"] == r["predicted"] and len(r["report"]) == 2
