@@ -158,3 +158,35 @@ result = {{"report": [[int(a), int(b), int(c)] for a, b, c in zip(gpu["rank"], g
           "predicted": [[x.rank, x.peak_allocated, x.peak_reserved] for x in d.results if x.ran]}}
 """)
     assert r["report"] == r["predicted"] and len(r["report"]) == 2
+
+
+def test_max_batch_per_strategy_equals_brute_force_and_a_failing_strategy_gives_a_row():
+    r = run_child("""
+import torch.nn as nn
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(1024, 1024) for _ in range(2))
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+def step(model, opt, n):
+    model(torch.randn(256 * n, 1024, device="cuda")).sum().backward()
+    opt.step()
+CAP = 800_000_000
+brute = [bool(memlens.predict_strategies(Net, step, capacity=CAP, world_sizes=(2,), strategies=("ddp",),
+                                          batch=n).fits[0]) for n in range(1, 10)]
+df = memlens.predict_strategies(Net, step, capacity=CAP, world_sizes=(2,), strategies=("ddp", "fsdp2"), batch=1,
+                                max_batch=True, layers=lambda model: [])
+result = {"brute": brute, "rows": df.to_dict("records")}
+""")
+    brute = r["brute"]
+    # the largest n whose every smaller size fits too (max_batch bisects on sizes that fit monotonically)
+    expected = next((n for n in range(len(brute), 0, -1) if all(brute[:n])), 0)
+    assert 0 < expected < len(brute)
+    ddp, fsdp2 = r["rows"]
+    assert ddp["strategy"] == "ddp" and ddp["error"] is None and ddp["max_batch"] == expected
+    # layers= gave no blocks: that strategy's row carries the error, the others still ran
+    assert fsdp2["strategy"] == "fsdp2" and "no repeated blocks" in fsdp2["error"]
+    assert math.isnan(fsdp2["peak_allocated"]) and fsdp2["fits"] is None

@@ -117,7 +117,7 @@ def predict_strategies(build_model: Callable[[], object], step: Callable, gpu="H
     Columns: strategy, world_size, peak_allocated, peak_reserved, device_bytes_needed (bytes, max over the
     ranks), fits, oom (the first op that would not fit, on the first rank that does not), parameter_bytes,
     gradient_bytes, optimizer_state_bytes (held on rank 0 after the step), max_batch, error (a strategy that
-    failed gives its error here, not an exception). With `return_predictions=True` returns ``(df, {(strategy,
+    failed gives its error here, not an exception, and NaN bytes). With `return_predictions=True` returns ``(df, {(strategy,
     world size): DistributedPrediction})``.
     """
     import pandas as pd
@@ -165,5 +165,7 @@ def predict_strategies(build_model: Callable[[], object], step: Callable, gpu="H
                 row["error"] = f"{type(exc).__name__}: {exc}"
             rows.append(row)
     df = pd.DataFrame(rows)
+    for col in ("oom", "error", "fits", "max_batch"):     # None stays None (not NaN) where nothing applies
+        df[col] = pd.Series([row[col] for row in rows], dtype=object)
     return (df, preds) if return_predictions else df
 
