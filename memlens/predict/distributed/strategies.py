@@ -103,15 +103,15 @@ def held_bytes(prediction, category: str) -> int:
 def predict_strategies(build_model: Callable[[], object], step: Callable, gpu="H100", capacity=None, *,
                        world_sizes=(8,), strategies=DEFAULT_STRATEGIES, optimizer=None,
                        optimizer_kwargs: dict | None = None, layers: Callable | None = None, batch: int | None = None,
-                       max_batch: bool = False, ranks="first", return_predictions: bool = False,
+                       max_batch: bool = False, ranks="auto", return_predictions: bool = False,
                        **options):
     """Predict every (strategy, world size) and return one row each as a ``pandas.DataFrame``.
 
     `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs one training step (with
     `batch` given: `step(model, optimizer, batch)`). `optimizer`: an optimizer class (default
     ``torch.optim.AdamW``) made with `optimizer_kwargs`. `layers(model)`: the blocks FSDP2 shards one by one
-    (default: `repeated_blocks`). `ranks` as `memlens.predict(world_size=N)` (default ``"first"``: rank 0
-    stands for all, unchecked; ``"auto"`` checks rank 0 against the last). With `max_batch=True` (needs
+    (default: `repeated_blocks`). `ranks` as `memlens.predict(world_size=N)` (default ``"auto"``: rank 0 and
+    the last run, every rank when they differ; ``"first"``: rank 0 stands for all, unchecked, half the time). With `max_batch=True` (needs
     `batch`, the smallest size tried) each row also gets the largest batch that fits (`memlens.max_batch`).
 
     Columns: strategy, world_size, peak_allocated, peak_reserved, device_bytes_needed (bytes, max over the
