@@ -190,3 +190,21 @@ result = {"brute": brute, "rows": df.to_dict("records")}
     # layers= gave no blocks: that strategy's row carries the error, the others still ran
     assert fsdp2["strategy"] == "fsdp2" and "no repeated blocks" in fsdp2["error"]
     assert math.isnan(fsdp2["peak_allocated"]) and fsdp2["fits"] is None
+
+
+def test_world_sizes_and_given_layers_shard_by_the_arithmetic_and_unknown_strategies_are_refused():
+    r = run_child(MODEL + """
+df = memlens.predict_strategies(Net, step, world_sizes=(2, 4), strategies=("fsdp2",),
+                                layers=lambda model: list(model.layers))
+try:
+    memlens.predict_strategies(Net, step, strategies=("tp+fsdp2",))
+    refused = None
+except memlens.errors.InputError as exc:
+    refused = str(exc)
+result = {"rows": df[["world_size", "parameter_bytes", "error"]].to_dict("records"), "refused": refused}
+""")
+    shapes = BLOCK_SHAPES * BLOCKS
+    for row, world in zip(r["rows"], (2, 4)):
+        assert row["world_size"] == world and row["error"] is None
+        assert row["parameter_bytes"] == sum(4 * math.ceil(s[0] / world) * math.prod(s[1:]) for s in shapes)
+    assert "tp+fsdp2" in r["refused"] and "world_size" in r["refused"]
