@@ -38,6 +38,9 @@ def register(sub) -> None:
                         "comma list of ranks")
     p.add_argument("--nccl-channels", type=int, default=None,
                    help="with --world-size: NCCL channels in the NCCL memory allowance (default 16)")
+    p.add_argument("--report", default=None, metavar="HTML",
+                   help="with --world-size: write the multi-run report of the predicted ranks (one page, a rank "
+                        "selector; marked as predicted on the modeled clock)")
     p.add_argument("command", nargs=argparse_remainder(), help="-- python script.py [args]")
     p.set_defaults(func=run)
 

@@ -43,6 +43,11 @@ def run_ranks(args, argv: list[str]) -> int:
             p.trace.save(path)
             written.append(path)
     s["traces"] = written
+    report_path = getattr(args, "report", None)
+    if report_path and not d.errors:
+        from memlens.report.predicted_ranks import write_predicted_ranks_report
+        write_predicted_ranks_report(d, report_path)
+        s["report"] = report_path
     if args.json:
         print_json(s)
     else:
@@ -59,6 +64,8 @@ def run_ranks(args, argv: list[str]) -> int:
             print(f"fits:       {d.fits()}")
         if written:
             print(f"traces:     {', '.join(written)}")
+        if s.get("report"):
+            print(f"report:     {s['report']}")
         for note in d.notes:
             print(f"note:       {note}")
         if mismatch:

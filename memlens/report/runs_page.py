@@ -52,6 +52,8 @@ class RunsReport:
     runset: object
     reports: list = field(default_factory=list)
     seconds: float = 0.0
+    notes: list = field(default_factory=list)   # sentences shown above the comparison (e.g. "predicted")
+    peaks: object = None   # a `RunSet.peaks()` frame to show instead of the runs' own (a prediction's numbers)
 
     def status(self) -> dict:
         """{run name: {section key: status}}."""
@@ -61,9 +63,10 @@ class RunsReport:
         from plotly.offline import get_plotlyjs
 
         from memlens.report.page import BOOT, STYLE, figure_block
-        peaks = self.runset.peaks()
-        overview = [tag("p", self.runset.imbalance()), figure_block(peaks_figure(peaks), "memlens-runs-peaks"),
-                    _peaks_table(peaks)]
+        from memlens.analysis.runs import imbalance_sentence, imbalance_stats
+        peaks = self.peaks if self.peaks is not None else self.runset.peaks()
+        overview = [*(tag("p", n) for n in self.notes), tag("p", imbalance_sentence(imbalance_stats(peaks))),
+                    figure_block(peaks_figure(peaks), "memlens-runs-peaks"), _peaks_table(peaks)]
         options = "".join(f'<option value="{i}">{esc(r.name)} - {esc(r.path)}</option>'
                           for i, r in enumerate(self.runset.runs))
         selector = Safe(f'<label for="memlens-run-select"><b>Run shown below:</b></label> '
