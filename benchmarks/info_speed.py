@@ -41,10 +41,12 @@ def _env(tree: Path = ROOT) -> dict:
     return {**env, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
 
 
-def _wall(cmd: list[str], tree: Path = ROOT) -> float:
+def _wall(cmd: list[str], tree: Path = ROOT, check: bool = True) -> float:
+    """Wall seconds of the child; NaN when it fails and `check` is off (another tool refusing a file)."""
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(tree), cwd=tree)
-    return time.perf_counter() - t0
+    done = subprocess.run(cmd, check=check, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(tree),
+                          cwd=tree)
+    return time.perf_counter() - t0 if done.returncode == 0 else float("nan")
 
 
 def measure(path: Path, repeat: int, baseline: Path | None = None, mosaic: tuple | None = None) -> dict:
@@ -61,7 +63,7 @@ def measure(path: Path, repeat: int, baseline: Path | None = None, mosaic: tuple
     if mosaic:
         mosaic_cmd = [mosaic[0], "-m", "mosaic.cmd.get_memory_usage_peak", "--snapshot", str(path)]
         mosaic_tree = Path(mosaic[1]) if mosaic[1] else ROOT
-        _wall(mosaic_cmd, mosaic_tree)
+        _wall(mosaic_cmd, mosaic_tree, check=False)
     for _ in range(repeat):
         runs["pickle"].append(_wall([py, "-c", f"import pickle; pickle.load(open({str(path)!r}, 'rb'))"]))
         runs["pandas"].append(_wall([py, "-c", "import pandas"]))
@@ -69,7 +71,7 @@ def measure(path: Path, repeat: int, baseline: Path | None = None, mosaic: tuple
         if baseline:
             runs["info_baseline"].append(_wall(info, baseline))
         if mosaic:
-            runs["mosaic"].append(_wall(mosaic_cmd, mosaic_tree))
+            runs["mosaic"].append(_wall(mosaic_cmd, mosaic_tree, check=False))
     return {k: statistics.median(v) for k, v in runs.items()}
 
 
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
         print(f"{f.name:<48} {f.stat().st_size / 1e6:5.1f} {m['pickle']:9.2f} {m['pandas']:9.2f} {m['info']:8.2f} "
               f"{m['info'] - m['pickle']:11.2f}s {m['info'] / m['pickle']:6.1f}"
               + (f"  {m['info_baseline']:16.2f}" if args.baseline else "")
-              + (f"  {m['mosaic']:8.2f}" if mosaic else ""))
+              + ((f"  {m['mosaic']:8.2f}" if m["mosaic"] == m["mosaic"] else "    failed") if mosaic else ""))
     print("(wall seconds on the host clock, medians of fresh child processes; target: info - pickle <= 1 s)")
     if args.importtime:
         print("slowest imports of `memlens info` (cumulative us):")
