@@ -6,7 +6,8 @@ See `memlens.predict.predictor` for how, `memlens.predict.shim` for the CPU-only
 from memlens.predict.fake_model import fake
 from memlens.predict.gpus import GPUMemoryFacts, gpu_facts, known_gpus
 from memlens.predict.oom import OOM
-from memlens.predict.predictor import Prediction, PredictionFailed, active_prediction, predict
+from memlens.predict.api import predict
+from memlens.predict.predictor import Prediction, PredictionFailed, active_prediction
 
 __all__ = ["predict", "fake", "Prediction", "PredictionFailed", "OOM", "GPUMemoryFacts", "gpu_facts", "known_gpus",
            "active_prediction"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from time import perf_counter_ns
-from typing import Any, Callable
+from typing import Any
 
 from memlens.errors import InputError
 from memlens.predict.gpus import GPUMemoryFacts, gpu_facts
@@ -298,46 +298,6 @@ class Prediction:
                 "predict_wall_ns": self.wall_ns, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
                 # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
                 "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
-
-
-def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPUMemoryFacts = "H100",
-            capacity=None, **options) -> Prediction:
-    """Predict GPU memory without a GPU.
-
-    ``with memlens.predict(gpu="H100", capacity="80GiB") as p: ...`` runs the block on fake `cuda` tensors;
-    ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
-    finished `Prediction`. When the code raises, its exception propagates (with a note saying no prediction
-    was made) and the `Prediction`'s results raise `PredictionFailed` naming it.
-    Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
-    (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
-    `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
-    leave out the modelled kernel temporaries of `memlens.predict.scratch`), `cudnn_workspace` (bytes, "64MiB",
-    or ``fn(op_row) -> bytes``: an allowance per convolution call; default None adds none, since cuDNN's
-    algorithm choice cannot be known without the GPU), `fast_cache_key` (False:
-    FakeTensorMode's own dispatch-cache keys, see `memlens.predict.fastkey`).
-
-    ``memlens.predict(step_fn_or_script, gpu=..., world_size=N)`` predicts sharded training per rank under
-    torch's fake process group (FSDP2, DDP; options `ranks`, `args`, `nccl_channels`) and returns a
-    `memlens.predict.distributed.DistributedPrediction`: see `memlens.predict.distributed.ranks`.
-    """
-    if "world_size" in options and options["world_size"] is None:
-        del options["world_size"]
-    if options.get("world_size") is not None:
-        from memlens.predict.distributed.ranks import predict_ranks
-        if fn is None or (isinstance(fn, str) and not fn.endswith(".py")) or isinstance(fn, GPUMemoryFacts):
-            raise InputError("memlens.predict(world_size=...) runs each rank's code: give a step function or "
-                             "a script path as the first argument, not a `with` block")
-        return predict_ranks(fn, gpu, capacity, **options)
-    if fn is None or isinstance(fn, (str, GPUMemoryFacts)):
-        if fn is not None:
-            gpu = fn
-        return Prediction(gpu, capacity, **options)
-    if not callable(fn):
-        raise InputError(f"memlens.predict takes a callable or a gpu name, not {type(fn).__name__}")
-    p = Prediction(gpu, capacity, **options)
-    with p:
-        fn()
-    return p
 
 
 def active_prediction() -> Prediction | None:

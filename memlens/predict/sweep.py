@@ -18,7 +18,7 @@ def max_batch(step_fn: Callable[[int], object], capacity="80GiB", gpu="H100", *,
     With ``world_size=N`` (and the other options of `memlens.predict.distributed`) each size is predicted
     per rank and fits only when every rank fits (a failed rank counts as not fitting).
     """
-    from memlens.predict.predictor import predict
+    from memlens.predict.api import predict
     if low < 1:
         raise InputError(f"low must be >= 1, not {low}")
     tried: dict[int, int] = {}

@@ -123,7 +123,7 @@ def predict_strategies(build_model: Callable[[], object], step: Callable, gpu="H
     import pandas as pd
     import torch
 
-    from memlens.predict.predictor import predict
+    from memlens.predict.api import predict
     from memlens.predict.sweep import max_batch as sweep_max_batch
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
