@@ -63,7 +63,7 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
         stack = np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)])
         columns["stack_id"] = _masked(stack, stack < 0)
-    return pd.DataFrame(columns, copy=False), module_idx, source
+    return pd.DataFrame(columns), module_idx, source
 
 
 def _masked(values, missing) -> pd.arrays.IntegerArray:
@@ -196,7 +196,7 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
         sid = np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64) if n_ops \
             else np.full(n, -1, dtype=np.int64)
         columns["stack_id"] = _masked(sid, sid < 0)
-    return pd.DataFrame(columns, copy=False)
+    return pd.DataFrame(columns)
 
 
 def _categories(session, n, before, made_here, phase, module_idx, ops, safe_op):

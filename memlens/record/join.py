@@ -283,7 +283,7 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     size_values = size_values.copy()
     size_values[matched] = asize[rows[matched]]
     columns["allocator_size"] = _masked(size_values, size_missing & ~matched)
-    blocks = pd.DataFrame(columns, copy=False)
+    blocks = pd.DataFrame(columns)
     if fixed_before.any():
         blocks.loc[fixed_before, "allocated_before"] = False
         blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
@@ -299,10 +299,13 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     """Rows for allocations no tensor showed, attributed to the op whose interval contains them."""
     used = np.zeros(len(alloc_blocks), dtype=bool)
     used[rows[rows >= 0]] = True
-    rest = alloc_blocks[~used & alloc_blocks["alloc_t"].notna().to_numpy()].reset_index(drop=True)
+    # the rows left, column by column as arrays (no filtered frame)
+    a_nan = alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=np.nan)
+    rest = np.flatnonzero(~used & ~np.isnan(a_nan))
     n = len(rest)
-    a_t = rest["alloc_t"].to_numpy(dtype=np.int64)
-    f_nan = rest["free_t"].to_numpy(dtype="float64", na_value=np.nan)
+    a_t = alloc_blocks["alloc_t"].to_numpy(dtype=np.int64, na_value=0)[rest]
+    f_nan = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.nan)[rest]
+    rest_size = alloc_blocks["size"].to_numpy()[rest]
     starts, ends = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
     inside = (idx >= 0) & (a_t <= ends[np.clip(idx, 0, None)] if len(ops) else np.zeros(n, bool))
@@ -321,8 +324,8 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
     first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
     columns = {
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(rest["device"]),
-        "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(alloc_blocks["device"].to_numpy(dtype=object)[rest]),
+        "addr": pd.array(alloc_blocks["addr"].to_numpy()[rest], dtype="Int64"), "size": rest_size,
         "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": _masked(f_t, np.isnan(f_nan)),
         "category": _objects(np.where(freed_inside, "temporary", "unknown")),
         "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
@@ -332,10 +335,10 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
         "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
         "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
                                   "seen only by the allocator"),
-        "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
+        "allocator_size": pd.array(rest_size, dtype="Int64"),
     }
     if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
         sid = np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64)
         columns["stack_id"] = _masked(sid, sid < 0)
-    return pd.DataFrame(columns, copy=False)
+    return pd.DataFrame(columns)
