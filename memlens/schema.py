@@ -139,8 +139,10 @@ def conform(table: str, df: pd.DataFrame | None, *, strict: bool = False) -> pd.
         except (TypeError, ValueError) as exc:
             raise InputError(f"table '{table}' column '{col}' cannot be read as {dtype}: {exc}") from None
         out[col] = series
-    extra = [c for c in df.columns if c not in schema]
-    result = pd.DataFrame(out, index=df.index)
-    for c in extra:
-        result[c] = df[c]
+    for c in df.columns:       # extra columns after the schema's, in one construction (no insert per column)
+        if c not in schema:
+            out[c] = df[c]
+    result = pd.DataFrame(out, index=df.index, copy=False)
+    if isinstance(df.index, pd.RangeIndex) and df.index.start == 0 and df.index.step == 1:
+        return result          # already 0..n-1 (reset_index would build the frame a second time)
     return result.reset_index(drop=True)

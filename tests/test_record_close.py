@@ -231,3 +231,35 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
         assert rec.trace is not None and len(rec.trace.blocks) > 0
         _assert_traces_equal(rec.trace, built["reference"])
         assert rec.trace.ops["flops"].sum() > 0
+
+
+# ---- the tables' construction: one frame each, owned by the trace ----------------------------------------
+def test_conform_puts_extra_columns_after_the_schema_and_renumbers_rows():
+    from memlens.schema import SCHEMA, conform
+    df = pd.DataFrame({"extra": ["x", "y"], "is_write": [True, False], "t_ns": [5, 7], "op_id": [1, 0],
+                       "block_id": [3, 4], "later": [9, 8]}, index=[10, 20])
+    out = conform("accesses", df)
+    assert list(out.columns) == list(SCHEMA["accesses"]) + ["extra", "later"]
+    assert list(out.index) == [0, 1]
+    assert out["block_id"].tolist() == [3, 4] and out["t_ns"].tolist() == [5, 7]
+    assert out["op_id"].tolist() == [1, 0] and out["is_write"].tolist() == [True, False]
+    assert out["extra"].tolist() == ["x", "y"] and out["later"].tolist() == [9, 8]
+    same = conform("accesses", df.reset_index(drop=True))     # already 0..n-1: the same table
+    pd.testing.assert_frame_equal(same, out, check_exact=True)
+
+
+@pytest.mark.parametrize("backend", ["compiled", "python"])
+def test_recorded_tables_can_be_changed_in_place(backend):
+    """The built frames own their arrays: no read-only view of the recorder's buffers ends up in a trace."""
+    from memlens.record import native
+    if backend == "compiled" and not native.available():
+        pytest.skip("compiled recorder does not build here")
+    run, model = _conv_training()
+    with memlens.record(model, backend=backend) as rec:
+        run()
+    for name in ("blocks", "accesses", "ops"):
+        df = getattr(rec.trace, name)
+        for col in df.columns:
+            last = df[col].iloc[-1]
+            df.loc[0, col] = last
+            assert df[col].iloc[0] is pd.NA if last is pd.NA else df[col].iloc[0] == last

@@ -45,7 +45,7 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
     iteration, source = _iterations(session, n)
     names = np.asarray(session.op_names, dtype=object)
     paths = np.asarray(session.module_paths, dtype=object)
-    ops = pd.DataFrame({
+    columns = {
         "op_id": np.arange(n, dtype=np.int64),
         "name": _objects(names[name_idx] if n else np.empty(0, object)),
         "start_ns": start - session.t_start,
@@ -55,15 +55,20 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
         "phase": phase,
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
-    })
+    }
+    # every column in the one construction (a column set after it rebuilds the frame's blocks)
     for col, values in _cost_columns(session, n).items():
-        ops[col] = _objects(values) if values.dtype == object else values
+        columns[col] = _objects(values) if values.dtype == object else values
     if session.stack_table is not None:   # one stack id per op, appended right after the op record
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
-        sid = pd.array(np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)]), dtype="Int64")
-        sid[sid < 0] = pd.NA
-        ops["stack_id"] = sid
-    return ops, module_idx, source
+        stack = np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)])
+        columns["stack_id"] = _masked(stack, stack < 0)
+    return pd.DataFrame(columns), module_idx, source
+
+
+def _masked(values, missing) -> pd.arrays.IntegerArray:
+    """An Int64 column of `values` with NA where `missing` (built at once, not set row by row)."""
+    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(missing, dtype=bool))
 
 
 def _objects(values) -> pd.Series:
@@ -162,10 +167,8 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
     if len(frees):
         free_t[frees[:, 0]] = frees[:, 1]
     t0 = session.t_start
-    alloc_ns = pd.array(np.where(before, 0, alloc_t - t0), dtype="Int64")
-    alloc_ns[before] = pd.NA
-    free_ns = pd.array(np.where(free_t >= 0, free_t - t0, 0), dtype="Int64")
-    free_ns[free_t < 0] = pd.NA
+    alloc_ns = _masked(np.where(before, 0, alloc_t - t0), before)
+    free_ns = _masked(np.where(free_t >= 0, free_t - t0, 0), free_t < 0)
     n_ops = len(ops)
     made_here = ~before & (alloc_op < n_ops)
     safe_op = np.clip(alloc_op, 0, max(n_ops - 1, 0))
@@ -177,7 +180,7 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
     category, rule, module_idx = _categories(session, n, before, made_here, phase, module_idx, ops, safe_op)
     paths = np.asarray(session.module_paths, dtype=object)
     devices = np.asarray(session.devices, dtype=object)
-    blocks = pd.DataFrame({
+    columns = {
         "block_id": bid, "device": _objects(devices[dev] if n else np.empty(0, object)),
         "addr": pd.array(addr, dtype="Int64"), "size": size,
         "alloc_ns": alloc_ns, "free_ns": free_ns,
@@ -187,14 +190,13 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
         "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, "dispatch", dtype=object)),
         "category_rule": rule,
-    })
+    }
     if "stack_id" in ops.columns:
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)
-        sid = pd.array(np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64),
-                       dtype="Int64") if n_ops else pd.array(np.full(n, -1), dtype="Int64")
-        sid[sid < 0] = pd.NA
-        blocks["stack_id"] = sid
-    return blocks
+        sid = np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64) if n_ops \
+            else np.full(n, -1, dtype=np.int64)
+        columns["stack_id"] = _masked(sid, sid < 0)
+    return pd.DataFrame(columns)
 
 
 def _categories(session, n, before, made_here, phase, module_idx, ops, safe_op):

@@ -235,7 +235,6 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
         alloc_blocks.loc[np.isnan(alloc_t), "alloc_t"] = pd.NA
         alloc_blocks.loc[np.isnan(free_t), "free_t"] = pd.NA
         rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
-    blocks = blocks.copy()
     matched = rows >= 0
     starts = ops["start_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
     ends = ops["end_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
@@ -251,33 +250,44 @@ def _join_stream(blocks, accesses, ops, alloc_blocks, name):
     new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, np.nan_to_num(free_cur)))
     # never after the first access (the clocks agree only to about a microsecond)
     new_alloc = np.where(seen >= 0, np.minimum(new_alloc, seen), new_alloc)
-    upd = seen_during & (made | blocks["allocated_before"].to_numpy())
-    alloc_col = blocks["alloc_ns"].copy()
-    alloc_col[upd] = new_alloc[upd]
-    blocks["alloc_ns"] = alloc_col
-    fixed_before = upd & blocks["allocated_before"].to_numpy()
+    before = blocks["allocated_before"].to_numpy()
+    upd = seen_during & (made | before)
+    # the changed columns as arrays, the frame built once at the end (no copy, then a set per column)
+    columns = {c: blocks[c] for c in blocks.columns}
+    alloc_ns = blocks["alloc_ns"].array
+    columns["alloc_ns"] = _masked(np.where(upd, new_alloc, alloc_ns.to_numpy(dtype=np.int64, na_value=0)),
+                                  alloc_ns.isna() & ~upd)
+    fixed_before = upd & before
+    f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
+    fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
+    # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
+    device = blocks["device"].to_numpy(dtype=object)
+    non_cpu = ~np.asarray([str(d).startswith("cpu") for d in device], dtype=bool) if len(device) \
+        else np.zeros(0, dtype=bool)
+    fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > np.nan_to_num(free_cur, nan=np.inf))
+    if fill_free.any():
+        free_ns = blocks["free_ns"].array
+        columns["free_ns"] = _masked(np.where(fill_free, np.maximum(np.nan_to_num(f_t), new_alloc),
+                                              free_ns.to_numpy(dtype=np.int64, na_value=0)),
+                                     free_ns.isna() & ~fill_free)
+    if matched.any():
+        source = blocks["source"].to_numpy(dtype=object).copy()
+        source[matched] = "dispatch+" + name
+        columns["source"] = _objects(source)
+    asize = alloc_blocks["size"].to_numpy()
+    if "allocator_size" in blocks.columns:
+        size_col = blocks["allocator_size"].array
+        size_values, size_missing = size_col.to_numpy(dtype=np.int64, na_value=0), size_col.isna()
+    else:
+        size_values, size_missing = np.zeros(len(blocks), dtype=np.int64), np.ones(len(blocks), dtype=bool)
+    size_values = size_values.copy()
+    size_values[matched] = asize[rows[matched]]
+    columns["allocator_size"] = _masked(size_values, size_missing & ~matched)
+    blocks = pd.DataFrame(columns)
     if fixed_before.any():
         blocks.loc[fixed_before, "allocated_before"] = False
         blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
             blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
-    f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
-    fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
-    # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
-    non_cpu = ~blocks["device"].astype(str).str.startswith("cpu").to_numpy()
-    fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > np.nan_to_num(free_cur, nan=np.inf))
-    free_col = blocks["free_ns"].copy()
-    free_col[fill_free] = np.maximum(f_t[fill_free], new_alloc[fill_free]).astype(np.int64)
-    blocks["free_ns"] = free_col
-    if matched.any():
-        source = blocks["source"].to_numpy(dtype=object).copy()
-        source[matched] = "dispatch+" + name
-        blocks["source"] = pd.Series(source, index=blocks.index, dtype=object)
-    asize = alloc_blocks["size"].to_numpy()
-    if "allocator_size" not in blocks.columns:
-        blocks["allocator_size"] = pd.array([pd.NA] * len(blocks), dtype="Int64")
-    alloc_size_col = blocks["allocator_size"].copy()
-    alloc_size_col[matched] = asize[rows[matched]]
-    blocks["allocator_size"] = alloc_size_col
     extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
     stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
              "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
@@ -289,10 +299,13 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     """Rows for allocations no tensor showed, attributed to the op whose interval contains them."""
     used = np.zeros(len(alloc_blocks), dtype=bool)
     used[rows[rows >= 0]] = True
-    rest = alloc_blocks[~used & alloc_blocks["alloc_t"].notna().to_numpy()].reset_index(drop=True)
+    # the rows left, column by column as arrays (no filtered frame)
+    a_nan = alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=np.nan)
+    rest = np.flatnonzero(~used & ~np.isnan(a_nan))
     n = len(rest)
-    a_t = rest["alloc_t"].to_numpy(dtype=np.int64)
-    f_nan = rest["free_t"].to_numpy(dtype="float64", na_value=np.nan)
+    a_t = alloc_blocks["alloc_t"].to_numpy(dtype=np.int64, na_value=0)[rest]
+    f_nan = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.nan)[rest]
+    rest_size = alloc_blocks["size"].to_numpy()[rest]
     starts, ends = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
     inside = (idx >= 0) & (a_t <= ends[np.clip(idx, 0, None)] if len(ops) else np.zeros(n, bool))
@@ -310,9 +323,9 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     f_t = np.where(np.isnan(f_nan), 0, np.maximum(np.nan_to_num(f_nan), a_t)).astype(np.int64)
     f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
     first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
-    out = pd.DataFrame({
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(rest["device"]),
-        "addr": pd.array(rest["addr"].to_numpy(), dtype="Int64"), "size": rest["size"].to_numpy(),
+    columns = {
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(alloc_blocks["device"].to_numpy(dtype=object)[rest]),
+        "addr": pd.array(alloc_blocks["addr"].to_numpy()[rest], dtype="Int64"), "size": rest_size,
         "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": _masked(f_t, np.isnan(f_nan)),
         "category": _objects(np.where(freed_inside, "temporary", "unknown")),
         "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
@@ -322,11 +335,10 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
         "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
         "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
                                   "seen only by the allocator"),
-        "allocator_size": pd.array(rest["size"].to_numpy(), dtype="Int64"),
-    })
+        "allocator_size": pd.array(rest_size, dtype="Int64"),
+    }
     if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
         stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
-        sid = pd.array(np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64), dtype="Int64")
-        sid[sid < 0] = pd.NA
-        out["stack_id"] = sid
-    return out
+        sid = np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64)
+        columns["stack_id"] = _masked(sid, sid < 0)
+    return pd.DataFrame(columns)
