@@ -62,6 +62,11 @@ def run_ranks(args, argv: list[str]) -> int:
             print(f"NCCL:       {d.nccl['bytes']:,} bytes per rank counted against capacity "
                   f"({d.nccl.get('formula', '')}; {d.nccl['source']})")
             print(f"fits:       {d.fits()}")
+            for rank, t in sorted(d.step_time().items()):
+                ms = 1e-6
+                print(f"step time:  rank {rank} {t['step_ns'] * ms:.3f} ms on the modeled GPU clock (compute "
+                      f"{t['compute_ns'] * ms:.3f} ms, {t['collectives']} collectives {t['comm_ns'] * ms:.3f} ms over "
+                      f"{t['link']}, exposed {t['exposed_comm_ns'] * ms:.3f} ms; modeled, not measured)")
         if written:
             print(f"traces:     {', '.join(written)}")
         if s.get("report"):

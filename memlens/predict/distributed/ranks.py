@@ -78,6 +78,14 @@ class DistributedPrediction:
         what `memlens.max_batch(..., world_size=N)` bisects on."""
         return max((r.device_bytes_needed or 0 for r in self.results), default=0)
 
+    def step_time(self) -> dict:
+        """Per predicted rank (rank -> dict, ns on the modeled GPU clock): step time with collectives on their
+        own streams overlapping compute (`steptime`): ``step_ns``, ``compute_ns``, ``comm_ns``,
+        ``exposed_comm_ns``, the link and its assumptions, and the per-op ``schedule``."""
+        from memlens.predict.distributed.steptime import step_time
+        return {r: step_time(p.trace, self.world_size, self.gpu) for r, p in self.predictions.items()
+                if p.trace is not None and r not in self.errors}
+
     def summary(self) -> dict:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,
