@@ -1,0 +1,71 @@
+"""Step time on the modeled clock with collectives (memlens.predict.distributed.steptime), values by hand."""
+import pandas as pd
+import pytest
+
+from memlens.devicetime.gpus import gpu
+from memlens.predict.distributed.steptime import collective_ns, schedule, step_time
+
+H100 = gpu("H100")
+S = 48_000_000          # bytes gathered
+
+
+def tiny(middle_ns, name="c10d::_allgather_base_"):
+    """copy-in 10 us; the collective (writes block 7); an independent compute op of `middle_ns` (reads block 1);
+    the consumer (5 us, reads block 7). Durations are the ops' modeled times (end - start)."""
+    ops = pd.DataFrame({"op_id": [0, 1, 2, 3], "name": ["fsdp::all_gather_copy_in", name, "aten::mm", "aten::relu"],
+                        "start_ns": [0, 10_000, 11_000, 11_000 + middle_ns],
+                        "end_ns": [10_000, 11_000, 11_000 + middle_ns, 16_000 + middle_ns],
+                        "bytes_read": [S // 4, S, 0, 0], "bytes_written": [S, S // 4 * 3, 0, 0]})
+    acc = pd.DataFrame({"block_id": [7, 7, 1, 7], "t_ns": [0, 0, 0, 0], "op_id": [0, 1, 2, 3],
+                        "is_write": [True, True, False, False]})
+    return ops, acc
+
+
+class FakeTrace:
+    def __init__(self, ops, acc):
+        self.ops, self.accesses = ops, acc
+
+
+def test_ring_all_gather_duration_by_hand_intra_and_inter_node():
+    # N=4 in one node: NVLink 450 GB/s x 0.8 = 360 GB/s; 3/4 x 48 MB / 360 GB/s = 100 us, + 3 steps x 1 us
+    assert collective_ns("all_gather", S, 4, H100) == pytest.approx(103_000)
+    # N=16 over 2 nodes: NDR 50 GB/s x 0.8 = 40 GB/s; 15/16 x 48 MB / 40 GB/s = 1125 us, + 15 x 5 us
+    assert collective_ns("all_gather", S, 16, H100) == pytest.approx(1_200_000)
+    # all-reduce: twice the ring (reduce-scatter then all-gather)
+    assert collective_ns("all_reduce", S, 4, H100) == pytest.approx(206_000)
+    assert collective_ns("all_gather", S, 1, H100) == 0
+
+
+def test_compute_hides_the_all_gather_fully():
+    t = step_time(FakeTrace(*tiny(200_000)), 4, H100)
+    # AG 10_000..113_000; mm 10_000..210_000; relu 210_000..215_000 with no wait
+    assert (t["step_ns"], t["compute_ns"], t["comm_ns"], t["exposed_comm_ns"]) == (215_000, 215_000, 103_000, 0)
+    sched = t["schedule"].set_index("op_id")
+    assert (sched.loc[1, "start_ns"], sched.loc[1, "end_ns"], sched.loc[1, "stream"]) == (10_000, 113_000,
+                                                                                         "all_gather")
+
+
+def test_consumer_waits_for_the_all_gather_when_compute_is_short():
+    t = step_time(FakeTrace(*tiny(50_000)), 4, H100)
+    # mm ends at 60_000; relu waits for the AG (ends 113_000): step 118_000, compute 65_000, exposed 53_000
+    assert (t["step_ns"], t["compute_ns"], t["exposed_comm_ns"]) == (118_000, 65_000, 53_000)
+    assert t["schedule"].set_index("op_id").loc[3, "wait_ns"] == 53_000
+    t16 = step_time(FakeTrace(*tiny(200_000)), 16, H100)
+    # inter-node: AG 10_000..1_210_000; relu 1_210_000..1_215_000; compute 215_000
+    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (1_215_000, 1_000_000, "network")
+
+
+def test_collectives_on_one_stream_queue_behind_each_other():
+    ops, acc = tiny(1_000)
+    ops2 = pd.concat([ops.iloc[:2], ops.iloc[1:2].assign(op_id=9)], ignore_index=True)
+    acc2 = acc[acc.op_id < 2]
+    sched = schedule(ops2, acc2, 4, H100).set_index("op_id")
+    # both issued at 10_000 (after the copy-in); the second starts when the first ends
+    assert (sched.loc[9, "start_ns"], sched.loc[9, "end_ns"]) == (113_000, 216_000)
+
+
+def test_gpu_without_network_bandwidth_is_a_clear_error():
+    from memlens.errors import InputError
+    custom = gpu("H100").__class__(name="x", flops={"bf16": 1e15}, mem_bw=1e12)
+    with pytest.raises(InputError, match="network_bw"):
+        collective_ns("all_gather", S, 16, custom)
