@@ -15,7 +15,8 @@ def tiny(middle_ns, name="c10d::_allgather_base_"):
     ops = pd.DataFrame({"op_id": [0, 1, 2, 3], "name": ["fsdp::all_gather_copy_in", name, "aten::mm", "aten::relu"],
                         "start_ns": [0, 10_000, 11_000, 11_000 + middle_ns],
                         "end_ns": [10_000, 11_000, 11_000 + middle_ns, 16_000 + middle_ns],
-                        "bytes_read": [S // 4, S, 0, 0], "bytes_written": [S, S // 4 * 3, 0, 0]})
+                        # as the recorder counts an all-gather: reads shard + gathered output, writes the output
+                        "bytes_read": [S // 4, S + S // 4, 0, 0], "bytes_written": [S, S, 0, 0]})
     acc = pd.DataFrame({"block_id": [7, 7, 1, 7], "t_ns": [0, 0, 0, 0], "op_id": [0, 1, 2, 3],
                         "is_write": [True, True, False, False]})
     return ops, acc
@@ -69,3 +70,60 @@ def test_gpu_without_network_bandwidth_is_a_clear_error():
     custom = gpu("H100").__class__(name="x", flops={"bf16": 1e15}, mem_bw=1e12)
     with pytest.raises(InputError, match="network_bw"):
         collective_ns("all_gather", S, 16, custom)
+
+
+FSDP_STEP = r'''
+import sys, json
+sys.path.insert(0, %r)
+import memlens, torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from memlens.predict.distributed.steptime import collective_ns
+def step():
+    model = nn.Sequential(nn.Linear(1000, 510), nn.ReLU(), nn.Linear(510, 7)).cuda()
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(16, 1000, device="cuda")).sum().backward()
+    opt.step()
+d = memlens.predict(step, gpu="H100", world_size=4)
+st = d.step_time()[0]
+tt = d.timed_trace(0)
+o = d.predictions[0].trace.ops
+coll = o[o.name.str.startswith("c10d::")]
+print("RESULT=" + json.dumps({
+    "names": sorted(coll.name.unique().tolist()),
+    "comm_ns": st["comm_ns"], "step_ns": st["step_ns"], "compute_ns": st["compute_ns"],
+    "exposed": st["exposed_comm_ns"], "n": st["collectives"],
+    "compute_by_hand": int((o.end_ns - o.start_ns)[~o.name.str.startswith("c10d::")].sum()),
+    "clock": tt.metadata["clock"], "tt_end": int(tt.ops.end_ns.max()),
+    "tt_streams": sorted(tt.ops.stream.unique().tolist())}))
+'''
+
+
+def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", FSDP_STEP % str(root)], capture_output=True, text=True,
+                          timeout=900, cwd=root)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT=")]
+    assert lines, proc.stderr[-3000:]
+    r = json.loads(lines[-1][7:])
+    # FSDP2 on 2 Linear groups + root: 4 all-gathers (forward, backward re-gather) and 2 reduce-scatters
+    assert r["names"] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"] and r["n"] == 6
+    # gathered / unreduced sizes: Linear(1000, 510) with bias padded to 4 x 128 rows x 1001 fp32, Linear(510, 7)
+    # to 4 x 2 x 511; each gathered twice (forward, backward) and reduce-scattered once
+    big, small = 4 * 128 * 1001 * 4, 4 * 2 * 511 * 4
+    # by hand: 3/4 x S / (450 GB/s x 0.8) + 3 steps x 1 us per collective
+    by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (big, small))
+    assert abs(r["comm_ns"] - by_hand) <= 6
+    assert r["compute_ns"] == r["compute_by_hand"]
+    assert r["step_ns"] == r["compute_ns"] + r["exposed"] and r["exposed"] >= 0
+    assert r["clock"]["kind"] == "modeled" and r["clock"]["gpu"] == "H100 SXM" and "ring" in r["clock"]["model"]
+    assert r["tt_end"] == r["step_ns"]
+    assert r["tt_streams"] == ["all_gather", "compute", "reduce_scatter"]

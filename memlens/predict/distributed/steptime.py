@@ -77,7 +77,11 @@ def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu) ->
     names = ops["name"].to_numpy()
     ids = ops["op_id"].to_numpy()
     dur = (ops["end_ns"] - ops["start_ns"]).to_numpy(np.int64)
-    size = np.maximum(ops["bytes_read"].to_numpy(np.int64), ops["bytes_written"].to_numpy(np.int64))
+    # the ops table counts a collective's output argument among its reads too (all-gather: read = shard +
+    # gathered output, written = output; reduce-scatter: read = input + shard, written = shard), so the
+    # message (gathered output / unreduced input / the tensor) is the larger of written and read - written
+    read, wrote = ops["bytes_read"].to_numpy(np.int64), ops["bytes_written"].to_numpy(np.int64)
+    size = np.maximum(wrote, read - wrote)
     writes = accesses[accesses["is_write"].astype(bool)] if len(accesses) else accesses
     written = writes.groupby("op_id")["block_id"].apply(set).to_dict() if len(writes) else {}
     touched = accesses.groupby("op_id")["block_id"].apply(set).to_dict() if len(accesses) else {}
@@ -127,3 +131,26 @@ def step_time(trace, world_size: int, gpu) -> dict:
             "exposed_comm_ns": step - compute_ns, "collectives": len(coll), "link": which, "link_bw": bw,
             "step_latency_ns": lat, "efficiency": EFFICIENCY, "clock": "modeled GPU clock", "source": SOURCE,
             "schedule": sched}
+
+
+def onto_step_clock(trace, world_size: int, gpu):
+    """A new Trace of one predicted rank with every op at its place in the two-stream schedule (collectives
+    on their modeled start/end, compute ops delayed by their waits), so swap/prefetch what-ifs and the
+    analyses see the same modeled clock as `step_time`; ``metadata["clock"]`` per the clock contract, the
+    op's stream in a new ``stream`` column of the ops table. The input trace is not modified."""
+    from memlens.clock import restamp
+    from memlens.devicetime.gpus import gpu as resolve_gpu
+    from memlens.schema import make_clock
+    g = resolve_gpu(gpu)
+    t = step_time(trace, world_size, g)
+    sched = t["schedule"]
+    old = trace.metadata.get("clock") or {}
+    clock = make_clock("modeled", gpu=g.name, model=f"{old.get('model') or 'memlens.devicetime'}; collectives: "
+                       f"ring over {t['link']}, own streams overlapping compute (memlens steptime)",
+                       device_busy_ns=t["compute_ns"], kernels=old.get("kernels"))
+    out = restamp(trace, sched["start_ns"].to_numpy(), sched["end_ns"].to_numpy(), clock,
+                  op_columns={"stream": sched["stream"].to_numpy()},
+                  note=f"times are on the modeled clock of {g.name}: compute ops in host order, collectives on "
+                       f"their own streams ({t['source']})")
+    out.metadata.setdefault("prediction", {})["step_time"] = {k: v for k, v in t.items() if k != "schedule"}
+    return out
