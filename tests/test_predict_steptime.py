@@ -127,3 +127,41 @@ def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
     assert r["clock"]["kind"] == "modeled" and r["clock"]["gpu"] == "H100 SXM" and "ring" in r["clock"]["model"]
     assert r["tt_end"] == r["step_ns"]
     assert r["tt_streams"] == ["all_gather", "compute", "reduce_scatter"]
+
+
+def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        torch.distributed.init_process_group("nccl")
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
+        for m in model:
+            fully_shard(m)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(32, 256, device="cuda")).sum().backward()
+        opt.step()
+    """))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", *args, "--", "python",
+                               str(script)], capture_output=True, text=True, cwd=root, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    js = cli("--world-size", "4", "--ranks", "first", "--json")
+    assert js.returncode == 0, js.stderr[-2000:]
+    t = json.loads(js.stdout[js.stdout.index("{"):])["step_time"]["0"]
+    # gathered sizes: 4 shards of 128 x (256 + bias) and of 64 x (512 + bias) fp32; each gathered in forward and
+    # backward and reduce-scattered once; ring over NVLink 450 GB/s x 0.8, 3 steps x 1 us
+    by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (4 * 128 * 257 * 4, 4 * 64 * 513 * 4))
+    assert t["collectives"] == 6 and t["link"] == "NVLink" and abs(t["comm_ns"] - by_hand) <= 6
+    assert t["step_ns"] == t["compute_ns"] + t["exposed_comm_ns"]
+    text = cli("--world-size", "4", "--ranks", "first")
+    assert "step time:  rank 0" in text.stdout and "modeled, not measured" in text.stdout, text.stdout
