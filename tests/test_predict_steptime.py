@@ -165,3 +165,13 @@ def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
     assert t["step_ns"] == t["compute_ns"] + t["exposed_comm_ns"]
     text = cli("--world-size", "4", "--ranks", "first")
     assert "step time:  rank 0" in text.stdout and "modeled, not measured" in text.stdout, text.stdout
+
+
+def test_a_trace_without_collectives_says_communication_is_not_timed():
+    ops, acc = tiny(1_000)
+    keep = ops["op_id"] != 1
+    t = step_time(FakeTrace(ops[keep].reset_index(drop=True), acc[acc.op_id != 1]), 8, H100)
+    # compute only: 10_000 + 1_000 + 5_000 back to back, nothing waits
+    assert (t["step_ns"], t["comm_ns"], t["exposed_comm_ns"], t["collectives"]) == (16_000, 0, 0, 0)
+    assert "not timed" in t["note"]
+    assert step_time(FakeTrace(*tiny(1_000)), 8, H100)["note"] == ""

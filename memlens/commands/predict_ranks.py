@@ -69,6 +69,8 @@ def run_ranks(args, argv: list[str]) -> int:
                 print(f"step time:  rank {rank} {t['step_ns'] * ms:.3f} ms on the modeled GPU clock (compute "
                       f"{t['compute_ns'] * ms:.3f} ms, {t['collectives']} collectives {t['comm_ns'] * ms:.3f} ms over "
                       f"{t['link']}, exposed {t['exposed_comm_ns'] * ms:.3f} ms; modeled, not measured)")
+                if t["note"]:
+                    print(f"note:       rank {rank}: {t['note']}")
         if written:
             print(f"traces:     {', '.join(written)}")
         if s.get("report"):

@@ -130,7 +130,13 @@ def step_time(trace, world_size: int, gpu) -> dict:
     return {"step_ns": step, "compute_ns": compute_ns, "comm_ns": int((coll["end_ns"] - coll["start_ns"]).sum()),
             "exposed_comm_ns": step - compute_ns, "collectives": len(coll), "link": which, "link_bw": bw,
             "step_latency_ns": lat, "efficiency": EFFICIENCY, "clock": "modeled GPU clock", "source": SOURCE,
-            "schedule": sched}
+            "note": _NO_COLLECTIVES if world_size > 1 and not len(coll) else "", "schedule": sched}
+
+
+# DDP's C++ reducer calls the process group directly, outside the dispatcher, so its bucket all-reduces are
+# not ops in a predicted trace (checked: a DDP step records no c10d op); its step time is compute only
+_NO_COLLECTIVES = ("no c10d collective op in this rank's ops table (DDP's bucket all-reduces run outside the "
+                   "dispatcher and are not recorded): communication is not timed, the step time is compute only")
 
 
 def onto_step_clock(trace, world_size: int, gpu):
