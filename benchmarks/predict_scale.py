@@ -142,6 +142,10 @@ def main_fsdp2(layers: int, world_size: int) -> None:
           f"by-hand floor per rank {floor / 2**30:.2f} GiB")
     print(d.table())
     print(f"  {d.symmetry}; NCCL allowance {d.nccl['bytes'] / 2**20:.0f} MiB per rank")
+    for rank, st in sorted(d.step_time().items()):
+        print(f"  rank {rank} step time (modeled GPU clock, not measured): {st['step_ns'] / 1e6:.1f} ms; compute "
+              f"{st['compute_ns'] / 1e6:.1f} ms, {st['collectives']} collectives {st['comm_ns'] / 1e6:.1f} ms over "
+              f"{st['link']}, exposed {st['exposed_comm_ns'] / 1e6:.1f} ms")
 
 
 def whatifs(trace_path: str) -> None:

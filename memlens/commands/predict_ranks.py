@@ -48,6 +48,8 @@ def run_ranks(args, argv: list[str]) -> int:
         from memlens.report.predicted_ranks import write_predicted_ranks_report
         write_predicted_ranks_report(d, report_path)
         s["report"] = report_path
+    timing = {} if d.errors else d.step_time()      # ns on the modeled GPU clock, collectives included
+    s["step_time"] = {str(r): {k: v for k, v in t.items() if k != "schedule"} for r, t in timing.items()}
     if args.json:
         print_json(s)
     else:
@@ -62,6 +64,13 @@ def run_ranks(args, argv: list[str]) -> int:
             print(f"NCCL:       {d.nccl['bytes']:,} bytes per rank counted against capacity "
                   f"({d.nccl.get('formula', '')}; {d.nccl['source']})")
             print(f"fits:       {d.fits()}")
+            for rank, t in sorted(timing.items()):
+                ms = 1e-6
+                print(f"step time:  rank {rank} {t['step_ns'] * ms:.3f} ms on the modeled GPU clock (compute "
+                      f"{t['compute_ns'] * ms:.3f} ms, {t['collectives']} collectives {t['comm_ns'] * ms:.3f} ms over "
+                      f"{t['link']}, exposed {t['exposed_comm_ns'] * ms:.3f} ms; modeled, not measured)")
+                if t["note"]:
+                    print(f"note:       rank {rank}: {t['note']}")
         if written:
             print(f"traces:     {', '.join(written)}")
         if s.get("report"):

@@ -82,6 +82,10 @@ class GPU:
     norm_efficiency: float = 0.4          # achieved fraction of memory bandwidth by row-wise norm / short softmax
     softmax_block_efficiency: float = 0.2  # the same for softmax over rows > 1024 (one thread block per row)
     pageable_bw: float = 11e9             # bytes/s of host copies from pageable (not pinned) memory
+    nvlink_bw: float = 0.0                # bytes/s per GPU, one direction, GPU-to-GPU in a node (0: no NVLink)
+    network_bw: float = 0.0               # bytes/s per GPU across nodes (its NIC), one direction
+    gpus_per_node: int = 8
+    interconnect_source: str = "user-defined"
     source: str = "user-defined"
     latency_source: str = "user-defined"
     aliases: tuple = field(default=(), compare=False)
@@ -158,6 +162,13 @@ _PCIE3 = (13.2 * _GB, 12.2 * _GB)   # Zhang et al. measured (arXiv 1903.06631), 
 _PCIE4 = (25 * _GB, 25 * _GB)
 _PCIE5 = (50 * _GB, 50 * _GB)
 _C2C = (450 * _GB, 450 * _GB)
+# GPU-to-GPU links, one direction per GPU (datasheets give NVLink as bidirectional totals): H100/H200 SXM
+# NVLink 4 900 GB/s -> 450; A100 SXM NVLink 3 600 -> 300; V100 SXM2 NVLink 2 300 -> 150. Network: one NIC per
+# GPU as in DGX systems, InfiniBand NDR 400 Gb/s = 50 GB/s (Hopper), HDR 200 Gb/s = 25 GB/s (A100),
+# EDR 100 Gb/s = 12.5 GB/s (V100): an estimate of a typical cluster, not a property of the GPU.
+_NVL4 = {"nvlink_bw": 450 * _GB, "network_bw": 50 * _GB,
+         "interconnect_source": "NVLink 4 900 GB/s bidirectional (datasheet) -> 450 GB/s per direction; network "
+                                "estimate: one InfiniBand NDR 400 Gb/s NIC per GPU = 50 GB/s"}
 _MEASURED = "kernel durations in the public H100 TraceLens profile (AMD-AGI/TraceLens tests/traces/h100)"
 
 
@@ -194,7 +205,7 @@ BUILTIN: tuple[GPU, ...] = (
                                       "fp16": 989.4 * _T, "fp8": 1978.9 * _T, "int8": 1978.9 * _T},
             mem_bw=3.35e12, host_bw=_PCIE5, memory_bytes=80 * 2**30, compute_units=132, host_link="PCIe 5.0 x16",
             source="NVIDIA H100 Tensor Core GPU datasheet (SXM5 80GB), dense rates",
-            latency_source=_MEASURED, aliases=("h100", "h100-sxm", "h100_sxm", "h100 sxm5")),
+            latency_source=_MEASURED, **_NVL4, aliases=("h100", "h100-sxm", "h100_sxm", "h100 sxm5")),
     _nvidia("H100 PCIe", 1.755, flops={"fp64": 51 * _T, "fp32": 51 * _T, "tf32": 378 * _T, "bf16": 756 * _T,
                                         "fp16": 756 * _T, "fp8": 1513 * _T, "int8": 1513 * _T},
             mem_bw=2.0e12, host_bw=_PCIE5, memory_bytes=80 * 2**30, compute_units=114, host_link="PCIe 5.0 x16",
@@ -205,17 +216,20 @@ BUILTIN: tuple[GPU, ...] = (
             mem_bw=4.8e12, host_bw=_PCIE5, memory_bytes=141 * 10**9, compute_units=132, host_link="PCIe 5.0 x16",
             source="NVIDIA H200 Tensor Core GPU datasheet (SXM 141GB), dense rates",
             latency_source="H100 constants (same Hopper SM and clock); not measured on this part",
-            aliases=("h200", "h200-sxm", "h200_sxm")),
+            **_NVL4, aliases=("h200", "h200-sxm", "h200_sxm")),
     _nvidia("GH200", 1.98, flops={"fp64": 67 * _T, "fp32": 67 * _T, "tf32": 494.7 * _T, "bf16": 989.4 * _T,
                                    "fp16": 989.4 * _T, "fp8": 1978.9 * _T, "int8": 1978.9 * _T},
             mem_bw=4.0e12, host_bw=_C2C, latency_ns=2_000.0, memory_bytes=96 * 10**9, compute_units=132,
             host_link="NVLink-C2C", source="NVIDIA GH200 Grace Hopper Superchip datasheet (96GB HBM3), dense rates",
             latency_source="H100 constants (same Hopper SM and clock); not measured on this part",
-            aliases=("gh200",)),
+            **_NVL4, aliases=("gh200",)),
     _nvidia("A100 SXM 80GB", 1.41, flops={"fp64": 19.5 * _T, "fp32": 19.5 * _T, "tf32": 156 * _T, "bf16": 312 * _T,
                                            "fp16": 312 * _T, "int8": 624 * _T},
             mem_bw=2.039e12, host_bw=_PCIE4, memory_bytes=80 * 2**30, compute_units=108, host_link="PCIe 4.0 x16",
             source="NVIDIA A100 Tensor Core GPU datasheet (SXM 80GB), dense rates", attention_efficiency=_FA2_AMPERE,
+            nvlink_bw=300 * _GB, network_bw=25 * _GB,
+            interconnect_source="NVLink 3 600 GB/s bidirectional (datasheet) -> 300 GB/s per direction; network "
+                                "estimate: one InfiniBand HDR 200 Gb/s NIC per GPU = 25 GB/s",
             aliases=("a100", "a100-sxm", "a100_80gb", "a100-80gb")),
     _nvidia("L4", 2.04, flops={"fp32": 30.3 * _T, "tf32": 60 * _T, "bf16": 121 * _T, "fp16": 121 * _T,
                                 "fp8": 242.5 * _T, "int8": 242.5 * _T},
@@ -225,7 +239,10 @@ BUILTIN: tuple[GPU, ...] = (
     _nvidia("V100 SXM2 32GB", 1.53, flops={"fp64": 7.8 * _T, "fp32": 15.7 * _T, "fp16": 125 * _T},
             mem_bw=900e9, host_bw=_PCIE3, memory_bytes=32 * 2**30, compute_units=80, host_link="PCIe 3.0 x16",
             source="NVIDIA V100 Tensor Core GPU datasheet (SXM2); no bf16/tf32 tensor cores (they run at fp32)",
-            attention_efficiency=0.3, aliases=("v100", "v100-sxm2", "v100_32gb", "v100-dgxs", "v100 dgxs 32gb")),
+            attention_efficiency=0.3, nvlink_bw=150 * _GB, network_bw=12.5 * _GB,
+            interconnect_source="NVLink 2 300 GB/s bidirectional (datasheet) -> 150 GB/s per direction; network "
+                                "estimate: one InfiniBand EDR 100 Gb/s NIC per GPU = 12.5 GB/s",
+            aliases=("v100", "v100-sxm2", "v100_32gb", "v100-dgxs", "v100 dgxs 32gb")),
     GPU(name="MI300X", vendor="amd", clock_ghz=2.1, compute_units=304, memory_bytes=192 * 2**30,
         flops={"fp64": 163.4 * _T, "fp32": 163.4 * _T, "tf32": 653.7 * _T, "bf16": 1307.4 * _T,
                "fp16": 1307.4 * _T, "fp8": 2614.9 * _T, "int8": 2614.9 * _T},
@@ -318,7 +335,8 @@ def gpus() -> pd.DataFrame:
                     "attention_efficiency": g.attention_efficiency, "mem_efficiency": g.mem_efficiency,
                     "norm_efficiency": g.norm_efficiency, "softmax_block_efficiency": g.softmax_block_efficiency,
                     "misaligned_gemm_penalty": g.misaligned_gemm_penalty, "pageable_bw": g.pageable_bw,
-                    "compute_units": g.compute_units,
+                    "compute_units": g.compute_units, "nvlink_bw": g.nvlink_bw, "network_bw": g.network_bw,
+                    "gpus_per_node": g.gpus_per_node, "interconnect_source": g.interconnect_source,
                     "clock_ghz": g.clock_ghz, "source": g.source, "latency_source": g.latency_source})
         rows.append(row)
     return pd.DataFrame(rows)

@@ -78,6 +78,22 @@ class DistributedPrediction:
         what `memlens.max_batch(..., world_size=N)` bisects on."""
         return max((r.device_bytes_needed or 0 for r in self.results), default=0)
 
+    def step_time(self) -> dict:
+        """Per predicted rank (rank -> dict, ns on the modeled GPU clock): step time with collectives on their
+        own streams overlapping compute (`steptime`): ``step_ns``, ``compute_ns``, ``comm_ns``,
+        ``exposed_comm_ns``, the link and its assumptions, and the per-op ``schedule``."""
+        from memlens.predict.distributed.steptime import step_time
+        return {r: step_time(p.trace, self.world_size, self.gpu) for r, p in self.predictions.items()
+                if p.trace is not None and r not in self.errors}
+
+    def timed_trace(self, rank: int = 0):
+        """Rank `rank`'s predicted trace re-stamped onto the step schedule (collectives at their modeled
+        start/end on their own streams): `steptime.onto_step_clock`."""
+        from memlens.predict.distributed.steptime import onto_step_clock
+        if rank not in self.predictions or self.predictions[rank].trace is None or rank in self.errors:
+            raise InputError(f"rank {rank} was not predicted (ranks run: {sorted(self.predictions)})")
+        return onto_step_clock(self.predictions[rank].trace, self.world_size, self.gpu)
+
     def summary(self) -> dict:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,

@@ -1,0 +1,177 @@
+"""Step time on the modeled clock with collectives (memlens.predict.distributed.steptime), values by hand."""
+import pandas as pd
+import pytest
+
+from memlens.devicetime.gpus import gpu
+from memlens.predict.distributed.steptime import collective_ns, schedule, step_time
+
+H100 = gpu("H100")
+S = 48_000_000          # bytes gathered
+
+
+def tiny(middle_ns, name="c10d::_allgather_base_"):
+    """copy-in 10 us; the collective (writes block 7); an independent compute op of `middle_ns` (reads block 1);
+    the consumer (5 us, reads block 7). Durations are the ops' modeled times (end - start)."""
+    ops = pd.DataFrame({"op_id": [0, 1, 2, 3], "name": ["fsdp::all_gather_copy_in", name, "aten::mm", "aten::relu"],
+                        "start_ns": [0, 10_000, 11_000, 11_000 + middle_ns],
+                        "end_ns": [10_000, 11_000, 11_000 + middle_ns, 16_000 + middle_ns],
+                        # as the recorder counts an all-gather: reads shard + gathered output, writes the output
+                        "bytes_read": [S // 4, S + S // 4, 0, 0], "bytes_written": [S, S, 0, 0]})
+    acc = pd.DataFrame({"block_id": [7, 7, 1, 7], "t_ns": [0, 0, 0, 0], "op_id": [0, 1, 2, 3],
+                        "is_write": [True, True, False, False]})
+    return ops, acc
+
+
+class FakeTrace:
+    def __init__(self, ops, acc):
+        self.ops, self.accesses = ops, acc
+
+
+def test_ring_all_gather_duration_by_hand_intra_and_inter_node():
+    # N=4 in one node: NVLink 450 GB/s x 0.8 = 360 GB/s; 3/4 x 48 MB / 360 GB/s = 100 us, + 3 steps x 1 us
+    assert collective_ns("all_gather", S, 4, H100) == pytest.approx(103_000)
+    # N=16 over 2 nodes: NDR 50 GB/s x 0.8 = 40 GB/s; 15/16 x 48 MB / 40 GB/s = 1125 us, + 15 x 5 us
+    assert collective_ns("all_gather", S, 16, H100) == pytest.approx(1_200_000)
+    # all-reduce: twice the ring (reduce-scatter then all-gather)
+    assert collective_ns("all_reduce", S, 4, H100) == pytest.approx(206_000)
+    assert collective_ns("all_gather", S, 1, H100) == 0
+
+
+def test_compute_hides_the_all_gather_fully():
+    t = step_time(FakeTrace(*tiny(200_000)), 4, H100)
+    # AG 10_000..113_000; mm 10_000..210_000; relu 210_000..215_000 with no wait
+    assert (t["step_ns"], t["compute_ns"], t["comm_ns"], t["exposed_comm_ns"]) == (215_000, 215_000, 103_000, 0)
+    sched = t["schedule"].set_index("op_id")
+    assert (sched.loc[1, "start_ns"], sched.loc[1, "end_ns"], sched.loc[1, "stream"]) == (10_000, 113_000,
+                                                                                         "all_gather")
+
+
+def test_consumer_waits_for_the_all_gather_when_compute_is_short():
+    t = step_time(FakeTrace(*tiny(50_000)), 4, H100)
+    # mm ends at 60_000; relu waits for the AG (ends 113_000): step 118_000, compute 65_000, exposed 53_000
+    assert (t["step_ns"], t["compute_ns"], t["exposed_comm_ns"]) == (118_000, 65_000, 53_000)
+    assert t["schedule"].set_index("op_id").loc[3, "wait_ns"] == 53_000
+    t16 = step_time(FakeTrace(*tiny(200_000)), 16, H100)
+    # inter-node: AG 10_000..1_210_000; relu 1_210_000..1_215_000; compute 215_000
+    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (1_215_000, 1_000_000, "network")
+
+
+def test_collectives_on_one_stream_queue_behind_each_other():
+    ops, acc = tiny(1_000)
+    ops2 = pd.concat([ops.iloc[:2], ops.iloc[1:2].assign(op_id=9)], ignore_index=True)
+    acc2 = acc[acc.op_id < 2]
+    sched = schedule(ops2, acc2, 4, H100).set_index("op_id")
+    # both issued at 10_000 (after the copy-in); the second starts when the first ends
+    assert (sched.loc[9, "start_ns"], sched.loc[9, "end_ns"]) == (113_000, 216_000)
+
+
+def test_gpu_without_network_bandwidth_is_a_clear_error():
+    from memlens.errors import InputError
+    custom = gpu("H100").__class__(name="x", flops={"bf16": 1e15}, mem_bw=1e12)
+    with pytest.raises(InputError, match="network_bw"):
+        collective_ns("all_gather", S, 16, custom)
+
+
+FSDP_STEP = r'''
+import sys, json
+sys.path.insert(0, %r)
+import memlens, torch
+import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
+from memlens.predict.distributed.steptime import collective_ns
+def step():
+    model = nn.Sequential(nn.Linear(1000, 510), nn.ReLU(), nn.Linear(510, 7)).cuda()
+    for m in model:
+        if isinstance(m, nn.Linear):
+            fully_shard(m)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(16, 1000, device="cuda")).sum().backward()
+    opt.step()
+d = memlens.predict(step, gpu="H100", world_size=4)
+st = d.step_time()[0]
+tt = d.timed_trace(0)
+o = d.predictions[0].trace.ops
+coll = o[o.name.str.startswith("c10d::")]
+print("RESULT=" + json.dumps({
+    "names": sorted(coll.name.unique().tolist()),
+    "comm_ns": st["comm_ns"], "step_ns": st["step_ns"], "compute_ns": st["compute_ns"],
+    "exposed": st["exposed_comm_ns"], "n": st["collectives"],
+    "compute_by_hand": int((o.end_ns - o.start_ns)[~o.name.str.startswith("c10d::")].sum()),
+    "clock": tt.metadata["clock"], "tt_end": int(tt.ops.end_ns.max()),
+    "tt_streams": sorted(tt.ops.stream.unique().tolist())}))
+'''
+
+
+def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", FSDP_STEP % str(root)], capture_output=True, text=True,
+                          timeout=900, cwd=root)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT=")]
+    assert lines, proc.stderr[-3000:]
+    r = json.loads(lines[-1][7:])
+    # FSDP2 on 2 Linear groups + root: 4 all-gathers (forward, backward re-gather) and 2 reduce-scatters
+    assert r["names"] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"] and r["n"] == 6
+    # gathered / unreduced sizes: Linear(1000, 510) with bias padded to 4 x 128 rows x 1001 fp32, Linear(510, 7)
+    # to 4 x 2 x 511; each gathered twice (forward, backward) and reduce-scattered once
+    big, small = 4 * 128 * 1001 * 4, 4 * 2 * 511 * 4
+    # by hand: 3/4 x S / (450 GB/s x 0.8) + 3 steps x 1 us per collective
+    by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (big, small))
+    assert abs(r["comm_ns"] - by_hand) <= 6
+    assert r["compute_ns"] == r["compute_by_hand"]
+    assert r["step_ns"] == r["compute_ns"] + r["exposed"] and r["exposed"] >= 0
+    assert r["clock"]["kind"] == "modeled" and r["clock"]["gpu"] == "H100 SXM" and "ring" in r["clock"]["model"]
+    assert r["tt_end"] == r["step_ns"]
+    assert r["tt_streams"] == ["all_gather", "compute", "reduce_scatter"]
+
+
+def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch.distributed.fsdp import fully_shard
+        torch.distributed.init_process_group("nccl")
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
+        for m in model:
+            fully_shard(m)
+        fully_shard(model)
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(32, 256, device="cuda")).sum().backward()
+        opt.step()
+    """))
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", *args, "--", "python",
+                               str(script)], capture_output=True, text=True, cwd=root, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    js = cli("--world-size", "4", "--ranks", "first", "--json")
+    assert js.returncode == 0, js.stderr[-2000:]
+    t = json.loads(js.stdout[js.stdout.index("{"):])["step_time"]["0"]
+    # gathered sizes: 4 shards of 128 x (256 + bias) and of 64 x (512 + bias) fp32; each gathered in forward and
+    # backward and reduce-scattered once; ring over NVLink 450 GB/s x 0.8, 3 steps x 1 us
+    by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (4 * 128 * 257 * 4, 4 * 64 * 513 * 4))
+    assert t["collectives"] == 6 and t["link"] == "NVLink" and abs(t["comm_ns"] - by_hand) <= 6
+    assert t["step_ns"] == t["compute_ns"] + t["exposed_comm_ns"]
+    text = cli("--world-size", "4", "--ranks", "first")
+    assert "step time:  rank 0" in text.stdout and "modeled, not measured" in text.stdout, text.stdout
+
+
+def test_a_trace_without_collectives_says_communication_is_not_timed():
+    ops, acc = tiny(1_000)
+    keep = ops["op_id"] != 1
+    t = step_time(FakeTrace(ops[keep].reset_index(drop=True), acc[acc.op_id != 1]), 8, H100)
+    # compute only: 10_000 + 1_000 + 5_000 back to back, nothing waits
+    assert (t["step_ns"], t["comm_ns"], t["exposed_comm_ns"], t["collectives"]) == (16_000, 0, 0, 0)
+    assert "not timed" in t["note"]
+    assert step_time(FakeTrace(*tiny(1_000)), 8, H100)["note"] == ""
