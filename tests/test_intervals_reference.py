@@ -347,8 +347,11 @@ def _periodic_deadline_by_hand(trace: Trace, block: int, idle_from: int, window:
 
 def _load_by_hand(trace: Trace, window: tuple[int, int], period: int, swaps: pd.DataFrame, copies=range(-3, 6)):
     """Peak bytes over the middle of three repeated periods, instant by instant: the recorded window's blocks
-    (alive from alloc to free inclusive: events at one instant count adds first), less every swapped block
-    strictly between the end of its copy-out and the start of its copy-in, in every repetition."""
+    (as the trace orders events at one instant: the frees of blocks allocated earlier, then the allocs, then
+    the frees of blocks that live zero ns; so after the allocs of instant x a block is live when
+    alloc <= x < free, or alloc == free == x; at the period's start also the level carried into it, live just
+    before it: alloc < w0 <= free), less every swapped block strictly between the end of its copy-out and the
+    start of its copy-in, in every repetition."""
     w0, w1 = window
     lo, _ = trace.time_span_ns()
     b = trace.blocks[trace.blocks["device"] == DEVICE]
@@ -364,8 +367,11 @@ def _load_by_hand(trace: Trace, window: tuple[int, int], period: int, swaps: pd.
     best = 0
     for x in set(instants):
         tau = x + period  # the middle period
-        live = int(size[(alloc <= x) & (x <= free)].sum()) - int(z[(r < tau) & (tau < q)].sum())
-        best = max(best, live)
+        alive = (alloc <= x) & ((x < free) | ((alloc == x) & (free == x)))
+        saved = int(z[(r < tau) & (tau < q)].sum())
+        best = max(best, int(size[alive].sum()) - saved)
+        if x == w0:  # the level carried into the period: what was live just before its first instant
+            best = max(best, int(size[(alloc < x) & (x <= free)].sum()) - saved)
     return best
 
 
