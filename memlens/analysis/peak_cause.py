@@ -169,7 +169,7 @@ def _phase_of(trace, t_ns: int) -> dict | None:
 
 def _group_label(category: str, op: str) -> str:
     what = {"optimizer_state": "optimizer state", "temporary": "temporaries", "activation": "activations",
-            "gradient": "gradients", "parameter": "parameters", "workspace": "workspaces",
+            "gradient": "gradients", "parameter": "parameters", "workspace": "workspaces", "kv_cache": "KV caches",
             "input": "inputs", "unknown": "blocks the source does not describe"}.get(category, category.replace("_", " "))
     return what + (f" created by {op}" if op else "")
 

@@ -17,6 +17,9 @@ import pyarrow.compute as pc
 
 PHASE_NAMES = ("forward", "backward", "optimizer_step", "zero_grad")
 _WORKSPACE = ("cublas", "cudnn", "CUDABlasHandle", "getCurrentCUDABlasHandle", "cublasLt", "workspace")
+# a Python function named for a key/value cache: vLLM's CacheEngine._allocate_kv_cache, SGLang's / TensorRT-LLM's
+# KVCache classes' methods, HF's past_key_values handling, a model's own init_kv_cache
+KV_CACHE_NAMES = r"kv_?caches?|past_key_values"   # matched ignoring case
 
 
 def _norm(path: str) -> str:
@@ -137,7 +140,9 @@ def stack_facts(stacks: pd.DataFrame | None, codes=None) -> pd.DataFrame:
         "stack_id": ids[starts], "phase": phase, "accumulate_grad": any_(by_name(lambda x: "AccumulateGrad" in x, has("AccumulateGrad"))),
         "workspace": any_(by_name(lambda x: any(w in x for w in _WORKSPACE),
                                   lambda a: _any_of(a, [has(w) for w in _WORKSPACE]))), "setup": setup,
-        "model_key": keys, "model_line": model_line, "optimizer_code": is_optimizer})
+        "model_key": keys, "model_line": model_line, "optimizer_code": is_optimizer,
+        "kv_cache": any_(is_py & by_name(lambda x: _KV_CACHE.search(x) is not None,
+                                         lambda a: pc.match_substring_regex(a, KV_CACHE_NAMES, ignore_case=True)))})
 
 
 def _sorted_by_stack_and_depth(stacks: pd.DataFrame) -> bool:
@@ -201,5 +206,6 @@ def _any_of(arrow_values, kernels):
     return result
 
 
+_KV_CACHE = re.compile(KV_CACHE_NAMES, re.IGNORECASE)
 _WEIGHT_NAMES = re.compile(r"(^|_)(init_weights?|init_weight_list|create_weights|reset_parameters|"
                            r"load_state_dict|_load_from_state_dict|from_pretrained|load_checkpoint)($|_)")

@@ -11,6 +11,8 @@ Categories (REFERENCE section 4's names plus ``workspace``), each with the rule 
 1. ``optimizer_state``: allocated in the optimizer step and alive when it ends (AdamW ``exp_avg`` ...).
 2. ``temporary`` (optimizer): allocated in the optimizer step and freed within it.
 3. ``workspace``: a cuBLAS / cuDNN frame on the stack.
+3k. ``kv_cache``: made by a Python function named for a key/value cache (vLLM's ``_allocate_kv_cache``, a
+    ``KVCache`` class's methods, ``past_key_values``): inference state, neither activation nor parameter.
 3a. ``optimizer_state`` (optimizer code): made by an optimizer's code that no phase marks (the user's own
     AdamW, any file, any caller), parameter-sized and outliving that code's run of events
     (`memlens.io.snapshot_optimizer`).
@@ -115,6 +117,9 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(in_opt, "temporary", "allocated and freed within the optimizer step")
     assign(alloc_phase == "zero_grad", "temporary", "allocated in zero_grad")
     assign(fact("workspace", False).astype(bool) & (sid >= 0), "workspace", "cuBLAS / cuDNN frame on the stack")
+    if f is not None and "kv_cache" in f.columns:
+        assign(fact("kv_cache", False).astype(bool) & (sid >= 0), "kv_cache",
+               "made by a function named for a key/value cache (_allocate_kv_cache, KVCache, past_key_values)")
     setup = fact("setup", "").astype(object)
     size = b["size"].to_numpy(dtype=np.int64)
     if f is not None and f["optimizer_code"].any():
