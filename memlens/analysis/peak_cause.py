@@ -30,17 +30,29 @@ def _is_torch(filename: str) -> bool:
     return "/torch/" in f or f.startswith("torch/")
 
 
-def stack_sites(stacks: pd.DataFrame | None) -> pd.Series:
-    """stack_id -> "file.py:line function" of the innermost Python frame outside torch ("" when none)."""
+def site_frames(stacks: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per stack_id with its site frame, the innermost Python frame outside torch: ``stack_id``,
+    ``site`` (the label "file.py:line function"), ``filename``, ``line``, ``function``."""
+    cols = ["stack_id", "site", "filename", "line", "function"]
     if stacks is None or len(stacks) == 0:
-        return pd.Series(dtype=object)
+        return pd.DataFrame(columns=cols)
     st = stacks.sort_values(["stack_id", "depth"], kind="stable")
     files = st["filename"].astype(str)
     py = files.str.endswith(".py") & ~files.map(_is_torch)
     first = st[py.to_numpy()].groupby("stack_id", sort=True).head(1)
     base = first["filename"].astype(str).str.replace("\\", "/", regex=False).str.rsplit("/", n=1).str[-1]
-    label = base + ":" + first["line"].astype(str) + " " + first["name"].astype(str)
-    return pd.Series(label.to_numpy(), index=first["stack_id"].to_numpy())
+    return pd.DataFrame({"stack_id": first["stack_id"].to_numpy(np.int64),
+                         "site": (base + ":" + first["line"].astype(str) + " " + first["name"].astype(str)).to_numpy(),
+                         "filename": first["filename"].astype(str).to_numpy(),
+                         "line": first["line"].to_numpy(np.int64), "function": first["name"].astype(str).to_numpy()})
+
+
+def stack_sites(stacks: pd.DataFrame | None) -> pd.Series:
+    """stack_id -> "file.py:line function" of the innermost Python frame outside torch ("" when none)."""
+    if stacks is None or len(stacks) == 0:
+        return pd.Series(dtype=object)
+    frames = site_frames(stacks)
+    return pd.Series(frames["site"].to_numpy(), index=frames["stack_id"].to_numpy())
 
 
 def stack_lines(stacks: pd.DataFrame | None, stack_id, max_frames: int = 12) -> list[str]:

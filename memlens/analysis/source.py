@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 import numpy as np
 import pandas as pd
 
+from memlens.analysis.peak_cause import site_frames
 from memlens.errors import InputError
 
 MAX_FILE_BYTES = 4 << 20  # a Python source file larger than this is generated code, not worth reading
@@ -90,25 +91,6 @@ def _read_lines(path: str) -> list[str] | None:
     if len(data) > MAX_FILE_BYTES:
         return None
     return data.decode("utf-8", errors="replace").splitlines()
-
-
-def site_frames(stacks: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per stack_id with its site frame (the innermost Python frame outside torch, as in
-    `peak_cause.stack_sites`): ``stack_id``, ``site`` (the label), ``filename``, ``line``, ``function``."""
-    from memlens.analysis.peak_cause import _is_torch
-
-    cols = ["stack_id", "site", "filename", "line", "function"]
-    if stacks is None or len(stacks) == 0:
-        return pd.DataFrame(columns=cols)
-    st = stacks.sort_values(["stack_id", "depth"], kind="stable")
-    files = st["filename"].astype(str)
-    py = files.str.endswith(".py") & ~files.map(_is_torch)
-    first = st[py.to_numpy()].groupby("stack_id", sort=True).head(1)
-    base = first["filename"].astype(str).str.replace("\\", "/", regex=False).str.rsplit("/", n=1).str[-1]
-    return pd.DataFrame({"stack_id": first["stack_id"].to_numpy(np.int64),
-                         "site": (base + ":" + first["line"].astype(str) + " " + first["name"].astype(str)).to_numpy(),
-                         "filename": first["filename"].astype(str).to_numpy(),
-                         "line": first["line"].to_numpy(np.int64), "function": first["name"].astype(str).to_numpy()})
 
 
 def add_source_lines(trace, sites: pd.DataFrame, source_root=None, reader: SourceReader | None = None) -> pd.DataFrame:
