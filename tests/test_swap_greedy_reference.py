@@ -8,30 +8,7 @@ import pytest
 
 from memlens.swap.optimise import (PRIORITIES, _Evaluator, priority_scores, select, select_by_priority,
                                    select_peak_greedy)
-from memlens.swap.periodic import PeriodicLoadCurve
-from memlens.swap.schedule import LoadCurve
-
-
-def curve_of(t, delta) -> LoadCurve:
-    """A LoadCurve with the given events (ns, bytes)."""
-    c = LoadCurve.__new__(LoadCurve)
-    c.t, c.delta = np.asarray(t, np.int64), np.asarray(delta, np.int64)
-    return c
-
-
-def periodic_curve_of(t, delta, w0, w1) -> PeriodicLoadCurve:
-    """A PeriodicLoadCurve of the window [w0, w1): `t[0]` must be w0 (the carried level)."""
-    c = PeriodicLoadCurve.__new__(PeriodicLoadCurve)
-    c.t, c.delta = np.asarray(t, np.int64), np.asarray(delta, np.int64)
-    c.w0, c.w1, c.period = int(w0), int(w1), int(w1) - int(w0)
-    return c
-
-
-def cands_of(rows) -> pd.DataFrame:
-    """rows: (idle_from_ns, idle_to_ns, out_ns, in_ns, size) -> a candidates frame (doa = idle - out - in)."""
-    df = pd.DataFrame(rows, columns=["idle_from_ns", "idle_to_ns", "out_ns", "in_ns", "size"]).astype(np.int64)
-    df["doa_ns"] = df["idle_to_ns"] - df["idle_from_ns"] - df["out_ns"] - df["in_ns"]
-    return df
+from test_swap_optimise_reference import cands_of, curve_of, periodic_curve_of
 
 
 # ---- the peak-greedy: aimed at the current peak instant --------------------------------------------------------
