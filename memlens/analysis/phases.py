@@ -4,6 +4,7 @@ the ``phase`` column of its ops."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 # the recorders' op phases, named as the snapshot importer names the same phases
 OPS_PHASE_NAMES = {"forward": "forward", "backward": "backward", "optimizer": "optimizer_step"}
@@ -28,7 +29,7 @@ def phases_from_ops(ops) -> list[dict]:
         return []
     ops = ops.sort_values(["start_ns", "op_id"] if "op_id" in ops.columns else ["start_ns"], kind="stable")
     names = ops["phase"].astype(object).map(OPS_PHASE_NAMES).to_numpy(dtype=object)
-    keep = np.array([n is not None and n == n for n in names], dtype=bool)
+    keep = pd.notna(names)   # ops in no known phase map to NaN
     if not keep.any():
         return []
     names = names[keep].astype(str)
