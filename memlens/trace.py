@@ -41,33 +41,42 @@ from memlens.trace_checks import validate_trace
 from memlens.tracedir import save_trace
 
 
-def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
-    """Give every block an alloc_seq/free_seq when the producer left them out.
-
-    Order: by time; at equal times frees come before allocs (half-open lifetimes), then block_id; a block
-    allocated and freed at the same instant is freed after that instant's allocs (never before its own).
-    """
-    if len(blocks) == 0 or (blocks["alloc_seq"].notna().all() and
-                            (blocks["free_seq"].notna() | blocks["free_ns"].isna()).all()):
-        return blocks
-    n = len(blocks)
-    t = np.concatenate([
-        blocks["alloc_ns"].to_numpy(dtype="float64", na_value=-np.inf),
-        blocks["free_ns"].to_numpy(dtype="float64", na_value=np.inf),
-    ])
+def event_order(block_id: np.ndarray, alloc_ns: np.ndarray, alloc_missing: np.ndarray, free_ns: np.ndarray,
+                free_missing: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(alloc_seq, free_seq) of blocks, int64 (a free_seq where free_missing is meaningless): every block's
+    alloc and free placed in one order of events, by time (ns); at equal times frees come before allocs
+    (half-open lifetimes), then block_id; a block allocated and freed at the same instant is freed after
+    that instant's allocs (never before its own). An alloc time missing counts as before everything, a
+    free time missing as after everything."""
+    n = len(block_id)
+    alloc = np.asarray(alloc_ns, dtype=np.int64)
+    free = np.asarray(free_ns, dtype=np.int64)
+    t = np.concatenate([np.where(alloc_missing, -np.inf, alloc.astype(np.float64)),
+                        np.where(free_missing, np.inf, free.astype(np.float64))])
     # free (0) before alloc (1) at the same time; a block's own free never before its own alloc (2: a block
     # that lives zero ns is freed after the allocs of that instant)
-    zero_length = (blocks["alloc_ns"] == blocks["free_ns"]).fillna(False).to_numpy(dtype=bool)
+    zero_length = ~alloc_missing & ~free_missing & (alloc == free)
     kind = np.concatenate([np.ones(n), np.where(zero_length, 2.0, 0.0)])
-    bid = np.concatenate([blocks["block_id"].to_numpy(), blocks["block_id"].to_numpy()])
+    bid = np.concatenate([block_id, block_id])
     order = np.lexsort((bid, kind, t))
     rank = np.empty(2 * n, dtype=np.int64)
     rank[order] = np.arange(2 * n)
+    return rank[:n], rank[n:]
+
+
+def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
+    """Give every block an alloc_seq/free_seq when the producer left them out (`event_order`)."""
+    if len(blocks) == 0 or (blocks["alloc_seq"].notna().all() and
+                            (blocks["free_seq"].notna() | blocks["free_ns"].isna()).all()):
+        return blocks
+    free_missing = blocks["free_ns"].isna().to_numpy()
+    alloc_seq, free_seq = event_order(blocks["block_id"].to_numpy(),
+                                      blocks["alloc_ns"].to_numpy(dtype=np.int64, na_value=0),
+                                      blocks["alloc_ns"].isna().to_numpy(),
+                                      blocks["free_ns"].to_numpy(dtype=np.int64, na_value=0), free_missing)
     blocks = blocks.copy()
-    blocks["alloc_seq"] = pd.array(rank[:n], dtype="Int64")
-    free_seq = pd.array(rank[n:], dtype="Int64")
-    free_seq[blocks["free_ns"].isna().to_numpy()] = pd.NA
-    blocks["free_seq"] = free_seq
+    blocks["alloc_seq"] = pd.arrays.IntegerArray(alloc_seq, np.zeros(len(alloc_seq), dtype=bool))
+    blocks["free_seq"] = pd.arrays.IntegerArray(free_seq, free_missing.copy())
     return blocks
 
 

@@ -14,6 +14,7 @@ import memlens
 from memlens.record import build, compiled_signatures, join
 from memlens.record import recorder as recorder_module
 from memlens.record.assemble import assemble_trace
+from memlens.record.columns import Columns
 from record_workloads import transformer_training
 
 
@@ -122,7 +123,8 @@ def test_match_blocks_matches_the_pandas_as_of_join(seed):
     blocks, seen, alloc = _generated_join(seed)
     for tolerance in (0, 60, 200):
         expected = reference_match_blocks(blocks, seen, alloc, tolerance)
-        np.testing.assert_array_equal(join.match_blocks(blocks, seen, alloc, tolerance), expected)
+        np.testing.assert_array_equal(join.match_blocks(Columns.from_frame(blocks), seen, Columns.from_frame(alloc),
+                                                        tolerance), expected)
 
 
 def test_match_blocks_hand_computed_ties():
@@ -140,6 +142,7 @@ def test_match_blocks_hand_computed_ties():
     # block 1 (seen 150 at 32): row 2 ended at 120, row 3 starts at 200; equal distance 50 -> row 2
     # block 2 (cuda, seen 500 at 48): row 4 ended at 450, within 100 ns -> row 4 (128 >= 100 on CUDA)
     # block 3 (cpu, 9 bytes): no 9-byte allocation at 16 -> none
+    blocks, alloc = Columns.from_frame(blocks), Columns.from_frame(alloc)
     np.testing.assert_array_equal(join.match_blocks(blocks, seen, alloc, 100), [1, 2, 4, -1])
     np.testing.assert_array_equal(join.match_blocks(blocks, seen, alloc, 10), [1, -1, -1, -1])
 
@@ -161,7 +164,9 @@ def test_refine_autograd_seeds_matches_the_pandas_version(seed):
                              "t_ns": rng.integers(0, 5, na).astype(np.int64) * 10,
                              "op_id": rng.integers(0, n_ops + 2, na).astype(np.int64)})
     expected = reference_refine_autograd_seeds(blocks, accesses, ops)
-    pd.testing.assert_frame_equal(build.refine_autograd_seeds(blocks, accesses, ops), expected)
+    refined = build.refine_autograd_seeds(*(Columns.from_frame(t) for t in (blocks, accesses, ops)))
+    # (values; the traces' dtypes are compared in test_recorded_trace_is_the_same_as_with_the_pandas_build)
+    pd.testing.assert_frame_equal(refined.to_frame(), expected, check_dtype=len(blocks) > 0)
 
 
 @pytest.mark.parametrize("seed", range(100))
@@ -174,7 +179,7 @@ def test_first_seen_matches_the_groupby_version(seed):
     blocks = pd.DataFrame({"block_id": rng.permutation(nb + 5)[:nb].astype(np.int64), "alloc_op_id": alloc_op})
     accesses = pd.DataFrame({"block_id": rng.integers(0, nb + 5, na).astype(np.int64),
                              "t_ns": rng.integers(0, 1000, na).astype(np.int64)})
-    np.testing.assert_array_equal(join._first_seen(blocks, accesses, ops),
+    np.testing.assert_array_equal(join._first_seen(*(Columns.from_frame(t) for t in (blocks, accesses, ops))),
                                   reference_first_seen(blocks, accesses, ops))
 
 
@@ -193,6 +198,15 @@ def _conv_training():
         opt.zero_grad(set_to_none=True)
     run()
     return run, model
+
+
+def _on_frames(reference):
+    """`reference` (written on DataFrames) called with the recorder's `Columns` tables; a frame it returns
+    given back as Columns."""
+    def call(*args):
+        out = reference(*(a.to_frame() if isinstance(a, Columns) else a for a in args))
+        return Columns.from_frame(out) if isinstance(out, pd.DataFrame) else out
+    return call
 
 
 def _assert_traces_equal(a, b):
@@ -215,10 +229,11 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
         trace = original_build(self, session, allocator_data, exception)
         allocator_data, settings = self._allocator_and_settings(session, allocator_data)
         with monkeypatch.context() as m:      # the reference: pandas join/refine, no cached cost facts
-            m.setattr(join, "match_blocks", reference_match_blocks)
-            m.setattr(join, "_first_seen", reference_first_seen)
-            m.setattr(build, "refine_autograd_seeds", reference_refine_autograd_seeds)
-            m.setattr("memlens.record.assemble.refine_autograd_seeds", reference_refine_autograd_seeds)
+            m.setattr(join, "match_blocks", _on_frames(reference_match_blocks))
+            m.setattr(join, "_first_seen", _on_frames(reference_first_seen))
+            m.setattr(build, "refine_autograd_seeds", _on_frames(reference_refine_autograd_seeds))
+            m.setattr("memlens.record.assemble.refine_autograd_seeds",
+                      _on_frames(reference_refine_autograd_seeds))
             m.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})
             built["reference"] = assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
                                                 exception=exception)

@@ -1,12 +1,14 @@
 """Assemble the final Trace of a recording: dispatch-mode tables, joined allocator events, metadata."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from memlens.record.build import build_accesses, build_blocks, build_ops, refine_autograd_seeds
+from memlens.record.columns import Columns, Nullable
 from memlens.record.instruments import AllocatorData
 from memlens.record.session import Session
-from memlens.trace import Trace
+from memlens.trace import SCHEMA, SCHEMA_VERSION, Trace, conform, event_order
 
 
 def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict, clock: tuple[int, int],
@@ -21,15 +23,43 @@ def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict
     blocks = build_blocks(session, ops, op_module_idx)
     blocks, ops, metadata, extra = finish_tables(session, allocator, blocks, ops, accesses, iteration_source,
                                                  settings=settings, clock=clock, exception=exception)
-    trace = Trace.from_tables(blocks, accesses, ops, metadata=metadata, **extra)
+    trace = trace_of_columns(blocks, accesses, ops, metadata, extra)
     if "kernel_start_ns" in trace.ops.columns and trace.ops["kernel_start_ns"].notna().any():
         trace = _onto_kernel_clock(trace)
     return trace
 
 
-def finish_tables(session: Session, allocator: AllocatorData, blocks: pd.DataFrame, ops: pd.DataFrame,
-                  accesses: pd.DataFrame, iteration_source: str, *, settings: dict, clock: tuple[int, int],
-                  exception: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame, dict, dict]:
+# the frames' dtypes: the schema's, with "device" left to pandas' inference (its str dtype), as `conform`
+# casts it with astype(str)
+FRAME_DTYPES = {name: {c: ("str" if c == "device" else d) for c, d in cols.items()} for name, cols in SCHEMA.items()}
+
+
+def trace_of_columns(blocks: Columns, accesses: Columns | None, ops: Columns, metadata: dict,
+                     extra: dict) -> Trace:
+    """The Trace of a recording's tables, each made a DataFrame once with the schema's columns, order and
+    dtypes (the tables `Trace.from_tables` would make of them, without its per-column casts: the columns
+    here already have the schema's dtypes; `tests/test_record_close.py` checks the two agree)."""
+    blocks = blocks.copy()
+    if "stack_id" not in blocks:
+        blocks["stack_id"] = Nullable.absent(len(blocks))
+    alloc_ns, free_ns = blocks["alloc_ns"], blocks["free_ns"]
+    alloc_seq, free_seq = event_order(blocks["block_id"], alloc_ns.values, alloc_ns.missing, free_ns.values,
+                                      free_ns.missing)
+    blocks["alloc_seq"] = Nullable.of(alloc_seq)
+    blocks["free_seq"] = Nullable.of(free_seq, free_ns.missing)
+    if accesses is None:
+        accesses = Columns(0, {"block_id": np.empty(0, np.int64), "t_ns": np.empty(0, np.int64),
+                               "op_id": np.empty(0, np.int64), "is_write": np.empty(0, bool)})
+    meta = {"schema_version": SCHEMA_VERSION, "source_kind": "unknown", "notes": []}
+    meta.update(metadata)
+    tables = {k: (conform(k, v) if v is not None else None) for k, v in extra.items()}
+    return Trace(blocks=blocks.to_frame(FRAME_DTYPES["blocks"]), accesses=accesses.to_frame(FRAME_DTYPES["accesses"]),
+                 ops=ops.to_frame(FRAME_DTYPES["ops"]), metadata=meta, **tables)
+
+
+def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, ops: Columns,
+                  accesses: Columns, iteration_source: str, *, settings: dict, clock: tuple[int, int],
+                  exception: str | None = None) -> tuple[Columns, Columns, dict, dict]:
     """(blocks, ops, metadata, optional tables) of a recording from its dispatch-mode tables: autograd seeds
     refined, allocator events joined, kernel times added to the ops, metadata and the optional tables.
 
@@ -55,7 +85,7 @@ def finish_tables(session: Session, allocator: AllocatorData, blocks: pd.DataFra
         notes.append(f"recording stopped early: {session.stop_reason}")
     if exception:
         notes.append(f"the recorded block raised {exception}; the trace covers everything up to it")
-    devices = sorted(set(blocks["device"].unique().tolist()) | set(session.devices))
+    devices = sorted(set(np.asarray(blocks["device"], dtype=object).tolist()) | set(session.devices))
     peak_tracked = _peak_tracked(session)
     buffer_bytes = event_buffer_bytes(session)
     metadata = {
@@ -149,10 +179,11 @@ def _peak_tracked(session: Session) -> int:
     return int(np.cumsum(delta[order]).max())
 
 
-def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: int) -> pd.DataFrame:
+def _with_kernel_times(ops: Columns, kernels: pd.DataFrame, to_trace_ns: int) -> Columns:
     """Add kernel_start_ns / kernel_end_ns / kernels / kernel_busy_ns (the GPU activity each op launched,
     trace ns) to the ops table."""
     from memlens.record.cuda import kernel_times_per_op
+    ops = ops.to_frame(FRAME_DTYPES["ops"])
     k = pd.DataFrame({"launch_ns": kernels["launch_unix_ns"] + to_trace_ns,
                       "start_ns": kernels["start_unix_ns"] + to_trace_ns,
                       "end_ns": kernels["end_unix_ns"] + to_trace_ns})
@@ -163,4 +194,4 @@ def _with_kernel_times(ops: pd.DataFrame, kernels: pd.DataFrame, to_trace_ns: in
     out = ops.merge(per_op, on="op_id", how="left")
     for col in ("kernel_start_ns", "kernel_end_ns", "kernels", "kernel_busy_ns"):
         out[col] = out[col].astype("Int64")
-    return out
+    return Columns.from_frame(out)

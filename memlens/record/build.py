@@ -14,10 +14,10 @@ What is decided here, and how (the `category_rule` column says which rule gave e
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from memlens.record.attribution import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
                                         MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER)
+from memlens.record.columns import Columns, Nullable, objects
 from memlens.record.session import Session
 
 _MARK_CATEGORY = {
@@ -31,7 +31,7 @@ _MARK_CATEGORY = {
 _MARK_PRIORITY = [MARK_PARAMETER, MARK_BUFFER, MARK_OPTIMIZER_STATE, MARK_GRADIENT, MARK_INPUT]
 
 
-def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
+def build_ops(session: Session) -> tuple[Columns, np.ndarray, str]:
     """The ops table, each op's module index (backward mapped to forward), and the iteration source."""
     raw = session.buf.ops.to_numpy()
     n = len(raw)
@@ -47,34 +47,21 @@ def build_ops(session: Session) -> tuple[pd.DataFrame, np.ndarray, str]:
     paths = np.asarray(session.module_paths, dtype=object)
     columns = {
         "op_id": np.arange(n, dtype=np.int64),
-        "name": _objects(names[name_idx] if n else np.empty(0, object)),
+        "name": names[name_idx] if n else np.empty(0, object),
         "start_ns": start - session.t_start,
         "end_ns": end - session.t_start,
-        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
+        "module": paths[module_idx] if n else np.empty(0, object),
         "iteration": iteration,
         "phase": phase,
         # >= 0: autograd sequence counter after a non-backward op; < 0: -2 - the backward node's number
         "autograd_seq": aseq,
     }
-    # every column in the one construction (a column set after it rebuilds the frame's blocks)
-    for col, values in _cost_columns(session, n).items():
-        columns[col] = _objects(values) if values.dtype == object else values
+    columns.update(_cost_columns(session, n))
     if session.stack_table is not None:   # one stack id per op, appended right after the op record
         stack = session.buf.op_stacks.to_numpy()[:n, 0]
         stack = np.concatenate([stack, np.full(n - len(stack), -1, dtype=np.int64)])
-        columns["stack_id"] = _masked(stack, stack < 0)
-    return pd.DataFrame(columns), module_idx, source
-
-
-def _masked(values, missing) -> pd.arrays.IntegerArray:
-    """An Int64 column of `values` with NA where `missing` (built at once, not set row by row)."""
-    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(missing, dtype=bool))
-
-
-def _objects(values) -> pd.Series:
-    """A text column kept as Python objects (the schema's dtype): pandas would otherwise infer its str
-    dtype from the array, and `Trace.from_tables` cast it back, both a copy per column."""
-    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+        columns["stack_id"] = Nullable.of(stack, stack < 0)
+    return Columns(n, columns), module_idx, source
 
 
 def _cost_columns(session: Session, n: int) -> dict:
@@ -115,27 +102,26 @@ def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.nda
     return out
 
 
-def _iterations(session: Session, n: int) -> tuple[pd.array, str]:
+def _iterations(session: Session, n: int) -> tuple[Nullable, str]:
     marks = session.buf.iter_marks.to_numpy()
     for kind, source in ((ITER_STEP, "memlens.step"), (ITER_OPTIMIZER, "optimizer.step")):
         at = np.sort(marks[marks[:, 1] == kind, 0]) if len(marks) else np.empty(0, np.int64)
         if len(at):
-            it = np.searchsorted(at, np.arange(n), side="right").astype(np.int64)
-            return pd.array(it, dtype="Int64"), source
-    return pd.array(np.full(n, pd.NA), dtype="Int64"), "none"
+            return Nullable.of(np.searchsorted(at, np.arange(n), side="right")), source
+    return Nullable.absent(n), "none"
 
 
-def build_accesses(session: Session, ops: pd.DataFrame) -> pd.DataFrame:
+def build_accesses(session: Session, ops: Columns) -> Columns:
     """One row per (op, block) the op touched; reads at the op's start, writes at its end."""
     raw = session.buf.ops.to_numpy()
     acc_end = raw[:, 5] if len(raw) else np.empty(0, np.int64)
     packed = session.buf.accesses.to_numpy()[:, 0]
     counts = np.diff(np.concatenate([[0], acc_end]))
-    return accesses_of_ops(packed, counts, 0, ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy())
+    return accesses_of_ops(packed, counts, 0, ops["start_ns"], ops["end_ns"])
 
 
 def accesses_of_ops(packed: np.ndarray, counts: np.ndarray, first_op: int, start: np.ndarray,
-                    end: np.ndarray) -> pd.DataFrame:
+                    end: np.ndarray) -> Columns:
     """The accesses rows of the ops `first_op`, `first_op` + 1, ... (`counts[i]` packed records, block << 1 |
     write, each, in op order in `packed`), `start`/`end` every op's times (trace ns). Rows come sorted by
     (op, block), so the rows of consecutive op ranges, concatenated, are the rows of the whole range (the
@@ -152,10 +138,10 @@ def accesses_of_ops(packed: np.ndarray, counts: np.ndarray, first_op: int, start
     keep[1:] = (op_id[1:] != op_id[:-1]) | (block_id[1:] != block_id[:-1])
     op_id, block_id, is_write = op_id[keep], block_id[keep], is_write[keep]
     t = np.where(is_write, end[op_id], start[op_id]) if len(op_id) else np.empty(0, np.int64)
-    return pd.DataFrame({"block_id": block_id, "t_ns": t, "op_id": op_id, "is_write": is_write})
+    return Columns(len(op_id), {"block_id": block_id, "t_ns": t, "op_id": op_id, "is_write": is_write})
 
 
-def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray) -> pd.DataFrame:
+def build_blocks(session: Session, ops: Columns, op_module_idx: np.ndarray) -> Columns:
     """The blocks the dispatch mode saw, with frees, attribution and categories."""
     raw = session.buf.blocks.to_numpy()
     raw = raw[np.argsort(raw[:, 0], kind="stable")]
@@ -167,36 +153,34 @@ def build_blocks(session: Session, ops: pd.DataFrame, op_module_idx: np.ndarray)
     if len(frees):
         free_t[frees[:, 0]] = frees[:, 1]
     t0 = session.t_start
-    alloc_ns = _masked(np.where(before, 0, alloc_t - t0), before)
-    free_ns = _masked(np.where(free_t >= 0, free_t - t0, 0), free_t < 0)
+    alloc_ns = Nullable.of(np.where(before, 0, alloc_t - t0), before)
+    free_ns = Nullable.of(np.where(free_t >= 0, free_t - t0, 0), free_t < 0)
     n_ops = len(ops)
     made_here = ~before & (alloc_op < n_ops)
     safe_op = np.clip(alloc_op, 0, max(n_ops - 1, 0))
-    names = ops["name"].to_numpy(dtype=object) if n_ops else np.empty(0, object)
-    phases = ops["phase"].to_numpy(dtype=object) if n_ops else np.empty(0, object)
-    op_name = np.where(made_here, names[safe_op] if n_ops else "", "")
+    names, phases = ops["name"], ops["phase"]
+    op_name = objects(np.where(made_here, names[safe_op] if n_ops else "", ""))
     module_idx = np.where(made_here, op_module_idx[safe_op] if n_ops else 0, 0)
     phase = np.where(made_here, phases[safe_op] if n_ops else "", "")
     category, rule, module_idx = _categories(session, n, before, made_here, phase, module_idx, ops, safe_op)
     paths = np.asarray(session.module_paths, dtype=object)
     devices = np.asarray(session.devices, dtype=object)
     columns = {
-        "block_id": bid, "device": _objects(devices[dev] if n else np.empty(0, object)),
-        "addr": pd.array(addr, dtype="Int64"), "size": size,
+        "block_id": bid, "device": devices[dev] if n else np.empty(0, object),
+        "addr": Nullable.of(addr), "size": size,
         "alloc_ns": alloc_ns, "free_ns": free_ns,
-        "category": _objects(category), "op": _objects(op_name),
-        "alloc_op_id": pd.arrays.IntegerArray(np.where(made_here, alloc_op, 0).astype(np.int64), ~made_here),
-        "module": _objects(paths[module_idx] if n else np.empty(0, object)),
+        "category": category, "op": op_name,
+        "alloc_op_id": Nullable.of(np.where(made_here, alloc_op, 0), ~made_here),
+        "module": paths[module_idx] if n else np.empty(0, object),
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": before,
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, "dispatch", dtype=object)),
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": np.full(n, "dispatch", dtype=object),
         "category_rule": rule,
     }
-    if "stack_id" in ops.columns:
-        stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)
-        sid = np.where(made_here, np.nan_to_num(stack[safe_op], nan=-1), -1).astype(np.int64) if n_ops \
-            else np.full(n, -1, dtype=np.int64)
-        columns["stack_id"] = _masked(sid, sid < 0)
-    return pd.DataFrame(columns)
+    if "stack_id" in ops:
+        stack = ops["stack_id"].filled(-1)
+        sid = np.where(made_here, stack[safe_op], -1) if n_ops else np.full(n, -1, dtype=np.int64)
+        columns["stack_id"] = Nullable.of(sid, sid < 0)
+    return Columns(n, columns)
 
 
 def _categories(session, n, before, made_here, phase, module_idx, ops, safe_op):
@@ -234,33 +218,33 @@ def _categories(session, n, before, made_here, phase, module_idx, ops, safe_op):
     return category, rule, module_idx
 
 
-def _records_history(ops: pd.DataFrame, safe_op: np.ndarray) -> np.ndarray:
+def _records_history(ops: Columns, safe_op: np.ndarray) -> np.ndarray:
     """Per block: did its allocating op create an autograd node (i.e. is it part of the graph)?"""
-    if "autograd_seq" not in ops.columns or len(ops) == 0:
+    if "autograd_seq" not in ops or len(ops) == 0:
         return np.zeros(len(safe_op), dtype=bool)
-    seq = ops["autograd_seq"].to_numpy()
+    seq = ops["autograd_seq"]
     seen = np.maximum.accumulate(np.where(seq >= 0, seq, -1))
     prev = np.concatenate([[seq[0] if seq[0] >= 0 else -1], seen[:-1]])
     created = (seq >= 0) & (seq > prev)
     return created[safe_op]
 
 
-def refine_autograd_seeds(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+def refine_autograd_seeds(blocks: Columns, accesses: Columns, ops: Columns) -> Columns:
     """Unknown blocks made during recording whose first reader (another op) runs in backward are
     autograd's own tensors, e.g. the ``ones_like`` gradient seed of ``loss.backward()``."""
-    cand = (blocks["category"].to_numpy(dtype=object) == "unknown") & blocks["alloc_op_id"].notna().to_numpy()
+    cand = (blocks["category"] == "unknown") & blocks["alloc_op_id"].present()
     if not cand.any() or len(accesses) == 0:
         return blocks
-    bid = blocks["block_id"].to_numpy(dtype=np.int64)
-    made_by = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)
+    bid = blocks["block_id"]
+    made_by = blocks["alloc_op_id"].filled(-1)
     # each access's candidate block row (block ids are unique); -1 where its block is no candidate
     order = np.argsort(bid, kind="stable")
-    acc_bid = accesses["block_id"].to_numpy(dtype=np.int64)
+    acc_bid = accesses["block_id"]
     pos = np.clip(np.searchsorted(bid[order], acc_bid), 0, len(bid) - 1)
     row = np.where(bid[order][pos] == acc_bid, order[pos], -1)
-    acc_op = accesses["op_id"].to_numpy(dtype=np.int64)
+    acc_op = accesses["op_id"]
     keep = (row >= 0) & cand[np.maximum(row, 0)] & (acc_op != made_by[np.maximum(row, 0)])
-    row, acc_op, acc_t = row[keep], acc_op[keep], accesses["t_ns"].to_numpy(dtype=np.int64)[keep]
+    row, acc_op, acc_t = row[keep], acc_op[keep], accesses["t_ns"][keep]
     if len(row) == 0:
         return blocks
     # each candidate's first access by another op: the least (time, op)
@@ -268,16 +252,16 @@ def refine_autograd_seeds(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.
     head = np.ones(len(first), dtype=bool)
     head[1:] = bid[row[first[1:]]] != bid[row[first[:-1]]]
     first = first[head]
-    op_ids = ops["op_id"].to_numpy(dtype=np.int64)
-    phases = ops["phase"].to_numpy(dtype=object)
+    op_ids = ops["op_id"]
+    phases = ops["phase"]
     at = np.clip(np.searchsorted(op_ids, acc_op[first]), 0, max(len(op_ids) - 1, 0))
     found = (op_ids[at] == acc_op[first]) if len(op_ids) else np.zeros(len(first), bool)
     seed_rows = row[first][found & (phases[at] == "backward" if len(op_ids) else found)]
     if len(seed_rows) == 0:
         return blocks
-    hit = np.zeros(len(blocks), dtype=bool)
-    hit[seed_rows] = True
     blocks = blocks.copy()
-    blocks.loc[hit, "category"] = "autograd_detail"
-    blocks.loc[hit, "category_rule"] = "made outside modules with no autograd history, first read by backward"
+    category, rule = blocks["category"].copy(), blocks["category_rule"].copy()
+    category[seed_rows] = "autograd_detail"
+    rule[seed_rows] = "made outside modules with no autograd history, first read by backward"
+    blocks["category"], blocks["category_rule"] = category, rule
     return blocks

@@ -4,8 +4,8 @@ builder (`memlens.record.assemble`) serves both backends. Mixed into `CompiledSe
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
+from memlens.record.columns import Columns
 from memlens.record.stacks import StackTable
 
 OP_DTYPE = np.dtype([("dstart", "<i4"), ("dur", "<u4"), ("aseq", "<i4"), ("sig_nacc", "<u4")])
@@ -145,7 +145,7 @@ class CompiledDrain:
         stream.data = stream.data.__class__("q")
         stream.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
 
-    def _memory_events(self, mem, blocks, frees) -> pd.DataFrame:
+    def _memory_events(self, mem, blocks, frees) -> Columns:
         """Every allocator event as the profiler would list it: the raw ones plus the allocations (and
         frees) folded into block records, put back."""
         claimed = np.flatnonzero(blocks["claimed"])
@@ -161,11 +161,9 @@ class CompiledDrain:
         dev.append(blocks["dev"][fb[fc]].astype(np.int64))
         devices = np.asarray(self.devices + ["?"], dtype=object)
         t_all = np.concatenate(t).astype(np.int64)
-        # sorted as arrays, then one frame (a sorted copy of a frame held two frames: ~70 bytes per event)
         order = np.argsort(t_all, kind="stable")
         dev_all = np.concatenate(dev).astype(np.int64)[order]
-        return pd.DataFrame({"t_ns": t_all[order],
-                             "device": pd.Series(devices[np.where(dev_all < len(self.devices), dev_all,
-                                                                  len(self.devices))], dtype=object),
-                             "addr": np.concatenate(ptr).astype(np.int64)[order],
-                             "delta": np.concatenate(delta).astype(np.int64)[order]})
+        return Columns(len(t_all), {"t_ns": t_all[order],
+                                    "device": devices[np.where(dev_all < len(self.devices), dev_all, len(self.devices))],
+                                    "addr": np.concatenate(ptr).astype(np.int64)[order],
+                                    "delta": np.concatenate(delta).astype(np.int64)[order]})

@@ -34,7 +34,7 @@ _profiler_owner: list = []
 class AllocatorData:
     """What the instruments saw, on the wall clock (unix ns); `assemble` moves it to trace time."""
 
-    events: pd.DataFrame | None = None      # t_unix_ns, device, addr, delta (+alloc / -free bytes)
+    events: object = None      # DataFrame or record.columns.Columns: t_unix_ns, device, addr, delta (+alloc / -free bytes)
     snapshot: dict | None = None            # CUDA memory snapshot (torch.cuda.memory._snapshot())
     kernels: pd.DataFrame | None = None     # launch_unix_ns, start_unix_ns, end_unix_ns (CUDA)
     sources: list = field(default_factory=list)

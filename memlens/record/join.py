@@ -21,38 +21,33 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.record.columns import Columns, Nullable, objects
 from memlens.record.instruments import AllocatorData
 
 MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 
 
-def _objects(values) -> pd.Series:
-    """A text column kept as Python objects (the schema's dtype), not pandas' inferred str dtype."""
-    return pd.Series(np.asarray(values, dtype=object), dtype=object, copy=False)
+def as_columns(table) -> Columns:
+    """`table` as `Columns` (a DataFrame is converted once; Columns pass through)."""
+    return table if isinstance(table, Columns) else Columns.from_frame(table)
 
 
-def _masked(values, missing) -> pd.arrays.IntegerArray:
-    """An Int64 column of `values` with NA where `missing` (built at once, not set row by row)."""
-    return pd.arrays.IntegerArray(np.asarray(values, dtype=np.int64), np.asarray(missing, dtype=bool))
-
-
-def pair_events(events: pd.DataFrame) -> pd.DataFrame:
-    """Allocator events (t_ns, device, addr, delta) -> blocks (device, addr, size, alloc_t, free_t).
+def pair_events(events) -> Columns:
+    """Allocator events (t_ns, device, addr, delta; a DataFrame or `Columns`) -> allocator blocks (device,
+    addr, size, alloc_t, free_t; alloc_t / free_t `Nullable`).
 
     A free with no alloc before it (allocated before the instrument started) gives a row with
     alloc_t missing; an alloc never freed has free_t missing. Times stay in the events' unit.
     """
     if events is None or len(events) == 0:
-        return pd.DataFrame({"device": pd.Series(dtype=object), "addr": pd.Series(dtype=np.int64),
-                             "size": pd.Series(dtype=np.int64), "alloc_t": pd.Series(dtype="Int64"),
-                             "free_t": pd.Series(dtype="Int64")})
-    ev = events.reset_index(drop=True)
+        return Columns(0, {"device": np.empty(0, object), "addr": np.empty(0, np.int64),
+                           "size": np.empty(0, np.int64), "alloc_t": Nullable.absent(0),
+                           "free_t": Nullable.absent(0)})
+    ev = as_columns(events)
     dev_code, dev_names = pd.factorize(ev["device"])
-    order = np.lexsort((np.arange(len(ev)), ev["t_ns"].to_numpy(), ev["addr"].to_numpy(), dev_code))
-    t = ev["t_ns"].to_numpy()[order]
-    addr = ev["addr"].to_numpy()[order]
-    delta = ev["delta"].to_numpy()[order]
-    dev = dev_code[order]
+    t_in, addr_in, delta_in = (np.asarray(ev[c], dtype=np.int64) for c in ("t_ns", "addr", "delta"))
+    order = np.lexsort((np.arange(len(ev)), t_in, addr_in, dev_code))
+    t, addr, delta, dev = t_in[order], addr_in[order], delta_in[order], dev_code[order]
     same_next = np.zeros(len(t), dtype=bool)
     same_next[:-1] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
     is_alloc = delta > 0
@@ -67,33 +62,34 @@ def pair_events(events: pd.DataFrame) -> pd.DataFrame:
     free_t = np.full(len(alloc_rows), -1, dtype=np.int64)
     has = paired[alloc_rows]
     free_t[has] = t[alloc_rows[has] + 1]
-    out_alloc = pd.DataFrame({
-        "device": _objects(np.asarray(dev_names, dtype=object)[dev[alloc_rows]]), "addr": addr[alloc_rows],
-        "size": delta[alloc_rows], "alloc_t": pd.array(t[alloc_rows], dtype="Int64"),
-        "free_t": _masked(np.where(has, free_t, 0), ~has)})
-    out_free = pd.DataFrame({
-        "device": _objects(np.asarray(dev_names, dtype=object)[dev[free_rows]]), "addr": addr[free_rows],
-        "size": -delta[free_rows], "alloc_t": pd.array([pd.NA] * len(free_rows), dtype="Int64"),
-        "free_t": pd.array(t[free_rows], dtype="Int64")})
-    return pd.concat([out_alloc, out_free], ignore_index=True)
+    names = np.asarray(dev_names, dtype=object)
+    rows = np.concatenate([alloc_rows, free_rows])
+    n_alloc, n_free = len(alloc_rows), len(free_rows)
+    return Columns(len(rows), {
+        "device": names[dev[rows]], "addr": addr[rows],
+        "size": np.concatenate([delta[alloc_rows], -delta[free_rows]]),
+        "alloc_t": Nullable.of(np.concatenate([t[alloc_rows], np.zeros(n_free, np.int64)]),
+                               np.concatenate([np.zeros(n_alloc, bool), np.ones(n_free, bool)])),
+        "free_t": Nullable.of(np.concatenate([np.where(has, free_t, 0), t[free_rows]]),
+                              np.concatenate([~has, np.zeros(n_free, bool)]))})
 
 
-def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame) -> np.ndarray:
+def _first_seen(blocks: Columns, accesses: Columns, ops: Columns) -> np.ndarray:
     """When the dispatch mode knew each block existed: its op's end, or its first access (-1: never)."""
     seen = np.full(len(blocks), -1, dtype=np.int64)
-    made = blocks["alloc_op_id"].notna().to_numpy()
+    made = blocks["alloc_op_id"].present()
     if len(ops) and made.any():
-        op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)
-        seen[made] = ops["end_ns"].to_numpy()[op[made]]
+        op = blocks["alloc_op_id"].filled(-1)
+        seen[made] = ops["end_ns"][op[made]]
     if len(accesses) and len(blocks):
         # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
-        acc_block = accesses["block_id"].to_numpy(dtype=np.int64)
-        acc_t = accesses["t_ns"].to_numpy(dtype=np.int64)
+        acc_block = np.asarray(accesses["block_id"], dtype=np.int64)
+        acc_t = np.asarray(accesses["t_ns"], dtype=np.int64)
         order = np.lexsort((acc_t, acc_block))
         head = np.ones(len(order), dtype=bool)
         head[1:] = acc_block[order[1:]] != acc_block[order[:-1]]
         first_block, first_t = acc_block[order[head]], acc_t[order[head]]
-        bid = blocks["block_id"].to_numpy(dtype=np.int64)
+        bid = np.asarray(blocks["block_id"], dtype=np.int64)
         by_id = np.argsort(bid, kind="stable")
         at = np.clip(np.searchsorted(bid[by_id], first_block), 0, len(bid) - 1)
         ok = bid[by_id[at]] == first_block
@@ -103,8 +99,7 @@ def _first_seen(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame)
     return seen
 
 
-def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFrame,
-                 tolerance_ns: int) -> np.ndarray:
+def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, tolerance_ns: int) -> np.ndarray:
     """For each dispatch block, the row of `alloc_blocks` that is the same allocation (-1: none).
 
     First choice: the allocation at that address whose [alloc, free] contains the moment the block
@@ -123,15 +118,14 @@ def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFr
         return result
     lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
     lkey = seen[lrow]
-    ldev = blocks["device"].to_numpy(dtype=object)[lrow].astype(str)
-    laddr = blocks["addr"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[lrow]
-    lsize = blocks["size"].to_numpy()[lrow]
-    rkey = np.clip(alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=-np.inf), -2.0 ** 62,
-                   None).astype(np.int64)
-    rfree = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.inf)
-    rsize = alloc_blocks["size"].to_numpy()
-    rdev = alloc_blocks["device"].to_numpy(dtype=object).astype(str)
-    raddr = alloc_blocks["addr"].to_numpy(dtype=np.int64)
+    ldev = np.asarray(blocks["device"], dtype=object)[lrow].astype(str)
+    laddr = blocks["addr"].filled(-1)[lrow]
+    lsize = blocks["size"][lrow]
+    rkey = np.clip(alloc_blocks["alloc_t"].filled(-np.inf), -2.0 ** 62, None).astype(np.int64)
+    rfree = alloc_blocks["free_t"].filled(np.inf)
+    rsize = alloc_blocks["size"]
+    rdev = np.asarray(alloc_blocks["device"], dtype=object).astype(str)
+    raddr = np.asarray(alloc_blocks["addr"], dtype=np.int64)
     # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
     # array then answers "last allocation at or before" and "first at or after" within a group
     dev_code, _ = pd.factorize(np.concatenate([ldev, rdev]))
@@ -175,22 +169,21 @@ def match_blocks(blocks: pd.DataFrame, seen: np.ndarray, alloc_blocks: pd.DataFr
     return result
 
 
-def estimate_offset(blocks: pd.DataFrame, ops: pd.DataFrame, alloc_t: np.ndarray, rows: np.ndarray) -> int:
+def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np.ndarray) -> int:
     """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
     matched allocations fall outside their op's interval (0 when most already fall inside)."""
-    made = blocks["alloc_op_id"].notna().to_numpy() & (rows >= 0)
+    made = blocks["alloc_op_id"].present() & (rows >= 0)
     if not made.any():
         return 0
-    op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64)[made]
+    op = blocks["alloc_op_id"].filled(-1)[made]
     t = alloc_t[rows[made]]
-    lo = ops["start_ns"].to_numpy()[op]
-    hi = ops["end_ns"].to_numpy()[op]
+    lo = ops["start_ns"][op]
+    hi = ops["end_ns"][op]
     return int(np.median(t - np.clip(t, lo, hi))) if len(t) else 0
 
 
-def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFrame,
-                   allocator: AllocatorData, to_trace_ns: int, notes: list,
-                   window_ns: int | None = None) -> tuple[pd.DataFrame, dict]:
+def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: AllocatorData, to_trace_ns: int,
+                   notes: list, window_ns: int | None = None) -> tuple[Columns, dict]:
     """Join every allocator stream into `blocks`; returns the new blocks table and join statistics.
 
     `window_ns`: the recording's length; events outside [0, window_ns] (a CUDA history that was
@@ -199,114 +192,110 @@ def join_allocator(blocks: pd.DataFrame, accesses: pd.DataFrame, ops: pd.DataFra
     from memlens.record.cuda import snapshot_events
     streams = []
     if allocator.events is not None and len(allocator.events):
-        ev = allocator.events.rename(columns={"t_unix_ns": "t_ns"})
+        ev = as_columns(allocator.events)
+        ev = Columns(len(ev), {"t_ns": ev["t_unix_ns"], "device": ev["device"], "addr": ev["addr"],
+                               "delta": ev["delta"]})
         if allocator.snapshot is not None:       # CUDA blocks come from the snapshot then
-            ev = ev[~ev["device"].astype(str).str.startswith("cuda")]
+            ev = ev.take(~np.char.startswith(np.asarray(ev["device"], dtype=object).astype(str), "cuda"))
         streams.append(("profiler", ev))
     if allocator.snapshot is not None:
-        streams.append(("cuda_snapshot", snapshot_events(allocator.snapshot)))
+        streams.append(("cuda_snapshot", as_columns(snapshot_events(allocator.snapshot))))
     stats = {}
     for name, ev in streams:
-        # the four columns pair_events reads, on the trace's clock (one frame, not a copy then a column set)
-        t = ev["t_ns"].to_numpy(dtype=np.int64) + to_trace_ns
-        ev = pd.DataFrame({"t_ns": t, "device": _objects(ev["device"].to_numpy(dtype=object)),
-                           "addr": ev["addr"].to_numpy(), "delta": ev["delta"].to_numpy()})
+        # the four columns pair_events reads, on the trace's clock
+        t = np.asarray(ev["t_ns"], dtype=np.int64) + to_trace_ns
+        ev = Columns(len(ev), {"t_ns": t, "device": objects(ev["device"]), "addr": ev["addr"],
+                               "delta": ev["delta"]})
         if window_ns is not None:
             inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
             if not inside.all():
                 notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
-                ev = ev[inside]
+                ev = ev.take(inside)
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
         if stats[name]["clock_offset_ns"]:
             notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
     return blocks, stats
 
 
-def _join_stream(blocks, accesses, ops, alloc_blocks, name):
+def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks: Columns, name: str):
     seen = _first_seen(blocks, accesses, ops)
     rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
-    alloc_t = alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=np.nan)
-    free_t = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.nan)
+    alloc_t = alloc_blocks["alloc_t"].filled(np.nan)
+    free_t = alloc_blocks["free_t"].filled(np.nan)
     offset = estimate_offset(blocks, ops, np.nan_to_num(alloc_t, nan=0).astype(np.int64), rows)
     if abs(offset) > 1000:
         alloc_t, free_t = alloc_t - offset, free_t - offset
-        alloc_blocks = alloc_blocks.assign(alloc_t=pd.array(np.where(np.isnan(alloc_t), 0, alloc_t), dtype="Int64"),
-                                           free_t=pd.array(np.where(np.isnan(free_t), 0, free_t), dtype="Int64"))
-        alloc_blocks.loc[np.isnan(alloc_t), "alloc_t"] = pd.NA
-        alloc_blocks.loc[np.isnan(free_t), "free_t"] = pd.NA
+        alloc_blocks = alloc_blocks.copy()
+        alloc_blocks["alloc_t"] = Nullable.of(np.where(np.isnan(alloc_t), 0, alloc_t), np.isnan(alloc_t))
+        alloc_blocks["free_t"] = Nullable.of(np.where(np.isnan(free_t), 0, free_t), np.isnan(free_t))
         rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
     matched = rows >= 0
-    starts = ops["start_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
-    ends = ops["end_ns"].to_numpy() if len(ops) else np.zeros(1, np.int64)
+    starts = ops["start_ns"] if len(ops) else np.zeros(1, np.int64)
+    ends = ops["end_ns"] if len(ops) else np.zeros(1, np.int64)
     # matched: the allocator's alloc time, kept inside the allocating op; before-recording flags fixed
     a_t = alloc_t[np.where(matched, rows, 0)] if len(alloc_t) else np.full(len(rows), np.nan)
     seen_during = matched & ~np.isnan(a_t)
-    made = blocks["alloc_op_id"].notna().to_numpy()
-    op = blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=0).astype(np.int64)
+    made = blocks["alloc_op_id"].present()
+    op = blocks["alloc_op_id"].filled(0)
     lo = np.where(made, starts[np.clip(op, 0, len(starts) - 1)], 0)
     hi = np.where(made, ends[np.clip(op, 0, len(ends) - 1)], np.iinfo(np.int64).max)
     new_alloc = np.clip(np.nan_to_num(a_t, nan=0), lo, hi).astype(np.int64)
-    free_cur = blocks["free_ns"].to_numpy(dtype="float64", na_value=np.nan)
+    free_cur = blocks["free_ns"].filled(np.nan)
     new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, np.nan_to_num(free_cur)))
     # never after the first access (the clocks agree only to about a microsecond)
     new_alloc = np.where(seen >= 0, np.minimum(new_alloc, seen), new_alloc)
-    before = blocks["allocated_before"].to_numpy()
+    before = blocks["allocated_before"]
     upd = seen_during & (made | before)
-    # the changed columns as arrays, the frame built once at the end (no copy, then a set per column)
-    columns = {c: blocks[c] for c in blocks.columns}
-    alloc_ns = blocks["alloc_ns"].array
-    columns["alloc_ns"] = _masked(np.where(upd, new_alloc, alloc_ns.to_numpy(dtype=np.int64, na_value=0)),
-                                  alloc_ns.isna() & ~upd)
+    blocks = blocks.copy()
+    alloc_ns = blocks["alloc_ns"]
+    blocks["alloc_ns"] = Nullable.of(np.where(upd, new_alloc, alloc_ns.values), alloc_ns.missing & ~upd)
     fixed_before = upd & before
     f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
     fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
-    device = blocks["device"].to_numpy(dtype=object)
-    non_cpu = ~np.asarray([str(d).startswith("cpu") for d in device], dtype=bool) if len(device) \
-        else np.zeros(0, dtype=bool)
+    non_cpu = ~np.char.startswith(np.asarray(blocks["device"], dtype=object).astype(str), "cpu")
     fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > np.nan_to_num(free_cur, nan=np.inf))
     if fill_free.any():
-        free_ns = blocks["free_ns"].array
-        columns["free_ns"] = _masked(np.where(fill_free, np.maximum(np.nan_to_num(f_t), new_alloc),
-                                              free_ns.to_numpy(dtype=np.int64, na_value=0)),
-                                     free_ns.isna() & ~fill_free)
+        free_ns = blocks["free_ns"]
+        blocks["free_ns"] = Nullable.of(np.where(fill_free, np.maximum(np.nan_to_num(f_t), new_alloc),
+                                                 free_ns.values), free_ns.missing & ~fill_free)
     if matched.any():
-        source = blocks["source"].to_numpy(dtype=object).copy()
+        source = np.array(blocks["source"], dtype=object)
         source[matched] = "dispatch+" + name
-        columns["source"] = _objects(source)
-    asize = alloc_blocks["size"].to_numpy()
-    if "allocator_size" in blocks.columns:
-        size_col = blocks["allocator_size"].array
-        size_values, size_missing = size_col.to_numpy(dtype=np.int64, na_value=0), size_col.isna()
+        blocks["source"] = source
+    asize = alloc_blocks["size"]
+    if "allocator_size" in blocks:
+        size_values, size_missing = blocks["allocator_size"].values.copy(), blocks["allocator_size"].missing
     else:
         size_values, size_missing = np.zeros(len(blocks), dtype=np.int64), np.ones(len(blocks), dtype=bool)
-    size_values = size_values.copy()
     size_values[matched] = asize[rows[matched]]
-    columns["allocator_size"] = _masked(size_values, size_missing & ~matched)
-    blocks = pd.DataFrame(columns)
+    blocks["allocator_size"] = Nullable.of(size_values, size_missing & ~matched)
     if fixed_before.any():
-        blocks.loc[fixed_before, "allocated_before"] = False
-        blocks.loc[fixed_before, "category_rule"] = blocks.loc[fixed_before, "category_rule"].where(
-            blocks.loc[fixed_before, "category"] != "unknown", "first seen as an input; the allocator saw it made")
+        blocks["allocated_before"] = before & ~fixed_before
+        rule = np.array(blocks["category_rule"], dtype=object)
+        relabel = fixed_before & (blocks["category"] == "unknown")
+        rule[relabel] = "first seen as an input; the allocator saw it made"
+        blocks["category_rule"] = rule
     extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
     stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
              "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
              "clock_offset_ns": int(offset) if abs(offset) > 1000 else 0}
-    return pd.concat([blocks, extra], ignore_index=True), stats
+    return Columns.concat([blocks, extra]), stats
 
 
-def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
-    """Rows for allocations no tensor showed, attributed to the op whose interval contains them."""
+def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, blocks: Columns,
+                    name: str) -> Columns:
+    """Rows for allocations no tensor showed, attributed to the op whose interval contains them (the
+    columns of `blocks`)."""
     used = np.zeros(len(alloc_blocks), dtype=bool)
     used[rows[rows >= 0]] = True
-    # the rows left, column by column as arrays (no filtered frame)
-    a_nan = alloc_blocks["alloc_t"].to_numpy(dtype="float64", na_value=np.nan)
+    a_nan = alloc_blocks["alloc_t"].filled(np.nan)
     rest = np.flatnonzero(~used & ~np.isnan(a_nan))
     n = len(rest)
-    a_t = alloc_blocks["alloc_t"].to_numpy(dtype=np.int64, na_value=0)[rest]
-    f_nan = alloc_blocks["free_t"].to_numpy(dtype="float64", na_value=np.nan)[rest]
-    rest_size = alloc_blocks["size"].to_numpy()[rest]
-    starts, ends = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    a_t = alloc_blocks["alloc_t"].values[rest]
+    f_nan = alloc_blocks["free_t"].filled(np.nan)[rest]
+    rest_size = alloc_blocks["size"][rest]
+    starts, ends = ops["start_ns"], ops["end_ns"]
     idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
     inside = (idx >= 0) & (a_t <= ends[np.clip(idx, 0, None)] if len(ops) else np.zeros(n, bool))
     # made between two ops and freed inside the next one: an argument the next op's binding converted
@@ -323,22 +312,34 @@ def _allocator_only(alloc_blocks, rows, ops, blocks, name) -> pd.DataFrame:
     f_t = np.where(np.isnan(f_nan), 0, np.maximum(np.nan_to_num(f_nan), a_t)).astype(np.int64)
     f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
     first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
+    no_ops = np.full(n, "", dtype=object)
     columns = {
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64), "device": _objects(alloc_blocks["device"].to_numpy(dtype=object)[rest]),
-        "addr": pd.array(alloc_blocks["addr"].to_numpy()[rest], dtype="Int64"), "size": rest_size,
-        "alloc_ns": pd.array(a_t, dtype="Int64"), "free_ns": _masked(f_t, np.isnan(f_nan)),
-        "category": _objects(np.where(freed_inside, "temporary", "unknown")),
-        "op": _objects(np.where(inside, ops["name"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
-        "alloc_op_id": _masked(np.where(inside, idx, 0), ~inside),
-        "module": _objects(np.where(inside, ops["module"].to_numpy(dtype=object)[safe] if len(ops) else "", "")),
+        "block_id": np.arange(first_id, first_id + n, dtype=np.int64),
+        "device": np.asarray(alloc_blocks["device"], dtype=object)[rest],
+        "addr": Nullable.of(np.asarray(alloc_blocks["addr"], dtype=np.int64)[rest]), "size": rest_size,
+        "alloc_ns": Nullable.of(a_t), "free_ns": Nullable.of(f_t, np.isnan(f_nan)),
+        "category": objects(np.where(freed_inside, "temporary", "unknown")),
+        "op": objects(np.where(inside, ops["name"][safe], "")) if len(ops) else no_ops,
+        "alloc_op_id": Nullable.of(np.where(inside, idx, 0), ~inside),
+        "module": objects(np.where(inside, ops["module"][safe], "")) if len(ops) else no_ops,
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": _objects(np.full(n, name, dtype=object)),
-        "category_rule": np.where(freed_inside, "seen only by the allocator, freed inside the op that made it",
-                                  "seen only by the allocator"),
-        "allocator_size": pd.array(rest_size, dtype="Int64"),
+        "free_without_alloc": np.zeros(n, dtype=bool), "source": np.full(n, name, dtype=object),
+        "category_rule": objects(np.where(freed_inside,
+                                          "seen only by the allocator, freed inside the op that made it",
+                                          "seen only by the allocator")),
+        "allocator_size": Nullable.of(rest_size),
     }
-    if "stack_id" in ops.columns:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
-        stack = ops["stack_id"].to_numpy(dtype="float64", na_value=np.nan)[safe] if len(ops) else np.full(n, np.nan)
-        sid = np.where(inside, np.nan_to_num(stack, nan=-1), -1).astype(np.int64)
-        columns["stack_id"] = _masked(sid, sid < 0)
-    return pd.DataFrame(columns)
+    if "stack_id" in ops:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
+        stack = ops["stack_id"].filled(-1)[safe] if len(ops) else np.full(n, -1, dtype=np.int64)
+        sid = np.where(inside, stack, -1)
+        columns["stack_id"] = Nullable.of(sid, sid < 0)
+    # every column the blocks table has, in its order (a column only the blocks have stays missing here)
+    out = Columns(n)
+    for col in blocks.columns:
+        if col in columns:
+            out[col] = columns[col]
+        elif isinstance(blocks[col], Nullable):
+            out[col] = Nullable.absent(n)
+        else:
+            raise ValueError(f"allocator-only blocks have no value for column {col!r}")
+    return out

@@ -191,14 +191,14 @@ class Recorder:
         if getattr(allocator_data, "_session_added", False):
             return allocator_data, self._settings()
         allocator_data._session_added = True
-        import pandas as pd
+        from memlens.record.columns import Columns
         mem_events = getattr(session, "memory_events", None)
         if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook
             wall0, clock0 = self._clock
             ev = session.memory_events
-            allocator_data.events = pd.DataFrame({"t_unix_ns": ev["t_ns"].to_numpy() - clock0 + wall0,
-                                                  "device": ev["device"], "addr": ev["addr"].to_numpy(),
-                                                  "delta": ev["delta"].to_numpy()})
+            allocator_data.events = Columns(len(ev), {"t_unix_ns": ev["t_ns"] - clock0 + wall0,
+                                                      "device": ev["device"], "addr": ev["addr"],
+                                                      "delta": ev["delta"]})
             allocator_data.sources.append("memory_hook")
         if getattr(session, "memory_note", ""):
             allocator_data.notes.append(session.memory_note)

@@ -33,13 +33,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from memlens.record.assemble import assemble_trace, finish_tables
+from memlens.record.assemble import FRAME_DTYPES, assemble_trace, finish_tables, trace_of_columns
 from memlens.record.build import accesses_of_ops, build_blocks, build_ops
+from memlens.record.columns import Columns
 from memlens.record.instruments import AllocatorData
 from memlens.record.session import Session
-from memlens.trace import Trace
 from memlens.tracedir import save_tables
 
 OPS_PER_WINDOW = 1 << 17        # most ops in one window (each window's accesses are one Parquet row group)
@@ -61,11 +60,11 @@ class FirstAccesses:
         self.any_t, self.any_op = np.full(n, _NONE), np.full(n, _NONE)
         self.other_t, self.other_op = np.full(n, _NONE), np.full(n, _NONE)
 
-    def add(self, accesses: pd.DataFrame) -> None:
+    def add(self, accesses: Columns) -> None:
         """Take in one window's accesses (any order)."""
-        block = accesses["block_id"].to_numpy(dtype=np.int64)
-        t = accesses["t_ns"].to_numpy(dtype=np.int64)
-        op = accesses["op_id"].to_numpy(dtype=np.int64)
+        block = np.asarray(accesses["block_id"], dtype=np.int64)
+        t = np.asarray(accesses["t_ns"], dtype=np.int64)
+        op = np.asarray(accesses["op_id"], dtype=np.int64)
         self._lower(self.any_t, self.any_op, block, t, op)
         other = op != self.alloc_op[block]
         self._lower(self.other_t, self.other_op, block[other], t[other], op[other])
@@ -83,14 +82,14 @@ class FirstAccesses:
         best_t[block[lower]] = t[lower]
         best_op[block[lower]] = op[lower]
 
-    def frame(self) -> pd.DataFrame:
+    def frame(self) -> Columns:
         """The rows kept, as an accesses table (is_write is not kept: False)."""
         parts = []
         for best_t, best_op in ((self.any_t, self.any_op), (self.other_t, self.other_op)):
             rows = np.flatnonzero(best_t != _NONE)
-            parts.append(pd.DataFrame({"block_id": rows.astype(np.int64), "t_ns": best_t[rows],
-                                       "op_id": best_op[rows], "is_write": np.zeros(len(rows), dtype=bool)}))
-        return pd.concat(parts, ignore_index=True)
+            parts.append(Columns(len(rows), {"block_id": rows.astype(np.int64), "t_ns": best_t[rows],
+                                             "op_id": best_op[rows], "is_write": np.zeros(len(rows), dtype=bool)}))
+        return Columns.concat(parts)
 
 
 def save_recording(session: Session, allocator: AllocatorData, path, *, settings: dict, clock: tuple[int, int],
@@ -111,8 +110,8 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
     ops, op_module_idx, iteration_source = build_ops(session)
     blocks = build_blocks(session, ops, op_module_idx)
     del op_module_idx
-    first = FirstAccesses(blocks["alloc_op_id"].to_numpy(dtype="float64", na_value=-1).astype(np.int64))
-    start, end = ops["start_ns"].to_numpy(copy=True), ops["end_ns"].to_numpy(copy=True)
+    first = FirstAccesses(blocks["alloc_op_id"].filled(-1))
+    start, end = ops["start_ns"].copy(), ops["end_ns"].copy()
     # the tables are handed on, not kept here: each copy a step makes can replace the one before it
     state = {"blocks": blocks, "ops": ops}
     del blocks, ops
@@ -124,7 +123,7 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
             window = accesses_of_ops(packed, np.diff(acc_end[lo:hi + 1]), lo, start, end)
             first.add(window)
             counts["accesses"] += len(window)
-            yield window
+            yield window.to_frame(FRAME_DTYPES["accesses"])
 
     def tables():
         yield "accesses", access_windows()
@@ -132,7 +131,7 @@ def save_recording(session: Session, allocator: AllocatorData, path, *, settings
             session, allocator, state.pop("blocks"), state.pop("ops"), first.frame(), iteration_source,
             settings=settings, clock=clock, exception=exception)
         _add_metadata(metadata, extra_metadata)
-        state["trace"] = Trace.from_tables(final_blocks, None, final_ops, metadata=metadata, **extra)
+        state["trace"] = trace_of_columns(final_blocks, None, final_ops, metadata, extra)
         del final_blocks, final_ops
         for name in ("blocks", "ops") + tuple(extra):
             yield name, state["trace"].table(name)
