@@ -116,7 +116,7 @@ def test_recorder_moves_a_cuda_recording_onto_the_kernel_clock(monkeypatch):
 
     def assemble_with_kernels(session, allocator, **kw):
         from memlens.record.build import build_ops
-        ops, _, _ = build_ops(session)
+        ops = build_ops(session)[0].to_frame()
         wall0, perf0 = kw["clock"]
         to_trace_ns = perf0 - wall0 - session.t_start
         k = _fake_kernels(ops)

@@ -40,7 +40,7 @@ def _dispatch_blocks(rows):
 def test_pair_events_handles_orphan_frees_and_live_blocks():
     ev = pd.DataFrame({"t_ns": [5, 10, 20, 30, 40], "device": ["cpu"] * 5,
                        "addr": [7, 1, 1, 2, 1], "delta": [-64, 100, -100, 50, 100]})
-    pairs = pair_events(ev).sort_values(["addr", "alloc_t"], na_position="first").reset_index(drop=True)
+    pairs = pair_events(ev).to_frame().sort_values(["addr", "alloc_t"], na_position="first").reset_index(drop=True)
     assert pairs["size"].tolist() == [100, 100, 50, 64]
     assert pairs["alloc_t"].tolist()[:3] == [10, 40, 30] and pd.isna(pairs["alloc_t"].iloc[3])
     assert pairs["free_t"].iloc[0] == 20 and pd.isna(pairs["free_t"].iloc[1]) and pd.isna(pairs["free_t"].iloc[2])
@@ -85,6 +85,7 @@ def test_constructed_snapshot_joins_with_dispatch_blocks():
     notes = []
     out, stats = join_allocator(blocks, accesses, ops, AllocatorData(snapshot=snap), -t0_us * US, notes,
                                 window_ns=50 * US)
+    out = out.to_frame()
     assert any("1 allocator events outside the recording" in n for n in notes)
     st = stats["cuda_snapshot"]
     assert (st["matched"], st["allocator_only"], st["dispatch_only"]) == (1, 1, 0)
@@ -156,7 +157,7 @@ def test_real_cuda_snapshot_events_and_join(shared):
     n_free = sum(e["action"] == "free_completed" for e in raw)
     assert len(ev) == n_alloc + n_free
     assert ev["delta"][ev["delta"] > 0].sum() == sum(e["size"] for e in raw if e["action"] == "alloc")
-    pairs = pair_events(ev)
+    pairs = pair_events(ev).to_frame()
     assert (pairs["alloc_t"].notna()).sum() == n_alloc
     # the ring buffer overflowed: frees whose alloc was dropped come out as orphan frees
     assert pairs["alloc_t"].isna().sum() > 0
@@ -171,6 +172,7 @@ def test_real_cuda_snapshot_events_and_join(shared):
                                 False, "activation", "x") for i, (r, a) in enumerate(zip(made.itertuples(), alloc))])
     out, stats = join_allocator(blocks, pd.DataFrame(columns=["block_id", "t_ns", "op_id", "is_write"]), ops,
                                 AllocatorData(snapshot=snap), -t0, [])
+    out = out.to_frame()
     st = stats["cuda_snapshot"]
     assert st["matched"] == len(blocks) and st["dispatch_only"] == 0
     assert st["allocator_only"] == n_alloc - len(blocks)

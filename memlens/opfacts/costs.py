@@ -43,8 +43,8 @@ from memlens.opfacts.signatures import (TensorMeta, results_of, shapes_string, s
 
 # re-exported: callers import these from here (the recorder session, the trace builder, tests)
 __all__ = ["COLUMNS", "CostCache", "CostFacts", "SCALAR_TYPE_NAMES", "TensorMeta", "count_flops",
-           "dtype_name", "facts_frame", "facts_table", "itemsize", "op_costs", "per_op_columns", "resolve_op",
-           "shapes_string", "signature_args", "signature_value"]
+           "dtype_name", "facts_columns", "facts_frame", "facts_table", "itemsize", "op_costs", "per_op_columns",
+           "resolve_op", "shapes_string", "signature_args", "signature_value"]
 
 COLUMNS = ("flops", "bytes_read", "bytes_written", "dtype", "shapes")
 
@@ -191,25 +191,35 @@ def facts_frame(rows) -> pd.DataFrame:
         return pd.DataFrame({"flops": pd.Series(dtype="int64"), "bytes_read": pd.Series(dtype="int64"),
                              "bytes_written": pd.Series(dtype="int64"), "dtype": pd.Series(dtype=object),
                              "shapes": pd.Series(dtype=object)})
+    return pd.DataFrame(facts_columns(rows))
+
+
+def facts_columns(rows) -> dict:
+    """`CostFacts` rows as columns: {flops, bytes_read, bytes_written: int64 arrays; dtype, shapes: object
+    arrays}, one value per row (the arrays `facts_frame` holds, without building a frame)."""
+    if not rows:
+        return {"flops": np.empty(0, np.int64), "bytes_read": np.empty(0, np.int64),
+                "bytes_written": np.empty(0, np.int64), "dtype": np.empty(0, object), "shapes": np.empty(0, object)}
     flops, read, written, dtype, shapes = zip(*rows)
-    return pd.DataFrame({"flops": np.asarray(flops, dtype=np.int64), "bytes_read": np.asarray(read, dtype=np.int64),
-                         "bytes_written": np.asarray(written, dtype=np.int64),
-                         "dtype": np.asarray(dtype, dtype=object), "shapes": np.asarray(shapes, dtype=object)})
+    return {"flops": np.asarray(flops, dtype=np.int64), "bytes_read": np.asarray(read, dtype=np.int64),
+            "bytes_written": np.asarray(written, dtype=np.int64), "dtype": np.asarray(dtype, dtype=object),
+            "shapes": np.asarray(shapes, dtype=object)}
 
 
-def per_op_columns(facts: pd.DataFrame, signature_index: np.ndarray) -> dict:
+def per_op_columns(facts, signature_index: np.ndarray) -> dict:
     """The op-table columns for ops whose signature numbers are `signature_index` (-1: no signature,
-    e.g. a view op: zeros and empty strings)."""
+    e.g. a view op: zeros and empty strings). `facts`: the `facts_table` DataFrame or `facts_columns`."""
     n = len(signature_index)
     idx = np.asarray(signature_index, dtype=np.int64)
     has = idx >= 0
     safe = np.where(has, idx, 0)
+    n_facts = len(facts["flops"])
     out = {}
     for col in ("flops", "bytes_read", "bytes_written"):
-        values = facts[col].to_numpy(dtype=np.int64) if len(facts) else np.zeros(1, np.int64)
-        out[col] = np.where(has, values[safe] if len(facts) else 0, 0).astype(np.int64)
+        values = np.asarray(facts[col], dtype=np.int64) if n_facts else np.zeros(1, np.int64)
+        out[col] = np.where(has, values[safe] if n_facts else 0, 0).astype(np.int64)
     for col in ("dtype", "shapes"):
-        values = facts[col].to_numpy(dtype=object) if len(facts) else np.asarray([""], dtype=object)
-        out[col] = np.where(has, values[safe] if len(facts) else "", "").astype(object) if n else \
+        values = np.asarray(facts[col], dtype=object) if n_facts else np.asarray([""], dtype=object)
+        out[col] = np.where(has, values[safe] if n_facts else "", "").astype(object) if n else \
             np.empty(0, dtype=object)
     return out

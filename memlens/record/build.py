@@ -68,12 +68,12 @@ def _cost_columns(session: Session, n: int) -> dict:
     """flops / bytes_read / bytes_written / dtype / shapes per op, from the deduplicated cost signatures
     (computed here, once per distinct signature, not while recording)."""
     from memlens.record.compiled_signatures import signature_facts
-    from memlens.record.costs import facts_frame, per_op_columns
+    from memlens.record.costs import facts_columns, per_op_columns
     if getattr(session, "backend", "python") == "compiled":
         # the C++ recorder logged one signature per distinct (op, shapes, dtypes, scalars): facts once per
         # signature, and once per process for a signature met in an earlier recording
         sig = np.asarray(session.sig_of_op, dtype=np.int64)[:n]
-        facts = facts_frame(signature_facts(session.signatures, session.op_names, session.decode_signature))
+        facts = facts_columns(signature_facts(session.signatures, session.op_names, session.decode_signature))
     else:
         sig = session.buf.op_sigs.to_numpy()[:n, 0]
         facts = session.costs.facts()

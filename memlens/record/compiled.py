@@ -17,8 +17,6 @@ the thread, including the Python hooks below), so a trace's gaps are the program
 """
 from __future__ import annotations
 
-import os
-import tempfile
 
 import numpy as np
 
@@ -30,6 +28,7 @@ from memlens.record.compiled_drain import (BLOCK_DTYPE, CTX_DTYPE, FREE_DTYPE, M
                                            OP_DTYPE, WIDE_DTYPE, CompiledDrain)
 from memlens.record.compiled_signatures import decode_signature
 from memlens.record.session import Session
+from memlens.record.spill import remove_spill_files, spill_prefix
 from memlens.record.stacks import SKIP_PREFIXES
 
 
@@ -90,8 +89,8 @@ class CompiledSession(CompiledDrain, Session):
 
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
-        self._spill_dir = tempfile.mkdtemp(prefix="memlens-spill-")
-        self._handle = self.native.Recording(int(self.buf.max_bytes), os.path.join(self._spill_dir, "rec"),
+        self._spill_dir = spill_prefix()        # (a prefix of files in the process's spill directory)
+        self._handle = self.native.Recording(int(self.buf.max_bytes), self._spill_dir,
                                              bool(self.memory))
         self.t_start = self.native.now()
         self._own0 = self.native.own_ns()
@@ -192,15 +191,7 @@ class CompiledSession(CompiledDrain, Session):
 
     def _remove_spill_dir(self) -> None:
         if self._spill_dir:
-            for name in os.listdir(self._spill_dir):
-                try:
-                    os.remove(os.path.join(self._spill_dir, name))
-                except OSError:
-                    pass
-            try:
-                os.rmdir(self._spill_dir)
-            except OSError:
-                pass
+            remove_spill_files(self._spill_dir)
             self._spill_dir = None
 
     # ---- hooks: the Python part of the recorder's own time ----------------------------------

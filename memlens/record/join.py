@@ -129,9 +129,7 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
     # array then answers "last allocation at or before" and "first at or after" within a group
     dev_code, _ = pd.factorize(np.concatenate([ldev, rdev]))
-    _, group = np.unique(np.stack([dev_code.astype(np.int64), np.concatenate([laddr, raddr])]), axis=1,
-                         return_inverse=True)
-    group = group.reshape(-1).astype(np.int64)
+    group = _pair_labels(dev_code.astype(np.int64), np.concatenate([laddr, raddr]))
     keys, rank = np.unique(np.concatenate([lkey, rkey]), return_inverse=True)
     combined = group * (len(keys) + 1) + rank.reshape(-1)
     nl, nr = len(lrow), len(rkey)
@@ -169,6 +167,17 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     return result
 
 
+def _pair_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """One int64 label per row, equal exactly where (a, b) are equal (0, 1, ... in lexicographic order;
+    a sort, which `np.unique(axis=1)` on the stacked pair does ~10x slower)."""
+    order = np.lexsort((b, a))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (a[order[1:]] != a[order[:-1]]) | (b[order[1:]] != b[order[:-1]])
+    labels = np.empty(len(order), dtype=np.int64)
+    labels[order] = np.cumsum(new) - 1
+    return labels
+
+
 def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np.ndarray) -> int:
     """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
     matched allocations fall outside their op's interval (0 when most already fall inside)."""
@@ -185,11 +194,13 @@ def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np
 def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: AllocatorData, to_trace_ns: int,
                    notes: list, window_ns: int | None = None) -> tuple[Columns, dict]:
     """Join every allocator stream into `blocks`; returns the new blocks table and join statistics.
+    The tables are `Columns` (DataFrames are taken too, converted once).
 
     `window_ns`: the recording's length; events outside [0, window_ns] (a CUDA history that was
     already running before the recording, kept in the snapshot's ring buffer) are left out.
     """
     from memlens.record.cuda import snapshot_events
+    blocks, accesses, ops = as_columns(blocks), as_columns(accesses), as_columns(ops)
     streams = []
     if allocator.events is not None and len(allocator.events):
         ev = as_columns(allocator.events)

@@ -1,0 +1,158 @@
+"""The recording's close on numpy columns (issue 27): `Columns` makes the frames pandas would make, the Trace
+built from them is the one `Trace.from_tables` makes of the same tables, and spill files go with their
+recording."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import memlens
+from memlens.record import columns as columns_mod
+from memlens.record import spill
+from memlens.record.columns import Columns, Nullable
+from memlens.trace import SCHEMA, Trace, event_order
+
+
+def _table():
+    return Columns(3, {
+        "block_id": np.array([4, 5, 6]), "device": np.array(["cpu", "cuda:0", "cpu"], dtype=object),
+        "addr": Nullable.of([16, 0, 32], [False, True, False]), "category": np.array(["a", "b", "c"], dtype=object),
+        "phase": np.array(["forward", "backward", "other"]),              # numpy text
+        "rule": np.array(["x", "y", "z"], dtype=object),                   # object text outside the schema
+        "mixed": np.array(["x", 3, None], dtype=object), "flag": np.array([True, False, True])})
+
+
+def test_to_frame_makes_the_dtypes_pandas_constructor_would_and_the_schema_asks():
+    schema = {"block_id": "int64", "device": "str", "addr": "Int64", "category": "object"}
+    df = _table().to_frame(schema)
+    assert list(df.columns) == ["block_id", "device", "addr", "category", "phase", "rule", "mixed", "flag"]
+    assert df["block_id"].dtype == np.int64 and df["addr"].dtype == "Int64" and df["flag"].dtype == bool
+    assert df["addr"].isna().tolist() == [False, True, False] and df["addr"].iloc[2] == 32
+    assert df["category"].dtype == object                                   # the schema's object text
+    # what pd.DataFrame({...}) infers for the others: str for text, object for a mixed column
+    inferred = pd.DataFrame({c: _table()[c] for c in ("device", "phase", "rule", "mixed")})
+    for c in ("device", "phase", "rule", "mixed"):
+        assert df[c].dtype == inferred[c].dtype, c
+        assert df[c].tolist()[:2] == inferred[c].tolist()[:2]
+    assert df["mixed"].tolist()[2] is None and df["mixed"].dtype == object
+
+
+def test_empty_columns_keep_the_dtypes_of_the_constructor():
+    empty = Columns(0, {"phase": np.empty(0, dtype="<U8"), "rule": np.empty(0, dtype=object),
+                        "device": np.empty(0, dtype=object)})
+    df = empty.to_frame({"device": "str"})
+    expected = pd.DataFrame({"phase": np.empty(0, dtype="<U8"), "rule": np.empty(0, dtype=object)})
+    assert df["phase"].dtype == expected["phase"].dtype and df["rule"].dtype == expected["rule"].dtype
+    assert df["device"].dtype == pd.Series([], dtype=object).astype(str).dtype
+
+
+def test_the_public_constructor_fallback_makes_the_same_frame(monkeypatch):
+    schema = {"block_id": "int64", "device": "str", "addr": "Int64", "category": "object"}
+    fast = _table().to_frame(schema)
+
+    def missing(*args, **kwargs):
+        raise AttributeError("_from_arrays")
+    monkeypatch.setattr(pd.DataFrame, "_from_arrays", missing)
+    slow = _table().to_frame(schema)
+    pd.testing.assert_frame_equal(fast, slow, check_exact=True)
+    assert fast.columns.dtype == slow.columns.dtype
+
+
+def test_take_concat_and_round_trip_through_a_frame():
+    t = _table()
+    part = t.take(np.array([2, 0]))
+    assert part["block_id"].tolist() == [6, 4] and part["addr"].missing.tolist() == [False, False]
+    masked = t.take(np.array([False, True, True]))
+    assert masked["addr"].missing.tolist() == [True, False] and len(masked) == 2
+    both = Columns.concat([part, masked])
+    assert both["block_id"].tolist() == [6, 4, 5, 6] and both["addr"].filled(-1).tolist() == [32, 16, -1, 32]
+    back = Columns.from_frame(t.to_frame({"device": "str", "addr": "Int64"}))
+    assert back["device"].dtype == object and back["device"].tolist() == ["cpu", "cuda:0", "cpu"]
+    assert back["addr"].values.tolist()[0] == 16 and back["addr"].missing.tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="has 2 rows, the table 3"):
+        t["bad"] = np.arange(2)
+
+
+def test_nullable_fill_and_absent():
+    col = Nullable.of([1, 2, 3], [False, True, False])
+    assert col.filled(-1).tolist() == [1, -1, 3]
+    assert np.isnan(col.filled(np.nan)[1]) and col.filled(np.nan)[2] == 3.0
+    assert Nullable.absent(2).missing.tolist() == [True, True]
+
+
+def test_event_order_by_hand():
+    """Blocks 0: [10, 20), 1: [20, 30), 2: allocated and freed at 20, 3: before recording, never freed.
+    Events: 3 alloc (missing = first), 0 alloc @10, then @20: free 0, alloc 1, alloc 2, free 2 (a zero-length
+    block is freed after that instant's allocs), then free 1 @30, and 3's free (missing = last)."""
+    alloc_seq, free_seq = event_order(np.array([0, 1, 2, 3]), np.array([10, 20, 20, 0]),
+                                      np.array([False, False, False, True]), np.array([20, 30, 20, 0]),
+                                      np.array([False, False, False, True]))
+    assert alloc_seq.tolist() == [1, 3, 4, 0]
+    assert free_seq.tolist() == [2, 6, 5, 7]
+
+
+@pytest.mark.parametrize("backend", ["compiled", "python"])
+def test_recorded_trace_is_what_from_tables_makes_of_its_tables(backend):
+    """The recorder builds its frames once, without `conform`'s casts: the same frames as `from_tables`."""
+    from memlens.record import native
+    if backend == "compiled" and not native.available():
+        pytest.skip("compiled recorder does not build here")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with memlens.record(model, backend=backend, stacks=True) as rec:
+        model(torch.randn(5, 8)).square().mean().backward()
+        opt.step()
+    trace = rec.trace
+    blocks = trace.blocks.drop(columns=["alloc_seq", "free_seq"])      # from_tables fills them again
+    again = Trace.from_tables(blocks, trace.accesses, trace.ops, metadata=dict(trace.metadata), stacks=trace.stacks)
+    for name in ("blocks", "accesses", "ops", "stacks"):
+        pd.testing.assert_frame_equal(getattr(trace, name), getattr(again, name), check_exact=True)
+        assert getattr(trace, name).columns.dtype == getattr(again, name).columns.dtype
+        assert list(getattr(trace, name).columns)[:len(SCHEMA[name])] == list(SCHEMA[name])
+
+
+def test_spill_files_go_with_their_recording_and_the_directory_is_private():
+    first, second = spill.spill_prefix(), spill.spill_prefix()
+    directory = os.path.dirname(first)
+    assert os.path.dirname(second) == directory and first != second
+    assert os.stat(directory).st_mode & 0o077 == 0            # only this user
+    for prefix in (first, second):
+        for suffix in (".t0", ".mem"):
+            with open(prefix + suffix, "wb") as f:
+                f.write(b"x")
+    # "rec1" must not take "rec10"'s files: a name is the prefix plus a dot
+    longer = first + "0"
+    with open(longer + ".t0", "wb") as f:
+        f.write(b"x")
+    spill.remove_spill_files(first)
+    left = sorted(os.listdir(directory))
+    assert os.path.basename(first) + ".t0" not in left and os.path.basename(second) + ".t0" in left
+    assert os.path.basename(longer) + ".t0" in left
+    spill.remove_spill_files(second)
+    spill.remove_spill_files(longer)
+    spill.remove_spill_files(os.path.join(directory + "-gone", "rec0"))     # a missing directory: nothing
+    assert not any(n.startswith((os.path.basename(second), os.path.basename(longer))) for n in os.listdir(directory))
+
+
+def test_a_recording_that_spills_leaves_no_files(monkeypatch):
+    from memlens.record import native
+    if not native.available():
+        pytest.skip("compiled recorder does not build here")
+    x = torch.randn(64, 64)
+    with memlens.record(backend="compiled", max_buffer_bytes=4096) as rec:
+        for _ in range(400):
+            x = (x + 1).relu()
+    assert rec.trace.metadata.get("recorder_spilled_bytes", 0) > 0
+    directory = os.path.dirname(spill.spill_prefix())
+    assert [n for n in os.listdir(directory) if not n.startswith("rec")] == []
+    assert all(not n.endswith((".t0", ".mem", ".frees", ".blocks", ".ctx")) for n in os.listdir(directory))
+
+
+def test_column_labels_are_shared_per_table_shape():
+    a = _table().to_frame({"block_id": "int64"})
+    b = _table().to_frame({"block_id": "int64"})
+    assert a.columns is b.columns and len(columns_mod._COLUMN_INDEX) <= 64
