@@ -118,17 +118,17 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
         return result
     lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
     lkey = seen[lrow]
-    ldev = np.asarray(blocks["device"], dtype=object)[lrow].astype(str)
+    ldev = np.asarray(blocks["device"], dtype=object)[lrow]
     laddr = blocks["addr"].filled(-1)[lrow]
     lsize = blocks["size"][lrow]
     rkey = np.clip(alloc_blocks["alloc_t"].filled(-np.inf), -2.0 ** 62, None).astype(np.int64)
     rfree = alloc_blocks["free_t"].filled(np.inf)
     rsize = alloc_blocks["size"]
-    rdev = np.asarray(alloc_blocks["device"], dtype=object).astype(str)
+    rdev = np.asarray(alloc_blocks["device"], dtype=object)
     raddr = np.asarray(alloc_blocks["addr"], dtype=np.int64)
     # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
     # array then answers "last allocation at or before" and "first at or after" within a group
-    dev_code, _ = pd.factorize(np.concatenate([ldev, rdev]))
+    dev_code, cpu_device = _device_codes(np.concatenate([ldev, rdev]))
     group = _pair_labels(dev_code.astype(np.int64), np.concatenate([laddr, raddr]))
     keys, rank = np.unique(np.concatenate([lkey, rkey]), return_inverse=True)
     combined = group * (len(keys) + 1) + rank.reshape(-1)
@@ -142,7 +142,7 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     fwd = np.searchsorted(rsorted, lc, side="left")             # first at or after (of equal keys: the first)
     fwd_row = rorder[np.minimum(fwd, nr - 1)]
     fwd_row = np.where((fwd < nr) & (rgroup[fwd_row] == lgroup), fwd_row, -1)
-    exact_size = np.char.startswith(ldev, "cpu")
+    exact_size = cpu_device[:nl]
 
     def usable(arow):
         asize = np.where(arow >= 0, rsize[np.maximum(arow, 0)], -1)
@@ -165,6 +165,16 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     picked = picked[first]
     result[lrow[picked]] = choice[picked]
     return result
+
+
+def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(a code per row, equal where the devices' names are; whether each row's device is a CPU one) of an
+    object array of devices (names, or anything whose str() is one)."""
+    codes, values = pd.factorize(devices, use_na_sentinel=False)
+    names = np.asarray([str(v) for v in values], dtype=object)
+    _, by_name = np.unique(names.astype(str), return_inverse=True) if len(names) else (None, np.empty(0, np.int64))
+    cpu = np.asarray([n.startswith("cpu") for n in names], dtype=bool)
+    return by_name.reshape(-1)[codes].astype(np.int64), cpu[codes]
 
 
 def _pair_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -264,7 +274,7 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
     f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
     fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
-    non_cpu = ~np.char.startswith(np.asarray(blocks["device"], dtype=object).astype(str), "cpu")
+    non_cpu = ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
     fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > np.nan_to_num(free_cur, nan=np.inf))
     if fill_free.any():
         free_ns = blocks["free_ns"]
@@ -292,6 +302,11 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
              "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
              "clock_offset_ns": int(offset) if abs(offset) > 1000 else 0}
     return Columns.concat([blocks, extra]), stats
+
+
+_TEMPORARY_OR_UNKNOWN = objects(["unknown", "temporary"])
+_ALLOCATOR_ONLY_RULES = objects(["seen only by the allocator",
+                                 "seen only by the allocator, freed inside the op that made it"])
 
 
 def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, blocks: Columns,
@@ -329,15 +344,13 @@ def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, block
         "device": np.asarray(alloc_blocks["device"], dtype=object)[rest],
         "addr": Nullable.of(np.asarray(alloc_blocks["addr"], dtype=np.int64)[rest]), "size": rest_size,
         "alloc_ns": Nullable.of(a_t), "free_ns": Nullable.of(f_t, np.isnan(f_nan)),
-        "category": objects(np.where(freed_inside, "temporary", "unknown")),
+        "category": _TEMPORARY_OR_UNKNOWN[freed_inside.astype(np.int64)],
         "op": objects(np.where(inside, ops["name"][safe], "")) if len(ops) else no_ops,
         "alloc_op_id": Nullable.of(np.where(inside, idx, 0), ~inside),
         "module": objects(np.where(inside, ops["module"][safe], "")) if len(ops) else no_ops,
         "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
         "free_without_alloc": np.zeros(n, dtype=bool), "source": np.full(n, name, dtype=object),
-        "category_rule": objects(np.where(freed_inside,
-                                          "seen only by the allocator, freed inside the op that made it",
-                                          "seen only by the allocator")),
+        "category_rule": _ALLOCATOR_ONLY_RULES[freed_inside.astype(np.int64)],
         "allocator_size": Nullable.of(rest_size),
     }
     if "stack_id" in ops:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
