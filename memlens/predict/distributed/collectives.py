@@ -83,7 +83,8 @@ def intra_link(gpu) -> tuple[float, str]:
     return min(gpu.host_bw), "PCIe"
 
 
-def _network(gpu, world_size: int) -> float:
+def network_bw(gpu, world_size: int) -> float:
+    """The GPU's network bytes/s per GPU, or a clear error naming the GPU when the table has none."""
     if not gpu.network_bw > 0:
         from memlens.errors import InputError
         raise InputError(f"GPU {gpu.name!r} has no network_bw, so {world_size} ranks (> {gpu.gpus_per_node} per "
@@ -103,7 +104,7 @@ def collective_time(kind: str, nbytes: int, world_size: int, gpu) -> tuple[float
     g = max(1, int(gpu.gpus_per_node))
     if world_size <= g:
         return flat_ns(kind, nbytes, world_size, bw, INTRA_NODE_STEP_NS)
-    net, m = _network(gpu, world_size), math.ceil(world_size / g)
+    net, m = network_bw(gpu, world_size), math.ceil(world_size / g)
     node = lambda k, s: flat_ns(k, s, g, bw, INTRA_NODE_STEP_NS)          # noqa: E731
     across = lambda k, s: flat_ns(k, s, m, net, INTER_NODE_STEP_NS)       # noqa: E731
     if kind == "all_reduce":

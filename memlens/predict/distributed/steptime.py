@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from memlens.predict.distributed.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
-                                                     SOURCE, collective_ns, collective_time, intra_link)
+                                                     SOURCE, collective_ns, collective_time, intra_link,
+                                                     network_bw)
 
 __all__ = ["collective_kind", "collective_ns", "collective_time", "link", "schedule", "step_time",
            "onto_step_clock", "EFFICIENCY", "SOURCE"]
@@ -51,8 +52,7 @@ def link(gpu, world_size: int) -> tuple[float, float, str]:
     if world_size <= gpu.gpus_per_node:
         bw, which = intra_link(gpu)
         return bw, INTRA_NODE_STEP_NS, which
-    collective_ns("broadcast", 0, world_size, gpu)       # the clear error when the GPU has no network_bw
-    return gpu.network_bw, INTER_NODE_STEP_NS, f"{intra_link(gpu)[1]} + network"
+    return network_bw(gpu, world_size), INTER_NODE_STEP_NS, f"{intra_link(gpu)[1]} + network"
 
 
 def _ddp_events(metadata) -> list[dict]:
