@@ -108,7 +108,12 @@ st = d.step_time()[0]
 tt = d.timed_trace(0)
 names = t.ops.set_index("op_id")["name"]
 ar = st["ddp_all_reduces"]
-print("RESULT=" + json.dumps({"record": t.metadata["prediction"]["ddp"], "ar": ar,
+import os, tempfile
+from memlens.predict.distributed.steptime import step_time
+with tempfile.TemporaryDirectory() as tmp:       # the record travels with a saved trace
+    t.save(os.path.join(tmp, "rank0.memlens"))
+    again = step_time(memlens.load(os.path.join(tmp, "rank0.memlens")), 4, "H100")["ddp_all_reduces"] == ar
+print("RESULT=" + json.dumps({"record": t.metadata["prediction"]["ddp"], "ar": ar, "again": again,
       "before_ready": [names[a["ready_op"] - 1] for a in ar], "after_end": [names[a["backward_end_op"]] for a in ar],
       "comm_ns": st["comm_ns"], "step_ns": st["step_ns"], "compute_ns": st["compute_ns"],
       "exposed": st["exposed_comm_ns"], "tt_end": int(tt.ops.end_ns.max()),
@@ -137,4 +142,4 @@ def test_a_predicted_ddp_step_times_its_buckets_and_rebuilds_them_after_the_firs
     by_hand = sum(round(ring_all_reduce_ns(x)) for x in (2 * (w + b), w + b, w + b))
     assert abs(r["comm_ns"] - by_hand) <= 3
     assert r["step_ns"] == r["compute_ns"] + r["exposed"] and r["exposed"] > 0
-    assert r["tt_ddp"]
+    assert r["tt_ddp"] and r["again"]

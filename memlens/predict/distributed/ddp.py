@@ -103,7 +103,8 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
 
     def close_round():
         """autograd's engine runs this when the backward pass ends (the Reducer's finalize_backward)."""
-        rnd = {"ready": sorted(open_round.pop("ready", {}).items()), "end": _op_count(_memlens_session)}
+        rnd = {"ready": [[i, pos] for i, pos in sorted(open_round.pop("ready", {}).items())],
+               "end": _op_count(_memlens_session)}
         record["rounds"].append(rnd)
         if record["rebuilds"] and record["rebuilt_buckets"] is None and rnd["ready"]:
             order = [i for i, _ in sorted(rnd["ready"], key=lambda x: (x[1], x[0]))]
