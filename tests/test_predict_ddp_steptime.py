@@ -143,3 +143,32 @@ def test_a_predicted_ddp_step_times_its_buckets_and_rebuilds_them_after_the_firs
     assert abs(r["comm_ns"] - by_hand) <= 3
     assert r["step_ns"] == r["compute_ns"] + r["exposed"] and r["exposed"] > 0
     assert r["tt_ddp"] and r["again"]
+
+
+NO_SYNC = r'''
+import sys, json
+sys.path.insert(0, %r)
+import memlens, torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+def step():
+    model = nn.Sequential(nn.Linear(1000, 1000), nn.ReLU(), nn.Linear(1000, 1000)).cuda()
+    net = DDP(model)
+    opt = torch.optim.AdamW(model.parameters())
+    with net.no_sync():            # gradient accumulation: this backward pass all-reduces nothing
+        net(torch.randn(16, 1000, device="cuda")).sum().backward()
+    net(torch.randn(16, 1000, device="cuda")).sum().backward()
+    opt.step()
+d = memlens.predict(step, gpu="H100", world_size=4, ranks="first")
+print("RESULT=" + json.dumps([(a["pass"], a["bytes"]) for a in d.step_time()[0]["ddp_all_reduces"]]))
+'''
+
+
+def test_gradient_accumulation_under_no_sync_all_reduces_once():
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", NO_SYNC % str(root)], capture_output=True, text=True,
+                          timeout=900, cwd=root)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT=")]
+    assert lines, proc.stderr[-3000:]
+    # one synchronised backward pass: the construction bucket (every parameter, 2 x (4,000,000 + 4,000) B) once
+    assert json.loads(lines[-1][7:]) == [[0, 2 * (4_000_000 + 4_000)]]
