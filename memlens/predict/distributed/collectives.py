@@ -21,7 +21,10 @@ Within one node (N <= ``gpus_per_node`` ranks, link NVLink, or PCIe without NVLi
 
       tree_ns = 2 x S / (0.8 bw) + 2 x ceil(log2 N) x lat
 
-  (the tree's bandwidth term is ``N/(N-1)`` times the ring's; it wins for small messages on many ranks).
+  (the tree's bandwidth term is ``N/(N-1)`` times the ring's; it wins for small messages on many ranks). NCCL's
+  own tuner (``src/graph/tuning.cc``) agrees on the bandwidth terms: it converts bus bandwidth to algorithm
+  bandwidth with the ratio 0.5 for the tree and ``N / (2 (N-1))`` for the ring all-reduce. Its latencies are
+  per-protocol tables; here one step latency per link, as for the ring.
 
 Across nodes (N > ``gpus_per_node`` = g, M = ceil(N / g) nodes; each GPU has its own NIC, ``network_bw``, and
 talks to the GPUs of the same local rank on the other nodes: rail-aligned), hierarchical, stages in sequence
@@ -42,7 +45,7 @@ INTRA_NODE_STEP_NS = 1_000.0     # assumed latency per algorithm step over NVLin
 INTER_NODE_STEP_NS = 5_000.0     # assumed latency per algorithm step over the network, ns
 SOURCE = ("ring model and bus-bandwidth convention: nccl-tests doc/PERFORMANCE.md "
           "(https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md); double binary tree for "
-          "all-reduce (2 S per rank, 2 ceil(log2 N) steps), the faster of ring and tree per message; across "
+          "all-reduce (2 S per rank as in NCCL's src/graph/tuning.cc, 2 ceil(log2 N) steps), the faster of ring and tree per message; across "
           "nodes hierarchical (node, then network per rail, then node); efficiency 0.8 and step latencies "
           "1 us (NVLink) / 5 us (network) are assumptions, not fitted")
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
