@@ -163,8 +163,8 @@ result = {"peaks": [d.peak_allocated for d in (plain, default, capped)], "bucket
     # torch 2.13 DDP without find_unused_parameters: one bucket holds every parameter until the rebuild
     assert r["buckets"][0] == [param_bytes]
     # bucket_cap_mb=1 with find_unused_parameters: the 2,040,000-byte weight closes the first bucket (>= 1 MiB),
-    # the rest share the second
-    assert r["buckets"][1] == [4 * 510 * 1000, 4 * (510 + 7 * 510 + 7)]
+    # the rest share the second; the Reducer takes them in reverse (the last layer's first) and allocates so
+    assert r["buckets"][1] == [4 * (510 + 7 * 510 + 7), 4 * 510 * 1000]
     # the buckets live from construction on: the peak moves up by exactly their allocator-rounded bytes
     rounded = [512 * math.ceil(b / 512) for b in r["buckets"][1]]
     assert r["peaks"][2] - r["peaks"][0] == sum(rounded)

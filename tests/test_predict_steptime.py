@@ -30,8 +30,10 @@ class FakeTrace:
 def test_ring_all_gather_duration_by_hand_intra_and_inter_node():
     # N=4 in one node: NVLink 450 GB/s x 0.8 = 360 GB/s; 3/4 x 48 MB / 360 GB/s = 100 us, + 3 steps x 1 us
     assert collective_ns("all_gather", S, 4, H100) == pytest.approx(103_000)
-    # N=16 over 2 nodes: NDR 50 GB/s x 0.8 = 40 GB/s; 15/16 x 48 MB / 40 GB/s = 1125 us, + 15 x 5 us
-    assert collective_ns("all_gather", S, 16, H100) == pytest.approx(1_200_000)
+    # N=16 over 2 nodes, hierarchical: all-gather of S/8 across the 2 nodes over each GPU's NIC (NDR 50 GB/s x
+    # 0.8 = 40 GB/s): 1/2 x 6 MB / 40 GB/s = 75 us + 1 x 5 us; then the node's all-gather of S over NVLink:
+    # 7/8 x 48 MB / 360 GB/s = 116.667 us + 7 x 1 us
+    assert collective_ns("all_gather", S, 16, H100) == pytest.approx(80_000 + 123_666.667)
     # all-reduce: twice the ring (reduce-scatter then all-gather)
     assert collective_ns("all_reduce", S, 4, H100) == pytest.approx(206_000)
     assert collective_ns("all_gather", S, 1, H100) == 0
@@ -51,9 +53,9 @@ def test_consumer_waits_for_the_all_gather_when_compute_is_short():
     # mm ends at 60_000; relu waits for the AG (ends 113_000): step 118_000, compute 65_000, exposed 53_000
     assert (t["step_ns"], t["compute_ns"], t["exposed_comm_ns"]) == (118_000, 65_000, 53_000)
     assert t["schedule"].set_index("op_id").loc[3, "wait_ns"] == 53_000
-    t16 = step_time(FakeTrace(*tiny(200_000)), 16, H100)
-    # inter-node: AG 10_000..1_210_000; relu 1_210_000..1_215_000; compute 215_000
-    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (1_215_000, 1_000_000, "network")
+    t16 = step_time(FakeTrace(*tiny(50_000)), 16, H100)
+    # inter-node (hierarchical, 203_666.67 ns): AG 10_000..213_667; mm ends 60_000; relu 213_667..218_667
+    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (218_667, 153_667, "NVLink + network")
 
 
 def test_collectives_on_one_stream_queue_behind_each_other():
@@ -119,7 +121,7 @@ def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
     # gathered / unreduced sizes: Linear(1000, 510) with bias padded to 4 x 128 rows x 1001 fp32, Linear(510, 7)
     # to 4 x 2 x 511; each gathered twice (forward, backward) and reduce-scattered once
     big, small = 4 * 128 * 1001 * 4, 4 * 2 * 511 * 4
-    # by hand: 3/4 x S / (450 GB/s x 0.8) + 3 steps x 1 us per collective
+    # by hand: 3/4 x S / (450 GB/s x 0.8) + 3 steps x 1 us per collective (rings: trees are for all-reduce)
     by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (big, small))
     assert abs(r["comm_ns"] - by_hand) <= 6
     assert r["compute_ns"] == r["compute_by_hand"]
@@ -173,5 +175,5 @@ def test_a_trace_without_collectives_says_communication_is_not_timed():
     t = step_time(FakeTrace(ops[keep].reset_index(drop=True), acc[acc.op_id != 1]), 8, H100)
     # compute only: 10_000 + 1_000 + 5_000 back to back, nothing waits
     assert (t["step_ns"], t["comm_ns"], t["exposed_comm_ns"], t["collectives"]) == (16_000, 0, 0, 0)
-    assert "not timed" in t["note"]
+    assert "not timed" in t["note"] and t["ddp_all_reduces"] == []
     assert step_time(FakeTrace(*tiny(1_000)), 8, H100)["note"] == ""

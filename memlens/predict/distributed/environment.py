@@ -233,7 +233,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         _patch_device_mesh(patches)
         _patch_streams(patches)
         _patch_fsdp_storage(patches, session)
-        ddp.patch(patches)
+        ddp.patch(patches, session)
         _patch_strategy_sightings(patches, seen if seen is not None else set())
         yield
     finally:

@@ -163,9 +163,11 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen):
     except Exception as exc:   # the user's code failed on this rank: report it, no verdict
         error = f"{type(exc).__name__}: {exc}"
     if p.trace is not None:
+        from memlens.predict.distributed.ddp import communication_record
         moved = apply_streams(p.trace, streams)     # before any replay: results are computed lazily
         p.trace.metadata.setdefault("prediction", {}).update(
-            {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved, "nccl_allowance": nccl})
+            {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved, "nccl_allowance": nccl,
+             "ddp": communication_record(getattr(p, "_session", None))})    # DDP buckets' readiness, for the step time
     return p, error
 
 

@@ -1,33 +1,34 @@
 """Step time of a predicted rank on the modeled GPU clock, collectives included, as a two-stream schedule.
 
-Collective cost (ring algorithms, NCCL's "bus bandwidth" convention, nccl-tests doc/PERFORMANCE.md): for a
-message of S bytes (all-gather: the gathered output; reduce-scatter: the unreduced input; all-reduce and
-broadcast: the tensor) on N ranks, a ring moves ``(N-1)/N x S`` bytes over each rank's link for all-gather and
-reduce-scatter, ``2 (N-1)/N x S`` for all-reduce (reduce-scatter then all-gather) and ``S`` for broadcast
-(pipelined ring), in ``N-1`` steps (``2 (N-1)`` for all-reduce), each paying a latency. So
-
-    time_ns = factor x (N-1)/N x S / (efficiency x link_bw) + factor x (N-1) x step_latency_ns
-
-with factor 2 for all-reduce, 1 otherwise. ``link_bw`` is the GPU table's ``nvlink_bw`` (per GPU, one
-direction) when the world fits in one node (``N <= gpus_per_node``), else its ``network_bw`` (per GPU).
-`EFFICIENCY` (0.8) and the step latencies are assumptions, stated and not fitted to any measurement.
+Collective durations: `memlens.predict.distributed.collectives` (ring or double binary tree, the faster per
+message; hierarchical across nodes; formulas in its docstring). The message of a recorded c10d op is the
+gathered output (all-gather), the unreduced input (reduce-scatter) or the tensor (all-reduce, broadcast).
 
 Schedule (how FSDP2 overlaps): compute ops run in host order, back to back, for their modeled durations on
 the compute stream; each collective runs on its own stream per kind (all-gather, reduce-scatter, all-reduce)
 and starts when issued (the compute stream's time at its host position) and when the previous collective
 on its stream has ended; the first later op that touches a block the collective wrote waits for it.
+
+DDP (its C++ Reducer calls NCCL outside the dispatcher, so no c10d op is recorded): the bucket all-reduces
+come from the rank's ``metadata["prediction"]["ddp"]`` (`memlens.predict.distributed.ddp`). Each bucket is
+issued, in the Reducer's bucket order, when its last gradient has been copied into it (the compute stream's
+time at the end of the op before its ready position) and runs on the all-reduce stream, one bucket after the
+other, overlapping the rest of backward; the first op after the end of the backward pass (the Reducer's
+``finalize_backward`` makes the compute stream wait on every bucket) waits for all of that pass's buckets.
+Exposed communication is what runs past the compute that could hide it: the step's end minus the compute
+stream's busy time.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-EFFICIENCY = 0.8                 # assumed achieved fraction of the link's bus bandwidth (not fitted)
-INTRA_NODE_STEP_NS = 1_000.0     # assumed latency per ring step over NVLink, ns
-INTER_NODE_STEP_NS = 5_000.0     # assumed latency per ring step over the network, ns
-SOURCE = ("ring model and bus-bandwidth convention: nccl-tests doc/PERFORMANCE.md "
-          "(https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md); efficiency 0.8 and step "
-          "latencies 1 us (NVLink) / 5 us (network) are assumptions, not fitted")
+from memlens.predict.distributed.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
+                                                     SOURCE, collective_ns, collective_time, intra_link,
+                                                     network_bw)
+
+__all__ = ["collective_kind", "collective_ns", "collective_time", "link", "schedule", "step_time",
+           "onto_step_clock", "EFFICIENCY", "SOURCE"]
 
 # op name fragment -> (collective kind, ring factor)
 _KINDS = (("allgather", "all_gather", 1), ("all_gather", "all_gather", 1), ("reduce_scatter", "reduce_scatter", 1),
@@ -46,33 +47,36 @@ def collective_kind(name: str):
 
 
 def link(gpu, world_size: int) -> tuple[float, float, str]:
-    """(bytes/s per GPU, step latency ns, which link) for a ring of `world_size` ranks of `gpu`."""
-    if world_size <= gpu.gpus_per_node and gpu.nvlink_bw > 0:
-        return gpu.nvlink_bw, INTRA_NODE_STEP_NS, "NVLink"
-    if world_size <= gpu.gpus_per_node:     # no NVLink: peers talk over the host link (PCIe)
-        return min(gpu.host_bw), INTRA_NODE_STEP_NS, "PCIe"
-    if not gpu.network_bw > 0:
-        from memlens.errors import InputError
-        raise InputError(f"GPU {gpu.name!r} has no network_bw, so {world_size} ranks (> {gpu.gpus_per_node} per "
-                         "node) cannot be timed; give one with memlens.GPU(..., network_bw=bytes/s)")
-    return gpu.network_bw, INTER_NODE_STEP_NS, "network"
+    """(bytes/s per GPU, step latency ns, which link) of the slowest link a collective of `world_size` ranks
+    of `gpu` crosses: NVLink (or PCIe) within a node, the network across nodes."""
+    if world_size <= gpu.gpus_per_node:
+        bw, which = intra_link(gpu)
+        return bw, INTRA_NODE_STEP_NS, which
+    return network_bw(gpu, world_size), INTER_NODE_STEP_NS, f"{intra_link(gpu)[1]} + network"
 
 
-def collective_ns(kind: str, nbytes: int, world_size: int, gpu) -> float:
-    """Modeled duration (ns) of one ring collective of `nbytes` (module docstring) on `world_size` ranks."""
-    if world_size <= 1:
-        return 0.0
-    factor = 2 if kind == "all_reduce" else 1
-    bw, step, _ = link(gpu, world_size)
-    n = world_size
-    moved = nbytes if kind == "broadcast" else (n - 1) / n * nbytes
-    return factor * moved / (EFFICIENCY * bw) * 1e9 + factor * (n - 1) * step
+def _ddp_events(metadata) -> list[dict]:
+    """The DDP bucket all-reduces of a rank, flattened: ``{"ddp", "pass", "bucket", "bytes", "ready",
+    "end"}`` (ready / end: op counts, see `ddp.all_reduce_rounds`)."""
+    from memlens.predict.distributed.ddp import all_reduce_rounds
+    events = []
+    for d, record in enumerate(((metadata or {}).get("prediction") or {}).get("ddp") or []):
+        for k, rnd in enumerate(all_reduce_rounds(record)):
+            for b, (nbytes, ready) in enumerate(rnd["buckets"]):
+                events.append({"ddp": d, "pass": k, "bucket": b, "bytes": int(nbytes), "ready": ready,
+                               "end": rnd["end"]})
+    return events
 
 
-def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu) -> pd.DataFrame:
-    """Per-op (start_ns, end_ns, stream, wait_ns) of the two-stream schedule, aligned with `ops` rows.
+def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu, ddp_events=None) -> pd.DataFrame:
+    """Per-op (start_ns, end_ns, stream, wait_ns, algorithm) of the two-stream schedule, aligned with `ops`
+    rows. Compute ops keep their modeled durations (``end_ns - start_ns``); collectives get
+    `collective_time`. `ddp_events` (see `_ddp_events`): DDP bucket all-reduces to schedule too (their
+    times: `ddp_schedule`)."""
+    return _schedule(ops, accesses, world_size, gpu, ddp_events or [])[0]
 
-    Compute ops keep their modeled durations (``end_ns - start_ns``); collectives get `collective_ns`."""
+
+def _schedule(ops, accesses, world_size, gpu, ddp_events):
     order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
     names = ops["name"].to_numpy()
     ids = ops["op_id"].to_numpy()
@@ -89,61 +93,104 @@ def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu) ->
     end = np.zeros(len(ops), dtype=np.float64)
     wait = np.zeros(len(ops), dtype=np.float64)
     stream = np.array(["compute"] * len(ops), dtype=object)
+    algorithm = np.array([""] * len(ops), dtype=object)
     clock = 0.0
     stream_free: dict[str, float] = {}
     pending: dict[int, float] = {}      # block written by a collective -> its end
+    # DDP: per DDP module its buckets in issue order (pass, then the Reducer's bucket order)
+    queues: dict[int, list] = {}
+    for e in ddp_events:
+        queues.setdefault(e["ddp"], []).append(dict(e))
+    heads = {d: 0 for d in queues}
+    issued: list[dict] = []
+    barriers = sorted({(e["end"], e["ddp"], e["pass"]) for e in ddp_events})
+
+    def issue_ready(position):
+        """Issue every DDP bucket whose gradients are in by `position` (an op count), at the current time."""
+        for d, q in queues.items():
+            while heads[d] < len(q) and q[heads[d]]["ready"] <= position:
+                e = q[heads[d]]
+                heads[d] += 1
+                e["issue_ns"] = clock
+                e["start_ns"] = max(clock, stream_free.get("all_reduce", 0.0))
+                t, e["algorithm"] = collective_time("all_reduce", e["bytes"], world_size, gpu)
+                e["end_ns"] = e["start_ns"] + t
+                stream_free["all_reduce"] = e["end_ns"]
+                issued.append(e)
+
     for i in order:
+        if queues:
+            issue_ready(int(ids[i]))
         kc = collective_kind(names[i])
         if kc is not None:
             kind = kc[0]
             s = max(clock, stream_free.get(kind, 0.0))
-            e = s + collective_ns(kind, int(size[i]), world_size, gpu)
-            start[i], end[i], stream[i] = s, e, kind
-            stream_free[kind] = e
+            t, algorithm[i] = collective_time(kind, int(size[i]), world_size, gpu)
+            start[i], end[i], stream[i] = s, s + t, kind
+            stream_free[kind] = end[i]
             for b in written.get(ids[i], ()):
-                pending[b] = e
+                pending[b] = end[i]
             continue
         ready = clock
+        while barriers and barriers[0][0] <= ids[i]:      # finalize_backward: wait for the pass's buckets
+            _, d, k = barriers.pop(0)
+            ready = max([ready] + [e["end_ns"] for e in issued if e["ddp"] == d and e["pass"] == k])
         for b in touched.get(ids[i], ()):
             if b in pending:
                 ready = max(ready, pending.pop(b))
         wait[i] = ready - clock
         start[i], end[i] = ready, ready + dur[i]
         clock = end[i]
-    return pd.DataFrame({"op_id": ids, "name": names, "stream": stream, "start_ns": np.rint(start).astype(np.int64),
-                         "end_ns": np.rint(end).astype(np.int64), "wait_ns": np.rint(wait).astype(np.int64)})
+    if queues:
+        issue_ready(np.iinfo(np.int64).max)             # buckets ready after the last op
+    sched = pd.DataFrame({"op_id": ids, "name": names, "stream": stream, "start_ns": np.rint(start).astype(np.int64),
+                          "end_ns": np.rint(end).astype(np.int64), "wait_ns": np.rint(wait).astype(np.int64),
+                          "algorithm": algorithm})
+    ddp = [{"ddp": e["ddp"], "pass": e["pass"], "bucket": e["bucket"], "bytes": e["bytes"],
+            "ready_op": e["ready"], "backward_end_op": e["end"], "issue_ns": int(round(e["issue_ns"])),
+            "start_ns": int(round(e["start_ns"])), "end_ns": int(round(e["end_ns"])), "stream": "all_reduce",
+            "algorithm": e["algorithm"]} for e in issued]
+    return sched, ddp
 
 
 def step_time(trace, world_size: int, gpu) -> dict:
-    """Step time (ns, modeled clock) of one predicted rank's trace: ``step_ns`` (last op's end), ``compute_ns``
-    (compute-stream busy), ``comm_ns`` (sum of collective durations), ``exposed_comm_ns`` (time the compute
-    stream waited plus collective time past the last compute op), the link used and the schedule."""
+    """Step time (ns, modeled clock) of one predicted rank's trace: ``step_ns`` (the last op's or collective's
+    end), ``compute_ns`` (compute-stream busy), ``comm_ns`` (sum of collective durations, DDP's bucket
+    all-reduces included), ``exposed_comm_ns`` (``step_ns - compute_ns``: time the compute stream waited plus
+    collective time past the last compute op), ``ddp_all_reduces`` (one dict per DDP bucket all-reduce: bytes,
+    ready op, issue/start/end ns, algorithm), the link used and the schedule."""
     from memlens.devicetime.gpus import gpu as resolve_gpu
     g = resolve_gpu(gpu)
-    sched = schedule(trace.ops, trace.accesses, world_size, g)
+    events = _ddp_events(getattr(trace, "metadata", None))
+    sched, ddp = _schedule(trace.ops, trace.accesses, world_size, g, events)
     comp = sched[sched["stream"] == "compute"]
     coll = sched[sched["stream"] != "compute"]
     compute_end = int(comp["end_ns"].max()) if len(comp) else 0
-    step = max(compute_end, int(coll["end_ns"].max()) if len(coll) else 0)
+    step = max([compute_end, int(coll["end_ns"].max()) if len(coll) else 0] + [e["end_ns"] for e in ddp])
     compute_ns = int((comp["end_ns"] - comp["start_ns"]).sum())
+    comm_ns = int((coll["end_ns"] - coll["start_ns"]).sum()) + sum(e["end_ns"] - e["start_ns"] for e in ddp)
     bw, lat, which = link(g, world_size)
-    return {"step_ns": step, "compute_ns": compute_ns, "comm_ns": int((coll["end_ns"] - coll["start_ns"]).sum()),
-            "exposed_comm_ns": step - compute_ns, "collectives": len(coll), "link": which, "link_bw": bw,
-            "step_latency_ns": lat, "efficiency": EFFICIENCY, "clock": "modeled GPU clock", "source": SOURCE,
-            "note": _NO_COLLECTIVES if world_size > 1 and not len(coll) else "", "schedule": sched}
+    n_coll = len(coll) + len(ddp)
+    return {"step_ns": step, "compute_ns": compute_ns, "comm_ns": comm_ns,
+            "exposed_comm_ns": step - compute_ns, "collectives": n_coll, "ddp_all_reduces": ddp, "link": which,
+            "link_bw": bw, "step_latency_ns": lat, "efficiency": EFFICIENCY, "clock": "modeled GPU clock",
+            "source": SOURCE, "note": _NO_COLLECTIVES if world_size > 1 and not n_coll else "", "schedule": sched}
 
 
-# DDP's C++ reducer calls the process group directly, outside the dispatcher, so its bucket all-reduces are
-# not ops in a predicted trace (checked: a DDP step records no c10d op); its step time is compute only
-_NO_COLLECTIVES = ("no c10d collective op in this rank's ops table (DDP's bucket all-reduces run outside the "
-                   "dispatcher and are not recorded): communication is not timed, the step time is compute only")
+# a trace with no c10d op and no DDP record (e.g. a DDP trace recorded outside `memlens.predict(world_size=)`,
+# whose Reducer's all-reduces are never ops): its step time is compute only
+_NO_COLLECTIVES = ("no c10d collective op in this rank's ops table and no DDP bucket record: communication is "
+                   "not timed, the step time is compute only")
 
 
 def onto_step_clock(trace, world_size: int, gpu):
     """A new Trace of one predicted rank with every op at its place in the two-stream schedule (collectives
     on their modeled start/end, compute ops delayed by their waits), so swap/prefetch what-ifs and the
     analyses see the same modeled clock as `step_time`; ``metadata["clock"]`` per the clock contract, the
-    op's stream in a new ``stream`` column of the ops table. The input trace is not modified."""
+    op's stream and collective algorithm in new ``stream`` / ``algorithm`` columns of the ops table. DDP's
+    bucket all-reduces are no ops of the trace: their modeled start/end are in
+    ``metadata["prediction"]["step_time"]["ddp_all_reduces"]``, and the compute ops that waited for them
+    (the first op after each backward pass) start late by that wait. The input trace is not modified."""
     from memlens.clock import restamp
     from memlens.devicetime.gpus import gpu as resolve_gpu
     from memlens.schema import make_clock
@@ -152,10 +199,10 @@ def onto_step_clock(trace, world_size: int, gpu):
     sched = t["schedule"]
     old = trace.metadata.get("clock") or {}
     clock = make_clock("modeled", gpu=g.name, model=f"{old.get('model') or 'memlens.devicetime'}; collectives: "
-                       f"ring over {t['link']}, own streams overlapping compute (memlens steptime)",
+                       f"ring or tree over {t['link']}, own streams overlapping compute (memlens steptime)",
                        device_busy_ns=t["compute_ns"], kernels=old.get("kernels"))
     out = restamp(trace, sched["start_ns"].to_numpy(), sched["end_ns"].to_numpy(), clock,
-                  op_columns={"stream": sched["stream"].to_numpy()},
+                  op_columns={"stream": sched["stream"].to_numpy(), "algorithm": sched["algorithm"].to_numpy()},
                   note=f"times are on the modeled clock of {g.name}: compute ops in host order, collectives on "
                        f"their own streams ({t['source']})")
     out.metadata.setdefault("prediction", {})["step_time"] = {k: v for k, v in t.items() if k != "schedule"}
