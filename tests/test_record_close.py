@@ -235,6 +235,7 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
             m.setattr("memlens.record.assemble.refine_autograd_seeds",
                       _on_frames(reference_refine_autograd_seeds))
             m.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})
+            m.setattr(compiled_signatures, "_FACTS_BY_SHAPES", {})
             built["reference"] = assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
                                                 exception=exception)
         return trace
@@ -278,3 +279,31 @@ def test_recorded_tables_can_be_changed_in_place(backend):
             last = df[col].iloc[-1]
             df.loc[0, col] = last
             assert df[col].iloc[0] is pd.NA if last is pd.NA else df[col].iloc[0] == last
+
+
+def test_float_arguments_alone_do_not_recompute_facts_of_ops_without_a_flop_formula(monkeypatch):
+    """addcdiv_ (no flop formula) met again with another float `value` takes the known facts; addmm (a flop
+    formula, which may read any argument) is computed for each distinct signature; the facts are those
+    `op_costs` gives for the new arguments."""
+    from memlens.opfacts.costs import op_costs
+    monkeypatch.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})
+    monkeypatch.setattr(compiled_signatures, "_FACTS_BY_SHAPES", {})
+    assert compiled_signatures._shapes_only("aten::addcdiv_") and not compiled_signatures._shapes_only("aten::addmm")
+    t = ("tensor", 6, (4, 8))                               # float32 [4, 8]
+    decoded = [("aten::addcdiv_", [t, t, t, 0.5], [t]), ("aten::addcdiv_", [t, t, t, -0.25], [t]),
+               ("aten::addmm", [("tensor", 6, (8,)), t, ("tensor", 6, (8, 8)), 1.0, 1.0], [t]),
+               ("aten::addmm", [("tensor", 6, (8,)), t, ("tensor", 6, (8, 8)), 0.5, 2.0], [t])]
+    names = ["aten::addcdiv_", "aten::addmm"]
+    raws = [np.int64(names.index(d[0])).tobytes() + bytes([i]) for i, d in enumerate(decoded)]   # distinct keys
+    computed = []
+
+    def counting(*args):
+        computed.append(args[0])
+        return op_costs(*args)
+    monkeypatch.setattr("memlens.opfacts.costs.op_costs", counting)
+    facts = compiled_signatures.signature_facts(raws, names, lambda i: decoded[i])
+    assert computed == ["aten::addcdiv_", "aten::addmm", "aten::addmm"]
+    for f, d in zip(facts, decoded):
+        assert f == op_costs(*compiled_signatures.compiled_record(*d))
+    assert facts[0] == facts[1] and facts[0].bytes_read == 3 * 4 * 8 * 4 and facts[0].bytes_written == 4 * 8 * 4
+    assert facts[2].flops == facts[3].flops == 2 * 4 * 8 * 8

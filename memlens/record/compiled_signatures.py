@@ -54,23 +54,60 @@ _FACTS_BY_SIGNATURE: dict = {}
 _FACTS_CACHE_LIMIT = 1 << 16     # signatures kept at most (~200 bytes each); the cache restarts past it
 
 
+# The same facts by signature with float scalars left out, for ops without a flop formula: their facts read
+# tensors only (bytes, dtype, shapes), and an optimizer's float arguments change every step (AdamW's step size
+# in addcdiv_), which made ~10 new signatures per recorded step of a small GPT (~0.5 ms of its close)
+_FACTS_BY_SHAPES: dict = {}
+_SHAPES_ONLY: dict = {}          # op name -> facts read tensors only (no flop formula)
+
+
 def signature_facts(signatures: list, op_names: list, decode) -> list:
     """The `CostFacts` of each compiled-recorder signature (raw bytes, in signature-number order).
     `decode(i)` gives signature i as `decode_signature` does; it is called only for signatures this
     process has not computed facts for yet (the key is the op's name and the bytes after the name word,
-    so recordings with other op numberings share entries)."""
+    so recordings with other op numberings share entries; for an op whose facts read tensors only, a
+    signature that differs from a known one in float arguments alone takes that one's facts)."""
     from memlens.opfacts.costs import op_costs
     cache = _FACTS_BY_SIGNATURE
     if len(cache) > _FACTS_CACHE_LIMIT:
         cache.clear()
+    if len(_FACTS_BY_SHAPES) > _FACTS_CACHE_LIMIT:
+        _FACTS_BY_SHAPES.clear()
     rows = []
     for i, raw in enumerate(signatures):
         key = (op_names[int.from_bytes(raw[:8], "little", signed=True)], raw[8:])
         facts = cache.get(key)
         if facts is None:
-            facts = cache[key] = op_costs(*compiled_record(*decode(i)))
+            decoded = decode(i)
+            shapes_key = (key[0], _without_floats(decoded[1:])) if _shapes_only(key[0]) else None
+            facts = _FACTS_BY_SHAPES.get(shapes_key) if shapes_key is not None else None
+            if facts is None:
+                facts = op_costs(*compiled_record(*decoded))
+                if shapes_key is not None:
+                    _FACTS_BY_SHAPES[shapes_key] = facts
+            cache[key] = facts
         rows.append(facts)
     return rows
+
+
+def _shapes_only(name: str) -> bool:
+    """Whether an op's cost facts read its tensors only: it has no flop formula (a formula may read any
+    argument)."""
+    known = _SHAPES_ONLY.get(name)
+    if known is None:
+        from memlens.opfacts.flops import _flop_function, op_name
+        func = resolve_op(name)
+        known = _SHAPES_ONLY[name] = func is not None and _flop_function(func, op_name(func)) is None
+    return known
+
+
+def _without_floats(value):
+    """A decoded signature value, hashable, with every float replaced by one marker."""
+    if isinstance(value, float):
+        return float
+    if isinstance(value, (list, tuple)):
+        return tuple(_without_floats(v) for v in value)
+    return value
 
 
 def decode_signature(raw: bytes, op_names: list) -> tuple:
