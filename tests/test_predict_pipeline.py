@@ -153,3 +153,50 @@ result = {{"fits": d.fits(), "errors": d.errors, "ran": sorted(d.predictions)}}
     assert r["fits"] is None and r["ran"] == [0, 1]
     for rank in ("0", "1"):
         assert "PipelineShapesNeeded" in r["errors"][rank] and "input_args" in r["errors"][rank]
+
+
+def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.test_predict_distributed import ROOT
+    script = tmp_path / "train_pp.py"
+    script.write_text(textwrap.dedent(f"""
+        import os
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+        dist.init_process_group("nccl")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        D, H, M, N = {D}, {H}, {M}, {N}
+        mod = torch.nn.Sequential(torch.nn.Linear(D, H, bias=False), torch.nn.ReLU(),
+                                  torch.nn.Linear(H, D, bias=False)).cuda()
+        example = torch.empty(M, D, device="meta")
+        stage = PipelineStage(mod, rank, world, torch.device("cuda"),
+                              input_args=(example.clone().requires_grad_(rank > 0),),
+                              output_args=(example.clone().requires_grad_(),))
+        sched = Schedule1F1B(stage, n_microbatches=N, loss_fn=lambda out, target: out.sum())
+        if rank == 0:
+            sched.step(torch.randn(N * M, D, device="cuda"))
+        elif rank == world - 1:
+            sched.step(target=torch.randn(N * M, D, device="cuda"))
+        else:
+            sched.step()
+        dist.destroy_process_group()
+    """))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", "--world-size", str(S),
+                           "--strategy", "pp", "--no-kernel-scratch", "--json", "--", "python", str(script)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads(proc.stdout[proc.stdout.index("{"):])
+    assert s["strategies"] == ["pp"] and s["strategy_error"] is None
+    assert [(r["rank"], r["ran"], r["stages"]) for r in s["ranks"]] == [(k, True, [k]) for k in range(S)]
+    # the script keeps nothing after its step; cuBLAS's modelled workspaces (on by default) only add bytes, the
+    # same on every stage, so the differences between stages are the reference's
+    peaks = [r["peak_allocated"] for r in s["ranks"]]
+    ref = [expected_peak("1f1b", k) for k in range(S)]
+    assert [p - peaks[-1] for p in peaks] == [x - ref[-1] for x in ref]
