@@ -189,7 +189,8 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
     """))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", "--world-size", str(S),
-                           "--strategy", "pp", "--no-kernel-scratch", "--json", "--", "python", str(script)],
+                           "--strategy", "pp", "--no-kernel-scratch", "--json", "--report", str(tmp_path / "r.html"),
+                           "--", "python", str(script)],
                           capture_output=True, text=True, cwd=ROOT, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     s = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -200,3 +201,5 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
     peaks = [r["peak_allocated"] for r in s["ranks"]]
     ref = [expected_peak("1f1b", k) for k in range(S)]
     assert [p - peaks[-1] for p in peaks] == [x - ref[-1] for x in ref]
+    page = (tmp_path / "r.html").read_text()
+    assert "rank 0: stage 0; rank 1: stage 1; rank 2: stage 2; rank 3: stage 3" in page
