@@ -203,3 +203,38 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
     assert [p - peaks[-1] for p in peaks] == [x - ref[-1] for x in ref]
     page = (tmp_path / "r.html").read_text()
     assert "rank 0: stage 0; rank 1: stage 1; rank 2: stage 2; rank 3: stage 3" in page
+
+
+def test_interleaved_schedule_two_stages_per_rank_holds_both_stages_state():
+    """ScheduleInterleaved1F1B, 2 ranks x 2 stages (rank r runs stages r and r + 2): after the step each rank
+    still holds, by hand, both stages' parameters and gradients and their receive buffers."""
+    r = run_child(PIPELINE_STEP + f"""
+from torch.distributed.pipelining import ScheduleInterleaved1F1B
+def step_interleaved():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stages = []
+    for idx in (rank, rank + world):
+        mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
+        example = torch.empty(M, D, device="meta")
+        stages.append(PipelineStage(mod, idx, 2 * world, torch.device("cuda"),
+                                    input_args=(example.clone().requires_grad_(idx > 0),),
+                                    output_args=(example.clone().requires_grad_(),)))
+    sched = ScheduleInterleaved1F1B(stages, n_microbatches=N, loss_fn=lambda out, target: out.sum())
+    if rank == 0:
+        sched.step(torch.randn(N * M, D, device="cuda"))
+    else:
+        sched.step(target=torch.randn(N * M, D, device="cuda"))
+    keep.append(sched)
+d = memlens.predict(step_interleaved, gpu="H100", world_size=2, cublas_workspaces=False, kernel_scratch=False)
+def held(p):
+    b = p.trace.blocks
+    return int(b[(b.device == "cuda:0") & b.free_ns.isna()].requested_size.sum())
+result = {{"rows": rows(d), "held": {{r: held(p) for r, p in d.predictions.items()}}, "errors": d.errors}}
+""")
+    W, O = H * D * F, M * D * F
+    assert r["errors"] == {}
+    assert [row[:4] for row in r["rows"]] == [[0, True, 0, [0, 2]], [1, True, 1, [1, 3]]]
+    # two stages' parameters and gradients (2 x 2W each); receive buffers per microbatch: stage 0 gradients,
+    # stages 1 and 2 activations and gradients, stage 3 activations; the last stage keeps its N outputs
+    assert r["held"]["0"] == 8 * W + (1 + 2) * N * O
+    assert r["held"]["1"] == 8 * W + (2 + 1) * N * O + N * O

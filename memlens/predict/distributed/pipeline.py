@@ -26,8 +26,8 @@ Two things cannot run as on GPUs, so `patch` changes them (only inside a predict
 Every stage is a different rank with different memory (the first holds the most in flight under 1F1B; the
 first has no activation receive buffers, the last no gradient receive buffers and it computes the loss), so
 when a ``PipelineStage`` is built the prediction runs every rank (`ranks.predict_ranks`), never marking one as
-standing for another, and records each rank's stage index. Not supported: multi-stage-per-rank schedules'
-dynamic inference (interleaved schedules run when every stage has static shapes, but are not tested), the
+standing for another, and records each rank's stage indices (several with an interleaved schedule such as
+``ScheduleInterleaved1F1B``: rank r runs stages r, r + world size, ...). Not supported: the
 tracer front end (``pipeline()`` / ``build_stage``: it exports the model, which needs real tensors), and
 pipeline x data parallel meshes are predicted rank by rank with no symmetry shortcut.
 """
