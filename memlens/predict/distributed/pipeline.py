@@ -27,9 +27,12 @@ Every stage is a different rank with different memory (the first holds the most 
 first has no activation receive buffers, the last no gradient receive buffers and it computes the loss), so
 when a ``PipelineStage`` is built the prediction runs every rank (`ranks.predict_ranks`), never marking one as
 standing for another, and records each rank's stage indices (several with an interleaved schedule such as
-``ScheduleInterleaved1F1B``: rank r runs stages r, r + world size, ...). Not supported: the
-tracer front end (``pipeline()`` / ``build_stage``: it exports the model, which needs real tensors), and
-pipeline x data parallel meshes are predicted rank by rank with no symmetry shortcut.
+``ScheduleInterleaved1F1B``: rank r runs stages r, r + world size, ...). The tracer front end
+(``pipeline()`` + ``build_stage``) runs too, but ``torch.export`` under the prediction's FakeTensorMode makes
+its own fake copies of the parameters (seen as allocated before the step) and keeps its traced forward's
+outputs, so such a prediction over-counts (seen on a 2-stage MLP: 4 weights and the example input counted
+twice; not fixed): build ``PipelineStage`` by hand for a faithful answer. Pipeline x data parallel meshes are
+predicted rank by rank with no symmetry shortcut.
 """
 from __future__ import annotations
 
