@@ -98,9 +98,10 @@ def test_each_stage_runs_and_its_peak_is_what_the_schedule_keeps_alive(schedule)
     r = run_child(PIPELINE_STEP + f"""
 d = memlens.predict(lambda: step({cls}), gpu="H100", world_size={S}, cublas_workspaces=False, kernel_scratch=False)
 result = {{"rows": rows(d), "symmetry": d.symmetry, "strategies": sorted(d.strategies), "errors": d.errors,
-          "relu": {{r: relu_lives(p) for r, p in d.predictions.items()}}}}
+          "relu": {{r: relu_lives(p) for r, p in d.predictions.items()}}, "notes": d.notes}}
 """)
     assert r["errors"] == {} and r["strategies"] == ["pp"] and r["symmetry"].startswith("pipeline stages")
+    assert not [n for n in r["notes"] if "pipeline" in n]
     # every stage rank ran (none stands for another) and says its stage
     assert [row[:4] for row in r["rows"]] == [[s, True, s, [s]] for s in range(S)]
     assert [row[4] for row in r["rows"]] == [expected_peak(schedule, s) for s in range(S)]
@@ -238,3 +239,17 @@ result = {{"rows": rows(d), "held": {{r: held(p) for r, p in d.predictions.items
     # stages 1 and 2 activations and gradients, stage 3 activations; the last stage keeps its N outputs
     assert r["held"]["0"] == 8 * W + (1 + 2) * N * O
     assert r["held"]["1"] == 8 * W + (2 + 1) * N * O + N * O
+
+
+def test_a_stage_whose_inputs_need_no_gradient_is_noted():
+    """A real run would hang (stage 0 waits for a gradient stage 1 never sends); the fake group completes the
+    receive, so the prediction says so instead of passing silently."""
+    r = run_child(PIPELINE_STEP.replace("requires_grad_(rank > 0)", "requires_grad_(False)") + """
+d = memlens.predict(lambda: step(ScheduleGPipe), gpu="H100", world_size=2)
+result = {"notes": d.notes, "errors": d.errors}
+""")
+    assert r["errors"] == {}
+    assert [n for n in r["notes"] if n.startswith("pipeline stage")] == [
+        "pipeline stage 1: none of its input_args requires grad, so its backward sends no gradient to stage 0, "
+        "whose gradient receive would wait for ever in a real run; give input_args that require grad as the "
+        "previous stage's output does"]

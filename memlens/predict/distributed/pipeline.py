@@ -48,9 +48,16 @@ class PipelineShapesNeeded(RuntimeError):
     """A ``PipelineStage`` would need dynamic shape inference, which a rank predicted alone cannot do."""
 
 
-def _local_warmup(original):
+NO_INPUT_GRAD = ("pipeline stage {stage}: none of its input_args requires grad, so its backward sends no "
+                 "gradient to stage {prev}, whose gradient receive would wait for ever in a real run; give "
+                 "input_args that require grad as the previous stage's output does")
+
+
+def _local_warmup(original, notes: list):
     """``_warmup_p2p`` without the vote: every ``PipelineStage`` infers statically from its own example
-    args; other stage kinds keep torch's path (neighbour warm-up sends, completed by the fake group)."""
+    args; other stage kinds keep torch's path (neighbour warm-up sends, completed by the fake group).
+    A stage after the first whose example inputs need no gradient is noted (`NO_INPUT_GRAD`): a real run
+    would hang, the fake group completes the unmatched receive."""
     def _warmup_p2p(self, stages, has_backward, p2p_done):
         from torch.distributed.pipelining._utils import InferenceMode
         from torch.distributed.pipelining.stage import PipelineStage
@@ -60,6 +67,9 @@ def _local_warmup(original):
             if InferenceMode.needs_dynamic(stage._user_meta, has_backward):
                 raise PipelineShapesNeeded(PIPELINE_NEEDS_SHAPES.format(stage=stage.stage_index))
             stage._inference_mode = InferenceMode.STATIC
+            inputs = stage._user_meta.inputs or ()
+            if has_backward and not stage.is_first and not any(m.requires_grad for m in inputs):
+                notes.append(NO_INPUT_GRAD.format(stage=stage.stage_index, prev=stage.stage_index - 1))
     return _warmup_p2p
 
 
@@ -71,14 +81,14 @@ def _sighted_stage(init, seen: set, stages: list):
     return __init__
 
 
-def patch(patches, seen: set, stages: list) -> None:
+def patch(patches, seen: set, stages: list, notes: list) -> None:
     """Make ``torch.distributed.pipelining`` run on one predicted rank (see the module docstring);
-    `seen` gets ``"pp"`` and `stages` the stage index of each ``PipelineStage`` the rank builds. `patches`
-    restores everything."""
+    `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
+    real run would not survive. `patches` restores everything."""
     from torch.distributed.pipelining import schedules
     from torch.distributed.pipelining.stage import _PipelineStageBase
     base = schedules._PipelineSchedule
-    patches.set(base, "_warmup_p2p", _local_warmup(base.__dict__["_warmup_p2p"]))
+    patches.set(base, "_warmup_p2p", _local_warmup(base.__dict__["_warmup_p2p"], notes))
     patches.set(_PipelineStageBase, "__init__", _sighted_stage(_PipelineStageBase.__dict__["__init__"], seen,
                                                                stages))
     cuda = torch.cuda
