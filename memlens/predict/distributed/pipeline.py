@@ -85,12 +85,17 @@ def patch(patches, seen: set, stages: list, notes: list) -> None:
     """Make ``torch.distributed.pipelining`` run on one predicted rank (see the module docstring);
     `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
     real run would not survive. `patches` restores everything."""
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining.stage import _PipelineStageBase
-    base = schedules._PipelineSchedule
-    patches.set(base, "_warmup_p2p", _local_warmup(base.__dict__["_warmup_p2p"], notes))
-    patches.set(_PipelineStageBase, "__init__", _sighted_stage(_PipelineStageBase.__dict__["__init__"], seen,
-                                                               stages))
     cuda = torch.cuda
     patches.set(cuda, "get_rng_state", lambda device="cuda": torch.empty(0, dtype=torch.uint8, device="cpu"))
     patches.set(cuda, "set_rng_state", lambda new_state, device="cuda": None)
+    try:
+        from torch.distributed.pipelining import schedules
+        from torch.distributed.pipelining.stage import _PipelineStageBase
+    except ImportError:      # a torch without pipelining: nothing else to patch
+        return
+    base = schedules._PipelineSchedule
+    warmup = base.__dict__.get("_warmup_p2p")
+    if warmup is not None:   # torch 2.13's vote; older versions exchange shapes differently (not supported)
+        patches.set(base, "_warmup_p2p", _local_warmup(warmup, notes))
+    patches.set(_PipelineStageBase, "__init__", _sighted_stage(_PipelineStageBase.__dict__["__init__"], seen,
+                                                               stages))
