@@ -29,10 +29,15 @@ when a ``PipelineStage`` is built the prediction runs every rank (`ranks.predict
 standing for another, and records each rank's stage indices (several with an interleaved schedule such as
 ``ScheduleInterleaved1F1B``: rank r runs stages r, r + world size, ...). The tracer front end
 (``pipeline()`` + ``build_stage``) runs too, but ``torch.export`` under the prediction's FakeTensorMode makes
-its own fake copies of the parameters (seen as allocated before the step) and keeps its traced forward's
-outputs, so such a prediction over-counts (seen on a 2-stage MLP: 4 weights and the example input counted
-twice; not fixed): build ``PipelineStage`` by hand for a faithful answer. Pipeline x data parallel meshes are
-predicted rank by rank with no symmetry shortcut.
+its own fake copies of the parameters (seen as allocated before the step), so such a prediction over-counts
+(seen on a 2-stage MLP: its 4 weights and the example input counted twice; not fixed): build
+``PipelineStage`` by hand for a faithful answer. Pipeline x data parallel meshes are predicted rank by rank
+with no symmetry shortcut.
+
+Not modelled: the fake group's works hold no tensors, while a real process group may keep an async send's
+tensor referenced until its work is waited (recent ``ProcessGroupNCCL`` stashes them); GPipe waits on its
+backward sends only after the last backward, so a real stage after the first may hold up to one more input
+gradient per finished backward. Send/receive time and pipeline bubbles are not in the step time.
 """
 from __future__ import annotations
 
