@@ -245,10 +245,12 @@ def test_a_stage_whose_inputs_need_no_gradient_is_noted():
     """A real run would hang (stage 0 waits for a gradient stage 1 never sends); the fake group completes the
     receive, so the prediction says so instead of passing silently."""
     r = run_child(PIPELINE_STEP.replace("requires_grad_(rank > 0)", "requires_grad_(False)") + """
-d = memlens.predict(lambda: step(ScheduleGPipe), gpu="H100", world_size=2)
-result = {"notes": d.notes, "errors": d.errors}
+d = memlens.predict(lambda: step(ScheduleGPipe), gpu="H100", world_size=2, ranks="first")
+result = {"notes": d.notes, "errors": d.errors, "symmetry": d.symmetry, "ran": [x.ran for x in d.results]}
 """)
     assert r["errors"] == {}
+    # ranks="first" would let rank 0 stand for all; pipeline stages differ, so every rank runs anyway
+    assert r["ran"] == [True, True] and r["symmetry"].endswith("(ranks='first' overridden)")
     assert [n for n in r["notes"] if n.startswith("pipeline stage")] == [
         "pipeline stage 1: none of its input_args requires grad, so its backward sends no gradient to stage 0, "
         "whose gradient receive would wait for ever in a real run; give input_args that require grad as the "
