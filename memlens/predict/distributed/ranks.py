@@ -104,7 +104,8 @@ class DistributedPrediction:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,
                 "fits": self.fits(), "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "symmetry": self.symmetry, "strategies": sorted(self.strategies), "stages": self.stages, "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
+                "symmetry": self.symmetry, "strategies": sorted(self.strategies), "stages": self.stages,
+                "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
                 "ranks": [vars(r) for r in self.results]}
 
     def table(self) -> str:
