@@ -45,7 +45,8 @@ def rows(d):
 def relu_lives(p):
     b = p.trace.blocks
     b = b[(b.device == "cuda:0") & (b.op == "aten::relu")]
-    return [[int(a), None if f != f or f is None else int(f)] for a, f in zip(b.alloc_seq, b.free_seq)]
+    import pandas as pd
+    return [[int(a), None if pd.isna(f) else int(f)] for a, f in zip(b.alloc_seq, b.free_seq)]
 """
 
 
