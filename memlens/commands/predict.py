@@ -29,10 +29,11 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--world-size", type=int, default=None, metavar="N",
                    help="predict sharded training per rank: the script runs as each predicted rank of N under "
-                        "torch's fake process group (its own init_process_group, FSDP2, DDP run as written)")
-    p.add_argument("--strategy", choices=("fsdp2", "ddp", "zero"), default=None,
-                   help="with --world-size: the strategy the script itself uses; memlens checks it was used "
-                        "(it does not wrap the model)")
+                        "torch's fake process group (its own init_process_group, FSDP2, DDP, pipeline stages "
+                        "run as written)")
+    p.add_argument("--strategy", choices=("fsdp2", "ddp", "zero", "pp"), default=None,
+                   help="with --world-size: the strategy the script itself uses (pp: torch.distributed."
+                        "pipelining stages); memlens checks it was used (it does not wrap the model)")
     p.add_argument("--ranks", default="auto",
                    help="with --world-size: auto (rank 0 and the last; all when they differ), all, first, or a "
                         "comma list of ranks")

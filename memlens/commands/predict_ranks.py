@@ -1,7 +1,8 @@
 """`memlens predict --world-size 8 [--strategy fsdp2] -- python train.py`: the per-rank table.
 
 The script runs as each predicted rank under torch's fake process group (`memlens.predict.distributed`);
-it uses its strategy itself (``fully_shard``, ``DistributedDataParallel``, ``ZeroRedundancyOptimizer``):
+it uses its strategy itself (``fully_shard``, ``DistributedDataParallel``, ``ZeroRedundancyOptimizer``,
+``torch.distributed.pipelining`` stages and schedules: ``pp``, every stage rank runs):
 memlens never wraps the model. ``--strategy`` states what the script is expected to use, and the command
 fails when the run shows otherwise, so a table is never labelled with a strategy that did not run.
 """

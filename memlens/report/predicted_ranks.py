@@ -49,6 +49,10 @@ def build_predicted_ranks_report(prediction, *, directory: str, title: str | Non
              "process group; times are on the modeled GPU clock; peaks are the caching-allocator replay's "
              "(predicted max_memory_allocated / max_memory_reserved)."]
     notes += stands_for_notes(prediction)
+    stages = getattr(prediction, "stages", {})
+    if stages:
+        notes.append("Pipeline stages (torch.distributed.pipelining), each rank run on its own: " + "; ".join(
+            f"rank {r}: stage {', '.join(map(str, s))}" for r, s in sorted(stages.items())) + ".")
     notes += [f"note: {n}" for n in prediction.notes]
     report = build_runs_report(runset, title=title or f"memlens prediction: {prediction.world_size} ranks on "
                                                       f"{prediction.gpu} (modeled clock)", **options)

@@ -20,7 +20,10 @@ Inside `rank_world(rank, world_size, session)` (entered inside a `memlens.predic
 - ``DistributedDataParallel``: its C++ constructor reads parameter data (``_verify_params_across_processes``
   and the broadcast of module states), which fake tensors do not have, so its ``__init__``/``forward`` are
   replaced by `memlens.predict.distributed.ddp` (the module runs as is; DDP's gradient buckets are
-  allocated explicitly). Everything is restored on exit.
+  allocated explicitly).
+- ``torch.distributed.pipelining``: torch's schedules run; the stages' shape-agreement vote (which reads a
+  received value) and the CUDA RNG state they fork are replaced by `memlens.predict.distributed.pipeline`.
+Everything is restored on exit.
 """
 from __future__ import annotations
 
@@ -202,15 +205,17 @@ def _patch_strategy_sightings(patches: _Patches, seen: set) -> None:
 
 
 @contextlib.contextmanager
-def rank_world(rank: int, world_size: int, session=None, notes: list | None = None, seen: set | None = None):
+def rank_world(rank: int, world_size: int, session=None, notes: list | None = None, seen: set | None = None,
+               stages: list | None = None):
     """Run the body as rank `rank` of `world_size` on torch's fake process group (see the module docstring).
     `session`: the prediction's recording session (told about FSDP2's storage frees); `notes` collects what
     the user's code asked for that was replaced (backends requested); `seen` collects the strategies the
-    code used ("fsdp2", "ddp", "zero")."""
+    code used ("fsdp2", "ddp", "zero", "pp"); `stages` the pipeline stage index of each ``PipelineStage``
+    the rank builds (`pipeline`)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore   # registers the "fake" backend
 
-    from memlens.predict.distributed import ddp
+    from memlens.predict.distributed import ddp, pipeline
     if dist.is_initialized():
         raise RuntimeError("a distributed prediction needs torch.distributed uninitialised at its start "
                            "(the prediction initialises the fake process group per rank)")
@@ -234,7 +239,9 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         _patch_streams(patches)
         _patch_fsdp_storage(patches, session)
         ddp.patch(patches, session)
-        _patch_strategy_sightings(patches, seen if seen is not None else set())
+        seen = seen if seen is not None else set()
+        _patch_strategy_sightings(patches, seen)
+        pipeline.patch(patches, seen, stages if stages is not None else [], notes)
         yield
     finally:
         patches.restore()

@@ -12,6 +12,10 @@ Which ranks run (`ranks`):
   ``stands_for``). Ranks in between are assumed, not checked, to match. When they differ, every rank runs.
 - ``"all"``: every rank runs. ``"first"``: only rank 0 runs and stands for all (unchecked).
 - a list of ranks: those run; the others are not predicted.
+
+Pipeline parallelism (``torch.distributed.pipelining``, `pipeline`): each stage is a rank with its own
+memory, so once a rank builds a ``PipelineStage`` every rank runs under ``"auto"`` and ``"first"`` too (no
+rank stands for another), and each result says its stage (`RankResult.stages`).
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ class RankResult:
     fits: bool | None
     oom: str | None
     error: str | None = None
+    stages: list = field(default_factory=list)   # pipeline stage indices this rank ran (torch.distributed.pipelining)
 
 
 @dataclass
@@ -54,7 +59,8 @@ class DistributedPrediction:
     nccl: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     errors: dict = field(default_factory=dict)
-    strategies: set = field(default_factory=set)   # what the code used: "fsdp2", "ddp", "zero"
+    strategies: set = field(default_factory=set)   # what the code used: "fsdp2", "ddp", "zero", "pp"
+    stages: dict = field(default_factory=dict)     # rank -> pipeline stage indices it built
 
     def fits(self) -> bool | None:
         """True when every predicted rank fits; None when a rank's code failed (no verdict)."""
@@ -98,7 +104,8 @@ class DistributedPrediction:
         """The headline figures and the per-rank table (bytes)."""
         return {"world_size": self.world_size, "gpu": self.gpu, "capacity": self.capacity,
                 "fits": self.fits(), "peak_allocated": self.peak_allocated, "peak_reserved": self.peak_reserved,
-                "symmetry": self.symmetry, "strategies": sorted(self.strategies), "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
+                "symmetry": self.symmetry, "strategies": sorted(self.strategies), "stages": self.stages,
+                "nccl": self.nccl, "notes": self.notes, "errors": self.errors,
                 "ranks": [vars(r) for r in self.results]}
 
     def table(self) -> str:
@@ -108,6 +115,8 @@ class DistributedPrediction:
                  f"{'device need':>13}  fits"]
         for r in self.results:
             how = "ran" if r.ran else f"= rank {r.stands_for}"
+            if r.stages:
+                how += " stage " + ",".join(map(str, r.stages))
             if r.error:
                 lines.append(f"{r.rank:>4}  {how:<13} failed: {r.error}")
                 continue
@@ -148,7 +157,7 @@ def _allocation_signature(prediction) -> tuple:
     return tuple(zip(b["requested_size"].tolist(), b["op"].tolist()))
 
 
-def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen):
+def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen, stages):
     from memlens.predict.distributed.environment import rank_world
     from memlens.predict.predictor import Prediction
     from memlens.predict.distributed.streams import apply_streams, track_allocation_streams
@@ -158,7 +167,7 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen):
     try:
         with p:
             streams = track_allocation_streams(p._recorder._session)
-            with rank_world(rank, world_size, p._recorder._session, notes, seen):
+            with rank_world(rank, world_size, p._recorder._session, notes, seen, stages):
                 run()
     except Exception as exc:   # the user's code failed on this rank: report it, no verdict
         error = f"{type(exc).__name__}: {exc}"
@@ -167,17 +176,18 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen):
         moved = apply_streams(p.trace, streams)     # before any replay: results are computed lazily
         p.trace.metadata.setdefault("prediction", {}).update(
             {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved, "nccl_allowance": nccl,
-             "ddp": communication_record(getattr(p, "_session", None))})    # DDP buckets' readiness, for the step time
+             "ddp": communication_record(getattr(p, "_session", None)),   # DDP buckets' readiness, for the step time
+             **({"pipeline_stages": list(stages)} if stages else {})})
     return p, error
 
 
-def _result(rank, p, error, stands_for) -> RankResult:
+def _result(rank, p, error, stands_for, stages=()) -> RankResult:
     if error is not None or p.trace is None:
         return RankResult(rank, stands_for == rank, stands_for, None, None, None, None, None,
-                          error or "nothing was predicted")
+                          error or "nothing was predicted", list(stages))
     oom = p.oom
     return RankResult(rank, stands_for == rank, stands_for, p.peak_allocated, p.peak_reserved,
-                      p.device_bytes_needed, p.fits(), str(oom) if oom is not None else None)
+                      p.device_bytes_needed, p.fits(), str(oom) if oom is not None else None, None, list(stages))
 
 
 def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="auto", args=None,
@@ -206,24 +216,32 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
         if not first or first[0] < 0 or first[-1] >= world_size:
             raise InputError(f"ranks {ranks!r} must be within 0..{world_size - 1}")
     out = DistributedPrediction(world_size, str(gpu), _capacity_bytes(capacity), nccl=nccl)
-    for r in first:
-        out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl, options, out.notes,
-                                            out.strategies)
-        if err:
-            out.errors[r] = err
+
+    def run_ranks(rs):
+        for r in rs:
+            stages: list = []
+            out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl, options, out.notes,
+                                                out.strategies, stages)
+            if stages:
+                out.stages[r] = stages
+            if err:
+                out.errors[r] = err
+
+    run_ranks(first)
     ran = list(first)
-    if ranks == "auto" and world_size > 1 and not out.errors:
+    if "pp" in out.strategies and ranks in ("auto", "first") and world_size > 1:
+        run_ranks([r for r in range(world_size) if r not in out.predictions])
+        ran = list(range(world_size))
+        out.symmetry = ("pipeline stages (torch.distributed.pipelining): every rank ran, each stage's memory "
+                        "differs" + (" (ranks='first' overridden)" if ranks == "first" else ""))
+    elif ranks == "auto" and world_size > 1 and not out.errors:
         if _allocation_signature(out.predictions[0]) == _allocation_signature(out.predictions[world_size - 1]):
             out.symmetry = (f"symmetric: rank 0 and rank {world_size - 1} allocate the same sequence of blocks; "
                             f"rank 0 stands for ranks 1..{world_size - 2} (assumed, not run)"
                             if world_size > 2 else "symmetric: both ranks ran and allocate the same blocks")
         else:
             out.symmetry = "asymmetric: rank 0 and the last rank differ, so every rank ran"
-            for r in range(1, world_size - 1):
-                out.predictions[r], err = _run_rank(run, r, world_size, gpu, capacity, nccl, options,
-                                                    out.notes, out.strategies)
-                if err:
-                    out.errors[r] = err
+            run_ranks(range(1, world_size - 1))
             ran = list(range(world_size))
     elif ranks == "auto" and world_size > 1:
         out.symmetry = "not checked: the code failed on a rank that ran (no verdict)"
@@ -235,7 +253,7 @@ def predict_ranks(target, gpu="H100", capacity=None, *, world_size: int, ranks="
         out.symmetry = f"only ranks {ran} ran; the others are not predicted"
     for r in range(world_size):
         if r in out.predictions:
-            out.results.append(_result(r, out.predictions[r], out.errors.get(r), r))
+            out.results.append(_result(r, out.predictions[r], out.errors.get(r), r, out.stages.get(r, ())))
         elif ranks in ("auto", "first"):
             out.results.append(_result(r, out.predictions[0], out.errors.get(0), 0))
     out.notes = sorted(set(out.notes))

@@ -18,7 +18,10 @@ to the model, inside `memlens.predict(..., world_size=N)` (torch's fake process 
   ``ZeroRedundancyOptimizer`` itself has no gradient sharding).
 
 Not offered: tensor parallel (``parallelize_module`` needs a plan naming the model's own submodules,
-which memlens cannot choose for an arbitrary model; predict such a script with ``memlens.predict(world_size=N)``).
+which memlens cannot choose for an arbitrary model; predict such a script with ``memlens.predict(world_size=N)``),
+and pipeline parallelism: a stage split needs the model's own forward cut into stage modules and a schedule
+driving ``step`` (not ``step(model, optimizer)``); predict a ``torch.distributed.pipelining`` script with
+``memlens.predict(world_size=N)``, where every stage rank runs (`memlens.predict.distributed.pipeline`).
 """
 from __future__ import annotations
 

@@ -1,0 +1,106 @@
+"""Pipeline parallelism (``torch.distributed.pipelining``) under prediction: torch's own schedules run.
+
+The user's code builds its rank's ``PipelineStage`` and a schedule (``ScheduleGPipe``, ``Schedule1F1B``, or
+another single-stage schedule) and calls ``schedule.step(...)``; under `environment.rank_world` that code runs
+as it is, on fake ``cuda`` tensors and torch's fake process group. What runs and what allocates is torch's:
+the schedule splits the batch into microbatches, runs each forward and backward in the schedule's order,
+keeps each microbatch's stage output and saved activations until its backward (GPipe: every microbatch's
+forward comes first; 1F1B: stage ``s`` of ``S`` holds at most ``S - s`` microbatches in flight), and
+allocates its receive buffers up front (``PipelineStage`` makes one activation buffer per microbatch on every
+stage but the first and one gradient buffer per microbatch on every stage but the last, kept for the
+stage's life). Sends and receives go through the fake process group, which completes them at once and moves
+no data: a receive buffer keeps the bytes it was allocated with, which is all the memory prediction needs.
+
+Two things cannot run as on GPUs, so `patch` changes them (only inside a predicted rank):
+
+- the P2P warm-up vote (``_PipelineSchedule._warmup_p2p``): stages send a tensor around the ring and read it
+  back with ``.item()`` to agree on static or dynamic shape inference; a fake tensor has no value. Here each
+  stage decides alone: STATIC when its ``PipelineStage`` was given ``input_args`` and ``output_args`` (with
+  plain tensors, shapes are all a stage needs). Dynamic inference exchanges shapes as pickled objects between
+  ranks, which a rank predicted alone cannot receive, so a stage without them is refused with a clear error
+  (`PIPELINE_NEEDS_SHAPES`). ``device="meta"`` example tensors cost nothing and are enough.
+- ``torch.random.fork_rng`` around the schedule's shape inference reads ``torch.cuda.get_rng_state``, which a
+  CPU build does not have: the fake device's RNG state is an empty CPU byte tensor and setting it does
+  nothing (fake tensors draw no random numbers).
+
+Every stage is a different rank with different memory (the first holds the most in flight under 1F1B; the
+first has no activation receive buffers, the last no gradient receive buffers and it computes the loss), so
+when a ``PipelineStage`` is built the prediction runs every rank (`ranks.predict_ranks`), never marking one as
+standing for another, and records each rank's stage indices (several with an interleaved schedule such as
+``ScheduleInterleaved1F1B``: rank r runs stages r, r + world size, ...). The tracer front end
+(``pipeline()`` + ``build_stage``) runs too, but ``torch.export`` under the prediction's FakeTensorMode makes
+its own fake copies of the parameters (seen as allocated before the step), so such a prediction over-counts
+(seen on a 2-stage MLP: its 4 weights and the example input counted twice; not fixed): build
+``PipelineStage`` by hand for a faithful answer. Pipeline x data parallel meshes are predicted rank by rank
+with no symmetry shortcut.
+
+Not modelled: the fake group's works hold no tensors, while a real process group may keep an async send's
+tensor referenced until its work is waited (recent ``ProcessGroupNCCL`` stashes them); GPipe waits on its
+backward sends only after the last backward, so a real stage after the first may hold up to one more input
+gradient per finished backward. Send/receive time and pipeline bubbles are not in the step time.
+"""
+from __future__ import annotations
+
+import torch
+
+PIPELINE_NEEDS_SHAPES = (
+    "pipeline stage {stage}: memlens predicts pipeline ranks one at a time, so stages cannot exchange shapes "
+    "at run time; give PipelineStage(..., input_args=..., output_args=...) example tensors with the "
+    "microbatch's shapes and dtypes (device='meta' tensors cost no memory)")
+
+
+class PipelineShapesNeeded(RuntimeError):
+    """A ``PipelineStage`` would need dynamic shape inference, which a rank predicted alone cannot do."""
+
+
+NO_INPUT_GRAD = ("pipeline stage {stage}: none of its input_args requires grad, so its backward sends no "
+                 "gradient to stage {prev}, whose gradient receive would wait for ever in a real run; give "
+                 "input_args that require grad as the previous stage's output does")
+
+
+def _local_warmup(original, notes: list):
+    """``_warmup_p2p`` without the vote: every ``PipelineStage`` infers statically from its own example
+    args; other stage kinds keep torch's path (neighbour warm-up sends, completed by the fake group).
+    A stage after the first whose example inputs need no gradient is noted (`NO_INPUT_GRAD`): a real run
+    would hang, the fake group completes the unmatched receive."""
+    def _warmup_p2p(self, stages, has_backward, p2p_done):
+        from torch.distributed.pipelining._utils import InferenceMode
+        from torch.distributed.pipelining.stage import PipelineStage
+        if not all(isinstance(s, PipelineStage) for s in stages):
+            return original(self, stages, has_backward, p2p_done)
+        for stage in stages:
+            if InferenceMode.needs_dynamic(stage._user_meta, has_backward):
+                raise PipelineShapesNeeded(PIPELINE_NEEDS_SHAPES.format(stage=stage.stage_index))
+            stage._inference_mode = InferenceMode.STATIC
+            inputs = stage._user_meta.inputs or ()
+            if has_backward and not stage.is_first and not any(m.requires_grad for m in inputs):
+                notes.append(NO_INPUT_GRAD.format(stage=stage.stage_index, prev=stage.stage_index - 1))
+    return _warmup_p2p
+
+
+def _sighted_stage(init, seen: set, stages: list):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen.add("pp")
+        stages.append(int(self.stage_index))
+    return __init__
+
+
+def patch(patches, seen: set, stages: list, notes: list) -> None:
+    """Make ``torch.distributed.pipelining`` run on one predicted rank (see the module docstring);
+    `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
+    real run would not survive. `patches` restores everything."""
+    cuda = torch.cuda
+    patches.set(cuda, "get_rng_state", lambda device="cuda": torch.empty(0, dtype=torch.uint8, device="cpu"))
+    patches.set(cuda, "set_rng_state", lambda new_state, device="cuda": None)
+    try:
+        from torch.distributed.pipelining import schedules
+        from torch.distributed.pipelining.stage import _PipelineStageBase
+    except ImportError:      # a torch without pipelining: nothing else to patch
+        return
+    base = schedules._PipelineSchedule
+    warmup = base.__dict__.get("_warmup_p2p")
+    if warmup is not None:   # torch 2.13's vote; older versions exchange shapes differently (not supported)
+        patches.set(base, "_warmup_p2p", _local_warmup(warmup, notes))
+    patches.set(_PipelineStageBase, "__init__", _sighted_stage(_PipelineStageBase.__dict__["__init__"], seen,
+                                                               stages))
