@@ -128,3 +128,69 @@ def test_a_failed_build_says_so_and_falls_back(fresh, monkeypatch, capsys):
 
 def test_clock_reads_minutes_and_seconds():
     assert [buildprogress._clock(s) for s in (0, 9.9, 61, 185, 3600)] == ["0:00", "0:09", "1:01", "3:05", "60:00"]
+
+
+def test_a_finished_build_is_loaded_directly(fresh, monkeypatch):
+    """After a build the folder is marked; the next process imports the library itself (no torch loader,
+    no ninja)."""
+    calls = []
+    monkeypatch.setattr(cpp, "load", _fake_torch_build(calls, seconds=0.02))
+    assert native.load() == "the module"
+    folder = native.build_dir()
+    with open(os.path.join(folder, native.BUILT_MARK)) as f:
+        assert f.read() == "memlens_recorder.so\n"
+    imported = []
+
+    class Loader:
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module):
+            imported.append(module.__name__)
+    import importlib.util
+    monkeypatch.setattr(importlib.util, "spec_from_file_location",
+                        lambda name, path: importlib.machinery.ModuleSpec(name, Loader(), origin=path))
+    monkeypatch.setattr(native, "_module", None)
+    module = native.load()
+    assert imported == ["memlens_recorder"] and module.__name__ == "memlens_recorder" and calls == [folder]
+
+
+def test_a_failed_build_leaves_no_mark(fresh, monkeypatch):
+    monkeypatch.setattr(cpp, "load", _fake_torch_build([], seconds=0.02, fail=True))
+    with pytest.raises(native.NativeUnavailable):
+        native.load()
+    assert not os.path.exists(os.path.join(native.build_dir(), native.BUILT_MARK))
+
+
+def test_no_direct_load_without_the_mark_or_while_a_build_holds_the_lock(fresh, monkeypatch):
+    import fcntl
+    folder = native.build_dir()
+    os.makedirs(folder)
+    library = os.path.join(folder, "memlens_recorder.so")
+    open(library, "w").close()
+    assert native._load_built(folder, library) is None                 # built, but never marked
+    native._mark_built(folder, library)
+    fd = os.open(os.path.join(folder, "memlens-build.lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)       # a build in progress (another process's, in real life)
+        assert native._load_built(folder, library) is None
+    finally:
+        os.close(fd)
+    os.unlink(library)
+    assert native._load_built(folder, library) is None                 # marked, but the library is gone
+
+
+def test_a_fresh_process_records_without_torchs_extension_loader():
+    """The process's first recording loads the built recorder without importing torch.utils.cpp_extension."""
+    import subprocess
+    import sys
+    if not native.available():
+        pytest.skip("compiled recorder does not build here")
+    code = ("import sys, torch, memlens\n"
+            "m = torch.nn.Linear(4, 4)\n"
+            "with memlens.record(m, backend='compiled') as r:\n"
+            "    m(torch.randn(2, 4))\n"
+            "print(r.trace.metadata['recorder'], 'torch.utils.cpp_extension' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["compiled", "False"]

@@ -17,7 +17,7 @@ import shutil
 import sys
 import threading
 
-from memlens.buildlock import build_lock
+from memlens.buildlock import LOCK_NAME, build_lock
 from memlens.buildprogress import build_progress, needs_build
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,20 +74,70 @@ def load(verbose: bool = False):
             except ImportError:
                 pass
         try:
-            from torch.utils.cpp_extension import load as _load
             path = build_dir()
-            # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
             library = os.path.join(path, "memlens_recorder.so")
+            _module = _load_built(path, library)
+            if _module is not None:
+                return _module
+            from torch.utils.cpp_extension import load as _load
+            # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
             with build_lock(path, "the compiled recorder", library=library):
                 build = (build_progress("the compiled recorder", path, len(sources()), BUILD_ESTIMATE)
                          if needs_build(library, sources()) else contextlib.nullcontext())
                 with build:   # a build never runs silently: what, where, how long so far
                     _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
                                     extra_cflags=_CFLAGS, verbose=verbose)
+                _mark_built(path, library)
         except Exception as exc:   # a missing ninja, a compile error, a failed import: say so once
             _error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
             raise NativeUnavailable(_error) from exc
         return _module
+
+
+BUILT_MARK = "memlens-built"      # written in the build folder once its library was built and loaded
+
+
+def _load_built(path: str, library: str):
+    """The library of a finished build in `path`, imported directly (None when there is none, or another
+    process holds the build lock now). The folder is named by the hash of the sources, flags, torch and
+    Python, so a library that was built and loaded there once is the right one: no need to import
+    `torch.utils.cpp_extension` (setuptools, ~0.25 s) and run ninja at each process's first recording (nor
+    to rebuild when the same sources are met at another path, which changes torch's ninja file)."""
+    import fcntl
+    import importlib.util
+    mark = os.path.join(path, BUILT_MARK)
+    try:
+        with open(mark) as f:
+            if f.read().strip() != os.path.basename(library) or not os.path.exists(library):
+                return None
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        try:   # shared: no build (which takes it exclusively) can be rewriting the library meanwhile
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return None
+        spec = importlib.util.spec_from_file_location("memlens_recorder", library)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except Exception:   # a library that does not import here: torch's loader rebuilds or says why
+        return None
+    finally:
+        os.close(fd)
+
+
+def _mark_built(path: str, library: str) -> None:
+    """Say (atomically) that `library` in `path` is a finished build (see `_load_built`)."""
+    tmp = os.path.join(path, f"{BUILT_MARK}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w") as f:
+            f.write(os.path.basename(library) + "\n")
+        os.replace(tmp, os.path.join(path, BUILT_MARK))
+    except OSError:   # a read-only cache: the next process goes through torch's loader, as before
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def available() -> bool:
