@@ -219,7 +219,8 @@ def pipeline_step_time(traces: dict, world_size: int, gpu) -> dict:
     pipeline clock, ``pipeline_step_ns`` (the whole step: max over ranks), ``busy_ns``, ``wait_ns``,
     ``bubble_ns``, ``p2p_ns``, ``p2p_bytes``, ``own_step_ns`` (the rank alone, no waits),
     ``pipeline_actions`` (each action's start/end/wait) and the ``schedule`` shifted by the waits.
-    `traces`: every rank's predicted trace (rank -> Trace)."""
+    ``exposed_comm_ns`` stays the rank's own (collectives only), so ``step_ns = compute_ns +
+    exposed_comm_ns + wait_ns``. `traces`: every rank's predicted trace (rank -> Trace)."""
     from memlens.devicetime.gpus import gpu as resolve_gpu
     from memlens.predict.distributed.steptime import _NO_COLLECTIVES, step_time
     g = resolve_gpu(gpu)
