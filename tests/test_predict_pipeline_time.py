@@ -256,3 +256,55 @@ def test_real_1f1b_runs_torch_order_and_the_first_stage_waits_most():
         src = (s - 1, "F", m) if k == "F" else (s + 1, "B", m)
         if src in ends:
             assert a["start_ns"] >= ends[src]["end_ns"] + T - 1
+
+
+@pytest.mark.parametrize("schedule", ["ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"])
+def test_real_interleaved_schedules_wait_exactly_for_their_sender(schedule):
+    """2 ranks x 2 stages (rank r runs stages r and r + 2), torch's interleaved schedules (zero bubble: input
+    gradient "I" and weight gradient "W" apart): every action that waited starts exactly when its input
+    arrived (its sender's end + one transfer, NVLink), and one that did not wait starts no earlier."""
+    r = run_child(PIPELINE + f"""
+from torch.distributed.pipelining import {schedule}
+def step_interleaved():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    stages = []
+    for idx in (rank, rank + world):
+        mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
+        example = torch.empty(M, D, device="meta")
+        stages.append(PipelineStage(mod, idx, 2 * world, torch.device("cuda"),
+                                    input_args=(example.clone().requires_grad_(idx > 0),),
+                                    output_args=(example.clone().requires_grad_(),)))
+    sched = {schedule}(stages, n_microbatches=N, loss_fn=lambda out, target: out.sum())
+    if rank == 0:
+        sched.step(torch.randn(N * M, D, device="cuda"))
+    else:
+        sched.step(target=torch.randn(N * M, D, device="cuda"))
+    keep.append(sched)
+d = memlens.predict(step_interleaved, gpu="H100", world_size=2, cublas_workspaces=False, kernel_scratch=False)
+t = d.step_time()
+result = {{"errors": d.errors, "actions": {{r: x["pipeline_actions"] for r, x in t.items()}},
+          "steps": {{r: [x["step_ns"], x["pipeline_step_ns"], x["own_step_ns"], x["wait_ns"]] for r, x in t.items()}}}}
+""")
+    assert r["errors"] == {}
+    from memlens.devicetime.gpus import gpu
+    T = 1000 + MB * D * 4 / (0.8 * gpu("H100").nvlink_bw) * 1e9
+    acts = {(a["stage"], a["kind"], a["mb"]): a for x in r["actions"].values() for a in x}
+    kinds = {k for _, k, _ in acts}
+    assert kinds == ({"F", "B"} if schedule == "ScheduleInterleaved1F1B" else {"F", "I", "W"})
+    assert len(acts) == 4 * N * len(kinds)                  # 4 stages x N microbatches per kind
+    grad = "B" if "B" in kinds else "I"
+    waited = 0
+    for (s, k, m), a in acts.items():
+        src = (s - 1, "F", m) if k == "F" and s > 0 else (s + 1, grad, m) if k == grad and s < 3 else None
+        if src is None:
+            assert a["wait_ns"] == 0
+            continue
+        arrive = acts[src]["end_ns"] + T
+        if a["wait_ns"] > 0:
+            waited += 1
+            assert a["start_ns"] == pytest.approx(arrive, abs=2)
+        else:
+            assert a["start_ns"] >= arrive - 2
+    assert waited > 0
+    for step, whole, own, wait in r["steps"].values():
+        assert step == own + wait and whole == max(x[0] for x in r["steps"].values())
