@@ -308,3 +308,19 @@ result = {{"errors": d.errors, "actions": {{r: x["pipeline_actions"] for r, x in
     assert waited > 0
     for step, whole, own, wait in r["steps"].values():
         assert step == own + wait and whole == max(x[0] for x in r["steps"].values())
+
+
+def test_a_second_step_waits_for_the_second_steps_sender():
+    """Two GPipe steps, S = 2, M = 2, F = 10, B = 20, free transfers. Step 1: stage 0 F [0,10] [10,20], stage
+    1 F [10,20] [20,30], B [30,50] [50,70], stage 0 B [50,70] [70,90]; stage 0 ends at 90, stage 1 at
+    70. Step 2: stage 0 F0 [90,100] F1 [100,110]; stage 1 F0 waits for 100: [100,110], F1 [110,120], B0
+    [120,140], B1 [140,160]; stage 0 B0 waits for 140: [140,160], B1 [160,180]."""
+    one = plans_for(gpipe_order, 2, 2, 10, 20)
+    plans = {}
+    for s, p in one.items():
+        acts = [{**a, "it": it} for it in (0, 1) for a in p["actions"]]
+        plans[s] = {**p, "actions": acts, "busy_ns": 2 * p["busy_ns"], "own_step_ns": 2 * p["own_step_ns"]}
+    sim = simulate(plans, lambda nbytes, src, dst: 0)
+    assert [a["start_ns"] for a in sim["ranks"][0]["actions"]] == [0, 10, 50, 70, 90, 100, 140, 160]
+    assert [a["start_ns"] for a in sim["ranks"][1]["actions"]] == [10, 20, 30, 50, 100, 110, 120, 140]
+    assert sim["pipeline_step_ns"] == 180 and sim["ranks"][1]["step_ns"] == 160

@@ -94,45 +94,57 @@ def rank_plan(rank: int, own: dict, record: dict) -> dict:
         k = int(np.searchsorted(ids, pos, side="left"))
         return int(ends[k - 1]) if k else 0
 
-    recvs = {}
+    # a step run twice (or more) repeats every (stage, kind, microbatch): the n-th receive of one belongs to its
+    # n-th action, `it` = n
+    recvs, seen = {}, {}
     for r in record.get("recvs", []):
-        kind = "F" if r["kind"] == "F" else "grad"
-        recvs.setdefault((r["stage"], kind, r["mb"]), []).extend([int(p), int(b)] for p, b in r["peers"])
+        key = (r["stage"], _class(r["kind"]), r["mb"])
+        n = seen[key] = seen.get(key, -1) + 1
+        recvs[key + (n,)] = [[int(p), int(b)] for p, b in r["peers"]]
     acts = sorted(record.get("actions", []), key=lambda a: a["start"])
-    out = []
+    out, seen = [], {}
     for k, a in enumerate(acts):
         nxt = done_by(acts[k + 1]["start"]) if k + 1 < len(acts) else own["step_ns"]
-        key = (a["stage"], "F" if a["kind"] == "F" else "grad", a["mb"])
-        out.append({"kind": a["kind"], "stage": a["stage"], "mb": a["mb"], "start_op": a["start"],
+        key = (a["stage"], _class(a["kind"]), a["mb"])
+        n = seen[key] = seen.get(key, -1) + 1
+        out.append({"kind": a["kind"], "stage": a["stage"], "mb": a["mb"], "it": n, "start_op": a["start"],
                     "end_op": a["end"], "dur_ns": done_by(a["end"]) - done_by(a["start"]),
-                    "gap_ns": nxt - done_by(a["end"]), "recv": recvs.get(key, []) if a["kind"] != "W" else []})
+                    "gap_ns": nxt - done_by(a["end"]), "recv": recvs.get(key + (n,), []) if a["kind"] != "W" else []})
     return {"rank": rank, "prelude_ns": done_by(acts[0]["start"]) if acts else own["step_ns"], "actions": out,
             "own_step_ns": int(own["step_ns"]), "busy_ns": int(own["compute_ns"])}
 
 
-def _sender(rank_stage_kind_mb):
-    """The key of the action that sent what an action receives: (peer, stage -/+ 1, F or grad, mb)."""
-    peer, stage, kind, mb = rank_stage_kind_mb
-    return (peer, stage - 1, "F", mb) if kind == "F" else (peer, stage + 1, "grad", mb)
+def _class(kind: str) -> str:
+    """F, "grad" (B or I: the actions that send an input gradient back) or W."""
+    return "F" if kind == "F" else "W" if kind == "W" else "grad"
+
+
+def _key(rank: int, a: dict) -> tuple:
+    return (rank, a["stage"], _class(a["kind"]), a["mb"], a.get("it", 0))
+
+
+def _sender(peer: int, a: dict) -> tuple:
+    """The key of the action on rank `peer` that sent what action `a` receives (stage -/+ 1, same microbatch
+    and repetition)."""
+    if a["kind"] == "F":
+        return (peer, a["stage"] - 1, "F", a["mb"], a.get("it", 0))
+    return (peer, a["stage"] + 1, "grad", a["mb"], a.get("it", 0))
 
 
 def simulate(plans: dict, transfer) -> dict:
     """Join the ranks' `rank_plan` s on one clock (module docstring). `transfer(nbytes, src, dst)`: a
     message's transfer ns. Returns ``{"pipeline_step_ns", "ranks": {rank: {"step_ns", "busy_ns", "wait_ns",
-    "bubble_ns", "p2p_ns", "p2p_bytes", "own_step_ns", "actions": [{"kind", "stage", "mb", "start_ns",
-    "end_ns", "wait_ns", "start_op", "end_op"}]}}}``; ns (ints, rounded) on the modeled clock."""
-    keyof = {}
-    for r, plan in plans.items():
-        for a in plan["actions"]:
-            key = (r, a["stage"], "F" if a["kind"] == "F" else "grad", a["mb"])
-            if a["kind"] != "W":
-                keyof[key] = a
+    "bubble_ns", "p2p_ns", "p2p_bytes", "own_step_ns", "actions": [{"kind", "stage", "mb", "it", "start_ns",
+    "end_ns", "wait_ns", "start_op", "end_op"}]}}}``; ns (ints, rounded) on the modeled clock. ``it``: the
+    repetition of that (stage, kind, microbatch) on the rank (a second ``schedule.step()``: 1), whose receive
+    comes from the sender's same repetition."""
+    keyof = {_key(r, a): a for r, plan in plans.items() for a in plan["actions"]}
     outgoing: dict = {}          # sender key -> [(receiver rank, receiver key, bytes)]
     for r, plan in plans.items():
         for a in plan["actions"]:
-            rkey = (r, a["stage"], "F" if a["kind"] == "F" else "grad", a["mb"])
+            rkey = _key(r, a)
             for peer, nbytes in a["recv"]:
-                skey = _sender((peer, a["stage"], rkey[2], a["mb"]))
+                skey = _sender(int(peer), a)
                 if skey not in keyof:
                     raise PipelineTimingError(
                         f"pipeline step time: rank {r} stage {a['stage']} {a['kind']} of microbatch {a['mb']} "
@@ -151,17 +163,17 @@ def simulate(plans: dict, transfer) -> dict:
         for r, plan in plans.items():
             while pos[r] < len(plan["actions"]):
                 a = plan["actions"][pos[r]]
-                kind = "F" if a["kind"] == "F" else "grad"
-                rkey = (r, a["stage"], kind, a["mb"])
-                needs = [(_sender((peer, a["stage"], kind, a["mb"])), rkey) for peer, _ in a["recv"]]
+                rkey = _key(r, a)
+                needs = [(_sender(int(peer), a), rkey) for peer, _ in a["recv"]]
                 if any(n not in arrival for n in needs):
                     break
                 start = max([clock[r]] + [arrival[n] for n in needs])
                 wait = start - clock[r]
                 waited[r] += wait
                 end = start + a["dur_ns"]
-                timed[r].append({"kind": a["kind"], "stage": a["stage"], "mb": a["mb"], "start_ns": start,
-                                 "end_ns": end, "wait_ns": wait, "start_op": a["start_op"], "end_op": a["end_op"]})
+                timed[r].append({"kind": a["kind"], "stage": a["stage"], "mb": a["mb"], "it": a.get("it", 0),
+                                 "start_ns": start, "end_ns": end, "wait_ns": wait, "start_op": a["start_op"],
+                                 "end_op": a["end_op"]})
                 if a["kind"] != "W":
                     for dst, dkey, nbytes in outgoing.get(rkey, []):
                         go = max(end, link_free.get((r, dst), 0.0))
