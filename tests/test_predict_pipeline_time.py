@@ -225,7 +225,7 @@ def test_real_gpipe_step_is_the_stage_by_stage_recurrence(S):
         assert x["bubble_ns"] == x["pipeline_step_ns"] - x["busy_ns"]
         # receives: N activations (not on the first stage) and N gradients (not on the last), MB x D fp32
         assert x["p2p_bytes"] == N * MB * D * 4 * ((s > 0) + (s < S - 1))
-        assert x["p2p_ns"] == round(N * T * ((s > 0) + (s < S - 1)))
+        assert x["p2p_ns"] == N * round(T) * ((s > 0) + (s < S - 1))     # each transfer in whole ns
     assert r["timed_clock"] == "modeled" and r["timed_end"] == times["0"]["step_ns"] == r["timed_step"]
 
 

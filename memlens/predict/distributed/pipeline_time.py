@@ -45,7 +45,6 @@ from memlens.predict.distributed.collectives import (EFFICIENCY, INTER_NODE_STEP
                                                      intra_link, network_bw)
 
 P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")
-_GRAD = ("B", "I")      # the actions that send an input gradient to the previous stage
 
 
 class PipelineTimingError(InputError):
@@ -241,7 +240,8 @@ def pipeline_step_time(traces: dict, world_size: int, gpu) -> dict:
         own[r] = step_time(without_p2p_time(tr), world_size, g)
         record = ((tr.metadata or {}).get("prediction") or {}).get("pipeline") or {}
         plans[r] = rank_plan(r, own[r], record)
-    sim = simulate(plans, lambda nbytes, src, dst: p2p_ns(nbytes, src, dst, g))
+    # whole ns per transfer: every time on the joined clock stays an integer, so step = own step + waits exactly
+    sim = simulate(plans, lambda nbytes, src, dst: round(p2p_ns(nbytes, src, dst, g)))
     out = {}
     for r, t in own.items():
         p = sim["ranks"][r]
