@@ -6,8 +6,10 @@ the weights), wraps it in torch's ``PipelineStage`` with
 ``device="meta"`` example shapes and runs one ``ScheduleGPipe`` or ``Schedule1F1B`` step of ``--microbatches``
 microbatches of 1 x 2048 tokens, cross-entropy on the last stage, then ``opt.step()``; all under
 ``memlens.predict(step, world_size=stages)`` (torch's fake process group, every stage rank run). Prints the
-host wall seconds, this process's peak RSS and each stage's predicted peak allocated / reserved bytes.
-Nothing is allocated for real.
+host wall seconds, this process's peak RSS, each stage's predicted peak allocated / reserved bytes and the
+pipeline step time on the modeled H100 clock (`d.step_time()`: stages joined with their waits and the p2p
+transfers over NVLink, `memlens.predict.distributed.pipeline_time`), with the textbook step
+``(M + S - 1)(F + B)`` from the stages' mean forward and backward beside it. Nothing is allocated for real.
 
     python benchmarks/predict_pipeline.py [--stages 8] [--microbatches 16] [--layers 32]
 """
@@ -93,6 +95,21 @@ def main(stages: int, microbatches: int, layers: int) -> None:
         print("  peak allocated by stage (GiB): " + " / ".join(f"{r.peak_allocated / 2**30:.2f}" for r in d.results))
         print("  peak reserved by stage (GiB):  " + " / ".join(f"{r.peak_reserved / 2**30:.2f}" for r in d.results))
         print(f"  {d.symmetry}; fits 80 GiB: {d.fits()}")
+        t = time.perf_counter()
+        times = d.step_time()
+        secs = time.perf_counter() - t
+        ms = lambda ns: ns / 1e6          # noqa: E731
+        whole = times[0]["pipeline_step_ns"]
+        print(f"  pipeline step (modeled H100 clock): {ms(whole):.1f} ms ({secs:.1f} s host wall clock to time)")
+        for key in ("step_ns", "busy_ns", "wait_ns", "bubble_ns", "p2p_ns"):
+            print(f"  {key:<10} by stage (ms): " + " / ".join(f"{ms(times[r][key]):.1f}" for r in sorted(times)))
+        acts = [a for r in times for a in times[r]["pipeline_actions"]]
+        f = sum(a["end_ns"] - a["start_ns"] for a in acts if a["kind"] == "F") / stages / microbatches
+        b = sum(a["end_ns"] - a["start_ns"] for a in acts if a["kind"] == "B") / stages / microbatches
+        ideal = (microbatches + stages - 1) * (f + b)
+        print(f"  mean F {ms(f):.2f} ms, B {ms(b):.2f} ms: (M + S - 1)(F + B) = {ms(ideal):.1f} ms; bubble fraction "
+              f"(S - 1)/(M + S - 1) = {(stages - 1) / (microbatches + stages - 1):.3f}, stage 0's "
+              f"{times[0]['bubble_ns'] / whole:.3f}")
 
 
 if __name__ == "__main__":

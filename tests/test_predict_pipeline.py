@@ -205,6 +205,12 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
     assert [p - peaks[-1] for p in peaks] == [x - ref[-1] for x in ref]
     page = (tmp_path / "r.html").read_text()
     assert "rank 0: stage 0; rank 1: stage 1; rank 2: stage 2; rank 3: stage 3" in page
+    # the step time joins the stages on one clock (tests/test_predict_pipeline_time.py): each stage receives N
+    # activations (not the first) and N gradients (not the last) of M x D fp32
+    t = s["step_time"]
+    assert [t[str(k)]["p2p_bytes"] for k in range(S)] == [N * M * D * F * ((k > 0) + (k < S - 1)) for k in range(S)]
+    assert all(t[str(k)]["step_ns"] == t[str(k)]["own_step_ns"] + t[str(k)]["wait_ns"] for k in range(S))
+    assert {t[str(k)]["pipeline_step_ns"] for k in range(S)} == {max(t[str(k)]["step_ns"] for k in range(S))}
 
 
 def test_interleaved_schedule_two_stages_per_rank_holds_both_stages_state():

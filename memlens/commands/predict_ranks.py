@@ -70,6 +70,10 @@ def run_ranks(args, argv: list[str]) -> int:
                 print(f"step time:  rank {rank} {t['step_ns'] * ms:.3f} ms on the modeled GPU clock (compute "
                       f"{t['compute_ns'] * ms:.3f} ms, {t['collectives']} collectives {t['comm_ns'] * ms:.3f} ms over "
                       f"{t['link']}, exposed {t['exposed_comm_ns'] * ms:.3f} ms; modeled, not measured)")
+                if "pipeline_step_ns" in t:       # pipeline stages joined on one clock (pipeline_time)
+                    print(f"pipeline:   rank {rank} waited {t['wait_ns'] * ms:.3f} ms for its neighbours, received "
+                          f"{t['p2p_bytes']:,} bytes in {t['p2p_ns'] * ms:.3f} ms of transfers; whole step "
+                          f"{t['pipeline_step_ns'] * ms:.3f} ms, this rank idle {t['bubble_ns'] * ms:.3f} ms of it")
                 if t["note"]:
                     print(f"note:       rank {rank}: {t['note']}")
         if written:

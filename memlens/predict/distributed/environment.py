@@ -241,7 +241,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         ddp.patch(patches, session)
         seen = seen if seen is not None else set()
         _patch_strategy_sightings(patches, seen)
-        pipeline.patch(patches, seen, stages if stages is not None else [], notes)
+        pipeline.patch(patches, seen, stages if stages is not None else [], notes, session)
         yield
     finally:
         patches.restore()

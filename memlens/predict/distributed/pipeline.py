@@ -37,7 +37,13 @@ with no symmetry shortcut.
 Not modelled: the fake group's works hold no tensors, while a real process group may keep an async send's
 tensor referenced until its work is waited (recent ``ProcessGroupNCCL`` stashes them); GPipe waits on its
 backward sends only after the last backward, so a real stage after the first may hold up to one more input
-gradient per finished backward. Send/receive time and pipeline bubbles are not in the step time.
+gradient per finished backward.
+
+For the step time (`pipeline_time`), `patch` also notes what each stage did and when, as op counts of the
+recording (the next op's id): every ``forward_one_chunk`` ("F"), ``backward_one_chunk`` ("B", or "I" when
+it computes input gradients only) and ``backward_weight_one_chunk`` ("W") with its stage, microbatch and the
+op ids it spans; and every ``get_fwd_recv_ops`` / ``get_bwd_recv_ops`` with the peer global rank and bytes
+of each receive (what the action waits for). `timeline_record` gives them per rank.
 """
 from __future__ import annotations
 
@@ -86,10 +92,46 @@ def _sighted_stage(init, seen: set, stages: list):
     return __init__
 
 
-def patch(patches, seen: set, stages: list, notes: list) -> None:
+def _op_count(session) -> int:
+    return int(session.n_ops) if session is not None else 0
+
+
+def timeline_record(session) -> dict:
+    """The pipeline actions and receives noted beside `session` (module docstring): ``{"actions": [{"kind",
+    "stage", "mb", "start", "end"}], "recvs": [{"kind", "stage", "mb", "peers": [[global rank, bytes]]}]}``,
+    op ids ``start <= id < end``; plain lists and ints (JSON-safe). Empty lists when no stage ran."""
+    rec = getattr(session, "memlens_pipeline", None) or {"actions": [], "recvs": []}
+    return {"actions": [dict(a) for a in rec["actions"]], "recvs": [dict(r) for r in rec["recvs"]]}
+
+
+def _timed(method, kind_of, session, rec):
+    """`method` (a stage's one-chunk compute) noting its kind, stage, microbatch and op-id span."""
+    def run(self, chunk_id, *args, **kwargs):
+        start = _op_count(session)
+        try:
+            return method(self, chunk_id, *args, **kwargs)
+        finally:
+            rec["actions"].append({"kind": kind_of(kwargs), "stage": int(self.stage_index), "mb": int(chunk_id),
+                                   "start": start, "end": _op_count(session)})
+    return run
+
+
+def _noted_recvs(method, kind, rec):
+    """`get_fwd_recv_ops` / `get_bwd_recv_ops` noting each receive's peer (global rank) and bytes."""
+    def get(self, chunk_id, *args, **kwargs):
+        ops = method(self, chunk_id, *args, **kwargs)
+        peers = [[int(op.peer), int(op.tensor.numel() * op.tensor.element_size())] for op in ops
+                 if getattr(op, "tensor", None) is not None and op.peer is not None]
+        rec["recvs"].append({"kind": kind, "stage": int(self.stage_index), "mb": int(chunk_id), "peers": peers})
+        return ops
+    return get
+
+
+def patch(patches, seen: set, stages: list, notes: list, session=None) -> None:
     """Make ``torch.distributed.pipelining`` run on one predicted rank (see the module docstring);
     `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
-    real run would not survive. `patches` restores everything."""
+    real run would not survive; `session` (the recording session) gets the stages' timeline
+    (`timeline_record`). `patches` restores everything."""
     cuda = torch.cuda
     patches.set(cuda, "get_rng_state", lambda device="cuda": torch.empty(0, dtype=torch.uint8, device="cpu"))
     patches.set(cuda, "set_rng_state", lambda new_state, device="cuda": None)
@@ -104,3 +146,16 @@ def patch(patches, seen: set, stages: list, notes: list) -> None:
         patches.set(base, "_warmup_p2p", _local_warmup(warmup, notes))
     patches.set(_PipelineStageBase, "__init__", _sighted_stage(_PipelineStageBase.__dict__["__init__"], seen,
                                                                stages))
+    rec = {"actions": [], "recvs": []}
+    if session is not None:
+        session.memlens_pipeline = rec
+    base_stage = _PipelineStageBase.__dict__
+    patches.set(_PipelineStageBase, "forward_one_chunk", _timed(base_stage["forward_one_chunk"],
+                                                                lambda kw: "F", session, rec))
+    patches.set(_PipelineStageBase, "backward_one_chunk", _timed(
+        base_stage["backward_one_chunk"], lambda kw: "B" if kw.get("full_backward", True) else "I", session, rec))
+    if "backward_weight_one_chunk" in base_stage:
+        patches.set(_PipelineStageBase, "backward_weight_one_chunk", _timed(
+            base_stage["backward_weight_one_chunk"], lambda kw: "W", session, rec))
+    patches.set(_PipelineStageBase, "get_fwd_recv_ops", _noted_recvs(base_stage["get_fwd_recv_ops"], "F", rec))
+    patches.set(_PipelineStageBase, "get_bwd_recv_ops", _noted_recvs(base_stage["get_bwd_recv_ops"], "B", rec))

@@ -84,21 +84,37 @@ class DistributedPrediction:
         what `memlens.max_batch(..., world_size=N)` bisects on."""
         return max((r.device_bytes_needed or 0 for r in self.results), default=0)
 
+    def _pipeline_timed(self) -> bool:
+        """Whether the step time joins the ranks on one pipeline clock: pipeline stages ran on every rank and
+        none failed."""
+        return (bool(self.stages) and not self.errors and set(self.predictions) == set(range(self.world_size))
+                and all(p.trace is not None for p in self.predictions.values()))
+
     def step_time(self) -> dict:
         """Per predicted rank (rank -> dict, ns on the modeled GPU clock): step time with collectives on their
         own streams overlapping compute (`steptime`): ``step_ns``, ``compute_ns``, ``comm_ns``,
-        ``exposed_comm_ns``, the link and its assumptions, and the per-op ``schedule``."""
+        ``exposed_comm_ns``, the link and its assumptions, and the per-op ``schedule``. Pipeline runs
+        (every stage rank predicted, none failed) join the stages on one clock (`pipeline_time`): ``step_ns``
+        is then the rank's end with its waits for activations and gradients, and ``pipeline_step_ns`` (the
+        whole step), ``busy_ns``, ``wait_ns``, ``bubble_ns``, ``p2p_ns``, ``own_step_ns`` and
+        ``pipeline_actions`` are added."""
+        if self._pipeline_timed():
+            from memlens.predict.distributed.pipeline_time import pipeline_step_time
+            return pipeline_step_time({r: p.trace for r, p in self.predictions.items()}, self.world_size,
+                                      self.gpu)
         from memlens.predict.distributed.steptime import step_time
         return {r: step_time(p.trace, self.world_size, self.gpu) for r, p in self.predictions.items()
                 if p.trace is not None and r not in self.errors}
 
     def timed_trace(self, rank: int = 0):
         """Rank `rank`'s predicted trace re-stamped onto the step schedule (collectives at their modeled
-        start/end on their own streams): `steptime.onto_step_clock`."""
+        start/end on their own streams; for a pipeline run, ops after each wait for a neighbour delayed by
+        it): `steptime.onto_step_clock`."""
         from memlens.predict.distributed.steptime import onto_step_clock
         if rank not in self.predictions or self.predictions[rank].trace is None or rank in self.errors:
             raise InputError(f"rank {rank} was not predicted (ranks run: {sorted(self.predictions)})")
-        return onto_step_clock(self.predictions[rank].trace, self.world_size, self.gpu)
+        timing = self.step_time()[rank] if self._pipeline_timed() else None
+        return onto_step_clock(self.predictions[rank].trace, self.world_size, self.gpu, timing=timing)
 
     def summary(self) -> dict:
         """The headline figures and the per-rank table (bytes)."""
@@ -173,11 +189,13 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen, 
         error = f"{type(exc).__name__}: {exc}"
     if p.trace is not None:
         from memlens.predict.distributed.ddp import communication_record
+        from memlens.predict.distributed.pipeline import timeline_record as pipeline_timeline
         moved = apply_streams(p.trace, streams)     # before any replay: results are computed lazily
         p.trace.metadata.setdefault("prediction", {}).update(
             {"rank": rank, "world_size": world_size, "blocks_on_side_streams": moved, "nccl_allowance": nccl,
              "ddp": communication_record(getattr(p, "_session", None)),   # DDP buckets' readiness, for the step time
-             **({"pipeline_stages": list(stages)} if stages else {})})
+             **({"pipeline_stages": list(stages),      # and what each stage did when, for the step time
+                 "pipeline": pipeline_timeline(getattr(p, "_session", None))} if stages else {})})
     return p, error
 
 

@@ -183,19 +183,21 @@ _NO_COLLECTIVES = ("no c10d collective op in this rank's ops table and no DDP bu
                    "not timed, the step time is compute only")
 
 
-def onto_step_clock(trace, world_size: int, gpu):
+def onto_step_clock(trace, world_size: int, gpu, timing: dict | None = None):
     """A new Trace of one predicted rank with every op at its place in the two-stream schedule (collectives
     on their modeled start/end, compute ops delayed by their waits), so swap/prefetch what-ifs and the
     analyses see the same modeled clock as `step_time`; ``metadata["clock"]`` per the clock contract, the
     op's stream and collective algorithm in new ``stream`` / ``algorithm`` columns of the ops table. DDP's
     bucket all-reduces are no ops of the trace: their modeled start/end are in
     ``metadata["prediction"]["step_time"]["ddp_all_reduces"]``, and the compute ops that waited for them
-    (the first op after each backward pass) start late by that wait. The input trace is not modified."""
+    (the first op after each backward pass) start late by that wait. `timing`: this rank's `step_time`
+    already computed elsewhere (a pipeline run's, `pipeline_time`, whose schedule includes the waits for
+    neighbour stages). The input trace is not modified."""
     from memlens.clock import restamp
     from memlens.devicetime.gpus import gpu as resolve_gpu
     from memlens.schema import make_clock
     g = resolve_gpu(gpu)
-    t = step_time(trace, world_size, g)
+    t = timing if timing is not None else step_time(trace, world_size, g)
     sched = t["schedule"]
     old = trace.metadata.get("clock") or {}
     clock = make_clock("modeled", gpu=g.name, model=f"{old.get('model') or 'memlens.devicetime'}; collectives: "
