@@ -60,6 +60,31 @@ def shape_inference_only():
         _SHAPE_INFERENCE.depth -= 1
 
 
+try:
+    _SHARD_DIM_ALLTOALL = torch.ops._dtensor.shard_dim_alltoall.default
+except (AttributeError, RuntimeError):
+    _SHARD_DIM_ALLTOALL = None
+
+
+def _shard_dim_alltoall_as_cuda(input, gather_dim, shard_dim, group):
+    """``_dtensor::shard_dim_alltoall`` (DTensor's Shard(i) -> Shard(j) redistribution) allocating what its
+    C++ kernel allocates (``Functional.cpp``): the input's shards made contiguous along dim 0 (a copy unless
+    `shard_dim` is 0), the receive buffer (the input's size), and the received shards moved to `gather_dim`
+    (a copy unless it is 0; else the output is the receive buffer). Its fake kernel makes only the output."""
+    import torch.distributed.distributed_c10d as c10d
+    pg = c10d._resolve_process_group(group) if isinstance(group, str) else group
+    n = pg.size()
+    sizes = list(input.shape)
+    out_sizes = list(input.shape)
+    sizes[shard_dim] //= n
+    sizes.insert(shard_dim, n)
+    contiguous = input.view(sizes).movedim(shard_dim, 0).contiguous()
+    received = torch.empty_like(contiguous)
+    out_sizes[shard_dim] //= n
+    out_sizes[gather_dim] *= n
+    return received.movedim(0, gather_dim).contiguous().view(out_sizes)
+
+
 def _wait_tensor_call(tensor):
     """``_c10d_functional::wait_tensor`` as CUDA runs it: it waits for the collective and returns `tensor`
     itself (``Functional.cpp``). Its fake (meta) kernel returns ``empty_like``, a second block the size of
@@ -110,6 +135,9 @@ class _PredictMode(_RecordingMode):
         # sharding strategy asks for (all-gathers, all-reduces, their copies), which are neither the op's
         # inputs nor its outputs. Recorded at the DTensor level, those temporaries would be missed and the
         # op's cost taken at the global shapes.
+        if func is _SHARD_DIM_ALLTOALL and self.session.active:
+            with self:
+                return _shard_dim_alltoall_as_cuda(*args, **(kwargs or {}))
         if self.session.active and (_holds_wrapper(args) or (kwargs and _holds_wrapper(tuple(kwargs.values())))):
             return NotImplemented
         composite = _COMPOSITE.get(id(func))
