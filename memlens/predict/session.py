@@ -85,6 +85,21 @@ def _shard_dim_alltoall_as_cuda(input, gather_dim, shard_dim, group):
     return received.movedim(0, gather_dim).contiguous().view(out_sizes)
 
 
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+
+def _flash_group_buffers(args) -> list[tuple]:
+    """The shapes of the buffers CUDA's flash-attention backward allocates for grouped-query attention:
+    ``dk_expanded`` and ``dv_expanded``, (batch, key length, query heads, head dim) in the query's dtype, filled
+    per query head and then summed into the key/value heads' gradients (``mha_bwd``, ``flash_api.cpp``).
+    Its fake kernel makes only the gradients. Empty when the heads are not grouped."""
+    query, key = args[1], args[2]
+    if not isinstance(query, Tensor) or query.dim() != 4 or key.shape[-3] == query.shape[-3]:
+        return []
+    shape = (query.shape[0], key.shape[-2], query.shape[-3], key.shape[-1])
+    return [shape, shape]
+
+
 def _wait_tensor_call(tensor):
     """``_c10d_functional::wait_tensor`` as CUDA runs it: it waits for the collective and returns `tensor`
     itself (``Functional.cpp``). Its fake (meta) kernel returns ``empty_like``, a second block the size of
@@ -138,6 +153,13 @@ class _PredictMode(_RecordingMode):
         if func is _SHARD_DIM_ALLTOALL and self.session.active:
             with self:
                 return _shard_dim_alltoall_as_cuda(*args, **(kwargs or {}))
+        if func is _FLASH_BACKWARD and self.session.active:
+            grads = super().__torch_dispatch__(func, types, args, kwargs)
+            with self:      # allocated after the gradients, freed when the group sums are done
+                buffers = [torch.empty(shape, dtype=args[1].dtype, device=args[1].device)
+                           for shape in _flash_group_buffers(args)]
+            del buffers
+            return grads
         if self.session.active and (_holds_wrapper(args) or (kwargs and _holds_wrapper(tuple(kwargs.values())))):
             return NotImplemented
         composite = _COMPOSITE.get(id(func))
