@@ -137,6 +137,10 @@ class _PredictMode(_RecordingMode):
     reach dispatch modes whole; FakeTensorMode then decomposes them inside itself, so the copies they make
     (``einsum`` making a transposed operand contiguous, ``reshape`` copying) would be invisible. A real CUDA
     run executes the decomposition op by op, so the prediction does too.
+
+    Ops on DTensors are handed on to DTensor's dispatch, whose local ops come back here (see below); two
+    kernels whose fake versions allocate less than CUDA's are run as CUDA allocates: DTensor's
+    ``shard_dim_alltoall`` and the flash-attention backward with grouped key/value heads.
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -150,6 +154,8 @@ class _PredictMode(_RecordingMode):
         # sharding strategy asks for (all-gathers, all-reduces, their copies), which are neither the op's
         # inputs nor its outputs. Recorded at the DTensor level, those temporaries would be missed and the
         # op's cost taken at the global shapes.
+        if self.session.active and (_holds_wrapper(args) or (kwargs and _holds_wrapper(tuple(kwargs.values())))):
+            return NotImplemented
         if func is _SHARD_DIM_ALLTOALL and self.session.active:
             with self:
                 return _shard_dim_alltoall_as_cuda(*args, **(kwargs or {}))
@@ -160,8 +166,6 @@ class _PredictMode(_RecordingMode):
                            for shape in _flash_group_buffers(args)]
             del buffers
             return grads
-        if self.session.active and (_holds_wrapper(args) or (kwargs and _holds_wrapper(tuple(kwargs.values())))):
-            return NotImplemented
         composite = _COMPOSITE.get(id(func))
         if composite is None:
             composite = _COMPOSITE[id(func)] = _is_composite(func)
