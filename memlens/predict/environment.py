@@ -94,17 +94,29 @@ def _predicted_sdpa(original, capability: tuple[int, int]):
     (any float dtype, masks allowed, head dim a multiple of 8, or 4 in fp32); else math. Both fused ops have
     meta kernels and autograd formulas, so forward and backward allocate what the real kernels allocate
     (output, logsumexp; their backward's gradients).
+
+    Grouped-query attention (``enable_gqa=True``, fewer key/value heads than query heads): CUDA's flash kernel
+    takes the key/value heads as they are (``check_batch_size_and_num_heads_dense<true>`` in its constraints),
+    so nothing is repeated and no scores are materialised; its backward's extra buffers for the group sums
+    are added in `memlens.predict.session`. The memory-efficient kernel does not accept grouped heads
+    (``<false>``), so fp32 or masked GQA takes the math path on CUDA too (key/value repeated, scores kept),
+    which is what the prediction runs. (A CPU run differs: CPU flash attention accepts grouped heads in fp32.)
     """
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         from torch._subclasses.fake_tensor import FakeTensor
-        if (isinstance(query, FakeTensor) and query.device.type == "cuda" and not enable_gqa and query.dim() == 4
-                and key.shape[-1] == query.shape[-1] == value.shape[-1]):
+        if (isinstance(query, FakeTensor) and query.device.type == "cuda" and query.dim() == 4
+                and key.dim() == 4 and value.dim() == 4 and key.shape[-1] == query.shape[-1] == value.shape[-1]):
             d = query.shape[-1]
             half = query.dtype in (torch.float16, torch.bfloat16)
-            if half and attn_mask is None and capability >= (8, 0) and d % 8 == 0 and d <= 256:
+            heads, kv_heads = query.shape[-3], key.shape[-3]
+            same_heads = heads == kv_heads == value.shape[-3]
+            grouped = bool(enable_gqa) and kv_heads == value.shape[-3] and kv_heads > 0 and heads % kv_heads == 0
+            if (half and attn_mask is None and capability >= (8, 0) and d % 8 == 0 and d <= 256
+                    and (same_heads or grouped)):
                 return torch.ops.aten._scaled_dot_product_flash_attention(
                     query, key, value, dropout_p, is_causal, False, scale=scale)[0]
-            if query.dtype.is_floating_point and d % (8 if half else 4) == 0 and capability >= (5, 0):
+            if (same_heads and query.dtype.is_floating_point and d % (8 if half else 4) == 0
+                    and capability >= (5, 0)):
                 needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
                 return torch.ops.aten._scaled_dot_product_efficient_attention(
                     query, key, value, attn_mask, needs_lse, dropout_p, is_causal, scale=scale)[0]

@@ -7,7 +7,9 @@ recorder skips. Here a meta storage of a fake tensor is a block on the device th
 """
 from __future__ import annotations
 
+import contextlib
 from threading import get_ident as _get_ident
+from threading import local as _thread_local
 from weakref import ref as _weakref
 
 import torch
@@ -20,6 +22,89 @@ Tensor = torch.Tensor
 _PRIM_DEVICE = torch.ops.prim.device.default
 _COMPOSITE: dict[int, bool] = {}     # id(OpOverload) -> has a CompositeImplicitAutograd kernel
 _WRAPPER_TYPES: dict[type, bool] = {}   # tensor type -> is a traceable wrapper subclass (DTensor)
+try:
+    _WAIT_TENSOR = torch.ops._c10d_functional.wait_tensor.default
+except (AttributeError, RuntimeError):     # a torch built without distributed
+    _WAIT_TENSOR = None
+_SHAPE_INFERENCE = _thread_local()      # .depth > 0 while DTensor's sharding propagation infers shapes
+
+
+def _is_wrapper_type(kind: type) -> bool:
+    wrapper = _WRAPPER_TYPES.get(kind)
+    if wrapper is None:   # once per tensor type: a failed attribute look-up per tensor costs
+        wrapper = _WRAPPER_TYPES[kind] = kind is not Tensor and hasattr(kind, "__tensor_flatten__")
+    return wrapper
+
+
+def _holds_wrapper(args) -> bool:
+    """Whether `args` (a tuple/list, nested) holds a wrapper-subclass tensor (a DTensor)."""
+    for a in args:
+        if isinstance(a, Tensor):
+            if type(a) is not Tensor and _is_wrapper_type(type(a)):
+                return True
+        elif type(a) is list or type(a) is tuple:
+            if _holds_wrapper(a):
+                return True
+    return False
+
+
+@contextlib.contextmanager
+def shape_inference_only():
+    """Ops run inside are not recorded: DTensor's sharding propagation runs each new op once on global-shape
+    fake tensors to learn its output's shape and stride (``_propagate_tensor_meta_non_cached``); a real run
+    does that on meta-like fake tensors too, allocating nothing on the GPU."""
+    _SHAPE_INFERENCE.depth = getattr(_SHAPE_INFERENCE, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _SHAPE_INFERENCE.depth -= 1
+
+
+try:
+    _SHARD_DIM_ALLTOALL = torch.ops._dtensor.shard_dim_alltoall.default
+except (AttributeError, RuntimeError):
+    _SHARD_DIM_ALLTOALL = None
+
+
+def _shard_dim_alltoall_as_cuda(input, gather_dim, shard_dim, group):
+    """``_dtensor::shard_dim_alltoall`` (DTensor's Shard(i) -> Shard(j) redistribution) allocating what its
+    C++ kernel allocates (``Functional.cpp``): the input's shards made contiguous along dim 0 (a copy unless
+    `shard_dim` is 0), the receive buffer (the input's size), and the received shards moved to `gather_dim`
+    (a copy unless it is 0; else the output is the receive buffer). Its fake kernel makes only the output."""
+    import torch.distributed.distributed_c10d as c10d
+    pg = c10d._resolve_process_group(group) if isinstance(group, str) else group
+    n = pg.size()
+    sizes = list(input.shape)
+    out_sizes = list(input.shape)
+    sizes[shard_dim] //= n
+    sizes.insert(shard_dim, n)
+    contiguous = input.view(sizes).movedim(shard_dim, 0).contiguous()
+    received = torch.empty_like(contiguous)
+    out_sizes[shard_dim] //= n
+    out_sizes[gather_dim] *= n
+    return received.movedim(0, gather_dim).contiguous().view(out_sizes)
+
+
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_backward.default
+
+
+def _flash_group_buffers(args) -> list[tuple]:
+    """The shapes of the buffers CUDA's flash-attention backward allocates for grouped-query attention:
+    ``dk_expanded`` and ``dv_expanded``, (batch, key length, query heads, head dim) in the query's dtype, filled
+    per query head and then summed into the key/value heads' gradients (``mha_bwd``, ``flash_api.cpp``).
+    Its fake kernel makes only the gradients. Empty when the heads are not grouped."""
+    query, key = args[1], args[2]
+    if not isinstance(query, Tensor) or query.dim() != 4 or key.shape[-3] == query.shape[-3]:
+        return []
+    shape = (query.shape[0], key.shape[-2], query.shape[-3], key.shape[-1])
+    return [shape, shape]
+
+
+def _wait_tensor_call(tensor):
+    """``_c10d_functional::wait_tensor`` as CUDA runs it: it waits for the collective and returns `tensor`
+    itself (``Functional.cpp``). Its fake (meta) kernel returns ``empty_like``, a second block the size of
+    every collective's output that a real run never allocates."""
+    return tensor
 
 
 def _all_contiguous(args) -> bool:
@@ -52,11 +137,35 @@ class _PredictMode(_RecordingMode):
     reach dispatch modes whole; FakeTensorMode then decomposes them inside itself, so the copies they make
     (``einsum`` making a transposed operand contiguous, ``reshape`` copying) would be invisible. A real CUDA
     run executes the decomposition op by op, so the prediction does too.
+
+    Ops on DTensors are handed on to DTensor's dispatch, whose local ops come back here (see below); two
+    kernels whose fake versions allocate less than CUDA's are run as CUDA allocates: DTensor's
+    ``shard_dim_alltoall`` and the flash-attention backward with grouped key/value heads.
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _PRIM_DEVICE:     # autograd asks fake tensors their device ~100k times a step: no memory
             return func(*args, **(kwargs or {}))
+        if getattr(_SHAPE_INFERENCE, "depth", 0):
+            return func(*args, **(kwargs or {}))
+        # An op on DTensors: let DTensor's own dispatch run first (NotImplemented hands the op on to the
+        # subclass), so that what it runs on the local tensors comes back here op by op, as a real GPU runs
+        # it: the local op on the local shapes and, between them, the redistributions of inputs that the
+        # sharding strategy asks for (all-gathers, all-reduces, their copies), which are neither the op's
+        # inputs nor its outputs. Recorded at the DTensor level, those temporaries would be missed and the
+        # op's cost taken at the global shapes.
+        if self.session.active and (_holds_wrapper(args) or (kwargs and _holds_wrapper(tuple(kwargs.values())))):
+            return NotImplemented
+        if func is _SHARD_DIM_ALLTOALL and self.session.active:
+            with self:
+                return _shard_dim_alltoall_as_cuda(*args, **(kwargs or {}))
+        if func is _FLASH_BACKWARD and self.session.active:
+            grads = super().__torch_dispatch__(func, types, args, kwargs)
+            with self:      # allocated after the gradients, freed when the group sums are done
+                buffers = [torch.empty(shape, dtype=args[1].dtype, device=args[1].device)
+                           for shape in _flash_group_buffers(args)]
+            del buffers
+            return grads
         composite = _COMPOSITE.get(id(func))
         if composite is None:
             composite = _COMPOSITE[id(func)] = _is_composite(func)
@@ -114,6 +223,9 @@ class PredictSession(Session):
         if func is _TO_DTYPE:
             entry = entry[:5] + (_to_dtype_call(entry[5]),) + entry[6:]
             self._op_cache[id(func)] = entry
+        elif func is _WAIT_TENSOR:
+            entry = entry[:5] + (_wait_tensor_call,) + entry[6:]
+            self._op_cache[id(func)] = entry
         return entry
 
     def _note_devices(self, value) -> bool:
@@ -121,11 +233,7 @@ class PredictSession(Session):
         when `value` holds a wrapper subclass (a DTensor under FSDP2 or tensor parallelism): its memory is
         in its inner tensors, which the recorder's careful path records (`on_op` sends the op there)."""
         if isinstance(value, Tensor):
-            kind = type(value)
-            wrapper = _WRAPPER_TYPES.get(kind)
-            if wrapper is None:   # once per tensor type: a failed attribute look-up per tensor costs
-                wrapper = _WRAPPER_TYPES[kind] = kind is not Tensor and hasattr(kind, "__tensor_flatten__")
-            if wrapper:
+            if _is_wrapper_type(type(value)):
                 for x in _inner_tensors(value):
                     self._note_devices(x)
                 return True

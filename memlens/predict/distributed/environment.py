@@ -21,6 +21,8 @@ Inside `rank_world(rank, world_size, session)` (entered inside a `memlens.predic
   and the broadcast of module states), which fake tensors do not have, so its ``__init__``/``forward`` are
   replaced by `memlens.predict.distributed.ddp` (the module runs as is; DDP's gradient buckets are
   allocated explicitly).
+- DTensor's sharding propagation infers each new op's output shape on global-shape fake tensors; those
+  ops are not recorded (`memlens.predict.session.shape_inference_only`).
 - ``torch.distributed.pipelining``: torch's schedules run; the stages' shape-agreement vote (which reads a
   received value) and the CUDA RNG state they fork are replaced by `memlens.predict.distributed.pipeline`.
 Everything is restored on exit.
@@ -184,6 +186,21 @@ def _patch_fsdp_storage(patches: _Patches, session) -> None:
     patches.set(_fsdp_param, "free_storage", free_storage)
 
 
+def _patch_sharding_propagation(patches: _Patches) -> None:
+    """DTensor's shape inference (global-shape fake tensors, run once per new op signature) is not recorded:
+    the recorder now sees what DTensor's dispatch runs (`memlens.predict.session`), and this part of it
+    allocates nothing on a real GPU."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    from memlens.predict.session import shape_inference_only
+    infer = ShardingPropagator.__dict__["_propagate_tensor_meta_non_cached"]
+
+    def _propagate_tensor_meta_non_cached(self, op_schema):
+        with shape_inference_only():
+            return infer(self, op_schema)
+    patches.set(ShardingPropagator, "_propagate_tensor_meta_non_cached", _propagate_tensor_meta_non_cached)
+
+
 def _patch_strategy_sightings(patches: _Patches, seen: set) -> None:
     """Note which sharding strategies the user's code used: FSDP2 (an FSDP parameter group was made),
     DDP (a DistributedDataParallel was made), ZeRO (a ZeroRedundancyOptimizer was made)."""
@@ -238,6 +255,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         _patch_device_mesh(patches)
         _patch_streams(patches)
         _patch_fsdp_storage(patches, session)
+        _patch_sharding_propagation(patches)
         ddp.patch(patches, session)
         seen = seen if seen is not None else set()
         _patch_strategy_sightings(patches, seen)
