@@ -40,11 +40,13 @@ recorder and the profiler are within the run-to-run noise (+-0.03x here) of each
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
 
-Measured, whole block (`--quick`, 2026-11-28, load average 3.0-3.7, CPU-time ratios to the plain steps;
-the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.83x / 1.19x / 1.24x,
-profiler with key_averages() 8.58x / 10.44x / 10.51x (up to its exit 1.61x / 1.74x / 2.03x); close 30.6 /
-10.9 / 5.8 us per recorded op. CNN: compiled 2.64x / 1.46x / 1.00x, profiler 2.51x / 2.69x / 5.63x (exit
-only 1.29x / 1.37x / 1.32x); close 275 / 78.5 / 12.7 us per op (a fixed ~20 ms of frame building).
+Measured, whole block (`--quick`, 2026-11-28 05:55-06:00 UTC, load average 1.4-1.8, CPU-time ratios to the
+plain steps; the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.26x / 1.14x /
+1.04x, profiler with key_averages() 8.93x / 9.81x / 8.87x (up to its exit 1.62x / 1.76x / 1.76x); close 5.4 /
+2.5 / 1.9 us per recorded op (4.7 / 11.1 / 82.3 ms). CNN: compiled 1.27x / 1.08x / 1.00x, profiler 2.05x /
+2.26x / 2.53x (exit only 1.22x / 1.37x / 1.32x); close 40.2 / 9.4 / 3.0 us per op (3.1 / 3.6 / 11.5 ms: a fixed
+~3 ms of drain, joins and three DataFrame constructions). Before the close moved to numpy columns (02:55 UTC,
+load 2.4-3.7): 1-step closes 20.7 ms (GPT) and 16.4 ms (CNN), blocks 1.69x and 2.38x.
 
 Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
 the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
