@@ -40,7 +40,7 @@ recorder and the profiler are within the run-to-run noise (+-0.03x here) of each
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
 
-Measured, whole block (`--quick`, 2026-11-28 05:55-06:00 UTC, load average 1.4-1.8, CPU-time ratios to the
+Measured, whole block (`--quick`, 2026-11-28 05:53-05:55 UTC, load average 1.4-1.8, CPU-time ratios to the
 plain steps; the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.26x / 1.14x /
 1.04x, profiler with key_averages() 8.93x / 9.81x / 8.87x (up to its exit 1.62x / 1.76x / 1.76x); close 5.4 /
 2.5 / 1.9 us per recorded op (4.7 / 11.1 / 82.3 ms). CNN: compiled 1.27x / 1.08x / 1.00x, profiler 2.05x /
