@@ -55,8 +55,11 @@ def test_the_public_constructor_fallback_makes_the_same_frame(monkeypatch):
     fast = _table().to_frame(schema)
 
     def missing(*args, **kwargs):
-        raise AttributeError("_from_arrays")
-    monkeypatch.setattr(pd.DataFrame, "_from_arrays", missing)
+        raise AttributeError("_from_mgr")
+    # the fast path builds through pandas' internal `_from_mgr`; without it, the public constructor
+    monkeypatch.setattr(pd.DataFrame, "_from_mgr", missing)
+    with pytest.raises(AttributeError):
+        pd.DataFrame._from_mgr(None, axes=None)
     slow = _table().to_frame(schema)
     pd.testing.assert_frame_equal(fast, slow, check_exact=True)
     assert fast.columns.dtype == slow.columns.dtype
