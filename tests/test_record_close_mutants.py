@@ -4,6 +4,8 @@ allocator free, allocations only the allocator saw, the recording window; every 
 out in the comments from the inputs."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pandas as pd
 
@@ -167,3 +169,86 @@ def test_profiler_cuda_events_give_way_to_the_snapshot():
     out, stats = join_allocator(blocks, _no_accesses(), ops, AllocatorData(events=ev, snapshot=snap), 0, [])
     assert stats["profiler"]["allocator_blocks"] == 1
     assert stats["cuda_snapshot"]["allocator_blocks"] == 2       # A and W of the constructed snapshot
+
+
+# ---- event order, spill directory, cost-facts cache -------------------------------------------------------
+def test_event_order_ties_between_blocks_and_missing_times():
+    """Blocks (id: alloc, free): 0: [0, 30), 1: [20, 40), 2: [10, 20), 3: alloc missing, freed at 0,
+    4: alloc 5, free missing (value 5), 5: alloc 7, free missing (value 0).
+    Events: 3's alloc (missing: first, 0); @0 3's free (a free before an alloc at one time, 1) then 0's alloc
+    (2) - 3 is not zero-length, its alloc is missing; @5 4's alloc (3); @7 5's alloc (4); @10 2's alloc (5);
+    @20 2's free (6) before 1's alloc (7) although block 1 < 2; @30 0's free (8); @40 1's free (9); then the
+    missing frees by block id: 4 (10), 5 (11) - 4 is not zero-length, its free is missing."""
+    from memlens.trace import event_order
+    alloc_seq, free_seq = event_order(np.arange(6), np.array([0, 20, 10, 0, 5, 7]),
+                                      np.array([False, False, False, True, False, False]),
+                                      np.array([30, 40, 20, 0, 5, 0]),
+                                      np.array([False, False, False, False, True, True]))
+    assert alloc_seq.tolist() == [2, 7, 5, 0, 3, 4]
+    assert free_seq.tolist() == [8, 9, 6, 1, 10, 11]
+    assert alloc_seq.dtype == np.int64 and free_seq.dtype == np.int64
+
+
+def test_spill_directory_is_removed_only_by_the_process_that_made_it(tmp_path):
+    from memlens.record import spill
+    prefix = spill.spill_prefix()
+    assert os.path.basename(os.path.dirname(prefix)).startswith("memlens-spill-")
+    assert os.path.basename(prefix).startswith("rec")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "rec0.t0").write_bytes(b"x")
+    spill._remove_directory(os.getpid() + 1, str(mine))       # a forked child's exit: the parent's stays
+    assert (mine / "rec0.t0").exists()
+    spill._remove_directory(os.getpid(), str(mine))
+    assert not mine.exists()
+    spill._remove_directory(os.getpid(), str(mine))           # already gone: no error
+    # a name that cannot be removed as a file (a directory) is left, the others go
+    d = tmp_path / "spill"
+    d.mkdir()
+    (d / "rec3.t0").mkdir()
+    (d / "rec3.mem").write_bytes(b"x")
+    spill.remove_spill_files(str(d / "rec3"))
+    assert sorted(os.listdir(d)) == ["rec3.t0"]
+
+
+def _addcdiv(shape2):
+    t = ("tensor", 6, (4, 8))                               # float32 [4, 8]
+    return ("aten::addcdiv_", [t, t, ("tensor", 6, shape2), 0.5], [t])
+
+
+def test_facts_cache_keys_on_inputs_and_is_reused_within_a_call(monkeypatch):
+    """Two addcdiv_ signatures that differ only in the second tensor's shape ([4, 8] vs a broadcast [8]) have
+    other facts (bytes read 3 * 128 vs 2 * 128 + 32); a signature met twice is decoded once."""
+    from memlens.opfacts.costs import op_costs
+    from memlens.record import compiled_signatures as cs
+    monkeypatch.setattr(cs, "_FACTS_BY_SIGNATURE", {})
+    monkeypatch.setattr(cs, "_FACTS_BY_SHAPES", {})
+    decoded = [_addcdiv((4, 8)), _addcdiv((8,))]
+    raws = [np.int64(0).tobytes() + b"a", np.int64(0).tobytes() + b"b"]
+    calls = []
+
+    def decode(i):
+        calls.append(i)
+        return decoded[i]
+    facts = cs.signature_facts([raws[0], raws[1], raws[0], raws[1]], ["aten::addcdiv_"], decode)
+    assert calls == [0, 1]
+    assert facts[0].bytes_read == 3 * 4 * 8 * 4 and facts[1].bytes_read == 2 * 4 * 8 * 4 + 8 * 4
+    assert facts[2] == facts[0] and facts[3] == facts[1]
+    assert facts[1] == op_costs(*cs.compiled_record(*decoded[1]))
+    # a later recording with the same signatures decodes nothing
+    assert cs.signature_facts(raws, ["aten::addcdiv_"], decode) == facts[:2] and calls == [0, 1]
+
+
+def test_facts_caches_restart_past_their_limit(monkeypatch):
+    """With a limit of 2: caches holding 2 entries are kept, holding 3 are emptied before the call adds its own."""
+    from memlens.record import compiled_signatures as cs
+    for held, kept in ((2, True), (3, False)):
+        by_sig = {("old", bytes([i])): None for i in range(held)}
+        by_shape = {("old", i): None for i in range(held)}
+        monkeypatch.setattr(cs, "_FACTS_BY_SIGNATURE", by_sig)
+        monkeypatch.setattr(cs, "_FACTS_BY_SHAPES", by_shape)
+        monkeypatch.setattr(cs, "_FACTS_CACHE_LIMIT", 2)
+        cs.signature_facts([np.int64(0).tobytes() + b"a"], ["aten::addcdiv_"], lambda i: _addcdiv((4, 8)))
+        assert (("old", b"\x00") in by_sig) == kept and (("old", 0) in by_shape) == kept
+        assert len(by_sig) == held + 1 if kept else len(by_sig) == 1
+        assert len(by_shape) == held + 1 if kept else len(by_shape) == 1
