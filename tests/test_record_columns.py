@@ -161,9 +161,15 @@ def test_column_labels_are_shared_per_table_shape():
     assert a.columns is b.columns and len(columns_mod._COLUMN_INDEX) <= 64
 
 
-def test_text_and_object_columns_as_the_schema_asks():
+@pytest.mark.parametrize("constructor", ["fast", "public"])
+def test_text_and_object_columns_as_the_schema_asks(monkeypatch, constructor):
     """"str" columns become pandas' str dtype whatever they hold (torch.device objects, numbers: their str()),
-    "object" ones stay Python objects (numpy text too); `objects` makes object arrays, not numpy text."""
+    "object" ones stay Python objects (numpy text too); `objects` makes object arrays, not numpy text. The
+    same through pandas' public constructor (the fallback)."""
+    if constructor == "public":
+        def missing(*args, **kwargs):
+            raise AttributeError("_from_mgr")
+        monkeypatch.setattr(pd.DataFrame, "_from_mgr", missing)
     t = Columns(2, {"device": np.array([torch.device("cpu"), torch.device("cuda", 0)], dtype=object),
                     "n": np.array([3, 4]), "u": np.array(["a", "bb"])})
     df = t.to_frame({"device": "str", "n": "str", "u": "object"})
