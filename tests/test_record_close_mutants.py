@@ -53,7 +53,8 @@ def _no_accesses():
 def test_a_clock_offset_is_estimated_from_the_matched_blocks_and_removed():
     """The allocator's clock runs 50 us late. Ops: 0 [1000, 2000] us, 1 [3000, 4000], 2 [5000, 6000]. Blocks
     (CPU) made by ops 0, 1, 2 truly allocated at 1500, 3990, 5980 us, seen at their op's end (2000, 4000,
-    6000); the allocator says 1550, 4040, 6030. Before correction: B0's [1550, 3550] contains 2000; B1 and B2
+    6000); the allocator says 1550, 4040, 6030, and frees at 2500 us an address it never saw allocated (a fourth
+    allocator block, with no alloc time: neither matched nor added). Before correction: B0's [1550, 3550] contains 2000; B1 and B2
     are nearest within 200 us. Distances outside the op: 0, 40, 30 us -> median 30 us, removed: 1520, 4010,
     6000. Rematched, then clamped into the op: 1520, 4000 (op 1 ends at 4000), 6000. B2's free, unknown to
     the dispatch mode, is the allocator's 7050 - 30 = 7020 us; B0 keeps its own free (3500)."""
@@ -64,11 +65,11 @@ def test_a_clock_offset_is_estimated_from_the_matched_blocks_and_removed():
                       (2, "cpu", 300, 16, 5000 * US, None, 2, False, "activation", "r")])
     ev = _events([(1550 * US, "cpu", 100, 64), (3550 * US, "cpu", 100, -64),
                   (4040 * US, "cpu", 200, 32), (5550 * US, "cpu", 200, -32),
-                  (6030 * US, "cpu", 300, 16), (7050 * US, "cpu", 300, -16)])
+                  (6030 * US, "cpu", 300, 16), (7050 * US, "cpu", 300, -16), (2500 * US, "cpu", 900, -8)])
     notes = []
     out, stats = join_allocator(blocks, _no_accesses(), ops, AllocatorData(events=ev), 0, notes)
     out = out.to_frame()
-    assert stats["profiler"] == {"allocator_blocks": 3, "matched": 3, "allocator_only": 0, "dispatch_only": 0,
+    assert stats["profiler"] == {"allocator_blocks": 4, "matched": 3, "allocator_only": 0, "dispatch_only": 0,
                                  "clock_offset_ns": 30 * US}
     assert notes == ["profiler clock offset corrected by 30000 ns"]
     assert out["alloc_ns"].tolist() == [1520 * US, 4000 * US, 6000 * US]
@@ -100,19 +101,29 @@ def test_before_recording_blocks_the_allocator_saw_made_and_allocator_only_rows(
       0x2000 at 2800 us (between ops 0 and 1), freed 3100 us inside op 1: an argument op 1's binding
              converted -> op 1, alloc clamped to 3000, free 3100, temporary, stack 12;
       0x3000 at 1500 us inside op 0, freed at 5000 us: op 0, alloc 1500, free 5000, unknown, stack 11;
-      0x4000 at 4500 us, between ops, never freed: no op, stays unknown, no stack."""
+      0x4000 at 4500 us, between ops, never freed: no op, stays unknown, no stack;
+      0x7000 at 1500 us inside op 0, freed at 3500 us inside op 1: op 0 (not moved to op 1), unknown;
+      0x8000 at 2600 us between ops 0 and 1, freed at 5500 us (after op 1's end + 200 us): no op, unknown;
+      0x9000 at 2700 us between ops 0 and 1, freed at exactly 3000 us (op 1's start): op 1, alloc and free
+             3000 us, temporary, stack 12.
+    Dispatch only (no allocator event at their address): D1 (made by op 0 at 1100 us) keeps its alloc time;
+    D2 (before the recording, unknown) stays before, its rule unchanged."""
     ops = _ops([(1000 * US, 2000 * US), (3000 * US, 4000 * US), (5000 * US, 6000 * US)],
                ["aten::mm", "aten::add", "aten::relu"], ["m.a", "m.b", "m.c"], stack_ids=[11, 12, 13])
-    blocks = _blocks([(5, "cuda:0", 0x1000, 1000, None, 3500 * US, None, True, "unknown", "input")], stack=True)
+    blocks = _blocks([(5, "cuda:0", 0x1000, 1000, None, 3500 * US, None, True, "unknown", "input"),
+                      (3, "cpu", 0x5000, 16, 1100 * US, 1900 * US, 0, False, "activation", "r"),
+                      (4, "cpu", 0x6000, 16, None, None, None, True, "unknown", "input")], stack=True)
     accesses = pd.DataFrame({"block_id": [5, 5], "t_ns": [3300 * US, 3200 * US], "op_id": [1, 1],
                              "is_write": [False, False]})
     ev = _events([(2500 * US, "cuda:0", 0x1000, 1024), (3800 * US, "cuda:0", 0x1000, -1024),
                   (2800 * US, "cpu", 0x2000, 8), (3100 * US, "cpu", 0x2000, -8),
                   (1500 * US, "cpu", 0x3000, 8), (5000 * US, "cpu", 0x3000, -8),
-                  (4500 * US, "cpu", 0x4000, 8)])
+                  (4500 * US, "cpu", 0x4000, 8), (1500 * US, "cpu", 0x7000, 8), (3500 * US, "cpu", 0x7000, -8),
+                  (2600 * US, "cpu", 0x8000, 8), (5500 * US, "cpu", 0x8000, -8),
+                  (2700 * US, "cpu", 0x9000, 8), (3000 * US, "cpu", 0x9000, -8)])
     notes = []
     out, stats = join_allocator(blocks, accesses, ops, AllocatorData(events=ev), 0, notes)
-    assert stats["profiler"] == {"allocator_blocks": 4, "matched": 1, "allocator_only": 3, "dispatch_only": 0,
+    assert stats["profiler"] == {"allocator_blocks": 7, "matched": 1, "allocator_only": 6, "dispatch_only": 2,
                                  "clock_offset_ns": 0}
     assert notes == []
     df = out.to_frame()
@@ -121,13 +132,22 @@ def test_before_recording_blocks_the_allocator_saw_made_and_allocator_only_rows(
     assert not c0["allocated_before"] and c0["category"] == "unknown" and c0["stack_id"] == 7
     assert c0["category_rule"] == "first seen as an input; the allocator saw it made"
     assert c0["source"] == "dispatch+profiler"
-    rest = df.iloc[1:].set_index("addr")
-    assert sorted(rest["block_id"].tolist()) == [6, 7, 8]          # after the largest block id, 5
+    d1, d2 = df.iloc[1], df.iloc[2]
+    assert (d1["alloc_ns"], d1["free_ns"], d1["source"], d1["category_rule"]) == (1100 * US, 1900 * US, "dispatch", "r")
+    assert pd.isna(d1["allocator_size"]) and not d1["allocated_before"]
+    assert d2["allocated_before"] and d2["category_rule"] == "input" and pd.isna(d2["alloc_ns"])
+    for col, dtype in blocks.dtypes.items():                      # the blocks' dtypes, allocator rows added
+        assert df[col].dtype == dtype, col
+    rest = df.iloc[3:].set_index("addr")
+    assert sorted(rest["block_id"].tolist()) == [6, 7, 8, 9, 10, 11]   # after the largest block id, 5
     assert list(rest.columns) == [c for c in df.columns if c != "addr"]
     expect = {  # addr: (op, module, alloc_op_id, alloc_ns, free_ns, category, stack_id)
         0x2000: ("aten::add", "m.b", 1, 3000 * US, 3100 * US, "temporary", 12),
         0x3000: ("aten::mm", "m.a", 0, 1500 * US, 5000 * US, "unknown", 11),
-        0x4000: ("", "", None, 4500 * US, None, "unknown", None)}
+        0x4000: ("", "", None, 4500 * US, None, "unknown", None),
+        0x7000: ("aten::mm", "m.a", 0, 1500 * US, 3500 * US, "unknown", 11),
+        0x8000: ("", "", None, 2600 * US, 5500 * US, "unknown", None),
+        0x9000: ("aten::add", "m.b", 1, 3000 * US, 3000 * US, "temporary", 12)}
     for addr, (op, module, op_id, a_ns, f_ns, category, stack_id) in expect.items():
         row = rest.loc[addr]
         assert (row["op"], row["module"], row["category"]) == (op, module, category), hex(addr)
@@ -156,6 +176,32 @@ def test_events_outside_the_recording_window_are_left_out():
     assert notes == ["profiler: 2 allocator events outside the recording left out"]
     assert stats["profiler"]["allocator_blocks"] == 2
     assert sorted(out.to_frame()["addr"].tolist()[1:]) == [10, 30]
+    # every event outside: nothing paired, the blocks unchanged (dtypes too)
+    notes = []
+    out, stats = join_allocator(blocks, _no_accesses(), ops, AllocatorData(events=ev.iloc[[1, 3]]), 0, notes,
+                                window_ns=window)
+    assert notes == ["profiler: 2 allocator events outside the recording left out"]
+    assert stats["profiler"] == {"allocator_blocks": 0, "matched": 0, "allocator_only": 0, "dispatch_only": 1,
+                                 "clock_offset_ns": 0}
+    frame = out.to_frame()
+    assert len(frame) == 1 and frame["source"].tolist() == ["dispatch"]
+    for col, dtype in blocks.dtypes.items():
+        assert frame[col].dtype == dtype, col
+
+
+def test_allocations_of_a_recording_without_ops_belong_to_no_op():
+    """No ops: an allocation at 5 us, freed at 9 us, is added with no op, unknown, its own times."""
+    ops = pd.DataFrame({"op_id": np.empty(0, np.int64), "name": np.empty(0, object),
+                        "start_ns": np.empty(0, np.int64), "end_ns": np.empty(0, np.int64),
+                        "module": np.empty(0, object)})
+    blocks = _blocks([(0, "cpu", 1, 8, None, None, None, True, "unknown", "input")])
+    ev = _events([(5 * US, "cpu", 64, 8), (9 * US, "cpu", 64, -8)])
+    out, stats = join_allocator(blocks, _no_accesses(), ops, AllocatorData(events=ev), 0, [])
+    assert stats["profiler"]["allocator_only"] == 1
+    row = out.to_frame().iloc[1]
+    assert (row["op"], row["module"], row["category"], row["alloc_ns"], row["free_ns"]) == ("", "", "unknown",
+                                                                                             5 * US, 9 * US)
+    assert pd.isna(row["alloc_op_id"]) and row["block_id"] == 1
 
 
 def test_profiler_cuda_events_give_way_to_the_snapshot():
