@@ -298,3 +298,37 @@ def test_facts_caches_restart_past_their_limit(monkeypatch):
         assert (("old", b"\x00") in by_sig) == kept and (("old", 0) in by_shape) == kept
         assert len(by_sig) == held + 1 if kept else len(by_sig) == 1
         assert len(by_shape) == held + 1 if kept else len(by_shape) == 1
+
+
+def test_shapes_only_is_computed_once_per_op(monkeypatch):
+    """addcdiv_ has no flop formula (its facts read tensors only), addmm has one, an unknown op resolves to
+    nothing (not shapes-only); each answer is kept, and a kept answer is used as it is."""
+    from memlens.record import compiled_signatures as cs
+    monkeypatch.setattr(cs, "_SHAPES_ONLY", {"aten::mm": True})          # a kept answer, deliberately wrong
+    assert cs._shapes_only("aten::addcdiv_") is True
+    assert cs._shapes_only("aten::addmm") is False
+    assert cs._shapes_only("aten::no_such_op_here") is False
+    assert cs._shapes_only("aten::mm") is True
+    assert cs._SHAPES_ONLY == {"aten::mm": True, "aten::addcdiv_": True, "aten::addmm": False,
+                               "aten::no_such_op_here": False}
+
+
+def test_one_spill_directory_per_process(monkeypatch):
+    """Made at the first recording (its removal registered for this process), reused by the next, made again
+    when it was removed or when it was another process's (a forked child's view of its parent's)."""
+    import shutil
+    from memlens.record import spill
+    registered = []
+    monkeypatch.setattr(spill.atexit, "register", lambda func, *args: registered.append((func, args)))
+    monkeypatch.setattr(spill, "_directory", None)
+    first = os.path.dirname(spill.spill_prefix())
+    assert registered == [(spill._remove_directory, (os.getpid(), first))]
+    assert os.path.dirname(spill.spill_prefix()) == first and len(registered) == 1
+    shutil.rmtree(first)
+    second = os.path.dirname(spill.spill_prefix())
+    assert second != first and os.path.isdir(second) and registered[-1][1] == (os.getpid(), second)
+    monkeypatch.setattr(spill, "_directory", (os.getpid() + 1, second))
+    third = os.path.dirname(spill.spill_prefix())
+    assert third not in (first, second) and os.path.isdir(third) and len(registered) == 3
+    for path in (second, third):
+        shutil.rmtree(path)
