@@ -301,16 +301,18 @@ def test_facts_caches_restart_past_their_limit(monkeypatch):
 
 
 def test_shapes_only_is_computed_once_per_op(monkeypatch):
-    """addcdiv_ has no flop formula (its facts read tensors only), addmm has one, an unknown op resolves to
+    """addcdiv_ has no flop formula (its facts read tensors only), addmm has one, mkldnn_convolution one
+    through its alias (convolution_overrideable), an unknown op resolves to
     nothing (not shapes-only); each answer is kept, and a kept answer is used as it is."""
     from memlens.record import compiled_signatures as cs
     monkeypatch.setattr(cs, "_SHAPES_ONLY", {"aten::mm": True})          # a kept answer, deliberately wrong
     assert cs._shapes_only("aten::addcdiv_") is True
     assert cs._shapes_only("aten::addmm") is False
+    assert cs._shapes_only("aten::mkldnn_convolution") is False          # a formula through its alias
     assert cs._shapes_only("aten::no_such_op_here") is False
     assert cs._shapes_only("aten::mm") is True
     assert cs._SHAPES_ONLY == {"aten::mm": True, "aten::addcdiv_": True, "aten::addmm": False,
-                               "aten::no_such_op_here": False}
+                               "aten::mkldnn_convolution": False, "aten::no_such_op_here": False}
 
 
 def test_one_spill_directory_per_process(monkeypatch):
