@@ -53,7 +53,9 @@ if [ "$sample" = "all" ]; then cp mutants.all mutants.sample; else
   "$root/.venv/bin/python" -c "import random, sys; n = open('mutants.all').read().split(); random.seed($seed); \
 print('\n'.join(random.sample(n, min($sample, len(n)))))" > mutants.sample; fi
 $mm run --max-children 2 $(cat mutants.sample) >/dev/null 2>&1 || true
-$mm results --all true 2>/dev/null | grep -F -f mutants.sample > mutants.result || true
+# exact names (a substring match would take mutant_1's line for mutant_10's too: unsampled, "not checked")
+$mm results --all true 2>/dev/null | awk -F': ' 'NR == FNR {want[$1]; next}
+  {name = $1; gsub(/ /, "", name); if (name in want) print name ": " $2}' mutants.sample - > mutants.result || true
 echo "mutation sample of $target: $(wc -l < mutants.sample) of $(wc -l < mutants.all) mutants (seed $seed)"
 awk -F': ' '{c[$2]++} END {for (k in c) print "  " k ": " c[k]}' mutants.result
 killed=$(grep -c ": killed\|: timeout" mutants.result || true)
