@@ -53,11 +53,12 @@ def _no_accesses():
 def test_a_clock_offset_is_estimated_from_the_matched_blocks_and_removed():
     """The allocator's clock runs 50 us late. Ops: 0 [1000, 2000] us, 1 [3000, 4000], 2 [5000, 6000]. Blocks
     (CPU) made by ops 0, 1, 2 truly allocated at 1500, 3990, 5980 us, seen at their op's end (2000, 4000,
-    6000); the allocator says 1550, 4040, 6030, and frees at 2500 us an address it never saw allocated (a fourth
-    allocator block, with no alloc time: neither matched nor added). Before correction: B0's [1550, 3550]
-    contains 2000; B1 and B2 are nearest within 200 us. Distances outside the op: 0, 40, 30 us -> median 30 us, removed: 1520, 4010,
-    6000. Rematched, then clamped into the op: 1520, 4000 (op 1 ends at 4000), 6000. B2's free, unknown to
-    the dispatch mode, is the allocator's 7050 - 30 = 7020 us; B0 keeps its own free (3500)."""
+    6000); the allocator says 1550, 4040, 6030, and frees at 2500 us an address it never saw allocated (a
+    fourth allocator block, with no alloc time: neither matched nor added). Before correction: B0's
+    [1550, 3550] contains 2000; B1 and B2 are nearest within 200 us. Distances outside the op: 0, 40, 30 us
+    -> median 30 us, removed: 1520, 4010, 6000. Rematched, then clamped into the op: 1520, 4000 (op 1 ends
+    at 4000), 6000. B2's free, unknown to the dispatch mode, is the allocator's 7050 - 30 = 7020 us; B0
+    keeps its own free (3500)."""
     ops = _ops([(1000 * US, 2000 * US), (3000 * US, 4000 * US), (5000 * US, 6000 * US)],
                ["aten::mm", "aten::add", "aten::relu"], ["m.a", "m.b", "m.c"])
     blocks = _blocks([(0, "cpu", 100, 64, 1000 * US, 3500 * US, 0, False, "activation", "r"),
