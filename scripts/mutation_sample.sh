@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Mutation score of one module (or folder) from a seeded random sample of its mutants, with mutmut 3.
-#   bash scripts/mutation_sample.sh MODULE_GLOB "TEST_FILE..." [SAMPLE] [SEED]
+#   bash scripts/mutation_sample.sh MODULE_GLOB "TEST_FILE..." [SAMPLE] [SEED]   (env MUTANT_FILTER: a regex on
+#   mutant names, e.g. "event_order", to score some functions of a module)
 #   e.g. bash scripts/mutation_sample.sh memlens/analysis/ati_intervals.py \
 #          "tests/test_intervals_reference.py tests/test_analysis_ati.py" 200 25
 # Why a sample: mutmut 3 generates ~1,000 mutants for a 380-line numpy module, and each runs the property
@@ -46,11 +47,15 @@ mm="$root/.venv-mutmut3/bin/python -m mutmut"
 # generate every mutant (a run of none), then sample their names
 $mm run --max-children 2 __none__ >/dev/null 2>&1 || true
 $mm results --all true 2>/dev/null | awk -F: '{gsub(/ /, "", $1); print $1}' > mutants.all
+# MUTANT_FILTER (a grep -E regex on mutant names, e.g. "event_order"): only the mutants of those functions
+if [ -n "${MUTANT_FILTER:-}" ]; then grep -E "$MUTANT_FILTER" mutants.all > mutants.only || true; mv mutants.only mutants.all; fi
 if [ "$sample" = "all" ]; then cp mutants.all mutants.sample; else
   "$root/.venv/bin/python" -c "import random, sys; n = open('mutants.all').read().split(); random.seed($seed); \
 print('\n'.join(random.sample(n, min($sample, len(n)))))" > mutants.sample; fi
 $mm run --max-children 2 $(cat mutants.sample) >/dev/null 2>&1 || true
-$mm results --all true 2>/dev/null | grep -F -f mutants.sample > mutants.result || true
+# exact names (a substring match would take mutant_1's line for mutant_10's too: unsampled, "not checked")
+$mm results --all true 2>/dev/null | awk -F': ' 'NR == FNR {want[$1]; next}
+  {name = $1; gsub(/ /, "", name); if (name in want) print name ": " $2}' mutants.sample - > mutants.result || true
 echo "mutation sample of $target: $(wc -l < mutants.sample) of $(wc -l < mutants.all) mutants (seed $seed)"
 awk -F': ' '{c[$2]++} END {for (k in c) print "  " k ": " c[k]}' mutants.result
 killed=$(grep -c ": killed\|: timeout" mutants.result || true)

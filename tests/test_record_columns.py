@@ -55,8 +55,11 @@ def test_the_public_constructor_fallback_makes_the_same_frame(monkeypatch):
     fast = _table().to_frame(schema)
 
     def missing(*args, **kwargs):
-        raise AttributeError("_from_arrays")
-    monkeypatch.setattr(pd.DataFrame, "_from_arrays", missing)
+        raise AttributeError("_from_mgr")
+    # the fast path builds through pandas' internal `_from_mgr`; without it, the public constructor
+    monkeypatch.setattr(pd.DataFrame, "_from_mgr", missing)
+    with pytest.raises(AttributeError):
+        pd.DataFrame._from_mgr(None, axes=None)
     slow = _table().to_frame(schema)
     pd.testing.assert_frame_equal(fast, slow, check_exact=True)
     assert fast.columns.dtype == slow.columns.dtype
@@ -156,3 +159,57 @@ def test_column_labels_are_shared_per_table_shape():
     a = _table().to_frame({"block_id": "int64"})
     b = _table().to_frame({"block_id": "int64"})
     assert a.columns is b.columns and len(columns_mod._COLUMN_INDEX) <= 64
+
+
+@pytest.mark.parametrize("constructor", ["fast", "public"])
+def test_text_and_object_columns_as_the_schema_asks(monkeypatch, constructor):
+    """"str" columns become pandas' str dtype whatever they hold (torch.device objects, numbers: their str()),
+    "object" ones stay Python objects (numpy text too); `objects` makes object arrays, not numpy text. The
+    same through pandas' public constructor (the fallback)."""
+    if constructor == "public":
+        def missing(*args, **kwargs):
+            raise AttributeError("_from_mgr")
+        monkeypatch.setattr(pd.DataFrame, "_from_mgr", missing)
+    t = Columns(2, {"device": np.array([torch.device("cpu"), torch.device("cuda", 0)], dtype=object),
+                    "n": np.array([3, 4]), "u": np.array(["a", "bb"])})
+    df = t.to_frame({"device": "str", "n": "str", "u": "object"})
+    str_dtype = pd.Series(["x"]).dtype
+    assert df["device"].dtype == str_dtype and df["device"].tolist() == ["cpu", "cuda:0"]
+    assert df["n"].dtype == str_dtype and df["n"].tolist() == ["3", "4"]
+    assert df["u"].dtype == object and df["u"].tolist() == ["a", "bb"]
+    assert columns_mod.objects(["a", "bb"]).dtype == object
+
+
+def test_from_frame_keeps_int64_values_and_numbers_as_numbers():
+    df = pd.DataFrame({"addr": pd.array([16, None], dtype="Int64"), "size": np.array([8, 9]),
+                       "device": pd.Series(["cpu", None], dtype="str"), "x": np.array([0.5, 1.5])})
+    cols = Columns.from_frame(df)
+    assert cols["addr"].values.dtype == np.int64 and cols["addr"].values[0] == 16
+    assert cols["addr"].missing.tolist() == [False, True]
+    assert cols["size"].dtype == np.int64 and cols["x"].dtype == np.float64
+    assert cols["device"].dtype == object and cols["device"][0] == "cpu"
+    pd.testing.assert_frame_equal(cols.to_frame({"addr": "Int64"}), df, check_exact=True)
+    mask = Nullable.of([1, 2], [0, 1])                       # a 0/1 mask is taken as bool
+    assert mask.missing.dtype == bool and mask.present().tolist() == [True, False]
+
+
+def test_arrow_str_dtype_is_pandas_str_dtype(monkeypatch):
+    """Computed afresh (not from the process's cache): pandas' "str" dtype when it is pyarrow-backed."""
+    monkeypatch.setattr(columns_mod, "_ARROW_STR", [])
+    made = pd.array(np.array(["a"], dtype=object), dtype="str")
+    expected = made.dtype if isinstance(made, pd.arrays.ArrowStringArray) and made.dtype.storage == "pyarrow" \
+        else None
+    assert columns_mod._arrow_str_dtype() == expected and columns_mod._ARROW_STR == [expected]
+
+
+def test_column_labels_cache_keeps_at_most_64_shapes(monkeypatch):
+    """A new shape is kept (and shared by the next frame of that shape) while fewer than 64 are; at 64 it is
+    made afresh each time and the cache does not grow."""
+    monkeypatch.setattr(columns_mod, "_COLUMN_INDEX", {})
+    a = Columns(1, {"p": np.array([1])}).to_frame()
+    b = Columns(1, {"p": np.array([2])}).to_frame()
+    assert a.columns is b.columns and list(columns_mod._COLUMN_INDEX) == [("p",)]
+    full = {(f"c{i}",): pd.Index([f"c{i}"]) for i in range(64)}
+    monkeypatch.setattr(columns_mod, "_COLUMN_INDEX", full)
+    c = Columns(1, {"q": np.array([1])}).to_frame()
+    assert list(c.columns) == ["q"] and len(full) == 64 and ("q",) not in full
