@@ -265,11 +265,16 @@ def test_periodic_load_curve_is_the_window_load(trace, data):
 
 # ---- swap plans: deadlines at the op's start, stalls reported ------------------------------------------
 def _next_op_start(trace: Trace, block: int, after: int) -> int:
-    """Start of the first op accessing `block` that starts at or after `after` (the interval's deadline)."""
+    """The interval's deadline: the start of the op of `block`'s next access after the access whose op
+    ended at `after` (the interval's start), in op order. (By time alone, "the first access at or after
+    `after`" would take that op's own access when it lasts zero ns: starts and ends at `after`.)"""
     ops = trace.ops.set_index("op_id")
-    mine = trace.accesses[trace.accesses["block_id"] == block]
-    s = [min(int(ops.loc[o, "start_ns"]), int(t)) for o, t in zip(mine["op_id"], mine["t_ns"])]
-    return min(x for x in s if x >= after)
+    mine = trace.accesses[trace.accesses["block_id"] == block].sort_values(["op_id", "t_ns"])
+    rows = [(int(o), min(int(ops.loc[o, "start_ns"]), int(t)), int(ops.loc[o, "end_ns"]))
+            for o, t in zip(mine["op_id"], mine["t_ns"])]
+    before = [i for i, (_, _, end) in enumerate(rows) if end <= after]
+    k = before[-1] + 1 if before else 0
+    return rows[k][1]
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -322,6 +327,27 @@ def test_a_swap_is_back_by_its_next_op_start():
     assert (row.idle_from_ns, row.idle_to_ns) == (100, 1100)
     assert (row.out_start_ns, row.out_end_ns, row.in_start_ns, row.in_end_ns) == (100, 200, 1000, 1100)
     assert plan.stall_ns == 0 and plan.peak_before == 1_500_000 and plan.peak_after == 1_000_000
+
+
+def test_the_deadline_after_a_zero_length_op_is_the_next_op():
+    """Hypothesis's case: block 114 is read by op 7, which starts and ends at 1001, then by op 19 at 1514;
+    at 4 B/ns its 1024 bytes go out at 1001..1257 and it is needed back by 1514 (not 1001: op 7's own read
+    is the access the idle time starts after)."""
+    ops = pd.DataFrame({"op_id": [7, 10, 19], "name": "op", "start_ns": [1001, 1002, 1514],
+                        "end_ns": [1001, 1002, 1514]})
+    # block 107 (4 kB) lives [1257, 1258): the peak, which makes 114 a candidate
+    blocks = pd.DataFrame({"block_id": [100, 107, 114], "device": DEVICE, "size": [8, 4096, 1024],
+                           "alloc_ns": [0, 1257, 0], "free_ns": [2000, 1258, 2000]})
+    acc = pd.DataFrame({"block_id": [114, 100, 114], "t_ns": [1001, 1002, 1514], "op_id": [7, 10, 19],
+                        "is_write": False})
+    trace = Trace.from_tables(blocks, acc, ops)
+    model = BandwidthModel(h2d_bytes_per_s=4e9, d2h_bytes_per_s=4e9, latency_ns=0.0)
+    plan = plan_swaps(trace, bandwidth=model, min_size=0, priority="doa")
+    row = plan.swaps.set_index("block_id").loc[114]
+    assert (row.idle_from_ns, row.idle_to_ns) == (1001, 1514)
+    assert _next_op_start(trace, 114, 1001) == 1514
+    assert (row.out_start_ns, row.out_end_ns, row.in_start_ns, row.in_end_ns) == (1001, 1257, 1258, 1514)
+    assert row.stall_ns == 0 and plan.stall_ns == 0 and plan.peak_before == 8 + 4096 + 1024
 
 
 # ---- repeating plans re-simulated over three periods ----------------------------------------------------

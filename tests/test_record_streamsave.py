@@ -191,12 +191,13 @@ def _save_growth(tmp_path, mode: str, steps: int) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux /proc/self/clear_refs")
 def test_memory_at_save_does_not_grow_with_the_recorded_accesses(tmp_path):
     """1x = 1500 steps (300k accesses, ~5 windows), 8x = 12000 steps (2.4M accesses). Measured on the dev
-    box: the in-memory path grows ~150-190 MB from 1x to 8x (~75 bytes per access), the streamed one
-    ~0-25 MB (allocator noise: one window's arrays land in different places). The bound, 60 MB, is a
-    third of the in-memory growth; the in-memory growth is asserted too so that the test can see it."""
+    box: the in-memory path grows ~115-130 MB from 1x to 8x (~55 bytes per access; ~150-190 MB before the
+    close built its tables from numpy columns), the streamed one ~0-25 MB (allocator noise: one window's
+    arrays land in different places). The bound, 60 MB, is about half the in-memory growth; the in-memory
+    growth (> 90 MB) is asserted too so that the test can see it."""
     small, large = 1500, 12000
     streamed = _save_growth(tmp_path, "streamed", large) - _save_growth(tmp_path, "streamed", small)
     in_memory = _save_growth(tmp_path, "in_memory", large) - _save_growth(tmp_path, "in_memory", small)
-    assert in_memory > 120 << 20, f"in-memory growth {in_memory >> 20} MB: the workload is too small to tell"
+    assert in_memory > 90 << 20, f"in-memory growth {in_memory >> 20} MB: the workload is too small to tell"
     assert streamed < 60 << 20, \
         f"streamed save grew {streamed >> 20} MB from 1x to 8x (in memory: {in_memory >> 20} MB)"
