@@ -11,6 +11,7 @@ import pandas as pd
 
 from memlens.record.instruments import AllocatorData
 from memlens.record.join import MATCH_TOLERANCE_NS, join_allocator
+from test_record_cuda_paths import _dispatch_blocks
 
 US = 1000   # ns per us
 
@@ -25,16 +26,8 @@ def _ops(intervals, names, modules, stack_ids=None):
 
 
 def _blocks(rows, stack=False):
-    cols = ["block_id", "device", "addr", "size", "alloc_ns", "free_ns", "alloc_op_id", "allocated_before",
-            "category", "category_rule"]
-    df = pd.DataFrame(rows, columns=cols)
-    for c in ("addr", "alloc_ns", "free_ns", "alloc_op_id"):
-        df[c] = pd.array(df[c], dtype="Int64")
-    df["op"] = ""
-    df["module"] = ""
-    df["source"] = "dispatch"
-    df["stream"] = 0
-    df["free_without_alloc"] = False
+    """The dispatch blocks of `rows` (as test_record_cuda_paths builds them), with stack ids if `stack`."""
+    df = _dispatch_blocks(rows)
     if stack:
         df["stack_id"] = pd.array([7] * len(df), dtype="Int64")
     return df
