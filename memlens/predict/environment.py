@@ -30,9 +30,10 @@ Everything is restored on exit.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
 
 import torch
+
+from memlens.predict.patches import AttributePatches
 
 
 def _no_grad_fill(tensor, *args, **kwargs):
@@ -125,53 +126,50 @@ def _predicted_sdpa(original, capability: tuple[int, int]):
     return sdpa
 
 
-class _Patches:
-    """Attribute patches applied on enter and restored on exit (nested predictions are refused)."""
+class _Patches(AttributePatches):
+    """Attribute patches applied on enter and restored on exit (nested predictions are refused), and other
+    changes undone on exit."""
 
     def __init__(self, gpu_name: str, capability: tuple[int, int], total_memory: int | None):
+        super().__init__()
         self.gpu_name = gpu_name
         self.capability = capability
         self.total_memory = total_memory
-        self._saved: list[tuple[Any, str, Any]] = []
         self._undo: list = []
-
-    def _set(self, owner, name: str, value) -> None:
-        self._saved.append((owner, name, getattr(owner, name, _MISSING)))
-        setattr(owner, name, value)
 
     def apply(self) -> None:
         cuda = torch.cuda
         props = _DeviceProperties(self.gpu_name, self.capability, self.total_memory)
-        self._set(cuda, "is_available", lambda: True)
-        self._set(cuda, "device_count", lambda: 1)
-        self._set(cuda, "current_device", lambda: 0)
-        self._set(cuda, "set_device", lambda device: None)
-        self._set(cuda, "synchronize", lambda device=None: None)
-        self._set(cuda, "get_device_capability", lambda device=None: self.capability)
-        self._set(cuda, "get_device_name", lambda device=None: self.gpu_name)
-        self._set(cuda, "get_device_properties", lambda device=None: props)
-        self._set(cuda, "is_bf16_supported", lambda including_emulation=True: self.capability >= (8, 0))
-        self._set(cuda, "empty_cache", lambda: None)
+        self.set(cuda, "is_available", lambda: True)
+        self.set(cuda, "device_count", lambda: 1)
+        self.set(cuda, "current_device", lambda: 0)
+        self.set(cuda, "set_device", lambda device: None)
+        self.set(cuda, "synchronize", lambda device=None: None)
+        self.set(cuda, "get_device_capability", lambda device=None: self.capability)
+        self.set(cuda, "get_device_name", lambda device=None: self.gpu_name)
+        self.set(cuda, "get_device_properties", lambda device=None: props)
+        self.set(cuda, "is_bf16_supported", lambda including_emulation=True: self.capability >= (8, 0))
+        self.set(cuda, "empty_cache", lambda: None)
         for name in ("reset_peak_memory_stats", "reset_accumulated_memory_stats", "reset_max_memory_allocated"):
-            self._set(cuda, name, lambda device=None: None)
-        self._set(cuda.memory, "_record_memory_history", lambda *a, **k: None)
-        self._set(cuda.memory, "_dump_snapshot", lambda *a, **k: None)
+            self.set(cuda, name, lambda device=None: None)
+        self.set(cuda.memory, "_record_memory_history", lambda *a, **k: None)
+        self.set(cuda.memory, "_dump_snapshot", lambda *a, **k: None)
         nvtx = cuda.nvtx
-        self._set(nvtx, "range_push", lambda msg: 0)
-        self._set(nvtx, "range_pop", lambda: 0)
-        self._set(nvtx, "mark", lambda msg: None)
-        self._set(nvtx, "range", _null_range)
+        self.set(nvtx, "range_push", lambda msg: 0)
+        self.set(nvtx, "range_pop", lambda: 0)
+        self.set(nvtx, "mark", lambda msg: None)
+        self.set(nvtx, "range", _null_range)
         init = torch.nn.init
         for name in ("trunc_normal_",):
-            self._set(init, name, _no_grad_fill)
-        self._set(torch.nn.Module, "_apply", _fake_apply)
-        self._set(torch, "save", _save_without_data(torch.save))
+            self.set(init, name, _no_grad_fill)
+        self.set(torch.nn.Module, "_apply", _fake_apply)
+        self.set(torch, "save", _save_without_data(torch.save))
         # nn.TransformerEncoder's inference fast path packs padded batches into nested tensors, which fake
         # tensors cannot hold (torch falls back to a real CUDA kernel); the regular path keeps the padding
         import torch.backends.mha as mha
-        self._set(mha, "_is_fastpath_enabled", False)
+        self.set(mha, "_is_fastpath_enabled", False)
         F = torch.nn.functional
-        self._set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
+        self.set(F, "scaled_dot_product_attention", _predicted_sdpa(F.scaled_dot_product_attention, self.capability))
         # optimizers choose foreach (CUDA's default) only for plain tensor types; a real run's parameters are
         # plain, so fake ones must count as plain too, or AdamW & co. take the per-parameter path, whose
         # temporaries differ (foreach allocates one intermediate per parameter at once)
@@ -188,15 +186,9 @@ class _Patches:
     def restore(self) -> None:
         while self._undo:
             self._undo.pop()()
-        while self._saved:
-            owner, name, value = self._saved.pop()
-            if value is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
+        super().restore()
 
 
-_MISSING = object()
 # torch warns whenever a fake tensor's data pointer is read (``copy.deepcopy`` of a parameter reads it, as do
 # some libraries); inside a prediction every tensor is fake by design, so the warning says nothing to the user
 _FAKE_DATA_PTR_WARNING = r"Accessing the data pointer of FakeTensor is deprecated"

@@ -164,9 +164,9 @@ class Prediction:
             session.peak_cuda_bytes = session.live_cuda_bytes
 
         patches = self.mode.memlens_patches
-        patches._set(torch.cuda, "reset_peak_memory_stats", reset_and_mark)
-        patches._set(torch.cuda, "memory_allocated", lambda device=None: session.live_cuda_bytes)
-        patches._set(torch.cuda, "max_memory_allocated", lambda device=None: session.peak_cuda_bytes)
+        patches.set(torch.cuda, "reset_peak_memory_stats", reset_and_mark)
+        patches.set(torch.cuda, "memory_allocated", lambda device=None: session.live_cuda_bytes)
+        patches.set(torch.cuda, "max_memory_allocated", lambda device=None: session.peak_cuda_bytes)
 
     # ---- building the prediction ------------------------------------------------------------
     def _finish(self, trace, recorder):

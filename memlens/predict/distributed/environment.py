@@ -36,6 +36,8 @@ from time import perf_counter_ns
 
 import torch
 
+from memlens.predict.patches import AttributePatches
+
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -50,27 +52,7 @@ def _unfaked(fn):
     return call
 
 
-class _Patches:
-    """Attribute patches, restored in reverse order."""
-
-    def __init__(self):
-        self._saved: list = []
-
-    def set(self, owner, name: str, value) -> None:
-        self._saved.append((owner, name, owner.__dict__.get(name, _MISSING) if isinstance(owner, type)
-                            else getattr(owner, name, _MISSING)))
-        setattr(owner, name, value)
-
-    def restore(self) -> None:
-        while self._saved:
-            owner, name, value = self._saved.pop()
-            if value is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-
-_MISSING = object()
+_Patches = AttributePatches      # (the name this module's helpers are annotated with)
 
 
 def _mesh_init(init):
