@@ -177,7 +177,7 @@ def _str_array(col: np.ndarray):
             return pd.arrays.ArrowStringArray(pa.chunked_array([pa.array(col, type=pa.large_string(),
                                                                          from_pandas=True)]), dtype=dtype)
         except (TypeError, ValueError, pa.ArrowException):
-            pass
+            pass     # values pyarrow does not take as text: pandas' own conversion decides, or says why
     return pd.array(col, dtype="str")
 
 
