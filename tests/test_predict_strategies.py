@@ -2,13 +2,13 @@
 state checked against sharding arithmetic done by hand here (FSDP2 padded shards, DDP's full replica and bucket,
 ZeroRedundancyOptimizer's greedy partition), and activation checkpointing's saving computed by hand.
 
-Each prediction runs in a child process that imports memlens before torch (see tests/test_predict_distributed.py).
+Each prediction runs in a child process that imports memlens before torch (see tests/_predict_cases.py).
 """
 from __future__ import annotations
 
 import math
 
-from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
 WORLD = 4
 IN, HID, BLOCKS = 63, 510, 3        # 510 and 63 rows do not divide by 4: FSDP2 pads to ceil(rows / 4)
@@ -122,7 +122,7 @@ def test_cli_report_has_one_run_per_predicted_rank_with_the_predicted_peaks(tmp_
     import sys
 
     from memlens.units import format_bytes
-    from tests.test_predict_distributed import ROOT
+    from _predict_cases import ROOT
     script = tmp_path / "train.py"
     script.write_text(RANKS_SCRIPT)
     html_path = tmp_path / "ranks.html"
