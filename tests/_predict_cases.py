@@ -108,3 +108,16 @@ def step_interleaved():
         sched.step(target=torch.randn(N * M, D, device="cuda"))
     keep.append(sched)
 """
+
+
+# The training lines of a user's script for the `memlens predict` CLI tests (torch and fully_shard imported, the
+# process group made, before them): two Linears (256 -> 512 -> 256) under FSDP2, one fully_shard each and then
+# the root, and one AdamW step on a batch of 32 rows.
+FSDP_SCRIPT_STEP = """model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
+for m in model:
+    fully_shard(m)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters())
+model(torch.randn(32, 256, device="cuda")).sum().backward()
+opt.step()
+"""

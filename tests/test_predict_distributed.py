@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from _predict_cases import FSDP_MLP, ROOT, built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import FSDP_MLP, FSDP_SCRIPT_STEP, ROOT, built_shim, run_child  # noqa: F401  (the shim fixture)
 
 # FSDP_MLP's MLP (tests/_predict_cases.py): its first dimensions do not divide by 4 (510 and 7 rows), and FSDP2
 # pads shards to ceil(dim0 / N) rows.
@@ -182,15 +182,7 @@ def test_cli_world_size_prints_a_rank_table_and_checks_the_strategy(tmp_path):
         from torch.distributed.fsdp import fully_shard
         dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
-        for m in model:
-            fully_shard(m)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(32, 256, device="cuda")).sum().backward()
-        opt.step()
-        dist.destroy_process_group()
-    """))
+    """) + FSDP_SCRIPT_STEP + "dist.destroy_process_group()\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def cli(*args):

@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from _predict_cases import FSDP_MLP, run_child
+from _predict_cases import FSDP_MLP, FSDP_SCRIPT_STEP, ROOT, run_child
 from memlens.devicetime.gpus import gpu
 from memlens.predict.distributed.steptime import collective_ns, schedule, step_time
 
@@ -114,26 +114,17 @@ def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
     import subprocess
     import sys
     import textwrap
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
         from torch.distributed.fsdp import fully_shard
         torch.distributed.init_process_group("nccl")
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
-        for m in model:
-            fully_shard(m)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(32, 256, device="cuda")).sum().backward()
-        opt.step()
-    """))
+    """) + FSDP_SCRIPT_STEP)
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", *args, "--", "python",
-                               str(script)], capture_output=True, text=True, cwd=root, timeout=600,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+                               str(script)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     js = cli("--world-size", "4", "--ranks", "first", "--json")
     assert js.returncode == 0, js.stderr[-2000:]
     t = json.loads(js.stdout[js.stdout.index("{"):])["step_time"]["0"]
