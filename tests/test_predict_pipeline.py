@@ -16,8 +16,9 @@ S, N = 4, 6            # stages (= ranks), microbatches
 F = 4                  # bytes per fp32 element
 LOSS = 512             # a 4-byte loss scalar (or its backward seed) as the caching allocator rounds it
 
-# the stage step (tests/_predict_cases.py) and the two readers the tests below use
-STAGE_ROWS = """
+# what a child reads back (the rank table's rows, the ReLU outputs' lifetimes), after the stage step of
+# tests/_predict_cases.py
+READERS = """
 def rows(d):
     return [[x.rank, x.ran, x.stands_for, x.stages, x.peak_allocated, x.peak_reserved, x.fits, x.oom, x.error]
             for x in d.results]
@@ -27,7 +28,7 @@ def relu_lives(p):
     import pandas as pd
     return [[int(a), None if pd.isna(f) else int(f)] for a, f in zip(b.alloc_seq, b.free_seq)]
 """
-PIPELINE_STEP = pipeline_step(D, H, M, N) + STAGE_ROWS
+PIPELINE_STEP = pipeline_step(D, H, M, N) + READERS
 
 
 def in_flight(schedule: str, stage: int, b: int) -> int:
@@ -107,7 +108,7 @@ def test_hand_numbers_for_one_stage():
 def test_the_first_stage_that_does_not_fit_is_named():
     """1F1B: the first stage holds the most in flight; with capacity between its need and the last stage's,
     only the first stages fail, each naming the op that would not fit."""
-    r = run_child(pipeline_step(16, 65536, 64, 6) + STAGE_ROWS + f"""
+    r = run_child(pipeline_step(16, 65536, 64, 6) + READERS + f"""
 loose = memlens.predict(lambda: step(Schedule1F1B), gpu="H100", world_size={S}, cuda_context=0, nccl_bytes=0)
 need = [x.device_bytes_needed for x in loose.results]
 cap = (need[0] + need[-1]) // 2
