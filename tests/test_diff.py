@@ -14,39 +14,17 @@ import pytest
 import memlens
 from memlens import Trace
 from memlens.diff import TraceDiff
+from _diff_refs import CS336, blocks_live_at_peak
 from test_report_support import brute_force_live, constructed_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-CS336 = "snapshots/cs336_wedsonlin_medium_128_{}.pickle"
-
-
-def _events_in_order(trace, device):
-    """[(t, seq, delta, block row)] in the trace's event order, built with plain Python."""
-    lo, _ = trace.time_span_ns()
-    ev = []
-    for row in trace.blocks[trace.blocks["device"] == device].itertuples():
-        a_t = lo if pd.isna(row.alloc_ns) else int(row.alloc_ns)
-        a_s = -1 if pd.isna(row.alloc_seq) else int(row.alloc_seq)
-        ev.append((a_t, a_s, row.size, row))
-        if not pd.isna(row.free_ns):
-            ev.append((int(row.free_ns), int(row.free_seq), -row.size, row))
-    ev.sort(key=lambda e: (e[0], e[1]))
-    return ev
 
 
 def _live_at_peak_by(trace, device, key):
     """{label: bytes} of the blocks live right after the event that first reaches the peak."""
-    live, best, best_set, alive = 0, -1, {}, {}
-    for _, _, delta, row in _events_in_order(trace, device):
-        live += delta
-        if delta > 0:
-            alive[row.block_id] = row
-        else:
-            alive.pop(row.block_id, None)
-        if live > best:
-            best, best_set = live, dict(alive)
+    best, rows = blocks_live_at_peak(trace, device)
     out = Counter()
-    for row in best_set.values():
+    for row in rows:
         label = str(getattr(row, key)) or "(unknown)"
         out[label] += row.size
     return best, dict(out)

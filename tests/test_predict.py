@@ -2,7 +2,7 @@
 
 Each prediction runs in a child process that imports memlens before torch, as users must on a CPU-only
 build (the fake-CUDA shim has to be in place before torch initialises); the test process's own torch was
-imported long before.
+imported long before (tests/_predict_cases.py).
 """
 from __future__ import annotations
 
@@ -10,30 +10,10 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def built_shim():
-    """Build the fake-CUDA shim once (a child process: building must not initialise torch here)."""
-    proc = subprocess.run([sys.executable, "-c", "import memlens.predict.shim as s; print(s.build())"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def run_child(body: str, timeout: int = 900) -> dict:
-    """Run `body` after ``import memlens; import torch`` in a fresh interpreter; it must set `result`."""
-    code = "import json, sys\nsys.path.insert(0, %r)\nimport memlens\nimport torch\n" % str(ROOT)
-    code += textwrap.dedent(body) + "\nprint('RESULT=' + json.dumps(result))\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT=")]
-    assert lines, f"child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT="):])
-
+from _predict_cases import ROOT, built_shim, run_child  # noqa: F401  (the shim fixture)
 
 MLP = """
 import torch.nn as nn

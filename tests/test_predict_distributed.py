@@ -2,7 +2,7 @@
 sharding arithmetic done by hand here.
 
 Each prediction runs in a child process that imports memlens before torch (the fake-CUDA shim must be in
-place before torch initialises), as in tests/test_predict.py.
+place before torch initialises): tests/_predict_cases.py.
 """
 from __future__ import annotations
 
@@ -12,50 +12,20 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _predict_cases import FSDP_MLP, FSDP_SCRIPT_STEP, ROOT, built_shim, run_child  # noqa: F401  (the shim fixture)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def built_shim():
-    """Build the fake-CUDA shim once (a child process: building must not initialise torch here)."""
-    proc = subprocess.run([sys.executable, "-c", "import memlens.predict.shim as s; print(s.build())"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-
-
-def run_child(body: str, timeout: int = 900, env: dict | None = None) -> dict:
-    """Run `body` after ``import memlens; import torch`` in a fresh interpreter; it must set `result`."""
-    code = "import json, sys\nsys.path.insert(0, %r)\nimport memlens\nimport torch\n" % str(ROOT)
-    code += textwrap.dedent(body) + "\nprint('RESULT=' + json.dumps(result))\n"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, **(env or {})})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT=")]
-    assert lines, f"child failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT="):])
-
-
-# An MLP whose first dimensions do not divide by 4 (510 and 7 rows): FSDP2 pads shards to ceil(dim0 / N) rows.
+# FSDP_MLP's MLP (tests/_predict_cases.py): its first dimensions do not divide by 4 (510 and 7 rows), and FSDP2
+# pads shards to ceil(dim0 / N) rows.
 SHAPES = [(510, 1000), (510,), (7, 510), (7,)]       # Linear(1000, 510) weight, bias; Linear(510, 7) weight, bias
 GROUPS = [[0, 1], [2, 3]]                            # one fully_shard per Linear: one reduce-scatter per group
 
-FSDP_STEP = """
-import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+FSDP_STEP = FSDP_MLP + """
 keep = []
 def step():
-    model = nn.Sequential(nn.Linear(1000, 510), nn.ReLU(), nn.Linear(510, 7)).cuda()
-    for m in model:
-        if isinstance(m, nn.Linear):
-            fully_shard(m)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(16, 1000, device="cuda")).sum().backward()
-    opt.step()
-    keep.append((model, opt))      # alive after the step: what is left is what a rank holds between steps
+    keep.append(fsdp_mlp_step())      # alive after the step: what is left is what a rank holds between steps
 def held(p, category):
     b = p.trace.blocks
     b = b[(b.device == "cuda:0") & (b.category == category) & b.free_ns.isna()]
@@ -212,15 +182,7 @@ def test_cli_world_size_prints_a_rank_table_and_checks_the_strategy(tmp_path):
         from torch.distributed.fsdp import fully_shard
         dist.init_process_group("nccl")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
-        for m in model:
-            fully_shard(m)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(32, 256, device="cuda")).sum().backward()
-        opt.step()
-        dist.destroy_process_group()
-    """))
+    """) + FSDP_SCRIPT_STEP + "dist.destroy_process_group()\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
 
     def cli(*args):

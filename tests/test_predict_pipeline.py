@@ -2,13 +2,13 @@
 1F1B schedules run per stage rank under the fake process group; each stage's peak is checked to the byte
 against a reference written here from the schedules' semantics.
 
-Each prediction runs in a child process (see tests/test_predict_distributed.py).
+Each prediction runs in a child process (see tests/_predict_cases.py).
 """
 from __future__ import annotations
 
 import pytest
 
-from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import built_shim, interleaved_step, pipeline_step, run_child  # noqa: F401  (the shim fixture)
 
 # every stage: Linear(D, H, bias=False) -> ReLU -> Linear(H, D, bias=False); microbatches of M rows; fp32
 D, H, M = 64, 2048, 16
@@ -16,29 +16,9 @@ S, N = 4, 6            # stages (= ranks), microbatches
 F = 4                  # bytes per fp32 element
 LOSS = 512             # a 4-byte loss scalar (or its backward seed) as the caching allocator rounds it
 
-PIPELINE_STEP = f"""
-import torch.nn as nn
-import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, Schedule1F1B
-D, H, M, N = {D}, {H}, {M}, {N}
-keep = []
-def step(schedule, static=True):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
-    # one microbatch's shapes (meta: no memory); a stage after the first receives an activation that needs
-    # its gradient, as the previous stage's output does
-    example = torch.empty(M, D, device="meta")
-    shapes = dict(input_args=(example.clone().requires_grad_(rank > 0),),
-                  output_args=(example.clone().requires_grad_(),)) if static else {{}}
-    stage = PipelineStage(mod, rank, world, torch.device("cuda"), **shapes)
-    sched = schedule(stage, n_microbatches=N, loss_fn=lambda out, target: out.sum())
-    if rank == 0:
-        sched.step(torch.randn(N * M, D, device="cuda"))
-    elif rank == world - 1:
-        sched.step(target=torch.randn(N * M, D, device="cuda"))
-    else:
-        sched.step()
-    keep.append(sched)
+# what a child reads back (the rank table's rows, the ReLU outputs' lifetimes), after the stage step of
+# tests/_predict_cases.py
+READERS = """
 def rows(d):
     return [[x.rank, x.ran, x.stands_for, x.stages, x.peak_allocated, x.peak_reserved, x.fits, x.oom, x.error]
             for x in d.results]
@@ -48,6 +28,7 @@ def relu_lives(p):
     import pandas as pd
     return [[int(a), None if pd.isna(f) else int(f)] for a, f in zip(b.alloc_seq, b.free_seq)]
 """
+PIPELINE_STEP = pipeline_step(D, H, M, N) + READERS
 
 
 def in_flight(schedule: str, stage: int, b: int) -> int:
@@ -127,7 +108,7 @@ def test_hand_numbers_for_one_stage():
 def test_the_first_stage_that_does_not_fit_is_named():
     """1F1B: the first stage holds the most in flight; with capacity between its need and the last stage's,
     only the first stages fail, each naming the op that would not fit."""
-    r = run_child(PIPELINE_STEP.replace(f"D, H, M, N = {D}, {H}, {M}, {N}", "D, H, M, N = 16, 65536, 64, 6") + f"""
+    r = run_child(pipeline_step(16, 65536, 64, 6) + READERS + f"""
 loose = memlens.predict(lambda: step(Schedule1F1B), gpu="H100", world_size={S}, cuda_context=0, nccl_bytes=0)
 need = [x.device_bytes_needed for x in loose.results]
 cap = (need[0] + need[-1]) // 2
@@ -162,33 +143,12 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
     import os
     import subprocess
     import sys
-    import textwrap
 
-    from tests.test_predict_distributed import ROOT
+    from _predict_cases import ROOT
     script = tmp_path / "train_pp.py"
-    script.write_text(textwrap.dedent(f"""
-        import os
-        import torch
-        import torch.distributed as dist
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-        dist.init_process_group("nccl")
-        rank, world = dist.get_rank(), dist.get_world_size()
-        D, H, M, N = {D}, {H}, {M}, {N}
-        mod = torch.nn.Sequential(torch.nn.Linear(D, H, bias=False), torch.nn.ReLU(),
-                                  torch.nn.Linear(H, D, bias=False)).cuda()
-        example = torch.empty(M, D, device="meta")
-        stage = PipelineStage(mod, rank, world, torch.device("cuda"),
-                              input_args=(example.clone().requires_grad_(rank > 0),),
-                              output_args=(example.clone().requires_grad_(),))
-        sched = Schedule1F1B(stage, n_microbatches=N, loss_fn=lambda out, target: out.sum())
-        if rank == 0:
-            sched.step(torch.randn(N * M, D, device="cuda"))
-        elif rank == world - 1:
-            sched.step(target=torch.randn(N * M, D, device="cuda"))
-        else:
-            sched.step()
-        dist.destroy_process_group()
-    """))
+    # the stage step of the tests above, as a script: one process per rank under torch's launcher
+    script.write_text(pipeline_step(D, H, M, N) + 'dist.init_process_group("nccl")\nstep(Schedule1F1B)\n'
+                      'dist.destroy_process_group()\n')
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", "--world-size", str(S),
                            "--strategy", "pp", "--no-kernel-scratch", "--json", "--report", str(tmp_path / "r.html"),
@@ -216,23 +176,7 @@ def test_cli_pipeline_script_prints_one_row_per_stage(tmp_path):
 def test_interleaved_schedule_two_stages_per_rank_holds_both_stages_state():
     """ScheduleInterleaved1F1B, 2 ranks x 2 stages (rank r runs stages r and r + 2): after the step each rank
     still holds, by hand, both stages' parameters and gradients and their receive buffers."""
-    r = run_child(PIPELINE_STEP + f"""
-from torch.distributed.pipelining import ScheduleInterleaved1F1B
-def step_interleaved():
-    rank, world = dist.get_rank(), dist.get_world_size()
-    stages = []
-    for idx in (rank, rank + world):
-        mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
-        example = torch.empty(M, D, device="meta")
-        stages.append(PipelineStage(mod, idx, 2 * world, torch.device("cuda"),
-                                    input_args=(example.clone().requires_grad_(idx > 0),),
-                                    output_args=(example.clone().requires_grad_(),)))
-    sched = ScheduleInterleaved1F1B(stages, n_microbatches=N, loss_fn=lambda out, target: out.sum())
-    if rank == 0:
-        sched.step(torch.randn(N * M, D, device="cuda"))
-    else:
-        sched.step(target=torch.randn(N * M, D, device="cuda"))
-    keep.append(sched)
+    r = run_child(PIPELINE_STEP + interleaved_step("ScheduleInterleaved1F1B") + f"""
 d = memlens.predict(step_interleaved, gpu="H100", world_size=2, cublas_workspaces=False, kernel_scratch=False)
 def held(p):
     b = p.trace.blocks

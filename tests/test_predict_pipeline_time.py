@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from memlens.predict.distributed.pipeline_time import PipelineTimingError, p2p_ns, simulate
-from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import built_shim, interleaved_step, pipeline_step, run_child  # noqa: F401  (the shim fixture)
 
 
 def gpipe_order(s: int, S: int, M: int) -> list:
@@ -128,28 +128,7 @@ def test_p2p_transfer_by_hand():
 
 D, H, MB, N = 64, 256, 16, 4      # every stage Linear(D, H) -> ReLU -> Linear(H, D); N microbatches of MB rows
 
-PIPELINE = f"""
-import torch.nn as nn
-import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, Schedule1F1B
-D, H, M, N = {D}, {H}, {MB}, {N}
-keep = []
-def step(schedule):
-    rank, world = dist.get_rank(), dist.get_world_size()
-    mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
-    example = torch.empty(M, D, device="meta")
-    stage = PipelineStage(mod, rank, world, torch.device("cuda"),
-                          input_args=(example.clone().requires_grad_(rank > 0),),
-                          output_args=(example.clone().requires_grad_(),))
-    sched = schedule(stage, n_microbatches=N, loss_fn=lambda out, target: out.sum())
-    if rank == 0:
-        sched.step(torch.randn(N * M, D, device="cuda"))
-    elif rank == world - 1:
-        sched.step(target=torch.randn(N * M, D, device="cuda"))
-    else:
-        sched.step()
-    keep.append(sched)
-"""
+PIPELINE = pipeline_step(D, H, MB, N)     # step(schedule): one stage per rank (tests/_predict_cases.py)
 
 
 def _real(schedule: str, S: int) -> dict:
@@ -263,27 +242,11 @@ def test_real_interleaved_schedules_wait_exactly_for_their_sender(schedule):
     """2 ranks x 2 stages (rank r runs stages r and r + 2), torch's interleaved schedules (zero bubble: input
     gradient "I" and weight gradient "W" apart): every action that waited starts exactly when its input
     arrived (its sender's end + one transfer, NVLink), and one that did not wait starts no earlier."""
-    r = run_child(PIPELINE + f"""
-from torch.distributed.pipelining import {schedule}
-def step_interleaved():
-    rank, world = dist.get_rank(), dist.get_world_size()
-    stages = []
-    for idx in (rank, rank + world):
-        mod = nn.Sequential(nn.Linear(D, H, bias=False), nn.ReLU(), nn.Linear(H, D, bias=False)).cuda()
-        example = torch.empty(M, D, device="meta")
-        stages.append(PipelineStage(mod, idx, 2 * world, torch.device("cuda"),
-                                    input_args=(example.clone().requires_grad_(idx > 0),),
-                                    output_args=(example.clone().requires_grad_(),)))
-    sched = {schedule}(stages, n_microbatches=N, loss_fn=lambda out, target: out.sum())
-    if rank == 0:
-        sched.step(torch.randn(N * M, D, device="cuda"))
-    else:
-        sched.step(target=torch.randn(N * M, D, device="cuda"))
-    keep.append(sched)
+    r = run_child(PIPELINE + interleaved_step(schedule) + """
 d = memlens.predict(step_interleaved, gpu="H100", world_size=2, cublas_workspaces=False, kernel_scratch=False)
 t = d.step_time()
-result = {{"errors": d.errors, "actions": {{r: x["pipeline_actions"] for r, x in t.items()}},
-          "steps": {{r: [x["step_ns"], x["pipeline_step_ns"], x["own_step_ns"], x["wait_ns"]] for r, x in t.items()}}}}
+result = {"errors": d.errors, "actions": {r: x["pipeline_actions"] for r, x in t.items()},
+          "steps": {r: [x["step_ns"], x["pipeline_step_ns"], x["own_step_ns"], x["wait_ns"]] for r, x in t.items()}}
 """)
     assert r["errors"] == {}
     from memlens.devicetime.gpus import gpu

@@ -2,6 +2,7 @@
 import pandas as pd
 import pytest
 
+from _predict_cases import FSDP_MLP, FSDP_SCRIPT_STEP, ROOT, run_child
 from memlens.devicetime.gpus import gpu
 from memlens.predict.distributed.steptime import collective_ns, schedule, step_time
 
@@ -74,48 +75,24 @@ def test_gpu_without_network_bandwidth_is_a_clear_error():
         collective_ns("all_gather", S, 16, custom)
 
 
-FSDP_STEP = r'''
-import sys, json
-sys.path.insert(0, %r)
-import memlens, torch
-import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
+    r = run_child(FSDP_MLP + """
 from memlens.predict.distributed.steptime import collective_ns
 def step():
-    model = nn.Sequential(nn.Linear(1000, 510), nn.ReLU(), nn.Linear(510, 7)).cuda()
-    for m in model:
-        if isinstance(m, nn.Linear):
-            fully_shard(m)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(16, 1000, device="cuda")).sum().backward()
-    opt.step()
+    fsdp_mlp_step()
 d = memlens.predict(step, gpu="H100", world_size=4)
 st = d.step_time()[0]
 tt = d.timed_trace(0)
 o = d.predictions[0].trace.ops
 coll = o[o.name.str.startswith("c10d::")]
-print("RESULT=" + json.dumps({
+result = {
     "names": sorted(coll.name.unique().tolist()),
     "comm_ns": st["comm_ns"], "step_ns": st["step_ns"], "compute_ns": st["compute_ns"],
     "exposed": st["exposed_comm_ns"], "n": st["collectives"],
     "compute_by_hand": int((o.end_ns - o.start_ns)[~o.name.str.startswith("c10d::")].sum()),
     "clock": tt.metadata["clock"], "tt_end": int(tt.ops.end_ns.max()),
-    "tt_streams": sorted(tt.ops.stream.unique().tolist())}))
-'''
-
-
-def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-c", FSDP_STEP % str(root)], capture_output=True, text=True,
-                          timeout=900, cwd=root)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT=")]
-    assert lines, proc.stderr[-3000:]
-    r = json.loads(lines[-1][7:])
+    "tt_streams": sorted(tt.ops.stream.unique().tolist())}
+""")
     # FSDP2 on 2 Linear groups + root: 4 all-gathers (forward, backward re-gather) and 2 reduce-scatters
     assert r["names"] == ["c10d::_allgather_base_", "c10d::_reduce_scatter_base_"] and r["n"] == 6
     # gathered / unreduced sizes: Linear(1000, 510) with bias padded to 4 x 128 rows x 1001 fp32, Linear(510, 7)
@@ -137,26 +114,17 @@ def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
     import subprocess
     import sys
     import textwrap
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[1]
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""
         import torch
         from torch.distributed.fsdp import fully_shard
         torch.distributed.init_process_group("nccl")
-        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
-        for m in model:
-            fully_shard(m)
-        fully_shard(model)
-        opt = torch.optim.AdamW(model.parameters())
-        model(torch.randn(32, 256, device="cuda")).sum().backward()
-        opt.step()
-    """))
+    """) + FSDP_SCRIPT_STEP)
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "memlens", "predict", "--gpu", "H100", *args, "--", "python",
-                               str(script)], capture_output=True, text=True, cwd=root, timeout=600,
-                              env={**os.environ, "PYTHONPATH": str(root)})
+                               str(script)], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     js = cli("--world-size", "4", "--ranks", "first", "--json")
     assert js.returncode == 0, js.stderr[-2000:]
     t = json.loads(js.stdout[js.stdout.index("{"):])["step_time"]["0"]

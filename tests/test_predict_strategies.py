@@ -2,13 +2,13 @@
 state checked against sharding arithmetic done by hand here (FSDP2 padded shards, DDP's full replica and bucket,
 ZeroRedundancyOptimizer's greedy partition), and activation checkpointing's saving computed by hand.
 
-Each prediction runs in a child process that imports memlens before torch (see tests/test_predict_distributed.py).
+Each prediction runs in a child process that imports memlens before torch (see tests/_predict_cases.py).
 """
 from __future__ import annotations
 
 import math
 
-from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import FSDP_SCRIPT_STEP, built_shim, run_child  # noqa: F401  (the shim fixture)
 
 WORLD = 4
 IN, HID, BLOCKS = 63, 510, 3        # 510 and 63 rows do not divide by 4: FSDP2 pads to ceil(rows / 4)
@@ -103,15 +103,7 @@ RANKS_SCRIPT = """
 import torch, torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 dist.init_process_group("nccl")
-model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256)).cuda()
-for m in model:
-    fully_shard(m)
-fully_shard(model)
-opt = torch.optim.AdamW(model.parameters())
-model(torch.randn(32, 256, device="cuda")).sum().backward()
-opt.step()
-dist.destroy_process_group()
-"""
+""" + FSDP_SCRIPT_STEP + "dist.destroy_process_group()\n"
 
 
 def test_cli_report_has_one_run_per_predicted_rank_with_the_predicted_peaks(tmp_path):
@@ -122,7 +114,7 @@ def test_cli_report_has_one_run_per_predicted_rank_with_the_predicted_peaks(tmp_
     import sys
 
     from memlens.units import format_bytes
-    from tests.test_predict_distributed import ROOT
+    from _predict_cases import ROOT
     script = tmp_path / "train.py"
     script.write_text(RANKS_SCRIPT)
     html_path = tmp_path / "ranks.html"

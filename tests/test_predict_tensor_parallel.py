@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_predict_distributed import built_shim, run_child  # noqa: F401  (the shim fixture)
+from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
 F32 = 4
 WORKSPACE = 32 * 1024 * 1024       # cuBLAS workspace torch allocates on Hopper for the first matmul (32 MiB)

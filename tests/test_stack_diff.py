@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 import memlens
+from _diff_refs import CS336, blocks_live_at_peak
 from memlens import Trace
 from memlens.cli import main
-from test_diff import CS336, _events_in_order
 
 
 def _stacks(frames_by_id: dict[int, list[tuple[str, str, int]]]) -> pd.DataFrame:
@@ -106,17 +106,8 @@ def _key_of(trace) -> dict[int, str]:
 
 def _peak_by_stack(trace, device) -> dict[str, int]:
     keys = _key_of(trace)
-    live, best, best_set, alive = 0, -1, {}, {}
-    for _, _, delta, row in _events_in_order(trace, device):
-        live += delta
-        if delta > 0:
-            alive[row.block_id] = row
-        else:
-            alive.pop(row.block_id, None)
-        if live > best:
-            best, best_set = live, dict(alive)
     out = Counter()
-    for row in best_set.values():
+    for row in blocks_live_at_peak(trace, device)[1]:
         key = "" if pd.isna(row.stack_id) else keys.get(int(row.stack_id), "")
         out[key or "(site)"] += row.size
     return dict(out)

@@ -24,6 +24,8 @@ import sysconfig
 import tempfile
 import threading
 
+from memlens.buildcache import cache_root
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCE = os.path.join(_HERE, "stream_walk.cpp")
 # included by stream_walk.cpp (one translation unit): part of the cache key
@@ -58,11 +60,9 @@ def _library_path() -> str:
         with open(source, "rb") as f:
             sha.update(f.read())
     digest = hashlib.sha256(sha.digest() + repr(_flags()).encode()).hexdigest()[:12]
-    root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
     tag = f"stream_walk-{sys.implementation.cache_tag}-{digest}"
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-    return os.path.join(root, tag, _NAME + suffix)
+    return os.path.join(cache_root(), tag, _NAME + suffix)
 
 
 def _build(path: str) -> None:

@@ -17,6 +17,7 @@ import shutil
 import sys
 import threading
 
+from memlens.buildcache import cache_root
 from memlens.buildlock import LOCK_NAME, build_lock
 from memlens.buildprogress import build_progress, needs_build
 
@@ -48,9 +49,7 @@ def build_dir() -> str:
             sha.update(f.read())
     digest = hashlib.sha256(sha.digest() + repr(_CFLAGS).encode()).hexdigest()[:12]
     tag = f"torch{torch.__version__.replace('+', '_')}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
-    root = os.environ.get("MEMLENS_BUILD_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "memlens")
-    return os.path.join(root, tag)
+    return os.path.join(cache_root(), tag)
 
 
 def load(verbose: bool = False):
