@@ -33,7 +33,7 @@ class CompiledDrain:
         self.signatures = list(d["sigs"])
         self.devices = list(d["devices"])
         self.tensors_without_storage += int(d["tensors_without_storage"])
-        self.recorder_bytes = int(d["peak_bytes"])
+        self.recorder_bytes = self._drained_peak = int(d["peak_bytes"])
         self.spilled_bytes = int(d["spilled_bytes"])
         self.recorder_parts = dict(d["parts"])
         self.memory_note = d["memory_note"]
