@@ -328,3 +328,43 @@ def test_one_spill_directory_per_process(monkeypatch):
     assert third not in (first, second) and os.path.isdir(third) and len(registered) == 3
     for path in (second, third):
         shutil.rmtree(path)
+
+
+def _op_records(dstart, dur, sig, nacc):
+    from memlens.record.compiled_drain import OP_DTYPE
+    ops = np.zeros(len(dstart), dtype=OP_DTYPE)
+    ops["dstart"], ops["dur"] = dstart, dur
+    ops["sig_nacc"] = (np.asarray(sig) << 8) | np.asarray(nacc)
+    return ops
+
+
+def test_decoded_op_times_with_and_without_escaped_records():
+    """The C++ op records hold start deltas; an op whose start, duration, access count or signature does
+    not fit its 16 bytes has a wide record (kind 0..3) that overrides it. Worked by hand."""
+    from memlens.record.compiled_drain import CTX_DTYPE, WIDE_DTYPE, CompiledDrain
+    ops = _op_records([0, 10, 5, 7], [3, 4, 5, 6], [1, 2, 3, 4], [1, 0, 2, 1])
+    ctxs = np.array([(0, 4), (2, 8), (2, 12)], dtype=CTX_DTYPE)      # the last change at an op wins
+    no_wide = np.zeros(0, dtype=WIDE_DTYPE)
+    start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, no_wide, ctxs, 1000)
+    assert start.tolist() == [1000, 1010, 1015, 1022] and end.tolist() == [1003, 1014, 1020, 1028]
+    assert sig.tolist() == [1, 2, 3, 4] and nacc.tolist() == [1, 0, 2, 1] and ctx.tolist() == [4, 4, 12, 12]
+    wide = np.array([(2, 0, 5000), (1, 1, 10 ** 10), (3, 2, 300), (0, 3, 70000)], dtype=WIDE_DTYPE)
+    start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, wide, ctxs, 1000)
+    # op 2 starts at its absolute 5000 and op 3 follows it by its own delta (7)
+    assert start.tolist() == [1000, 1010, 5000, 5007]
+    assert end.tolist() == [1003, 1010 + 10 ** 10, 5005, 5013]
+    assert sig.tolist() == [70000, 2, 3, 4] and nacc.tolist() == [1, 0, 2, 300]
+    start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, wide, np.zeros(0, dtype=CTX_DTYPE), 1000)
+    assert ctx.tolist() == [0, 0, 0, 0]
+
+
+def test_backward_ops_take_the_module_of_the_first_forward_op_of_their_node():
+    """Forward ops read the autograd counter after their node was made: node s belongs to the first
+    forward op reading s + 1; backward ops hold -2 - s. Worked by hand."""
+    from memlens.record.build import _backward_modules
+    module_idx = np.array([5, 6, 7, 8, 0, 0, 0], dtype=np.int64)
+    aseq = np.array([3, 3, 4, 4, -2 - 2, -2 - 3, -2 - 9], dtype=np.int64)   # nodes 2, 3 and an unknown 9
+    backward = aseq < 0
+    out = _backward_modules(module_idx, aseq, backward)
+    # node 2 -> first forward reading 3 is op 0 (module 5); node 3 -> first reading 4 is op 2 (module 7)
+    assert out.tolist() == [5, 6, 7, 8, 5, 7, 0]
