@@ -334,7 +334,7 @@ def _op_records(dstart, dur, sig, nacc):
     from memlens.record.compiled_drain import OP_DTYPE
     ops = np.zeros(len(dstart), dtype=OP_DTYPE)
     ops["dstart"], ops["dur"] = dstart, dur
-    ops["sig_nacc"] = (np.asarray(sig) << 8) | np.asarray(nacc)
+    ops["sig_nacc"] = (np.asarray(sig, dtype=np.int64) << 8) | np.asarray(nacc, dtype=np.int64)
     return ops
 
 
@@ -346,6 +346,7 @@ def test_decoded_op_times_with_and_without_escaped_records():
     ctxs = np.array([(0, 4), (2, 8), (2, 12)], dtype=CTX_DTYPE)      # the last change at an op wins
     no_wide = np.zeros(0, dtype=WIDE_DTYPE)
     start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, no_wide, ctxs, 1000)
+    assert all(a.dtype == np.int64 for a in (start, end, sig, nacc, ctx))
     assert start.tolist() == [1000, 1010, 1015, 1022] and end.tolist() == [1003, 1014, 1020, 1028]
     assert sig.tolist() == [1, 2, 3, 4] and nacc.tolist() == [1, 0, 2, 1] and ctx.tolist() == [4, 4, 12, 12]
     wide = np.array([(2, 0, 5000), (1, 1, 10 ** 10), (3, 2, 300), (0, 3, 70000)], dtype=WIDE_DTYPE)
@@ -354,8 +355,16 @@ def test_decoded_op_times_with_and_without_escaped_records():
     assert start.tolist() == [1000, 1010, 5000, 5007]
     assert end.tolist() == [1003, 1010 + 10 ** 10, 5005, 5013]
     assert sig.tolist() == [70000, 2, 3, 4] and nacc.tolist() == [1, 0, 2, 300]
+    assert all(a.dtype == np.int64 for a in (start, end, sig, nacc, ctx))
+    # one wide record only, the first op's absolute start; the context set from op 1 on (op 0 has none)
+    one = np.array([(0, 0, 7000)], dtype=WIDE_DTYPE)
+    start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, one, np.array([(1, 8)], dtype=CTX_DTYPE), 1000)
+    assert start.tolist() == [7000, 7010, 7015, 7022] and end.tolist() == [7003, 7014, 7020, 7028]
+    assert ctx.tolist() == [0, 8, 8, 8] and ctx.dtype == np.int64
     start, end, sig, nacc, ctx = CompiledDrain._decode_ops(ops, wide, np.zeros(0, dtype=CTX_DTYPE), 1000)
-    assert ctx.tolist() == [0, 0, 0, 0]
+    assert ctx.tolist() == [0, 0, 0, 0] and ctx.dtype == np.int64
+    empty = CompiledDrain._decode_ops(_op_records([], [], [], []), wide[:0], ctxs[:0], 1000)
+    assert all(len(a) == 0 and a.dtype == np.int64 for a in empty)
 
 
 def test_backward_ops_take_the_module_of_the_first_forward_op_of_their_node():
@@ -368,3 +377,23 @@ def test_backward_ops_take_the_module_of_the_first_forward_op_of_their_node():
     out = _backward_modules(module_idx, aseq, backward)
     # node 2 -> first forward reading 3 is op 0 (module 5); node 3 -> first reading 4 is op 2 (module 7)
     assert out.tolist() == [5, 6, 7, 8, 5, 7, 0]
+
+
+def test_backward_module_mapping_matches_a_brute_force_reference():
+    """Many forward ops share counter values (a sort that is not stable would pick a later one), and the
+    one-forward-op / one-backward-op edges."""
+    from memlens.record.build import _backward_modules
+    rng = np.random.default_rng(7)
+    n_fwd, n_bwd = 400, 150
+    fwd_seq = rng.integers(0, 40, n_fwd)       # (in op order counters grow; any order keeps the rule)
+    module_idx = np.concatenate([rng.integers(1, 1000, n_fwd), np.zeros(n_bwd, np.int64)])
+    nodes = rng.integers(-1, 45, n_bwd)
+    aseq = np.concatenate([fwd_seq, -2 - nodes])
+    expected = module_idx.copy()
+    for j, node in enumerate(nodes):                            # the first forward op reading node + 1
+        hits = [i for i in range(n_fwd) if fwd_seq[i] == node + 1]
+        if hits:
+            expected[n_fwd + j] = module_idx[hits[0]]
+    assert _backward_modules(module_idx, aseq, aseq < 0).tolist() == expected.tolist()
+    one = _backward_modules(np.array([9, 0]), np.array([1, -2]), np.array([False, True]))
+    assert one.tolist() == [9, 9]                               # node 0 -> the forward op reading 1

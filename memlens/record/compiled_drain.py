@@ -130,12 +130,11 @@ class CompiledDrain:
             w = wide[wide["kind"] == 0]
             absolute[w["op"]] = w["value"]
             escaped = absolute != _NO_START
-            d[escaped] = 0
             cs = np.cumsum(d)
-            # start[j] = offset + cs[j], the offset reset at each escaped (absolute) start
-            offset_at = np.where(escaped, absolute - cs, first_start)
-            last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1)) if n else np.empty(0, np.int64)
-            offset = np.where(last >= 0, offset_at[np.maximum(last, 0)], first_start)
+            # start[j] = absolute start of the last escaped op i <= j, plus the deltas after it (cs[j] - cs[i]);
+            # first_start + cs[j] before any escaped op
+            last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1))
+            offset = np.where(last >= 0, (absolute - cs)[np.maximum(last, 0)], first_start)
             start = offset + cs
         ctx = np.zeros(n, dtype=np.int64)
         if len(ctxs) and n:
