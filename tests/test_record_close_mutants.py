@@ -397,3 +397,21 @@ def test_backward_module_mapping_matches_a_brute_force_reference():
     assert _backward_modules(module_idx, aseq, aseq < 0).tolist() == expected.tolist()
     one = _backward_modules(np.array([9, 0]), np.array([1, -2]), np.array([False, True]))
     assert one.tolist() == [9, 9]                               # node 0 -> the forward op reading 1
+
+
+def test_signature_words_decode_to_each_tagged_value():
+    """recorder.cpp writes a signature as int64 words: the op-name number, tagged inputs, '|', tagged
+    outputs. Built by hand: every tag, a nested list, a double's bits, an unknown tag and a 0-d output."""
+    import struct
+
+    from memlens.record.compiled_signatures import decode_signature
+    o = ord
+    bits = struct.unpack("<q", struct.pack("<d", -2.5))[0]
+    words = [1, o("T"), 6, 2, 3, 4, o("T"), 6, -1, o("L"), 2, o("I"), 5, o("N"), o("W"), 7, o("D"), bits,
+             o("B"), 1, o("B"), 0, o("X"), o("|"), o("T"), 15, 0, o("I"), -3]
+    name, inputs, outputs = decode_signature(struct.pack(f"<{len(words)}q", *words), ["aten::a", "aten::b"])
+    assert name == "aten::b"
+    assert inputs == [("tensor", 6, (3, 4)), ("tensor", 6, None), [5, None], ("scalar", 7), -2.5, True, False, "?"]
+    assert outputs == [("tensor", 15, ()), -3]
+    assert type(inputs[0][2][0]) is int and type(inputs[4]) is float and type(inputs[5]) is bool
+    assert decode_signature(struct.pack("<q", 0), ["aten::a"]) == ("aten::a", [], [])
