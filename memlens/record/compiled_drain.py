@@ -25,11 +25,11 @@ class CompiledDrain:
     `_drain_stacks` with what the C++ recording hands over)."""
 
     def _drain(self, d: dict) -> None:
-        ops = np.frombuffer(d["ops"], dtype=np.uint8).view(OP_DTYPE)
-        acc = np.frombuffer(d["accesses"], dtype=np.uint8).view("<i4").astype(np.int64)
-        blocks = np.frombuffer(d["blocks"], dtype=np.uint8).view(BLOCK_DTYPE)
-        frees = np.frombuffer(d["frees"], dtype=np.uint8).view(FREE_DTYPE)
-        mem = np.frombuffer(d["memory"], dtype=np.uint8).view(MEM_DTYPE)
+        ops = np.frombuffer(d["ops"], dtype=OP_DTYPE)
+        acc = np.frombuffer(d["accesses"], dtype="<i4").astype(np.int64)
+        blocks = np.frombuffer(d["blocks"], dtype=BLOCK_DTYPE)
+        frees = np.frombuffer(d["frees"], dtype=FREE_DTYPE)
+        mem = np.frombuffer(d["memory"], dtype=MEM_DTYPE)
         self.op_names = list(d["op_names"])
         self.signatures = list(d["sigs"])
         self.devices = list(d["devices"])
@@ -45,8 +45,8 @@ class CompiledDrain:
         if d["stop_reason"] and not self.stop_reason:
             self.stop_reason = d["stop_reason"]
         n = len(ops)
-        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=np.uint8).view(WIDE_DTYPE),
-                               np.frombuffer(d["ctx"], dtype=np.uint8).view(CTX_DTYPE), int(d["first_start"]))
+        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=WIDE_DTYPE),
+                               np.frombuffer(d["ctx"], dtype=CTX_DTYPE), int(d["first_start"]))
         start, end, sig, nacc, ctx = raw
         sig_name = np.asarray([int.from_bytes(s[:8], "little", signed=True) for s in self.signatures],
                               dtype=np.int64)
