@@ -195,7 +195,7 @@ class CompiledSession(CompiledDrain, Session):
             # the C++ side opens a spill file only when a budget check finds it over `max_bytes`, after
             # raising its peak to that use: a drained peak within the budget means no file exists (a
             # directory listing per close saved); before a drain (or after a failed one) always look
-            if self._drained_peak is None or self._drained_peak > self.buf.max_bytes or self.spilled_bytes:
+            if self._drained_peak is None or self._drained_peak > self.buf.max_bytes:
                 remove_spill_files(self._spill_dir)
             self._spill_dir = None
 
