@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from memlens.record.instruments import AllocatorData
 from memlens.record.join import MATCH_TOLERANCE_NS, join_allocator
@@ -415,3 +416,42 @@ def test_signature_words_decode_to_each_tagged_value():
     assert outputs == [("tensor", 15, ()), -3]
     assert type(inputs[0][2][0]) is int and type(inputs[4]) is float and type(inputs[5]) is bool
     assert decode_signature(struct.pack("<q", 0), ["aten::a"]) == ("aten::a", [], [])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sort_based_unique_helpers_equal_numpy_unique(seed):
+    """`first_occurrences` / `dense_rank` replace `np.unique(return_index / return_inverse)` in the close:
+    the same arrays, on repeated values, one value, and no values."""
+    from memlens.record.columns import dense_rank, first_occurrences
+    rng = np.random.default_rng(seed)
+    for values in (rng.integers(-5, 5, 300), rng.integers(0, 10 ** 12, 50), np.full(7, 3), np.empty(0, np.int64)):
+        values = values.astype(np.int64)
+        distinct, first = first_occurrences(values)
+        expected_distinct, expected_first = np.unique(values, return_index=True)
+        np.testing.assert_array_equal(distinct, expected_distinct)
+        np.testing.assert_array_equal(first, expected_first)
+        rank, n = dense_rank(values)
+        keys, inverse = np.unique(values, return_inverse=True)
+        np.testing.assert_array_equal(rank, inverse.reshape(-1))
+        assert n == len(keys) and rank.dtype == np.int64
+
+
+def test_factorize_fast_path_equals_pandas():
+    """One string device takes a path without pandas; everything else is pandas' own answer."""
+    import pandas as pd
+
+    from memlens.record.join import _factorize
+    cases = [np.array(["cpu"] * 5, dtype=object), np.array(["cuda:0", "cpu", "cuda:0"], dtype=object),
+             np.array([None, "cpu", None], dtype=object), np.array([np.nan, np.nan], dtype=object),
+             np.array([3, 3], dtype=object), np.empty(0, dtype=object)]
+    for values in cases:
+        for sentinel in (True, False):
+            codes, uniques = _factorize(values, use_na_sentinel=sentinel)
+            expected_codes, expected_uniques = pd.factorize(values, use_na_sentinel=sentinel)
+            np.testing.assert_array_equal(codes, expected_codes)
+            assert codes.dtype == np.int64
+            def spelled(values):
+                return [("<missing>" if pd.isna(v) else v) for v in values]
+            assert spelled(uniques) == spelled(expected_uniques)
+    codes, uniques = _factorize(np.array(["cpu"] * 3, dtype=object), use_na_sentinel=True)
+    assert codes.tolist() == [0, 0, 0] and uniques.tolist() == ["cpu"]

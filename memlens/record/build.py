@@ -17,7 +17,7 @@ import numpy as np
 
 from memlens.record.attribution import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
                                         MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER)
-from memlens.record.columns import Columns, Nullable, objects
+from memlens.record.columns import Columns, Nullable, first_occurrences, objects
 from memlens.record.session import Session
 
 _MARK_CATEGORY = {
@@ -92,13 +92,7 @@ def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.nda
     bwd = np.flatnonzero(backward)
     if len(fwd) == 0 or len(bwd) == 0:
         return out
-    # each distinct counter value and the first forward op that read it (np.unique's return_index, as a
-    # stable sort: a third of its call cost on a one-step recording)
-    order = np.argsort(aseq[fwd], kind="stable")
-    ordered = aseq[fwd][order]
-    head = np.ones(len(ordered), dtype=bool)
-    head[1:] = ordered[1:] != ordered[:-1]
-    values, first = ordered[head], order[head]
+    values, first = first_occurrences(aseq[fwd])     # each counter value and the first forward op reading it
     node = -2 - aseq[bwd]
     pos = np.searchsorted(values, node + 1)
     pos_ok = pos < len(values)
