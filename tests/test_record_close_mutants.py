@@ -455,3 +455,24 @@ def test_factorize_fast_path_equals_pandas():
             assert spelled(uniques) == spelled(expected_uniques)
     codes, uniques = _factorize(np.array(["cpu"] * 3, dtype=object), use_na_sentinel=True)
     assert codes.tolist() == [0, 0, 0] and uniques.tolist() == ["cpu"]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 51])
+def test_clock_offset_is_the_median_distance_outside_the_ops(n):
+    """estimate_offset = int(np.median(distance of each matched allocation outside its op's interval)),
+    odd and even counts (the mean of the middle two, truncated toward zero), against numpy's median."""
+    from memlens.record.columns import Columns, Nullable
+    from memlens.record.join import estimate_offset
+    rng = np.random.default_rng(n)
+    starts = np.sort(rng.integers(0, 10 ** 9, n))
+    ops = Columns(n, {"start_ns": starts, "end_ns": starts + rng.integers(0, 1000, n)})
+    op = rng.permutation(n)
+    blocks = Columns(n, {"alloc_op_id": Nullable.of(op)})
+    alloc_t = starts[op] + rng.integers(-5000, 5001, n)          # before, inside or after each op
+    rows = np.arange(n)
+    distance = alloc_t - np.clip(alloc_t, starts[op], ops["end_ns"][op])
+    assert estimate_offset(blocks, ops, alloc_t, rows) == int(np.median(distance))
+    if n == 2:   # two distances, -1 and -2: their mean -1.5 truncates toward zero, to -1
+        ops2 = Columns(4, {"start_ns": np.zeros(4, np.int64), "end_ns": np.full(4, 10)})
+        blocks2 = Columns(4, {"alloc_op_id": Nullable.of(np.array([0, 1, 2, 3]))})
+        assert estimate_offset(blocks2, ops2, np.array([-1, -2, 5, 5]), np.array([0, 1, -1, -1])) == -1
