@@ -155,6 +155,29 @@ def test_a_recording_that_spills_leaves_no_files(monkeypatch):
     assert all(not n.endswith((".t0", ".mem", ".frees", ".blocks", ".ctx")) for n in os.listdir(directory))
 
 
+def test_spill_files_are_looked_for_only_when_the_recording_went_over_its_budget(monkeypatch):
+    """A spill file exists only after the C++ side found the recording over its byte budget: a recording
+    whose drained peak stays within it skips the directory listing; one over it (or not drained) looks."""
+    from memlens.record import compiled, native
+    if not native.available():
+        pytest.skip("compiled recorder does not build here")
+    looked = []
+    real = compiled.remove_spill_files
+    monkeypatch.setattr(compiled, "remove_spill_files", lambda prefix: (looked.append(prefix), real(prefix)))
+    x = torch.randn(8, 8)
+    with memlens.record(backend="compiled") as rec:
+        (x + 1).relu()
+    assert rec.trace.metadata["recorder_bytes"] <= rec.max_buffer_bytes and looked == []
+    with memlens.record(backend="compiled", max_buffer_bytes=4096) as rec:
+        for _ in range(400):
+            x = (x + 1).relu()
+    assert rec.trace.metadata["recorder_bytes"] > 4096 and len(looked) == 1
+    session = compiled.CompiledSession(native=native.load(), model=None)
+    session._spill_dir = "/nonexistent-memlens-dir/rec0"       # never drained: the files are looked for
+    session._remove_spill_dir()
+    assert looked[-1] == "/nonexistent-memlens-dir/rec0" and session._spill_dir is None
+
+
 def test_column_labels_are_shared_per_table_shape():
     a = _table().to_frame({"block_id": "int64"})
     b = _table().to_frame({"block_id": "int64"})

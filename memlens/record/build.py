@@ -17,7 +17,7 @@ import numpy as np
 
 from memlens.record.attribution import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
                                         MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER)
-from memlens.record.columns import Columns, Nullable, objects
+from memlens.record.columns import Columns, Nullable, first_occurrences, objects
 from memlens.record.session import Session
 
 _MARK_CATEGORY = {
@@ -92,7 +92,7 @@ def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.nda
     bwd = np.flatnonzero(backward)
     if len(fwd) == 0 or len(bwd) == 0:
         return out
-    values, first = np.unique(aseq[fwd], return_index=True)
+    values, first = first_occurrences(aseq[fwd])     # each counter value and the first forward op reading it
     node = -2 - aseq[bwd]
     pos = np.searchsorted(values, node + 1)
     pos_ok = pos < len(values)
@@ -157,7 +157,7 @@ def build_blocks(session: Session, ops: Columns, op_module_idx: np.ndarray) -> C
     free_ns = Nullable.of(np.where(free_t >= 0, free_t - t0, 0), free_t < 0)
     n_ops = len(ops)
     made_here = ~before & (alloc_op < n_ops)
-    safe_op = np.clip(alloc_op, 0, max(n_ops - 1, 0))
+    safe_op = np.minimum(np.maximum(alloc_op, 0), max(n_ops - 1, 0))   # (np.clip: ~3x the call cost)
     names, phases = ops["name"], ops["phase"]
     op_name = objects(np.where(made_here, names[safe_op] if n_ops else "", ""))
     module_idx = np.where(made_here, op_module_idx[safe_op] if n_ops else 0, 0)
@@ -240,7 +240,7 @@ def refine_autograd_seeds(blocks: Columns, accesses: Columns, ops: Columns) -> C
     # each access's candidate block row (block ids are unique); -1 where its block is no candidate
     order = np.argsort(bid, kind="stable")
     acc_bid = accesses["block_id"]
-    pos = np.clip(np.searchsorted(bid[order], acc_bid), 0, len(bid) - 1)
+    pos = np.minimum(np.searchsorted(bid[order], acc_bid), len(bid) - 1)
     row = np.where(bid[order][pos] == acc_bid, order[pos], -1)
     acc_op = accesses["op_id"]
     keep = (row >= 0) & cand[np.maximum(row, 0)] & (acc_op != made_by[np.maximum(row, 0)])
@@ -254,7 +254,7 @@ def refine_autograd_seeds(blocks: Columns, accesses: Columns, ops: Columns) -> C
     first = first[head]
     op_ids = ops["op_id"]
     phases = ops["phase"]
-    at = np.clip(np.searchsorted(op_ids, acc_op[first]), 0, max(len(op_ids) - 1, 0))
+    at = np.minimum(np.searchsorted(op_ids, acc_op[first]), max(len(op_ids) - 1, 0))
     found = (op_ids[at] == acc_op[first]) if len(op_ids) else np.zeros(len(first), bool)
     seed_rows = row[first][found & (phases[at] == "backward" if len(op_ids) else found)]
     if len(seed_rows) == 0:

@@ -52,6 +52,7 @@ class CompiledSession(CompiledDrain, Session):
         self.recorder_bytes = 0
         self.spilled_bytes = 0
         self._spill_dir = None
+        self._drained_peak = None     # the C++ recording's peak bytes, once drained
         self._own0 = 0
         self._module_hooks: list = []      # torch hook handles of the C++ module hooks
         self.own_ns = 0                    # the recorder's own time subtracted from this thread's clock
@@ -191,7 +192,11 @@ class CompiledSession(CompiledDrain, Session):
 
     def _remove_spill_dir(self) -> None:
         if self._spill_dir:
-            remove_spill_files(self._spill_dir)
+            # the C++ side opens a spill file only when a budget check finds it over `max_bytes`, after
+            # raising its peak to that use: a drained peak within the budget means no file exists (a
+            # directory listing per close saved); before a drain (or after a failed one) always look
+            if self._drained_peak is None or self._drained_peak > self.buf.max_bytes:
+                remove_spill_files(self._spill_dir)
             self._spill_dir = None
 
     # ---- hooks: the Python part of the recorder's own time ----------------------------------

@@ -13,6 +13,7 @@ WIDE_DTYPE = np.dtype([("op", "<i8"), ("kind", "<i8"), ("value", "<i8")])
 CTX_DTYPE = np.dtype([("op", "<i8"), ("ctx", "<i8")])
 BLOCK_DTYPE = np.dtype([("ptr", "<i8"), ("size_dev", "<i8"), ("op_before", "<u4"), ("alloc_dt", "<u4")])
 _U32_MAX = (1 << 32) - 1
+_NO_START = np.iinfo(np.int64).min    # an op with no escaped (absolute) start
 FREE_DTYPE = np.dtype([("t", "<i8"), ("block", "<i4")])
 MEM_DTYPE = np.dtype([("t", "<i8"), ("ptr", "<i8"), ("delta_dev", "<i8")])
 _NATIVE_SEQ_CAP = 1 << 30       # recorder.cpp caps backward node numbers here (int32 records)
@@ -24,16 +25,16 @@ class CompiledDrain:
     `_drain_stacks` with what the C++ recording hands over)."""
 
     def _drain(self, d: dict) -> None:
-        ops = np.frombuffer(d["ops"], dtype=np.uint8).view(OP_DTYPE)
-        acc = np.frombuffer(d["accesses"], dtype=np.uint8).view("<i4").astype(np.int64)
-        blocks = np.frombuffer(d["blocks"], dtype=np.uint8).view(BLOCK_DTYPE)
-        frees = np.frombuffer(d["frees"], dtype=np.uint8).view(FREE_DTYPE)
-        mem = np.frombuffer(d["memory"], dtype=np.uint8).view(MEM_DTYPE)
+        ops = np.frombuffer(d["ops"], dtype=OP_DTYPE)
+        acc = np.frombuffer(d["accesses"], dtype="<i4").astype(np.int64)
+        blocks = np.frombuffer(d["blocks"], dtype=BLOCK_DTYPE)
+        frees = np.frombuffer(d["frees"], dtype=FREE_DTYPE)
+        mem = np.frombuffer(d["memory"], dtype=MEM_DTYPE)
         self.op_names = list(d["op_names"])
         self.signatures = list(d["sigs"])
         self.devices = list(d["devices"])
         self.tensors_without_storage += int(d["tensors_without_storage"])
-        self.recorder_bytes = int(d["peak_bytes"])
+        self.recorder_bytes = self._drained_peak = int(d["peak_bytes"])
         self.spilled_bytes = int(d["spilled_bytes"])
         self.recorder_parts = dict(d["parts"])
         self.memory_note = d["memory_note"]
@@ -44,8 +45,8 @@ class CompiledDrain:
         if d["stop_reason"] and not self.stop_reason:
             self.stop_reason = d["stop_reason"]
         n = len(ops)
-        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=np.uint8).view(WIDE_DTYPE),
-                               np.frombuffer(d["ctx"], dtype=np.uint8).view(CTX_DTYPE), int(d["first_start"]))
+        raw = self._decode_ops(ops, np.frombuffer(d["wide"], dtype=WIDE_DTYPE),
+                               np.frombuffer(d["ctx"], dtype=CTX_DTYPE), int(d["first_start"]))
         start, end, sig, nacc, ctx = raw
         sig_name = np.asarray([int.from_bytes(s[:8], "little", signed=True) for s in self.signatures],
                               dtype=np.int64)
@@ -66,7 +67,7 @@ class CompiledDrain:
         dev = blocks["size_dev"] >> 48
         before = (blocks["op_before"] >> 31).astype(np.int64)
         op = (blocks["op_before"] & 0x7FFFFFFF).astype(np.int64)
-        safe = np.clip(op, 0, max(n - 1, 0))
+        safe = np.minimum(np.maximum(op, 0), max(n - 1, 0))   # (np.clip: ~3x the call cost)
         made_t = np.where((before == 0) & (op < n), start[safe] if n else -1, -1)
         claimed = blocks["alloc_dt"] != _U32_MAX
         self._block_cols = {"ptr": blocks["ptr"], "size": size, "dev": dev, "claimed": claimed,
@@ -119,25 +120,27 @@ class CompiledDrain:
         dur = ops["dur"].astype(np.int64)
         sig = (ops["sig_nacc"] >> 8).astype(np.int64)
         nacc = (ops["sig_nacc"] & 0xFF).astype(np.int64)
-        absolute = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
-        for kind, target in ((1, dur), (2, nacc), (3, sig)):
-            w = wide[wide["kind"] == kind]
-            target[w["op"]] = w["value"]
-        w = wide[wide["kind"] == 0]
-        absolute[w["op"]] = w["value"]
-        escaped = absolute != np.iinfo(np.int64).min
-        d[escaped] = 0
-        cs = np.cumsum(d)
-        # start[j] = offset + cs[j], the offset reset at each escaped (absolute) start
-        offset_at = np.where(escaped, absolute - cs, first_start)
-        last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1)) if n else np.empty(0, np.int64)
-        offset = np.where(last >= 0, offset_at[np.clip(last, 0, None)], first_start)
-        start = offset + cs
+        if len(wide) == 0:       # nothing escaped the 16-byte records (the usual short recording)
+            start = first_start + np.cumsum(d)
+        else:
+            for kind, target in ((1, dur), (2, nacc), (3, sig)):
+                w = wide[wide["kind"] == kind]
+                target[w["op"]] = w["value"]
+            absolute = np.full(n, _NO_START, dtype=np.int64)
+            w = wide[wide["kind"] == 0]
+            absolute[w["op"]] = w["value"]
+            escaped = absolute != _NO_START
+            cs = np.cumsum(d)
+            # start[j] = absolute start of the last escaped op i <= j, plus the deltas after it (cs[j] - cs[i]);
+            # first_start + cs[j] before any escaped op
+            last = np.maximum.accumulate(np.where(escaped, np.arange(n), -1))
+            offset = np.where(last >= 0, (absolute - cs)[np.maximum(last, 0)], first_start)
+            start = offset + cs
         ctx = np.zeros(n, dtype=np.int64)
         if len(ctxs) and n:
             # a change recorded when `op` ops existed applies from op `op` on (the last one wins)
             at = np.searchsorted(ctxs["op"], np.arange(n), side="right") - 1
-            ctx = np.where(at >= 0, ctxs["ctx"][np.clip(at, 0, None)], 0)
+            ctx = np.where(at >= 0, ctxs["ctx"][np.maximum(at, 0)], 0)
         return start, start + dur, sig, nacc, ctx
 
     @staticmethod

@@ -7,7 +7,7 @@ schema's keyword-only arguments go back to keywords, as a Python call passes the
 """
 from __future__ import annotations
 
-import numpy as np
+import struct
 
 from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES
 from memlens.opfacts.flops import resolve_op
@@ -110,41 +110,45 @@ def _without_floats(value):
     return value
 
 
+_T, _L, _W, _I, _D, _B, _N, _BAR = (ord(c) for c in "TLWIDBN|")
+_WORD, _DOUBLE = struct.Struct("<q"), struct.Struct("<d")
+
+
 def decode_signature(raw: bytes, op_names: list) -> tuple:
     """Decode one signature from recorder.cpp into (op name, inputs, outputs)."""
-    words = np.frombuffer(raw, dtype="<i8")
+    # Python ints, not numpy scalars: a signature is tens of words read one by one (~3x faster)
+    words = struct.unpack(f"<{len(raw) // 8}q", raw)
 
     def read(w, i):
-        tag = int(w[i])
-        if tag == ord("T"):
-            dtype = int(w[i + 1])
-            ndim = int(w[i + 2])
+        tag = w[i]
+        if tag == _T:
+            dtype, ndim = w[i + 1], w[i + 2]
             if ndim < 0:
                 return ("tensor", dtype, None), i + 3
-            return ("tensor", dtype, tuple(int(x) for x in w[i + 3:i + 3 + ndim])), i + 3 + ndim
-        if tag == ord("L"):
-            k = int(w[i + 1])
+            return ("tensor", dtype, w[i + 3:i + 3 + ndim]), i + 3 + ndim
+        if tag == _L:
+            k = w[i + 1]
             items, j = [], i + 2
             for _ in range(k):
                 item, j = read(w, j)
                 items.append(item)
             return items, j
-        if tag == ord("W"):       # a Python number wrapped as a 0-d tensor by the binding
-            return ("scalar", int(w[i + 1])), i + 2
-        if tag == ord("I"):
-            return int(w[i + 1]), i + 2
-        if tag == ord("D"):
-            return float(np.frombuffer(np.int64(w[i + 1]).tobytes(), "<f8")[0]), i + 2
-        if tag == ord("B"):
+        if tag == _W:       # a Python number wrapped as a 0-d tensor by the binding
+            return ("scalar", w[i + 1]), i + 2
+        if tag == _I:
+            return w[i + 1], i + 2
+        if tag == _D:       # the double's bits, stored in an int64 word
+            return _DOUBLE.unpack(_WORD.pack(w[i + 1]))[0], i + 2
+        if tag == _B:
             return bool(w[i + 1]), i + 2
-        if tag == ord("N"):
+        if tag == _N:
             return None, i + 1
         return "?", i + 1
 
-    name = op_names[int(words[0])]
+    name = op_names[words[0]]
     inputs, outputs, i, side = [], [], 1, 0
     while i < len(words):
-        if side == 0 and int(words[i]) == ord("|"):
+        if side == 0 and words[i] == _BAR:
             side, i = 1, i + 1
             continue
         item, i = read(words, i)

@@ -1,0 +1,164 @@
+"""Where a one-step recording's close goes: the exit of `memlens.record` (compiled recorder) split into its parts.
+
+`recorder_overhead.py` times the whole block and the close (exit until `rec.trace` is usable); this splits the
+close of the same GPT and CNN training steps into its stages, each timed around its own call (wall ns, the
+median over `--rounds` recordings after `--warmup` ones, each right after its step, so caches are as cold as a
+user's close finds them):
+
+    stop + drain     hooks removed, the C++ records decoded into int64 streams (compiled_drain)
+    build            ops, accesses and blocks tables from the streams (record/build.py)
+    finish           autograd seeds, the allocator join (record/join.py), metadata (record/assemble.py)
+      of which join  `join_allocator`
+    frames           the three DataFrames and the event order (`trace_of_columns`)
+    close            the whole exit, timed around `Recorder.__exit__`
+
+Also printed: the same parts warm (the same recording's state assembled again and again, minimum of 5 x 50),
+which is what the code costs without the step's cache pollution, and the floor of the frames: the three
+tables' `to_frame` alone. The parts are timed by wrapping the stage functions (a ~1 us wrapper per call).
+
+    .venv/bin/python benchmarks/recorder_close_parts.py [--workload gpt|cnn|both] [--rounds 30] [--warmup 10]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import timeit
+
+import torch
+
+import memlens
+from memlens.record import assemble, compiled, join, recorder
+
+from recorder_overhead import WORKLOADS, cnn_workload, transformer_workload
+
+PARTS = [("stop + drain", compiled.CompiledSession, "stop"), ("build ops", assemble, "build_ops"),
+         ("build accesses", assemble, "build_accesses"), ("build blocks", assemble, "build_blocks"),
+         ("finish", assemble, "finish_tables"), ("  of which join", join, "join_allocator"),
+         ("frames", assemble, "trace_of_columns")]
+
+
+class _Timer:
+    """Wraps each part's function for the rounds, recording ns per call; restores them after."""
+
+    def __init__(self):
+        self.ns = {label: [] for label, _, _ in PARTS}
+        self.saved = []
+
+    def __enter__(self):
+        for label, owner, name in PARTS:
+            fn = getattr(owner, name)
+            self.saved.append((owner, name, fn))
+            setattr(owner, name, self._wrap(label, fn))
+        return self
+
+    def _wrap(self, label, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.ns[label].append(time.perf_counter_ns() - t0)
+        return timed
+
+    def __exit__(self, *exc):
+        for owner, name, fn in reversed(self.saved):
+            setattr(owner, name, fn)
+
+
+def cold_parts(model, step, rounds: int, warmup: int) -> tuple[dict, list]:
+    """({part: [ns per close]}, [ns of each whole close]) over `rounds` one-step recordings."""
+    closes = []
+    for _ in range(warmup):
+        with memlens.record(model, backend="compiled"):
+            step()
+    with _Timer() as timer:
+        for _ in range(rounds):
+            rec = memlens.record(model, backend="compiled")
+            rec.__enter__()
+            step()
+            t0 = time.perf_counter_ns()
+            rec.__exit__(None, None, None)
+            closes.append(time.perf_counter_ns() - t0)
+    return timer.ns, closes
+
+
+def warm_parts(model, step) -> dict:
+    """{part: us} of one recording's state assembled again (minimum of 5 x 50): the code without cold caches."""
+    captured = {}
+    build = recorder.Recorder._build
+
+    def keep(self, session, allocator_data, exception):
+        captured["args"] = (self, session, allocator_data, exception)
+        return build(self, session, allocator_data, exception)
+    recorder.Recorder._build = keep
+    try:
+        with memlens.record(model, backend="compiled"):
+            step()
+    finally:
+        recorder.Recorder._build = build
+    rec, session, allocator_data, _ = captured["args"]
+    allocator_data, settings = rec._allocator_and_settings(session, allocator_data)
+
+    def us(fn):
+        return min(timeit.repeat(fn, number=50, repeat=5)) / 50 * 1e6
+    ops, module_idx, source = assemble.build_ops(session)
+    accesses = assemble.build_accesses(session, ops)
+    blocks = assemble.build_blocks(session, ops, module_idx)
+    finished = assemble.finish_tables(session, allocator_data, blocks, ops, accesses, source, settings=settings,
+                                      clock=rec._clock)
+    b, o = finished[0], finished[1]
+    seeded = assemble.refine_autograd_seeds(blocks, accesses, ops)
+    wall0, perf0 = rec._clock
+    return {
+        "build ops": us(lambda: assemble.build_ops(session)),
+        "build accesses": us(lambda: assemble.build_accesses(session, ops)),
+        "build blocks": us(lambda: assemble.build_blocks(session, ops, module_idx)),
+        "finish": us(lambda: assemble.finish_tables(session, allocator_data, blocks, ops, accesses, source,
+                                                    settings=settings, clock=rec._clock)),
+        "  of which join": us(lambda: join.join_allocator(seeded, accesses, ops, allocator_data,
+                                                          perf0 - wall0 - session.t_start, [],
+                                                          window_ns=session.t_stop - session.t_start)),
+        "frames": us(lambda: assemble.trace_of_columns(b, accesses, o, finished[2], finished[3])),
+        "  to_frame x3 (floor)": us(lambda: [t.to_frame(assemble.FRAME_DTYPES[k]) for k, t in
+                                             (("blocks", b), ("accesses", accesses), ("ops", o))]),
+        "assemble (all but drain)": us(lambda: assemble.assemble_trace(session, allocator_data, settings=settings,
+                                                                       clock=rec._clock)),
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", choices=["gpt", "cnn", "both"], default="both")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    import os
+    print(f"torch {torch.__version__}, 1 thread, load average {os.getloadavg()[0]:.2f}; wall us, medians")
+    for name in (["gpt", "cnn"] if args.workload == "both" else [args.workload]):
+        model, step = (transformer_workload if name == "gpt" else cnn_workload)(WORKLOADS[name])
+        step()
+        parts, closes = cold_parts(model, step, args.rounds, args.warmup)
+        warm = warm_parts(model, step)
+        n_ops = len(_one_trace(model, step).ops)
+        close_us = statistics.median(closes) / 1e3
+        print(f"\n{name}: one step, {n_ops} ops; close {close_us:.0f} us = {close_us / n_ops:.1f} us per op")
+        print(f"  {'part':28s} {'after the step':>15s} {'warm':>10s}")
+        for label, _, _ in PARTS:
+            cold = statistics.median(parts[label]) / 1e3 if parts[label] else float("nan")
+            hot = f"{warm[label]:7.0f} us" if label in warm else f"{'-':>7s}   "
+            print(f"  {label:28s} {cold:12.0f} us {hot}")
+        for label in ("  to_frame x3 (floor)", "assemble (all but drain)"):
+            print(f"  {label:28s} {'':>15s} {warm[label]:7.0f} us")
+    print(f"\nload average after: {os.getloadavg()[0]:.2f}")
+
+
+def _one_trace(model, step):
+    with memlens.record(model, backend="compiled") as rec:
+        step()
+    return rec.trace
+
+
+if __name__ == "__main__":
+    main()
