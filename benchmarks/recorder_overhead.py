@@ -40,13 +40,16 @@ recorder and the profiler are within the run-to-run noise (+-0.03x here) of each
 profiler" is not a clear result. What is left of the compiled recorder's cost is mostly RecordFunction
 boxing the recorded ops' inputs and outputs, which the profiler (record_shapes) pays too.
 
-Measured, whole block (`--quick`, 2026-11-28 05:53-05:55 UTC, load average 1.4-1.8, CPU-time ratios to the
-plain steps; the README's "What we measured" has the table): GPT 1 / 5 / 50 steps: compiled 1.26x / 1.14x /
-1.04x, profiler with key_averages() 8.93x / 9.81x / 8.87x (up to its exit 1.62x / 1.76x / 1.76x); close 5.4 /
-2.5 / 1.9 us per recorded op (4.7 / 11.1 / 82.3 ms). CNN: compiled 1.27x / 1.08x / 1.00x, profiler 2.05x /
-2.26x / 2.53x (exit only 1.22x / 1.37x / 1.32x); close 40.2 / 9.4 / 3.0 us per op (3.1 / 3.6 / 11.5 ms: a fixed
-~3 ms of drain, joins and three DataFrame constructions). Before the close moved to numpy columns (02:55 UTC,
-load 2.4-3.7): 1-step closes 20.7 ms (GPT) and 16.4 ms (CNN), blocks 1.69x and 2.38x.
+Measured, whole block (`--only whole`, 9 rounds for 1 and 5 steps, 3 for 50; 2026-11-28 08:12-08:14 UTC, load
+average 0.6-1.0, CPU-time ratios to the plain steps; the README's "What we measured" has the table and an A/B of
+the latest close changes): GPT 1 / 5 / 50 steps: compiled 1.15x / 1.12x / 1.05x, profiler with key_averages()
+10.69x / 10.30x / 11.51x (up to its exit 1.96x / 1.77x / 2.44x); close 7.0 / 2.4 / 1.8 us per recorded op (6.1 /
+10.2 / 80.2 ms). CNN: compiled 1.30x / 1.11x / 1.03x, profiler 2.45x / 2.56x / 3.87x (exit only 1.29x / 1.27x /
+2.41x); close 44.4 / 11.3 / 2.9 us per op (3.4 / 4.4 / 11.2 ms: a fixed ~2.5-3.4 ms that
+`recorder_close_parts.py` splits into drain, build, allocator join and the three DataFrames). This machine's
+speed moved by about a third between runs that morning: compare runs made in one sitting only. Before the close
+moved to numpy columns (02:55 UTC, load 2.4-3.7): 1-step closes 20.7 ms (GPT) and 16.4 ms (CNN), blocks 1.69x
+and 2.38x.
 
 Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
 the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
