@@ -476,3 +476,38 @@ def test_clock_offset_is_the_median_distance_outside_the_ops(n):
         ops2 = Columns(4, {"start_ns": np.zeros(4, np.int64), "end_ns": np.full(4, 10)})
         blocks2 = Columns(4, {"alloc_op_id": Nullable.of(np.array([0, 1, 2, 3]))})
         assert estimate_offset(blocks2, ops2, np.array([-1, -2, 5, 5]), np.array([0, 1, -1, -1])) == -1
+
+
+@pytest.mark.parametrize("case", [test_a_clock_offset_is_estimated_from_the_matched_blocks_and_removed,
+                                  test_before_recording_blocks_the_allocator_saw_made_and_allocator_only_rows,
+                                  test_events_outside_the_recording_window_are_left_out,
+                                  test_allocations_of_a_recording_without_ops_belong_to_no_op,
+                                  test_profiler_cuda_events_give_way_to_the_snapshot])
+def test_the_join_raises_no_numpy_warning_into_user_code(case):
+    """The join meets missing times (frees without allocs, blocks never freed) as NaN; none may reach a cast
+    or a comparison that warns (a warning at a recording's exit lands in the user's cell)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        case()
+
+
+def test_one_string_device_is_factorized_without_pandas(monkeypatch):
+    """The usual recording has one device: its codes come without a pandas call (the fast path's only
+    purpose); two devices, a missing one or a non-string one go to pandas."""
+    from memlens.record import join
+    calls = []
+    real = join.pd.factorize
+    monkeypatch.setattr(join.pd, "factorize", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    codes, uniques = join._factorize(np.array(["cuda:0"] * 4, dtype=object), use_na_sentinel=True)
+    assert calls == [] and codes.tolist() == [0, 0, 0, 0] and uniques.dtype == object
+    assert uniques.tolist() == ["cuda:0"]
+    for values in (["cpu", "cuda:0"], [None, None], [1, 1]):
+        join._factorize(np.array(values, dtype=object), use_na_sentinel=False)
+    assert len(calls) == 3
+    codes, cpu = join._device_codes(np.array(["cpu", None, "cuda:0", None, "cpu"], dtype=object))
+    # a missing device is a name of its own (pandas keeps it as NaN: "nan", after "cpu" and "cuda:0" in the
+    # sorted names), not a -1 sentinel that would alias the last name
+    assert codes.tolist() == [0, 2, 1, 2, 0] and cpu.tolist() == [True, False, False, False, True]
+    codes, cpu = join._device_codes(np.array(["cpu"] * 3, dtype=object))
+    assert codes.tolist() == [0, 0, 0] and codes.dtype == np.int64 and cpu.tolist() == [True] * 3
