@@ -26,6 +26,7 @@ from memlens.record.instruments import AllocatorData
 
 MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 _INT64_MAX = np.iinfo(np.int64).max
+_NO_ALLOC_KEY = -(2 ** 62)       # match_blocks' sort key of an allocation made before the instrument started
 # A join runs a few hundred array operations on tables of a few hundred rows at a one-step close: np.clip and
 # np.nan_to_num cost 3-4x a ufunc call there, so bounds are np.minimum(np.maximum(...)) (np.clip's own
 # definition) and missing times are replaced with `_nan_to` (these times are never infinite).
@@ -127,48 +128,71 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
         return result
     lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
     lkey = seen[lrow]
-    ldev = np.asarray(blocks["device"], dtype=object)[lrow]
-    laddr = blocks["addr"].filled(-1)[lrow]
+    addr_col = blocks["addr"]
+    laddr = np.where(addr_col.missing[lrow], -1, addr_col.values[lrow])
     lsize = blocks["size"][lrow]
-    rkey = np.maximum(alloc_blocks["alloc_t"].filled(-np.inf), -2.0 ** 62).astype(np.int64)
-    rfree = alloc_blocks["free_t"].filled(np.inf)
+    alloc_col, free_col = alloc_blocks["alloc_t"], alloc_blocks["free_t"]
+    # a missing alloc time (freed before the recording) sorts first: -2**62, as the float -inf clamped there
+    rkey = np.where(alloc_col.missing, _NO_ALLOC_KEY, np.maximum(alloc_col.values, _NO_ALLOC_KEY))
+    rfree = np.where(free_col.missing, _INT64_MAX, free_col.values)     # never freed: after everything
     rsize = alloc_blocks["size"]
-    rdev = np.asarray(alloc_blocks["device"], dtype=object)
     raddr = np.asarray(alloc_blocks["addr"], dtype=np.int64)
-    # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
-    # array then answers "last allocation at or before" and "first at or after" within a group
-    dev_code, cpu_device = _device_codes(np.concatenate([ldev, rdev]))
-    group = _pair_labels(dev_code.astype(np.int64), np.concatenate([laddr, raddr]))
-    rank, n_keys = dense_rank(np.concatenate([lkey, rkey]))
-    combined = group * (n_keys + 1) + rank
     nl, nr = len(lrow), len(rkey)
-    lc, rc, lgroup, rgroup = combined[:nl], combined[nl:], group[:nl], group[nl:]
-    rorder = np.lexsort((np.arange(nr), rc))                    # equal keys keep the allocator's row order
-    rsorted = rc[rorder]
+    dev_code, cpu_device = _device_codes(np.concatenate([np.asarray(blocks["device"], dtype=object)[lrow],
+                                                         np.asarray(alloc_blocks["device"], dtype=object)]))
+    # one int64 per row: the dense label of its (device, address, key), and of its (device, address) group,
+    # from one stable sort of both sides; the right side's rows in that order are the allocations sorted by
+    # (group, key), equal keys in the allocator's row order. One sorted array then answers "last allocation
+    # at or before" and "first at or after" within a group.
+    key, addr = np.concatenate([lkey, rkey]), np.concatenate([laddr, raddr])
+    one_device = not dev_code.any()
+    order = np.lexsort((key, addr) if one_device else (key, addr, dev_code))
+    skey, saddr = key[order], addr[order]
+    new_group = np.empty(nl + nr, dtype=bool)
+    new_group[0] = True
+    np.not_equal(saddr[1:], saddr[:-1], out=new_group[1:])
+    if not one_device:
+        sdev = dev_code[order]
+        new_group[1:] |= sdev[1:] != sdev[:-1]
+    new_key = new_group.copy()
+    new_key[1:] |= skey[1:] != skey[:-1]
+    group = np.empty(nl + nr, dtype=np.int64)
+    group[order] = np.cumsum(new_group)
+    combined = np.empty(nl + nr, dtype=np.int64)
+    combined[order] = np.cumsum(new_key)
+    right_in_order = order >= nl
+    rorder = order[right_in_order] - nl
+    rsorted = combined[nl:][rorder]
+    lc, lgroup, rgroup = combined[:nl], group[:nl], group[nl:]
     back = np.searchsorted(rsorted, lc, side="right") - 1       # last at or before (of equal keys: the last)
     back_row = rorder[np.maximum(back, 0)]
-    back_row = np.where((back >= 0) & (rgroup[back_row] == lgroup), back_row, -1)
+    back_row[(back < 0) | (rgroup[back_row] != lgroup)] = -1
     fwd = np.searchsorted(rsorted, lc, side="left")             # first at or after (of equal keys: the first)
     fwd_row = rorder[np.minimum(fwd, nr - 1)]
-    fwd_row = np.where((fwd < nr) & (rgroup[fwd_row] == lgroup), fwd_row, -1)
+    fwd_row[(fwd >= nr) | (rgroup[fwd_row] != lgroup)] = -1
     exact_size = cpu_device[:nl]
+    b_found, f_found = back_row >= 0, fwd_row >= 0
+    b_safe, f_safe = np.maximum(back_row, 0), np.maximum(fwd_row, 0)
 
-    def usable(arow):
-        asize = np.where(arow >= 0, rsize[np.maximum(arow, 0)], -1)
-        return (arow >= 0) & np.where(exact_size, asize == lsize, asize >= lsize)
+    def usable(arow, found, safe):
+        asize = rsize[safe]
+        return found & np.where(exact_size, asize == lsize, asize >= lsize)
 
-    ok = usable(back_row) & (np.where(back_row >= 0, rfree[np.maximum(back_row, 0)], np.inf) >= lkey)
+    ok = usable(back_row, b_found, b_safe) & (rfree[b_safe] >= lkey)
     # nearest within the tolerance: the one before unless the one after is strictly nearer
-    bdiff = lkey - rkey[np.maximum(back_row, 0)]
-    fdiff = rkey[np.maximum(fwd_row, 0)] - lkey
-    b_in = (back_row >= 0) & (bdiff <= tolerance_ns)
-    f_in = (fwd_row >= 0) & (fdiff <= tolerance_ns)
-    near = np.where(b_in & f_in, np.where(bdiff <= fdiff, back_row, fwd_row),
-                    np.where(b_in, back_row, np.where(f_in, fwd_row, -1)))
-    choice = np.where(ok, back_row, np.where(usable(near), near, -1))
+    bdiff = lkey - rkey[b_safe]
+    fdiff = rkey[f_safe] - lkey
+    b_in = b_found & (bdiff <= tolerance_ns)
+    f_in = f_found & (fdiff <= tolerance_ns)
+    take_fwd = f_in & ~(b_in & (bdiff <= fdiff))
+    near = np.where(take_fwd, fwd_row, np.where(b_in, back_row, -1))
+    near_found = near >= 0
+    choice = np.where(ok, back_row, np.where(usable(near, near_found, np.maximum(near, 0)), near, -1))
     # containing matches first, then the nearest ones, each in the order blocks were seen; an allocation
     # goes to the first block that picked it
     picked = np.flatnonzero(choice >= 0)
+    if not len(picked):
+        return result
     picked = picked[np.argsort(~ok[picked], kind="stable")]
     _, first = first_occurrences(choice[picked])
     picked = picked[first]
