@@ -295,51 +295,62 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
 
 
 def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks: Columns, name: str):
+    # times stay int64 with their missing masks (the float NaN form costs a conversion per use; the values are
+    # trace nanoseconds, far below 2**53, so both forms hold the same numbers)
     seen = _first_seen(blocks, accesses, ops)
     rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
-    alloc_t = alloc_blocks["alloc_t"].filled(np.nan)
-    free_t = alloc_blocks["free_t"].filled(np.nan)
-    offset = estimate_offset(blocks, ops, _nan_to(alloc_t, 0.0).astype(np.int64), rows)
+    alloc_col, free_col = alloc_blocks["alloc_t"], alloc_blocks["free_t"]
+    offset = estimate_offset(blocks, ops, np.where(alloc_col.missing, 0, alloc_col.values), rows)
     if abs(offset) > 1000:
-        alloc_t, free_t = alloc_t - offset, free_t - offset
+        alloc_col = Nullable(np.where(alloc_col.missing, 0, alloc_col.values - offset), alloc_col.missing)
+        free_col = Nullable(np.where(free_col.missing, 0, free_col.values - offset), free_col.missing)
         alloc_blocks = alloc_blocks.copy()
-        alloc_blocks["alloc_t"] = Nullable.of(np.where(np.isnan(alloc_t), 0, alloc_t), np.isnan(alloc_t))
-        alloc_blocks["free_t"] = Nullable.of(np.where(np.isnan(free_t), 0, free_t), np.isnan(free_t))
+        alloc_blocks.cols["alloc_t"], alloc_blocks.cols["free_t"] = alloc_col, free_col
         rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
     matched = rows >= 0
+    any_matched = matched.any()
     starts = ops["start_ns"] if len(ops) else np.zeros(1, np.int64)
     ends = ops["end_ns"] if len(ops) else np.zeros(1, np.int64)
     # matched: the allocator's alloc time, kept inside the allocating op; before-recording flags fixed
-    a_t = alloc_t[np.where(matched, rows, 0)] if len(alloc_t) else np.full(len(rows), np.nan)
-    seen_during = matched & ~np.isnan(a_t)
-    made = blocks["alloc_op_id"].present()
-    op = blocks["alloc_op_id"].filled(0)
+    mrow = np.where(matched, rows, 0)
+    if len(alloc_col.values):
+        a_missing, a_val = alloc_col.missing[mrow], alloc_col.values[mrow]
+        f_missing, f_val = free_col.missing[mrow], free_col.values[mrow]
+    else:
+        a_missing = f_missing = np.ones(len(rows), dtype=bool)
+        a_val = f_val = np.zeros(len(rows), dtype=np.int64)
+    seen_during = matched & ~a_missing
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing
+    op = np.where(op_col.missing, 0, op_col.values)
     lo = np.where(made, starts[np.minimum(np.maximum(op, 0), len(starts) - 1)], 0)
     hi = np.where(made, ends[np.minimum(np.maximum(op, 0), len(ends) - 1)], _INT64_MAX)
-    new_alloc = np.minimum(np.maximum(_nan_to(a_t, 0.0), lo), hi).astype(np.int64)
-    free_cur = blocks["free_ns"].filled(np.nan)
-    new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, _nan_to(free_cur, 0.0)))
+    new_alloc = np.minimum(np.maximum(np.where(a_missing, 0, a_val), lo), hi)
+    free_ns = blocks["free_ns"]
+    new_alloc = np.where(free_ns.missing, new_alloc, np.minimum(new_alloc, free_ns.values))
     # never after the first access (the clocks agree only to about a microsecond)
     new_alloc = np.where(seen >= 0, np.minimum(new_alloc, seen), new_alloc)
     before = blocks["allocated_before"]
     upd = seen_during & (made | before)
     blocks = blocks.copy()
     alloc_ns = blocks["alloc_ns"]
-    blocks["alloc_ns"] = Nullable.of(np.where(upd, new_alloc, alloc_ns.values), alloc_ns.missing & ~upd)
+    blocks.cols["alloc_ns"] = Nullable(np.where(upd, new_alloc, alloc_ns.values).astype(np.int64, copy=False),
+                                       alloc_ns.missing & ~upd)
     fixed_before = upd & before
-    f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
-    fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
+    has_free = matched & ~f_missing
+    fill_free = has_free & free_ns.missing
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
-    non_cpu = ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
-    fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > _nan_to(free_cur, np.inf))
+    later = has_free & ~free_ns.missing & (f_val > free_ns.values)
+    if later.any():
+        fill_free |= later & ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
     if fill_free.any():
-        free_ns = blocks["free_ns"]
-        blocks["free_ns"] = Nullable.of(np.where(fill_free, np.maximum(_nan_to(f_t, 0.0), new_alloc),
-                                                 free_ns.values), free_ns.missing & ~fill_free)
-    if matched.any():
+        blocks.cols["free_ns"] = Nullable(np.where(fill_free, np.maximum(f_val, new_alloc),
+                                                   free_ns.values).astype(np.int64, copy=False),
+                                          free_ns.missing & ~fill_free)
+    if any_matched:
         source = np.array(blocks["source"], dtype=object)
         source[matched] = "dispatch+" + name
-        blocks["source"] = source
+        blocks.cols["source"] = source
     asize = alloc_blocks["size"]
     if "allocator_size" in blocks:
         size_values, size_missing = blocks["allocator_size"].values.copy(), blocks["allocator_size"].missing
@@ -354,8 +365,9 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
         rule[relabel] = "first seen as an input; the allocator saw it made"
         blocks["category_rule"] = rule
     extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
-    stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
-             "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
+    n_matched = int(np.count_nonzero(matched))
+    stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": n_matched,
+             "allocator_only": int(len(extra)), "dispatch_only": int(len(rows) - n_matched),
              "clock_offset_ns": int(offset) if abs(offset) > 1000 else 0}
     return Columns.concat([blocks, extra]), stats
 
