@@ -56,54 +56,76 @@ def pair_events(events) -> Columns:
     ev = as_columns(events)
     dev_code, dev_names = _factorize(ev["device"], use_na_sentinel=True)
     t_in, addr_in, delta_in = (np.asarray(ev[c], dtype=np.int64) for c in ("t_ns", "addr", "delta"))
-    order = np.lexsort((np.arange(len(ev)), t_in, addr_in, dev_code))
-    t, addr, delta, dev = t_in[order], addr_in[order], delta_in[order], dev_code[order]
-    same_next = np.zeros(len(t), dtype=bool)
-    same_next[:-1] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
+    one_device = len(dev_names) == 1 and not (dev_code < 0).any()
+    # by (device, address, time), equal ones in event order (np.lexsort is stable)
+    order = np.lexsort((t_in, addr_in) if one_device else (t_in, addr_in, dev_code))
+    t, addr, delta = t_in[order], addr_in[order], delta_in[order]
+    n = len(t)
     is_alloc = delta > 0
-    next_is_free = np.zeros(len(t), dtype=bool)
-    next_is_free[:-1] = delta[1:] < 0
-    paired = is_alloc & same_next & next_is_free
-    prev_paired = np.zeros(len(t), dtype=bool)
-    prev_paired[1:] = paired[:-1]
-    orphan_free = (delta < 0) & ~prev_paired
+    is_free = delta < 0
+    # paired[i]: the alloc at i is freed by the event after it (same device and address)
+    pairs = is_alloc[:-1] & is_free[1:] & (addr[1:] == addr[:-1])
+    if not one_device:
+        dev = dev_code[order]
+        pairs &= dev[1:] == dev[:-1]
+    paired = np.empty(n, dtype=bool)
+    paired[:-1] = pairs
+    paired[-1] = False
+    orphan_free = is_free.copy()
+    orphan_free[1:] &= ~pairs
     alloc_rows = np.flatnonzero(is_alloc)
     free_rows = np.flatnonzero(orphan_free)
-    free_t = np.full(len(alloc_rows), -1, dtype=np.int64)
     has = paired[alloc_rows]
-    free_t[has] = t[alloc_rows[has] + 1]
+    alloc_free_t = np.where(has, t[np.minimum(alloc_rows + 1, n - 1)], 0)
     names = np.asarray(dev_names, dtype=object)
-    rows = np.concatenate([alloc_rows, free_rows])
     n_alloc, n_free = len(alloc_rows), len(free_rows)
-    return Columns(len(rows), {
-        "device": names[dev[rows]], "addr": addr[rows],
+    out = Columns(n_alloc + n_free)
+    if n_free == 0:          # the usual case: every free has its alloc in the events
+        out.cols = {
+            "device": np.full(n_alloc, names[0], dtype=object) if one_device else names[dev[alloc_rows]],
+            "addr": addr[alloc_rows], "size": delta[alloc_rows],
+            "alloc_t": Nullable(t[alloc_rows], np.zeros(n_alloc, bool)), "free_t": Nullable(alloc_free_t, ~has)}
+        return out
+    rows = np.concatenate([alloc_rows, free_rows])
+    out.cols = {
+        "device": np.full(len(rows), names[0], dtype=object) if one_device else names[dev[rows]],
+        "addr": addr[rows],
         "size": np.concatenate([delta[alloc_rows], -delta[free_rows]]),
-        "alloc_t": Nullable.of(np.concatenate([t[alloc_rows], np.zeros(n_free, np.int64)]),
-                               np.concatenate([np.zeros(n_alloc, bool), np.ones(n_free, bool)])),
-        "free_t": Nullable.of(np.concatenate([np.where(has, free_t, 0), t[free_rows]]),
-                              np.concatenate([~has, np.zeros(n_free, bool)]))})
+        "alloc_t": Nullable(np.concatenate([t[alloc_rows], np.zeros(n_free, np.int64)]),
+                            np.concatenate([np.zeros(n_alloc, bool), np.ones(n_free, bool)])),
+        "free_t": Nullable(np.concatenate([alloc_free_t, t[free_rows]]),
+                           np.concatenate([~has, np.zeros(n_free, bool)]))}
+    return out
 
 
 def _first_seen(blocks: Columns, accesses: Columns, ops: Columns) -> np.ndarray:
     """When the dispatch mode knew each block existed: its op's end, or its first access (-1: never)."""
     seen = np.full(len(blocks), -1, dtype=np.int64)
-    made = blocks["alloc_op_id"].present()
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing
     if len(ops) and made.any():
-        op = blocks["alloc_op_id"].filled(-1)
-        seen[made] = ops["end_ns"][op[made]]
+        seen[made] = ops["end_ns"][op_col.values[made]]
     if len(accesses) and len(blocks):
         # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
         acc_block = np.asarray(accesses["block_id"], dtype=np.int64)
         acc_t = np.asarray(accesses["t_ns"], dtype=np.int64)
         order = np.lexsort((acc_t, acc_block))
-        head = np.ones(len(order), dtype=bool)
-        head[1:] = acc_block[order[1:]] != acc_block[order[:-1]]
-        first_block, first_t = acc_block[order[head]], acc_t[order[head]]
+        sorted_block = acc_block[order]
+        head = np.empty(len(order), dtype=bool)
+        head[0] = True
+        np.not_equal(sorted_block[1:], sorted_block[:-1], out=head[1:])
+        first_block, first_t = sorted_block[head], acc_t[order[head]]
         bid = np.asarray(blocks["block_id"], dtype=np.int64)
-        by_id = np.argsort(bid, kind="stable")
-        at = np.minimum(np.searchsorted(bid[by_id], first_block), len(bid) - 1)
-        ok = bid[by_id[at]] == first_block
-        rows, vals = by_id[at[ok]], first_t[ok]
+        if (bid[1:] > bid[:-1]).all():      # ids ascending (as the recorder makes them): no sort needed
+            at = np.minimum(np.searchsorted(bid, first_block), len(bid) - 1)
+            ok = bid[at] == first_block
+            rows = at[ok]
+        else:
+            by_id = np.argsort(bid, kind="stable")
+            at = np.minimum(np.searchsorted(bid[by_id], first_block), len(bid) - 1)
+            ok = bid[by_id[at]] == first_block
+            rows = by_id[at[ok]]
+        vals = first_t[ok]
         fill = seen[rows] < 0
         seen[rows[fill]] = vals[fill]
     return seen
@@ -218,6 +240,14 @@ def _factorize(values, use_na_sentinel: bool) -> tuple[np.ndarray, np.ndarray]:
 def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row, equal where the devices' names are; whether each row's device is a CPU one) of an
     object array of devices (names, or anything whose str() is one)."""
+    devices = np.asarray(devices, dtype=object)
+    if len(devices) and type(devices[0]) is str:
+        try:
+            distinct = set(devices.tolist())
+        except TypeError:          # unhashable values: the general path says what is wrong
+            distinct = ()
+        if len(distinct) == 1:     # one device named by a string (the usual recording): no factorize
+            return np.zeros(len(devices), dtype=np.int64), np.full(len(devices), devices[0].startswith("cpu"))
     codes, values = _factorize(devices, use_na_sentinel=False)
     names = np.asarray([str(v) for v in values], dtype=object)
     if len(names) == 1:       # one device (the usual recording): its one code
@@ -242,10 +272,11 @@ def _pair_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np.ndarray) -> int:
     """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
     matched allocations fall outside their op's interval (0 when most already fall inside)."""
-    made = blocks["alloc_op_id"].present() & (rows >= 0)
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing & (rows >= 0)
     if not made.any():
         return 0
-    op = blocks["alloc_op_id"].filled(-1)[made]
+    op = op_col.values[made]
     t = alloc_t[rows[made]]
     lo = ops["start_ns"][op]
     hi = ops["end_ns"][op]
@@ -270,8 +301,9 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
     streams = []
     if allocator.events is not None and len(allocator.events):
         ev = as_columns(allocator.events)
-        ev = Columns(len(ev), {"t_ns": ev["t_unix_ns"], "device": ev["device"], "addr": ev["addr"],
-                               "delta": ev["delta"]})
+        renamed = Columns(len(ev))
+        renamed.cols = {"t_ns": ev["t_unix_ns"], "device": ev["device"], "addr": ev["addr"], "delta": ev["delta"]}
+        ev = renamed
         if allocator.snapshot is not None:       # CUDA blocks come from the snapshot then
             ev = ev.take(~np.char.startswith(np.asarray(ev["device"], dtype=object).astype(str), "cuda"))
         streams.append(("profiler", ev))
@@ -281,8 +313,10 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
     for name, ev in streams:
         # the four columns pair_events reads, on the trace's clock
         t = np.asarray(ev["t_ns"], dtype=np.int64) + to_trace_ns
-        ev = Columns(len(ev), {"t_ns": t, "device": objects(ev["device"]), "addr": ev["addr"],
-                               "delta": ev["delta"]})
+        cols = {"t_ns": t, "device": objects(ev["device"]), "addr": np.asarray(ev["addr"]),
+                "delta": np.asarray(ev["delta"])}
+        ev = Columns(len(t))
+        ev.cols = cols
         if window_ns is not None:
             inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
             if not inside.all():
