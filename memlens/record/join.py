@@ -21,20 +21,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.record.columns import Columns, Nullable, dense_rank, first_occurrences, objects
+from memlens.record.columns import Columns, Nullable, first_occurrences, objects
 from memlens.record.instruments import AllocatorData
 
 MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 _INT64_MAX = np.iinfo(np.int64).max
 _NO_ALLOC_KEY = -(2 ** 62)       # match_blocks' sort key of an allocation made before the instrument started
-# A join runs a few hundred array operations on tables of a few hundred rows at a one-step close: np.clip and
-# np.nan_to_num cost 3-4x a ufunc call there, so bounds are np.minimum(np.maximum(...)) (np.clip's own
-# definition) and missing times are replaced with `_nan_to` (these times are never infinite).
+# A join runs a few hundred array operations on tables of a few hundred rows at a one-step close, where a
+# call's fixed cost outweighs its work: np.clip, np.full, np.flatnonzero, np.cumsum and ndarray.any cost 2-7x
+# np.minimum(np.maximum(...)), np.empty + fill, .nonzero()[0], .cumsum() and np.count_nonzero there. Times
+# stay int64 with a missing mask (no NaN float form, which costs a conversion per use).
 
 
-def _nan_to(values: np.ndarray, fill: float) -> np.ndarray:
-    """`values` (float64 times, NaN where missing, never infinite) with NaN replaced by `fill`."""
-    return np.where(np.isnan(values), fill, values)
+def _minus_ones(n: int) -> np.ndarray:
+    """`np.full(n, -1, dtype=np.int64)` without its Python-level wrapper (a fifth of its cost on small n)."""
+    out = np.empty(n, dtype=np.int64)
+    out.fill(-1)
+    return out
 
 
 def as_columns(table) -> Columns:
@@ -56,7 +59,7 @@ def pair_events(events) -> Columns:
     ev = as_columns(events)
     dev_code, dev_names = _factorize(ev["device"], use_na_sentinel=True)
     t_in, addr_in, delta_in = (np.asarray(ev[c], dtype=np.int64) for c in ("t_ns", "addr", "delta"))
-    one_device = len(dev_names) == 1 and not (dev_code < 0).any()
+    one_device = len(dev_names) == 1 and not np.count_nonzero(dev_code < 0)
     # by (device, address, time), equal ones in event order (np.lexsort is stable)
     order = np.lexsort((t_in, addr_in) if one_device else (t_in, addr_in, dev_code))
     t, addr, delta = t_in[order], addr_in[order], delta_in[order]
@@ -73,8 +76,8 @@ def pair_events(events) -> Columns:
     paired[-1] = False
     orphan_free = is_free.copy()
     orphan_free[1:] &= ~pairs
-    alloc_rows = np.flatnonzero(is_alloc)
-    free_rows = np.flatnonzero(orphan_free)
+    alloc_rows = is_alloc.nonzero()[0]
+    free_rows = orphan_free.nonzero()[0]
     has = paired[alloc_rows]
     alloc_free_t = np.where(has, t[np.minimum(alloc_rows + 1, n - 1)], 0)
     names = np.asarray(dev_names, dtype=object)
@@ -100,10 +103,10 @@ def pair_events(events) -> Columns:
 
 def _first_seen(blocks: Columns, accesses: Columns, ops: Columns) -> np.ndarray:
     """When the dispatch mode knew each block existed: its op's end, or its first access (-1: never)."""
-    seen = np.full(len(blocks), -1, dtype=np.int64)
+    seen = _minus_ones(len(blocks))
     op_col = blocks["alloc_op_id"]
     made = ~op_col.missing
-    if len(ops) and made.any():
+    if len(ops) and np.count_nonzero(made):
         seen[made] = ops["end_ns"][op_col.values[made]]
     if len(accesses) and len(blocks):
         # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
@@ -116,7 +119,7 @@ def _first_seen(blocks: Columns, accesses: Columns, ops: Columns) -> np.ndarray:
         np.not_equal(sorted_block[1:], sorted_block[:-1], out=head[1:])
         first_block, first_t = sorted_block[head], acc_t[order[head]]
         bid = np.asarray(blocks["block_id"], dtype=np.int64)
-        if (bid[1:] > bid[:-1]).all():      # ids ascending (as the recorder makes them): no sort needed
+        if np.count_nonzero(bid[1:] <= bid[:-1]) == 0:      # ids ascending (as the recorder makes them): no sort needed
             at = np.minimum(np.searchsorted(bid, first_block), len(bid) - 1)
             ok = bid[at] == first_block
             rows = at[ok]
@@ -141,11 +144,11 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     Arrays only (no frames): an as-of join by (device, address) on one sorted int64 per row, with the
     tie rules of ``pd.merge_asof`` backward / nearest (the one before wins a tie of distances).
     """
-    result = np.full(len(blocks), -1, dtype=np.int64)
+    result = _minus_ones(len(blocks))
     if len(alloc_blocks) == 0 or len(blocks) == 0:
         return result
     seen = np.asarray(seen, dtype=np.int64)
-    lrow = np.flatnonzero(seen >= 0)
+    lrow = (seen >= 0).nonzero()[0]
     if len(lrow) == 0:
         return result
     lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
@@ -167,7 +170,7 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     # (group, key), equal keys in the allocator's row order. One sorted array then answers "last allocation
     # at or before" and "first at or after" within a group.
     key, addr = np.concatenate([lkey, rkey]), np.concatenate([laddr, raddr])
-    one_device = not dev_code.any()
+    one_device = not np.count_nonzero(dev_code)
     order = np.lexsort((key, addr) if one_device else (key, addr, dev_code))
     skey, saddr = key[order], addr[order]
     new_group = np.empty(nl + nr, dtype=bool)
@@ -179,9 +182,9 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     new_key = new_group.copy()
     new_key[1:] |= skey[1:] != skey[:-1]
     group = np.empty(nl + nr, dtype=np.int64)
-    group[order] = np.cumsum(new_group)
+    group[order] = new_group.cumsum()
     combined = np.empty(nl + nr, dtype=np.int64)
-    combined[order] = np.cumsum(new_key)
+    combined[order] = new_key.cumsum()
     right_in_order = order >= nl
     rorder = order[right_in_order] - nl
     rsorted = combined[nl:][rorder]
@@ -212,7 +215,7 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     choice = np.where(ok, back_row, np.where(usable(near, near_found, np.maximum(near, 0)), near, -1))
     # containing matches first, then the nearest ones, each in the order blocks were seen; an allocation
     # goes to the first block that picked it
-    picked = np.flatnonzero(choice >= 0)
+    picked = (choice >= 0).nonzero()[0]
     if not len(picked):
         return result
     picked = picked[np.argsort(~ok[picked], kind="stable")]
@@ -258,23 +261,12 @@ def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return by_name.reshape(-1)[codes].astype(np.int64), cpu[codes]
 
 
-def _pair_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One int64 label per row, equal exactly where (a, b) are equal (0, 1, ... in lexicographic order;
-    a sort, which `np.unique(axis=1)` on the stacked pair does ~10x slower)."""
-    order = np.lexsort((b, a))
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (a[order[1:]] != a[order[:-1]]) | (b[order[1:]] != b[order[:-1]])
-    labels = np.empty(len(order), dtype=np.int64)
-    labels[order] = np.cumsum(new) - 1
-    return labels
-
-
 def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np.ndarray) -> int:
     """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
     matched allocations fall outside their op's interval (0 when most already fall inside)."""
     op_col = blocks["alloc_op_id"]
     made = ~op_col.missing & (rows >= 0)
-    if not made.any():
+    if not np.count_nonzero(made):
         return 0
     op = op_col.values[made]
     t = alloc_t[rows[made]]
@@ -319,7 +311,7 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
         ev.cols = cols
         if window_ns is not None:
             inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
-            if not inside.all():
+            if np.count_nonzero(inside) != len(inside):
                 notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
                 ev = ev.take(inside)
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
@@ -342,7 +334,7 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
         alloc_blocks.cols["alloc_t"], alloc_blocks.cols["free_t"] = alloc_col, free_col
         rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
     matched = rows >= 0
-    any_matched = matched.any()
+    any_matched = np.count_nonzero(matched)
     starts = ops["start_ns"] if len(ops) else np.zeros(1, np.int64)
     ends = ops["end_ns"] if len(ops) else np.zeros(1, np.int64)
     # matched: the allocator's alloc time, kept inside the allocating op; before-recording flags fixed
@@ -375,9 +367,9 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
     fill_free = has_free & free_ns.missing
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
     later = has_free & ~free_ns.missing & (f_val > free_ns.values)
-    if later.any():
+    if np.count_nonzero(later):
         fill_free |= later & ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
-    if fill_free.any():
+    if np.count_nonzero(fill_free):
         blocks.cols["free_ns"] = Nullable(np.where(fill_free, np.maximum(f_val, new_alloc),
                                                    free_ns.values).astype(np.int64, copy=False),
                                           free_ns.missing & ~fill_free)
@@ -392,7 +384,7 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
         size_values, size_missing = np.zeros(len(blocks), dtype=np.int64), np.ones(len(blocks), dtype=bool)
     size_values[matched] = asize[rows[matched]]
     blocks["allocator_size"] = Nullable.of(size_values, size_missing & ~matched)
-    if fixed_before.any():
+    if np.count_nonzero(fixed_before):
         blocks["allocated_before"] = before & ~fixed_before
         rule = np.array(blocks["category_rule"], dtype=object)
         relabel = fixed_before & (blocks["category"] == "unknown")
@@ -418,7 +410,7 @@ def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, block
     used = np.zeros(len(alloc_blocks), dtype=bool)
     used[rows[rows >= 0]] = True
     alloc_col, free_col = alloc_blocks["alloc_t"], alloc_blocks["free_t"]
-    rest = np.flatnonzero(~(used | alloc_col.missing))
+    rest = (~(used | alloc_col.missing)).nonzero()[0]
     n = len(rest)
     a_t = alloc_col.values[rest]
     f_missing = free_col.missing[rest]
@@ -451,7 +443,7 @@ def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, block
     outside = ~inside
     if n_ops:
         op_names, op_modules = ops["name"][safe], ops["module"][safe]
-        if outside.any():
+        if np.count_nonzero(outside):
             op_names, op_modules = op_names.astype(object), op_modules.astype(object)
             op_names[outside] = ""
             op_modules[outside] = ""
