@@ -349,8 +349,9 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
     op_col = blocks["alloc_op_id"]
     made = ~op_col.missing
     op = np.where(op_col.missing, 0, op_col.values)
-    lo = np.where(made, starts[np.minimum(np.maximum(op, 0), len(starts) - 1)], 0)
-    hi = np.where(made, ends[np.minimum(np.maximum(op, 0), len(ends) - 1)], _INT64_MAX)
+    op_safe = np.minimum(np.maximum(op, 0), len(starts) - 1)          # starts and ends have one length
+    lo = np.where(made, starts[op_safe], 0)
+    hi = np.where(made, ends[op_safe], _INT64_MAX)
     new_alloc = np.minimum(np.maximum(np.where(a_missing, 0, a_val), lo), hi)
     free_ns = blocks["free_ns"]
     new_alloc = np.where(free_ns.missing, new_alloc, np.minimum(new_alloc, free_ns.values))
@@ -383,13 +384,13 @@ def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks:
     else:
         size_values, size_missing = np.zeros(len(blocks), dtype=np.int64), np.ones(len(blocks), dtype=bool)
     size_values[matched] = asize[rows[matched]]
-    blocks["allocator_size"] = Nullable.of(size_values, size_missing & ~matched)
+    blocks.cols["allocator_size"] = Nullable(size_values.astype(np.int64, copy=False), size_missing & ~matched)
     if np.count_nonzero(fixed_before):
-        blocks["allocated_before"] = before & ~fixed_before
+        blocks.cols["allocated_before"] = before & ~fixed_before
         rule = np.array(blocks["category_rule"], dtype=object)
         relabel = fixed_before & (blocks["category"] == "unknown")
         rule[relabel] = "first seen as an input; the allocator saw it made"
-        blocks["category_rule"] = rule
+        blocks.cols["category_rule"] = rule
     extra = allocator_only(alloc_blocks, rows, ops, blocks, name)
     n_matched = int(np.count_nonzero(matched))
     stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": n_matched,

@@ -65,21 +65,21 @@ def allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, blocks
             op_names, op_modules = objects(op_names), objects(op_modules)
     else:
         op_names = op_modules = np.full(n, "", dtype=object)
+    none = np.zeros(n, dtype=bool)     # shared by the all-False columns (a table's arrays are never edited)
     columns = {
         "block_id": np.arange(first_id, first_id + n, dtype=np.int64),
         "device": np.asarray(alloc_blocks["device"], dtype=object)[rest],
-        "addr": Nullable(np.asarray(alloc_blocks["addr"], dtype=np.int64)[rest], np.zeros(n, bool)),
+        "addr": Nullable(np.asarray(alloc_blocks["addr"], dtype=np.int64)[rest], none),
         "size": rest_size,
-        "alloc_ns": Nullable(a_t.astype(np.int64, copy=False), np.zeros(n, bool)),
+        "alloc_ns": Nullable(a_t.astype(np.int64, copy=False), none),
         "free_ns": Nullable(f_t.astype(np.int64, copy=False), f_missing),
         "category": _TEMPORARY_OR_UNKNOWN[kind],
         "op": op_names,
         "alloc_op_id": Nullable(np.where(inside, idx, 0).astype(np.int64, copy=False), outside),
         "module": op_modules,
-        "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": np.full(n, name, dtype=object),
+        "stream": np.zeros(n, dtype=np.int64), "allocated_before": none, "free_without_alloc": none, "source": np.full(n, name, dtype=object),
         "category_rule": _ALLOCATOR_ONLY_RULES[kind],
-        "allocator_size": Nullable(np.asarray(rest_size, dtype=np.int64), np.zeros(n, bool)),
+        "allocator_size": Nullable(np.asarray(rest_size, dtype=np.int64), none),
     }
     if "stack_id" in ops:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
         stack = ops["stack_id"].filled(-1)[safe] if n_ops else np.full(n, -1, dtype=np.int64)
