@@ -21,19 +21,23 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.record.columns import Columns, Nullable, dense_rank, first_occurrences, objects
+from memlens.record.columns import Columns, Nullable, first_occurrences, objects
 from memlens.record.instruments import AllocatorData
+from memlens.record.join_unmatched import MATCH_TOLERANCE_NS, allocator_only
 
-MATCH_TOLERANCE_NS = 200_000     # clock skew allowed between the instruments before correction
 _INT64_MAX = np.iinfo(np.int64).max
-# A join runs a few hundred array operations on tables of a few hundred rows at a one-step close: np.clip and
-# np.nan_to_num cost 3-4x a ufunc call there, so bounds are np.minimum(np.maximum(...)) (np.clip's own
-# definition) and missing times are replaced with `_nan_to` (these times are never infinite).
+_NO_ALLOC_KEY = -(2 ** 62)       # match_blocks' sort key of an allocation made before the instrument started
+# A join runs a few hundred array operations on tables of a few hundred rows at a one-step close, where a
+# call's fixed cost outweighs its work: np.clip, np.full, np.flatnonzero, np.cumsum and ndarray.any cost 2-7x
+# np.minimum(np.maximum(...)), np.empty + fill, .nonzero()[0], .cumsum() and np.count_nonzero there. Times
+# stay int64 with a missing mask (no NaN float form, which costs a conversion per use).
 
 
-def _nan_to(values: np.ndarray, fill: float) -> np.ndarray:
-    """`values` (float64 times, NaN where missing, never infinite) with NaN replaced by `fill`."""
-    return np.where(np.isnan(values), fill, values)
+def _minus_ones(n: int) -> np.ndarray:
+    """`np.full(n, -1, dtype=np.int64)` without its Python-level wrapper (a fifth of its cost on small n)."""
+    out = np.empty(n, dtype=np.int64)
+    out.fill(-1)
+    return out
 
 
 def as_columns(table) -> Columns:
@@ -55,54 +59,76 @@ def pair_events(events) -> Columns:
     ev = as_columns(events)
     dev_code, dev_names = _factorize(ev["device"], use_na_sentinel=True)
     t_in, addr_in, delta_in = (np.asarray(ev[c], dtype=np.int64) for c in ("t_ns", "addr", "delta"))
-    order = np.lexsort((np.arange(len(ev)), t_in, addr_in, dev_code))
-    t, addr, delta, dev = t_in[order], addr_in[order], delta_in[order], dev_code[order]
-    same_next = np.zeros(len(t), dtype=bool)
-    same_next[:-1] = (addr[1:] == addr[:-1]) & (dev[1:] == dev[:-1])
+    one_device = len(dev_names) == 1 and not np.count_nonzero(dev_code < 0)
+    # by (device, address, time), equal ones in event order (np.lexsort is stable)
+    order = np.lexsort((t_in, addr_in) if one_device else (t_in, addr_in, dev_code))
+    t, addr, delta = t_in[order], addr_in[order], delta_in[order]
+    n = len(t)
     is_alloc = delta > 0
-    next_is_free = np.zeros(len(t), dtype=bool)
-    next_is_free[:-1] = delta[1:] < 0
-    paired = is_alloc & same_next & next_is_free
-    prev_paired = np.zeros(len(t), dtype=bool)
-    prev_paired[1:] = paired[:-1]
-    orphan_free = (delta < 0) & ~prev_paired
-    alloc_rows = np.flatnonzero(is_alloc)
-    free_rows = np.flatnonzero(orphan_free)
-    free_t = np.full(len(alloc_rows), -1, dtype=np.int64)
+    is_free = delta < 0
+    # paired[i]: the alloc at i is freed by the event after it (same device and address)
+    pairs = is_alloc[:-1] & is_free[1:] & (addr[1:] == addr[:-1])
+    if not one_device:
+        dev = dev_code[order]
+        pairs &= dev[1:] == dev[:-1]
+    paired = np.empty(n, dtype=bool)
+    paired[:-1] = pairs
+    paired[-1] = False
+    orphan_free = is_free.copy()
+    orphan_free[1:] &= ~pairs
+    alloc_rows = is_alloc.nonzero()[0]
+    free_rows = orphan_free.nonzero()[0]
     has = paired[alloc_rows]
-    free_t[has] = t[alloc_rows[has] + 1]
+    alloc_free_t = np.where(has, t[np.minimum(alloc_rows + 1, n - 1)], 0)
     names = np.asarray(dev_names, dtype=object)
-    rows = np.concatenate([alloc_rows, free_rows])
     n_alloc, n_free = len(alloc_rows), len(free_rows)
-    return Columns(len(rows), {
-        "device": names[dev[rows]], "addr": addr[rows],
+    out = Columns(n_alloc + n_free)
+    if n_free == 0:          # the usual case: every free has its alloc in the events
+        out.cols = {
+            "device": np.full(n_alloc, names[0], dtype=object) if one_device else names[dev[alloc_rows]],
+            "addr": addr[alloc_rows], "size": delta[alloc_rows],
+            "alloc_t": Nullable(t[alloc_rows], np.zeros(n_alloc, bool)), "free_t": Nullable(alloc_free_t, ~has)}
+        return out
+    rows = np.concatenate([alloc_rows, free_rows])
+    out.cols = {
+        "device": np.full(len(rows), names[0], dtype=object) if one_device else names[dev[rows]],
+        "addr": addr[rows],
         "size": np.concatenate([delta[alloc_rows], -delta[free_rows]]),
-        "alloc_t": Nullable.of(np.concatenate([t[alloc_rows], np.zeros(n_free, np.int64)]),
-                               np.concatenate([np.zeros(n_alloc, bool), np.ones(n_free, bool)])),
-        "free_t": Nullable.of(np.concatenate([np.where(has, free_t, 0), t[free_rows]]),
-                              np.concatenate([~has, np.zeros(n_free, bool)]))})
+        "alloc_t": Nullable(np.concatenate([t[alloc_rows], np.zeros(n_free, np.int64)]),
+                            np.concatenate([np.zeros(n_alloc, bool), np.ones(n_free, bool)])),
+        "free_t": Nullable(np.concatenate([alloc_free_t, t[free_rows]]),
+                           np.concatenate([~has, np.zeros(n_free, bool)]))}
+    return out
 
 
 def _first_seen(blocks: Columns, accesses: Columns, ops: Columns) -> np.ndarray:
     """When the dispatch mode knew each block existed: its op's end, or its first access (-1: never)."""
-    seen = np.full(len(blocks), -1, dtype=np.int64)
-    made = blocks["alloc_op_id"].present()
-    if len(ops) and made.any():
-        op = blocks["alloc_op_id"].filled(-1)
-        seen[made] = ops["end_ns"][op[made]]
+    seen = _minus_ones(len(blocks))
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing
+    if len(ops) and np.count_nonzero(made):
+        seen[made] = ops["end_ns"][op_col.values[made]]
     if len(accesses) and len(blocks):
         # each accessed block's earliest access (a sort, not a groupby), placed on its row by block id
         acc_block = np.asarray(accesses["block_id"], dtype=np.int64)
         acc_t = np.asarray(accesses["t_ns"], dtype=np.int64)
         order = np.lexsort((acc_t, acc_block))
-        head = np.ones(len(order), dtype=bool)
-        head[1:] = acc_block[order[1:]] != acc_block[order[:-1]]
-        first_block, first_t = acc_block[order[head]], acc_t[order[head]]
+        sorted_block = acc_block[order]
+        head = np.empty(len(order), dtype=bool)
+        head[0] = True
+        np.not_equal(sorted_block[1:], sorted_block[:-1], out=head[1:])
+        first_block, first_t = sorted_block[head], acc_t[order[head]]
         bid = np.asarray(blocks["block_id"], dtype=np.int64)
-        by_id = np.argsort(bid, kind="stable")
-        at = np.minimum(np.searchsorted(bid[by_id], first_block), len(bid) - 1)
-        ok = bid[by_id[at]] == first_block
-        rows, vals = by_id[at[ok]], first_t[ok]
+        if np.count_nonzero(bid[1:] <= bid[:-1]) == 0:      # ids ascending (as the recorder makes them): no sort needed
+            at = np.minimum(np.searchsorted(bid, first_block), len(bid) - 1)
+            ok = bid[at] == first_block
+            rows = at[ok]
+        else:
+            by_id = np.argsort(bid, kind="stable")
+            at = np.minimum(np.searchsorted(bid[by_id], first_block), len(bid) - 1)
+            ok = bid[by_id[at]] == first_block
+            rows = by_id[at[ok]]
+        vals = first_t[ok]
         fill = seen[rows] < 0
         seen[rows[fill]] = vals[fill]
     return seen
@@ -118,57 +144,80 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     Arrays only (no frames): an as-of join by (device, address) on one sorted int64 per row, with the
     tie rules of ``pd.merge_asof`` backward / nearest (the one before wins a tie of distances).
     """
-    result = np.full(len(blocks), -1, dtype=np.int64)
+    result = _minus_ones(len(blocks))
     if len(alloc_blocks) == 0 or len(blocks) == 0:
         return result
     seen = np.asarray(seen, dtype=np.int64)
-    lrow = np.flatnonzero(seen >= 0)
+    lrow = (seen >= 0).nonzero()[0]
     if len(lrow) == 0:
         return result
     lrow = lrow[np.argsort(seen[lrow], kind="stable")]          # blocks in the order they were seen
     lkey = seen[lrow]
-    ldev = np.asarray(blocks["device"], dtype=object)[lrow]
-    laddr = blocks["addr"].filled(-1)[lrow]
+    addr_col = blocks["addr"]
+    laddr = np.where(addr_col.missing[lrow], -1, addr_col.values[lrow])
     lsize = blocks["size"][lrow]
-    rkey = np.maximum(alloc_blocks["alloc_t"].filled(-np.inf), -2.0 ** 62).astype(np.int64)
-    rfree = alloc_blocks["free_t"].filled(np.inf)
+    alloc_col, free_col = alloc_blocks["alloc_t"], alloc_blocks["free_t"]
+    # a missing alloc time (freed before the recording) sorts first: -2**62, as the float -inf clamped there
+    rkey = np.where(alloc_col.missing, _NO_ALLOC_KEY, np.maximum(alloc_col.values, _NO_ALLOC_KEY))
+    rfree = np.where(free_col.missing, _INT64_MAX, free_col.values)     # never freed: after everything
     rsize = alloc_blocks["size"]
-    rdev = np.asarray(alloc_blocks["device"], dtype=object)
     raddr = np.asarray(alloc_blocks["addr"], dtype=np.int64)
-    # one int64 per row: its (device, address) group, then its key's rank among all keys; one sorted
-    # array then answers "last allocation at or before" and "first at or after" within a group
-    dev_code, cpu_device = _device_codes(np.concatenate([ldev, rdev]))
-    group = _pair_labels(dev_code.astype(np.int64), np.concatenate([laddr, raddr]))
-    rank, n_keys = dense_rank(np.concatenate([lkey, rkey]))
-    combined = group * (n_keys + 1) + rank
     nl, nr = len(lrow), len(rkey)
-    lc, rc, lgroup, rgroup = combined[:nl], combined[nl:], group[:nl], group[nl:]
-    rorder = np.lexsort((np.arange(nr), rc))                    # equal keys keep the allocator's row order
-    rsorted = rc[rorder]
+    dev_code, cpu_device = _device_codes(np.concatenate([np.asarray(blocks["device"], dtype=object)[lrow],
+                                                         np.asarray(alloc_blocks["device"], dtype=object)]))
+    # one int64 per row: the dense label of its (device, address, key), and of its (device, address) group,
+    # from one stable sort of both sides; the right side's rows in that order are the allocations sorted by
+    # (group, key), equal keys in the allocator's row order. One sorted array then answers "last allocation
+    # at or before" and "first at or after" within a group.
+    key, addr = np.concatenate([lkey, rkey]), np.concatenate([laddr, raddr])
+    one_device = not np.count_nonzero(dev_code)
+    order = np.lexsort((key, addr) if one_device else (key, addr, dev_code))
+    skey, saddr = key[order], addr[order]
+    new_group = np.empty(nl + nr, dtype=bool)
+    new_group[0] = True
+    np.not_equal(saddr[1:], saddr[:-1], out=new_group[1:])
+    if not one_device:
+        sdev = dev_code[order]
+        new_group[1:] |= sdev[1:] != sdev[:-1]
+    new_key = new_group.copy()
+    new_key[1:] |= skey[1:] != skey[:-1]
+    group = np.empty(nl + nr, dtype=np.int64)
+    group[order] = new_group.cumsum()
+    combined = np.empty(nl + nr, dtype=np.int64)
+    combined[order] = new_key.cumsum()
+    right_in_order = order >= nl
+    rorder = order[right_in_order] - nl
+    rsorted = combined[nl:][rorder]
+    lc, lgroup, rgroup = combined[:nl], group[:nl], group[nl:]
     back = np.searchsorted(rsorted, lc, side="right") - 1       # last at or before (of equal keys: the last)
     back_row = rorder[np.maximum(back, 0)]
-    back_row = np.where((back >= 0) & (rgroup[back_row] == lgroup), back_row, -1)
+    back_row[(back < 0) | (rgroup[back_row] != lgroup)] = -1
     fwd = np.searchsorted(rsorted, lc, side="left")             # first at or after (of equal keys: the first)
     fwd_row = rorder[np.minimum(fwd, nr - 1)]
-    fwd_row = np.where((fwd < nr) & (rgroup[fwd_row] == lgroup), fwd_row, -1)
+    fwd_row[(fwd >= nr) | (rgroup[fwd_row] != lgroup)] = -1
     exact_size = cpu_device[:nl]
+    b_found, f_found = back_row >= 0, fwd_row >= 0
+    b_safe, f_safe = np.maximum(back_row, 0), np.maximum(fwd_row, 0)
 
-    def usable(arow):
-        asize = np.where(arow >= 0, rsize[np.maximum(arow, 0)], -1)
-        return (arow >= 0) & np.where(exact_size, asize == lsize, asize >= lsize)
+    def usable(arow, found, safe):
+        asize = rsize[safe]
+        return found & np.where(exact_size, asize == lsize, asize >= lsize)
 
-    ok = usable(back_row) & (np.where(back_row >= 0, rfree[np.maximum(back_row, 0)], np.inf) >= lkey)
+    ok = usable(back_row, b_found, b_safe) & (rfree[b_safe] >= lkey)
     # nearest within the tolerance: the one before unless the one after is strictly nearer
-    bdiff = lkey - rkey[np.maximum(back_row, 0)]
-    fdiff = rkey[np.maximum(fwd_row, 0)] - lkey
-    b_in = (back_row >= 0) & (bdiff <= tolerance_ns)
-    f_in = (fwd_row >= 0) & (fdiff <= tolerance_ns)
-    near = np.where(b_in & f_in, np.where(bdiff <= fdiff, back_row, fwd_row),
-                    np.where(b_in, back_row, np.where(f_in, fwd_row, -1)))
-    choice = np.where(ok, back_row, np.where(usable(near), near, -1))
+    bdiff = lkey - rkey[b_safe]
+    fdiff = rkey[f_safe] - lkey
+    b_in = b_found & (bdiff <= tolerance_ns)
+    f_in = f_found & (fdiff <= tolerance_ns)
+    take_fwd = f_in & ~(b_in & (bdiff <= fdiff))
+    near = np.where(take_fwd, fwd_row, np.where(b_in, back_row, -1))
+    near_found = near >= 0
+    choice = np.where(ok, back_row, np.where(usable(near, near_found, np.maximum(near, 0)), near, -1))
     # containing matches first, then the nearest ones, each in the order blocks were seen; an allocation
     # goes to the first block that picked it
-    picked = np.flatnonzero(choice >= 0)
+    picked = (choice >= 0).nonzero()[0]
+    if not len(picked):
+        return result
     picked = picked[np.argsort(~ok[picked], kind="stable")]
     _, first = first_occurrences(choice[picked])
     picked = picked[first]
@@ -194,6 +243,14 @@ def _factorize(values, use_na_sentinel: bool) -> tuple[np.ndarray, np.ndarray]:
 def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row, equal where the devices' names are; whether each row's device is a CPU one) of an
     object array of devices (names, or anything whose str() is one)."""
+    devices = np.asarray(devices, dtype=object)
+    if len(devices) and type(devices[0]) is str:
+        try:
+            distinct = set(devices.tolist())
+        except TypeError:          # unhashable values: the general path says what is wrong
+            distinct = ()
+        if len(distinct) == 1:     # one device named by a string (the usual recording): no factorize
+            return np.zeros(len(devices), dtype=np.int64), np.full(len(devices), devices[0].startswith("cpu"))
     codes, values = _factorize(devices, use_na_sentinel=False)
     names = np.asarray([str(v) for v in values], dtype=object)
     if len(names) == 1:       # one device (the usual recording): its one code
@@ -204,24 +261,14 @@ def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return by_name.reshape(-1)[codes].astype(np.int64), cpu[codes]
 
 
-def _pair_labels(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """One int64 label per row, equal exactly where (a, b) are equal (0, 1, ... in lexicographic order;
-    a sort, which `np.unique(axis=1)` on the stacked pair does ~10x slower)."""
-    order = np.lexsort((b, a))
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (a[order[1:]] != a[order[:-1]]) | (b[order[1:]] != b[order[:-1]])
-    labels = np.empty(len(order), dtype=np.int64)
-    labels[order] = np.cumsum(new) - 1
-    return labels
-
-
 def estimate_offset(blocks: Columns, ops: Columns, alloc_t: np.ndarray, rows: np.ndarray) -> int:
     """Residual clock offset (ns) to subtract from allocator times: the median distance by which the
     matched allocations fall outside their op's interval (0 when most already fall inside)."""
-    made = blocks["alloc_op_id"].present() & (rows >= 0)
-    if not made.any():
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing & (rows >= 0)
+    if not np.count_nonzero(made):
         return 0
-    op = blocks["alloc_op_id"].filled(-1)[made]
+    op = op_col.values[made]
     t = alloc_t[rows[made]]
     lo = ops["start_ns"][op]
     hi = ops["end_ns"][op]
@@ -241,27 +288,30 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
     `window_ns`: the recording's length; events outside [0, window_ns] (a CUDA history that was
     already running before the recording, kept in the snapshot's ring buffer) are left out.
     """
-    from memlens.record.cuda import snapshot_events
     blocks, accesses, ops = as_columns(blocks), as_columns(accesses), as_columns(ops)
     streams = []
     if allocator.events is not None and len(allocator.events):
         ev = as_columns(allocator.events)
-        ev = Columns(len(ev), {"t_ns": ev["t_unix_ns"], "device": ev["device"], "addr": ev["addr"],
-                               "delta": ev["delta"]})
+        renamed = Columns(len(ev))
+        renamed.cols = {"t_ns": ev["t_unix_ns"], "device": ev["device"], "addr": ev["addr"], "delta": ev["delta"]}
+        ev = renamed
         if allocator.snapshot is not None:       # CUDA blocks come from the snapshot then
             ev = ev.take(~np.char.startswith(np.asarray(ev["device"], dtype=object).astype(str), "cuda"))
         streams.append(("profiler", ev))
     if allocator.snapshot is not None:
+        from memlens.record.cuda import snapshot_events     # only here: the import statement costs ~20 us a call
         streams.append(("cuda_snapshot", as_columns(snapshot_events(allocator.snapshot))))
     stats = {}
     for name, ev in streams:
         # the four columns pair_events reads, on the trace's clock
         t = np.asarray(ev["t_ns"], dtype=np.int64) + to_trace_ns
-        ev = Columns(len(ev), {"t_ns": t, "device": objects(ev["device"]), "addr": ev["addr"],
-                               "delta": ev["delta"]})
+        cols = {"t_ns": t, "device": objects(ev["device"]), "addr": np.asarray(ev["addr"]),
+                "delta": np.asarray(ev["delta"])}
+        ev = Columns(len(t))
+        ev.cols = cols
         if window_ns is not None:
             inside = (t >= -MATCH_TOLERANCE_NS) & (t <= window_ns + MATCH_TOLERANCE_NS)
-            if not inside.all():
+            if np.count_nonzero(inside) != len(inside):
                 notes.append(f"{name}: {int((~inside).sum())} allocator events outside the recording left out")
                 ev = ev.take(inside)
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
@@ -271,131 +321,79 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
 
 
 def _join_stream(blocks: Columns, accesses: Columns, ops: Columns, alloc_blocks: Columns, name: str):
+    # times stay int64 with their missing masks (the float NaN form costs a conversion per use; the values are
+    # trace nanoseconds, far below 2**53, so both forms hold the same numbers)
     seen = _first_seen(blocks, accesses, ops)
     rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
-    alloc_t = alloc_blocks["alloc_t"].filled(np.nan)
-    free_t = alloc_blocks["free_t"].filled(np.nan)
-    offset = estimate_offset(blocks, ops, _nan_to(alloc_t, 0.0).astype(np.int64), rows)
+    alloc_col, free_col = alloc_blocks["alloc_t"], alloc_blocks["free_t"]
+    offset = estimate_offset(blocks, ops, np.where(alloc_col.missing, 0, alloc_col.values), rows)
     if abs(offset) > 1000:
-        alloc_t, free_t = alloc_t - offset, free_t - offset
+        alloc_col = Nullable(np.where(alloc_col.missing, 0, alloc_col.values - offset), alloc_col.missing)
+        free_col = Nullable(np.where(free_col.missing, 0, free_col.values - offset), free_col.missing)
         alloc_blocks = alloc_blocks.copy()
-        alloc_blocks["alloc_t"] = Nullable.of(np.where(np.isnan(alloc_t), 0, alloc_t), np.isnan(alloc_t))
-        alloc_blocks["free_t"] = Nullable.of(np.where(np.isnan(free_t), 0, free_t), np.isnan(free_t))
+        alloc_blocks.cols["alloc_t"], alloc_blocks.cols["free_t"] = alloc_col, free_col
         rows = match_blocks(blocks, seen, alloc_blocks, MATCH_TOLERANCE_NS)
     matched = rows >= 0
+    any_matched = np.count_nonzero(matched)
     starts = ops["start_ns"] if len(ops) else np.zeros(1, np.int64)
     ends = ops["end_ns"] if len(ops) else np.zeros(1, np.int64)
     # matched: the allocator's alloc time, kept inside the allocating op; before-recording flags fixed
-    a_t = alloc_t[np.where(matched, rows, 0)] if len(alloc_t) else np.full(len(rows), np.nan)
-    seen_during = matched & ~np.isnan(a_t)
-    made = blocks["alloc_op_id"].present()
-    op = blocks["alloc_op_id"].filled(0)
-    lo = np.where(made, starts[np.minimum(np.maximum(op, 0), len(starts) - 1)], 0)
-    hi = np.where(made, ends[np.minimum(np.maximum(op, 0), len(ends) - 1)], _INT64_MAX)
-    new_alloc = np.minimum(np.maximum(_nan_to(a_t, 0.0), lo), hi).astype(np.int64)
-    free_cur = blocks["free_ns"].filled(np.nan)
-    new_alloc = np.where(np.isnan(free_cur), new_alloc, np.minimum(new_alloc, _nan_to(free_cur, 0.0)))
+    mrow = np.where(matched, rows, 0)
+    if len(alloc_col.values):
+        a_missing, a_val = alloc_col.missing[mrow], alloc_col.values[mrow]
+        f_missing, f_val = free_col.missing[mrow], free_col.values[mrow]
+    else:
+        a_missing = f_missing = np.ones(len(rows), dtype=bool)
+        a_val = f_val = np.zeros(len(rows), dtype=np.int64)
+    seen_during = matched & ~a_missing
+    op_col = blocks["alloc_op_id"]
+    made = ~op_col.missing
+    op = np.where(op_col.missing, 0, op_col.values)
+    op_safe = np.minimum(np.maximum(op, 0), len(starts) - 1)          # starts and ends have one length
+    lo = np.where(made, starts[op_safe], 0)
+    hi = np.where(made, ends[op_safe], _INT64_MAX)
+    new_alloc = np.minimum(np.maximum(np.where(a_missing, 0, a_val), lo), hi)
+    free_ns = blocks["free_ns"]
+    new_alloc = np.where(free_ns.missing, new_alloc, np.minimum(new_alloc, free_ns.values))
     # never after the first access (the clocks agree only to about a microsecond)
     new_alloc = np.where(seen >= 0, np.minimum(new_alloc, seen), new_alloc)
     before = blocks["allocated_before"]
     upd = seen_during & (made | before)
     blocks = blocks.copy()
     alloc_ns = blocks["alloc_ns"]
-    blocks["alloc_ns"] = Nullable.of(np.where(upd, new_alloc, alloc_ns.values), alloc_ns.missing & ~upd)
+    blocks.cols["alloc_ns"] = Nullable(np.where(upd, new_alloc, alloc_ns.values).astype(np.int64, copy=False),
+                                       alloc_ns.missing & ~upd)
     fixed_before = upd & before
-    f_t = free_t[np.where(matched, rows, 0)] if len(free_t) else np.full(len(rows), np.nan)
-    fill_free = matched & np.isnan(free_cur) & ~np.isnan(f_t)
+    has_free = matched & ~f_missing
+    fill_free = has_free & free_ns.missing
     # a CUDA block used on another stream (record_stream) stays taken until the allocator frees it
-    non_cpu = ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
-    fill_free |= matched & non_cpu & ~np.isnan(f_t) & (f_t > _nan_to(free_cur, np.inf))
-    if fill_free.any():
-        free_ns = blocks["free_ns"]
-        blocks["free_ns"] = Nullable.of(np.where(fill_free, np.maximum(_nan_to(f_t, 0.0), new_alloc),
-                                                 free_ns.values), free_ns.missing & ~fill_free)
-    if matched.any():
+    later = has_free & ~free_ns.missing & (f_val > free_ns.values)
+    if np.count_nonzero(later):
+        fill_free |= later & ~_device_codes(np.asarray(blocks["device"], dtype=object))[1]
+    if np.count_nonzero(fill_free):
+        blocks.cols["free_ns"] = Nullable(np.where(fill_free, np.maximum(f_val, new_alloc),
+                                                   free_ns.values).astype(np.int64, copy=False),
+                                          free_ns.missing & ~fill_free)
+    if any_matched:
         source = np.array(blocks["source"], dtype=object)
         source[matched] = "dispatch+" + name
-        blocks["source"] = source
+        blocks.cols["source"] = source
     asize = alloc_blocks["size"]
     if "allocator_size" in blocks:
         size_values, size_missing = blocks["allocator_size"].values.copy(), blocks["allocator_size"].missing
     else:
         size_values, size_missing = np.zeros(len(blocks), dtype=np.int64), np.ones(len(blocks), dtype=bool)
     size_values[matched] = asize[rows[matched]]
-    blocks["allocator_size"] = Nullable.of(size_values, size_missing & ~matched)
-    if fixed_before.any():
-        blocks["allocated_before"] = before & ~fixed_before
+    blocks.cols["allocator_size"] = Nullable(size_values.astype(np.int64, copy=False), size_missing & ~matched)
+    if np.count_nonzero(fixed_before):
+        blocks.cols["allocated_before"] = before & ~fixed_before
         rule = np.array(blocks["category_rule"], dtype=object)
         relabel = fixed_before & (blocks["category"] == "unknown")
         rule[relabel] = "first seen as an input; the allocator saw it made"
-        blocks["category_rule"] = rule
-    extra = _allocator_only(alloc_blocks, rows, ops, blocks, name)
-    stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": int(matched.sum()),
-             "allocator_only": int(len(extra)), "dispatch_only": int((~matched).sum()),
+        blocks.cols["category_rule"] = rule
+    extra = allocator_only(alloc_blocks, rows, ops, blocks, name)
+    n_matched = int(np.count_nonzero(matched))
+    stats = {"allocator_blocks": int(len(alloc_blocks)), "matched": n_matched,
+             "allocator_only": int(len(extra)), "dispatch_only": int(len(rows) - n_matched),
              "clock_offset_ns": int(offset) if abs(offset) > 1000 else 0}
     return Columns.concat([blocks, extra]), stats
-
-
-_TEMPORARY_OR_UNKNOWN = objects(["unknown", "temporary"])
-_ALLOCATOR_ONLY_RULES = objects(["seen only by the allocator",
-                                 "seen only by the allocator, freed inside the op that made it"])
-
-
-def _allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, blocks: Columns,
-                    name: str) -> Columns:
-    """Rows for allocations no tensor showed, attributed to the op whose interval contains them (the
-    columns of `blocks`)."""
-    used = np.zeros(len(alloc_blocks), dtype=bool)
-    used[rows[rows >= 0]] = True
-    a_nan = alloc_blocks["alloc_t"].filled(np.nan)
-    rest = np.flatnonzero(~used & ~np.isnan(a_nan))
-    n = len(rest)
-    a_t = alloc_blocks["alloc_t"].values[rest]
-    f_nan = alloc_blocks["free_t"].filled(np.nan)[rest]
-    rest_size = alloc_blocks["size"][rest]
-    starts, ends = ops["start_ns"], ops["end_ns"]
-    idx = np.searchsorted(starts, a_t, side="right") - 1 if len(ops) else np.full(n, -1)
-    inside = (idx >= 0) & (a_t <= ends[np.maximum(idx, 0)] if len(ops) else np.zeros(n, bool))
-    # made between two ops and freed inside the next one: an argument the next op's binding converted
-    # (a Python number wrapped as a tensor) before the op reached the dispatch mode
-    nxt = np.minimum(np.maximum(idx + 1, 0), max(len(ops) - 1, 0))
-    before_next = ~inside & (idx + 1 < len(ops)) & ~np.isnan(f_nan)
-    if len(ops):
-        before_next &= (f_nan >= starts[nxt]) & (f_nan <= ends[nxt] + MATCH_TOLERANCE_NS)
-    idx = np.where(before_next, idx + 1, idx)
-    inside |= before_next
-    safe = np.minimum(np.maximum(idx, 0), max(len(ops) - 1, 0))
-    a_t = np.where(inside, np.minimum(np.maximum(a_t, starts[safe]), ends[safe]) if len(ops) else a_t, a_t)
-    freed_inside = inside & ~np.isnan(f_nan) & (f_nan <= (ends[safe] if len(ops) else 0) + MATCH_TOLERANCE_NS)
-    f_t = np.where(np.isnan(f_nan), 0, np.maximum(_nan_to(f_nan, 0.0), a_t)).astype(np.int64)
-    f_t = np.where(freed_inside, np.minimum(f_t, ends[safe] if len(ops) else f_t), f_t)
-    first_id = int(blocks["block_id"].max()) + 1 if len(blocks) else 0
-    no_ops = np.full(n, "", dtype=object)
-    columns = {
-        "block_id": np.arange(first_id, first_id + n, dtype=np.int64),
-        "device": np.asarray(alloc_blocks["device"], dtype=object)[rest],
-        "addr": Nullable.of(np.asarray(alloc_blocks["addr"], dtype=np.int64)[rest]), "size": rest_size,
-        "alloc_ns": Nullable.of(a_t), "free_ns": Nullable.of(f_t, np.isnan(f_nan)),
-        "category": _TEMPORARY_OR_UNKNOWN[freed_inside.astype(np.int64)],
-        "op": objects(np.where(inside, ops["name"][safe], "")) if len(ops) else no_ops,
-        "alloc_op_id": Nullable.of(np.where(inside, idx, 0), ~inside),
-        "module": objects(np.where(inside, ops["module"][safe], "")) if len(ops) else no_ops,
-        "stream": np.zeros(n, dtype=np.int64), "allocated_before": np.zeros(n, dtype=bool),
-        "free_without_alloc": np.zeros(n, dtype=bool), "source": np.full(n, name, dtype=object),
-        "category_rule": _ALLOCATOR_ONLY_RULES[freed_inside.astype(np.int64)],
-        "allocator_size": Nullable.of(rest_size),
-    }
-    if "stack_id" in ops:   # stacks=True: the allocating op's stack, as for the blocks tensors showed
-        stack = ops["stack_id"].filled(-1)[safe] if len(ops) else np.full(n, -1, dtype=np.int64)
-        sid = np.where(inside, stack, -1)
-        columns["stack_id"] = Nullable.of(sid, sid < 0)
-    # every column the blocks table has, in its order (a column only the blocks have stays missing here)
-    out = Columns(n)
-    for col in blocks.columns:
-        if col in columns:
-            out[col] = columns[col]
-        elif isinstance(blocks[col], Nullable):
-            out[col] = Nullable.absent(n)
-        else:
-            raise ValueError(f"allocator-only blocks have no value for column {col!r}")
-    return out
