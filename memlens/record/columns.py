@@ -63,19 +63,6 @@ def first_occurrences(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return ordered[head], order[head]
 
 
-def dense_rank(values: np.ndarray) -> tuple[np.ndarray, int]:
-    """(each value's rank among the distinct values, 0-based; how many distinct values there are): the
-    inverse and the length of `np.unique(values, return_inverse=True)`, as one stable sort."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    head = np.ones(len(ordered), dtype=bool)
-    head[1:] = ordered[1:] != ordered[:-1]
-    ranks = np.cumsum(head) - 1
-    rank = np.empty(len(values), dtype=np.int64)
-    rank[order] = ranks
-    return rank, int(ranks[-1]) + 1 if len(ranks) else 0
-
-
 def objects(values) -> np.ndarray:
     """A text column as a numpy object array."""
     return np.asarray(values, dtype=object)
