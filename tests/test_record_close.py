@@ -147,6 +147,20 @@ def test_match_blocks_hand_computed_ties():
     np.testing.assert_array_equal(join.match_blocks(blocks, seen, alloc, 10), [1, -1, -1, -1])
 
 
+def test_a_block_without_an_address_matches_no_allocation():
+    """A dispatch block whose address is missing (its -1 stand-in is no address) matches nothing, even
+    an allocation of its size and time at address 0, 1 or -1's neighbours; the block beside it with the
+    address matches."""
+    blocks = Columns.from_frame(pd.DataFrame({"device": ["cpu", "cpu"], "addr": pd.array([None, 1], dtype="Int64"),
+                                              "size": [8, 8]}))
+    for addr in (0, 1):
+        alloc = Columns.from_frame(pd.DataFrame({"device": ["cpu"], "addr": [addr], "size": [8],
+                                                 "alloc_t": pd.array([100], dtype="Int64"),
+                                                 "free_t": pd.array([300], dtype="Int64")}))
+        expected = [-1, 0] if addr == 1 else [-1, -1]
+        np.testing.assert_array_equal(join.match_blocks(blocks, np.array([150, 150]), alloc, 100), expected)
+
+
 @pytest.mark.parametrize("seed", range(200))
 def test_refine_autograd_seeds_matches_the_pandas_version(seed):
     rng = np.random.default_rng(seed)
