@@ -11,12 +11,9 @@ the recorder a weak reference on the real CPU tensor says when torch really let 
 from __future__ import annotations
 
 import inspect
-import weakref
 
 import pytest
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 import memlens
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
@@ -25,6 +22,8 @@ B, S, D, V = 1, 48, 64, 1000
 LOGITS_BYTES = B * S * V * 2            # bf16 logits; the head's weight gradient is V * D * 2 = 128,000 B, not this
 
 STEP = f"""
+import weakref
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 B, S, D, V = {B}, {S}, {D}, {V}
@@ -53,7 +52,9 @@ def run(model, dev, order, probe=None):
         del logits
     torch.zeros(7, device=dev).add_(1)                # the program's next ops: the block must be gone by then
 """
-exec(STEP.replace("import torch.nn", "import weakref\nimport torch.nn", 1))   # Head and run(), for the recorder
+_step_names: dict = {}
+exec(STEP, _step_names)   # Head and run() here too, for the recorder tests: one source for both paths
+Head, run = _step_names["Head"], _step_names["run"]
 
 
 def free_window(blocks, ops, device: str) -> dict:
