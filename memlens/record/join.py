@@ -225,17 +225,24 @@ def match_blocks(blocks: Columns, seen: np.ndarray, alloc_blocks: Columns, toler
     return result
 
 
+def _one_string(values: np.ndarray) -> str | None:
+    """The one string all of `values` are (the usual one-device recording; a set costs ~7x less than
+    `pd.factorize` there), else None: none, several, not a string, or unhashable (the general path reports)."""
+    if not len(values) or type(values[0]) is not str:
+        return None
+    try:
+        distinct = set(values.tolist())
+    except TypeError:
+        return None
+    return values[0] if len(distinct) == 1 else None
+
+
 def _factorize(values, use_na_sentinel: bool) -> tuple[np.ndarray, np.ndarray]:
     """`pd.factorize(values, use_na_sentinel=...)` (codes in order of first appearance, the distinct values),
-    answered without pandas when every value is one string (one device: ~7x less than pandas' call)."""
+    answered without pandas when every value is one string (`_one_string`)."""
     values = np.asarray(values, dtype=object)
-    if len(values):
-        try:
-            distinct = set(values.tolist())
-        except TypeError:          # unhashable values: pandas says what is wrong
-            distinct = ()
-        if len(distinct) == 1 and type(values[0]) is str:
-            return np.zeros(len(values), dtype=np.int64), np.array([values[0]], dtype=object)
+    if (one := _one_string(values)) is not None:
+        return np.zeros(len(values), dtype=np.int64), np.array([one], dtype=object)
     codes, uniques = pd.factorize(values, use_na_sentinel=use_na_sentinel)
     return codes.astype(np.int64, copy=False), np.asarray(uniques, dtype=object)
 
@@ -244,19 +251,11 @@ def _device_codes(devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(a code per row, equal where the devices' names are; whether each row's device is a CPU one) of an
     object array of devices (names, or anything whose str() is one)."""
     devices = np.asarray(devices, dtype=object)
-    if len(devices) and type(devices[0]) is str:
-        try:
-            distinct = set(devices.tolist())
-        except TypeError:          # unhashable values: the general path says what is wrong
-            distinct = ()
-        if len(distinct) == 1:     # one device named by a string (the usual recording): no factorize
-            return np.zeros(len(devices), dtype=np.int64), np.full(len(devices), devices[0].startswith("cpu"))
+    if (one := _one_string(devices)) is not None:      # the usual recording: no factorize
+        return np.zeros(len(devices), dtype=np.int64), np.full(len(devices), one.startswith("cpu"))
     codes, values = _factorize(devices, use_na_sentinel=False)
     names = np.asarray([str(v) for v in values], dtype=object)
-    if len(names) == 1:       # one device (the usual recording): its one code
-        by_name = np.zeros(1, dtype=np.int64)
-    else:
-        _, by_name = np.unique(names.astype(str), return_inverse=True) if len(names) else (None, np.empty(0, np.int64))
+    _, by_name = np.unique(names.astype(str), return_inverse=True) if len(names) else (None, np.empty(0, np.int64))
     cpu = np.asarray([n.startswith("cpu") for n in names], dtype=bool)
     return by_name.reshape(-1)[codes].astype(np.int64), cpu[codes]
 

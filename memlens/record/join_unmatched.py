@@ -77,7 +77,8 @@ def allocator_only(alloc_blocks: Columns, rows: np.ndarray, ops: Columns, blocks
         "op": op_names,
         "alloc_op_id": Nullable(np.where(inside, idx, 0).astype(np.int64, copy=False), outside),
         "module": op_modules,
-        "stream": np.zeros(n, dtype=np.int64), "allocated_before": none, "free_without_alloc": none, "source": np.full(n, name, dtype=object),
+        "stream": np.zeros(n, dtype=np.int64), "allocated_before": none, "free_without_alloc": none,
+        "source": np.full(n, name, dtype=object),
         "category_rule": _ALLOCATOR_ONLY_RULES[kind],
         "allocator_size": Nullable(np.asarray(rest_size, dtype=np.int64), none),
     }
