@@ -187,7 +187,7 @@ class CompiledSession(CompiledDrain, Session):
         if self._handle is not None:
             try:
                 self._handle.stop()
-            except Exception:
+            except Exception:     # the session is failing already: stopping is best effort, never raised
                 pass
 
     def _remove_spill_dir(self) -> None:

@@ -40,7 +40,7 @@ def remove_spill_files(prefix: str) -> None:
         if name.startswith(base + "."):
             try:
                 os.remove(os.path.join(directory, name))
-            except OSError:
+            except OSError:      # removed already, or not removable: the process's exit removes the directory
                 pass
 
 
