@@ -66,8 +66,8 @@ class _Timer:
             setattr(owner, name, fn)
 
 
-def cold_parts(model, step, rounds: int, warmup: int) -> tuple[dict, list]:
-    """({part: [ns per close]}, [ns of each whole close]) over `rounds` one-step recordings."""
+def cold_parts(model, step, rounds: int, warmup: int) -> tuple[dict, list, int]:
+    """({part: [ns per close]}, [ns of each whole close], ops of a recording) over `rounds` one-step recordings."""
     closes = []
     for _ in range(warmup):
         with memlens.record(model, backend="compiled"):
@@ -80,7 +80,7 @@ def cold_parts(model, step, rounds: int, warmup: int) -> tuple[dict, list]:
             t0 = time.perf_counter_ns()
             rec.__exit__(None, None, None)
             closes.append(time.perf_counter_ns() - t0)
-    return timer.ns, closes
+    return timer.ns, closes, len(rec.trace.ops)
 
 
 def warm_parts(model, step) -> dict:
@@ -139,9 +139,8 @@ def main(argv=None):
     for name in (["gpt", "cnn"] if args.workload == "both" else [args.workload]):
         model, step = (transformer_workload if name == "gpt" else cnn_workload)(WORKLOADS[name])
         step()
-        parts, closes = cold_parts(model, step, args.rounds, args.warmup)
+        parts, closes, n_ops = cold_parts(model, step, args.rounds, args.warmup)
         warm = warm_parts(model, step)
-        n_ops = len(_one_trace(model, step).ops)
         close_us = statistics.median(closes) / 1e3
         print(f"\n{name}: one step, {n_ops} ops; close {close_us:.0f} us = {close_us / n_ops:.1f} us per op")
         print(f"  {'part':28s} {'after the step':>15s} {'warm':>10s}")
@@ -152,12 +151,6 @@ def main(argv=None):
         for label in ("  to_frame x3 (floor)", "assemble (all but drain)"):
             print(f"  {label:28s} {'':>15s} {warm[label]:7.0f} us")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
-
-
-def _one_trace(model, step):
-    with memlens.record(model, backend="compiled") as rec:
-        step()
-    return rec.trace
 
 
 if __name__ == "__main__":
