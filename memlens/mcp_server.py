@@ -64,9 +64,9 @@ def info(path: str) -> dict:
     """The `memlens info --json` summary of one trace: blocks, ops, devices, duration (ns), peak live bytes
     per device, and the peak story (allocated and reserved bytes, bytes by category, the cause sentence, the
     top allocation sites, iterations, phases)."""
-    from memlens.commands.info import story
+    from memlens.analysis.peak_story import peak_story
     trace = load_cached(path)
-    return {**trace.summary(), **story(trace)}
+    return {**trace.summary(), **peak_story(trace)}
 
 
 def peak_cause(path: str, device: str | None = None) -> dict:

@@ -11,6 +11,7 @@
 - `peak`: what is live at the peak, per device
 - `fragmentation`: reserved vs allocated vs requested bytes where the trace has allocator segments
 - `findings`: the results stated in sentences with numbers
+- `peak_story`: the peak story of `memlens info --json` (cause, top sites with source lines, iterations, phases)
 """
 
 

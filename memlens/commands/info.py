@@ -5,6 +5,7 @@ With several files (the ranks of one job, or runs to compare) it prints each one
 apart their peaks are (`memlens.load_many`)."""
 from __future__ import annotations
 
+from memlens.analysis.peak_story import peak_story
 from memlens.commands._engine import add_engine_options, engine_for, runner_for
 from memlens.errors import printable
 
@@ -25,28 +26,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def story(trace, source_root=None) -> dict:
-    """The ``peak`` / ``iterations`` / ``phases`` part of ``info --json`` (see the issue-17 contract):
-    per device allocated and reserved bytes at the peak, bytes by category, the cause sentence and the top
-    allocation sites (each with ``source``, its line's text, when the file is found under `source_root` or
-    where the frame points); the number of iterations; the phases (ns since the trace start)."""
-    from memlens.analysis.iterations import split_iterations
-    from memlens.analysis.peak_cause import peak_cause
-    from memlens.analysis.phases import trace_phases
-    from memlens.analysis.source import SourceReader, top_site_sources
-
-    its = split_iterations(trace)
-    phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
-               "source": str(p.get("source", ""))} for p in trace_phases(trace)]
-    peak = {dev: c.to_json() for dev, c in peak_cause(trace).items()}
-    reader = SourceReader(source_root)
-    for cause in peak.values():
-        top_site_sources(trace, cause["top_sites"], reader=reader)
-    return {"peak": peak,
-            "iterations": 0 if str(its["source"].iloc[0]) == "none" else int(len(its)),
-            "iteration_source": str(its["source"].iloc[0]), "phases": phases}
-
-
 def _summary(args, path) -> dict:
     """The summary of one file; in memory it also carries the peak story (cause, sites, iterations, phases)."""
     from argparse import Namespace
@@ -63,7 +42,7 @@ def _summary(args, path) -> dict:
         from memlens.analysis.source import SourceReader
         SourceReader(args.source_root)  # a bad --source-root is refused before the file is loaded
     trace = with_categories(load(path), getattr(args, "categories", None))
-    told = {**trace.summary(), **story(trace, getattr(args, "source_root", None))}
+    told = {**trace.summary(), **peak_story(trace, getattr(args, "source_root", None))}
     if "categories" in trace.metadata:  # the user's rules decided the categories
         told["categories"] = trace.metadata["categories"]
     return told
