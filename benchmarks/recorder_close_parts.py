@@ -16,7 +16,12 @@ Also printed: the same parts warm (the same recording's state assembled again an
 which is what the code costs without the step's cache pollution, and the floor of the frames: the three
 tables' `to_frame` alone. The parts are timed by wrapping the stage functions (a ~1 us wrapper per call).
 
-    .venv/bin/python benchmarks/recorder_close_parts.py [--workload gpt|cnn|both] [--rounds 30] [--warmup 10]
+Two floors are timed right after a step too (`floor_after_step`), against issue 27's budget of 5 us per recorded
+op at one step: the three tables made DataFrames alone, and the close of a recording in which no op ran. No
+faster build, join or drain can go below the first while the Trace holds pandas DataFrames made at exit.
+
+    .venv/bin/python benchmarks/recorder_close_parts.py [--workload gpt|cnn|both|mlp|lstm|resnet|vit]
+        [--rounds 30] [--warmup 10]
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ import torch
 import memlens
 from memlens.record import assemble, compiled, join, recorder
 
+from heldout_steps import HELDOUT
 from recorder_overhead import WORKLOADS, cnn_workload, transformer_workload
 
 PARTS = [("stop + drain", compiled.CompiledSession, "stop"), ("build ops", assemble, "build_ops"),
@@ -127,9 +133,46 @@ def warm_parts(model, step) -> dict:
     }
 
 
+def floor_after_step(model, step, rounds: int) -> dict:
+    """{what: us} of two closes no faster code could beat, each timed right after a plain step (median over
+    `rounds`): the three finished tables of a one-step recording made DataFrames (`to_frame` x3, what the Trace
+    contract costs however the tables were computed), and the whole close of a recording in which no op ran
+    (hooks off, an empty drain, the model's parameters marked, empty tables made frames)."""
+    saved = {}
+    make = assemble.trace_of_columns
+
+    def keep(*args):
+        saved["args"] = args
+        return make(*args)
+    assemble.trace_of_columns = keep
+    try:
+        with memlens.record(model, backend="compiled"):
+            step()
+    finally:
+        assemble.trace_of_columns = make
+    blocks, accesses, ops = saved["args"][:3]
+    tables = (("blocks", blocks), ("accesses", accesses), ("ops", ops))
+    frames, empty = [], []
+    for _ in range(rounds):
+        step()
+        t0 = time.perf_counter_ns()
+        for name, table in tables:
+            table.to_frame(assemble.FRAME_DTYPES[name])
+        frames.append(time.perf_counter_ns() - t0)
+        step()
+        rec = memlens.record(model, backend="compiled")
+        rec.__enter__()
+        t0 = time.perf_counter_ns()
+        rec.__exit__(None, None, None)
+        empty.append(time.perf_counter_ns() - t0)
+    return {"to_frame x3 after a step": statistics.median(frames) / 1e3,
+            "close of a recording with no op": statistics.median(empty) / 1e3}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=["gpt", "cnn", "both"], default="both")
+    parser.add_argument("--workload", choices=["gpt", "cnn", "both", *HELDOUT], default="both",
+                        help="the two tuned steps (both) or a held-out one (heldout_steps.py)")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     args = parser.parse_args(argv)
@@ -137,7 +180,10 @@ def main(argv=None):
     import os
     print(f"torch {torch.__version__}, 1 thread, load average {os.getloadavg()[0]:.2f}; wall us, medians")
     for name in (["gpt", "cnn"] if args.workload == "both" else [args.workload]):
-        model, step = (transformer_workload if name == "gpt" else cnn_workload)(WORKLOADS[name])
+        if name in HELDOUT:
+            model, step = HELDOUT[name][0]()
+        else:
+            model, step = (transformer_workload if name == "gpt" else cnn_workload)(WORKLOADS[name])
         step()
         parts, closes, n_ops = cold_parts(model, step, args.rounds, args.warmup)
         warm = warm_parts(model, step)
@@ -150,6 +196,10 @@ def main(argv=None):
             print(f"  {label:28s} {cold:12.0f} us {hot}")
         for label in ("  to_frame x3 (floor)", "assemble (all but drain)"):
             print(f"  {label:28s} {'':>15s} {warm[label]:7.0f} us")
+        floor = floor_after_step(model, step, args.rounds)
+        print(f"  floors right after a step, against a budget of 5 us per op = {5 * n_ops} us:")
+        for label, value in floor.items():
+            print(f"    {label:34s} {value:7.0f} us = {value / n_ops:5.1f} us per op")
     print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 

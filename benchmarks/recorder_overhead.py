@@ -68,6 +68,8 @@ import torch
 import memlens
 from memlens.demo import make_cnn, make_transformer
 
+from heldout_steps import HELDOUT
+
 WORKLOADS = {
     # gpt: (vocab, d_model, heads, layers, seq, batch); cnn: (channels, batch)
     "gpt": (256, 128, 4, 3, 64, 8),
@@ -298,7 +300,8 @@ def _quantile(values, q):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", choices=["gpt", "cnn", "both"], default="both")
+    parser.add_argument("--workload", choices=["gpt", "cnn", "both", "heldout", *HELDOUT], default="both",
+                        help="the two tuned steps (both), or the held-out steps (heldout_steps.py; heldout = all four)")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
@@ -316,10 +319,13 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op thread(s), "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    names = ["gpt", "cnn"] if args.workload == "both" else [args.workload]
+    names = {"both": ["gpt", "cnn"], "heldout": list(HELDOUT)}.get(args.workload, [args.workload])
     for name in names:
-        cfg = WORKLOADS[name]
-        if name == "gpt":
+        cfg = WORKLOADS.get(name)
+        if name in HELDOUT:
+            model, step = HELDOUT[name][0]()
+            title = f"held out: {HELDOUT[name][1]}"
+        elif name == "gpt":
             model, step = transformer_workload(cfg)
             title = f"GPT training step (vocab, d, heads, layers, seq, batch = {cfg}, AdamW)"
         else:
