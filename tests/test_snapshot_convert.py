@@ -137,6 +137,9 @@ def write_training_like_snapshot(path, n_entries: int, seed: int = 0) -> None:
 
 CHILD = """
 import sys
+import pyarrow  # one thread each: how many buffers are in flight at once must not depend on the machine's load
+pyarrow.set_cpu_count(1)
+pyarrow.set_io_thread_count(1)
 from memlens.io.snapshot import import_snapshot
 from memlens.io.snapshot_convert import convert_snapshot
 if sys.argv[1] == "convert":  # row groups smaller than both sizes: their (bounded) buffers are in both
@@ -154,16 +157,21 @@ def test_conversion_memory_grows_less_than_the_in_memory_import(tmp_path):
     peak on top; the import also holds the events as DataFrames and their Arrow copy while saving. Measured
     here: +103 MB converting vs +230 MB importing from 40k to 400k entries (~25 MB noise seen), so the bound
     (2/3 of the import's growth) leaves ~50 MB of room; materialising the events would bring the conversion
-    to the import's growth."""
+    to the import's growth. Each child pins Arrow to one thread and each figure is the lower of two runs:
+    one import's growth once read 158 MB on a loaded machine, a third under the usual."""
     hwm = {}
     for n in (40_000, 400_000):
         src = tmp_path / f"s{n}.pickle"
         write_training_like_snapshot(src, n, seed=n)
         for mode in ("convert", "import"):
-            proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src), str(tmp_path / f"{mode}{n}.memlens")],
-                                  capture_output=True, text=True, timeout=300)
-            assert proc.returncode == 0, proc.stderr
-            hwm[mode, n] = int(proc.stdout.split()[-1]) * 1024
+            runs = []
+            for run in range(2):
+                proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(src),
+                                       str(tmp_path / f"{mode}{n}-{run}.memlens")], capture_output=True, text=True,
+                                      timeout=300)
+                assert proc.returncode == 0, proc.stderr
+                runs.append(int(proc.stdout.split()[-1]) * 1024)
+            hwm[mode, n] = min(runs)
         src.unlink()
     grow = {mode: hwm[mode, 400_000] - hwm[mode, 40_000] for mode in ("convert", "import")}
     assert grow["convert"] < 2 / 3 * grow["import"], (grow, hwm)
