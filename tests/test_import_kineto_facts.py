@@ -1,10 +1,12 @@
-"""Imported profiles keep their facts and their kernels (issue 24 items 2, 3, 5): cost facts from the logged
-shapes, the measured device clock from the profile's own GPU events in every era and for both vendors, and
-one clock contract on every trace. Values are checked against hand-made Kineto JSON (answers computed by
-hand here) and against the real profiles' raw JSON events (recomputed here, independently of memlens)."""
+"""Imported profiles keep their facts and their kernels (issue 24 items 2, 3, 5), on hand-made Kineto JSON
+with answers computed by hand here: kernels, memcpys and memsets attributed to the ops that launched them in
+both eras and for both vendors' launch calls, the measured device clock built from them, cost facts from the
+logged shapes (counted once down a chain of ops), op nesting, the streamed reader and kineto_frames agreeing,
+clear refusals without shapes or kernels, and one clock contract on every trace. The builders are in
+tests/_kineto_cases.py; the real profiles are checked in tests/test_import_kineto_real_profiles.py and the
+2021-era rebuilt facts in tests/test_import_kineto_legacy_facts.py."""
 from __future__ import annotations
 
-import gzip
 import json
 
 import numpy as np
@@ -12,78 +14,9 @@ import pandas as pd
 import pytest
 
 import memlens
+from _kineto_cases import BF16, _memory, _op, by_name, hand_made
 from memlens.io.kineto import kineto_to_trace
 from memlens.schema import CLOCK_KEYS
-
-BF16 = 2
-
-
-# ---- a hand-made profile ------------------------------------------------------------------------------
-def _op(name, ts, dur, ext, dims, types, concrete=None, tid=1, era=2022):
-    args = {"External id": ext, "Input Dims": dims, "Input type": types}
-    if era >= 2022:
-        args["Concrete Inputs"] = concrete or [""] * len(dims)
-        args["Input Strides"] = [[*_contiguous(d)] if t.startswith("c10") else [] for d, t in zip(dims, types)]
-    return {"ph": "X", "cat": "cpu_op" if era >= 2022 else "Operator", "name": name, "pid": 1,
-            "tid": tid if era >= 2022 else str(tid), "ts": ts, "dur": dur, "args": args}
-
-
-def _contiguous(dims):
-    out, step = [], 1
-    for d in reversed(dims):
-        out.insert(0, step)
-        step *= d
-    return out
-
-
-def _launch(ts, corr, ext, era=2022, name="cudaLaunchKernel"):
-    key = "External id" if era >= 2022 else "external id"
-    return {"ph": "X", "cat": "cuda_runtime" if era >= 2022 else "Runtime", "name": name, "pid": 1,
-            "tid": 1 if era >= 2022 else "1", "ts": ts, "dur": 1, "args": {"correlation": corr, key: ext}}
-
-
-def _gpu(cat, name, ts, dur, corr, era=2022):
-    cats = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "gpu_memset": "Memset"}
-    return {"ph": "X", "cat": cat if era >= 2022 else cats[cat], "name": name, "pid": 0,
-            "tid": 7 if era >= 2022 else "stream 7", "ts": ts, "dur": dur, "args": {"correlation": corr,
-                                                                                      "stream": 7}}
-
-
-def _memory(ts, nbytes, addr):
-    return {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
-            "args": {"Bytes": nbytes, "Device Type": 1, "Device Id": 0, "Addr": addr}}
-
-
-def hand_made(era=2022, launch="cudaLaunchKernel"):
-    """linear(x[64,128], W[256,128], b[256]) = t(W) + addmm(b, x, W^T) on thread 1, then add(y, y) that
-    launches a kernel, a memcpy and a memset, then relu_ that launches nothing; one kernel ran from a launch
-    made before profiling began (correlation 99, no runtime call in the trace); the memset (another stream's,
-    say) overlaps the memcpy by 1 us. Times in us."""
-    bf = "c10::BFloat16"
-    ops = [
-        _op("aten::linear", 10, 100, 1, [[64, 128], [256, 128], [256]], [bf, bf, bf], era=era),
-        _op("aten::t", 12, 5, 2, [[256, 128]], [bf], era=era),
-        _op("aten::transpose", 13, 2, 3, [[256, 128], [], []], [bf, "Scalar", "Scalar"], ["", "0", "1"], era=era),
-        _op("aten::addmm", 20, 80, 4, [[256], [64, 128], [128, 256], [], []], [bf, bf, bf, "Scalar", "Scalar"],
-            ["", "", "", "1", "1"], era=era),
-        _op("aten::add", 200, 50, 5, [[64, 256], [64, 256], []], [bf, bf, "Scalar"], ["", "", "1"], era=era),
-        _op("aten::relu_", 300, 10, 6, [[64, 256]], [bf], era=era),
-    ]
-    runtime = [_launch(30, 11, 4, era, launch), _launch(210, 12, 5, era, launch),
-               _launch(220, 13, 5, era, "cudaMemcpyAsync"), _launch(230, 14, 5, era, "cudaMemsetAsync")]
-    gpu = [_gpu("kernel", "gemm_kernel", 40, 30, 11, era), _gpu("kernel", "add_kernel", 240, 4, 12, era),
-           _gpu("gpu_memcpy", "Memcpy DtoD", 250, 6, 13, era), _gpu("gpu_memset", "Memset", 255, 2, 14, era),
-           _gpu("kernel", "early_kernel", 1, 5, 99, era)]
-    memory = [_memory(21, 64 * 256 * BF16, 4096), _memory(201, 64 * 256 * BF16, 8192)]
-    if era < 2022:
-        for m in memory:
-            del m["args"]["Addr"]
-    return {"schemaVersion": 1, "deviceProperties": [{"name": "Hand GPU"}],
-            "traceEvents": ops + runtime + gpu + memory}
-
-
-def by_name(trace):
-    return trace.ops.set_index("name")
 
 
 @pytest.mark.parametrize("era,launch", [(2022, "cudaLaunchKernel"), (2021, "cudaLaunchKernel"),
@@ -234,6 +167,22 @@ def test_the_streamed_reader_builds_the_same_ops(tmp_path):
     assert whole.metadata["gpu_activity"] == streamed.metadata["gpu_activity"]
 
 
+@pytest.mark.parametrize("era", [2022, 2021])
+def test_kineto_frames_reads_every_era(era):
+    """`memlens.gpu_activity.kineto_frames` (the benchmarks' per-kernel view) on the hand-made profile: the
+    2021 spellings (Operator, Runtime, Kernel / Memcpy / Memset, 'external id') give the same frames."""
+    from memlens.gpu_activity import attribute_activity, kineto_frames
+    ops, launches, acts = kineto_frames(hand_made(era))
+    assert len(ops) == 6 and len(launches) == 4 and len(acts) == 5
+    assert sorted(acts["category"]) == ["gpu_memcpy", "gpu_memset", "kernel", "kernel", "kernel"]
+    assert launches["external_id"].tolist() == [4, 5, 5, 5]
+    att = attribute_activity(ops, launches, acts)
+    names = ops["name"].to_numpy()
+    assert [names[o] if o >= 0 else None for o in att["op"]] == ["aten::addmm", "aten::add", "aten::add",
+                                                                  "aten::add", None]
+    assert (acts["end_ns"] - acts["start_ns"]).tolist() == [30_000, 4_000, 6_000, 2_000, 5_000]
+
+
 # ---- one clock contract -------------------------------------------------------------------------------
 def test_every_trace_carries_the_same_clock_dict(tmp_path):
     bare = memlens.Trace.from_tables(pd.DataFrame({"block_id": [0], "device": ["cpu"], "size": [8],
@@ -269,208 +218,3 @@ def test_a_cpu_recording_has_the_clock_and_retiming_drops_the_cpu_caveat():
     retimed = memlens.retime(trace, gpu="H100")
     assert retimed.metadata["clock"]["kind"] == "modeled" and retimed.metadata["clock"]["from"] == "host"
     assert not any(caveat in s for s in findings(retimed))
-
-
-# ---- the real profiles --------------------------------------------------------------------------------
-PROFILES = ["kineto/hta_df_index_resolver.json.gz", "kineto/kineto_resnet50_2021format.pt.trace.json.gz",
-            "kineto/tracelens_h100_bert_small.json.gz", "kineto/tracelens_h100_qwen_0.5b_chat.json.gz",
-            "kineto/tracelens_h100_timesformer_base.json.gz", "kineto/tracelens_mi300_bert_small.json.gz",
-            "kineto/tracelens_mi300_qwen_0.5b_chat.json.gz", "kineto/tracelens_mi300_timesformer_base.json.gz"]
-_GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
-
-
-def raw_gpu(path) -> dict:
-    """From the raw JSON, without memlens: the union (ns) of the kernel/memcpy/memset intervals whose launch
-    (a runtime call with the same correlation) is in the trace, and how many have none."""
-    with gzip.open(path) as f:
-        events = json.load(f)["traceEvents"]
-    runtime = {e["args"]["correlation"] for e in events if e.get("ph") == "X" and
-               str(e.get("cat", "")).lower() in ("cuda_runtime", "cuda_driver", "runtime")
-               and "correlation" in e.get("args", {})}
-    acts = [e for e in events if e.get("ph") == "X" and str(e.get("cat", "")).lower() in _GPU_CATS]
-    launched = [(float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in acts
-                if e["args"].get("correlation") in runtime]
-    busy, run_start, run_end = 0.0, None, None
-    for s, e in sorted(launched):
-        if run_end is None or s > run_end:
-            busy += 0 if run_end is None else run_end - run_start
-            run_start, run_end = s, e
-        else:
-            run_end = max(run_end, e)
-    busy += 0 if run_end is None else run_end - run_start
-    gemm_flops = 0
-    for e in events:
-        a = e.get("args") or {}
-        if e.get("ph") == "X" and e.get("name") in ("aten::mm", "aten::bmm", "aten::addmm") and a.get("Input Dims"):
-            d = a["Input Dims"][1:] if e["name"] == "aten::addmm" else a["Input Dims"]
-            gemm_flops += 2 * int(np.prod(d[0])) * d[1][-1]
-    return {"busy_ns": busy * 1000, "activities": len(acts), "unlaunched": len(acts) - len(launched),
-            "gemm_flops": gemm_flops}
-
-
-@pytest.mark.parametrize("rel", PROFILES)
-def test_real_profile_measured_clock_equals_its_kernels_busy_time(shared, rel):
-    path = shared(rel)
-    raw = raw_gpu(path)
-    trace = memlens.load(path)
-    act = trace.metadata["gpu_activity"]
-    assert act["activities"] == raw["activities"] and act["launched_before_profiling"] == raw["unlaunched"]
-    assert act["launched_outside_ops"] == 0
-    clocked = memlens.onto_kernel_clock(trace)
-    busy = clocked.metadata["clock"]["device_busy_ns"]
-    assert busy == pytest.approx(raw["busy_ns"], rel=0.02)
-    assert clocked.metadata["clock"]["kernels"] == raw["activities"] - raw["unlaunched"]
-    # nested ops are summed into their top-level op: the top-level ops hold every attributed activity once
-    top = trace.ops[trace.ops["parent_op_id"].isna()]
-    assert top["kernels"].sum() == raw["activities"] - raw["unlaunched"]
-
-
-@pytest.mark.parametrize("rel", [p for p in PROFILES if "hta_" not in p])
-def test_real_profile_facts_and_retime(shared, rel):
-    path = shared(rel)
-    raw = raw_gpu(path)
-    trace = memlens.load(path)
-    ops = trace.ops
-    gemm = ops["name"].isin(["aten::mm", "aten::bmm", "aten::addmm"])
-    # every GEMM carries its flops (2 M N K, from the logged dims), counted once over the table
-    assert ops.loc[gemm, "flops"].sum() == raw["gemm_flops"] > 0
-    assert (ops.loc[gemm, "bytes_read"] > 0).all()
-    gpu = "MI300X" if "mi300" in rel else "V100" if "2021" in rel else "H100"
-    r = memlens.retime(trace, gpu=gpu)
-    assert r.metadata["clock"]["kind"] == "modeled" and r.metadata["clock"]["device_busy_ns"] > 0
-
-
-def test_real_profile_streamed_reader_same_ops(shared):
-    from memlens.io.kineto_stream import import_kineto_streamed
-    path = shared("kineto/tracelens_mi300_bert_small.json.gz")
-    whole, streamed = memlens.load(path), import_kineto_streamed(path)
-    pd.testing.assert_frame_equal(whole.ops, streamed.ops)
-    assert whole.metadata["gpu_activity"] == streamed.metadata["gpu_activity"]
-
-
-def test_kernel_summary_reads_the_2021_format(shared):
-    """The benchmarks' per-kernel view (`memlens.gpu_activity.kernel_summary`) attributes the 2021 format's
-    capitalised Kernel / Memcpy / Memset events too (it found 0 before)."""
-    from memlens.gpu_activity import kernel_summary
-    path = shared("kineto/kineto_resnet50_2021format.pt.trace.json.gz")
-    raw = raw_gpu(path)
-    k = kernel_summary(path)
-    assert len(k) == raw["activities"] and (k["op"] >= 0).sum() == raw["activities"] - raw["unlaunched"]
-    assert (k["end_ns"] - k["start_ns"]).sum() / 1e3 == pytest.approx(
-        sum(float(e["dur"]) for e in _raw_events(path) if str(e.get("cat", "")).lower() in _GPU_CATS
-            and e.get("ph") == "X"), rel=1e-9)
-
-
-def _raw_events(path) -> list:
-    with gzip.open(path) as f:
-        return json.load(f)["traceEvents"]
-
-
-@pytest.mark.parametrize("era", [2022, 2021])
-def test_kineto_frames_reads_every_era(era):
-    """`memlens.gpu_activity.kineto_frames` (the benchmarks' per-kernel view) on the hand-made profile: the
-    2021 spellings (Operator, Runtime, Kernel / Memcpy / Memset, 'external id') give the same frames."""
-    from memlens.gpu_activity import attribute_activity, kineto_frames
-    ops, launches, acts = kineto_frames(hand_made(era))
-    assert len(ops) == 6 and len(launches) == 4 and len(acts) == 5
-    assert sorted(acts["category"]) == ["gpu_memcpy", "gpu_memset", "kernel", "kernel", "kernel"]
-    assert launches["external_id"].tolist() == [4, 5, 5, 5]
-    att = attribute_activity(ops, launches, acts)
-    names = ops["name"].to_numpy()
-    assert [names[o] if o >= 0 else None for o in att["op"]] == ["aten::addmm", "aten::add", "aten::add",
-                                                                  "aten::add", None]
-    assert (acts["end_ns"] - acts["start_ns"]).tolist() == [30_000, 4_000, 6_000, 2_000, 5_000]
-
-
-# ---- 2021-era ops logged without scalars (memlens.io.kineto_legacy) ----------------------------------------
-ACT, W3 = [8, 64, 56, 56], [64, 64, 3, 3]
-CONV_FLOPS = 2 * 8 * 64 * 64 * 3 * 3 * 56 * 56        # 2 N K C R S P Q
-F32, I64 = 4, 8
-
-
-def legacy_made(grad_input=True):
-    """A 2021-format ResNet stem, times in us on thread 1: max_pool2d_with_indices(8x64x112x112) whose result
-    the next op takes as its input (8x64x56x56), conv2d's aten::convolution > aten::cudnn_convolution(8x64x56x56,
-    64x64x3x3) whose result relu_ takes (8x64x56x56: stride 1, padding 1), then cudnn_convolution_backward
-    (input, grad_output, weight) with its _input (unless `grad_input` is False) and _weight children, and the
-    pool's backward. No Concrete Inputs: stride, padding and window are not logged."""
-    gl, big = "GenericList", [8, 64, 112, 112]
-    conv_types = ["float", "float", gl, gl, gl, "Int", "Bool", "Bool", "Bool"]
-    child_types = [gl, "float", "float", gl, gl, gl, "Int", "Bool", "Bool", "Bool"]
-    ops = [
-        _op("aten::max_pool2d_with_indices", 10, 10, 1, [big, [], [], [], [], []], ["float", gl, gl, gl, gl, "Bool"],
-            era=2021),
-        _op("aten::convolution", 30, 40, 2, [ACT, W3, [], [], [], [], [], [], []],
-            ["float", "float", "", gl, gl, gl, "Bool", gl, "Int"], era=2021),
-        _op("aten::cudnn_convolution", 32, 30, 3, [ACT, W3, *[[]] * 7], conv_types, era=2021),
-        _op("aten::relu_", 80, 5, 4, [ACT], ["float"], era=2021),
-        _op("aten::cudnn_convolution_backward", 100, 50, 5, [ACT, ACT, W3, *[[]] * 8], ["float"] * 3 + [gl] * 3
-            + ["Int", "Bool", "Bool", "Bool", gl], era=2021),
-        _op("aten::cudnn_convolution_backward_weight", 125, 20, 7, [[], ACT, ACT, *[[]] * 7], child_types, era=2021),
-        _op("aten::max_pool2d_with_indices_backward", 160, 10, 8, [ACT, big, [], [], [], [], [], ACT],
-            ["float", "float", gl, gl, gl, gl, "Bool", "long int"], era=2021),
-    ]
-    if grad_input:
-        ops.append(_op("aten::cudnn_convolution_backward_input", 102, 20, 6, [[], ACT, W3, *[[]] * 7],
-                       child_types, era=2021))
-    exts = [1, 3, 4, 7, 8] + ([6] if grad_input else [])
-    runtime = [_launch(ts, 10 + e, e, 2021) for ts, e in zip([11, 33, 81, 126, 161, 103], exts)]
-    gpu = [_gpu("kernel", f"k{e}", 200 + 10 * k, 5, 10 + e, 2021) for k, e in enumerate(exts)]
-    memory = [_memory(11, ACT[0] * 64 * 56 * 56 * F32, 0), _memory(33, ACT[0] * 64 * 56 * 56 * F32, 0)]
-    for m in memory:
-        del m["args"]["Addr"]
-    return {"schemaVersion": 1, "deviceProperties": [{"name": "Hand GPU"}], "traceEvents": ops + runtime + gpu + memory}
-
-
-def test_2021_convolution_and_pool_facts_rebuilt_by_hand():
-    ops = by_name(kineto_to_trace(legacy_made()))
-    act, w = 8 * 64 * 56 * 56 * F32, 64 * 64 * 3 * 3 * F32
-    # forward: on cudnn_convolution (aten::convolution around it has a kernel but no result: it yields)
-    conv = ops.loc["aten::cudnn_convolution"]
-    assert conv["flops"] == CONV_FLOPS and conv["bytes_read"] == act + w and conv["bytes_written"] == act
-    assert conv["shapes"] == "f32[8,64,56,56],f32[64,64,3,3]->f32[8,64,56,56]"
-    assert ops.loc["aten::convolution", ["flops", "bytes_read", "bytes_written"]].tolist() == [0, 0, 0]
-    # backward: input grad and weight grad, each 2 N K C R S P Q, once, on the parent; the children carry 0
-    back = ops.loc["aten::cudnn_convolution_backward"]
-    assert back["flops"] == 2 * CONV_FLOPS
-    assert back["bytes_read"] == 2 * act + w and back["bytes_written"] == act + w
-    for child in ("aten::cudnn_convolution_backward_input", "aten::cudnn_convolution_backward_weight"):
-        assert ops.loc[child, ["flops", "bytes_read", "bytes_written"]].tolist() == [0, 0, 0]
-    # max-pool: values and int64 indices of the consumer's shape; its backward writes the input's grad
-    pool = ops.loc["aten::max_pool2d_with_indices"]
-    assert pool["bytes_read"] == 8 * 64 * 112 * 112 * F32 and pool["bytes_written"] == 8 * 64 * 56 * 56 * (F32 + I64)
-    pool_back = ops.loc["aten::max_pool2d_with_indices_backward"]
-    assert pool_back["bytes_written"] == 8 * 64 * 112 * 112 * F32
-    assert pool_back["bytes_read"] == 8 * 64 * 56 * 56 * (F32 + I64) + 8 * 64 * 112 * 112 * F32
-
-
-def test_2021_convolution_backward_without_input_grad():
-    """The first layer's backward computes the weight grad only (no _input child): half the flops."""
-    trace = kineto_to_trace(legacy_made(grad_input=False))
-    ops = by_name(trace)
-    assert ops.loc["aten::cudnn_convolution_backward", "flops"] == CONV_FLOPS
-    assert ops.loc["aten::cudnn_convolution_backward", "bytes_written"] == 64 * 64 * 3 * 3 * F32
-    assert trace.metadata["op_facts"]["facts_rebuilt_2021"] == 5
-
-
-def test_2021_legacy_stride_and_padding_from_sizes():
-    from memlens.io.kineto_legacy import conv_params
-    assert conv_params((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56)) == ([1, 1], [1, 1])
-    assert conv_params((32, 3, 224, 224), (64, 3, 7, 7), (32, 64, 112, 112)) == ([2, 2], [3, 3])
-    assert conv_params((32, 256, 56, 56), (128, 256, 1, 1), (32, 128, 56, 56)) == ([1, 1], [0, 0])
-    assert conv_params((32, 512, 28, 28), (1024, 512, 1, 1), (32, 1024, 14, 14)) == ([2, 2], [0, 0])
-
-
-def test_real_2021_resnet50_retimed_near_its_measured_busy_time(shared):
-    """The 2021-format ResNet-50's convolutions and pools carry facts on import (0.35 of the measured busy
-    time before: the backward convolutions, 45% of it, had none); each backward's facts are counted once."""
-    trace = memlens.load(shared("kineto/kineto_resnet50_2021format.pt.trace.json.gz"))
-    ops = trace.ops
-    children = ops["name"].str.startswith("aten::cudnn_convolution_backward_")
-    assert (ops.loc[children, ["flops", "bytes_read", "bytes_written"]] == 0).all().all()
-    fwd = ops.loc[ops["name"] == "aten::cudnn_convolution", "flops"]
-    back = ops.loc[ops["name"] == "aten::cudnn_convolution_backward", "flops"]
-    assert (fwd > 0).all() and (back > 0).all() and 1.9 < back.sum() / fwd.sum() <= 2
-    modeled = memlens.retime(trace, gpu="V100").metadata["clock"]["device_busy_ns"]
-    measured = memlens.onto_kernel_clock(trace).metadata["clock"]["device_busy_ns"]
-    assert 0.8 <= modeled / measured <= 1.2

@@ -10,70 +10,22 @@ On each workload both backends record the same program; we compare what a user r
 Expected values are not taken from either backend: equality between two independent implementations
 (a Python TorchDispatchMode with weakrefs and the profiler's allocation events vs a C++ RecordFunction
 callback with a memory-reporting hook) is the check; a few absolute facts are asserted as well.
+Several threads feeding recordings are compared in tests/test_record_backends_threads.py; the comparison
+helpers are in tests/_record_backends_refs.py.
 """
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
 import torch
 
 import memlens
+from _record_backends_refs import _access_ops, _accumulations, _dispatch_blocks, assert_same
 from memlens.record import native
-from record_workloads import Square, run_threads_per_backend, record_both, transformer_training
+from record_workloads import Square, record_both, transformer_training
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")
-
-
-# Under a TorchDispatchMode autograd accumulates gradients out of place (`add`; the mode makes tensors
-# "subclass-like"); in the plain program -- and under the compiled recorder, which is no mode -- in
-# place (`add_`). These backward accumulations are compared by count only (see test_grad_accumulation).
-_ACCUMULATE = ("aten::add", "aten::add_")
-
-
-def _accumulations(trace):
-    ops = trace.ops
-    return ops[(ops["phase"] == "backward") & ops["name"].isin(_ACCUMULATE)]
-
-
-def _access_ops(trace):
-    """[(op name, sorted ((size, category, is_write), ...))] for ops with at least one access."""
-    b = trace.blocks.set_index("block_id")
-    acc = trace.accesses.join(b[["size", "category"]], on="block_id")
-    acc = acc[~acc["op_id"].isin(_accumulations(trace)["op_id"])]
-    names = trace.ops.set_index("op_id")["name"]
-    out = []
-    for op_id, grp in acc.groupby("op_id", sort=True):
-        keys = sorted(zip(grp["size"].astype(int), grp["category"], grp["is_write"].astype(bool)))
-        out.append((names[op_id], tuple(keys)))
-    return out
-
-
-def _dispatch_blocks(trace):
-    b = trace.blocks[trace.blocks["source"].str.startswith("dispatch")]
-    b = b[~b["alloc_op_id"].isin(_accumulations(trace)["op_id"])]
-    return Counter(zip(b["size"].astype(int), b["category"], b["op"], b["allocated_before"].astype(bool)))
-
-
-def _allocator_blocks(trace):
-    b = trace.blocks[~trace.blocks["source"].str.startswith("dispatch") & (trace.blocks["size"] > 8)]
-    return Counter(zip(b["size"].astype(int), b["category"], b["op"]))
-
-
-def assert_same(py, cc):
-    a, b = _access_ops(py), _access_ops(cc)
-    assert len(a) == len(b), (len(a), len(b))
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert x == y, f"op {i}: python {x} != compiled {y}"
-    assert _dispatch_blocks(py) == _dispatch_blocks(cc)
-    assert _allocator_blocks(py) == _allocator_blocks(cc)
-    assert len(_accumulations(py)) == len(_accumulations(cc))
-    # the per-op cost facts agree too (computed from the signatures each backend logged)
-    if "flops" in cc.ops.columns:
-        keep = lambda t: t.ops[~t.ops["op_id"].isin(_accumulations(t)["op_id"])]   # noqa: E731
-        for col in ("flops", "bytes_written"):
-            assert keep(py)[col].sum() == keep(cc)[col].sum(), col
 
 
 def _train(model, opt, batch, target, steps=2, accumulate=1):
@@ -224,111 +176,6 @@ def test_nested_tensors():
     assert {"aten::linear", "aten::to_padded_tensor", "aten::addmm"} <= names
     big = lambda t: Counter(t.blocks.loc[t.blocks["size"] > 32, "size"].astype(int))   # noqa: E731
     assert big(py) == big(cc)
-
-
-def test_threads_record_independently():
-    """Two threads, each recording its own model at the same time: each trace holds only its own ops,
-    and both backends agree on each thread's blocks and accesses."""
-    torch.manual_seed(0)
-    models = [torch.nn.Sequential(torch.nn.Linear(8 * (i + 1), 8), torch.nn.ReLU()) for i in range(2)]
-    inputs = [torch.randn(4, 8 * (i + 1)) for i in range(2)]
-    results = {}
-    barrier = threading.Barrier(2)
-
-    def worker(i, backend):
-        barrier.wait()
-        with memlens.record(models[i], backend=backend, allocator="none") as rec:
-            for _ in range(3):
-                models[i](inputs[i]).sum().backward()
-                models[i].zero_grad(set_to_none=True)
-        results[(i, backend)] = rec.trace
-
-    run_threads_per_backend(worker)
-    for i in range(2):
-        py, cc = results[(i, "python")], results[(i, "compiled")]
-        assert_same(py, cc)
-        params = cc.blocks[cc.blocks["category"] == "parameter"]
-        assert sorted(params["size"]) == sorted(p.numel() * 4 for p in models[i].parameters())
-
-
-def _inheriting_threads(fns):
-    """Threads that inherit this thread's recording (its thread-local state), as autograd's device
-    threads do; each runs one callable. `.join()` waits and re-raises the first error."""
-    return native.load()._InheritingThreads(fns)
-
-
-@pytest.mark.parametrize("n_threads", [2, 4])
-def test_threads_feeding_one_recording_are_all_recorded(n_threads):
-    """2-4 threads feed one recording at once, each started and finished inside it, each on its own
-    tensors (its own sizes): every op of every thread is recorded, each op with its own thread's blocks
-    (op numbers, accesses and blocks stay consistent when the threads' records are merged), and both
-    backends give the same blocks, accesses and read/write flags."""
-    steps = 150
-    # ops long enough (~0.1 ms) that another thread takes the GIL while one is inside an op
-    xs = [torch.randn((1 << 16) * (i + 1)) for i in range(n_threads)]
-    barrier = threading.Barrier(n_threads)
-
-    def work(i):
-        def run():
-            x = xs[i].clone()
-            barrier.wait()           # all threads run their ops at the same time
-            for _ in range(steps):
-                y = x * 2
-                x.add_(y)
-                x.div_(3.0)
-        return run
-
-    traces = {}
-    for backend in ("python", "compiled"):
-        with memlens.record(backend=backend, allocator="none") as rec:
-            _inheriting_threads([work(i) for i in range(n_threads)]).join()
-        traces[backend] = rec.trace
-    py, cc = traces["python"], traces["compiled"]
-    for t in (py, cc):
-        assert t.metadata["stop_reason"] is None
-        counts = Counter(t.ops["name"])
-        for name in ("aten::mul", "aten::add_", "aten::div_"):
-            assert counts[name] == steps * n_threads, (t.metadata["recorder"], name, counts)
-    assert Counter(_access_ops(py)) == Counter(_access_ops(cc))
-    assert _dispatch_blocks(py) == _dispatch_blocks(cc)
-    # each op touches one thread's tensors only: y = x * 2 reads x and writes y, both of x's size
-    sizes = {x.numel() * 4 for x in xs}
-    for name, keys in _access_ops(cc):
-        assert len({k[0] for k in keys}) == 1 and keys[0][0] in sizes, (name, keys)
-    # the threads' ops did interleave (else this would test one thread after another)
-    size_of_op = cc.accesses.merge(cc.blocks[["block_id", "size"]], on="block_id").groupby("op_id")["size"].first()
-    assert (size_of_op.diff().fillna(0) != 0).sum() >= 10 * n_threads
-    assert cc.metadata["recorder_buffers"]["n_threads"] == n_threads
-    assert list(cc.ops["op_id"]) == list(range(len(cc.ops)))   # merged into one dense numbering
-
-
-def test_leaving_the_recording_while_other_threads_run_ops():
-    """The recording ends (and its buffers are merged and freed) while two threads that inherited it are
-    still running ops: no crash, the trace is whole, and the threads carry on unrecorded."""
-    for backend in ("python", "compiled"):
-        stop = threading.Event()
-        started = threading.Barrier(3)
-        x = torch.randn(4096)
-
-        def spin():
-            started.wait()
-            n = 0
-            while not stop.is_set() or n < 50:
-                (x * 2).sum()
-                n += 1
-
-        with memlens.record(backend=backend, allocator="none") as rec:
-            threads = _inheriting_threads([spin, spin])
-            started.wait()
-            for _ in range(20):
-                x.add(1)
-        stop.set()
-        threads.join()
-        trace = rec.trace
-        assert trace.metadata["stop_reason"] is None
-        assert (trace.ops["name"] == "aten::add").sum() == 20
-        acc = trace.accesses.merge(trace.ops[["op_id", "name"]], on="op_id")
-        assert len(acc) > 0 and acc["block_id"].isin(trace.blocks["block_id"]).all()
 
 
 def test_module_paths_phases_and_inputs_agree():
