@@ -106,13 +106,13 @@ def test_reserved_never_below_live_even_when_the_file_contradicts_it():
 @pytest.mark.parametrize("name", SNAPSHOTS)
 def test_reserved_agrees_everywhere_and_is_at_least_allocated(shared, name):
     from memlens.analysis.fragmentation import fragmentation
-    from memlens.analysis.peak_story import peak_story as story
+    from memlens.analysis.peak_story import peak_story
     from memlens.simulate import simulate
 
     trace = memlens.load(shared(f"snapshots/{name}.pickle"))
     sim = simulate(trace)
     frag = fragmentation(trace)
-    told = story(trace)
+    told = peak_story(trace)
     for dev in trace.devices:
         curve = reserved_curve(trace, dev)
         live = trace.live_bytes(dev)
