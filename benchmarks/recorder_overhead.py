@@ -138,9 +138,28 @@ def measure(mode, model, step, steps):
     if mode in ("python", "compiled") and inst.trace is not None:
         tr = inst.trace
         facts = {"ops": len(tr.ops), "accesses": len(tr.accesses), "recorder_bytes": tr.metadata["recorder_bytes"],
-                 "recorded_step_ns": tr.metadata["recording_ns"] / steps, "backend": tr.metadata["recorder"],
+                 "recorded_step_ns": tr.metadata["recording_ns"] / steps, "steady_step_ns": steady_step_ns(tr, steps),
+                 "backend": tr.metadata["recorder"],
                  "own_ns": tr.metadata.get("recorder_own_ns") or 0}
     return cpu, wall, t2 - t1, facts
+
+
+def steady_step_ns(trace, steps):
+    """One step on the trace's clock without the recording's edges (ns): from the first op of the second step to
+    the first op of the last, over the steps between (steps split by the optimizer's iterations when the trace
+    has them, else into equal op counts); None for fewer than 3 steps. The enter and exit of a recording put
+    some of their own time between its start and its first op, which `recording_ns / steps` spreads over the
+    steps: this figure is what an interval inside a step sees."""
+    ops = trace.ops
+    if steps < 3 or len(ops) < steps:
+        return None
+    starts = ops["start_ns"].to_numpy()
+    if trace.metadata.get("iteration_source") == "optimizer.step" and ops["iteration"].notna().all():
+        firsts = ops.groupby("iteration")["start_ns"].min().to_numpy()
+        if len(firsts) >= steps:
+            return (firsts[steps - 1] - firsts[1]) / (steps - 2)
+    n = len(ops) // steps
+    return (starts[(steps - 1) * n] - starts[n]) / (steps - 2)
 
 
 def memory_per_access(model, step, steps):
@@ -193,12 +212,15 @@ def bench(name, model, step, reps, steps):
         f = facts[mode][-1]
         per_acc = f["recorder_bytes"] / max(f["accesses"], 1)
         clock = statistics.median(x["recorded_step_ns"] for x in facts[mode]) / 1e9 / base_wall
+        steady = [x["steady_step_ns"] for x in facts[mode] if x["steady_step_ns"] is not None]
+        steady = f"{statistics.median(steady) / 1e9 / base_wall:.2f}x" if steady else "n/a (fewer than 3 steps)"
         added = 1e6 * (statistics.median(cpu[mode]) - base_cpu) * steps / max(f["ops"], 1)
         own = statistics.median(x["own_ns"] / max(x["ops"], 1) for x in facts[mode])
         print(f"  {mode} ({f['backend']}): {f['ops'] / steps:.0f} ops/step, {f['accesses']} accesses, "
               f"recorder memory {f['recorder_bytes'] / 1024:.1f} KiB = {per_acc:.1f} B/access; "
               f"{added:.2f} us CPU added per op ({own / 1e3:.2f} us of it measured inside the recorder); "
-              f"recorded step on the trace clock / plain wall step {clock:.2f}x")
+              f"recorded step on the trace clock / plain wall step {clock:.2f}x (without the recording's edges "
+              f"{steady})")
     for n in (20,):
         rb, na, no = memory_per_access(model, step, n)
         print(f"  compiled recorder memory over {n} steps: {rb / 1024:.1f} KiB for {na} accesses ({no} ops) = "
