@@ -60,6 +60,7 @@ class _RecordingMode(TorchDispatchMode):
         self.session = session
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t_in = perf_counter_ns()     # the recorder's own time starts here (memlens.record.own_clock)
         if kwargs is None:
             kwargs = {}
         session = self.session
@@ -75,9 +76,10 @@ class _RecordingMode(TorchDispatchMode):
                 session.fail(exc)
                 return func(*args, **kwargs)
         prior = _set_eval_frame(None)
+        end = 0
         try:
             if entry[7] and args and isinstance(args[0], Tensor):   # resize_/set_: rare, slow path
-                return session.run_reallocating_op(entry, args, kwargs)
+                return session.run_reallocating_op(entry, args, kwargs, t_in)
             start = perf_counter_ns()
             out = entry[5](*args, **kwargs)      # the C++ op behind the OpOverload: one frame less
             end = perf_counter_ns()
@@ -95,4 +97,6 @@ class _RecordingMode(TorchDispatchMode):
             return out
         finally:
             _set_eval_frame(prior)
+            if end:   # the op ran: the recorder's own time before it and after it
+                session.own_extend((t_in, start, end, perf_counter_ns()))
 

@@ -188,9 +188,14 @@ class Recorder:
     def _allocator_and_settings(self, session, allocator_data):
         """The allocator data with the compiled recorder's memory-hook events and notes added (once per
         recording), and the recorder's settings for the metadata."""
+        if allocator_data is None:   # the instruments failed to stop (warned): the dispatch-level trace is kept
+            from memlens.record.instruments import AllocatorData
+            allocator_data = AllocatorData(notes=["allocator events lost: the instruments failed to stop"])
         if getattr(allocator_data, "_session_added", False):
             return allocator_data, self._settings()
         allocator_data._session_added = True
+        # the Python recorder's times and the allocator's, onto the clock without its own time (once)
+        session.onto_own_clock(allocator_data, self._clock)
         from memlens.record.columns import Columns
         mem_events = getattr(session, "memory_events", None)
         if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook

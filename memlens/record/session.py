@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from array import array
 from itertools import repeat
 from time import perf_counter_ns
 
@@ -84,6 +85,9 @@ class Session(Attribution, StorageBlocks):
         self._blocks_extend = b.blocks.data.extend
         self._frees_extend = b.frees.data.extend
         self._sigs_append = b.op_sigs.data.append
+        # the recorder's own time, as (start, end) pairs of perf_counter ns (memlens.record.own_clock)
+        self.own_log = array("q")
+        self.own_extend = self.own_log.extend
 
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
@@ -95,7 +99,9 @@ class Session(Attribution, StorageBlocks):
         self._mode.__enter__()
         self._mode_pushed = True
         if self.model is not None:
+            t0 = perf_counter_ns()
             self._register_modules(self.model, self.module_prefix)
+            self.own_extend((t0, perf_counter_ns()))
 
     def stop(self) -> None:
         """Stop recording: pop the mode and drop every weak reference (no callbacks after this)."""
@@ -123,6 +129,48 @@ class Session(Attribution, StorageBlocks):
             self.t_stop = perf_counter_ns()
         self._refs.clear()
         self._live.clear()
+
+    # ---- hooks: their time is the recorder's own, left out of the clock (memlens.record.own_clock) ---
+    def enter_module(self, module, args) -> None:
+        t0 = perf_counter_ns()
+        try:
+            Attribution.enter_module(self, module, args)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+
+    def exit_module(self, module) -> None:
+        t0 = perf_counter_ns()
+        try:
+            Attribution.exit_module(self, module)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+
+    def optimizer_pre(self, optimizer) -> None:
+        t0 = perf_counter_ns()
+        try:
+            Attribution.optimizer_pre(self, optimizer)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+
+    def optimizer_post(self, optimizer) -> None:
+        t0 = perf_counter_ns()
+        try:
+            Attribution.optimizer_post(self, optimizer)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+
+    def mark_step(self) -> None:
+        t0 = perf_counter_ns()
+        try:
+            Attribution.mark_step(self)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+
+    def onto_own_clock(self, allocator, clock: tuple[int, int]) -> None:
+        """After the recording: its times and `allocator`'s moved onto the clock without the recorder's own
+        time (`memlens.record.own_clock.session_onto_own_clock`)."""
+        from memlens.record.own_clock import session_onto_own_clock
+        session_onto_own_clock(self, allocator, clock)
 
     # ---- after stop: the accesses a window of ops at a time (the streaming save) -------------------
     def access_windows(self, max_ops: int, max_records: int):
@@ -288,3 +336,4 @@ class Session(Attribution, StorageBlocks):
                  info.resizes)
         self._op_cache[id(func)] = entry
         return entry
+

@@ -64,8 +64,9 @@ class StorageBlocks:
                 if isinstance(x, Tensor):
                     self._touch(x, write, op, t)
 
-    def run_reallocating_op(self, entry, args, kwargs):
-        """Run resize_/set_ and log it, seeing `self`'s allocation before and after the op."""
+    def run_reallocating_op(self, entry, args, kwargs, t_in: int):
+        """Run resize_/set_ and log it, seeing `self`'s allocation before and after the op; `t_in`: when the
+        dispatch mode took over (perf_counter ns), the start of the recorder's own time before the op."""
         st = args[0].untyped_storage()
         had_bytes = True
         try:
@@ -86,6 +87,7 @@ class StorageBlocks:
                 self.on_op(entry, args, kwargs, out, start, end)
             except Exception as exc:
                 self.fail(exc)
+        self.own_extend((t_in, start, end, perf_counter_ns()))
         return out
 
     def _check_reallocated(self, tensor, op: int, start: int, end: int) -> None:
@@ -155,3 +157,4 @@ class StorageBlocks:
         _, bid, key = entry
         self._live.pop(key, None)
         self._frees_extend((bid, t))
+        self.own_extend((t, perf_counter_ns()))
