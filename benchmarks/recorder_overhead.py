@@ -51,6 +51,10 @@ speed moved by about a third between runs that morning: compare runs made in one
 moved to numpy columns (02:55 UTC, load 2.4-3.7): 1-step closes 20.7 ms (GPT) and 16.4 ms (CNN), blocks 1.69x
 and 2.38x.
 
+Held-out steps (`--workload heldout`: MLP + AdamW, LSTM LM, small ResNet, ViT-like; `heldout_steps.py`), never
+used to tune the recorder: measured the same way on 2026-11-28, the README's "Held-out steps" has the table
+(whole block 1.10-1.33x at one step except the MLP of ~7 us ops, 2.78x; always below the profiler's).
+
 Recorder memory (records delta+varint coded, plus chunk slack and chunk lists, signature arena and index,
 the live-block map, per-thread buffers), per recorded access: 3-step recordings 24.9 B (GPT) / 30.2 B
 (CNN); 20 steps 18.7 B (GPT) / 18.0-18.2 B (CNN) (2026-11-26, after the flat live-block map, 128 B
