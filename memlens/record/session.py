@@ -40,6 +40,18 @@ def _writes_apply(pos_writes: tuple, write_if: int, args: tuple) -> bool:
     return bool(pos_writes) and (write_if < 0 or (len(args) > write_if and bool(args[write_if])))
 
 
+def _own_time(name: str):
+    """The hook `name` of `Attribution` (looked up at each call), its run logged as the recorder's own time."""
+    def timed(self, *args):
+        t0 = perf_counter_ns()
+        try:
+            return getattr(Attribution, name)(self, *args)
+        finally:
+            self.own_extend((t0, perf_counter_ns()))
+    timed.__name__, timed.__doc__ = name, getattr(Attribution, name).__doc__
+    return timed
+
+
 class Session(Attribution, StorageBlocks):
     """State of one recording (the public `Recorder` creates one per `with` block or decorated call)."""
 
@@ -131,40 +143,11 @@ class Session(Attribution, StorageBlocks):
         self._live.clear()
 
     # ---- hooks: their time is the recorder's own, left out of the clock (memlens.record.own_clock) ---
-    def enter_module(self, module, args) -> None:
-        t0 = perf_counter_ns()
-        try:
-            Attribution.enter_module(self, module, args)
-        finally:
-            self.own_extend((t0, perf_counter_ns()))
-
-    def exit_module(self, module) -> None:
-        t0 = perf_counter_ns()
-        try:
-            Attribution.exit_module(self, module)
-        finally:
-            self.own_extend((t0, perf_counter_ns()))
-
-    def optimizer_pre(self, optimizer) -> None:
-        t0 = perf_counter_ns()
-        try:
-            Attribution.optimizer_pre(self, optimizer)
-        finally:
-            self.own_extend((t0, perf_counter_ns()))
-
-    def optimizer_post(self, optimizer) -> None:
-        t0 = perf_counter_ns()
-        try:
-            Attribution.optimizer_post(self, optimizer)
-        finally:
-            self.own_extend((t0, perf_counter_ns()))
-
-    def mark_step(self) -> None:
-        t0 = perf_counter_ns()
-        try:
-            Attribution.mark_step(self)
-        finally:
-            self.own_extend((t0, perf_counter_ns()))
+    enter_module = _own_time("enter_module")
+    exit_module = _own_time("exit_module")
+    optimizer_pre = _own_time("optimizer_pre")
+    optimizer_post = _own_time("optimizer_post")
+    mark_step = _own_time("mark_step")
 
     def onto_own_clock(self, allocator, clock: tuple[int, int]) -> None:
         """After the recording: its times and `allocator`'s moved onto the clock without the recorder's own
