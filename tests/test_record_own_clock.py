@@ -81,10 +81,13 @@ def test_a_session_and_its_allocator_events_moved_by_hand():
         blocks=[(0, 0, 1, 8, -1, 0, 1), (1, 0, 2, 8, 115, 0, 0), (2, 0, 3, 8, 205, 1, 0)],
         frees=[(1, 205), (2, 300)],
         log=[(100, 130), (200, 210)], t_stop=400)
-    wall0, perf0 = 10_000_000, 0        # unix ns = raw ns + 10 ms
-    events = pd.DataFrame({"t_unix_ns": np.array([115, 140, 300], np.int64) + wall0,
+    wall0, perf0 = 10_000_000, 3_000        # unix ns = raw ns - 3 us + 10 ms
+    unix = wall0 - perf0
+    events = pd.DataFrame({"t_unix_ns": np.array([115, 140, 300], np.int64) + unix,
                            "device": ["cpu"] * 3, "addr": [2, 3, 3], "delta": [8, 8, -8]})
-    snapshot = {"device_traces": [[{"action": "alloc", "time_us": (wall0 + 205_000) // 1000}]]}
+    late = {"action": "alloc", "time_us": (unix + 205_000) // 1000}
+    odd = [{"action": "alloc"}, {"action": "alloc", "time_us": "?"}, {"action": "alloc", "time_us": 0}]
+    snapshot = {"device_traces": [[late, *odd]]}
     allocator = AllocatorData(events=events, snapshot=snapshot)
     session_onto_own_clock(session, allocator, (wall0, perf0))
     ops = session.buf.ops.to_numpy()
@@ -92,10 +95,11 @@ def test_a_session_and_its_allocator_events_moved_by_hand():
     assert session.buf.blocks.to_numpy()[:, 4].tolist() == [-1, 100, 170]   # -1: alive before, kept
     assert session.buf.frees.to_numpy()[:, 1].tolist() == [170, 260]
     assert session.t_stop == 360 and session.own_ns == 40
-    assert (allocator.events["t_unix_ns"] - wall0).tolist() == [100, 110, 260]
-    assert events["t_unix_ns"].tolist() == [wall0 + 115, wall0 + 140, wall0 + 300]   # the caller's table untouched
-    # the snapshot's µs clock: 205 µs raw comes after all 40 ns of own time
-    assert snapshot["device_traces"][0][0]["time_us"] == (wall0 + 205_000 - 40) // 1000
+    assert (allocator.events["t_unix_ns"] - unix).tolist() == [100, 110, 260]
+    assert events["t_unix_ns"].tolist() == [unix + 115, unix + 140, unix + 300]   # the caller's table untouched
+    # the snapshot's µs clock: 205 µs raw comes after all 40 ns of own time; entries without a time stay
+    assert late["time_us"] == (unix + 205_000 - 40) // 1000
+    assert odd == [{"action": "alloc"}, {"action": "alloc", "time_us": "?"}, {"action": "alloc", "time_us": 0}]
     assert len(session.own_log) == 0       # consumed: a second move changes nothing
     session_onto_own_clock(session, allocator, (wall0, perf0))
     assert session.buf.ops.to_numpy()[:, 2].tolist() == [50, 100, 170]

@@ -92,14 +92,12 @@ def session_onto_own_clock(session, allocator, clock: tuple[int, int]) -> None:
     ops[:, 3] = own.onto(ops[:, 3])
     _refill(buf.ops, ops)
     blocks = buf.blocks.to_numpy()
-    seen = blocks[:, 4] >= 0               # -1: alive before the recording
-    blocks[seen, 4] = own.onto(blocks[seen, 4])
+    blocks[:, 4] = own.onto(blocks[:, 4])  # -1 (alive before the recording) stays -1: no own time precedes it
     _refill(buf.blocks, blocks)
     frees = buf.frees.to_numpy()
     frees[:, 1] = own.onto(frees[:, 1])
     _refill(buf.frees, frees)
-    edges = own.own_until(np.array([session.t_start, session.t_stop]))
-    session.own_ns = int(edges[1] - edges[0])
+    session.own_ns = int(own.own_until(np.array([session.t_stop]))[0])   # all logged after the start
     session.t_stop = int(own.onto(np.array([session.t_stop]))[0])
     if allocator is not None:
         _allocator_onto(own, allocator, clock)
