@@ -67,11 +67,10 @@ def test_own_time_against_a_brute_force_count():
 
 def _session_by_hand(ops, blocks, frees, log, t_start=0, t_stop=1000):
     buf = EventBuffers(1 << 20)
-    for stream, rows in ((buf.ops, ops), (buf.blocks, blocks), (buf.frees, frees)):
+    for stream, rows in ((buf.ops, ops), (buf.blocks, blocks), (buf.frees, frees), (buf.own, log)):
         for row in rows:
             stream.data.extend(row)
-    own_log = array("q", [x for pair in log for x in pair])
-    return SimpleNamespace(buf=buf, own_log=own_log, own_extend=own_log.extend, t_start=t_start, t_stop=t_stop)
+    return SimpleNamespace(buf=buf, own_extend=buf.own.data.extend, t_start=t_start, t_stop=t_stop)
 
 
 def test_a_session_and_its_allocator_events_moved_by_hand():
@@ -100,7 +99,7 @@ def test_a_session_and_its_allocator_events_moved_by_hand():
     # the snapshot's µs clock: 205 µs raw comes after all 40 ns of own time; entries without a time stay
     assert late["time_us"] == (unix + 205_000 - 40) // 1000
     assert odd == [{"action": "alloc"}, {"action": "alloc", "time_us": "?"}, {"action": "alloc", "time_us": 0}]
-    assert len(session.own_log) == 0       # consumed: a second move changes nothing
+    assert len(session.buf.own) == 0       # consumed: a second move changes nothing
     session_onto_own_clock(session, allocator, (wall0, perf0))
     assert session.buf.ops.to_numpy()[:, 2].tolist() == [50, 100, 170]
 
@@ -176,6 +175,7 @@ def test_slow_free_callbacks_are_not_on_the_clock(monkeypatch):
             y = x * 2
             del y                     # freed between the mul and the add
             z = x + 1                 # the previous z freed before the next mul
+    assert z.shape == (16,)
     assert len(rec.trace.ops) == 21
     assert rec.trace.metadata["recorder_own_ns"] >= 20 * 2_000_000
     assert _median_gap(rec.trace) < 700_000

@@ -46,7 +46,8 @@ class EventBuffers:
     ``accesses`` (block_id * 2 + is_write), ``blocks`` (block_id, device_idx, addr, size, alloc_ns,
     alloc_op, allocated_before), ``frees`` (block_id, t_ns), ``marks`` (block_id, category_code,
     op_index, module_idx), ``iter_marks`` (op_index, kind), ``op_stacks`` (stack_id per op, only with stacks),
-    ``op_sigs`` (cost-signature number per op, -1 for none; see `memlens.record.costs`).
+    ``op_sigs`` (cost-signature number per op, -1 for none; see `memlens.record.costs`), ``own`` (start, end of
+    each stretch of the Python recorder's own work; see `memlens.record.own_clock`).
     Times are absolute `time.perf_counter_ns()` values; the builder makes them relative.
     """
 
@@ -62,10 +63,11 @@ class EventBuffers:
         self.iter_marks = Stream("iter_marks", 2)
         self.op_stacks = Stream("op_stacks", 1)
         self.op_sigs = Stream("op_sigs", 1)
+        self.own = Stream("own", 2)
 
     def streams(self) -> list[Stream]:
         return [self.ops, self.accesses, self.blocks, self.frees, self.marks, self.iter_marks,
-                self.op_stacks, self.op_sigs]
+                self.op_stacks, self.op_sigs, self.own]
 
     @property
     def nbytes(self) -> int:

@@ -81,9 +81,10 @@ def session_onto_own_clock(session, allocator, clock: tuple[int, int]) -> None:
     times were collected (CUDA): the trace then moves onto the measured kernel clock, whose correlation of
     kernels to ops reads raw launch times. The log is consumed (a second call changes nothing)."""
     from array import array
-    own = OwnTime.of_log(session.own_log)
-    session.own_log = array("q")
-    session.own_extend = session.own_log.extend
+    stream = session.buf.own
+    own = OwnTime.of_log(stream.data)
+    stream.data = array("q")
+    session.own_extend = stream.data.extend
     if own.total_ns == 0 or (allocator is not None and allocator.kernels is not None and len(allocator.kernels)):
         return
     buf = session.buf

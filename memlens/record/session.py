@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import warnings
-from array import array
 from itertools import repeat
 from time import perf_counter_ns
 
@@ -97,9 +96,9 @@ class Session(Attribution, StorageBlocks):
         self._blocks_extend = b.blocks.data.extend
         self._frees_extend = b.frees.data.extend
         self._sigs_append = b.op_sigs.data.append
-        # the recorder's own time, as (start, end) pairs of perf_counter ns (memlens.record.own_clock)
-        self.own_log = array("q")
-        self.own_extend = self.own_log.extend
+        # the recorder's own time, as (start, end) pairs of perf_counter ns (memlens.record.own_clock); in the
+        # buffers, so that the byte budget and the reported recorder memory count it
+        self.own_extend = b.own.data.extend
 
     # ---- start / stop -----------------------------------------------------------------------
     def start(self) -> None:
