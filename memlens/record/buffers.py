@@ -32,6 +32,12 @@ class Stream:
         """Bytes held by the stream's buffer (what was appended; the array may over-allocate ~12%)."""
         return len(self.data) * INT64_BYTES
 
+    def replace(self, table: np.ndarray) -> None:
+        """Make the stream hold exactly the records of `table` (n x width, or n values for width 1), as int64
+        (a new buffer: views of the old one stay valid)."""
+        self.data = array("q")
+        self.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
+
     def to_numpy(self) -> np.ndarray:
         """The records as an (n, width) int64 array (a copy, so the buffer can be released)."""
         n = len(self.data) // self.width

@@ -163,7 +163,7 @@ class CompiledSession(CompiledDrain, Session):
             return
         parts = [packed for _, _, packed in self.access_windows(1 << 20, 1 << 24)]
         acc = np.concatenate(parts) if parts else np.empty(0, np.int64)
-        self._fill(self.buf.accesses, acc.reshape(-1, 1))
+        self.buf.accesses.replace(acc.reshape(-1, 1))
         self.accesses_not_in_buffer = 0
         self.close_windows()
 

@@ -60,8 +60,8 @@ class CompiledDrain:
         table[:, 3] = end
         table[:, 4] = aseq
         table[:, 5] = np.cumsum(nacc)
-        self._fill(self.buf.ops, table)
-        self._fill(self.buf.accesses, acc.reshape(-1, 1))
+        self.buf.ops.replace(table)
+        self.buf.accesses.replace(acc.reshape(-1, 1))
         nb = len(blocks)
         size = blocks["size_dev"] & ((1 << 48) - 1)
         dev = blocks["size_dev"] >> 48
@@ -81,7 +81,7 @@ class CompiledDrain:
         btable[:, 4] = np.where(before == 1, -1, made_t)
         btable[:, 5] = op
         btable[:, 6] = before
-        self._fill(self.buf.blocks, btable)
+        self.buf.blocks.replace(btable)
         # Each thread's clock leaves out the recorder's own time in that thread, so clocks of threads
         # feeding one recording drift apart by the difference; a free found in another thread than the
         # block's (a storage that died where no memory hook runs, found by a later op's sweep) can then
@@ -91,7 +91,7 @@ class CompiledDrain:
             made_at = np.maximum(btable[:, 4], np.where(claimed, self._block_cols["alloc_t"], -1))
             free_t = np.maximum(free_t, made_at[frees["block"]])
         ftable = np.stack([frees["block"], free_t], axis=1) if len(frees) else np.empty((0, 2), np.int64)
-        self._fill(self.buf.frees, ftable)
+        self.buf.frees.replace(ftable)
         self.n_blocks = nb
         self.memory_events = self._memory_events(mem, self._block_cols, frees) if self.memory else None
 
@@ -106,7 +106,7 @@ class CompiledDrain:
         per_op = np.full(n, -1, dtype=np.int64)
         take = min(len(ids), n - first)
         per_op[first:first + take] = ids[:take]
-        self._fill(self.buf.op_stacks, per_op.reshape(-1, 1))
+        self.buf.op_stacks.replace(per_op.reshape(-1, 1))
         self.stack_table = StackTable.from_frames(d["stacks"], self.stack_table.max_depth)
         self.recorder_bytes += int(d["bytes"])
         if getattr(self, "recorder_parts", None) is not None:
@@ -142,11 +142,6 @@ class CompiledDrain:
             at = np.searchsorted(ctxs["op"], np.arange(n), side="right") - 1
             ctx = np.where(at >= 0, ctxs["ctx"][np.maximum(at, 0)], 0)
         return start, start + dur, sig, nacc, ctx
-
-    @staticmethod
-    def _fill(stream, table: np.ndarray) -> None:
-        stream.data = stream.data.__class__("q")
-        stream.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
 
     def _memory_events(self, mem, blocks, frees) -> Columns:
         """Every allocator event as the profiler would list it: the raw ones plus the allocations (and

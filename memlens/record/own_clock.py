@@ -80,10 +80,9 @@ def session_onto_own_clock(session, allocator, clock: tuple[int, int]) -> None:
     start: it places the allocator's unix times on the raw clock. Left on the raw host clock when kernel
     times were collected (CUDA): the trace then moves onto the measured kernel clock, whose correlation of
     kernels to ops reads raw launch times. The log is consumed (a second call changes nothing)."""
-    from array import array
     stream = session.buf.own
     own = OwnTime.of_log(stream.data)
-    stream.data = array("q")
+    stream.replace(np.empty((0, 2), np.int64))
     session.own_extend = stream.data.extend
     if own.total_ns == 0 or (allocator is not None and allocator.kernels is not None and len(allocator.kernels)):
         return
@@ -91,24 +90,17 @@ def session_onto_own_clock(session, allocator, clock: tuple[int, int]) -> None:
     ops = buf.ops.to_numpy()
     ops[:, 2] = own.onto(ops[:, 2])
     ops[:, 3] = own.onto(ops[:, 3])
-    _refill(buf.ops, ops)
+    buf.ops.replace(ops)
     blocks = buf.blocks.to_numpy()
     blocks[:, 4] = own.onto(blocks[:, 4])  # -1 (alive before the recording) stays -1: no own time precedes it
-    _refill(buf.blocks, blocks)
+    buf.blocks.replace(blocks)
     frees = buf.frees.to_numpy()
     frees[:, 1] = own.onto(frees[:, 1])
-    _refill(buf.frees, frees)
+    buf.frees.replace(frees)
     session.own_ns = int(own.own_until(np.array([session.t_stop]))[0])   # all logged after the start
     session.t_stop = int(own.onto(np.array([session.t_stop]))[0])
     if allocator is not None:
         _allocator_onto(own, allocator, clock)
-
-
-def _refill(stream, table: np.ndarray) -> None:
-    """Replace a stream's records with `table` (n x width int64)."""
-    from array import array
-    stream.data = array("q")
-    stream.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
 
 
 def _allocator_onto(own: OwnTime, allocator, clock: tuple[int, int]) -> None:
