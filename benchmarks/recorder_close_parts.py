@@ -36,7 +36,7 @@ import memlens
 from memlens.record import assemble, compiled, join, recorder
 
 from heldout_steps import HELDOUT
-from recorder_overhead import WORKLOADS, cnn_workload, transformer_workload
+from recorder_overhead import workload
 
 PARTS = [("stop + drain", compiled.CompiledSession, "stop"), ("build ops", assemble, "build_ops"),
          ("build accesses", assemble, "build_accesses"), ("build blocks", assemble, "build_blocks"),
@@ -89,8 +89,9 @@ def cold_parts(model, step, rounds: int, warmup: int) -> tuple[dict, list, int]:
     return timer.ns, closes, len(rec.trace.ops)
 
 
-def warm_parts(model, step) -> dict:
-    """{part: us} of one recording's state assembled again (minimum of 5 x 50): the code without cold caches."""
+def warm_parts(model, step) -> tuple[dict, tuple]:
+    """({part: us} of one recording's state assembled again (minimum of 5 x 50): the code without cold caches;
+    that recording's three finished tables, ((name, `Columns`), ...), as the frames receive them)."""
     captured = {}
     build = recorder.Recorder._build
 
@@ -113,7 +114,7 @@ def warm_parts(model, step) -> dict:
     blocks = assemble.build_blocks(session, ops, module_idx)
     finished = assemble.finish_tables(session, allocator_data, blocks, ops, accesses, source, settings=settings,
                                       clock=rec._clock)
-    b, o = finished[0], finished[1]
+    tables = (("blocks", finished[0]), ("accesses", accesses), ("ops", finished[1]))
     seeded = assemble.refine_autograd_seeds(blocks, accesses, ops)
     wall0, perf0 = rec._clock
     return {
@@ -125,33 +126,19 @@ def warm_parts(model, step) -> dict:
         "  of which join": us(lambda: join.join_allocator(seeded, accesses, ops, allocator_data,
                                                           perf0 - wall0 - session.t_start, [],
                                                           window_ns=session.t_stop - session.t_start)),
-        "frames": us(lambda: assemble.trace_of_columns(b, accesses, o, finished[2], finished[3])),
-        "  to_frame x3 (floor)": us(lambda: [t.to_frame(assemble.FRAME_DTYPES[k]) for k, t in
-                                             (("blocks", b), ("accesses", accesses), ("ops", o))]),
+        "frames": us(lambda: assemble.trace_of_columns(finished[0], accesses, finished[1], finished[2],
+                                                       finished[3])),
+        "  to_frame x3 (floor)": us(lambda: [t.to_frame(assemble.FRAME_DTYPES[k]) for k, t in tables]),
         "assemble (all but drain)": us(lambda: assemble.assemble_trace(session, allocator_data, settings=settings,
                                                                        clock=rec._clock)),
-    }
+    }, tables
 
 
-def floor_after_step(model, step, rounds: int) -> dict:
+def floor_after_step(model, step, tables: tuple, rounds: int) -> dict:
     """{what: us} of two closes no faster code could beat, each timed right after a plain step (median over
-    `rounds`): the three finished tables of a one-step recording made DataFrames (`to_frame` x3, what the Trace
-    contract costs however the tables were computed), and the whole close of a recording in which no op ran
-    (hooks off, an empty drain, the model's parameters marked, empty tables made frames)."""
-    saved = {}
-    make = assemble.trace_of_columns
-
-    def keep(*args):
-        saved["args"] = args
-        return make(*args)
-    assemble.trace_of_columns = keep
-    try:
-        with memlens.record(model, backend="compiled"):
-            step()
-    finally:
-        assemble.trace_of_columns = make
-    blocks, accesses, ops = saved["args"][:3]
-    tables = (("blocks", blocks), ("accesses", accesses), ("ops", ops))
+    `rounds`): a one-step recording's finished `tables` (from `warm_parts`) made DataFrames (`to_frame` x3, what
+    the Trace contract costs however the tables were computed), and the whole close of a recording in which no
+    op ran (hooks off, an empty drain, the model's parameters marked, empty tables made frames)."""
     frames, empty = [], []
     for _ in range(rounds):
         step()
@@ -180,13 +167,10 @@ def main(argv=None):
     import os
     print(f"torch {torch.__version__}, 1 thread, load average {os.getloadavg()[0]:.2f}; wall us, medians")
     for name in (["gpt", "cnn"] if args.workload == "both" else [args.workload]):
-        if name in HELDOUT:
-            model, step = HELDOUT[name][0]()
-        else:
-            model, step = (transformer_workload if name == "gpt" else cnn_workload)(WORKLOADS[name])
+        model, step, _ = workload(name)
         step()
         parts, closes, n_ops = cold_parts(model, step, args.rounds, args.warmup)
-        warm = warm_parts(model, step)
+        warm, tables = warm_parts(model, step)
         close_us = statistics.median(closes) / 1e3
         print(f"\n{name}: one step, {n_ops} ops; close {close_us:.0f} us = {close_us / n_ops:.1f} us per op")
         print(f"  {'part':28s} {'after the step':>15s} {'warm':>10s}")
@@ -196,7 +180,7 @@ def main(argv=None):
             print(f"  {label:28s} {cold:12.0f} us {hot}")
         for label in ("  to_frame x3 (floor)", "assemble (all but drain)"):
             print(f"  {label:28s} {'':>15s} {warm[label]:7.0f} us")
-        floor = floor_after_step(model, step, args.rounds)
+        floor = floor_after_step(model, step, tables, args.rounds)
         print(f"  floors right after a step, against a budget of 5 us per op = {5 * n_ops} us:")
         for label, value in floor.items():
             print(f"    {label:34s} {value:7.0f} us = {value / n_ops:5.1f} us per op")

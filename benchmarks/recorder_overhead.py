@@ -114,6 +114,20 @@ def cnn_workload(cfg):
     return model, step
 
 
+def workload(name: str):
+    """(model, step, title) of a step by name: "gpt" and "cnn" (the tuned two, `WORKLOADS`) or a held-out one
+    (`heldout_steps.HELDOUT`)."""
+    if name in HELDOUT:
+        model, step = HELDOUT[name][0]()
+        return model, step, f"held out: {HELDOUT[name][1]}"
+    cfg = WORKLOADS[name]
+    if name == "gpt":
+        model, step = transformer_workload(cfg)
+        return model, step, f"GPT training step (vocab, d, heads, layers, seq, batch = {cfg}, AdamW)"
+    model, step = cnn_workload(cfg)
+    return model, step, f"CNN training step (channels, batch = {cfg}, BatchNorm, SGD momentum)"
+
+
 def _instrument(mode, model):
     if mode == "plain":
         return None
@@ -347,16 +361,7 @@ def main(argv=None):
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     names = {"both": ["gpt", "cnn"], "heldout": list(HELDOUT)}.get(args.workload, [args.workload])
     for name in names:
-        cfg = WORKLOADS.get(name)
-        if name in HELDOUT:
-            model, step = HELDOUT[name][0]()
-            title = f"held out: {HELDOUT[name][1]}"
-        elif name == "gpt":
-            model, step = transformer_workload(cfg)
-            title = f"GPT training step (vocab, d, heads, layers, seq, batch = {cfg}, AdamW)"
-        else:
-            model, step = cnn_workload(cfg)
-            title = f"CNN training step (channels, batch = {cfg}, BatchNorm, SGD momentum)"
+        model, step, title = workload(name)
         if step_counts and args.only != "steps":
             bench_whole(title, model, step, step_counts, reps_for)
         if args.only != "whole":
