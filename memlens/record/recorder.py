@@ -140,6 +140,8 @@ class Recorder:
                 allocator_data = None
         exception = None if exc is None else f"{type(exc).__name__}: {exc}"
         try:
+            # the Python recorder's times and the allocator's, onto the clock without its own time
+            session.onto_own_clock(allocator_data, self._clock)
             if self.save_to is not None:
                 self._save(session, allocator_data, exception)
             else:
@@ -194,8 +196,6 @@ class Recorder:
         if getattr(allocator_data, "_session_added", False):
             return allocator_data, self._settings()
         allocator_data._session_added = True
-        # the Python recorder's times and the allocator's, onto the clock without its own time (once)
-        session.onto_own_clock(allocator_data, self._clock)
         from memlens.record.columns import Columns
         mem_events = getattr(session, "memory_events", None)
         if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook
