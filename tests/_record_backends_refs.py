@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from record_workloads import assert_same_per_op
+
 # Under a TorchDispatchMode autograd accumulates gradients out of place (`add`; the mode makes tensors
 # "subclass-like"); in the plain program -- and under the compiled recorder, which is no mode -- in
 # place (`add_`). These backward accumulations are compared by count only (see
@@ -45,10 +47,7 @@ def _allocator_blocks(trace):
 
 
 def assert_same(py, cc):
-    a, b = _access_ops(py), _access_ops(cc)
-    assert len(a) == len(b), (len(a), len(b))
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert x == y, f"op {i}: python {x} != compiled {y}"
+    assert_same_per_op(_access_ops(py), _access_ops(cc))
     assert _dispatch_blocks(py) == _dispatch_blocks(cc)
     assert _allocator_blocks(py) == _allocator_blocks(cc)
     assert len(_accumulations(py)) == len(_accumulations(cc))

@@ -22,6 +22,14 @@ def record_both(run, model=None, **options):
     return traces["python"], traces["compiled"]
 
 
+def assert_same_per_op(python_rows: list, compiled_rows: list) -> None:
+    """The two recorders' per-op rows (one entry per op, in order) are equal, the first difference named by
+    its op index."""
+    assert len(python_rows) == len(compiled_rows), (len(python_rows), len(compiled_rows))
+    for i, (x, y) in enumerate(zip(python_rows, compiled_rows)):
+        assert x == y, f"op {i}: python {x} != compiled {y}"
+
+
 def transformer_training():
     """A small transformer trained 2 steps with AdamW, once outside any recording (the optimizer state
     exists when recording begins); returns (run, model), `run` doing the same 2 steps again."""

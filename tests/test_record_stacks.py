@@ -19,7 +19,7 @@ import torch
 import memlens
 from memlens.record import native
 from memlens.record.stacks import DEFAULT_MAX_DEPTH
-from record_workloads import Square, run_threads_per_backend, transformer_training
+from record_workloads import Square, assert_same_per_op, run_threads_per_backend, transformer_training
 from record_workloads import record_both as record_both_backends
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")
@@ -75,10 +75,7 @@ def record_both(run, model=None, **options):
 
 
 def assert_same_stacks(py, cc):
-    a, b = op_stacks(py), op_stacks(cc)
-    assert len(a) == len(b), (len(a), len(b))
-    for i, (x, y) in enumerate(zip(a, b)):
-        assert x == y, f"op {i}: python {x} != compiled {y}"
+    assert_same_per_op(op_stacks(py), op_stacks(cc))
     assert block_stacks(py) == block_stacks(cc)
     for t in (py, cc):     # every recorded op has a stack (possibly the empty one: no user frame)
         assert t.ops["stack_id"].notna().all()
