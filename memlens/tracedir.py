@@ -90,13 +90,15 @@ def _dir_lock(directory: Path, exclusive: bool):
 
 
 def _umask() -> int:
+    """The process's umask: read from /proc (no change to it, so safe beside other threads), else set and
+    restored (where there is no /proc, or it cannot be read)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("Umask:"):
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
-        pass
+        pass      # no /proc here: the set-and-restore below answers
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -327,6 +329,7 @@ def write_chunks(name: str, chunks, fpath: Path) -> tuple[int, int, int, bool]:
 
 
 def _fsync_dir(directory: Path) -> None:
+    """Flush a directory's entries (a rename made durable); best effort: some file systems refuse it."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:
@@ -334,7 +337,7 @@ def _fsync_dir(directory: Path) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass
+        pass      # a file system without directory fsync: the rename itself was atomic, only its durability waits
     finally:
         os.close(fd)
 
