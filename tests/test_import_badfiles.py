@@ -68,8 +68,9 @@ def crafted_corpus(tmp: Path) -> dict[str, Path]:
         "gzip_of_garbage.json.gz": gzip.compress(b"\x00\x01garbage"),
         "json_truncated.json": b'{"traceEvents": [{"ph": "i", "name": "[memory]", "ts": 1',
         "json_wrong_shape.json": b'{"traceEvents": 5}',
-        "json_no_memory.json": json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a",
-                                                            "ts": 1, "dur": 2, "pid": 1, "tid": 1}]}).encode(),
+        # a trace with no op, no [memory] event and no GPU work (a trace without memory loads: its ops)
+        "json_nothing_to_show.json": json.dumps({"traceEvents": [{"ph": "M", "name": "process_name", "pid": 1,
+                                                                  "args": {"name": "a"}}]}).encode(),
         "json_array_of_strings.json": b'["a", "b"]',
         "timeline_bad_rows.json": b"[[1, 2, 3]]",
         "csv_wrong_header.csv": b"a,b,c\n1,2,3\n",

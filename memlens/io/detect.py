@@ -38,6 +38,35 @@ def _head(path: Path, nbytes: int = _SNIFF_BYTES) -> bytes:
     return raw
 
 
+def looks_like_kineto(path, head: bytes | None = None) -> bool:
+    """Whether the file at `path` opens as a Kineto/Chrome trace: a JSON object naming one of its keys
+    (``traceEvents`` up to 16 MiB in, when a long metadata object comes first), or a JSON array of events
+    (``"ph"`` and ``"name"`` in its first events). Reads at most 16 MiB (decompressed), never the whole file."""
+    head = _head(Path(path)) if head is None else head
+    text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text[:1] == b"{":
+        if any(key in head for key in _KINETO_KEYS):
+            return True
+        deeper = _head(Path(path), _DEEP_SNIFF_BYTES) if len(head) == _SNIFF_BYTES else head
+        return any(key in deeper for key in _KINETO_KEYS[:2])
+    return text[:1] == b"[" and b'"ph"' in head and b'"name"' in head
+
+
+def require_kineto(path) -> None:
+    """`InputError` naming `path` unless it opens as a Kineto/Chrome trace (`looks_like_kineto`): a file
+    that is not one is refused from its first bytes, before anything parses it whole."""
+    try:
+        head = _head(Path(path))
+        ok = looks_like_kineto(path, head)
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    if not head.strip():
+        raise InputError("file is empty", path)
+    if not ok:
+        raise InputError("not a Kineto/Chrome trace: its first bytes are neither a JSON object with "
+                         "'traceEvents' nor a JSON array of trace events", path)
+
+
 def check_regular(path) -> None:
     """`InputError` unless `path` is a regular file (after symlinks): opening a FIFO blocks until a writer
     comes, and a device or socket never ends (issue 26)."""
@@ -78,17 +107,12 @@ def detect_format(path) -> str:
     if head[:1] == b"\x80" or head[:1] in (b"}", b"(") and path.suffix in (".pickle", ".pkl"):
         return "cuda_snapshot"
     text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+    if text[:1] in (b"{", b"[") and looks_like_kineto(path, head):
+        # a Chrome trace may also be a bare JSON array of events ("JSON Array Format")
+        return "kineto"
     if text[:1] == b"{":
-        if any(key in head for key in _KINETO_KEYS):
-            return "kineto"
-        deeper = _head(path, _DEEP_SNIFF_BYTES) if len(head) == _SNIFF_BYTES else head
-        if any(key in deeper for key in _KINETO_KEYS[:2]):
-            return "kineto"
         raise InputError("JSON object is neither a Kineto/Chrome trace nor a memlens manifest", path)
     if text[:1] == b"[":
-        # a Chrome trace may also be a bare JSON array of events ("JSON Array Format")
-        if b'"ph"' in head and b'"name"' in head:
-            return "kineto"
         # export_memory_timeline: raw rows [t, action, bytes, category] or [[times], [sizes]]
         return "memory_timeline"
     first_line = text.split(b"\n", 1)[0].decode("utf-8", "replace").strip().lower()

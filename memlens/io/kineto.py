@@ -27,11 +27,12 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.schema import make_clock
+from memlens.schema import empty_table, make_clock
+from memlens.io.detect import require_kineto
 from memlens.io.jsonfile import load_json
 from memlens.io.kineto_attrib import innermost_enclosing, nesting
 from memlens.io.kineto_facts import facts_columns
-from memlens.io.kineto_kernels import kernel_columns
+from memlens.io.kineto_kernels import kernel_columns, launch_frames, launches_outside_ops
 from memlens.io.kineto_ops import OpTable, read_ops
 from memlens.io.size_pairing import pair_by_size_lifo
 from memlens.io.snapshot_pairing import ALLOC, FREE_COMPLETED, Pairing, pair_blocks
@@ -45,6 +46,7 @@ DEVICE_TYPES = {0: "cpu", 1: "cuda", 6: "cuda", 9: "xla", 12: "xpu", 13: "mps", 
 
 def import_kineto(path):
     """Read a Kineto/Chrome trace JSON (plain or gzip) and return a `memlens.Trace`."""
+    require_kineto(path)
     return kineto_to_trace(load_json(path, "Kineto/Chrome trace"), source=str(path), path=path)
 
 
@@ -104,11 +106,45 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
     else:
         raise InputError(f"JSON holds a {type(obj).__name__}, not a Kineto/Chrome trace", where)
     mem = _memory_columns(events, where)
+    frames = launch_frames(events if gpu_events is None else gpu_events)
     ops = read_ops(events, where)
-    if len(mem) == 0:
-        raise InputError("trace has no [memory] events (record with torch.profiler.profile(profile_memory="
-                         "True)); there is nothing for memlens to show", where)
-    t0_us = float(min(mem["ts"].min(), ops.start_us.min() if len(ops.start_us) else np.inf))
+    n_recorded_ops = len(ops)
+    # a runtime call that started GPU work outside every op (a graph replayed from Python) is an op itself
+    outside = launches_outside_ops(*frames, ops.external_id, ops.thread, ops.start_us, ops.end_us)
+    ops = ops.with_rows(outside["name"].tolist(), outside["thread"].tolist(), outside["start_us"].to_numpy(),
+                        outside["end_us"].to_numpy())
+    if len(mem) == 0 and len(ops) == 0:
+        raise InputError("trace has no ops, no [memory] events and no GPU work launched in it; there is nothing "
+                         "for memlens to show", where)
+    t0_us = float(min(mem["ts"].min() if len(mem) else np.inf, ops.start_us.min() if len(ops) else np.inf))
+    thread_codes, thread_names = pd.factorize(pd.concat([pd.Series(ops.thread, dtype=object),
+                                                         pd.Series(mem["thread"] if len(mem) else [], dtype=object)],
+                                                        ignore_index=True))
+    op_thread = thread_codes[:len(ops)]
+    op_start = np.rint((ops.start_us - t0_us) * 1000).astype(np.int64)
+    op_end = np.rint((ops.end_us - t0_us) * 1000).astype(np.int64)
+    if len(mem):
+        blocks, events, mem_meta = _memory_tables(mem, ops, t0_us, op_thread, op_start, op_end,
+                                                  thread_codes[len(ops):])
+    else:
+        blocks, events, mem_meta = empty_table("blocks"), None, None
+    ops_table = ops.table(op_start, op_end, op_thread)
+    parent, depth = nesting(op_thread, op_start, op_end)
+    facts, fact_counts, carries = facts_columns(ops.names, ops.args, parent, depth, op_thread, op_start, op_end)
+    kernels, gpu_counts = kernel_columns(frames, ops.external_id, op_thread, op_start, op_end, parent, depth,
+                                         {t: i for i, t in enumerate(thread_names)}, t0_us, carries,
+                                         launch_ops_from=n_recorded_ops)
+    ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
+                                 **facts, **kernels)
+    metadata = _metadata(obj, mem_meta, source, t0_us, len(ops_table))
+    metadata.update(op_facts=fact_counts, gpu_activity=gpu_counts)
+    metadata["notes"] += _gpu_notes(fact_counts, gpu_counts)
+    return Trace.from_tables(blocks, ops=ops_table, metadata=metadata, events=events)
+
+
+def _memory_tables(mem: pd.DataFrame, ops: OpTable, t0_us: float, op_thread, op_start, op_end, mem_thread):
+    """(blocks, events, what `_metadata` says of them) from the
+    trace's ``[memory]`` events (`_memory_columns`, at least one)."""
     t_ns = np.rint((mem["ts"].to_numpy() - t0_us) * 1000).astype(np.int64)
     dev_code, devices = _device_names(mem["dev_type"].to_numpy(), mem["dev_id"].to_numpy())
     nbytes = mem["bytes"].to_numpy()
@@ -123,24 +159,10 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
         keep = np.flatnonzero(~zero)
         sub = pair_by_size_lifo(dev_code[keep], np.abs(nbytes[keep]), nbytes[keep] > 0)
         pairing = _lift(sub, keep, len(mem))
-
-    thread_codes, thread_names = pd.factorize(pd.concat([pd.Series(ops.thread, dtype=object), mem["thread"]],
-                                                        ignore_index=True))
-    op_thread, mem_thread = thread_codes[:len(ops)], thread_codes[len(ops):]
-    op_start = np.rint((ops.start_us - t0_us) * 1000).astype(np.int64)
-    op_end = np.rint((ops.end_us - t0_us) * 1000).astype(np.int64)
     op_of_event = innermost_enclosing(op_thread, op_start, op_end, mem_thread, t_ns)
-
     blocks = _blocks(pairing, t_ns, seq, dev_code, nbytes, mem, op_of_event, ops, has_addr)
     blocks, before = _pre_profiling_blocks(blocks, mem, dev_code, devices)
     blocks["device"] = np.asarray(devices, dtype=object)[blocks.pop("device_code").to_numpy(np.int64)]
-    ops_table = ops.table(op_start, op_end, op_thread)
-    parent, depth = nesting(op_thread, op_start, op_end)
-    facts, fact_counts, carries = facts_columns(ops.names, ops.args, parent, depth, op_thread, op_start, op_end)
-    kernels, gpu_counts = kernel_columns(events if gpu_events is None else gpu_events, ops.external_id, op_thread, op_start, op_end, parent, depth,
-                                         {t: i for i, t in enumerate(thread_names)}, t0_us, carries)
-    ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
-                                 **facts, **kernels)
     events = pd.DataFrame({
         "seq": seq, "t_ns": t_ns, "device": np.asarray(devices, dtype=object)[dev_code],
         "action": np.where(nbytes >= 0, "alloc", "free").astype(object),
@@ -152,12 +174,10 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
     for col in ("total_allocated", "total_reserved"):
         if col in mem:
             events[col] = mem[col].to_numpy()
-    metadata = _metadata(obj, mem, devices, has_addr, int(zero.sum()), before, source, t0_us,
-                         int((op_of_event >= 0).sum()), len(ops_table),
-                         int(blocks["free_without_alloc"].sum()))
-    metadata.update(op_facts=fact_counts, gpu_activity=gpu_counts)
-    metadata["notes"] += _gpu_notes(fact_counts, gpu_counts)
-    return Trace.from_tables(blocks, ops=ops_table, metadata=metadata, events=events)
+    said = {"mem": mem, "devices": devices, "has_addr": has_addr, "zero_events": int(zero.sum()),
+            "before": before, "attributed": int((op_of_event >= 0).sum()),
+            "freed_unseen": int(blocks["free_without_alloc"].sum())}
+    return blocks, events, said
 
 
 def _lift(sub: Pairing, keep: np.ndarray, n: int) -> Pairing:
@@ -235,13 +255,19 @@ def _us_to_ns(us: float) -> int:
     return whole * 1000 + int(round((us - whole) * 1000))
 
 
-def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, before, source, t0_us,
-              attributed, n_ops, freed_unseen) -> dict:
+NO_MEMORY_NOTE = ("This profile has no [memory] events (recorded without torch.profiler.profile(profile_memory="
+                  "True)): its ops, GPU kernels, device times and cost facts are here, but no allocation, so the "
+                  "memory analyses (live bytes, peak, blocks, planning, simulation) have nothing to show.")
+
+
+def _metadata(obj: dict, said: dict | None, source, t0_us, n_ops) -> dict:
+    """The trace's metadata; `said`: what `_memory_tables` found (None without [memory] events)."""
+    mem = said["mem"] if said else None
     meta = {"source_kind": "kineto", "source_path": source, "clock": make_clock("host", source_units="ts_us"),
-            "format_era": "2022+: [memory] events with Addr and totals" if has_addr
-            else "2021: [memory] events without Addr", "t0_trace_ts_us": t0_us,
-            "memory_events": int(len(mem)),
-            "device_types": sorted({int(t) for t in mem["dev_type"].unique()})}
+            "format_era": "no [memory] events" if said is None else "2022+: [memory] events with Addr and totals"
+            if said["has_addr"] else "2021: [memory] events without Addr", "t0_trace_ts_us": t0_us,
+            "memory_events": 0 if said is None else int(len(mem)),
+            "device_types": [] if said is None else sorted({int(t) for t in mem["dev_type"].unique()})}
     if "baseTimeNanoseconds" in obj:  # newer traces: ts counts from this epoch time
         meta["base_time_ns"] = int(obj["baseTimeNanoseconds"])
         meta["t0_unix_ns"] = int(obj["baseTimeNanoseconds"]) + _us_to_ns(t0_us)
@@ -250,37 +276,43 @@ def _metadata(obj: dict, mem: pd.DataFrame, devices, has_addr, zero_events, befo
     for key in ("deviceProperties", "distributedInfo", "traceName"):
         if key in obj:
             meta[key] = obj[key]
+    meta["notes"] = [NO_MEMORY_NOTE] if said is None else _memory_notes(said, meta["device_types"], n_ops)
+    return meta
+
+
+def _memory_notes(said: dict, device_types: list, n_ops: int) -> list[str]:
+    """What the [memory] events could not tell, in sentences."""
+    mem = said["mem"]
     notes = ["A profiler trace records allocations and frees, not which op reads or writes each block: the "
              "trace has no accesses, so access-based analyses (idle intervals, swapping) cannot run."]
-    if not has_addr:
+    if not said["has_addr"]:
         notes.append("This 2021-format trace has no block addresses: allocs and frees were paired by size "
                      "(a free ends the most recent live block of the same size on its device). The live-bytes "
                      "curve is exact; which block each free ended, and so per-block lifetimes, are guesses.")
     if "total_allocated" not in mem:
         notes.append("The trace has no 'Total Allocated': bytes allocated before profiling and never freed "
                      "during it are unknown and not in the live curve.")
-    if 6 in meta["device_types"]:
+    if 6 in device_types:
         notes.append("GPU memory is reported as HIP (ROCm, Device Type 6); memlens names it cuda:N as "
                      "PyTorch on ROCm does.")
-    if freed_unseen:
-        notes.append(f"{freed_unseen} blocks were freed without their alloc in the trace (allocated before "
+    if said["freed_unseen"]:
+        notes.append(f"{said['freed_unseen']} blocks were freed without their alloc in the trace (allocated before "
                      "profiling began): their alloc time and op are unknown.")
-    for dev, (live_at_start, residual) in before.items():
+    for dev, (live_at_start, residual) in said["before"].items():
         if residual > 0:
             notes.append(f"{residual:,} bytes on {dev} were live before profiling began and never freed during "
                          "it; they are one synthetic block (synthetic=True) with no address or op.")
         elif residual < 0:
             notes.append(f"On {dev} the frees of blocks allocated before profiling exceed the profiler's "
                          "'Total Allocated' at the start; the totals and the events disagree.")
-    if zero_events:
-        notes.append(f"{zero_events} zero-byte [memory] events were ignored (neither alloc nor free).")
+    if said["zero_events"]:
+        notes.append(f"{said['zero_events']} zero-byte [memory] events were ignored (neither alloc nor free).")
     if n_ops == 0:
         notes.append("The trace has no cpu_op events: blocks cannot be attributed to ops.")
-    elif attributed < len(mem):
-        notes.append(f"{len(mem) - attributed} of {len(mem)} memory events lie outside every op on their "
+    elif said["attributed"] < len(mem):
+        notes.append(f"{len(mem) - said['attributed']} of {len(mem)} memory events lie outside every op on their "
                      "thread and have no op.")
-    meta["notes"] = notes
-    return meta
+    return notes
 
 
 def _gpu_notes(facts: dict, gpu: dict) -> list[str]:
@@ -297,6 +329,7 @@ def _gpu_notes(facts: dict, gpu: dict) -> list[str]:
         notes.append(f"{gpu['launched_before_profiling']} GPU kernels/copies ran without their launch in the "
                      "trace (launched before profiling began): they belong to no op.")
     if gpu["launched_outside_ops"]:
-        notes.append(f"{gpu['launched_outside_ops']} GPU kernels/copies were launched outside every op: they "
-                     "belong to no op.")
+        notes.append(f"{gpu['launched_outside_ops']} GPU kernels/copies were launched outside every op (a CUDA/HIP "
+                     "graph replayed from Python, a launch from an extension): each launching runtime call "
+                     "(cudaGraphLaunch, cudaLaunchKernel ...) is an op of its own, holding what it started.")
     return notes

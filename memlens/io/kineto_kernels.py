@@ -48,7 +48,9 @@ class GpuEvents:
 
     def __init__(self):
         self.threads: dict = {}
-        self.launch = {k: array(t) for k, t in (("ts", "d"), ("thread", "q"), ("corr", "q"), ("ext", "q"))}
+        self.names: dict = {}     # runtime call name -> code (a few distinct names: cudaLaunchKernel ...)
+        self.launch = {k: array(t) for k, t in (("ts", "d"), ("end", "d"), ("thread", "q"), ("corr", "q"),
+                                                ("ext", "q"), ("name", "q"))}
         self.act = {k: array(t) for k, t in (("cat", "b"), ("ts", "d"), ("end", "d"), ("corr", "q"),
                                                ("stream", "q"), ("ext", "q"), ("dir", "b"))}
 
@@ -69,7 +71,9 @@ class GpuEvents:
         ext = _arg_int(args, "External id", "external id")
         if runtime:
             thread = self.threads.setdefault(f"{e.get('pid')}/{e.get('tid')}", len(self.threads))
-            for key, value in (("ts", ts), ("thread", thread), ("corr", _arg_int(args, "correlation")), ("ext", ext)):
+            name = self.names.setdefault(str(e.get("name", "")), len(self.names))
+            for key, value in (("ts", ts), ("end", ts + dur), ("thread", thread),
+                               ("corr", _arg_int(args, "correlation")), ("ext", ext), ("name", name)):
                 self.launch[key].append(value)
         else:
             code = self._CATEGORIES.index(ACTIVITY_CATEGORIES[cat])
@@ -82,17 +86,22 @@ class GpuEvents:
     def frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         """(launches, activity), times in the trace's microseconds.
 
-        launches: start_us, thread ("pid/tid"), correlation, external_id (-1 when absent).
+        launches: start_us, end_us, thread ("pid/tid"), correlation, external_id (-1 when absent), name (the
+        runtime call's: cudaLaunchKernel, cudaGraphLaunch, hipGraphLaunch ...).
         activity: category (kernel / gpu_memcpy / gpu_memset), start_us, end_us, correlation, stream,
         external_id, direction (a memcpy's "h2d" / "d2h", else "")."""
         names = np.array(list(self.threads), dtype=object)
         codes = np.array(self.launch["thread"], dtype=np.int64)
+        calls = np.array(list(self.names), dtype=object)
         def flat(values, dtype):
             return np.frombuffer(values, dtype=dtype) if len(values) else np.zeros(0, dtype)
         launches = pd.DataFrame({"start_us": flat(self.launch["ts"], np.float64),
+                                 "end_us": flat(self.launch["end"], np.float64),
                                  "thread": names[codes] if len(codes) else np.empty(0, object),
                                  "correlation": flat(self.launch["corr"], np.int64),
-                                 "external_id": flat(self.launch["ext"], np.int64)})
+                                 "external_id": flat(self.launch["ext"], np.int64),
+                                 "name": calls[flat(self.launch["name"], np.int64)] if len(codes)
+                                 else np.empty(0, object)})
         cats = np.array(self._CATEGORIES, dtype=object)
         acts = pd.DataFrame({"category": cats[flat(self.act["cat"], np.int8)],
                              "start_us": flat(self.act["ts"], np.float64), "end_us": flat(self.act["end"], np.float64),
@@ -181,18 +190,47 @@ def per_op_kernels(n_ops: int, parent: np.ndarray, depth: np.ndarray, act_op: np
             "kernels": count, "kernel_busy_ns": busy}
 
 
-def kernel_columns(events, op_external_id: np.ndarray, op_thread: np.ndarray, op_start: np.ndarray,
+def launch_frames(events) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(launches, activity) of a trace's events: a list, or the `GpuEvents` a streamed read collected."""
+    return events.frames() if isinstance(events, GpuEvents) else gpu_events(events)
+
+
+def launches_outside_ops(launches: pd.DataFrame, acts: pd.DataFrame, op_external_id: np.ndarray,
+                         op_thread: list, op_start_us: np.ndarray, op_end_us: np.ndarray) -> pd.DataFrame:
+    """The rows of `launches` that started GPU activity (a kernel, copy or memset with their correlation)
+    and that no op made: their External id is no op's, and no op on their thread spans them (a CUDA/HIP
+    graph replayed from Python, a custom extension's launch). `attribute` would give their activity to
+    no op; the importer makes each of them an op of its own. Times are trace microseconds."""
+    corr = acts["correlation"].to_numpy(np.int64)
+    active = launches[launches["correlation"] >= 0].drop_duplicates("correlation", keep="last")
+    active = active[active["correlation"].isin(corr[corr >= 0])]
+    if len(active) == 0:
+        return active
+    by_id = rows_by_external_id(op_external_id, active["external_id"].to_numpy(np.int64))
+    codes, _ = pd.factorize(pd.Series(list(op_thread) + list(active["thread"]), dtype=object))
+    t0 = min(active["start_us"].min(), np.min(op_start_us) if len(op_start_us) else np.inf)
+
+    def ns(us):
+        return np.rint((np.asarray(us, dtype=np.float64) - t0) * 1000).astype(np.int64)
+    n = len(op_thread)
+    inside = innermost_enclosing(codes[:n], ns(op_start_us), ns(op_end_us), codes[n:], ns(active["start_us"]))
+    return active[(by_id < 0) & (inside < 0)]
+
+
+def kernel_columns(frames, op_external_id: np.ndarray, op_thread: np.ndarray, op_start: np.ndarray,
                    op_end: np.ndarray, parent: np.ndarray, depth: np.ndarray, thread_codes: dict,
-                   t0_us: float, carries=None) -> tuple[dict, dict]:
+                   t0_us: float, carries=None, launch_ops_from: int | None = None) -> tuple[dict, dict]:
     """(ops-table columns `KERNEL_COLUMNS` (plus ``transfer`` and ``device`` when `carries`, which ops carry
-    the cost facts, is given: `memlens.io.kineto_transfer`), the ``metadata["gpu_activity"]`` counts) of a trace's events (a
-    list, or the `GpuEvents` a streamed read collected).
+    the cost facts, is given: `memlens.io.kineto_transfer`), the ``metadata["gpu_activity"]`` counts) of a
+    trace's (launches, activity) `frames` (`launch_frames`).
 
     Op times are ns from `t0_us` (trace microseconds); `thread_codes` maps "pid/tid" to the ops' thread
-    codes. The counts: activities (kernels, memcpys, memsets), attributed to an op, launched before
-    profiling began (no runtime call in the trace), launched outside every op, and busy ns (the union of
-    the activity intervals: all of them, and the attributed ones)."""
-    launches, acts = events.frames() if isinstance(events, GpuEvents) else gpu_events(events)
+    codes; ops from row `launch_ops_from` on are runtime calls made outside every op (`launches_outside_ops`).
+    The counts: activities (kernels, memcpys, memsets), attributed to an op, launched before profiling began
+    (no runtime call in the trace: no op), launched outside every op (attributed to their launch call's own
+    op), busy ns (the union of the activity intervals: all of them, and the attributed ones) and the summed
+    ns of the attributed ones (what the top-level ops' ``kernel_busy_ns`` add up to)."""
+    launches, acts = frames
 
     def to_ns(us):
         return np.rint((np.asarray(us, dtype=np.float64) - t0_us) * 1000).astype(np.int64)
@@ -205,9 +243,10 @@ def kernel_columns(events, op_external_id: np.ndarray, op_thread: np.ndarray, op
         columns.update(transfer_device_columns(op, direction, end - start, carries, parent, depth,
                                                columns["kernels"]))
     mine = op >= 0
+    outside = mine & (op >= (len(op_start) if launch_ops_from is None else launch_ops_from))
     counts = {"activities": int(len(acts)), "kernels": int((acts["category"] == "kernel").sum()),
               "attributed": int(mine.sum()), "launched_before_profiling": int((~launched & ~mine).sum()),
-              "launched_outside_ops": int((launched & ~mine).sum()),
+              "launched_outside_ops": int((launched & ~mine).sum() + outside.sum()),
               "busy_ns": union_ns(start, end), "attributed_busy_ns": union_ns(start[mine], end[mine]),
               "attributed_sum_ns": int((end - start)[mine].sum())}
     return columns, counts

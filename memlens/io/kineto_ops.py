@@ -27,9 +27,21 @@ class OpTable:
     modules: list[str]
     iteration: np.ndarray      # -1 when the op lies in no ProfilerStep#N
     args: list                 # each op's ``args`` dict (shapes, types, strides, scalars, ids)
+    context: "_Context | None" = None   # the module spans and steps, for rows added later (`with_rows`)
 
     def __len__(self) -> int:
         return len(self.names)
+
+    def with_rows(self, names: list[str], thread: list[str], start_us: np.ndarray, end_us: np.ndarray) -> "OpTable":
+        """These ops and more, appended (no External id, no logged arguments), each with its module and
+        iteration found as for the others."""
+        start_us, end_us = np.asarray(start_us, np.float64), np.asarray(end_us, np.float64)
+        modules = self.context.modules(list(thread), start_us) if self.context else [""] * len(names)
+        iteration = self.context.iterations(start_us) if self.context else np.full(len(names), -1, np.int64)
+        return OpTable(self.names + list(names), self.thread + list(thread), np.r_[self.start_us, start_us],
+                       np.r_[self.end_us, end_us], np.r_[self.external_id, np.full(len(names), -1, np.int64)],
+                       self.modules + modules, np.r_[self.iteration, iteration],
+                       self.args + [{} for _ in names], self.context)
 
     def table(self, start_ns: np.ndarray, end_ns: np.ndarray, thread_code: np.ndarray) -> pd.DataFrame:
         """The `ops` table with ns times relative to the trace start."""
@@ -74,21 +86,44 @@ def read_ops(events: list, where) -> OpTable:
         raise InputError(exc.message, where) from None
     except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise InputError(f"malformed trace event ({type(exc).__name__}: {str(exc)[:120]})", where) from None
+    context = _Context([str(m["name"])[len(_MODULE_PREFIX):] for m in mods], m_thread, m_start, m_end,
+                       s_start, s_end, step_numbers)
+    return OpTable(names, thread, start, end, ext, context.modules(thread, start), context.iterations(start),
+                   args, context)
 
-    modules = [""] * len(ops)
-    if mods and ops:
-        codes, _ = pd.factorize(pd.Series(m_thread + thread, dtype=object))
-        t0 = min(start.min(), m_start.min())
+
+@dataclass
+class _Context:
+    """The ``nn.Module:`` spans and ``ProfilerStep#`` ranges of a trace (trace microseconds): what gives an
+    op its module and iteration."""
+
+    module_names: list[str]
+    module_thread: list[str]
+    module_start: np.ndarray
+    module_end: np.ndarray
+    step_start: np.ndarray
+    step_end: np.ndarray
+    step_numbers: np.ndarray
+
+    def modules(self, thread: list[str], start: np.ndarray) -> list[str]:
+        """The innermost module span around each (thread, start) ("" for none)."""
+        if not self.module_names or not len(start):
+            return [""] * len(start)
+        codes, _ = pd.factorize(pd.Series(list(self.module_thread) + list(thread), dtype=object))
+        t0 = min(start.min(), self.module_start.min())
 
         def ns(us: np.ndarray) -> np.ndarray:
             return np.rint((us - t0) * 1000).astype(np.int64)
-        inner = innermost_enclosing(codes[:len(mods)], ns(m_start), ns(m_end), codes[len(mods):], ns(start))
-        mod_names = [str(m["name"])[len(_MODULE_PREFIX):] for m in mods]
-        modules = [mod_names[i] if i >= 0 else "" for i in inner]
-    iteration = np.full(len(ops), -1, dtype=np.int64)
-    if steps and ops:
-        order = np.argsort(s_start)
-        pos = np.searchsorted(s_start[order], start, side="right") - 1
-        inside = (pos >= 0) & (start <= s_end[order][pos.clip(0)])
-        iteration[inside] = step_numbers[order][pos[inside]]
-    return OpTable(names, thread, start, end, ext, modules, iteration, args)
+        n = len(self.module_names)
+        inner = innermost_enclosing(codes[:n], ns(self.module_start), ns(self.module_end), codes[n:], ns(start))
+        return [self.module_names[i] if i >= 0 else "" for i in inner]
+
+    def iterations(self, start: np.ndarray) -> np.ndarray:
+        """The number of the profiler step whose range holds each start (-1 for none)."""
+        iteration = np.full(len(start), -1, dtype=np.int64)
+        if len(self.step_start) and len(start):
+            order = np.argsort(self.step_start)
+            pos = np.searchsorted(self.step_start[order], start, side="right") - 1
+            inside = (pos >= 0) & (start <= self.step_end[order][pos.clip(0)])
+            iteration[inside] = self.step_numbers[order][pos[inside]]
+        return iteration

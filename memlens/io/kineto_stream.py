@@ -212,7 +212,9 @@ def _read_document(text: _Text, gpu=None):
 def import_kineto_streamed(path):
     """`memlens.io.kineto.import_kineto` reading the file with `read_kineto_filtered`: the same `Trace`,
     without the file's text or the events the importer does not read in memory."""
+    from memlens.io.detect import require_kineto
     from memlens.io.kineto import kineto_to_trace
     from memlens.io.kineto_kernels import GpuEvents
+    require_kineto(path)
     gpu = GpuEvents()
     return kineto_to_trace(read_kineto_filtered(path, gpu), source=str(path), path=path, gpu_events=gpu)
