@@ -1,7 +1,13 @@
 """Which clock a trace's times are on, and moving a trace from one clock to another.
 
 ``trace.metadata["clock"] = {"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``, the same keys on
-every trace (`memlens.schema.CLOCK_KEYS`). `restamp` puts a trace on a new clock given each op's new interval; `onto_kernel_clock`
+every trace (`memlens.schema.CLOCK_KEYS`).
+
+Device time, one meaning on every device clock (measured, modeled, calibrated): each op has its own time,
+``device_self_ns`` (what it launched itself, not what the ops nested in it launched), and its inclusive
+time, ``device_ns`` (its own plus its children's, summed: `inclusive_ns`). So the top-level ops' ``device_ns``
+add up to ``metadata["clock"]["device_busy_ns"]``, and so do all ops' ``device_self_ns``; summing
+``device_ns`` over nested ops counts a child once per op around it. `restamp` puts a trace on a new clock given each op's new interval; `onto_kernel_clock`
 does it with the measured CUDA kernel times of each op (the recorder's CUDA path). `memlens.retime`
 (in `memlens.devicetime`) does it with modeled durations.
 
@@ -122,6 +128,61 @@ def restamp(trace: Trace, start, end, clock: dict, *, op_columns: dict | None = 
     return Trace.from_tables(blocks, acc, new_ops, metadata=meta, **extra)
 
 
+def op_parents(ops: pd.DataFrame) -> np.ndarray:
+    """Row of each op's parent (the op it is nested in, from ``parent_op_id``), -1 for a top-level op (and
+    for every op of a table without nesting)."""
+    if "parent_op_id" not in ops.columns or len(ops) == 0:
+        return np.full(len(ops), -1, dtype=np.int64)
+    parent_id = ops["parent_op_id"].to_numpy(dtype="float64", na_value=np.nan)
+    rows = pd.Index(ops["op_id"].to_numpy()).get_indexer(np.where(np.isnan(parent_id), -1, parent_id).astype(np.int64))
+    return np.where(np.isnan(parent_id), -1, rows).astype(np.int64)
+
+
+def _depths(parent: np.ndarray) -> np.ndarray:
+    depth = np.zeros(len(parent), dtype=np.int64)
+    has = parent >= 0
+    for _ in range(len(parent)):    # one level per pass; a cycle (a malformed table) stops at n passes
+        new = np.where(has, depth[parent.clip(0)] + 1, 0)
+        if (new == depth).all():
+            break
+        depth = new
+    return depth
+
+
+def inclusive_ns(self_ns, parent: np.ndarray) -> np.ndarray:
+    """Each op's inclusive device time: its own `self_ns` plus that of every op nested in it (`parent`:
+    `op_parents`), ns."""
+    total = np.asarray(self_ns, dtype=np.int64).copy()
+    depth = _depths(parent)
+    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):    # deepest first: children into parents
+        kids = np.flatnonzero((depth == d) & (parent >= 0))
+        np.add.at(total, parent[kids], total[kids])
+    return total
+
+
+def self_ns_of(inclusive, parent: np.ndarray) -> np.ndarray:
+    """Each op's own device time: its `inclusive` time less its children's inclusive times, ns."""
+    inclusive = np.asarray(inclusive, dtype=np.int64)
+    children = np.zeros(len(inclusive), dtype=np.int64)
+    kids = np.flatnonzero(parent >= 0)
+    np.add.at(children, parent[kids], inclusive[kids])
+    return inclusive - children
+
+
+def device_time_columns(ops: pd.DataFrame, *, self_ns=None, inclusive=None) -> tuple[dict, int]:
+    """({"device_self_ns", "device_ns"} columns, device_busy_ns) for `ops` given either each op's own time
+    or its inclusive time (ns): the contract of the module docstring, the busy time being the top-level
+    ops' inclusive sum."""
+    parent = op_parents(ops)
+    if inclusive is None:
+        own = np.asarray(self_ns, dtype=np.int64)
+        inclusive = inclusive_ns(own, parent)
+    else:
+        inclusive = np.asarray(inclusive, dtype=np.int64)
+        own = self_ns_of(inclusive, parent)
+    return {"device_self_ns": own, "device_ns": inclusive}, int(inclusive[parent < 0].sum())
+
+
 def kernel_intervals(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per op (rows of `ops`), the measured device interval from its ``kernel_start_ns`` /
     ``kernel_end_ns`` (trace ns): ops that launched nothing sit at zero length where the device is at
@@ -156,11 +217,11 @@ def onto_kernel_clock(trace: Trace, gpu: str | None = None) -> Trace:
     """The trace on the measured device clock: each op spans its kernels, memcpys and memsets (first start
     to last end, from the ``kernel_start_ns`` / ``kernel_end_ns`` columns that the recorder fills from CUDA
     activity and the Kineto importer from the profile's GPU events); ops that launched nothing take 0 ns.
-    ``device_ns`` is each op's device busy time (``kernel_busy_ns`` when the trace has it: in an imported
-    profile, an op's own activity plus that of the ops nested in it). ``metadata["clock"]``: kind "cuda",
-    `gpu` (default: the profile's device name), ``device_busy_ns`` (the busy time of the attributed activity:
-    the union of its intervals when the importer measured it, else the summed busy time of the top-level
-    ops) and ``kernels``. Raises `InputError` when the trace has no kernel times."""
+    ``device_ns`` is each op's inclusive device time (``kernel_busy_ns`` when the trace has it: in an imported
+    profile, the summed time of the activity the op and the ops nested in it launched) and ``device_self_ns``
+    its own (module docstring). ``metadata["clock"]``: kind "cuda", `gpu` (default: the profile's device
+    name), ``device_busy_ns`` (the top-level ops' ``device_ns`` summed: every attributed kernel, copy and
+    memset once) and ``kernels``. Raises `InputError` when the trace has no kernel times."""
     from memlens.errors import InputError
     ops = trace.ops
     if "kernel_start_ns" not in ops.columns or ops["kernel_start_ns"].notna().sum() == 0:
@@ -174,12 +235,11 @@ def onto_kernel_clock(trace: Trace, gpu: str | None = None) -> Trace:
     else:
         device_ns = end - start
     kernels = int(ops["kernels"].fillna(0).to_numpy()[top].sum()) if "kernels" in ops.columns else None
-    activity = trace.metadata.get("gpu_activity") if isinstance(trace.metadata.get("gpu_activity"), dict) else {}
-    busy_total = activity.get("attributed_busy_ns", int(device_ns[top].sum()))
+    columns, busy_total = device_time_columns(ops, inclusive=device_ns)
     if gpu is None:
         props = trace.metadata.get("deviceProperties")
         gpu = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
     clock = make_clock("cuda", gpu=gpu, device_busy_ns=int(busy_total), kernels=kernels)
-    return restamp(trace, start, end, clock, op_columns={"device_ns": device_ns},
+    return restamp(trace, start, end, clock, op_columns=columns,
                    note="times are on the measured device kernel clock: each op spans the kernels, copies and "
                         "memsets it launched (first start to last end); ops without any take 0 ns")

@@ -49,7 +49,9 @@ OPTIONAL_COLUMNS: dict[str, frozenset] = {
 # a profile's launch times), "cuda" (measured device kernel times, `memlens.clock.onto_kernel_clock`) or
 # "modeled" (`memlens.retime`); gpu: the device the times are of (None on the host clock); model: the cost
 # model (modeled only); from: the kind of the clock the trace was re-stamped from (None when never);
-# device_busy_ns / kernels: device busy time (ns) and kernel count on a device clock; source_units: how the
+# device_busy_ns / kernels: device busy time (ns) and kernel count on a device clock, where every op carries its
+# own time ``device_self_ns`` and its inclusive time ``device_ns`` (children summed) and the top-level ops'
+# ``device_ns`` add up to device_busy_ns (`memlens.clock`, on the measured, modeled and calibrated clocks alike); source_units: how the
 # source file counted time when it was imported ("ts_us", "time_us", "event_index", "ns", "us",
 # "file_units"; None for recordings). Producers may add keys (retime adds "tf32").
 CLOCK_KINDS = ("host", "cuda", "modeled")

@@ -27,8 +27,9 @@ def run(args) -> int:
     trace = load(args.trace)
     out = retime(trace, gpu=args.gpu, tf32=args.tf32)
     path = out.save(args.output, overwrite=args.overwrite)
+    # a class's time is its ops' own time (device_self_ns): a nested op counts once, not once per parent
     by_class = (out.ops.groupby("op_class").agg(ops=("op_id", "size"), kernels=("kernels", "sum"),
-                                                device_ns=("device_ns", "sum")).sort_values("device_ns",
+                                                device_ns=("device_self_ns", "sum")).sort_values("device_ns",
                                                                                             ascending=False))
     clock = out.metadata["clock"]
     if args.json:

@@ -3,7 +3,10 @@
 What changes (and why it stays a consistent trace):
 - Ops keep their recorded order and run back to back on one device stream, each for its modeled
   duration (`memlens.devicetime.costmodel`): a device that is never starved by its host. Ops that launch
-  no kernel take 0 ns. New columns: ``device_ns``, ``op_class``, ``kernels``, and the old interval as
+  no kernel take 0 ns. An op nested in another (an imported profile's ``aten::addmm`` inside
+  ``aten::linear``) runs inside it: each op spans its own time and its children's. New columns:
+  ``device_self_ns`` (the op's own modeled time), ``device_ns`` (inclusive: its children's summed in, the
+  clock contract of `memlens.clock`), ``op_class``, ``kernels``, and the old interval as
   ``recorded_start_ns`` / ``recorded_end_ns`` (the recorded clock, for side-by-side views).
 - Accesses are re-stamped inside their op: reads at its start, writes at its end.
 - Every other time (block alloc/free, allocator events, accesses without an op) goes through one
@@ -24,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.clock import clock_label, clock_of, restamp
+from memlens.clock import clock_label, clock_of, device_time_columns, restamp
 from memlens.devicetime.costmodel import MODEL_NAME, device_times, has_cost_facts
 from memlens.devicetime.gpus import gpu as resolve_gpu
 from memlens.errors import InputError
@@ -58,30 +61,34 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
         if host_scalar.any():
             dt.loc[host_scalar, ["device_ns", "kernels"]] = 0
             dt.loc[host_scalar, "op_class"] = "none"
-    start, end = op_schedule(ops, dt["device_ns"].to_numpy())
+    times, busy = device_time_columns(ops, self_ns=dt["device_ns"].to_numpy())
+    start, end = op_schedule(ops, times["device_self_ns"], times["device_ns"])
     old = clock_of(trace)
     clock = {"kind": "modeled", "gpu": g.name, "model": MODEL_NAME, "tf32": bool(tf32),
-             "device_busy_ns": int(dt["device_ns"].sum()), "kernels": int(dt["kernels"].sum())}
+             "device_busy_ns": busy, "kernels": int(dt["kernels"].sum())}
     out = restamp(trace, start, end, clock,
-                  op_columns={"device_ns": dt["device_ns"].to_numpy(), "op_class": dt["op_class"].to_numpy(),
-                              "kernels": dt["kernels"].to_numpy()},
+                  op_columns={**times, "op_class": dt["op_class"].to_numpy(), "kernels": dt["kernels"].to_numpy()},
                   drop_columns=("kernel_start_ns", "kernel_end_ns", "kernel_busy_ns", "kernels", "device_ns",
-                                "op_class"),
+                                "device_self_ns", "op_class"),
                   note=f"times are on the {clock_label(clock)} (retimed from the {old.get('kind', 'host')} "
                        "clock: ops back to back in recorded order, durations from the per-op cost model)")
     out.metadata["gpu"] = g.to_dict()
     return out
 
 
-def op_schedule(ops: pd.DataFrame, durations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Back-to-back (start, end) ns, aligned with `ops` rows, for ops lasting `durations` and run in
-    their recorded order (by start, then op_id) from t = 0."""
+def op_schedule(ops: pd.DataFrame, durations: np.ndarray, inclusive: np.ndarray | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Back-to-back (start, end) ns, aligned with `ops` rows, for ops whose own time is `durations`, run in
+    their recorded order (by start, then op_id) from t = 0: each op starts when the own times of the ops
+    before it are spent and lasts its `inclusive` time (default: its own), so a parent, recorded before
+    its children, spans them."""
     n = len(ops)
     order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
     dur = np.asarray(durations, dtype=np.int64)[order]
-    end_sorted = np.cumsum(dur)
+    span = dur if inclusive is None else np.asarray(inclusive, dtype=np.int64)[order]
+    before = np.cumsum(dur) - dur
     start = np.empty(n, dtype=np.int64)
     end = np.empty(n, dtype=np.int64)
-    start[order] = end_sorted - dur
-    end[order] = end_sorted
+    start[order] = before
+    end[order] = before + span
     return start, end
