@@ -135,6 +135,17 @@ class Trace:
         return len(self.accesses) > 0
 
     @property
+    def no_blocks(self) -> str:
+        """Why the trace has no blocks, as the subject of a message ("the trace has no blocks", or that the
+        profile it came from has no memory events); "" when it has blocks."""
+        if len(self.blocks):
+            return ""
+        if self.metadata.get("memory_events") == 0:
+            return ("the profile has no [memory] events (recorded without torch.profiler.profile("
+                    "profile_memory=True)), so it has no blocks")
+        return "the trace has no blocks"
+
+    @property
     def devices(self) -> list[str]:
         """Devices that have blocks, sorted."""
         return sorted(self.blocks["device"].unique().tolist())

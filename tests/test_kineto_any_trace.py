@@ -76,7 +76,7 @@ def test_analyses_that_need_memory_say_the_file_has_none(tmp_path, capsys):
     assert main(["info", str(path)]) == 0
     assert "no [memory] events" in capsys.readouterr().out
     assert main(["plan", str(path)]) == 2
-    assert "no blocks" in capsys.readouterr().err
+    assert "no [memory] events" in capsys.readouterr().err
 
 
 def test_a_trace_with_nothing_to_show_is_refused():

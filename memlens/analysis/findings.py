@@ -146,7 +146,7 @@ def findings(trace, bandwidth: BandwidthModel | str | None = None) -> list[str]:
     bw = BandwidthModel.parse(bandwidth) if bandwidth is not None else DEFAULT
     out = [_overview(trace)]
     if len(trace.blocks) == 0:
-        return out + ["There are no blocks, so there is nothing to analyse."]
+        return out + [trace.no_blocks[0].upper() + trace.no_blocks[1:] + ": there is no memory to analyse."]
     out += _peak(trace)
     iv = None
     if trace.has_accesses:

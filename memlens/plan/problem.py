@@ -186,7 +186,7 @@ def pick_device(trace, device: str | None = None) -> str:
     """`device` checked against the trace, or the device with the largest peak live bytes."""
     devices = trace.devices
     if not devices:
-        raise InputError("the trace has no blocks to plan")
+        raise InputError(f"{trace.no_blocks} to plan")
     if device is not None:
         if device not in devices:
             raise InputError(f"device '{device}' is not in the trace (devices: {', '.join(devices)})")

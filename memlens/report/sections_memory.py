@@ -23,7 +23,7 @@ def live_memory(ctx: ReportContext) -> list:
 
     trace = ctx.trace
     if len(trace.blocks) == 0:
-        raise SectionUnavailable("the trace has no blocks, so there is no live memory to plot")
+        raise SectionUnavailable(f"{trace.no_blocks}: there is no live memory to plot")
     parts = [paragraph("Live bytes (the sum of the sizes of blocks allocated and not yet freed) after every "
                        "allocation and free; each pixel column keeps its minimum and maximum, so the peak "
                        "(triangle) is exact.")]
