@@ -192,22 +192,25 @@ def test_fit_factors_closed_form():
 
 
 def _measured_ops():
-    return pd.DataFrame({"name": ["aten::add", "aten::add", "aten::view"], "flops": [0, 0, 0],
-                         "bytes_read": [1_000_000, 8, 0], "bytes_written": [500_000, 4, 0],
-                         "dtype": ["bfloat16"] * 3, "measured_ns": [5000.0, 3000.0, 0.0],
-                         "shapes": ["bf16[250000],bf16[250000]->bf16[250000]", "bf16[2],bf16[2]->bf16[2]", ""]})
+    return pd.DataFrame({"name": ["aten::add", "aten::add", "aten::add", "aten::view"], "flops": [0, 0, 0, 0],
+                         "bytes_read": [1_000_000, 8, 8, 0], "bytes_written": [500_000, 4, 4, 0],
+                         "dtype": ["bfloat16"] * 4, "measured_ns": [5000.0, 3000.0, 3000.0, 0.0],
+                         "shapes": ["bf16[250000],bf16[250000]->bf16[250000]", "bf16[2],bf16[2]->bf16[2]",
+                                    "bf16[2],bf16[2]->bf16[2]", ""]})
 
 
 def test_calibrated_gpu_prices_with_the_fitted_factors():
     g = calibrate(_measured_ops(), base=TOY)
-    # fixed parts: the 1 us floor of each add; throughput parts: 1.5 MB and 12 B at 1 TB/s
-    a, b = fit_factors([1000.0, 1000.0], [1500.0, 0.012], [5000.0, 3000.0])
+    # fixed parts: the 1 us floor of each add; throughput parts: 1.5 MB and 12 B (twice) at 1 TB/s
+    a, b = fit_factors([1000.0, 1000.0, 1000.0], [1500.0, 0.012, 0.012], [5000.0, 3000.0, 3000.0])
     assert g.class_scale == {"elementwise": (pytest.approx(a), pytest.approx(b))}
     assert _model("aten::add", 0, 1_000_000, 500_000, "bf16[250000],bf16[250000]->bf16[250000]", g=g)[2] == \
         pytest.approx(a * 1000 + b * 1500)
     info = g.calibration["classes"]["elementwise"]
-    assert info["ops"] == 2 and info["measured_ns"] == 8000 and info["modeled_ns"] == pytest.approx(2500 + 1000, abs=1)
-    assert info["ratio_after"] == pytest.approx((a * 2000 + b * 1500.012) / 8000, rel=1e-6)
+    assert info["ops"] == 3 and info["measured_ns"] == 11000
+    assert info["modeled_ns"] == pytest.approx(2500 + 1000 + 1000, abs=1)
+    assert info["ratio_after"] == pytest.approx((a * 3000 + b * 1500.024) / 11000, rel=1e-6)
+    assert g.calibration["blend"] == 1.0
     assert g.calibration["base"] == "toy" and g.name.startswith("toy calibrated")
 
 

@@ -19,17 +19,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from memlens.clock import op_parents
 from memlens.devicetime.costmodel import device_times, op_facts, split_parts
 from memlens.devicetime.gpus import GPU, gpu as resolve_gpu
 from memlens.errors import InputError
 
 RIDGE = 0.01            # pull of each factor towards 1 (in units of squared relative error)
-FACTOR_RANGE = (0.05, 20.0)
+FACTOR_RANGE = (0.1, 10.0)
+MIN_OPS = 3             # a class is fitted on at least this many measured ops (2 factors need more than 2)
+BLENDS = np.linspace(1.0, 0.0, 21)
 _MEASURED = ("measured_ns", "kernel_busy_ns")
 
 
-def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str]:
-    """(ops with cost facts and measured_ns, a label for the source)."""
+def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str, str]:
+    """(ops with cost facts and measured_ns, a label for the source, the column measured_ns came from)."""
     if isinstance(profile_or_trace, pd.DataFrame):
         ops, label = profile_or_trace, "ops table"
     else:
@@ -49,7 +52,7 @@ def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str]:
                          "is needed: torch.profiler with CUDA activities, or memlens.record on CUDA)")
     if not any(c in ops.columns and (ops[c] > 0).any() for c in ("flops", "bytes_read", "bytes_written")):
         raise InputError(f"{label}: the ops carry no cost facts (shapes), so the model cannot be fitted to them")
-    return ops.assign(measured_ns=pd.to_numeric(ops[column], errors="coerce").fillna(0.0)), label
+    return ops.assign(measured_ns=pd.to_numeric(ops[column], errors="coerce").fillna(0.0)), label, column
 
 
 def _parts(ops: pd.DataFrame, g: GPU, tf32: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -77,6 +80,31 @@ def fit_factors(fixed: np.ndarray, work: np.ndarray, measured: np.ndarray) -> tu
     return float(np.clip(a, lo, hi)), float(np.clip(b, lo, hi))
 
 
+def _measured_total(ops: pd.DataFrame, measured: np.ndarray, column: str) -> float:
+    """The profile's measured device time: its top-level ops' inclusive kernel time when `measured` is
+    ``kernel_busy_ns`` (an op's and its nested ops' kernels), else the sum of the ops' own times."""
+    if column == "kernel_busy_ns":
+        return float(measured[op_parents(ops) < 0].sum())
+    return float(measured.sum())
+
+
+def _blend(fitted: dict, cls_of: np.ndarray, fixed: np.ndarray, work: np.ndarray, model_ns: np.ndarray,
+           measured_total: float) -> float:
+    """The largest of `BLENDS` for which the factors ``f ** blend`` keep the profile's modeled total (every
+    op the model prices) no further from `measured_total` than the built-in model's."""
+    priced = model_ns > 0
+    built_in = abs(model_ns[priced].sum() - measured_total)
+    for blend in BLENDS:
+        total = 0.0
+        for cls in set(cls_of[priced]):
+            sel = priced & (cls_of == cls)
+            a, b = fitted.get(cls, (1.0, 1.0))
+            total += a ** blend * fixed[sel].sum() + b ** blend * work[sel].sum()
+        if abs(total - measured_total) <= built_in * (1 + 1e-9):
+            return float(blend)
+    return 0.0
+
+
 def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
     """A `GPU` like `base` whose per-class constants are fitted to the measured kernels of a profile.
 
@@ -86,12 +114,12 @@ def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
     launched nothing, or that the model prices at 0, are left out of the fit. Returns `base` with
     ``class_scale`` = {class: (fixed factor, throughput factor)} and ``calibration`` = {"base", "source",
     "classes": {class: {ops, measured_ns, modeled_ns, calibrated_ns, ratio_before, ratio_after,
-    median_abs_log_error, fixed_factor, throughput_factor}}, "total_ratio_before", "total_ratio_after"}
-    (ratios are modeled / measured). Raises `InputError` without kernel times or cost facts.
+    median_abs_log_error, fixed_factor, throughput_factor, fitted (False: too few ops, kept at 1)}},
+    "total_ratio_before", "total_ratio_after", "blend" (module docstring)} (ratios are modeled / measured). Raises `InputError` without kernel times or cost facts.
     """
     g = resolve_gpu(base)
     g = replace(g, class_scale={}, calibration={})
-    ops, label = _measured_ops(profile_or_trace)
+    ops, label, column = _measured_ops(profile_or_trace)
     if "device" in ops.columns:
         ops = ops[~ops["device"].astype(str).str.lower().str.startswith("cpu")]
     modeled = device_times(ops, g, tf32=tf32)
@@ -99,25 +127,36 @@ def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
     measured = ops["measured_ns"].to_numpy(dtype="float64")
     model_ns = modeled["device_ns"].to_numpy(dtype="float64")
     use = (measured > 0) & (model_ns > 0)
-    classes, scale = {}, {}
-    for cls in sorted(set(modeled["op_class"][use])):
-        sel = use & (modeled["op_class"].to_numpy() == cls)
+    cls_of = modeled["op_class"].to_numpy()
+    classes, fitted = {}, {}
+    for cls in sorted(set(cls_of[use])):
+        sel = use & (cls_of == cls)
+        if sel.sum() < MIN_OPS:
+            continue
         a, b = fit_factors(fixed[sel], work[sel], measured[sel])
+        m_total, before = measured[sel].sum(), model_ns[sel].sum()
+        if abs(a * fixed[sel].sum() + b * work[sel].sum() - m_total) > abs(before - m_total):
+            a = b = float(np.clip(m_total / before, *FACTOR_RANGE))    # the fit lost the class total
+        fitted[cls] = (a, b)
+    blend = _blend(fitted, cls_of, fixed, work, model_ns, _measured_total(ops, measured, column))
+    scale = {cls: (a ** blend, b ** blend) for cls, (a, b) in fitted.items()}
+    for cls in sorted(set(cls_of[use])):
+        sel = use & (cls_of == cls)
+        a, b = scale.get(cls, (1.0, 1.0))
         after = a * fixed[sel] + b * work[sel]
-        scale[cls] = (a, b)
         classes[cls] = {"ops": int(sel.sum()), "measured_ns": float(measured[sel].sum()),
                         "modeled_ns": float(model_ns[sel].sum()), "calibrated_ns": float(after.sum()),
                         "ratio_before": float(model_ns[sel].sum() / measured[sel].sum()),
                         "ratio_after": float(after.sum() / measured[sel].sum()),
                         "median_abs_log_error": float(np.median(np.abs(np.log(np.maximum(after, 1.0)
                                                                               / measured[sel])))),
-                        "fixed_factor": a, "throughput_factor": b}
+                        "fixed_factor": a, "throughput_factor": b, "fitted": cls in scale}
     if not classes:
         raise InputError(f"{label}: no op has both a measured and a modeled device time")
     total_m = sum(c["measured_ns"] for c in classes.values())
     info = {"base": g.name, "source": label, "classes": classes,
             "total_ratio_before": sum(c["modeled_ns"] for c in classes.values()) / total_m,
-            "total_ratio_after": sum(c["calibrated_ns"] for c in classes.values()) / total_m}
+            "total_ratio_after": sum(c["calibrated_ns"] for c in classes.values()) / total_m, "blend": blend}
     if not math.isfinite(info["total_ratio_after"]):
         raise InputError(f"{label}: the fit did not converge")
     return replace(g, name=f"{g.name} calibrated on {label}", class_scale=scale, calibration=info,
