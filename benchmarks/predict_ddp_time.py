@@ -8,7 +8,7 @@ all-reduce starts after the last gradient and is all exposed); the second pass u
 gradient-ready order (1 MiB, then 25 MiB), whose all-reduces overlap the rest of backward. Printed per pass:
 buckets, bytes, modeled all-reduce time, and the time the optimizer waited for them; per world size (8 ranks in
 one node over NVLink, 16 over two nodes: hierarchical). Times are modeled (GPU table, ring/tree formulas of
-`memlens.predict.distributed.collectives`), not measured.
+`memlens.devicetime.collectives`), not measured.
 
     python benchmarks/predict_ddp_time.py
 """

@@ -1,9 +1,9 @@
-"""Collective algorithms (memlens.predict.distributed.collectives): ring, double binary tree, hierarchical,
+"""Collective algorithms (memlens.devicetime.collectives): ring, double binary tree, hierarchical,
 each compared with the formula worked by hand here (0.8 x link bandwidth, 1 us NVLink / 5 us network steps)."""
 import pytest
 
 from memlens.devicetime.gpus import gpu
-from memlens.predict.distributed.collectives import collective_time, ring_ns, tree_ns
+from memlens.devicetime.collectives import collective_time, ring_ns, tree_ns
 
 H100 = gpu("H100")          # NVLink 450 GB/s, network 50 GB/s per GPU, 8 GPUs per node
 NVL, NET = 0.8 * 450e9, 0.8 * 50e9

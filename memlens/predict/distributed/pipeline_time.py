@@ -41,7 +41,7 @@ import types
 import numpy as np
 
 from memlens.errors import InputError
-from memlens.predict.distributed.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
+from memlens.devicetime.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
                                                      intra_link, network_bw)
 
 P2P_OPS = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_")

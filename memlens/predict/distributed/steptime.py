@@ -1,6 +1,6 @@
 """Step time of a predicted rank on the modeled GPU clock, collectives included, as a two-stream schedule.
 
-Collective durations: `memlens.predict.distributed.collectives` (ring or double binary tree, the faster per
+Collective durations: `memlens.devicetime.collectives` (ring or double binary tree, the faster per
 message; hierarchical across nodes; formulas in its docstring). The message of a recorded c10d op is the
 gathered output (all-gather), the unreduced input (reduce-scatter) or the tensor (all-reduce, broadcast).
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.predict.distributed.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
+from memlens.devicetime.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTRA_NODE_STEP_NS,
                                                      SOURCE, collective_ns, collective_time, intra_link,
                                                      network_bw)
 
