@@ -236,3 +236,66 @@ def test_the_streamed_reader_makes_the_same_launch_ops(tmp_path):
     whole, streamed = import_kineto(path), import_kineto_streamed(path)
     pd.testing.assert_frame_equal(whole.ops, streamed.ops)
     assert whole.metadata["gpu_activity"] == streamed.metadata["gpu_activity"]
+
+
+# ---- 4. collectives priced by the link model ----------------------------------------------------------
+def _collectives(group_size=8, distributed=None):
+    """c10d::allreduce_ (0..50 us) around record_param_comms (all-reduce of 2^20 fp32 over `group_size` ranks,
+    None: not logged), then c10d::_allgather_base_ around record_param_comms (2^18 bf16 in, 2^21 out)."""
+    def comms(ts, name, n_in, n_out, dtype):
+        args = {"External id": ts, "Collective name": name, "In msg nelems": n_in, "Out msg nelems": n_out,
+                "dtype": dtype}
+        if group_size is not None:
+            args["Group size"] = group_size
+        return {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 1, "tid": 1, "ts": ts, "dur": 20,
+                "args": args}
+    ev = [_op("c10d::allreduce_", 0, 50, 1, [[1 << 20]], ["float"]), comms(10, "allreduce", 1 << 20, 1 << 20, "Float"),
+          _op("c10d::_allgather_base_", 100, 50, 2, [[1 << 21], [1 << 18]], ["c10::BFloat16"] * 2),
+          comms(110, "_allgather_base", 1 << 18, 1 << 21, "BFloat16")]
+    doc = {"traceEvents": ev}
+    if distributed:
+        doc["distributedInfo"] = distributed
+    return doc
+
+
+def _ring_or_tree(kind, nbytes, n, bw, step_ns=1000.0):
+    """The collective model's formulas, written out by hand (0.8 of the link's bandwidth)."""
+    f = 2 if kind == "all_reduce" else 1
+    ring = f * (n - 1) / n * nbytes / (0.8 * bw) * 1e9 + f * (n - 1) * step_ns
+    tree = 2 * nbytes / (0.8 * bw) * 1e9 + 2 * int(np.ceil(np.log2(n))) * step_ns
+    return min(ring, tree) if kind == "all_reduce" and n > 2 else ring
+
+
+def test_record_param_comms_carries_the_collective():
+    ops = by_name(kineto_to_trace(_collectives()))
+    assert ops.loc["c10d::allreduce_", "collective"] == "" and ops.loc["c10d::_allgather_base_", "collective"] == ""
+    rows = ops.loc["record_param_comms"]
+    assert rows["collective"].tolist() == ["all_reduce", "all_gather"]
+    # all-reduce: the tensor (2^20 x 4 B); all-gather: the gathered output (2^21 x 2 B)
+    assert rows["collective_bytes"].tolist() == [4 << 20, 4 << 20] and rows["group_size"].tolist() == [8, 8]
+    # no group size logged: the trace's world size
+    no_group = by_name(kineto_to_trace(_collectives(None, {"world_size": 4, "rank": 0})))
+    assert no_group.loc["record_param_comms", "group_size"].tolist() == [4, 4]
+
+
+def test_collectives_are_priced_once_by_the_link_model():
+    from memlens.devicetime.gpus import gpu
+    h100 = gpu("H100")
+    r = memlens.retime(kineto_to_trace(_collectives()), gpu="H100")
+    ops = by_name(r)
+    comms = ops.loc["record_param_comms"]
+    expected = [_ring_or_tree("all_reduce", 4 << 20, 8, h100.nvlink_bw), _ring_or_tree("all_gather", 4 << 20, 8,
+                                                                                         h100.nvlink_bw)]
+    assert comms["op_class"].tolist() == ["communication"] * 2
+    assert comms["device_self_ns"].tolist() == [round(x) for x in expected]
+    # the c10d op launches nothing of its own; its inclusive time is its collective's
+    assert ops.loc["c10d::allreduce_", "device_self_ns"] == 0
+    assert ops.loc["c10d::allreduce_", "device_ns"] == round(expected[0])
+    assert r.metadata["clock"]["device_busy_ns"] == sum(round(x) for x in expected)
+
+
+def test_the_streamed_reader_keeps_the_collective_arguments(tmp_path):
+    from memlens.io.kineto_stream import import_kineto_streamed
+    path = tmp_path / "comms.json"
+    path.write_text(json.dumps(_collectives()))
+    pd.testing.assert_frame_equal(import_kineto(path).ops, import_kineto_streamed(path).ops)

@@ -57,7 +57,7 @@ def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str, str]:
 
 def _parts(ops: pd.DataFrame, g: GPU, tf32: bool) -> tuple[np.ndarray, np.ndarray]:
     """(fixed ns, throughput ns) per op on uncalibrated `g`, computed once per distinct signature."""
-    facts = op_facts(ops).drop(columns=["device"])
+    facts = op_facts(ops).drop(columns=["device", "collective", "collective_bytes", "group_size"])
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(facts))
     pairs = np.array([split_parts(g, n, int(f), int(r), int(w), d, s, tf32=tf32, causal=bool(c), transfer=t,
                                   strided=bool(st))
@@ -98,8 +98,11 @@ def _blend(fitted: dict, cls_of: np.ndarray, fixed: np.ndarray, work: np.ndarray
         total = 0.0
         for cls in set(cls_of[priced]):
             sel = priced & (cls_of == cls)
-            a, b = fitted.get(cls, (1.0, 1.0))
-            total += a ** blend * fixed[sel].sum() + b ** blend * work[sel].sum()
+            if cls in fitted:
+                a, b = fitted[cls]
+                total += a ** blend * fixed[sel].sum() + b ** blend * work[sel].sum()
+            else:           # kept at the built-in price (communication: the link model's)
+                total += model_ns[sel].sum()
         if abs(total - measured_total) <= built_in * (1 + 1e-9):
             return float(blend)
     return 0.0
@@ -126,8 +129,9 @@ def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
     fixed, work = _parts(ops, g, tf32)
     measured = ops["measured_ns"].to_numpy(dtype="float64")
     model_ns = modeled["device_ns"].to_numpy(dtype="float64")
-    use = (measured > 0) & (model_ns > 0)
     cls_of = modeled["op_class"].to_numpy()
+    # communication is priced by the link model, not the per-class constants: never fitted
+    use = (measured > 0) & (model_ns > 0) & (cls_of != "communication")
     classes, fitted = {}, {}
     for cls in sorted(set(cls_of[use])):
         sel = use & (cls_of == cls)

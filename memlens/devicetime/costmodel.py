@@ -19,6 +19,9 @@ Inputs are the ops table's cost facts (`flops`, `bytes_read`, `bytes_written`, `
   norms at `norm_efficiency`, batch norm as its passes over the activation.
 - **reduction**, **gather**, **elementwise** (contiguous or broadcast), pooling, **foreach**, and
   **transfer** (``.item()`` and host <-> device copies at the host link's pageable rate).
+- **communication**: the collectives an imported profile describes (``record_param_comms``: kind, message
+  bytes, group size), by the ring / tree / hierarchical model over NVLink or the network of the GPU table
+  (`communication_op`); on the one modeled stream, not overlapped with compute.
 
 A calibrated GPU (`memlens.calibrate`) scales each class's fixed part (floors) and throughput part by the
 factors fitted to a real profile (`GPU.class_scale`). The naive roofline (`roofline_op`) is ``max(flops /
@@ -33,6 +36,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from memlens.devicetime.collectives import collective_ns
 from memlens.devicetime.gpus import DTYPE_TO_KEY, GPU
 from memlens.devicetime.rules import attention, gemm, memory, rowwise
 from memlens.devicetime.rules.gemm import GEMM_TILES, SPLIT_K
@@ -137,15 +141,32 @@ def roofline_op(g: GPU, flops: int, bytes_moved: int, dtype: str, *, tf32: bool 
 
 
 def has_cost_facts(ops: pd.DataFrame) -> bool:
-    """True when the ops table carries cost facts (some op moved bytes or did flops)."""
-    return any(c in ops.columns and (ops[c] > 0).any() for c in ("bytes_read", "bytes_written", "flops"))
+    """True when the ops table carries cost facts (some op moved bytes or did flops, or a collective moved a
+    message)."""
+    return any(c in ops.columns and (ops[c] > 0).any() for c in ("bytes_read", "bytes_written", "flops",
+                                                                  "collective_bytes"))
 
 
-_FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "strided", "device"]
+_FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "strided", "device",
+          "collective", "collective_bytes", "group_size"]
+COLLECTIVE_FACTS = ("collective", "collective_bytes", "group_size")   # an imported trace's (`memlens.io.kineto_comms`)
 
 
 _DEFAULTS = {"name": "", "flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",
-             "causal": False, "transfer": "", "strided": False, "device": ""}
+             "causal": False, "transfer": "", "strided": False, "device": "", "collective": "",
+             "collective_bytes": 0, "group_size": 0}
+_COMM_PREFIXES = ("c10d::", "_c10d_functional::")
+
+
+def communication_op(g: GPU, name: str, collective: str, nbytes: int, group: int) -> tuple[str, int, float]:
+    """(class, kernels, ns) of an op of a trace that describes its collectives (`COLLECTIVE_FACTS`): a
+    collective of `nbytes` over `group` ranks is priced by the ring / tree / hierarchical model
+    (`memlens.devicetime.collectives`; an all-to-all sends (N-1)/N of its message per rank, as an all-gather's
+    ring); a c10d op around it launches nothing of its own (its collective is priced once, inside it)."""
+    if collective:
+        kind = "all_gather" if collective == "all_to_all" else collective
+        return "communication", 1, collective_ns(kind, int(nbytes), max(int(group), 1), g)
+    return "none", 0, 0.0
 
 
 def op_facts(ops: pd.DataFrame) -> pd.DataFrame:
@@ -165,7 +186,7 @@ def op_facts(ops: pd.DataFrame) -> pd.DataFrame:
         facts[c] = facts[c].astype(object).where(facts[c].notna(), _DEFAULTS[c])
     return facts.astype({"flops": "int64", "bytes_read": "int64", "bytes_written": "int64", "dtype": str,
                          "shapes": str, "name": str, "causal": bool, "transfer": str, "strided": bool,
-                         "device": str})
+                         "device": str, "collective": str, "collective_bytes": "int64", "group_size": "int64"})
 
 
 def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataFrame:
@@ -175,10 +196,14 @@ def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataF
     ``concrete_inputs`` say which attention ops are causal, and its ``input_strides`` which operands are
     not contiguous (`op_facts`). Computed once per distinct signature."""
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(op_facts(ops)))
+    comms = "collective" in ops.columns     # the trace says which ops communicate
     rows = []
-    for name, flops, br, bw, dtype, shapes, causal, transfer, strided, device in uniques:
+    for name, flops, br, bw, dtype, shapes, causal, transfer, strided, device, coll, coll_bytes, group in uniques:
         if device.lower().startswith("cpu"):
             rows.append(("none", 0, 0.0, 0.0))
+            continue
+        if comms and (coll or name.startswith(_COMM_PREFIXES) or name == "record_param_comms"):
+            rows.append(communication_op(gpu, name, coll, coll_bytes, group) + (0.0,))
             continue
         cls, kernels, ns = model_op(gpu, name, int(flops), int(br), int(bw), dtype, shapes, tf32=tf32,
                                     causal=bool(causal), transfer=transfer, strided=bool(strided))

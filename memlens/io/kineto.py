@@ -31,6 +31,7 @@ from memlens.schema import empty_table, make_clock
 from memlens.io.detect import require_kineto
 from memlens.io.jsonfile import load_json
 from memlens.io.kineto_attrib import innermost_enclosing, nesting
+from memlens.io.kineto_comms import comms_columns
 from memlens.io.kineto_facts import facts_columns
 from memlens.io.kineto_kernels import kernel_columns, launch_frames, launches_outside_ops
 from memlens.io.kineto_ops import OpTable, read_ops
@@ -134,8 +135,10 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
     kernels, gpu_counts = kernel_columns(frames, ops.external_id, op_thread, op_start, op_end, parent, depth,
                                          {t: i for i, t in enumerate(thread_names)}, t0_us, carries,
                                          launch_ops_from=n_recorded_ops)
+    world = (obj.get("distributedInfo") or {}).get("world_size") if isinstance(obj.get("distributedInfo"), dict) \
+        else None
     ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
-                                 **facts, **kernels)
+                                 **facts, **kernels, **comms_columns(ops.names, ops.args, world))
     metadata = _metadata(obj, mem_meta, source, t0_us, len(ops_table))
     metadata.update(op_facts=fact_counts, gpu_activity=gpu_counts)
     metadata["notes"] += _gpu_notes(fact_counts, gpu_counts)

@@ -45,8 +45,10 @@ def kept_by_the_importer(event) -> bool:
 
 _EVENT_KEYS = ("name", "ph", "cat", "ts", "dur", "pid", "tid")  # what `kineto_to_trace` reads of an event
 _MEMORY_ARGS = ("Bytes", "Device Type", "Device Id", "Addr", "Total Allocated", "Total Reserved", "Ev Idx")
-# ops: their id and the logged inputs (`memlens.io.kineto_facts.ARG_KEYS`)
-_OP_ARGS = ("External id", "Input Dims", "Input type", "Input Strides", "Concrete Inputs")
+# ops: their id, the logged inputs (`memlens.io.kineto_facts.ARG_KEYS`) and what a collective moved
+# (`memlens.io.kineto_comms.COMM_ARGS`)
+_OP_ARGS = ("External id", "Input Dims", "Input type", "Input Strides", "Concrete Inputs", "Collective name",
+            "In msg nelems", "Out msg nelems", "Group size", "dtype")
 _SHARED_VALUES = ("name", "ph", "cat", "pid", "tid")  # repeated from event to event: one object each
 
 

@@ -104,7 +104,7 @@ MULTI_KERNEL = {
 }
 
 CLASSES = ("none", "gemm", "attention", "normalization", "reduction", "gather", "elementwise", "foreach",
-           "transfer")
+           "transfer", "communication")
 
 
 def base_name(name: str) -> str:
