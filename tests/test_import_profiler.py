@@ -135,8 +135,11 @@ def test_kineto_crafted_edges():
     assert b.loc[7, "op"] == "aten::inner" and b.loc[7, "free_ns"] == 30_000 and b.loc[7, "alloc_ns"] == 5_000
     assert b.loc[9, "free_without_alloc"] and pd.isna(b.loc[9, "alloc_ns"])
     assert tr.events["op_id"].tolist()[:2] == [1, 0] and pd.isna(tr.events["op_id"].iloc[2])
+    # ops without [memory] events load (no blocks, a note says so); nothing at all is refused
+    bare = kineto_to_trace({"traceEvents": events[:2]})
+    assert len(bare.ops) == 2 and len(bare.blocks) == 0 and bare.metadata["memory_events"] == 0
     with pytest.raises(memlens.InputError, match="no \\[memory\\] events"):
-        kineto_to_trace({"traceEvents": events[:2]})
+        kineto_to_trace({"traceEvents": []})
     with pytest.raises(memlens.InputError, match="malformed"):
         kineto_to_trace({"traceEvents": [{"name": "[memory]", "ts": 1, "args": {"Bytes": "x"}}]})
 
