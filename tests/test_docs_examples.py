@@ -1,4 +1,5 @@
-"""Every ```python and ```bash example on the documentation pages (docs/*.md) runs, or says why it does not.
+"""Every ```python and ```bash example in the README and on the documentation pages (docs/*.md) runs, or says why
+it does not.
 
 An example marked by an HTML comment on the line just above its fence, ``<!-- not run: REASON -->``, is skipped
 (the reason must say something). Every other example runs in a fresh process, in a temporary folder that holds
@@ -39,7 +40,7 @@ NOT_RUN = re.compile(r"<!--\s*not run:\s*(.*?)\s*-->\s*$")
 
 @dataclass(frozen=True)
 class Example:
-    page: str       # file name under docs/
+    page: str       # path from the repository root
     line: int       # 1-based line of the opening fence
     language: str
     code: str
@@ -58,7 +59,7 @@ def examples(text: str, page: str) -> list[Example]:
             continue
         end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence.group(1)), None)
         if end is None:
-            raise ValueError(f"docs/{page}:{i + 1}: a code fence is never closed")
+            raise ValueError(f"{page}:{i + 1}: a code fence is never closed")
         above = NOT_RUN.search(lines[i - 1]) if i > 0 else None
         found.append(Example(page, i + 1, fence.group(2), "\n".join(lines[i + 1:end]) + "\n",
                              above.group(1) if above else None))
@@ -67,7 +68,8 @@ def examples(text: str, page: str) -> list[Example]:
 
 
 def all_examples() -> list[Example]:
-    return [e for page in sorted(DOCS.glob("*.md")) for e in examples(page.read_text(), page.name)]
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    return [e for page in pages for e in examples(page.read_text(), str(page.relative_to(ROOT)))]
 
 
 def test_examples_parser_on_a_hand_written_page():
@@ -89,9 +91,9 @@ def test_every_example_runs_or_says_why_not():
     assert all(len(e.not_run) >= 10 for e in marked), [f"{e.page}:{e.line}" for e in marked if len(e.not_run) < 10]
     run = [e for e in everything if e.language in RUN_LANGUAGES and e.not_run is None]
     # the pages teach by examples that run: at least one on each of these pages
-    for page in ("record.md", "time.md", "predict.md", "import.md", "analyse.md", "simulate.md", "report.md",
-                 "trace-format.md"):
-        assert any(e.page == page for e in run), f"docs/{page} has no example that runs"
+    for page in ("README.md", "docs/record.md", "docs/time.md", "docs/predict.md", "docs/import.md",
+                 "docs/analyse.md", "docs/simulate.md", "docs/report.md", "docs/cli.md", "docs/trace-format.md"):
+        assert any(e.page == page for e in run), f"{page} has no example that runs"
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,8 @@ def _run_in(folder: Path, example: Example) -> subprocess.CompletedProcess:
     shutil.copytree(folder / "run.memlens", work / "run.memlens")
     command = ([sys.executable, "-c", example.code] if example.language == "python"
                else ["bash", "-euo", "pipefail", "-c", example.code])
-    return subprocess.run(command, cwd=work, env=_env(folder), capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT_S)
+    return subprocess.run(command, cwd=work, env=_env(folder), capture_output=True, text=True,
+                          timeout=EXAMPLE_TIMEOUT_S)
 
 
 RUNNABLE = [e for e in all_examples() if e.language in RUN_LANGUAGES and e.not_run is None]
@@ -133,4 +136,5 @@ RUNNABLE = [e for e in all_examples() if e.language in RUN_LANGUAGES and e.not_r
 @pytest.mark.parametrize("example", RUNNABLE, ids=[f"{e.page}:{e.line}" for e in RUNNABLE])
 def test_docs_example_runs(example: Example, reader_folder: Path):
     out = _run_in(reader_folder, example)
-    assert out.returncode == 0, f"docs/{example.page}:{example.line} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    assert out.returncode == 0, (f"{example.page}:{example.line} failed:\n{out.stdout[-3000:]}\n"
+                                 f"{out.stderr[-3000:]}")
