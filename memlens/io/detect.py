@@ -69,7 +69,7 @@ def require_kineto(path) -> None:
 
 def check_regular(path) -> None:
     """`InputError` unless `path` is a regular file (after symlinks): opening a FIFO blocks until a writer
-    comes, and a device or socket never ends (issue 26)."""
+    comes, and a device or socket never ends."""
     import stat
     try:
         mode = os.stat(path).st_mode
