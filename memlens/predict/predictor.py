@@ -60,7 +60,8 @@ class Prediction:
     ``torch.cuda.reset_peak_memory_stats()`` the code called, as a real run reports it), `oom`, `fits()`,
     `trace` (a `memlens.Trace` with blocks on ``cuda:0``, sizes rounded as the caching allocator rounds
     them; `requested_size` holds the bytes asked for; on the modeled clock of the GPU via `memlens.retime`
-    unless ``clock="host"``), `simulate()` (the allocator replay).
+    unless ``clock="host"``), `simulate()` (the allocator replay), `standin_lines` / `standin_note` (the
+    lines whose ``.item()``, ``bool()`` or ``.tolist()`` got a stand-in value: `memlens.predict.standins`).
     """
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
@@ -97,6 +98,8 @@ class Prediction:
         self._recorder = None
         self._reset_marks: list[int] = []
         self.failure: str | None = None   # "ValueError: ..." when the predicted code raised
+        self.standin_lines: dict[str, int] = {}   # "file:line" -> reads of a tensor's value answered by a stand-in
+        self.standin_note: str | None = None      # the sentence saying so (also in trace.metadata["notes"])
         self.wall_ns = 0
 
     # ---- the block --------------------------------------------------------------------------
@@ -134,6 +137,10 @@ class Prediction:
         finally:
             self._env.__exit__(None, None, None)
         self._reset_marks = [m - t_start for m in self._reset_marks]
+        if session is not None:
+            from memlens.predict.standins import note
+            self.standin_lines = dict(session.standins.lines.most_common())
+            self.standin_note = note(session.standins.lines)
         failed = exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
         if failed:
             self.failure = f"{exc_type.__name__}: {exc}"
@@ -203,6 +210,8 @@ class Prediction:
         trace.metadata["notes"].append(
             "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
             f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
+        if self.standin_note is not None:
+            trace.metadata["notes"].append(self.standin_note)
         return trace
 
     # ---- results ----------------------------------------------------------------------------
@@ -295,7 +304,7 @@ class Prediction:
                 "device_bytes_needed": self.device_bytes_needed,
                 "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
                 "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
-                "predict_wall_ns": self.wall_ns, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
+                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
                 # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
                 "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
 
