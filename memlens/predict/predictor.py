@@ -178,11 +178,13 @@ class Prediction:
     # ---- building the prediction ------------------------------------------------------------
     def _finish(self, trace, recorder):
         from memlens.predict.corrections import apply_corrections
+        from memlens.predict.moved_in import categorise_moved_in
         from memlens.predict.predicted_trace import allocator_sized, onto_gpu_clock
         from memlens.predict.scratch import add_modelled_scratch
         from memlens.simulate.config import parse_conf, round_size
         config = parse_conf(self.conf or None)
         trace = apply_corrections(allocator_sized(trace, self._session.op_threads, config))
+        categorise_moved_in(trace)
         trace, self.kernel_scratch_blocks = add_modelled_scratch(
             trace, self.gpu, lambda s: round_size(s, config), cublas_workspaces=self.cublas_workspaces,
             kernel_scratch=self.kernel_scratch, index_put_facts=self._session.index_put_facts,
