@@ -67,10 +67,15 @@ class Prediction:
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
                  cublas_workspaces: bool = True, kernel_scratch: bool = True, cudnn_workspace=None,
-                 clock: str = "modeled", fast_cache_key: bool = True):
+                 clock: str = "modeled", fast_cache_key: bool = True, steps: int | None = None):
         if clock not in ("modeled", "host"):
             raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
         self.clock = clock
+        from memlens.predict.steps import check_steps
+        self.steps = check_steps(steps)   # calls of a step function (memlens.predict.steps); None: until steady
+        self._step_starts: list[int] = []   # op index at the start of each call of the step function
+        self.first_step_left_bytes = 0      # new GPU blocks the first call left alive, bytes
+        self._step_peaks: list[dict] | None = None
         self.gpu_name = gpu if isinstance(gpu, str) else None
         self.gpu = gpu_facts(gpu) if cuda_context is None else gpu_facts(gpu, cuda_context=int(cuda_context))
         self.capacity = _capacity_bytes(capacity)
@@ -100,6 +105,7 @@ class Prediction:
         self.failure: str | None = None   # "ValueError: ..." when the predicted code raised
         self.standin_lines: dict[str, int] = {}   # "file:line" -> reads of a tensor's value answered by a stand-in
         self.standin_note: str | None = None      # the sentence saying so (also in trace.metadata["notes"])
+        self.steps_note: str | None = None        # which call of a step function the peaks come from (steps.py)
         self.wall_ns = 0
 
     # ---- the block --------------------------------------------------------------------------
@@ -241,6 +247,16 @@ class Prediction:
         return self._sims[cap]
 
     @property
+    def step_peaks(self) -> list[dict]:
+        """Per call of the step function given to `memlens.predict`: ``{"step", "peak_allocated",
+        "peak_reserved"}`` (bytes); the last is the steady state. [] for a ``with`` block."""
+        if self._step_peaks is None:
+            from memlens.predict.steps import step_peaks
+            self._need_trace()
+            self._step_peaks = step_peaks(self)
+        return self._step_peaks
+
+    @property
     def peak_allocated(self) -> int:
         """Predicted ``torch.cuda.max_memory_allocated()`` over the whole block, bytes."""
         sim = self.simulate()
@@ -306,7 +322,7 @@ class Prediction:
                 "device_bytes_needed": self.device_bytes_needed,
                 "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
                 "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
-                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
+                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "step_peaks": self.step_peaks, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
                 # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
                 "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
 
