@@ -322,7 +322,8 @@ class Prediction:
                 "device_bytes_needed": self.device_bytes_needed,
                 "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
                 "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
-                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "step_peaks": self.step_peaks, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
+                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "step_peaks": self.step_peaks,
+                "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
                 # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
                 "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
 
