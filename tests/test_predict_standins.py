@@ -119,3 +119,33 @@ def test_cli_predicts_a_script_that_logs_its_loss(tmp_path):
     # the script's own lines (the child's 20, 23, 24 and 25 less its 4 lines of imports), named by its path
     assert s_log["standin_lines"] == {f"{logging}:{n}": k for n, k in ((16, 6), (19, 15), (20, 6), (21, 3))}
     assert s_plain["standin_lines"] == {}
+
+
+def test_shapes_that_depend_on_values_follow_the_stand_in_mask():
+    r = run_child("""
+import torch._subclasses.fake_tensor as ft
+shapes = {}
+def step():
+    x = torch.randn(64, 128, device="cuda", requires_grad=True)
+    labels = torch.randint(0, 10, (64,), device="cuda")
+    keep = labels != -100                                 # a healthy mask: every element true
+    picked = x[keep]
+    shapes["picked"] = list(picked.shape)
+    shapes["none"] = list(x[torch.isnan(x)].shape)        # no NaN: nothing picked
+    shapes["nonzero"] = list(torch.nonzero(keep).shape)
+    shapes["where"] = [list(t.shape) for t in torch.where(labels > -1)]
+    shapes["masked_select"] = list(x.masked_select(x.isfinite()).shape)
+    picked.sum().backward()
+p = memlens.predict(step, gpu="H100")
+made = p.trace.blocks.loc[p.trace.blocks.device == "cuda:0", "requested_size"].tolist()
+result = {"shapes": shapes, "made": made, "lines": sorted(p.standin_lines)}
+""")
+    s = r["shapes"]
+    assert s["picked"] == [64, 128] and s["none"] == [0] and s["nonzero"] == [64, 1]
+    assert s["where"] == [[64]] and s["masked_select"] == [64 * 128]
+    # what CUDA allocates for x[keep]: nonzero's int64 (64, 1) indices, then the (64, 128) fp32 rows
+    made = r["made"]
+    assert 64 * 8 in made and made.count(64 * 128 * 4) >= 3   # x, picked, x's gradient
+    # the child's lines (4 lines of imports first): picked, none, nonzero, where, masked_select; and x[keep]'s
+    # backward (index_put_ with the mask, on autograd's device thread)
+    assert r["lines"] == ["(backward)"] + [f"<string>:{n}" for n in (12, 14, 15, 16, 17)]

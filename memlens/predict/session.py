@@ -16,7 +16,8 @@ import torch
 
 from memlens.predict.scratch_index_put import index_put_sort_facts
 from memlens.predict.scratch_reduce import reduce_facts, reduce_op_table
-from memlens.predict.standins import EQUAL, LOCAL_SCALAR_DENSE, VALUE_OPS, StandIns, carry
+from memlens.predict.standins import (EQUAL, LOCAL_SCALAR_DENSE, VALUE_OPS, VALUE_SHAPED_OPS, StandIns, carry,
+                                     needs_shape)
 from memlens.record.session import Session, _RecordingMode, _inner_tensors
 
 Tensor = torch.Tensor
@@ -158,6 +159,8 @@ class _PredictMode(_RecordingMode):
             return func(*args, **(kwargs or {}))
         if (func is LOCAL_SCALAR_DENSE or func is EQUAL) and _holds_values_unknown(args):
             return self.session.standins.read(func, args)     # .item(), bool(), .tolist(): memlens.predict.standins
+        if func in VALUE_SHAPED_OPS and needs_shape(func, args):     # x[mask], nonzero, masked_select
+            return self.session.standins.shape(func, args, kwargs, self)
         if func in VALUE_OPS:
             out = self._dispatch(func, types, args, kwargs)
             carry(func, args, out)

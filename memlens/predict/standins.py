@@ -8,6 +8,9 @@ prediction answers those reads with stand-ins and the code's control flow follow
 - the value of a healthy run: ``isnan``/``isinf`` give False, ``isfinite`` gives True, and ``any``/``all``/
   ``logical_not`` and comparisons carry such a value on (the stand-in of their inputs, computed);
 - a constant the code made (``torch.zeros``, ``torch.full``: GradScaler's ``found_inf`` starts at 0.0);
+- shapes that depend on values (``nonzero``, ``masked_select``, indexing with a boolean mask, ``x[mask]``)
+  count a true stand-in as every element true and a false one as none: a healthy run's mask
+  (``labels != -100``) selects everything, the upper bound of its memory;
 - otherwise 1.0 for floating point (finite, nonzero: ``math.log`` and division by it work), 1 for integers,
   False for booleans.
 
@@ -27,6 +30,12 @@ import torch
 aten = torch.ops.aten
 LOCAL_SCALAR_DENSE = aten._local_scalar_dense.default
 EQUAL = aten.equal.default
+# ops whose output's shape depends on values: answered with the stand-in count of true elements (`shaped`)
+NONZERO = aten.nonzero.default
+MASKED_SELECT = aten.masked_select.default
+INDEX = aten.index.Tensor
+INDEX_PUT = frozenset({aten.index_put.default, aten.index_put_.default})
+VALUE_SHAPED_OPS = frozenset({NONZERO, MASKED_SELECT, INDEX}) | INDEX_PUT
 
 _HEALTH = {aten.isnan.default: False, aten.isinf.default: False, aten.isposinf.default: False,
            aten.isneginf.default: False, aten.isfinite.default: True}
@@ -148,16 +157,77 @@ class StandIns:
             return tuple(args[0].shape) == tuple(args[1].shape)
         return standin(args[0])
 
+    def shape(self, func, args, kwargs, mode):
+        """Run an op whose output shape depends on values (`needs_shape`) on its stand-in shape under `mode`
+        (the prediction's dispatch mode, so that what it allocates is recorded); note the user's line."""
+        self.lines[_user_line()] += 1
+        with mode:
+            return shaped(func, args, kwargs)
+
+
+def _unknown(t) -> bool:
+    """A fake tensor whose values FakeTensorMode does not know (it keeps those of small real constants)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) and t.constant is None
+
+
+def _has_mask(indices) -> bool:
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) and _unknown(i)
+               for i in indices)
+
+
+def _nonzero(mask):
+    """``nonzero(mask)`` on the stand-in: (every element or none, mask.dim()) int64 indices."""
+    count = mask.numel() if standin(mask) else 0
+    return torch.empty((count, mask.dim()), dtype=torch.long, device=mask.device)
+
+
+def _long_indices(indices) -> list:
+    """Boolean masks among `indices` replaced by the columns of their stand-in ``nonzero``, as ATen's
+    ``expandTensors`` does before indexing."""
+    out = []
+    for i in indices:
+        if isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8):
+            nz = _nonzero(i)
+            out += [nz.select(1, j) for j in range(i.dim())]
+        else:
+            out.append(i)
+    return out
+
+
+def needs_shape(func, args) -> bool:
+    """Whether `func` on `args` has an output shape that depends on values (see `shaped`)."""
+    if func is NONZERO:
+        return _unknown(args[0])
+    if func is MASKED_SELECT:
+        return _unknown(args[1])
+    return (func is INDEX or func in INDEX_PUT) and len(args) > 1 and _has_mask(args[1])
+
+
+def shaped(func, args, kwargs):
+    """Run a `needs_shape` op on its stand-in shape (called under the prediction's dispatch mode, so that
+    what it allocates is recorded)."""
+    if func is NONZERO:
+        return _nonzero(args[0])
+    if func is MASKED_SELECT:
+        self, mask = args[0], args[1]
+        shape = torch.broadcast_shapes(self.shape, mask.shape)
+        count = (torch.Size(shape).numel() if standin(mask) else 0)
+        return torch.empty((count,), dtype=self.dtype, device=self.device)
+    return func(args[0], _long_indices(args[1]), *args[2:], **(kwargs or {}))
+
 
 def _user_line() -> str:
-    """``file:line`` of the innermost frame outside torch and memlens (the script's line that read a value)."""
+    """``file:line`` of the innermost frame outside torch and memlens (the script's line that read a value);
+    ``(backward)`` for a backward node that autograd's device thread runs."""
     frame = sys._getframe(2)
     while frame is not None:
         name = frame.f_code.co_filename
         if not name.startswith(_SKIP_DIRS) and not name.startswith("<frozen"):
             return f"{name}:{frame.f_lineno}"
         frame = frame.f_back
-    return "(unknown line)"
+    import threading      # no Python frame of the user's: autograd's engine thread runs a backward node
+    return "(backward)" if threading.current_thread() is not threading.main_thread() else "(no source line)"
 
 
 def note(lines: Counter) -> str | None:
@@ -167,6 +237,6 @@ def note(lines: Counter) -> str | None:
     shown = ", ".join(f"{line} ({n}x)" if n > 1 else line for line, n in lines.most_common(8))
     more = f" and {len(lines) - 8} more lines" if len(lines) > 8 else ""
     return (f"fake tensors hold no values: {sum(lines.values())} reads of a tensor's value (.item(), float(), "
-            f"bool(), .tolist()) returned stand-ins (a healthy run's: no NaN or inf; else 1.0, 1 or False) at "
+            f"bool(), .tolist(), shapes of x[mask] and nonzero) used stand-ins (a healthy run's: no NaN or inf; else 1.0, 1 or False) at "
             f"{shown}{more}; control flow followed them, and memory that depends on those values is predicted "
             "on the stand-ins")
