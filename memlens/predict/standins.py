@@ -112,9 +112,9 @@ def standin(t):
 def carry(func, args, out) -> None:
     """After `func` (one of `VALUE_OPS`) ran on fake tensors: give its output the stand-in a healthy run's
     values give it."""
-    if func in _KEEPS_FLAG:
+    if func in _KEEPS_FLAG:     # the flag keeps the value it had (no inf found), whatever its version now
         flag = args[_KEEPS_FLAG[func]]
-        _tag(flag, standin(flag))
+        _tag(flag, getattr(flag, _ATTR, (0.0,))[0])
         return
     if func in _HEALTH:
         value = _HEALTH[func]
