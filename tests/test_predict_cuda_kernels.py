@@ -157,7 +157,7 @@ result = {"p1": events(p1), "p2": events(p2), "p3": events(p3), "p4": events(p4)
     n = 24000
     assert r["p1"][0] == [[A, 8], [F, 8], [A, 8], [F, 8], [A, n], [A, n], [F, n], [A, n], [A, n], [A, n],
                           [A, 2 * n], [F, 2 * n], [F, n], [F, n], [F, n], [F, n]]
-    assert r["p1"][1] == ["temporary"] and r["n1"] == 8   # max, min, remainder, linear, sorted, orig, range, cub
+    assert r["p1"][1] == ["workspace"] and r["n1"] == 8   # max, min, remainder, linear, sorted, orig, range, cub
     # 2) two int32 index tensors of 10 x 20 = 200 elements: each converted to int64 first (1600 B, kept);
     # per tensor: max/min checks, remainder + product (1600 B each), remainder freed; the second product is
     # added into the first and freed; sorted/orig/arange (1600 B); 200 items fit one tile: cub asks for 1 byte.

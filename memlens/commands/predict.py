@@ -123,4 +123,6 @@ def run(args) -> int:
         print(f"fits:               {s['fits']}" + (f"  ({s['oom']})" if s["oom"] else ""))
         if args.out:
             print(f"trace:              {args.out}")
+        if p.standin_note:
+            print(f"note:               {p.standin_note}")
     return 0

@@ -16,8 +16,11 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
 
     ``with memlens.predict(gpu="H100", capacity="80GiB") as p: ...`` runs the block on fake `cuda` tensors;
     ``memlens.predict(step_fn, gpu=..., capacity=...)`` calls ``step_fn()`` under prediction and returns the
-    finished `Prediction`. When the code raises, its exception propagates (with a note saying no prediction
-    was made) and the `Prediction`'s results raise `PredictionFailed` naming it.
+    finished `Prediction`: once, and a second time when the first call left new blocks alive (optimizer state,
+    gradients), so that the peaks include the steady-state step (`Prediction.step_peaks` has each call's;
+    ``steps=N`` calls it N times; see `memlens.predict.steps`). When the code raises, its exception propagates
+    (with a note saying no prediction was made) and the `Prediction`'s results raise `PredictionFailed` naming it.
+    Reading a fake tensor's value (``loss.item()``, ``bool(t)``) gives a stand-in: `memlens.predict.standins`.
     Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
     `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
@@ -44,7 +47,12 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
         return Prediction(gpu, capacity, **options)
     if not callable(fn):
         raise InputError(f"memlens.predict takes a callable or a gpu name, not {type(fn).__name__}")
+    from memlens.predict.steps import run_steps, steps_note
     p = Prediction(gpu, capacity, **options)
     with p:
-        fn()
+        run_steps(p, fn, p.steps)
+    note = steps_note(p, p.step_peaks)
+    if note is not None:
+        p.trace.metadata["notes"].append(note)
+        p.steps_note = note
     return p

@@ -23,6 +23,7 @@ Inside, `cuda` tensors are fake (shapes, dtypes and strides only, no memory, no 
 - ``torch.backends.mha`` fast path off: ``nn.TransformerEncoder`` in inference with a padding mask would build
   nested tensors, which fake tensors cannot hold; the regular path predicts the padded batch (an upper bound).
 - ``torch.save``: writes the checkpoint's structure without the bytes (see `_save_without_data`).
+- ``Tensor.__format__``: ``f"{loss:.4f}"`` formats a one-value fake tensor by its stand-in value (see `_format_fake`).
 - torch's warning on reading a FakeTensor's data pointer (``copy.deepcopy`` of a module reads it) is ignored;
   that message only. ``copy.deepcopy`` of a fake tensor keeps it in the prediction's mode (see `__deepcopy__`).
 Everything is restored on exit.
@@ -83,6 +84,18 @@ def _save_without_data(original):
         with torch.serialization.skip_data(materialize_fake_tensors=True):
             return original(obj, f, *args, **kwargs)
     return save
+
+
+def _format_fake(original):
+    """``Tensor.__format__`` that formats a one-value fake tensor by its value, as it does a real one
+    (``f"{loss:.4f}"``); torch's formats only plain tensors by value and hands others to ``object``, which
+    refuses a format spec. The value is the prediction's stand-in (`memlens.predict.standins`)."""
+    def format_(self, format_spec):
+        from torch._subclasses.fake_tensor import FakeTensor
+        if isinstance(self, FakeTensor) and self.dim() == 0:
+            return self.item().__format__(format_spec)
+        return original(self, format_spec)
+    return format_
 
 
 def _predicted_sdpa(original, capability: tuple[int, int]):
@@ -164,6 +177,7 @@ class _Patches(AttributePatches):
             self.set(init, name, _no_grad_fill)
         self.set(torch.nn.Module, "_apply", _fake_apply)
         self.set(torch, "save", _save_without_data(torch.save))
+        self.set(torch.Tensor, "__format__", _format_fake(torch.Tensor.__format__))
         # nn.TransformerEncoder's inference fast path packs padded batches into nested tensors, which fake
         # tensors cannot hold (torch falls back to a real CUDA kernel); the regular path keeps the padding
         import torch.backends.mha as mha

@@ -60,16 +60,22 @@ class Prediction:
     ``torch.cuda.reset_peak_memory_stats()`` the code called, as a real run reports it), `oom`, `fits()`,
     `trace` (a `memlens.Trace` with blocks on ``cuda:0``, sizes rounded as the caching allocator rounds
     them; `requested_size` holds the bytes asked for; on the modeled clock of the GPU via `memlens.retime`
-    unless ``clock="host"``), `simulate()` (the allocator replay).
+    unless ``clock="host"``), `simulate()` (the allocator replay), `standin_lines` / `standin_note` (the
+    lines whose ``.item()``, ``bool()`` or ``.tolist()`` got a stand-in value: `memlens.predict.standins`).
     """
 
     def __init__(self, gpu: str | GPUMemoryFacts = "H100", capacity=None, *, conf: str | None = None,
                  model=None, stacks: bool = False, nccl_bytes: int = 0, cuda_context: int | None = None,
                  cublas_workspaces: bool = True, kernel_scratch: bool = True, cudnn_workspace=None,
-                 clock: str = "modeled", fast_cache_key: bool = True):
+                 clock: str = "modeled", fast_cache_key: bool = True, steps: int | None = None):
         if clock not in ("modeled", "host"):
             raise InputError(f"clock must be 'modeled' or 'host', not {clock!r}")
         self.clock = clock
+        from memlens.predict.steps import check_steps
+        self.steps = check_steps(steps)   # calls of a step function (memlens.predict.steps); None: until steady
+        self._step_starts: list[int] = []   # op index at the start of each call of the step function
+        self.first_step_left_bytes = 0      # new GPU blocks the first call left alive, bytes
+        self._step_peaks: list[dict] | None = None
         self.gpu_name = gpu if isinstance(gpu, str) else None
         self.gpu = gpu_facts(gpu) if cuda_context is None else gpu_facts(gpu, cuda_context=int(cuda_context))
         self.capacity = _capacity_bytes(capacity)
@@ -97,6 +103,9 @@ class Prediction:
         self._recorder = None
         self._reset_marks: list[int] = []
         self.failure: str | None = None   # "ValueError: ..." when the predicted code raised
+        self.standin_lines: dict[str, int] = {}   # "file:line" -> reads of a tensor's value answered by a stand-in
+        self.standin_note: str | None = None      # the sentence saying so (also in trace.metadata["notes"])
+        self.steps_note: str | None = None        # which call of a step function the peaks come from (steps.py)
         self.wall_ns = 0
 
     # ---- the block --------------------------------------------------------------------------
@@ -134,6 +143,10 @@ class Prediction:
         finally:
             self._env.__exit__(None, None, None)
         self._reset_marks = [m - t_start for m in self._reset_marks]
+        if session is not None:
+            from memlens.predict.standins import note
+            self.standin_lines = dict(session.standins.lines.most_common())
+            self.standin_note = note(session.standins.lines)
         failed = exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
         if failed:
             self.failure = f"{exc_type.__name__}: {exc}"
@@ -171,11 +184,13 @@ class Prediction:
     # ---- building the prediction ------------------------------------------------------------
     def _finish(self, trace, recorder):
         from memlens.predict.corrections import apply_corrections
+        from memlens.predict.moved_in import categorise_moved_in
         from memlens.predict.predicted_trace import allocator_sized, onto_gpu_clock
         from memlens.predict.scratch import add_modelled_scratch
         from memlens.simulate.config import parse_conf, round_size
         config = parse_conf(self.conf or None)
         trace = apply_corrections(allocator_sized(trace, self._session.op_threads, config))
+        categorise_moved_in(trace)
         trace, self.kernel_scratch_blocks = add_modelled_scratch(
             trace, self.gpu, lambda s: round_size(s, config), cublas_workspaces=self.cublas_workspaces,
             kernel_scratch=self.kernel_scratch, index_put_facts=self._session.index_put_facts,
@@ -203,6 +218,8 @@ class Prediction:
         trace.metadata["notes"].append(
             "predicted with memlens.predict: fake tensors, no GPU; cuBLAS workspaces modelled "
             f"({self.gpu.cublas_workspace:,} bytes per thread and stream)")
+        if self.standin_note is not None:
+            trace.metadata["notes"].append(self.standin_note)
         return trace
 
     # ---- results ----------------------------------------------------------------------------
@@ -228,6 +245,16 @@ class Prediction:
                 self._sims[cap] = simulate(trace, conf=self.conf, capacity=cap if cap is not None else "unlimited",
                                            device="cuda:0", initial_state="empty").devices["cuda:0"]
         return self._sims[cap]
+
+    @property
+    def step_peaks(self) -> list[dict]:
+        """Per call of the step function given to `memlens.predict`: ``{"step", "peak_allocated",
+        "peak_reserved"}`` (bytes); the last is the steady state. [] for a ``with`` block."""
+        if self._step_peaks is None:
+            from memlens.predict.steps import step_peaks
+            self._need_trace()
+            self._step_peaks = step_peaks(self)
+        return self._step_peaks
 
     @property
     def peak_allocated(self) -> int:
@@ -295,7 +322,8 @@ class Prediction:
                 "device_bytes_needed": self.device_bytes_needed,
                 "capacity": self.capacity, "fits": self.fits() if self.trace is not None else None,
                 "blocks": int((self.trace.blocks["device"] == "cuda:0").sum()), "ops": int(len(self.trace.ops)),
-                "predict_wall_ns": self.wall_ns, "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
+                "predict_wall_ns": self.wall_ns, "standin_lines": self.standin_lines, "step_peaks": self.step_peaks,
+                "clock": self.trace.metadata.get("clock", {}).get("kind", "host"),
                 # modeled GPU busy time of everything in the block (memlens.retime's cost model), ns
                 "device_busy_ns": self.trace.metadata.get("clock", {}).get("device_busy_ns")}
 

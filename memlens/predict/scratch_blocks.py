@@ -3,7 +3,8 @@
 A model of kernel scratch (`memlens.predict.scratch`) describes what one op allocates and frees as events,
 ``("alloc", key, bytes, what)`` / ``("free", key)``, in the order the CUDA code runs them; `events_to_blocks`
 turns them into block rows inside the op's interval (``source == "predict:model"``, ``op`` naming what the
-block stands for) and `add_blocks` puts the rows into the trace.
+block stands for, category ``workspace``: memory a library or kernel takes for itself, as the snapshot
+importer names cuBLAS / cuDNN workspaces) and `add_blocks` puts the rows into the trace.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def events_to_blocks(events: list, op, first_id: int, round_size) -> list[dict]:
         if e[0] == "alloc":
             _, key, size, what = e
             rows[key] = modelled_block(first_id + len(rows), op, int(round_size(int(size))), int(size), t,
-                                       "temporary", what)
+                                       "workspace", what)
         else:
             rows[e[1]]["free_ns"] = t
     return list(rows.values())

@@ -71,6 +71,6 @@ def cublas_workspace_blocks(trace, workspace_bytes: int) -> list[dict]:
         return []
     firsts = gemm.assign(thread=threads.loc[gemm.index]).groupby("thread", sort=False).head(1)
     next_id = next_block_id(trace)
-    return [modelled_block(next_id + i, op, workspace_bytes, workspace_bytes, int(op.start_ns), "unknown",
+    return [modelled_block(next_id + i, op, workspace_bytes, workspace_bytes, int(op.start_ns), "workspace",
                            "cublas_workspace")
             for i, op in enumerate(firsts.itertuples(index=False))]

@@ -16,6 +16,8 @@ import torch
 
 from memlens.predict.scratch_index_put import index_put_sort_facts
 from memlens.predict.scratch_reduce import reduce_facts, reduce_op_table
+from memlens.predict.standins import (EQUAL, LOCAL_SCALAR_DENSE, VALUE_OPS, VALUE_SHAPED_OPS, StandIns, carry,
+                                     needs_shape)
 from memlens.record.session import Session, _RecordingMode, _inner_tensors
 
 Tensor = torch.Tensor
@@ -100,6 +102,13 @@ def _flash_group_buffers(args) -> list[tuple]:
     return [shape, shape]
 
 
+def _holds_values_unknown(args) -> bool:
+    """Whether `args` holds a fake tensor whose values are not known (FakeTensorMode keeps the values of small
+    constants it made from real data, ``torch.tensor(3.0)``, and answers reads of those itself)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return any(isinstance(a, FakeTensor) and a.constant is None for a in args)
+
+
 def _wait_tensor_call(tensor):
     """``_c10d_functional::wait_tensor`` as CUDA runs it: it waits for the collective and returns `tensor`
     itself (``Functional.cpp``). Its fake (meta) kernel returns ``empty_like``, a second block the size of
@@ -148,6 +157,17 @@ class _PredictMode(_RecordingMode):
             return func(*args, **(kwargs or {}))
         if getattr(_SHAPE_INFERENCE, "depth", 0):
             return func(*args, **(kwargs or {}))
+        if (func is LOCAL_SCALAR_DENSE or func is EQUAL) and _holds_values_unknown(args):
+            return self.session.standins.read(func, args)     # .item(), bool(), .tolist(): memlens.predict.standins
+        if func in VALUE_SHAPED_OPS and needs_shape(func, args):     # x[mask], nonzero, masked_select
+            return self.session.standins.shape(func, args, kwargs, self)
+        if func in VALUE_OPS:
+            out = self._dispatch(func, types, args, kwargs)
+            carry(func, args, out)
+            return out
+        return self._dispatch(func, types, args, kwargs)
+
+    def _dispatch(self, func, types, args, kwargs):
         # An op on DTensors: let DTensor's own dispatch run first (NotImplemented hands the op on to the
         # subclass), so that what it runs on the local tensors comes back here op by op, as a real GPU runs
         # it: the local op on the local shapes and, between them, the redistributions of inputs that the
@@ -210,6 +230,7 @@ class PredictSession(Session):
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._mode = _PredictMode(self)
+        self.standins = StandIns()      # reads of fake tensors' values answered with stand-ins
         self._fake_device: dict[int, torch.device] = {}   # id(storage) -> device, for storages not yet seen
         self._cuda_sizes: dict[int, int] = {}   # block_id -> bytes, live cuda blocks (for memory_allocated())
         self.live_cuda_bytes = 0

@@ -7,12 +7,14 @@ starts its CUDA worker thread, as a real run does). torch creates its CUDA hooks
 so the shim must be in the process before torch initialises:
 
 - `import memlens` before `import torch` arranges that: memlens watches for the torch import and loads
-  the shim (already built) just before torch's own libraries initialise;
+  the shim just before torch's own libraries initialise, building it there first when it is missing (once
+  per torch version, in a child process), so that the first prediction after an install works in the same
+  process;
 - where torch came first, `memlens.predict` says so and names the CLI route,
   ``memlens predict -- python train.py``, which loads the shim before running the script.
 
 On a CUDA build of torch the shim is never needed (real CUDA hooks exist) and never loaded. The shim is
-built once per torch version with torch.utils.cpp_extension (about 30 s on two cores), in a separate
+built once per torch version with torch.utils.cpp_extension (30 s to 2 min on two cores), in a separate
 process so that building it never initialises torch in the caller.
 """
 from __future__ import annotations
@@ -27,6 +29,8 @@ from memlens.errors import MemlensError
 
 EXTENSION_NAME = "memlens_fake_cuda"
 SOURCE = Path(__file__).with_name("csrc") / "fake_cuda.cpp"
+
+FAILED_MARK = "build-failed.txt"     # in the build folder: the last build's compiler output, when it failed
 
 _state = {"preloaded": False, "module": None, "error": None, "probing": False}
 
@@ -57,11 +61,13 @@ def _torch_version() -> str:
 
 
 def build_dir() -> Path:
-    """Where the shim is built: one folder per (torch version, source digest), under the user's cache."""
+    """Where the shim is built: one folder per (torch version, source digest), under memlens's build cache
+    (`memlens.buildcache.cache_root`: ``$MEMLENS_BUILD_DIR`` moves it with the other compiled parts)."""
     import hashlib
+
+    from memlens.buildcache import cache_root
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    root = Path(os.environ.get("MEMLENS_CACHE", Path.home() / ".cache" / "memlens"))
-    return root / "ext" / f"{EXTENSION_NAME}-torch{_torch_version()}-{digest}"
+    return Path(cache_root()) / "ext" / f"{EXTENSION_NAME}-torch{_torch_version()}-{digest}"
 
 
 def library_path() -> Path:
@@ -92,6 +98,7 @@ def build(verbose: bool = False) -> Path:
     if path.exists():
         return path
     out = build_dir()
+    (out / FAILED_MARK).unlink(missing_ok=True)
     code = ("import sys; from torch.utils.cpp_extension import load; "
             f"load({EXTENSION_NAME!r}, [sys.argv[1]], build_directory=sys.argv[2], verbose={bool(verbose)}, "
             "extra_cflags=['-O2'])")
@@ -108,6 +115,10 @@ def build(verbose: bool = False) -> Path:
         raise ShimError(str(exc)) from None
     if proc.returncode != 0 or not path.exists():
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        try:    # the import watcher does not try again in every process; `build()` itself always does
+            (out / FAILED_MARK).write_text(tail + "\n")
+        except OSError:
+            pass
         raise ShimError(f"could not build the fake-CUDA shim in {out} (needs a C++ compiler and torch's "
                         f"headers):\n{tail}")
     return path
@@ -130,7 +141,9 @@ def preload() -> bool:
     if _state["preloaded"]:
         return True
     try:
-        if "torch" in sys.modules or torch_has_cuda_build() or not is_built():
+        if "torch" in sys.modules or torch_has_cuda_build():
+            return False
+        if not is_built() and not _build_before_torch():
             return False
         import ctypes
         lib = _torch_dir() / "lib"
@@ -142,6 +155,23 @@ def preload() -> bool:
     except OSError as exc:
         _state["error"] = f"{type(exc).__name__}: {exc}"
         return False
+
+
+def _build_before_torch() -> bool:
+    """Build the missing shim as torch is first imported (memlens imported first), so that the first
+    prediction works in this process; says so on stderr, since the import then takes tens of seconds once.
+    False (nothing raised: ``import torch`` must not fail for memlens) when it cannot be built; `require`
+    reports why. A build that failed before is not retried here."""
+    if (build_dir() / FAILED_MARK).exists():
+        return False
+    print(f"memlens: building its fake-CUDA shim for memlens.predict, once per torch version (up to a few minutes), "
+          f"into {build_dir()}", file=sys.stderr, flush=True)
+    try:
+        build()
+    except ShimError as exc:
+        _state["error"] = str(exc)
+        return False
+    return True
 
 
 def _module():
@@ -174,21 +204,15 @@ CLI_ROUTE = "memlens predict --gpu H100 -- python your_script.py"
 def require() -> None:
     """Make sure fake `cuda` training steps can run in this process, or raise `ShimError` saying how.
 
-    On a CUDA build nothing is needed. On a CPU build: builds the shim when missing; if torch was imported
-    before memlens (so its CPU-only CUDA hooks are fixed for the life of the process), raises with the
-    two ways out.
+    On a CUDA build nothing is needed. On a CPU build: builds the shim when missing (normally done already
+    when torch was imported after memlens: `preload`); if torch was imported before memlens (so its CPU-only
+    CUDA hooks are fixed for the life of the process), raises with the two ways out.
     """
     if torch_has_cuda_build():
         return
     torch_first = "torch" in sys.modules and not _state["preloaded"]
-    built_now = not is_built()
-    if built_now:
+    if not is_built():
         build()
-    if torch_first and built_now:
-        raise ShimError(
-            "memlens built its fake-CUDA shim just now (once per torch version, into "
-            f"{build_dir()}); it takes effect in the next process that imports memlens before torch, or "
-            f"under `{CLI_ROUTE}`")
     if torch_first:
         # the device guard can still be added now; the hooks cannot, so check what torch uses
         m = _module()
