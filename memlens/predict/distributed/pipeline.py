@@ -11,7 +11,7 @@ stage but the first and one gradient buffer per microbatch on every stage but th
 stage's life). Sends and receives go through the fake process group, which completes them at once and moves
 no data: a receive buffer keeps the bytes it was allocated with, which is all the memory prediction needs.
 
-Two things cannot run as on GPUs, so `patch` changes them (only inside a predicted rank):
+Two things cannot run as on GPUs, so `patch` (and `rng.patch`) changes them (only inside a predicted rank):
 
 - the P2P warm-up vote (``_PipelineSchedule._warmup_p2p``): stages send a tensor around the ring and read it
   back with ``.item()`` to agree on static or dynamic shape inference; a fake tensor has no value. Here each
@@ -20,8 +20,7 @@ Two things cannot run as on GPUs, so `patch` changes them (only inside a predict
   ranks, which a rank predicted alone cannot receive, so a stage without them is refused with a clear error
   (`PIPELINE_NEEDS_SHAPES`). ``device="meta"`` example tensors cost nothing and are enough.
 - ``torch.random.fork_rng`` around the schedule's shape inference reads ``torch.cuda.get_rng_state``, which a
-  CPU build does not have: the fake device's RNG state is an empty CPU byte tensor and setting it does
-  nothing (fake tensors draw no random numbers).
+  CPU build does not have: the predicted rank's generator stands for it (`rng.FakeCudaGenerator`).
 
 Every stage is a different rank with different memory (the first holds the most in flight under 1F1B; the
 first has no activation receive buffers, the last no gradient receive buffers and it computes the loss), so
@@ -132,9 +131,6 @@ def patch(patches, seen: set, stages: list, notes: list, session=None) -> None:
     `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
     real run would not survive; `session` (the recording session) gets the stages' timeline
     (`timeline_record`). `patches` restores everything."""
-    cuda = torch.cuda
-    patches.set(cuda, "get_rng_state", lambda device="cuda": torch.empty(0, dtype=torch.uint8, device="cpu"))
-    patches.set(cuda, "set_rng_state", lambda new_state, device="cuda": None)
     try:
         from torch.distributed.pipelining import schedules
         from torch.distributed.pipelining.stage import _PipelineStageBase
