@@ -11,6 +11,15 @@ stage but the first and one gradient buffer per microbatch on every stage but th
 stage's life). Sends and receives go through the fake process group, which completes them at once and moves
 no data: a receive buffer keeps the bytes it was allocated with, which is all the memory prediction needs.
 
+Against the standard analysis (GPipe holds N microbatches' activations, 1F1B min(N, S - s) on stage s, so
+GPipe - 1F1B = (N - (S - s)) microbatches), a predicted stage differs by blocks that analysis leaves out:
+GPipe's peak comes in its second backward, after the first made the gradients and freed one microbatch, when
+the gradients outweigh a microbatch (N - 1 in flight then, against 1F1B's S - s); 1F1B keeps the previous
+backward's send (one input gradient) alive on every stage but the first, so the step from the first stage to
+the second is one stage output smaller than a microbatch; the last stage keeps every microbatch's output under
+both schedules (merged for ``step``'s return) and its loss-side blocks, so its step is smaller again. Stages
+with more than the Linear stack (an embedding on the first, the head's logits on the last) add their own.
+
 Two things cannot run as on GPUs, so `patch` (and `rng.patch`) changes them (only inside a predicted rank):
 
 - the P2P warm-up vote (``_PipelineSchedule._warmup_p2p``): stages send a tensor around the ring and read it
