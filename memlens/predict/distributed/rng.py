@@ -43,7 +43,10 @@ class FakeCudaGenerator:
 
     def set_state(self, state) -> None:
         """Take a state made by `get_state` (or its edited copy, as DTensor's ``_PhiloxState`` makes)."""
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.utils._python_dispatch import _disable_current_modes
+        if isinstance(state, FakeTensor):     # made on the fake device: it has no values, so nothing to take
+            return
         with _disable_current_modes():
             values = state.detach().to("cpu").contiguous().view(torch.uint8)
             if values.numel() != 16:
