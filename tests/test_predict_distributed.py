@@ -299,18 +299,24 @@ result = {"errors": d.errors, **{c: sorted(b[b.category == c].requested_size.tol
 
 
 @pytest.mark.parametrize("dp, tp", [(2, 2), (4, 2)])
-def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_shards_by_both(dp, tp):
+def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_shards_and_initialises_by_both(dp, tp):
     r = run_child(f"""
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.fsdp import fully_shard
-keep = []
+keep, offsets = [], []
 def step():
     mesh = init_device_mesh("cuda", ({dp}, {tp}), mesh_dim_names=("dp", "tp"))
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64)).cuda()
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
     parallelize_module(model, mesh["tp"], {{"0": ColwiseParallel(), "2": RowwiseParallel()}})
     fully_shard(model, mesh=mesh["dp"])
+    model.to_empty(device="cuda")
+    for linear in (model[0], model[2]):     # random init of parameters sharded on both mesh dimensions
+        nn.init.normal_(linear.weight, std=0.02)
+        nn.init.uniform_(linear.bias)
+    offsets.append(int.from_bytes(bytes(torch.cuda.get_rng_state().tolist())[8:], "little"))
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(8, 64, device="cuda")).sum().backward()
     opt.step()
@@ -320,7 +326,7 @@ def held(p, category):
     b = b[(b.device == "cuda:0") & (b.category == category) & b.free_ns.isna()]
     return sorted(b.requested_size.tolist())
 d = memlens.predict(step, gpu="H100", world_size={dp * tp}, ranks="all")
-result = {{"errors": d.errors, "ranks": {{str(k): {{c: held(p, c) for c in ("parameter", "gradient", "optimizer_state")}}
+result = {{"errors": d.errors, "offsets": offsets, "ranks": {{str(k): {{c: held(p, c) for c in ("parameter", "gradient", "optimizer_state")}}
                                        for k, p in d.predictions.items()}}}}
 """)
     assert r["errors"] == {}
@@ -333,6 +339,8 @@ result = {{"errors": d.errors, "ranks": {{str(k): {{c: held(p, c) for c in ("par
         assert got["parameter"] == sorted(shards), rank
         assert got["gradient"] == [sum(shards)], rank          # one fully_shard: one reduce-scatter output
         assert got["optimizer_state"] == sorted(shards * 2), rank
+    # DTensor's Philox bookkeeping: every rank ends past every whole tensor's numbers (multiples of 4 here)
+    assert r["offsets"] == [256 * 64 + 256 + 64 * 256 + 64] * (dp * tp)
 
 
 def test_per_rank_oom_and_fit_follow_the_world_size():

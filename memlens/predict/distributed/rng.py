@@ -71,6 +71,17 @@ def _run_dtensor_rng_op(generator: FakeCudaGenerator):
     return rule
 
 
+def _unfaked_offsets(compute):
+    """``_compute_rng_offsets`` with the dispatch modes off: on a 2-D mesh (FSDP2 over tensor parallel, a
+    ``_StridedShard``) it finds the shard's first index with ``torch.arange(...).tolist()``, CPU index
+    arithmetic that a fake tensor cannot answer and a GPU never sees."""
+    def _compute_rng_offsets(self, spec):
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes():
+            return compute(self, spec)
+    return _compute_rng_offsets
+
+
 def _tracker_init(init):
     def __init__(self, device_mesh, run_state_sync: bool = True):
         init(self, device_mesh, run_state_sync=False)
@@ -97,6 +108,8 @@ def patch(patches, mode_class) -> FakeCudaGenerator:
     table[mode_class] = _run_dtensor_rng_op(generator)
     patches.set(run_dtensor_rng_op, "python_key_table", table)
     patches.set(_random, "_rng_tracker", None)
-    patches.set(_random.OffsetBasedRNGTracker, "__init__",
-                _tracker_init(_random.OffsetBasedRNGTracker.__dict__["__init__"]))
+    tracker = _random.OffsetBasedRNGTracker
+    patches.set(tracker, "__init__", _tracker_init(tracker.__dict__["__init__"]))
+    if "_compute_rng_offsets" in tracker.__dict__:
+        patches.set(tracker, "_compute_rng_offsets", _unfaked_offsets(tracker.__dict__["_compute_rng_offsets"]))
     return generator
