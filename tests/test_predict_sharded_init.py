@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
@@ -71,3 +72,21 @@ result = {{"errors": {{str(k): v for k, v in d.errors.items()}}, "offsets": offs
     # Philox offset: per random op, the whole tensor's numel rounded up to a multiple of 4 (not the shard's)
     per_layer = (OUT * IN + 3) // 4 * 4 + 2 * ((OUT + 3) // 4 * 4)
     assert r["offsets"] == [[SEED, LAYERS * per_layer]] * world
+
+
+def test_the_fake_cuda_generator_packs_seed_and_offset_as_torch_does():
+    from memlens.predict.distributed.rng import FakeCudaGenerator
+    g = FakeCudaGenerator()
+    g.manual_seed(2**64 - 5)               # a seed above int64, as torch.seed() may draw
+    g.offset = 1_000_004
+    state = g.get_state()
+    assert state.dtype == torch.uint8 and state.shape == (16,)
+    # little-endian seed, then offset: the layout DTensor's _PhiloxState reads
+    assert bytes(state.tolist()) == (2**64 - 5).to_bytes(8, "little") + (1_000_004).to_bytes(8, "little")
+    other = FakeCudaGenerator()
+    other.set_state(state)
+    assert (other.seed, other.offset) == (2**64 - 5, 1_000_004)
+    g.manual_seed(-1)                      # torch takes seeds modulo 2**64 and restarts the offset
+    assert (g.seed, g.offset) == (2**64 - 1, 0)
+    with pytest.raises(ValueError, match="16 bytes"):
+        other.set_state(torch.zeros(8, dtype=torch.uint8))

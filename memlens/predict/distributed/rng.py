@@ -36,10 +36,12 @@ class FakeCudaGenerator:
         self.offset = 0
 
     def get_state(self) -> torch.Tensor:
-        """The state as ``torch.cuda.get_rng_state`` gives it: 16 ``uint8`` on the CPU (seed, offset)."""
+        """The state as ``torch.cuda.get_rng_state`` gives it: 16 ``uint8`` on the CPU, the seed then the
+        offset, each a little-endian unsigned 64-bit integer."""
         from torch.utils._python_dispatch import _disable_current_modes
+        packed = (self.seed % 2**64).to_bytes(8, "little") + (self.offset % 2**64).to_bytes(8, "little")
         with _disable_current_modes():      # a real CPU tensor, whatever modes the prediction has on
-            return torch.tensor([self.seed, self.offset], dtype=torch.int64).view(torch.uint8)
+            return torch.tensor(list(packed), dtype=torch.uint8)
 
     def set_state(self, state) -> None:
         """Take a state made by `get_state` (or its edited copy, as DTensor's ``_PhiloxState`` makes)."""
@@ -48,13 +50,14 @@ class FakeCudaGenerator:
         if isinstance(state, FakeTensor):     # made on the fake device: it has no values, so nothing to take
             return
         with _disable_current_modes():
-            values = state.detach().to("cpu").contiguous().view(torch.uint8)
-            if values.numel() != 16:
-                raise ValueError(f"a CUDA RNG state is 16 bytes (seed, offset), not {values.numel()}")
-            self.seed, self.offset = (int(v) for v in values.view(torch.int64).tolist())
+            packed = bytes(state.detach().to("cpu").contiguous().view(torch.uint8).reshape(-1).tolist())
+        if len(packed) != 16:
+            raise ValueError(f"a CUDA RNG state is 16 bytes (seed, offset), not {len(packed)}")
+        self.seed, self.offset = int.from_bytes(packed[:8], "little"), int.from_bytes(packed[8:], "little")
 
     def manual_seed(self, seed) -> None:
-        self.seed, self.offset = int(seed), 0
+        """``torch.cuda.manual_seed``: a new seed (taken modulo 2**64, as torch takes it), the offset back to 0."""
+        self.seed, self.offset = int(seed) % 2**64, 0
 
 
 def _run_dtensor_rng_op(generator: FakeCudaGenerator):
