@@ -71,8 +71,11 @@ def zero2_optimizer(model, optimizer_class, optimizer_kwargs: dict):
         p.register_post_accumulate_grad_hook(reduce_into_shard(start))
     optimizer = optimizer_class([local], **optimizer_kwargs)
 
+    # torch 2.13 renamed all_gather_into_tensor (now deprecated, with a warning) to all_gather_single
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
     def gather_slices(opt, args, kwargs):
         with torch.no_grad():
-            dist.all_gather_into_tensor(flat, local)
+            all_gather(flat, local)
     optimizer.register_step_post_hook(gather_slices)
     return optimizer
