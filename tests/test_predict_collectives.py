@@ -63,3 +63,16 @@ def test_a_gpu_without_nvlink_uses_its_host_link_within_a_node():
     assert pcie.nvlink_bw == 0
     t, algo = collective_time("all_gather", 1_000_000, 4, pcie)
     assert algo == "ring" and t == pytest.approx(0.75 * 1e6 / (0.8 * min(pcie.host_bw)) * 1e9 + 3_000)
+
+
+def test_all_to_all_by_hand_within_and_across_nodes():
+    S = 48_000_000
+    # 8 ranks on NVLink: each sends 7/8 of its buffer, one peer per round: 7/8 x 48 MB / 360 GB/s + 7 x 1 us
+    assert collective_time("all_to_all", S, 8, H100) == (pytest.approx(7 / 8 * S / NVL * 1e9 + 7_000), "pairwise")
+    # 16 ranks on 2 nodes: 7/16 of it to the node's 7 other GPUs over NVLink (7 rounds of 1 us) while 8/16 go to
+    # the other node over the NIC (8 rounds of 5 us); the NIC's part is the longer
+    nvlink = 7 / 16 * S / NVL * 1e9 + 7_000
+    network = 8 / 16 * S / NET * 1e9 + 40_000
+    t, algo = collective_time("all_to_all", S, 16, H100)
+    assert network > nvlink and t == pytest.approx(network) and algo.startswith("pairwise")
+    assert collective_time("all_to_all", S, 1, H100) == (0.0, "none")

@@ -298,6 +298,51 @@ result = {"errors": d.errors, **{c: sorted(b[b.category == c].requested_size.tol
     assert r["optimizer_state"] == [quarter] * 4
 
 
+@pytest.mark.parametrize("dp, tp", [(2, 2), (4, 2)])
+def test_tensor_parallel_inside_fsdp2_on_a_2d_mesh_shards_and_initialises_by_both(dp, tp):
+    r = run_child(f"""
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.fsdp import fully_shard
+keep, offsets = [], []
+def step():
+    mesh = init_device_mesh("cuda", ({dp}, {tp}), mesh_dim_names=("dp", "tp"))
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    parallelize_module(model, mesh["tp"], {{"0": ColwiseParallel(), "2": RowwiseParallel()}})
+    fully_shard(model, mesh=mesh["dp"])
+    model.to_empty(device="cuda")
+    for linear in (model[0], model[2]):     # random init of parameters sharded on both mesh dimensions
+        nn.init.normal_(linear.weight, std=0.02)
+        nn.init.uniform_(linear.bias)
+    offsets.append(int.from_bytes(bytes(torch.cuda.get_rng_state().tolist())[8:], "little"))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64, device="cuda")).sum().backward()
+    opt.step()
+    keep.append((model, opt))
+def held(p, category):
+    b = p.trace.blocks
+    b = b[(b.device == "cuda:0") & (b.category == category) & b.free_ns.isna()]
+    return sorted(b.requested_size.tolist())
+d = memlens.predict(step, gpu="H100", world_size={dp * tp}, ranks="all")
+result = {{"errors": d.errors, "offsets": offsets, "ranks": {{str(k): {{c: held(p, c) for c in ("parameter", "gradient", "optimizer_state")}}
+                                       for k, p in d.predictions.items()}}}}
+""")
+    assert r["errors"] == {}
+    # TP first: Colwise splits Linear(64, 256)'s weight and bias by output rows, Rowwise Linear(256, 64)'s weight
+    # by input columns (its bias stays whole); then FSDP2 splits each local tensor's rows into ceil(rows / dp)
+    local_tp = [(256 // tp, 64), (256 // tp,), (64, 256 // tp), (64,)]
+    shards = [4 * math.ceil(s[0] / dp) * math.prod(s[1:]) for s in local_tp]
+    for rank in range(dp * tp):
+        got = r["ranks"][str(rank)]
+        assert got["parameter"] == sorted(shards), rank
+        assert got["gradient"] == [sum(shards)], rank          # one fully_shard: one reduce-scatter output
+        assert got["optimizer_state"] == sorted(shards * 2), rank
+    # DTensor's Philox bookkeeping: every rank ends past every whole tensor's numbers (multiples of 4 here)
+    assert r["offsets"] == [256 * 64 + 256 + 64 * 256 + 64] * (dp * tp)
+
+
 def test_per_rank_oom_and_fit_follow_the_world_size():
     r = run_child(FSDP_STEP + """
 def step():      # 8 layers: the sharded state (16 B per parameter / N) outweighs one layer's all-gather

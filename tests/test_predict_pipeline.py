@@ -105,6 +105,38 @@ def test_hand_numbers_for_one_stage():
     assert expected_peak("gpipe", S - 1) == 2_097_152 + 49_152 + 655_360 + 6 * (4_096 + 512) + 512 + 655_360
 
 
+def test_gpipe_minus_1f1b_per_stage_against_the_standard_analysis():
+    """The standard analysis says GPipe holds N microbatches' activations and 1F1B min(N, S - s) on stage s, so
+    GPipe - 1F1B = (N - (S - s)) x one microbatch's activation (here A + O: the ReLU output and the stage output
+    kept for backward). The predicted difference is smaller, by blocks named here, computed in closed form (not
+    from `expected_peak`'s walk through the backwards):
+
+    - GPipe's peak is not at the end of its forwards but in its second backward: the first backward made the
+      gradients (2 W, more than one microbatch's A + O) and freed one microbatch, so N - 1 are in flight then;
+      1F1B's peak is in its second backward too, with S - s in flight (its warm-up ran S - s forwards, then one
+      forward after each backward). So N - 1 - (S - s) microbatches, not N - (S - s).
+    - On every stage but the first, 1F1B keeps the previous backward's send (one input gradient, O) alive into
+      the next backward; GPipe waits on its sends only at the end: O less difference.
+    - The last stage keeps every microbatch's output under both schedules (torch merges them for `step`'s
+      return), so only the ReLU outputs (A) differ; 1F1B's peak there is its last backward, one microbatch in
+      flight against GPipe's N - 1 at its second: (N - 2) A - O.
+    So the step from stage 0 to 1 is A (one O smaller than a microbatch) and the step to the last stage A - 3 O."""
+    r = run_child(PIPELINE_STEP + f"""
+peaks = {{}}
+for name, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+    d = memlens.predict(lambda: step(cls), gpu="H100", world_size={S}, cublas_workspaces=False,
+                        kernel_scratch=False)
+    peaks[name] = [x.peak_allocated for x in d.results]
+result = peaks
+""")
+    A, O = M * H * F, M * D * F
+    diff = [g - f for g, f in zip(r["gpipe"], r["1f1b"])]
+    by_hand = [(N - 1 - (S - s)) * (A + O) - (O if s else 0) for s in range(S - 1)] + [(N - 2) * A - O]
+    assert diff == by_hand == [135_168, 266_240, 401_408, 520_192]
+    standard = [(N - (S - s)) * (A + O) for s in range(S)]
+    assert [st - d for st, d in zip(standard, diff)] == [A + O, A + 2 * O, A + 2 * O, A + 6 * O]
+
+
 def test_the_first_stage_that_does_not_fit_is_named():
     """1F1B: the first stage holds the most in flight; with capacity between its need and the last stage's,
     only the first stages fail, each naming the op that would not fit."""

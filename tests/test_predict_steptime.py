@@ -68,6 +68,19 @@ def test_collectives_on_one_stream_queue_behind_each_other():
     assert (sched.loc[9, "start_ns"], sched.loc[9, "end_ns"]) == (113_000, 216_000)
 
 
+def test_an_all_to_all_op_is_timed_on_its_own_stream():
+    from memlens.predict.distributed.steptime import collective_kind
+    # torch's names for it: c10d's ops and the functional collective
+    for name in ("c10d::alltoall_", "c10d::alltoall_base_", "_c10d_functional::all_to_all_single"):
+        assert collective_kind(name) == ("all_to_all", 1)
+    # its message is the send buffer (read = input + output, written = output, all S): 7/8 x S / 360 GB/s + 7 us
+    t = step_time(FakeTrace(*tiny(1_000, name="c10d::alltoall_base_")), 8, H100)
+    sched = t["schedule"].set_index("op_id")
+    assert sched.loc[1, "stream"] == "all_to_all"
+    assert sched.loc[1, "end_ns"] - sched.loc[1, "start_ns"] == pytest.approx(7 / 8 * S / (0.8 * 450e9) * 1e9
+                                                                              + 7_000, abs=1)   # whole ns
+
+
 def test_gpu_without_network_bandwidth_is_a_clear_error():
     from memlens.errors import InputError
     custom = gpu("H100").__class__(name="x", flops={"bf16": 1e15}, mem_bw=1e12)

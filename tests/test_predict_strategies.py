@@ -1,12 +1,15 @@
 """memlens.predict_strategies: each strategy applied by memlens with torch's own APIs, its per-rank sharded
 state checked against sharding arithmetic done by hand here (FSDP2 padded shards, DDP's full replica and bucket,
-ZeroRedundancyOptimizer's greedy partition), and activation checkpointing's saving computed by hand.
+ZeroRedundancyOptimizer's greedy partition, ZeRO-2's flat padded buffer), each row's model states against the
+ZeRO paper's formulas at 2, 8 and 64 ranks, and activation checkpointing's saving computed by hand.
 
 Each prediction runs in a child process that imports memlens before torch (see tests/_predict_cases.py).
 """
 from __future__ import annotations
 
 import math
+
+import pytest
 
 from _predict_cases import FSDP_SCRIPT_STEP, built_shim, run_child  # noqa: F401  (the shim fixture)
 
@@ -44,12 +47,12 @@ def fp32(shape) -> int:
 def test_strategy_table_matches_the_sharding_arithmetic():
     r = run_child(MODEL + f"""
 df, preds = memlens.predict_strategies(Net, step, world_sizes=({WORLD},),
-                                       strategies=("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2"),
+                                       strategies=("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2", "fsdp2+noreshard"),
                                        return_predictions=True)
 result = {{"rows": df.to_dict("records"), "held": {{s: held(d.predictions[0]) for (s, w), d in preds.items()}}}}
 """)
     rows = {row["strategy"]: row for row in r["rows"]}
-    assert list(rows) == ["ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2"]
+    assert list(rows) == ["ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2", "fsdp2+noreshard"]
     assert all(row["error"] is None and row["fits"] and row["world_size"] == WORLD for row in rows.values())
     shapes = BLOCK_SHAPES * BLOCKS
     full = [fp32(s) for s in shapes]
@@ -62,6 +65,7 @@ result = {{"rows": df.to_dict("records"), "held": {{s: held(d.predictions[0]) fo
         sizes[r_min] += math.prod(s)
         if r_min == 0:
             mine.append(fp32(s))
+    shard = math.ceil(sum(math.prod(s) for s in shapes) / WORLD)
     expect = {
         # DDP: the full replica, its gradients, AdamW's two states per parameter, one bucket of every gradient
         "ddp": (sum(full), sum(full), 2 * sum(full)),
@@ -69,7 +73,9 @@ result = {{"rows": df.to_dict("records"), "held": {{s: held(d.predictions[0]) fo
         "fsdp2": (sum(padded), sum(block_padded), 2 * sum(padded)),
         "fsdp2+ac": (sum(padded), sum(block_padded), 2 * sum(padded)),
         "zero1": (sum(full), sum(full), 2 * sum(mine)),
-        "zero2": (sum(padded), sum(block_padded), 2 * sum(padded)),
+        # ZeRO-2: one flat buffer of every parameter, padded to a multiple of N; rank 0's slice of it
+        "zero2": (4 * shard * WORLD, 4 * shard, 2 * 4 * shard),
+        "fsdp2+noreshard": (sum(padded), sum(block_padded), 2 * sum(padded)),
     }
     for s, (param, grad, state) in expect.items():
         got = (rows[s]["parameter_bytes"], rows[s]["gradient_bytes"], rows[s]["optimizer_state_bytes"])
@@ -200,3 +206,54 @@ result = {"rows": df[["world_size", "parameter_bytes", "error"]].to_dict("record
         assert row["world_size"] == world and row["error"] is None
         assert row["parameter_bytes"] == sum(4 * math.ceil(s[0] / world) * math.prod(s[1:]) for s in shapes)
     assert "tp+fsdp2" in r["refused"] and "world_size" in r["refused"]
+
+
+# 64 equal weights whose rows divide by 64: every partition (ZeroRedundancyOptimizer's per parameter, ZeRO-2's flat
+# slice, FSDP2's rows) is exactly Psi / N at N = 2, 8 and 64, so the ZeRO paper's formulas hold to the byte.
+EVEN_MODEL = """
+import torch.nn as nn
+class Even(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(*[nn.Linear(64, 64, bias=False) for _ in range(8)])
+                                    for _ in range(8))
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+def build():
+    return Even().to(DTYPE)
+def step(model, opt):
+    model(torch.randn(32, 64, device="cuda", dtype=DTYPE)).sum().backward()
+    opt.step()
+"""
+PSI = 64 * 64 * 64
+
+
+def zero_paper_states(strategy: str, psi: int, n: int, b: int, k: int) -> tuple[int, int, int]:
+    """(parameter, gradient, optimizer state) bytes per rank, Rajbhandari et al. 2020 Fig. 1 with b bytes per
+    parameter and gradient element and k optimizer bytes per element (the paper's mixed precision: b = 2,
+    k = 12; here the model's own dtype and AdamW's two states in it: k = 2 b)."""
+    return {"ddp": (b * psi, b * psi, k * psi),
+            "zero1": (b * psi, b * psi, k * psi // n),
+            "zero2": (b * psi, b * psi // n, k * psi // n),
+            "fsdp2": (b * psi // n, b * psi // n, k * psi // n),             # ZeRO-3
+            "fsdp2+noreshard": (b * psi // n, b * psi // n, k * psi // n)}[strategy]
+
+
+@pytest.mark.parametrize("world, dtype", [(2, "float32"), (8, "float32"), (64, "float32"), (8, "bfloat16")])
+def test_each_row_holds_the_zero_papers_model_states(world, dtype):
+    strategies = ("ddp", "zero1", "zero2", "fsdp2", "fsdp2+noreshard")
+    r = run_child(f"DTYPE = torch.{dtype}\n" + EVEN_MODEL + f"""
+df = memlens.predict_strategies(build, step, world_sizes=({world},), strategies={strategies})
+result = df[["strategy", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "error"]].to_dict("records")
+""")
+    b = 4 if dtype == "float32" else 2
+    for row in r:
+        assert row["error"] is None, row
+        got = (row["parameter_bytes"], row["gradient_bytes"], row["optimizer_state_bytes"])
+        assert got == zero_paper_states(row["strategy"], PSI, world, b, 2 * b), row["strategy"]
+    # the paper's totals: DDP 2 b + k = 16 Psi at fp32, ZeRO-2 b Psi + (b + k) Psi / N
+    totals = {row["strategy"]: row["parameter_bytes"] + row["gradient_bytes"] + row["optimizer_state_bytes"]
+              for row in r}
+    assert totals["ddp"] == 4 * b * PSI and totals["zero2"] == b * PSI + 3 * b * PSI // world

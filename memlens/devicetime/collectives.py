@@ -26,6 +26,10 @@ Within one node (N <= ``gpus_per_node`` ranks, link NVLink, or PCIe without NVLi
   bandwidth with the ratio 0.5 for the tree and ``N / (2 (N-1))`` for the ring all-reduce. Its latencies are
   per-protocol tables; here one step latency per link, as for the ring.
 
+- all-to-all (NCCL runs it as grouped sends and receives, one peer offset per round; nccl-tests' bus
+  bandwidth for it is the algorithm bandwidth x (N-1)/N): each rank sends ``(N-1)/N x S`` (S: its whole send
+  buffer, equal splits) in ``N-1`` rounds, the ring all-gather's formula (algorithm ``"pairwise"``).
+
 Across nodes (N > ``gpus_per_node`` = g, M = ceil(N / g) nodes; each GPU has its own NIC, ``network_bw``, and
 talks to the GPUs of the same local rank on the other nodes: rail-aligned), hierarchical, stages in sequence
 (not pipelined with each other), each stage ring or tree per the rules above on its own link:
@@ -34,7 +38,9 @@ talks to the GPUs of the same local rank on the other nodes: rail-aligned), hier
   (network), all-gather of S over the node (NVLink);
 - all-gather: all-gather of S/g over the M nodes (network), then of S over the node (NVLink);
 - reduce-scatter: reduce-scatter of S over the node (NVLink), then of S/g over the M nodes (network);
-- broadcast: S over the M nodes (network), then S over the node (NVLink).
+- broadcast: S over the M nodes (network), then S over the node (NVLink);
+- all-to-all, not staged: the ``(g-1)/N x S`` for the node's other GPUs go over NVLink in ``g-1`` rounds while
+  the ``(N-g)/N x S`` for the other nodes' GPUs go over the GPU's NIC in ``N-g`` rounds; it lasts the longer.
 """
 from __future__ import annotations
 
@@ -48,7 +54,7 @@ SOURCE = ("ring model and bus-bandwidth convention: nccl-tests doc/PERFORMANCE.m
           "all-reduce (2 S per rank as in NCCL's src/graph/tuning.cc, 2 ceil(log2 N) steps), the faster of ring and tree per message; across "
           "nodes hierarchical (node, then network per rail, then node); efficiency 0.8 and step latencies "
           "1 us (NVLink) / 5 us (network) are assumptions, not fitted")
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
 
 
 def ring_ns(kind: str, nbytes: float, n: int, bw: float, step_ns: float) -> float:
@@ -68,9 +74,19 @@ def tree_ns(nbytes: float, n: int, bw: float, step_ns: float) -> float:
     return 2 * nbytes / (EFFICIENCY * bw) * 1e9 + 2 * math.ceil(math.log2(n)) * step_ns
 
 
+def pairwise_ns(nbytes: float, peers: int, n: int, bw: float, step_ns: float) -> float:
+    """The part of an all-to-all of `nbytes` per rank over `n` ranks that goes to `peers` of them over one link
+    of `bw` bytes/s per GPU, one peer per round (module docstring), ns."""
+    if peers <= 0:
+        return 0.0
+    return peers / n * nbytes / (EFFICIENCY * bw) * 1e9 + peers * step_ns
+
+
 def flat_ns(kind: str, nbytes: float, n: int, bw: float, step_ns: float) -> tuple[float, str]:
-    """(ns, "ring" or "tree"): the faster algorithm for one message on one link (trees for all-reduce only;
-    a tie goes to the ring)."""
+    """(ns, "ring", "tree" or "pairwise"): the faster algorithm for one message on one link (trees for
+    all-reduce only; a tie goes to the ring; all-to-all is pairwise)."""
+    if kind == "all_to_all":
+        return pairwise_ns(nbytes, n - 1, n, bw, step_ns), "pairwise"
     ring = ring_ns(kind, nbytes, n, bw, step_ns)
     if kind == "all_reduce" and n > 2:
         tree = tree_ns(nbytes, n, bw, step_ns)
@@ -110,6 +126,10 @@ def collective_time(kind: str, nbytes: int, world_size: int, gpu) -> tuple[float
     net, m = network_bw(gpu, world_size), math.ceil(world_size / g)
     node = lambda k, s: flat_ns(k, s, g, bw, INTRA_NODE_STEP_NS)          # noqa: E731
     across = lambda k, s: flat_ns(k, s, m, net, INTER_NODE_STEP_NS)       # noqa: E731
+    if kind == "all_to_all":
+        t = max(pairwise_ns(nbytes, g - 1, world_size, bw, INTRA_NODE_STEP_NS),
+                pairwise_ns(nbytes, world_size - g, world_size, net, INTER_NODE_STEP_NS))
+        return t, "pairwise: node (NVLink) alongside network"
     if kind == "all_reduce":
         stages = [node("reduce_scatter", nbytes), across("all_reduce", nbytes / g), node("all_gather", nbytes)]
         where = ["node", "network", "node"]

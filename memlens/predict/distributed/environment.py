@@ -24,7 +24,9 @@ Inside `rank_world(rank, world_size, session)` (entered inside a `memlens.predic
 - DTensor's sharding propagation infers each new op's output shape on global-shape fake tensors; those
   ops are not recorded (`memlens.predict.session.shape_inference_only`).
 - ``torch.distributed.pipelining``: torch's schedules run; the stages' shape-agreement vote (which reads a
-  received value) and the CUDA RNG state they fork are replaced by `memlens.predict.distributed.pipeline`.
+  received value) is replaced by `memlens.predict.distributed.pipeline`.
+- Random ops on DTensors (``nn.init.normal_`` on a sharded parameter): DTensor's RNG operator and the CUDA
+  generator's Philox offsets run as on a GPU (`memlens.predict.distributed.rng`).
 Everything is restored on exit.
 """
 from __future__ import annotations
@@ -214,7 +216,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore   # registers the "fake" backend
 
-    from memlens.predict.distributed import ddp, pipeline
+    from memlens.predict.distributed import ddp, pipeline, rng
     if dist.is_initialized():
         raise RuntimeError("a distributed prediction needs torch.distributed uninitialised at its start "
                            "(the prediction initialises the fake process group per rank)")
@@ -242,6 +244,8 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         seen = seen if seen is not None else set()
         _patch_strategy_sightings(patches, seen)
         pipeline.patch(patches, seen, stages if stages is not None else [], notes, session)
+        from memlens.predict.session import _PredictMode
+        rng.patch(patches, _PredictMode)
         yield
     finally:
         patches.restore()

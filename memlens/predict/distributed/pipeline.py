@@ -11,7 +11,16 @@ stage but the first and one gradient buffer per microbatch on every stage but th
 stage's life). Sends and receives go through the fake process group, which completes them at once and moves
 no data: a receive buffer keeps the bytes it was allocated with, which is all the memory prediction needs.
 
-Two things cannot run as on GPUs, so `patch` changes them (only inside a predicted rank):
+Against the standard analysis (GPipe holds N microbatches' activations, 1F1B min(N, S - s) on stage s, so
+GPipe - 1F1B = (N - (S - s)) microbatches), a predicted stage differs by blocks that analysis leaves out:
+GPipe's peak comes in its second backward, after the first made the gradients and freed one microbatch, when
+the gradients outweigh a microbatch (N - 1 in flight then, against 1F1B's S - s); 1F1B keeps the previous
+backward's send (one input gradient) alive on every stage but the first, so the step from the first stage to
+the second is one stage output smaller than a microbatch; the last stage keeps every microbatch's output under
+both schedules (merged for ``step``'s return) and its loss-side blocks, so its step is smaller again. Stages
+with more than the Linear stack (an embedding on the first, the head's logits on the last) add their own.
+
+Two things cannot run as on GPUs, so `patch` (and `rng.patch`) changes them (only inside a predicted rank):
 
 - the P2P warm-up vote (``_PipelineSchedule._warmup_p2p``): stages send a tensor around the ring and read it
   back with ``.item()`` to agree on static or dynamic shape inference; a fake tensor has no value. Here each
@@ -20,8 +29,7 @@ Two things cannot run as on GPUs, so `patch` changes them (only inside a predict
   ranks, which a rank predicted alone cannot receive, so a stage without them is refused with a clear error
   (`PIPELINE_NEEDS_SHAPES`). ``device="meta"`` example tensors cost nothing and are enough.
 - ``torch.random.fork_rng`` around the schedule's shape inference reads ``torch.cuda.get_rng_state``, which a
-  CPU build does not have: the fake device's RNG state is an empty CPU byte tensor and setting it does
-  nothing (fake tensors draw no random numbers).
+  CPU build does not have: the predicted rank's generator stands for it (`rng.FakeCudaGenerator`).
 
 Every stage is a different rank with different memory (the first holds the most in flight under 1F1B; the
 first has no activation receive buffers, the last no gradient receive buffers and it computes the loss), so
@@ -132,9 +140,6 @@ def patch(patches, seen: set, stages: list, notes: list, session=None) -> None:
     `seen` gets ``"pp"``, `stages` the stage index of each ``PipelineStage`` the rank builds, `notes` what a
     real run would not survive; `session` (the recording session) gets the stages' timeline
     (`timeline_record`). `patches` restores everything."""
-    cuda = torch.cuda
-    patches.set(cuda, "get_rng_state", lambda device="cuda": torch.empty(0, dtype=torch.uint8, device="cpu"))
-    patches.set(cuda, "set_rng_state", lambda new_state, device="cuda": None)
     try:
         from torch.distributed.pipelining import schedules
         from torch.distributed.pipelining.stage import _PipelineStageBase

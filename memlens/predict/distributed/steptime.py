@@ -2,7 +2,8 @@
 
 Collective durations: `memlens.devicetime.collectives` (ring or double binary tree, the faster per
 message; hierarchical across nodes; formulas in its docstring). The message of a recorded c10d op is the
-gathered output (all-gather), the unreduced input (reduce-scatter) or the tensor (all-reduce, broadcast).
+gathered output (all-gather), the unreduced input (reduce-scatter), the tensor (all-reduce, broadcast) or the
+send buffer (all-to-all).
 
 Schedule (how FSDP2 overlaps): compute ops run in host order, back to back, for their modeled durations on
 the compute stream; each collective runs on its own stream per kind (all-gather, reduce-scatter, all-reduce)
@@ -32,7 +33,8 @@ __all__ = ["collective_kind", "collective_ns", "collective_time", "link", "sched
 
 # op name fragment -> (collective kind, ring factor)
 _KINDS = (("allgather", "all_gather", 1), ("all_gather", "all_gather", 1), ("reduce_scatter", "reduce_scatter", 1),
-          ("allreduce", "all_reduce", 2), ("all_reduce", "all_reduce", 2), ("broadcast", "broadcast", 1))
+          ("allreduce", "all_reduce", 2), ("all_reduce", "all_reduce", 2), ("broadcast", "broadcast", 1),
+          ("alltoall", "all_to_all", 1), ("all_to_all", "all_to_all", 1))
 
 
 def collective_kind(name: str):

@@ -13,9 +13,12 @@ to the model, inside `memlens.predict(..., world_size=N)` (torch's fake process 
   ``apply_activation_checkpointing`` (``checkpoint_wrapper``, non-reentrant ``torch.utils.checkpoint``).
 - ``"zero1"``: ``DistributedDataParallel`` plus ``ZeroRedundancyOptimizer`` (torch's ZeRO-1: optimizer state
   sharded by parameter, gradients and parameters replicated).
-- ``"zero2"``: FSDP2 with ``reshard_after_forward=False``: gradients and optimizer state sharded, the
-  unsharded parameters kept from forward to backward (ZeRO-2 semantics, the way torch offers it; torch's
-  ``ZeroRedundancyOptimizer`` itself has no gradient sharding).
+- ``"zero2"``: ZeRO stage 2 (`memlens.predict.distributed.zero2`): parameters replicated in one flat buffer,
+  each gradient reduced into this rank's shard as backward makes it, optimizer state for the shard only
+  (torch has no ZeRO-2 of its own).
+- ``"fsdp2+noreshard"``: FSDP2 with ``reshard_after_forward=False`` (FSDP1's ``SHARD_GRAD_OP``): the unsharded
+  parameters kept from forward to backward, but between steps every state is sharded, as ZeRO-3's. Before this
+  row had its own name it was offered as ``"zero2"``; ask for ``"fsdp2+noreshard"`` to get what that gave.
 
 Not offered: tensor parallel (``parallelize_module`` needs a plan naming the model's own submodules,
 which memlens cannot choose for an arbitrary model; predict such a script with ``memlens.predict(world_size=N)``),
@@ -29,7 +32,7 @@ from typing import Callable
 
 from memlens.errors import InputError
 
-STRATEGIES = ("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2")
+STRATEGIES = ("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2", "fsdp2+noreshard")
 DEFAULT_STRATEGIES = ("ddp", "fsdp2", "fsdp2+ac", "zero1")
 
 
@@ -66,7 +69,10 @@ def apply_strategy(strategy: str, model, optimizer_class, optimizer_kwargs: dict
         wrapped = DDP(model)
         return wrapped, ZeroRedundancyOptimizer(wrapped.parameters(), optimizer_class=optimizer_class,
                                                 **optimizer_kwargs)
-    if strategy in ("fsdp2", "fsdp2+ac", "zero2"):
+    if strategy == "zero2":
+        from memlens.predict.distributed.zero2 import zero2_optimizer
+        return model, zero2_optimizer(model, optimizer_class, optimizer_kwargs)
+    if strategy in ("fsdp2", "fsdp2+ac", "fsdp2+noreshard"):
         from torch.distributed.fsdp import fully_shard
         blocks = _blocks(model, layers)
         if strategy == "fsdp2+ac":
@@ -76,7 +82,7 @@ def apply_strategy(strategy: str, model, optimizer_class, optimizer_kwargs: dict
             apply_activation_checkpointing(model, check_fn=lambda m: id(m) in chosen)
             blocks = [m for m in model.modules()
                       if isinstance(m, CheckpointWrapper) and id(m._checkpoint_wrapped_module) in chosen]
-        reshard = strategy != "zero2"
+        reshard = strategy != "fsdp2+noreshard"
         for b in blocks:
             fully_shard(b, reshard_after_forward=reshard)
         fully_shard(model, reshard_after_forward=reshard)
