@@ -1,0 +1,153 @@
+"""`memlens.advise`: which changes make a training step fit, each verified by predicting the step with it.
+
+The search, per sharding base (one GPU; with a world size each strategy of `memlens.predict_strategies`):
+1. Predict the base as it is (the baseline: no change on one GPU, DDP on N ranks).
+2. Activation checkpointing: estimate per candidate block (the children of the model's largest
+   ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the forward
+   time it runs again, from the base's predicted trace (`checkpoint.module_costs`); choose the cheapest set
+   freeing what the capacity asks (`solver.choose`); predict the step with exactly that set applied. When
+   the verified plan still misses, ask for the shortfall more and solve again (at most `rounds` times).
+   Every block checkpointed in full (the usual manual answer) is predicted too, as a reference plan.
+3. Allocator settings: the best plan so far replayed under each candidate ``PYTORCH_CUDA_ALLOC_CONF``.
+Every plan in the answer carries the peaks and modeled step time of its own prediction.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from memlens.advise.plan import Plan
+from memlens.advise.result import OBJECTIVES, Advice
+from memlens.advise.verify import Workload, run_plan, verify
+from memlens.errors import InputError
+
+SHARDING = ("fsdp2", "zero2", "zero1")
+
+
+class AdviceFailed(RuntimeError):
+    """The step itself fails under prediction, so there is nothing to advise; the message says why."""
+
+
+def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", world_size: int | None = None,
+           objective: str = "fit", *, optimizer=None, optimizer_kwargs: dict | None = None,
+           layers: Callable | None = None, batch: int | None = None, strategies=SHARDING, rounds: int = 4,
+           allocator: bool = True, **options) -> Advice:
+    """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
+
+    `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs one training step
+    (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
+    `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
+    (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
+    `strategies` is searched too (DDP is the baseline). `objective`: ``"fit"`` (fitting plans, fewest
+    changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or ``"pareto"`` (only plans
+    on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
+    step fails as it is; a plan the step fails with is kept with its error and does not fit.
+    """
+    from memlens.predict.predictor import _capacity_bytes
+    if objective not in OBJECTIVES:
+        raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    cap = _capacity_bytes(capacity)
+    if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
+        raise InputError(f"world_size must be a positive integer, not {world_size!r}")
+    work = Workload(build_model, step, gpu, cap, world_size, optimizer, dict(optimizer_kwargs or {}), layers,
+                    batch, options)
+    bases = [None] if world_size is None else ["ddp", *[s for s in strategies if s != "ddp"]]
+    baseline = Plan(strategy=bases[0])
+    base_pred = verify(work, baseline)
+    if baseline.error is not None:
+        raise AdviceFailed(f"no advice: the step fails as it is ({baseline.error})")
+    found = _candidates(work)
+    plans, notes = [baseline], list(found["notes"])
+    for base in bases:
+        if base == bases[0]:
+            plan, pred = baseline, base_pred
+        else:
+            plan = Plan(strategy=base)
+            pred = verify(work, plan, baseline.step_ns)
+            plans.append(plan)
+        if plan.error is not None or pred is None:
+            continue
+        if not plan.fits and found["candidates"]:
+            plans += _checkpoint_search(work, plan, pred, found, baseline.step_ns, rounds, notes)
+    if allocator:
+        plans += _allocator_plans(work, plans, notes)
+    return Advice(plans, baseline, cap, objective, notes)
+
+
+def _candidates(work: Workload) -> dict:
+    """The model's candidate blocks (``named_modules`` names), from one build inside a prediction (the
+    model may be too large to build for real)."""
+    from memlens.predict.api import predict
+    from memlens.predict.distributed.strategies import repeated_blocks
+    out = {"candidates": [], "notes": []}
+
+    def look():
+        model = work.build_model()
+        names = {id(m): n for n, m in model.named_modules()}
+        blocks = list(work.layers(model)) if work.layers is not None else repeated_blocks(model)
+        out["candidates"] = [names[id(b)] for b in blocks if id(b) in names]
+        missing = [type(b).__name__ for b in blocks if id(b) not in names]
+        if missing:
+            out["notes"].append(f"layers(model) returned modules not inside the model ({', '.join(missing)}): "
+                                "they cannot be checkpointed")
+    predict(look, gpu=work.gpu)
+    if not out["candidates"]:
+        out["notes"].append("no blocks to checkpoint: the model has no nn.ModuleList; pass layers=fn(model) "
+                            "returning the modules that may be checkpointed")
+    return out
+
+
+def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rounds: int, notes) -> list:
+    """Checkpoint plans on top of `base` (see the module docstring, step 2)."""
+    from memlens.advise.checkpoint import MODES, module_costs
+    from memlens.advise.solver import choose
+    first = base_pred.predictions[min(base_pred.predictions)] if hasattr(base_pred, "predictions") else base_pred
+    costs = module_costs(first.trace, found["candidates"])
+    options = [[(m, *c.option(m)) for m in MODES] for c in costs]
+    cap = work.capacity if work.capacity is not None else first.gpu.total_memory
+    need = base.device_bytes_needed - cap
+    out, tried = [], set()
+    for _ in range(max(rounds, 1)):
+        choice, freed, cost = choose(options, need)
+        picked = {costs[i].name: m for i, m in enumerate(choice) if m is not None}
+        key = tuple(sorted(picked.items()))
+        if not picked or key in tried:
+            break
+        tried.add(key)
+        plan = Plan(checkpoint=picked, strategy=base.strategy, recompute_ns=cost,
+                    freed=[f"{n} ({m}): {costs[i].option(m)[0]:,} bytes of activations off the peak (estimated)"
+                           for i, (n, m) in enumerate((c.name, choice[j]) for j, c in enumerate(costs))
+                           if m is not None])
+        verify(work, plan, baseline_step_ns)
+        out.append(plan)
+        if plan.fits or plan.error is not None:
+            break
+        need += plan.device_bytes_needed - cap       # the estimate fell short by this much: ask for it too
+    every = {c.name: "full" for c in costs}
+    if tuple(sorted(every.items())) not in tried:
+        manual = Plan(checkpoint=every, strategy=base.strategy, recompute_ns=sum(c.full_ns for c in costs),
+                      freed=["every block checkpointed in full (the usual manual answer, for comparison)"])
+        verify(work, manual, baseline_step_ns)
+        out.append(manual)
+    if not any(p.fits for p in out):
+        notes.append(f"{base.changes}: checkpointing alone does not reach the capacity")
+    return out
+
+
+def _allocator_plans(work, plans: list, notes) -> list:
+    """The best allocator setting on top of the closest plan to fitting of each base (re-predicted once to
+    have its trace), as new plans."""
+    from memlens.advise.allocator import best_conf
+    out = []
+    by_base: dict = {}
+    for p in plans:
+        if p.error is None and p.device_bytes_needed is not None:
+            if p.strategy not in by_base or p.device_bytes_needed < by_base[p.strategy].device_bytes_needed:
+                by_base[p.strategy] = p
+    for plan in by_base.values():
+        pred = run_plan(work, plan)
+        better = best_conf(plan, pred, work.capacity)
+        if better is not None:
+            out.append(better)
+    if not out:
+        notes.append("no allocator setting needs less device memory than torch's defaults here")
+    return out

@@ -1,0 +1,133 @@
+"""One advised plan: the changes (`checkpoint`, `conf`, `strategy`), their verified prediction, how to apply
+them to a model (`apply`) and the same changes as code (`snippet`)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Plan:
+    """A set of changes and what the prediction with them applied says (bytes, ns on the modeled clock).
+
+    `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"``; `conf`: the
+    ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
+    `memlens.predict_strategies` (None on one GPU). `peak_allocated` / `peak_reserved` are per rank (the
+    largest over the ranks), `device_bytes_needed` adds the CUDA context and NCCL buffers; `fits` compares
+    that with the capacity; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
+    `recompute_ns` the solver's estimate of the time checkpointing adds; `freed` names what each change
+    takes off the peak; `verified` is True once the prediction was re-run with the plan applied."""
+
+    checkpoint: dict = field(default_factory=dict)
+    conf: str = ""
+    strategy: str | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    device_bytes_needed: int | None = None
+    fits: bool | None = None
+    step_ns: int | None = None
+    baseline_step_ns: int | None = None
+    recompute_ns: int = 0
+    freed: list = field(default_factory=list)
+    verified: bool = False
+    error: str | None = None
+
+    @property
+    def changes(self) -> str:
+        """The changes in words ("no change" for the baseline)."""
+        words = []
+        if self.strategy:
+            words.append(f"shard with {self.strategy}")
+        full = sorted(n for n, m in self.checkpoint.items() if m == "full")
+        selective = sorted(n for n, m in self.checkpoint.items() if m == "selective")
+        if full:
+            words.append(f"checkpoint {_names(full)} (full)")
+        if selective:
+            words.append(f"checkpoint {_names(selective)} (selective: GEMM and attention outputs kept)")
+        if self.conf:
+            words.append(f"PYTORCH_CUDA_ALLOC_CONF={self.conf}")
+        return "; ".join(words) or "no change"
+
+    @property
+    def delta_ns(self) -> int | None:
+        """Modeled step time minus the baseline's, ns (positive: slower)."""
+        if self.step_ns is None or self.baseline_step_ns is None:
+            return None
+        return self.step_ns - self.baseline_step_ns
+
+    def apply(self, model):
+        """Apply the plan to `model` in place and return it: wrap the chosen modules for checkpointing
+        (`memlens.advise.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
+        allocator settings (`apply_conf`). Sharding is not applied here: call
+        ``memlens.predict.distributed.strategies.apply_strategy`` inside the initialised process group."""
+        from memlens.advise.checkpoint import wrap
+        wrap(model, self.checkpoint)
+        if self.conf:
+            apply_conf(self.conf)
+        return model
+
+    @property
+    def snippet(self) -> str:
+        """The plan as code to paste into the training script."""
+        lines = []
+        if self.conf:
+            lines += ["import os", f"os.environ['PYTORCH_CUDA_ALLOC_CONF'] = {self.conf!r}  # before torch uses CUDA"]
+        if self.checkpoint:
+            lines += ["import functools",
+                      "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
+                      "    CheckpointImpl, checkpoint_wrapper)",
+                      "from torch.utils.checkpoint import checkpoint"]
+            if "selective" in self.checkpoint.values():
+                lines += ["from memlens.advise.checkpoint import selective_context  # keeps GEMM/attention outputs"]
+            lines += ["", "def _wrap(model, name, **kw):",
+                      "    parent_name, _, child = name.rpartition('.')",
+                      "    parent = model.get_submodule(parent_name)",
+                      "    fn = functools.partial(checkpoint, use_reentrant=False, **kw)",
+                      "    setattr(parent, child, checkpoint_wrapper(getattr(parent, child),",
+                      "            checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=fn))", ""]
+            for name, mode in sorted(self.checkpoint.items(), key=lambda kv: (-kv[0].count("."), kv[0])):
+                kw = ", context_fn=selective_context" if mode == "selective" else ""
+                lines.append(f"_wrap(model, {name!r}{kw})")
+        if self.strategy:
+            lines += ["from memlens.predict.distributed.strategies import apply_strategy",
+                      f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {{}})"]
+        return "\n".join(lines) or "# no change"
+
+
+def _names(names: list[str]) -> str:
+    """A list of module names, runs of numbered siblings shortened (layers.0-3)."""
+    groups: dict[str, list] = {}
+    out = []
+    for n in names:
+        head, _, tail = n.rpartition(".")
+        if tail.isdigit():
+            groups.setdefault(head, []).append(int(tail))
+        else:
+            out.append(n)
+    for head, idx in groups.items():
+        idx.sort()
+        runs, start = [], idx[0]
+        for a, b in zip(idx, idx[1:] + [None]):
+            if b != a + 1:
+                runs.append(f"{start}" if start == a else f"{start}-{a}")
+                start = b
+        out.append(f"{head}.{','.join(runs)}" if head else ",".join(runs))
+    return ", ".join(out)
+
+
+def apply_conf(conf: str) -> str:
+    """Set the allocator settings `conf` where they can still take effect and say what happened: before
+    CUDA is initialised, ``PYTORCH_CUDA_ALLOC_CONF`` (read at initialisation); after, torch's
+    ``torch.cuda.memory._set_allocator_settings`` (settings apply to segments reserved from then on)."""
+    import torch
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        return "set PYTORCH_CUDA_ALLOC_CONF (read when CUDA initialises)"
+    torch.cuda.memory._set_allocator_settings(conf)
+    return ("CUDA was already initialised: set through torch.cuda.memory._set_allocator_settings; "
+            "segments reserved before keep their old settings")
+
+
+def apply(plan: Plan, model):
+    """`plan.apply(model)`: `memlens.apply(plan, model)`."""
+    return plan.apply(model)
