@@ -1,0 +1,248 @@
+"""memlens.advise: the checkpoint solver against brute force, advised plans against an independent prediction
+of the plan applied, training with a plan applied against training without it, and the bad inputs."""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
+
+# A 4-block MLP-transformer-like model; `step` makes its own input on cuda (fake inside a prediction).
+WORKLOAD = """
+import torch, torch.nn as nn
+class Block(nn.Module):
+    def __init__(self, d=256):
+        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+class Net(nn.Module):
+    def __init__(self, n=4, d=256):
+        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).sum()
+def step(model, opt):
+    model(torch.randn(32, 256, 256, device="cuda")).backward(); opt.step(); opt.zero_grad()
+"""
+
+
+# ---- the solver against brute force --------------------------------------------------------------------------
+def brute_force(options, need):
+    """Least cost (then most bytes) over every assignment; when none covers `need`, the most bytes."""
+    best = None
+    for combo in itertools.product(*[[None, *opts] for opts in options]):
+        freed = sum(o[1] for o in combo if o is not None)
+        cost = sum(o[2] for o in combo if o is not None)
+        key = (0, cost, -freed) if freed >= need else (1, -freed, cost)
+        if best is None or key < best[0]:
+            best = (key, freed, cost)
+    return best[1], best[2]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_solver_equals_brute_force_on_small_cases(seed):
+    from memlens.advise.solver import choose
+    rng = random.Random(seed)
+    n = rng.randint(1, 6)
+    options = []
+    for _ in range(n):
+        full_b, full_ns = rng.randint(1, 100), rng.randint(1, 50)
+        sel_b, sel_ns = rng.randint(0, full_b), rng.randint(0, full_ns)
+        options.append([("full", full_b, full_ns), ("selective", sel_b, sel_ns)])
+    total = sum(o[0][1] for o in options)
+    for need in (rng.randint(1, total), total, total + 1, 0):
+        choice, freed, cost = choose(options, need)
+        want_freed, want_cost = brute_force(options, need)
+        assert cost == want_cost
+        if need <= total:          # covered: the least cost; any cover at that cost is as good
+            assert freed >= need
+        else:                      # not coverable: the most bytes there are
+            assert freed == want_freed == total
+        # the choice is the one the figures describe
+        picked = [dict((m, (b, ns)) for m, b, ns in opts)[c] for opts, c in zip(options, choice) if c]
+        assert (sum(p[0] for p in picked), sum(p[1] for p in picked)) == (freed, cost)
+
+
+def test_solver_takes_the_cheaper_modules_at_the_exact_boundary():
+    from memlens.advise.solver import choose
+    opts = [[("full", 10, 5)], [("full", 10, 1)], [("full", 10, 3)]]
+    assert choose(opts, 20)[0] == [None, "full", "full"]       # exactly 20 freed, cost 4
+    assert choose(opts, 21) == (["full", "full", "full"], 30, 9)
+    assert choose(opts, 0) == ([None, None, None], 0, 0)        # nothing asked, nothing checkpointed
+
+
+# ---- advise end to end ----------------------------------------------------------------------------------------
+ADVISE = WORKLOAD + """
+import memlens
+from memlens.advise import Plan
+from memlens.advise.verify import Workload, run_plan
+cap = {capacity}
+a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r})
+rows = []
+for p in a.plans:
+    # predict each plan again, independently: a fresh model with plan.apply, the step, memlens.predict
+    def again(p=p):
+        model = p.apply(Net()).cuda()
+        step(model, torch.optim.AdamW(model.parameters()))
+    if p.error is None:
+        q = memlens.predict(again, gpu="H100", capacity=cap, conf=p.conf)
+        independent = [q.peak_allocated, q.peak_reserved, q.device_bytes_needed, bool(q.fits())]
+    else:
+        independent = None
+    rows.append(dict(changes=p.changes, checkpoint=p.checkpoint, conf=p.conf, fits=p.fits, step_ns=p.step_ns,
+                     base=p.baseline_step_ns, peak_allocated=p.peak_allocated, peak_reserved=p.peak_reserved,
+                     needed=p.device_bytes_needed, recompute_ns=p.recompute_ns, independent=independent,
+                     snippet=p.snippet, error=p.error))
+t = a.table()
+result = dict(rows=rows, best=None if a.best is None else a.best.changes, miss=a.miss_bytes,
+              closest=None if a.closest is None else a.closest.changes, summary=a.summary(),
+              columns=list(t.columns), table_fits=[None if f is None else bool(f) for f in t["fits"]],
+              baseline_needed=a.baseline.device_bytes_needed)
+"""
+
+
+@pytest.fixture(scope="module")
+def tight():
+    """Advice where the step as it is does not fit: 80% of the baseline's device bytes."""
+    base = run_child(WORKLOAD + """
+def run():
+    m = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))
+q = memlens.predict(run, gpu="H100")
+result = q.device_bytes_needed
+""")
+    capacity = int(base * 0.8)
+    return capacity, run_child(ADVISE.format(capacity=capacity, objective="fit"))
+
+
+def test_advised_plan_fits_and_an_independent_prediction_gives_its_peaks(tight):
+    capacity, r = tight
+    assert r["best"] is not None and r["baseline_needed"] > capacity
+    for row in r["rows"]:
+        if row["independent"] is None:
+            continue
+        alloc, reserved, needed, fits = row["independent"]
+        assert abs(alloc - row["peak_allocated"]) <= 0.005 * alloc, row["changes"]
+        assert abs(reserved - row["peak_reserved"]) <= 0.005 * reserved, row["changes"]
+        assert fits == row["fits"]
+        # fitting replays the allocator's OOM path (cached blocks freed and the request retried), so a plan may
+        # fit while its unlimited reserved peak is over; its allocated bytes never are
+        assert not fits or alloc + (needed - reserved) <= capacity
+    best = next(row for row in r["rows"] if row["changes"] == r["best"])
+    assert best["fits"]
+    assert r["table_fits"][0] is True and r["columns"][:7] == [
+        "changes", "peak_allocated", "peak_reserved", "device_bytes_needed", "fits", "step_ns", "baseline_step_ns"]
+
+
+def test_the_advised_plan_beats_checkpointing_every_block(tight):
+    """Where every block checkpointed in full fits, the advised plan fits too with a faster modeled step."""
+    capacity, r = tight
+    every = next(row for row in r["rows"] if row["checkpoint"] == {f"layers.{i}": "full" for i in range(4)}
+                 and not row["conf"])
+    best = next(row for row in r["rows"] if row["changes"] == r["best"])
+    assert every["fits"]
+    assert best["step_ns"] < every["step_ns"]
+    assert len(best["checkpoint"]) < 4 or "selective" in best["checkpoint"].values()
+    baseline = next(row for row in r["rows"] if row["changes"] == "no change")
+    assert not baseline["fits"] and best["base"] == baseline["step_ns"]
+    assert best["step_ns"] >= baseline["step_ns"]          # recomputation costs time, never saves it
+
+
+def test_a_capacity_no_plan_reaches_names_the_closest_plan_and_its_miss():
+    r = run_child(ADVISE.format(capacity=200 << 20, objective="fit"))
+    assert r["best"] is None
+    closest = min((row for row in r["rows"] if row["error"] is None), key=lambda row: row["needed"])
+    assert r["closest"] == closest["changes"]
+    assert r["miss"] == closest["needed"] - (200 << 20) > 0
+    assert r["summary"].startswith("no plan fits") and closest["changes"] in r["summary"]
+
+
+def test_a_failing_step_gives_no_advice():
+    r = run_child(WORKLOAD + """
+from memlens.advise import AdviceFailed
+def bad(model, opt):
+    raise ValueError("broken data loader")
+try:
+    memlens.advise(Net, bad, capacity="1GiB")
+    result = "advised"
+except AdviceFailed as exc:
+    result = str(exc)
+""")
+    assert r.startswith("no advice") and "broken data loader" in r
+
+
+# ---- apply on the CPU -------------------------------------------------------------------------------------------
+def _train(plan, steps=3):
+    import torch
+    exec_globals: dict = {}
+    exec(WORKLOAD, exec_globals)
+    torch.manual_seed(0)
+    model = exec_globals["Net"](n=3, d=32)
+    if plan is not None:
+        plan.apply(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8, 32, generator=g))
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, grads, {n.replace("._checkpoint_wrapped_module", ""): p.detach().clone()
+                           for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("mode", ["full", "selective"])
+def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
+    import torch
+
+    from memlens.advise import Plan
+    plan = Plan(checkpoint={"layers.0": mode, "layers.2": mode})
+    base_losses, base_grads, base_params = _train(None)
+    losses, grads, params = _train(plan)
+    assert losses == pytest.approx(base_losses, rel=1e-6, abs=1e-6)
+    for a, b in zip(grads, base_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert params.keys() == base_params.keys()
+
+
+def test_a_module_the_policy_cannot_wrap_is_named():
+    import torch.nn as nn
+
+    from memlens.advise import CannotWrap, Plan
+    model = nn.Sequential(nn.Linear(2, 2))
+    with pytest.raises(CannotWrap, match="'blocks.7' is not in the model"):
+        Plan(checkpoint={"blocks.7": "full"}).apply(model)
+    with pytest.raises(CannotWrap, match="the model itself"):
+        Plan(checkpoint={"": "full"}).apply(model)
+    Plan(checkpoint={"0": "full"}).apply(model)
+    with pytest.raises(CannotWrap, match="'0' is already wrapped"):
+        Plan(checkpoint={"0": "full"}).apply(model)
+
+
+def test_snippet_applies_the_same_plan():
+    import torch
+    import torch.nn as nn
+
+    from memlens.advise import Plan
+    plan = Plan(checkpoint={"1.0": "selective", "0": "full"}, conf="expandable_segments:True")
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    namespace = {"model": model, "torch": torch}
+    import os
+    saved = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
+    try:
+        exec(plan.snippet, namespace)
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    finally:
+        if saved is None:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        else:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = saved
+    wrapped = [n for n, m in model.named_modules() if type(m).__name__ == "CheckpointWrapper"]
+    assert sorted(wrapped) == ["0", "1.0"]
+    assert plan.changes == ("checkpoint 0 (full); checkpoint 1.0 (selective: GEMM and attention outputs kept); "
+                            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
