@@ -246,3 +246,48 @@ def test_snippet_applies_the_same_plan():
     assert sorted(wrapped) == ["0", "1.0"]
     assert plan.changes == ("checkpoint 0 (full); checkpoint 1.0 (selective: GEMM and attention outputs kept); "
                             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+SCRIPT_TAIL = """
+def build_model():
+    return Net()
+if __name__ == "__main__":
+    m = build_model().cuda(); step(m, torch.optim.AdamW(m.parameters()))
+"""
+
+
+def _cli(tmp_path, source, *options):
+    import os
+    import subprocess
+    import sys
+
+    from _predict_cases import ROOT
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "memlens.cli", "advise", *options, "--", "python", str(script)],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+
+
+def test_cli_advises_a_script_with_build_model_and_step(tmp_path):
+    import json
+    proc = _cli(tmp_path, WORKLOAD + SCRIPT_TAIL, "--capacity", "850MiB", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["summary"].startswith("fits 850.0 MiB") and out["plans"][0]["fits"] is True
+    assert out["plans"][-1]["changes"] == "no change" and out["plans"][-1]["fits"] is False
+    assert "_wrap(model, 'layers." in out["best_snippet"]
+
+
+def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exit_1(tmp_path):
+    plain = WORKLOAD + "\nm = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))\n"
+    proc = _cli(tmp_path, plain, "--capacity", "40GiB")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "only allocator settings were searched" in proc.stdout and "no change" in proc.stdout
+    failing = _cli(tmp_path, WORKLOAD + "\nraise ValueError('no data')\n", "--capacity", "40GiB")
+    assert failing.returncode == 1 and "no advice" in failing.stderr and "no data" in failing.stderr
+    bad = _cli(tmp_path, plain, "--capacity", "-3GiB")
+    assert bad.returncode == 2 and "capacity" in bad.stderr
+    unreachable = _cli(tmp_path, WORKLOAD + SCRIPT_TAIL, "--capacity", "100MiB")
+    assert unreachable.returncode == 3 and "no plan fits 100.0 MiB" in unreachable.stdout

@@ -93,7 +93,10 @@ class Advice:
         cap = "the GPU's memory" if self.capacity is None else format_bytes(self.capacity)
         if self.best is not None:
             b = self.best
-            return (f"fits {cap}: {b.changes} (needs {format_bytes(b.device_bytes_needed)} per GPU; modeled step "
+            retry = ("; past the limit the allocator frees its cached blocks and retries, as torch's does"
+                     if self.capacity is not None and b.device_bytes_needed > self.capacity else "")
+            return (f"fits {cap}: {b.changes} (peak allocated {format_bytes(b.peak_allocated)} per GPU, "
+                    f"{format_bytes(b.device_bytes_needed)} of device memory with no limit{retry}; modeled step "
                     f"{_ms(b.step_ns)} against {_ms(b.baseline_step_ns)} as it is)")
         c = self.closest
         if c is None:
