@@ -291,3 +291,23 @@ def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exi
     assert bad.returncode == 2 and "capacity" in bad.stderr
     unreachable = _cli(tmp_path, WORKLOAD + SCRIPT_TAIL, "--capacity", "100MiB")
     assert unreachable.returncode == 3 and "no plan fits 100.0 MiB" in unreachable.stdout
+
+
+def test_fsdp2_on_8_ranks_the_advised_plan_fits_and_an_independent_prediction_agrees():
+    r = run_child(WORKLOAD + """
+from memlens.predict.distributed.strategies import apply_strategy
+cap = 1000 << 20
+a = memlens.advise(Net, step, gpu="H100", capacity=cap, world_size=8, strategies=("fsdp2",), ranks="first")
+best = a.best
+def again():
+    model = best.apply(Net()).cuda()
+    module, opt = apply_strategy(best.strategy, model, torch.optim.AdamW, {})
+    step(module, opt)
+d = memlens.predict(again, gpu="H100", capacity=cap, conf=best.conf, world_size=8, ranks="first")
+result = dict(strategy=best.strategy, fits=best.fits, alloc=best.peak_allocated, reserved=best.peak_reserved,
+              independent=[d.peak_allocated, d.peak_reserved, bool(d.fits())],
+              baseline=[a.baseline.strategy, a.baseline.fits])
+""")
+    assert r["baseline"] == ["ddp", False] and r["fits"] is True
+    alloc, reserved, fits = r["independent"]
+    assert fits and abs(alloc - r["alloc"]) <= 0.005 * alloc and abs(reserved - r["reserved"]) <= 0.005 * reserved

@@ -17,7 +17,7 @@ from typing import Callable
 
 from memlens.advise.plan import Plan
 from memlens.advise.result import OBJECTIVES, Advice
-from memlens.advise.verify import Workload, run_plan, verify
+from memlens.advise.verify import Workload, verify
 from memlens.errors import InputError
 
 SHARDING = ("fsdp2", "zero2", "zero1")
@@ -57,6 +57,8 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
         raise AdviceFailed(f"no advice: the step fails as it is ({baseline.error})")
     found = _candidates(work)
     plans, notes = [baseline], list(found["notes"])
+    closest: dict = {}       # strategy -> (plan, prediction) closest to fitting, for the allocator replay
+    _keep(closest, baseline, base_pred)
     for base in bases:
         if base == bases[0]:
             plan, pred = baseline, base_pred
@@ -64,12 +66,13 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
             plan = Plan(strategy=base)
             pred = verify(work, plan, baseline.step_ns)
             plans.append(plan)
+            _keep(closest, plan, pred)
         if plan.error is not None or pred is None:
             continue
         if not plan.fits and found["candidates"]:
-            plans += _checkpoint_search(work, plan, pred, found, baseline.step_ns, rounds, notes)
+            plans += _checkpoint_search(work, plan, pred, found, baseline.step_ns, rounds, notes, closest)
     if allocator:
-        plans += _allocator_plans(work, plans, notes)
+        plans += _allocator_plans(work, closest, notes)
     return Advice(plans, baseline, cap, objective, notes)
 
 
@@ -96,7 +99,17 @@ def _candidates(work: Workload) -> dict:
     return out
 
 
-def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rounds: int, notes) -> list:
+def _keep(closest: dict, plan: Plan, pred) -> None:
+    """Remember `plan` and its prediction when it is the closest to fitting of its strategy so far."""
+    if pred is None or plan.error is not None or plan.device_bytes_needed is None:
+        return
+    held = closest.get(plan.strategy)
+    if held is None or plan.device_bytes_needed < held[0].device_bytes_needed:
+        closest[plan.strategy] = (plan, pred)
+
+
+def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rounds: int, notes,
+                       closest: dict) -> list:
     """Checkpoint plans on top of `base` (see the module docstring, step 2)."""
     from memlens.advise.checkpoint import MODES, module_costs
     from memlens.advise.solver import choose
@@ -117,7 +130,7 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
                     freed=[f"{n} ({m}): {costs[i].option(m)[0]:,} bytes of activations off the peak (estimated)"
                            for i, (n, m) in enumerate((c.name, choice[j]) for j, c in enumerate(costs))
                            if m is not None])
-        verify(work, plan, baseline_step_ns)
+        _keep(closest, plan, verify(work, plan, baseline_step_ns))
         out.append(plan)
         if plan.fits or plan.error is not None:
             break
@@ -126,25 +139,19 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
     if tuple(sorted(every.items())) not in tried:
         manual = Plan(checkpoint=every, strategy=base.strategy, recompute_ns=sum(c.full_ns for c in costs),
                       freed=["every block checkpointed in full (the usual manual answer, for comparison)"])
-        verify(work, manual, baseline_step_ns)
+        _keep(closest, manual, verify(work, manual, baseline_step_ns))
         out.append(manual)
     if not any(p.fits for p in out):
         notes.append(f"{base.changes}: checkpointing alone does not reach the capacity")
     return out
 
 
-def _allocator_plans(work, plans: list, notes) -> list:
-    """The best allocator setting on top of the closest plan to fitting of each base (re-predicted once to
-    have its trace), as new plans."""
+def _allocator_plans(work, closest: dict, notes) -> list:
+    """The best allocator setting on top of the closest plan to fitting of each strategy (replayed on that
+    plan's prediction), as new plans."""
     from memlens.advise.allocator import best_conf
     out = []
-    by_base: dict = {}
-    for p in plans:
-        if p.error is None and p.device_bytes_needed is not None:
-            if p.strategy not in by_base or p.device_bytes_needed < by_base[p.strategy].device_bytes_needed:
-                by_base[p.strategy] = p
-    for plan in by_base.values():
-        pred = run_plan(work, plan)
+    for plan, pred in closest.values():
         better = best_conf(plan, pred, work.capacity)
         if better is not None:
             out.append(better)

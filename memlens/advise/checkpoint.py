@@ -100,9 +100,20 @@ class ModuleCost:
         return (self.full_bytes, self.full_ns) if mode == "full" else (self.selective_bytes, self.selective_ns)
 
 
+def _root_prefix(paths: set, candidates: list[str]) -> str:
+    """The prefix the recorder put before the model's own module names (the class name of the module the
+    step called, and a wrapper's attribute: ``DistributedDataParallel.module``): the shortest path that ends
+    in a candidate's name, without that name."""
+    for name in candidates:
+        found = sorted((p for p in paths if p.endswith("." + name)), key=len)
+        if found:
+            return found[0][:-len(name) - 1]
+    return ""
+
+
 def module_costs(trace, candidates: list[str], root: str | None = None) -> list[ModuleCost]:
     """`ModuleCost` of each candidate (``named_modules`` names) from a predicted trace whose module paths
-    start with `root` (default: the root the recorder named, the class name of the model the step called).
+    start with `root` (default: what the recorder put before the model's names, `_root_prefix`).
     A module's saved activations
     are the ``cuda:0`` blocks allocated by its forward ops and still allocated at the allocated peak; the
     one allocated last (its output, which the next module keeps) is not counted as freed."""
@@ -110,8 +121,7 @@ def module_costs(trace, candidates: list[str], root: str | None = None) -> list[
     ops = trace.ops
     fwd = ops[ops["phase"] == "forward"] if "phase" in ops.columns else ops
     if root is None:
-        paths = fwd.loc[fwd["module"] != "", "module"].str.split(".", n=1).str[0]
-        root = paths.mode().iloc[0] if len(paths) else ""
+        root = _root_prefix(set(fwd["module"].unique()), candidates)
     b = trace.blocks
     b = b[(b["device"] == "cuda:0") & b["alloc_op_id"].notna()]
     t_peak = _peak_time(trace)
