@@ -311,3 +311,22 @@ result = dict(strategy=best.strategy, fits=best.fits, alloc=best.peak_allocated,
     assert r["baseline"] == ["ddp", False] and r["fits"] is True
     alloc, reserved, fits = r["independent"]
     assert fits and abs(alloc - r["alloc"]) <= 0.005 * alloc and abs(reserved - r["reserved"]) <= 0.005 * reserved
+
+
+def test_objectives_rank_the_plans_by_hand():
+    from memlens.advise import Plan
+    from memlens.advise.result import Advice
+    mk = lambda n, needed, ns, fits, **kw: Plan(checkpoint={f"l.{i}": "full" for i in range(n)},  # noqa: E731
+                                                device_bytes_needed=needed, step_ns=ns, fits=fits, **kw)
+    base = mk(0, 100, 10, False)
+    a, b, c = mk(3, 60, 14, True), mk(1, 80, 12, True), mk(2, 70, 15, True)   # c: slower and bigger than a
+    broken = mk(1, None, None, False, error="RuntimeError: x")
+    plans = [base, a, b, c, broken]
+    fit = Advice(list(plans), base, 90, "fit")
+    assert fit.plans == [b, c, a, base, broken] and fit.best is b          # fewest changes first
+    fastest = Advice(list(plans), base, 90, "fastest_fit")
+    assert fastest.plans == [b, a, c, base, broken]
+    pareto = Advice(list(plans), base, 90, "pareto")
+    assert pareto.plans == [b, a, base] and pareto.frontier() == [base, b, a]
+    none_fit = Advice([mk(0, 100, 10, False), mk(1, 70, 12, False)], base, 50, "fit")
+    assert none_fit.best is None and none_fit.miss_bytes == 20
