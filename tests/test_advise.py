@@ -80,7 +80,7 @@ import memlens
 from memlens.advise import Plan
 from memlens.advise.verify import Workload, run_plan
 cap = {capacity}
-a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r})
+a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r}, precision={precision})
 rows = []
 for p in a.plans:
     # predict each plan again, independently: a fresh model with plan.apply, the step, memlens.predict
@@ -106,7 +106,8 @@ result = dict(rows=rows, best=None if a.best is None else a.best.changes, miss=a
 
 @pytest.fixture(scope="module")
 def tight():
-    """Advice where the step as it is does not fit: 80% of the baseline's device bytes."""
+    """Advice where the step as it is does not fit: 80% of the baseline's device bytes (checkpointing and
+    allocator settings; precision is tested on its own)."""
     base = run_child(WORKLOAD + """
 def run():
     m = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))
@@ -114,7 +115,7 @@ q = memlens.predict(run, gpu="H100")
 result = q.device_bytes_needed
 """)
     capacity = int(base * 0.8)
-    return capacity, run_child(ADVISE.format(capacity=capacity, objective="fit"))
+    return capacity, run_child(ADVISE.format(capacity=capacity, objective="fit", precision=False))
 
 
 def test_advised_plan_fits_and_an_independent_prediction_gives_its_peaks(tight):
@@ -151,7 +152,7 @@ def test_the_advised_plan_beats_checkpointing_every_block(tight):
 
 
 def test_a_capacity_no_plan_reaches_names_the_closest_plan_and_its_miss():
-    r = run_child(ADVISE.format(capacity=200 << 20, objective="fit"))
+    r = run_child(ADVISE.format(capacity=200 << 20, objective="fit", precision=True))
     assert r["best"] is None
     closest = min((row for row in r["rows"] if row["error"] is None), key=lambda row: row["needed"])
     assert r["closest"] == closest["changes"]
@@ -330,3 +331,15 @@ def test_objectives_rank_the_plans_by_hand():
     assert pareto.plans == [b, a, base] and pareto.frontier() == [base, b, a]
     none_fit = Advice([mk(0, 100, 10, False), mk(1, 70, 12, False)], base, 50, "fit")
     assert none_fit.best is None and none_fit.miss_bytes == 20
+
+
+def test_autocast_and_foreach_plans_are_predicted_and_reach_an_independent_prediction():
+    r = run_child(ADVISE.format(capacity=900 << 20, objective="fastest_fit", precision=True))
+    rows = {row["changes"]: row for row in r["rows"]}
+    amp = rows["autocast bfloat16 (changes the numerics)"]
+    plain = rows["no change"]
+    assert amp["peak_allocated"] < plain["peak_allocated"] and "optimizer foreach=False" in rows
+    for row in (amp, rows["optimizer foreach=False"]):
+        alloc, reserved, needed, fits = row["independent"]
+        assert abs(alloc - row["peak_allocated"]) <= 0.005 * alloc and fits == row["fits"]
+    assert "torch.autocast('cuda', dtype=torch.bfloat16)" in amp["snippet"]

@@ -8,7 +8,10 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
    freeing what the capacity asks (`solver.choose`); predict the step with exactly that set applied. When
    the verified plan still misses, ask for the shortfall more and solve again (at most `rounds` times).
    Every block checkpointed in full (the usual manual answer) is predicted too, as a reference plan.
-3. Allocator settings: the best plan so far replayed under each candidate ``PYTORCH_CUDA_ALLOC_CONF``.
+3. Precision and optimizer: autocast bf16, and the optimizer with ``foreach=False``, on the base and on its
+   closest plan to fitting, each predicted.
+4. Allocator settings: the closest plan to fitting of each base replayed under each candidate
+   ``PYTORCH_CUDA_ALLOC_CONF``.
 Every plan in the answer carries the peaks and modeled step time of its own prediction.
 """
 from __future__ import annotations
@@ -30,14 +33,15 @@ class AdviceFailed(RuntimeError):
 def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", world_size: int | None = None,
            objective: str = "fit", *, optimizer=None, optimizer_kwargs: dict | None = None,
            layers: Callable | None = None, batch: int | None = None, strategies=SHARDING, rounds: int = 4,
-           allocator: bool = True, **options) -> Advice:
+           allocator: bool = True, precision: bool = True, **options) -> Advice:
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
     `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs one training step
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
-    `strategies` is searched too (DDP is the baseline). `objective`: ``"fit"`` (fitting plans, fewest
+    `strategies` is searched too (DDP is the baseline). `precision`: also try autocast bf16 and an optimizer without foreach temporaries;
+    `allocator`: also replay allocator settings. `objective`: ``"fit"`` (fitting plans, fewest
     changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or ``"pareto"`` (only plans
     on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
     step fails as it is; a plan the step fails with is kept with its error and does not fit.
@@ -71,6 +75,8 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
             continue
         if not plan.fits and found["candidates"]:
             plans += _checkpoint_search(work, plan, pred, found, baseline.step_ns, rounds, notes, closest)
+        if precision and not plan.fits:
+            plans += _precision_plans(work, plan, closest, baseline.step_ns)
     if allocator:
         plans += _allocator_plans(work, closest, notes)
     return Advice(plans, baseline, cap, objective, notes)
@@ -143,6 +149,30 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
         out.append(manual)
     if not any(p.fits for p in out):
         notes.append(f"{base.changes}: checkpointing alone does not reach the capacity")
+    return out
+
+
+def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
+    """Autocast bf16, and the optimizer without its foreach temporaries (when it takes ``foreach``), each
+    on `base` and on the closest plan to fitting of its strategy, each predicted."""
+    import inspect
+
+    import torch
+    variants = [{"autocast": "bfloat16"}]
+    opt_class = work.optimizer or torch.optim.AdamW
+    if "foreach" in inspect.signature(opt_class).parameters and work.optimizer_kwargs.get("foreach") is not False:
+        variants.append({"optimizer_kwargs": {"foreach": False}})
+    starts = [base]
+    held = closest.get(base.strategy)
+    if held is not None and held[0] is not base and not held[0].conf:
+        starts.append(held[0])
+    out = []
+    for start in starts:
+        for v in variants:
+            plan = Plan(checkpoint=dict(start.checkpoint), strategy=start.strategy, recompute_ns=start.recompute_ns,
+                        freed=list(start.freed), **v)
+            _keep(closest, plan, verify(work, plan, baseline_step_ns))
+            out.append(plan)
     return out
 
 

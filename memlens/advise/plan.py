@@ -12,7 +12,9 @@ class Plan:
 
     `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"``; `conf`: the
     ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
-    `memlens.predict_strategies` (None on one GPU). `peak_allocated` / `peak_reserved` are per rank (the
+    `memlens.predict_strategies` (None on one GPU); `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
+    forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
+    (``foreach=False``: no foreach temporaries). `peak_allocated` / `peak_reserved` are per rank (the
     largest over the ranks), `device_bytes_needed` adds the CUDA context and NCCL buffers; `fits` compares
     that with the capacity; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
     `recompute_ns` the solver's estimate of the time checkpointing adds; `freed` names what each change
@@ -21,6 +23,8 @@ class Plan:
     checkpoint: dict = field(default_factory=dict)
     conf: str = ""
     strategy: str | None = None
+    autocast: str | None = None
+    optimizer_kwargs: dict = field(default_factory=dict)
     peak_allocated: int | None = None
     peak_reserved: int | None = None
     device_bytes_needed: int | None = None
@@ -44,6 +48,10 @@ class Plan:
             words.append(f"checkpoint {_names(full)} (full)")
         if selective:
             words.append(f"checkpoint {_names(selective)} (selective: GEMM and attention outputs kept)")
+        if self.autocast:
+            words.append(f"autocast {self.autocast} (changes the numerics)")
+        if self.optimizer_kwargs:
+            words.append("optimizer " + ", ".join(f"{k}={v}" for k, v in sorted(self.optimizer_kwargs.items())))
         if self.conf:
             words.append(f"PYTORCH_CUDA_ALLOC_CONF={self.conf}")
         return "; ".join(words) or "no change"
@@ -58,10 +66,13 @@ class Plan:
     def apply(self, model):
         """Apply the plan to `model` in place and return it: wrap the chosen modules for checkpointing
         (`memlens.advise.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
-        allocator settings (`apply_conf`). Sharding is not applied here: call
+        allocator settings (`apply_conf`); with `autocast`, run its forward under ``torch.autocast``. The
+        optimizer is the caller's: make it with `optimizer_kwargs`. Sharding is not applied here: call
         ``memlens.predict.distributed.strategies.apply_strategy`` inside the initialised process group."""
         from memlens.advise.checkpoint import wrap
         wrap(model, self.checkpoint)
+        if self.autocast:
+            autocast_forward(model, self.autocast)
         if self.conf:
             apply_conf(self.conf)
         return model
@@ -88,6 +99,11 @@ class Plan:
             for name, mode in sorted(self.checkpoint.items(), key=lambda kv: (-kv[0].count("."), kv[0])):
                 kw = ", context_fn=selective_context" if mode == "selective" else ""
                 lines.append(f"_wrap(model, {name!r}{kw})")
+        if self.autocast:
+            lines += ["import torch", f"model.forward = torch.autocast('cuda', dtype=torch.{self.autocast})(model.forward)"]
+        if self.optimizer_kwargs:
+            args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.optimizer_kwargs.items()))
+            lines += [f"optimizer = torch.optim.AdamW(model.parameters(), {args})  # your optimizer, with these"]
         if self.strategy:
             lines += ["from memlens.predict.distributed.strategies import apply_strategy",
                       f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {{}})"]
@@ -113,6 +129,13 @@ def _names(names: list[str]) -> str:
                 start = b
         out.append(f"{head}.{','.join(runs)}" if head else ",".join(runs))
     return ", ".join(out)
+
+
+def autocast_forward(model, dtype: str):
+    """Run `model`'s forward under ``torch.autocast("cuda", dtype=torch.<dtype>)`` (in place)."""
+    import torch
+    model.forward = torch.autocast("cuda", dtype=getattr(torch, dtype))(model.forward)
+    return model
 
 
 def apply_conf(conf: str) -> str:

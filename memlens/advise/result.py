@@ -8,7 +8,8 @@ OBJECTIVES = ("fit", "fastest_fit", "pareto")
 
 
 def _n_changes(plan) -> int:
-    return len(plan.checkpoint) + bool(plan.conf) + bool(plan.strategy)
+    return (len(plan.checkpoint) + bool(plan.conf) + bool(plan.strategy) + bool(plan.autocast)
+            + len(plan.optimizer_kwargs))
 
 
 def frontier(plans: list) -> list:

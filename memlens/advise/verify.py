@@ -34,6 +34,7 @@ def run_plan(work: Workload, plan: Plan):
     import torch
 
     from memlens.advise.checkpoint import wrap
+    from memlens.advise.plan import autocast_forward
     from memlens.predict.api import predict
     from memlens.predict.distributed.strategies import apply_strategy
     opt_class = work.optimizer or torch.optim.AdamW
@@ -41,11 +42,13 @@ def run_plan(work: Workload, plan: Plan):
 
     def run():
         model = wrap(work.build_model(), plan.checkpoint).cuda()
+        if plan.autocast:
+            autocast_forward(model, plan.autocast)
+        kwargs = {**work.optimizer_kwargs, **plan.optimizer_kwargs}
         if plan.strategy:
-            module, opt = apply_strategy(plan.strategy, model, opt_class, dict(work.optimizer_kwargs),
-                                         work.layers)
+            module, opt = apply_strategy(plan.strategy, model, opt_class, kwargs, work.layers)
         else:
-            module, opt = model, opt_class(model.parameters(), **work.optimizer_kwargs)
+            module, opt = model, opt_class(model.parameters(), **kwargs)
         work.step(module, opt, *(() if work.batch is None else (work.batch,)))
         keep.append((module, opt))   # a rank holds its state after the step
 
