@@ -343,3 +343,25 @@ def test_autocast_and_foreach_plans_are_predicted_and_reach_an_independent_predi
         alloc, reserved, needed, fits = row["independent"]
         assert abs(alloc - row["peak_allocated"]) <= 0.005 * alloc and fits == row["fits"]
     assert "torch.autocast('cuda', dtype=torch.bfloat16)" in amp["snippet"]
+
+
+def test_batch_plan_is_gradient_accumulation_as_written_by_hand():
+    r = run_child(WORKLOAD.replace("def step(model, opt):\n    model(torch.randn(32,", "def step(model, opt, n):\n    model(torch.randn(n,") + """
+a = memlens.advise(Net, step, capacity=800 << 20, batch=32, precision=False, allocator=False)
+plan = next(p for p in a.plans if p.micro_batch is not None and p.fits)
+def by_hand():
+    model = Net().cuda(); opt = torch.optim.AdamW(model.parameters())
+    for i in range(plan.accumulate):          # the earlier micro-batches' gradients are held
+        model(torch.randn(plan.micro_batch, 256, 256, device="cuda")).backward()
+    opt.step(); opt.zero_grad()
+q = memlens.predict(by_hand, gpu="H100", capacity=800 << 20)
+result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocated, reserved=plan.peak_reserved,
+              fits=plan.fits, hand=[q.peak_allocated, q.peak_reserved, bool(q.fits())],
+              tried=[(p.micro_batch, p.fits) for p in a.plans if p.micro_batch is not None],
+              baseline_fits=a.baseline.fits)
+""")
+    assert r["micro"] * r["k"] == 32 and not r["baseline_fits"]
+    assert r["hand"] == [r["alloc"], r["reserved"], True]
+    # the largest micro-batch that fits: every larger divisor tried before it does not fit
+    assert sorted(r["tried"], key=lambda t: -t[0]) == r["tried"] and [f for _, f in r["tried"]][-1]
+    assert not any(f for _, f in r["tried"][:-1])

@@ -8,9 +8,11 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
    freeing what the capacity asks (`solver.choose`); predict the step with exactly that set applied. When
    the verified plan still misses, ask for the shortfall more and solve again (at most `rounds` times).
    Every block checkpointed in full (the usual manual answer) is predicted too, as a reference plan.
-3. Precision and optimizer: autocast bf16, and the optimizer with ``foreach=False``, on the base and on its
+3. Batch (with `batch`): the largest micro-batch that fits, as gradient accumulation keeping the global
+   batch, each predicted.
+4. Precision and optimizer: autocast bf16, and the optimizer with ``foreach=False``, on the base and on its
    closest plan to fitting, each predicted.
-4. Allocator settings: the closest plan to fitting of each base replayed under each candidate
+5. Allocator settings: the closest plan to fitting of each base replayed under each candidate
    ``PYTORCH_CUDA_ALLOC_CONF``.
 Every plan in the answer carries the peaks and modeled step time of its own prediction.
 """
@@ -33,7 +35,8 @@ class AdviceFailed(RuntimeError):
 def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", world_size: int | None = None,
            objective: str = "fit", *, optimizer=None, optimizer_kwargs: dict | None = None,
            layers: Callable | None = None, batch: int | None = None, strategies=SHARDING, rounds: int = 4,
-           allocator: bool = True, precision: bool = True, **options) -> Advice:
+           allocator: bool = True, precision: bool = True,
+           max_accumulate: int = 8, **options) -> Advice:
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
     `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs one training step
@@ -41,7 +44,8 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
     `strategies` is searched too (DDP is the baseline). `precision`: also try autocast bf16 and an optimizer without foreach temporaries;
-    `allocator`: also replay allocator settings. `objective`: ``"fit"`` (fitting plans, fewest
+    `allocator`: also replay allocator settings. With `batch`: the largest micro-batch dividing it that fits,
+    with gradient accumulation keeping the global batch (at most `max_accumulate` micro-steps). `objective`: ``"fit"`` (fitting plans, fewest
     changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or ``"pareto"`` (only plans
     on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
     step fails as it is; a plan the step fails with is kept with its error and does not fit.
@@ -75,6 +79,8 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
             continue
         if not plan.fits and found["candidates"]:
             plans += _checkpoint_search(work, plan, pred, found, baseline.step_ns, rounds, notes, closest)
+        if batch is not None and not plan.fits:
+            plans += _batch_plans(work, plan, closest, baseline.step_ns, max_accumulate)
         if precision and not plan.fits:
             plans += _precision_plans(work, plan, closest, baseline.step_ns)
     if allocator:
@@ -152,6 +158,21 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
     return out
 
 
+def _batch_plans(work, base: Plan, closest: dict, baseline_step_ns, max_accumulate: int) -> list:
+    """Micro-batches dividing `work.batch`, largest first, each predicted as gradient accumulation on `base`,
+    until one fits."""
+    out = []
+    for k in range(2, max(int(max_accumulate), 1) + 1):
+        if work.batch % k:
+            continue
+        plan = Plan(strategy=base.strategy, micro_batch=work.batch // k, accumulate=k)
+        _keep(closest, plan, verify(work, plan, baseline_step_ns))
+        out.append(plan)
+        if plan.fits or plan.error is not None:
+            break
+    return out
+
+
 def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
     """Autocast bf16, and the optimizer without its foreach temporaries (when it takes ``foreach``), each
     on `base` and on the closest plan to fitting of its strategy, each predicted."""
@@ -170,7 +191,7 @@ def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
     for start in starts:
         for v in variants:
             plan = Plan(checkpoint=dict(start.checkpoint), strategy=start.strategy, recompute_ns=start.recompute_ns,
-                        freed=list(start.freed), **v)
+                        micro_batch=start.micro_batch, accumulate=start.accumulate, freed=list(start.freed), **v)
             _keep(closest, plan, verify(work, plan, baseline_step_ns))
             out.append(plan)
     return out

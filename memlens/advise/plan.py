@@ -14,7 +14,8 @@ class Plan:
     ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
     `memlens.predict_strategies` (None on one GPU); `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
     forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
-    (``foreach=False``: no foreach temporaries). `peak_allocated` / `peak_reserved` are per rank (the
+    (``foreach=False``: no foreach temporaries); `micro_batch` and `accumulate`: the step runs on
+    `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept). `peak_allocated` / `peak_reserved` are per rank (the
     largest over the ranks), `device_bytes_needed` adds the CUDA context and NCCL buffers; `fits` compares
     that with the capacity; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
     `recompute_ns` the solver's estimate of the time checkpointing adds; `freed` names what each change
@@ -25,6 +26,8 @@ class Plan:
     strategy: str | None = None
     autocast: str | None = None
     optimizer_kwargs: dict = field(default_factory=dict)
+    micro_batch: int | None = None
+    accumulate: int = 1
     peak_allocated: int | None = None
     peak_reserved: int | None = None
     device_bytes_needed: int | None = None
@@ -48,6 +51,8 @@ class Plan:
             words.append(f"checkpoint {_names(full)} (full)")
         if selective:
             words.append(f"checkpoint {_names(selective)} (selective: GEMM and attention outputs kept)")
+        if self.micro_batch is not None:
+            words.append(f"micro-batch {self.micro_batch} x {self.accumulate} accumulation steps")
         if self.autocast:
             words.append(f"autocast {self.autocast} (changes the numerics)")
         if self.optimizer_kwargs:
@@ -104,6 +109,12 @@ class Plan:
         if self.optimizer_kwargs:
             args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.optimizer_kwargs.items()))
             lines += [f"optimizer = torch.optim.AdamW(model.parameters(), {args})  # your optimizer, with these"]
+        if self.micro_batch is not None:
+            lines += [f"# gradient accumulation: {self.accumulate} micro-batches of {self.micro_batch}, one optimizer step",
+                      f"for i in range({self.accumulate}):",
+                      f"    loss = compute_loss(model, next_micro_batch({self.micro_batch})) / {self.accumulate}",
+                      "    loss.backward()",
+                      "optimizer.step(); optimizer.zero_grad()"]
         if self.strategy:
             lines += ["from memlens.predict.distributed.strategies import apply_strategy",
                       f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {{}})"]

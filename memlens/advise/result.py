@@ -9,7 +9,7 @@ OBJECTIVES = ("fit", "fastest_fit", "pareto")
 
 def _n_changes(plan) -> int:
     return (len(plan.checkpoint) + bool(plan.conf) + bool(plan.strategy) + bool(plan.autocast)
-            + len(plan.optimizer_kwargs))
+            + len(plan.optimizer_kwargs) + (plan.micro_batch is not None))
 
 
 def frontier(plans: list) -> list:

@@ -29,8 +29,9 @@ class Workload:
 
 def run_plan(work: Workload, plan: Plan):
     """Predict `work` with `plan` applied; returns the `Prediction` (or `DistributedPrediction` with a world
-    size). The step's start is marked with ``torch.cuda.reset_peak_memory_stats()`` so that `step_ns` can
-    leave out building the model."""
+    size). With `plan.micro_batch`, the step runs `plan.accumulate` times on that batch, the optimizer's
+    ``step`` and ``zero_grad`` skipped in all but the last (gradient accumulation: the gradients of the
+    earlier micro-batches are held while the later ones run)."""
     import torch
 
     from memlens.advise.checkpoint import wrap
@@ -49,7 +50,10 @@ def run_plan(work: Workload, plan: Plan):
             module, opt = apply_strategy(plan.strategy, model, opt_class, kwargs, work.layers)
         else:
             module, opt = model, opt_class(model.parameters(), **kwargs)
-        work.step(module, opt, *(() if work.batch is None else (work.batch,)))
+        if plan.micro_batch is None:
+            work.step(module, opt, *(() if work.batch is None else (work.batch,)))
+        else:
+            accumulate(work.step, module, opt, plan.micro_batch, plan.accumulate)
         keep.append((module, opt))   # a rank holds its state after the step
 
     world = {} if work.world_size is None else {"world_size": int(work.world_size)}
@@ -57,6 +61,22 @@ def run_plan(work: Workload, plan: Plan):
         return predict(run, gpu=work.gpu, capacity=work.capacity, conf=plan.conf, **world, **work.options)
     finally:
         keep.clear()
+
+
+def accumulate(step, model, opt, micro_batch: int, times: int) -> None:
+    """Run ``step(model, opt, micro_batch)`` `times` times as gradient accumulation: the optimizer's ``step``
+    and ``zero_grad`` do nothing in all but the last."""
+    def skip(*args, **kwargs):
+        return None
+    for i in range(times):
+        last = i == times - 1
+        if not last:
+            opt.step, opt.zero_grad = skip, skip     # instance attributes shadow the class's methods
+        try:
+            step(model, opt, micro_batch)
+        finally:
+            if not last:
+                del opt.step, opt.zero_grad
 
 
 def step_ns(prediction, world_size: int, gpu) -> int | None:
