@@ -278,7 +278,9 @@ def test_cli_advises_a_script_with_build_model_and_step(tmp_path):
     out = json.loads(proc.stdout)
     assert out["summary"].startswith("fits 850.0 MiB") and out["plans"][0]["fits"] is True
     assert out["plans"][-1]["changes"] == "no change" and out["plans"][-1]["fits"] is False
-    assert "_wrap(model, 'layers." in out["best_snippet"]
+    best = out["plans"][0]["changes"]
+    assert ("_wrap(model, 'layers." in out["best_snippet"]) == ("checkpoint layers." in best)
+    assert ("torch.autocast('cuda', dtype=torch.bfloat16)" in out["best_snippet"]) == ("autocast bfloat16" in best)
 
 
 def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exit_1(tmp_path):

@@ -32,14 +32,15 @@ class AdviceFailed(RuntimeError):
     """The step itself fails under prediction, so there is nothing to advise; the message says why."""
 
 
-def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", world_size: int | None = None,
+def advise(build_model: Callable | str, step: Callable | list | None = None, gpu="H100", capacity="40GiB", world_size: int | None = None,
            objective: str = "fit", *, optimizer=None, optimizer_kwargs: dict | None = None,
            layers: Callable | None = None, batch: int | None = None, strategies=SHARDING, rounds: int = 4,
            allocator: bool = True, precision: bool = True,
            max_accumulate: int = 8, **options) -> Advice:
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
-    `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs one training step
+    `build_model()` returns a fresh ``nn.Module`` (or give a script path and its argument list in place of
+    `build_model` and `step`: `memlens.advise.script`); `step(model, optimizer)` runs one training step
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
@@ -51,6 +52,10 @@ def advise(build_model: Callable, step: Callable, gpu="H100", capacity="40GiB", 
     step fails as it is; a plan the step fails with is kept with its error and does not fit.
     """
     from memlens.predict.predictor import _capacity_bytes
+    if isinstance(build_model, str):      # a script path: `memlens.advise.script`
+        from memlens.advise.script import advise_script
+        return advise_script(build_model, step, gpu=gpu, capacity=capacity, world_size=world_size,
+                             objective=objective, **options)
     if objective not in OBJECTIVES:
         raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
     cap = _capacity_bytes(capacity)

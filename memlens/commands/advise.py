@@ -41,7 +41,12 @@ def run(args) -> int:
     from memlens.advise.advisor import AdviceFailed
     from memlens.advise.script import advise_script
     from memlens.commands.predict import _script_argv
-    argv = _script_argv(args.command)
+    from memlens.errors import InputError
+    try:
+        argv = _script_argv(args.command)
+    except InputError:
+        raise InputError("advise: give the script after --, e.g. `memlens advise --capacity 40GiB -- python "
+                         "train.py`") from None
     try:
         advice = advise_script(argv[0], argv[1:], gpu=args.gpu, capacity=args.capacity,
                                world_size=args.world_size, objective=args.objective)
