@@ -197,7 +197,7 @@ def _train(plan, steps=3):
                            for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode", ["full", "selective"])
+@pytest.mark.parametrize("mode", ["full", "selective", "offload"])
 def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
     import torch
 
@@ -205,6 +205,9 @@ def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
     plan = Plan(checkpoint={"layers.0": mode, "layers.2": mode})
     base_losses, base_grads, base_params = _train(None)
     losses, grads, params = _train(plan)
+    if mode == "offload":        # nothing is recomputed: the same numbers, bit for bit
+        assert losses == base_losses
+        assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
     assert losses == pytest.approx(base_losses, rel=1e-6, abs=1e-6)
     for a, b in zip(grads, base_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -367,3 +370,24 @@ result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocat
     # the largest micro-batch that fits: every larger divisor tried before it does not fit
     assert sorted(r["tried"], key=lambda t: -t[0]) == r["tried"] and [f for _, f in r["tried"]][-1]
     assert not any(f for _, f in r["tried"][:-1])
+
+
+def test_an_offload_plan_is_predicted_lower_and_slower_and_an_independent_prediction_agrees():
+    r = run_child(WORKLOAD + """
+from memlens.advise import Plan
+from memlens.advise.verify import Workload, verify
+work = Workload(Net, step)
+base, off = Plan(), Plan(checkpoint={"layers.1": "offload", "layers.2": "offload"})
+verify(work, base); verify(work, off)
+def again():
+    model = off.apply(Net()).cuda()
+    step(model, torch.optim.AdamW(model.parameters()))
+q = memlens.predict(again, gpu="H100")
+copies = q.trace.ops[q.trace.ops["name"].isin(["aten::copy_", "aten::_to_copy"])]
+result = dict(base=[base.peak_allocated, base.step_ns], off=[off.peak_allocated, off.step_ns],
+              independent=q.peak_allocated, snippet=off.snippet, changes=off.changes)
+""")
+    assert r["off"][0] < r["base"][0] and r["off"][1] > r["base"][1]
+    assert abs(r["independent"] - r["off"][0]) <= 0.005 * r["independent"]
+    assert "save_on_cpu(pin_memory=True)" in r["snippet"] and "_offload(model.get_submodule('layers.1'))" in r["snippet"]
+    assert r["changes"] == "offload the saved activations of layers.1-2 to host memory (save_on_cpu)"

@@ -2,9 +2,9 @@
 
 The search, per sharding base (one GPU; with a world size each strategy of `memlens.predict_strategies`):
 1. Predict the base as it is (the baseline: no change on one GPU, DDP on N ranks).
-2. Activation checkpointing: estimate per candidate block (the children of the model's largest
-   ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the forward
-   time it runs again, from the base's predicted trace (`checkpoint.module_costs`); choose the cheapest set
+2. Activation checkpointing or offload: estimate per candidate block (the children of the model's largest
+   ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the time it
+   adds (forward ops run again; copies over the host link), from the base's predicted trace (`checkpoint.module_costs`); choose the cheapest set
    freeing what the capacity asks (`solver.choose`); predict the step with exactly that set applied. When
    the verified plan still misses, ask for the shortfall more and solve again (at most `rounds` times).
    Every block checkpointed in full (the usual manual answer) is predicted too, as a reference plan.
@@ -131,7 +131,12 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
     from memlens.advise.checkpoint import MODES, module_costs
     from memlens.advise.solver import choose
     first = base_pred.predictions[min(base_pred.predictions)] if hasattr(base_pred, "predictions") else base_pred
-    costs = module_costs(first.trace, found["candidates"])
+    from memlens.devicetime.gpus import gpu as resolve_gpu
+    try:
+        host_bw = resolve_gpu(work.gpu).host_bw if isinstance(work.gpu, str) else None
+    except Exception:           # a GPU the time model does not know: no offload estimate
+        host_bw = None
+    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw)
     options = [[(m, *c.option(m)) for m in MODES] for c in costs]
     cap = work.capacity if work.capacity is not None else first.gpu.total_memory
     need = base.device_bytes_needed - cap

@@ -1,18 +1,21 @@
-"""Activation checkpointing of chosen modules: wrapping them (`wrap`), and what each candidate module would
-take off the peak and cost in recompute time, read from a predicted trace (`module_costs`).
+"""What to do with a module's saved activations: checkpoint or offload it (`wrap`), and what each candidate
+module would take off the peak and cost in time, read from a predicted trace (`module_costs`).
 
-Two modes per module:
+Three modes per module:
 - ``"full"``: torch's ``checkpoint_wrapper`` (non-reentrant ``torch.utils.checkpoint``): the module keeps
   only its inputs from forward to backward and runs its forward again in backward.
 - ``"selective"``: the same wrapper with ``context_fn`` built by
   ``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the outputs of the matrix products and
-  attention kernels (`SAVED_OPS`, expensive to recompute) are kept, every other op is recomputed.
+  attention kernels (`SAVED_OP_NAMES`, expensive to recompute) are kept, every other op is recomputed.
+- ``"offload"``: the module's forward runs under ``torch.autograd.graph.save_on_cpu`` (pinned host memory
+  when CUDA is there): every tensor it saves for backward is copied to the host and back when backward needs
+  it. The copies are synchronous on the compute stream, so their time is on the step's clock, unhidden.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-MODES = ("full", "selective")
+MODES = ("full", "selective", "offload")
 
 # recorded op names whose outputs selective checkpointing keeps (the GEMMs and the attention kernels)
 SAVED_OP_NAMES = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear",
@@ -66,9 +69,12 @@ def wrap(model, choices: dict[str, str]):
                              "any module; choose its blocks")
         if name not in modules:
             raise CannotWrap(f"module {name!r} is not in the model (its named_modules() do not include it)")
-        if isinstance(modules[name], CheckpointWrapper):
-            raise CannotWrap(f"module {name!r} is already wrapped by checkpoint_wrapper")
+        if isinstance(modules[name], CheckpointWrapper) or getattr(modules[name], "_memlens_offload", False):
+            raise CannotWrap(f"module {name!r} is already wrapped (checkpointed or offloaded)")
     for name, mode in sorted(choices.items(), key=lambda kv: -kv[0].count(".")):
+        if mode == "offload":
+            offload_forward(modules[name])
+            continue
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name]
         extra = {"context_fn": selective_context} if mode == "selective" else {}
@@ -76,6 +82,21 @@ def wrap(model, choices: dict[str, str]):
                                      checkpoint_fn=functools.partial(_checkpoint, **extra))
         setattr(parent, child, wrapped)
     return model
+
+
+def offload_forward(module):
+    """Run `module`'s forward under ``save_on_cpu`` (in place; pinned host memory when CUDA is available)."""
+    import torch
+    from torch.autograd.graph import save_on_cpu
+    forward = module.forward
+    pin = torch.cuda.is_available()
+
+    def offloaded(*args, **kwargs):
+        with save_on_cpu(pin_memory=pin):
+            return forward(*args, **kwargs)
+    module.forward = offloaded
+    module._memlens_offload = True
+    return module
 
 
 def _checkpoint(fn, *args, **kwargs):
@@ -86,18 +107,22 @@ def _checkpoint(fn, *args, **kwargs):
 @dataclass(frozen=True)
 class ModuleCost:
     """One candidate module's checkpointing options, estimated from the baseline's predicted trace: bytes of
-    its forward's activations alive at the peak that each mode frees (`full_bytes`, `selective_bytes`) and
-    the modeled GPU time of the forward ops each mode runs again (`full_ns`, `selective_ns`)."""
+    its forward's activations alive at the peak that each mode frees (`full_bytes`, `selective_bytes`,
+    `offload_bytes`) and the modeled GPU time each mode adds: the forward ops run again (`full_ns`,
+    `selective_ns`), the copies to the host and back over the GPU's host link (`offload_ns`)."""
 
     name: str
     full_bytes: int
     full_ns: int
     selective_bytes: int
     selective_ns: int
+    offload_bytes: int = 0
+    offload_ns: int = 0
 
     def option(self, mode: str) -> tuple[int, int]:
-        """(bytes freed, recompute ns) of `mode`."""
-        return (self.full_bytes, self.full_ns) if mode == "full" else (self.selective_bytes, self.selective_ns)
+        """(bytes freed, added ns) of `mode`."""
+        return {"full": (self.full_bytes, self.full_ns), "selective": (self.selective_bytes, self.selective_ns),
+                "offload": (self.offload_bytes, self.offload_ns)}[mode]
 
 
 def _root_prefix(paths: set, candidates: list[str]) -> str:
@@ -111,12 +136,15 @@ def _root_prefix(paths: set, candidates: list[str]) -> str:
     return ""
 
 
-def module_costs(trace, candidates: list[str], root: str | None = None) -> list[ModuleCost]:
+def module_costs(trace, candidates: list[str], root: str | None = None,
+                 host_bw: tuple | None = None) -> list[ModuleCost]:
     """`ModuleCost` of each candidate (``named_modules`` names) from a predicted trace whose module paths
     start with `root` (default: what the recorder put before the model's names, `_root_prefix`).
     A module's saved activations
     are the ``cuda:0`` blocks allocated by its forward ops and still allocated at the allocated peak; the
-    one allocated last (its output, which the next module keeps) is not counted as freed."""
+    one allocated last (its output, which the next module keeps) is not counted as freed. `host_bw`: the
+    host link's (device->host, host->device) bytes/s (the GPU table's); without it offloading is not offered
+    (0 bytes)."""
     import numpy as np
     ops = trace.ops
     fwd = ops[ops["phase"] == "forward"] if "phase" in ops.columns else ops
@@ -145,8 +173,10 @@ def module_costs(trace, candidates: list[str], root: str | None = None) -> list[
         in_fwd = in_fwd & (fwd_op_id <= last)
         sizes = mine["size"].to_numpy(dtype=np.int64)
         by_saved_op = mine["alloc_op_id"].map(op_name).isin(SAVED_OP_NAMES).to_numpy()
+        moved = int(sizes.sum()) if host_bw else 0
         out.append(ModuleCost(name, int(sizes.sum()), int(dur[in_fwd].sum()),
-                              int(sizes[~by_saved_op].sum()), int(dur[in_fwd & ~saved].sum())))
+                              int(sizes[~by_saved_op].sum()), int(dur[in_fwd & ~saved].sum()),
+                              moved, int((moved / host_bw[0] + moved / host_bw[1]) * 1e9) if host_bw else 0))
     return out
 
 

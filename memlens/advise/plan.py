@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 class Plan:
     """A set of changes and what the prediction with them applied says (bytes, ns on the modeled clock).
 
-    `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"``; `conf`: the
+    `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"`` | ``"offload"``; `conf`: the
     ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
     `memlens.predict_strategies` (None on one GPU); `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
     forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
@@ -47,10 +47,13 @@ class Plan:
             words.append(f"shard with {self.strategy}")
         full = sorted(n for n, m in self.checkpoint.items() if m == "full")
         selective = sorted(n for n, m in self.checkpoint.items() if m == "selective")
+        offload = sorted(n for n, m in self.checkpoint.items() if m == "offload")
         if full:
             words.append(f"checkpoint {_names(full)} (full)")
         if selective:
             words.append(f"checkpoint {_names(selective)} (selective: GEMM and attention outputs kept)")
+        if offload:
+            words.append(f"offload the saved activations of {_names(offload)} to host memory (save_on_cpu)")
         if self.micro_batch is not None:
             words.append(f"micro-batch {self.micro_batch} x {self.accumulate} accumulation steps")
         if self.autocast:
@@ -88,7 +91,17 @@ class Plan:
         lines = []
         if self.conf:
             lines += ["import os", f"os.environ['PYTORCH_CUDA_ALLOC_CONF'] = {self.conf!r}  # before torch uses CUDA"]
-        if self.checkpoint:
+        offload = sorted(n for n, m in self.checkpoint.items() if m == "offload")
+        if offload:
+            lines += ["from torch.autograd.graph import save_on_cpu", "",
+                      "def _offload(module):",
+                      "    forward = module.forward",
+                      "    def offloaded(*args, **kwargs):",
+                      "        with save_on_cpu(pin_memory=True):",
+                      "            return forward(*args, **kwargs)",
+                      "    module.forward = offloaded", ""]
+            lines += [f"_offload(model.get_submodule({n!r}))" for n in offload]
+        if any(m != "offload" for m in self.checkpoint.values()):
             lines += ["import functools",
                       "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
                       "    CheckpointImpl, checkpoint_wrapper)",
@@ -102,6 +115,8 @@ class Plan:
                       "    setattr(parent, child, checkpoint_wrapper(getattr(parent, child),",
                       "            checkpoint_impl=CheckpointImpl.NO_REENTRANT, checkpoint_fn=fn))", ""]
             for name, mode in sorted(self.checkpoint.items(), key=lambda kv: (-kv[0].count("."), kv[0])):
+                if mode == "offload":
+                    continue
                 kw = ", context_fn=selective_context" if mode == "selective" else ""
                 lines.append(f"_wrap(model, {name!r}{kw})")
         if self.autocast:
