@@ -223,7 +223,8 @@ def test_a_module_the_policy_cannot_wrap_is_named():
         Plan(checkpoint={"blocks.7": "full"}).apply(model)
     with pytest.raises(CannotWrap, match="the model itself"):
         Plan(checkpoint={"": "full"}).apply(model)
-    Plan(checkpoint={"0": "full"}).apply(model)
+    import memlens
+    assert memlens.apply(Plan(checkpoint={"0": "full"}), model) is model
     with pytest.raises(CannotWrap, match="'0' is already wrapped"):
         Plan(checkpoint={"0": "full"}).apply(model)
 

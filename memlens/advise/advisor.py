@@ -149,9 +149,8 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
             break
         tried.add(key)
         plan = Plan(checkpoint=picked, strategy=base.strategy, recompute_ns=cost,
-                    freed=[f"{n} ({m}): {costs[i].option(m)[0]:,} bytes of activations off the peak (estimated)"
-                           for i, (n, m) in enumerate((c.name, choice[j]) for j, c in enumerate(costs))
-                           if m is not None])
+                    freed=[f"{c.name} ({m}): {c.option(m)[0]:,} bytes of activations off the peak (estimated)"
+                           for c, m in zip(costs, choice) if m is not None])
         _keep(closest, plan, verify(work, plan, baseline_step_ns))
         out.append(plan)
         if plan.fits or plan.error is not None:
