@@ -119,20 +119,24 @@ class Plan:
                     continue
                 kw = ", context_fn=selective_context" if mode == "selective" else ""
                 lines.append(f"_wrap(model, {name!r}{kw})")
+        if self.autocast or self.optimizer_kwargs or self.strategy:
+            lines.insert(0, "import torch")
         if self.autocast:
-            lines += ["import torch", f"model.forward = torch.autocast('cuda', dtype=torch.{self.autocast})(model.forward)"]
-        if self.optimizer_kwargs:
-            args = ", ".join(f"{k}={v!r}" for k, v in sorted(self.optimizer_kwargs.items()))
-            lines += [f"optimizer = torch.optim.AdamW(model.parameters(), {args})  # your optimizer, with these"]
+            lines += [f"model.forward = torch.autocast('cuda', dtype=torch.{self.autocast})(model.forward)"]
+        kwargs = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in sorted(self.optimizer_kwargs.items())) + "}"
+        if self.strategy:
+            lines += ["from memlens.predict.distributed.strategies import apply_strategy",
+                      "# inside the initialised process group; torch.optim.AdamW stands for your optimizer class",
+                      f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {kwargs})"]
+        elif self.optimizer_kwargs:
+            lines += [f"optimizer = torch.optim.AdamW(model.parameters(), **{kwargs})  # your optimizer, with these"]
         if self.micro_batch is not None:
-            lines += [f"# gradient accumulation: {self.accumulate} micro-batches of {self.micro_batch}, one optimizer step",
+            lines += [f"# gradient accumulation: {self.accumulate} micro-batches of {self.micro_batch}, one optimizer "
+                      "step (compute_loss and next_micro_batch stand for your code)",
                       f"for i in range({self.accumulate}):",
                       f"    loss = compute_loss(model, next_micro_batch({self.micro_batch})) / {self.accumulate}",
                       "    loss.backward()",
                       "optimizer.step(); optimizer.zero_grad()"]
-        if self.strategy:
-            lines += ["from memlens.predict.distributed.strategies import apply_strategy",
-                      f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {{}})"]
         return "\n".join(lines) or "# no change"
 
 
