@@ -392,3 +392,34 @@ result = dict(base=[base.peak_allocated, base.step_ns], off=[off.peak_allocated,
     assert abs(r["independent"] - r["off"][0]) <= 0.005 * r["independent"]
     assert "save_on_cpu(pin_memory=True)" in r["snippet"] and "_offload(model.get_submodule('layers.1'))" in r["snippet"]
     assert r["changes"] == "offload the saved activations of layers.1-2 to host memory (save_on_cpu)"
+
+
+def test_a_recorded_trace_gets_allocator_settings_replayed(shared):
+    import memlens
+    from memlens.simulate import simulate
+    path = shared("snapshots/cs336_wedsonlin_medium_128_training.pickle")
+    trace = memlens.load(path)
+    advice = memlens.advise(trace, capacity="40GiB")
+    rows = {p.conf: p for p in advice.plans}
+    assert set(rows) == {"", "expandable_segments:True", "max_split_size_mb:256",
+                         "garbage_collection_threshold:0.8", "roundup_power2_divisions:4"}
+    for conf, plan in rows.items():
+        sim = simulate(trace, conf=conf or None, capacity="unlimited", device="cuda:0",
+                       initial_state="empty").devices["cuda:0"]
+        assert (plan.peak_allocated, plan.peak_reserved) == (sim.peak_allocated, sim.peak_reserved)
+        assert plan.fits and plan.step_ns is None
+    tight = memlens.advise(str(path), capacity=rows[""].peak_allocated - (1 << 20))
+    assert tight.best is None and tight.miss_bytes == tight.closest.device_bytes_needed - tight.capacity > 0
+    assert "capacity is compared with what the caching allocator reserves" in tight.notes[0]
+
+
+def test_cli_advises_a_recorded_trace(shared, capsys):
+    import json
+
+    from memlens.cli import main
+    path = shared("snapshots/cs336_wedsonlin_medium_128_training.pickle")
+    assert main(["advise", "--capacity", "40GiB", "--json", str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"].startswith("fits 40.0 GiB") and len(out["plans"]) == 5
+    assert main(["advise", "--capacity", "1GiB", str(path)]) == 3
+    assert "no plan fits 1.0 GiB" in capsys.readouterr().out

@@ -40,7 +40,8 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
     `build_model()` returns a fresh ``nn.Module`` (or give a script path and its argument list in place of
-    `build_model` and `step`: `memlens.advise.script`); `step(model, optimizer)` runs one training step
+    `build_model` and `step`: `memlens.advise.script`; or a recorded trace or its path, for allocator
+    settings only: `memlens.advise.recorded`); `step(model, optimizer)` runs one training step
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
@@ -52,6 +53,10 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     step fails as it is; a plan the step fails with is kept with its error and does not fit.
     """
     from memlens.predict.predictor import _capacity_bytes
+    from memlens.trace import Trace
+    if isinstance(build_model, Trace) or (isinstance(build_model, str) and not build_model.endswith(".py")):
+        from memlens.advise.recorded import advise_trace     # a recording: allocator settings only
+        return advise_trace(build_model, capacity, objective, **options)
     if isinstance(build_model, str):      # a script path: `memlens.advise.script`
         from memlens.advise.script import advise_script
         return advise_script(build_model, step, gpu=gpu, capacity=capacity, world_size=world_size,

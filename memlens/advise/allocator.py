@@ -13,21 +13,31 @@ CANDIDATE_CONFS = ("expandable_segments:True", "max_split_size_mb:256", "garbage
                    "roundup_power2_divisions:4")
 
 
-def _replay(prediction, conf: str, capacity: int | None):
-    """(peak allocated, peak reserved, device bytes needed, fits) of one `Prediction`'s trace under `conf`
-    (bytes; `capacity` in bytes of device memory, the CUDA context and NCCL buffers counted as `fits` does)."""
+def replay(trace, conf: str | None, capacity: int | None, device: str = "cuda:0", overhead: int = 0,
+           initial_state: str = "empty"):
+    """(peak allocated, peak reserved, device bytes needed, fits) of `device`'s requests in `trace` replayed
+    under `conf` (None: the trace's recorded settings); bytes. `overhead`: device bytes outside the caching
+    allocator (CUDA context, NCCL buffers), counted against `capacity` and in the bytes needed; `capacity`
+    None: never limited."""
     from memlens.simulate import simulate
+    if not (trace.blocks["device"] == device).any():
+        return 0, 0, overhead, True
+    unlimited = simulate(trace, conf=conf, capacity="unlimited", device=device,
+                         initial_state=initial_state).devices[device]
+    fits = True
+    if capacity is not None:
+        limited = simulate(trace, conf=conf, capacity=max(capacity - overhead, 1), device=device,
+                           initial_state=initial_state).devices[device]
+        fits = not limited.ooms
+    return unlimited.peak_allocated, unlimited.peak_reserved, unlimited.peak_reserved + overhead, fits
+
+
+def _replay(prediction, conf: str, capacity: int | None):
+    """`replay` of one `Prediction`'s trace, its CUDA context and NCCL buffers counted as `fits` counts them
+    (`capacity` None: the GPU's memory)."""
     gpu = prediction.gpu
     cap = capacity if capacity is not None else gpu.total_memory
-    usable = max(cap - gpu.cuda_context - prediction.nccl_bytes, 1)
-    trace = prediction.trace
-    if not (trace.blocks["device"] == "cuda:0").any():
-        return 0, 0, gpu.cuda_context + prediction.nccl_bytes, True
-    sim = simulate(trace, conf=conf, capacity=usable, device="cuda:0", initial_state="empty").devices["cuda:0"]
-    unlimited = simulate(trace, conf=conf, capacity="unlimited", device="cuda:0",
-                         initial_state="empty").devices["cuda:0"]
-    needed = unlimited.peak_reserved + gpu.cuda_context + prediction.nccl_bytes
-    return unlimited.peak_allocated, unlimited.peak_reserved, needed, not sim.ooms
+    return replay(prediction.trace, conf, cap, overhead=gpu.cuda_context + prediction.nccl_bytes)
 
 
 def with_conf(plan: Plan, prediction, conf: str, capacity: int | None) -> Plan:

@@ -96,9 +96,10 @@ class Advice:
             b = self.best
             retry = ("; past the limit the allocator frees its cached blocks and retries, as torch's does"
                      if self.capacity is not None and b.device_bytes_needed > self.capacity else "")
+            step = ("" if b.step_ns is None else
+                    f"; modeled step {_ms(b.step_ns)} against {_ms(b.baseline_step_ns)} as it is")
             return (f"fits {cap}: {b.changes} (peak allocated {format_bytes(b.peak_allocated)} per GPU, "
-                    f"{format_bytes(b.device_bytes_needed)} of device memory with no limit{retry}; modeled step "
-                    f"{_ms(b.step_ns)} against {_ms(b.baseline_step_ns)} as it is)")
+                    f"{format_bytes(b.device_bytes_needed)} of device memory with no limit{retry}{step})")
         c = self.closest
         if c is None:
             return "no plan could be predicted"

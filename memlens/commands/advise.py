@@ -1,4 +1,5 @@
-"""`memlens advise --gpu H100 --capacity 40GiB [--world-size 8] [--objective fit] -- python train.py ARGS`.
+"""`memlens advise --gpu H100 --capacity 40GiB [--world-size 8] [--objective fit] -- python train.py ARGS`,
+or `memlens advise --capacity 40GiB TRACE` (a recording: allocator settings only).
 
 Prints the ranked plans of `memlens.advise` (each verified by predicting the step with it applied), the best
 plan's code, or the closest plan and by how much it misses. Exit 0 with a plan that fits, 3 when none does,
@@ -28,7 +29,7 @@ def register(sub) -> None:
                    help="fit: fitting plans, fewest changes first (default); fastest_fit: fastest modeled step "
                         "first; pareto: only the memory/time frontier")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("command", nargs=_remainder(), help="-- python script.py [args]")
+    p.add_argument("command", nargs=_remainder(), help="-- python script.py [args], or a trace file")
     p.set_defaults(func=run)
 
 
@@ -42,17 +43,22 @@ def run(args) -> int:
     from memlens.advise.script import advise_script
     from memlens.commands.predict import _script_argv
     from memlens.errors import InputError
-    try:
-        argv = _script_argv(args.command)
-    except InputError:
-        raise InputError("advise: give the script after --, e.g. `memlens advise --capacity 40GiB -- python "
-                         "train.py`") from None
-    try:
-        advice = advise_script(argv[0], argv[1:], gpu=args.gpu, capacity=args.capacity,
-                               world_size=args.world_size, objective=args.objective)
-    except AdviceFailed as exc:
-        print(f"memlens advise: {argv[0]}: {exc}", file=sys.stderr)
-        return 1
+    rest = [a for a in args.command if a != "--"]
+    if len(rest) == 1 and not rest[0].endswith(".py"):       # a recorded or imported trace
+        from memlens.advise.recorded import advise_trace
+        advice = advise_trace(rest[0], args.capacity, args.objective)
+    else:
+        try:
+            argv = _script_argv(args.command)
+        except InputError:
+            raise InputError("advise: give a trace, or the script after --, e.g. `memlens advise --capacity 40GiB "
+                             "-- python train.py`") from None
+        try:
+            advice = advise_script(argv[0], argv[1:], gpu=args.gpu, capacity=args.capacity,
+                                   world_size=args.world_size, objective=args.objective)
+        except AdviceFailed as exc:
+            print(f"memlens advise: {argv[0]}: {exc}", file=sys.stderr)
+            return 1
     if args.json:
         from memlens.commands._output import print_json
         table = advice.table()
