@@ -4,10 +4,11 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
 1. Predict the base as it is (the baseline: no change on one GPU, DDP on N ranks).
 2. Activation checkpointing or offload: estimate per candidate block (the children of the model's largest
    ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the time it
-   adds (forward ops run again; copies over the host link), from the base's predicted trace (`checkpoint.module_costs`); choose the cheapest set
-   freeing what the capacity asks (`solver.choose`); predict the step with exactly that set applied. When
-   the verified plan still misses, ask for the shortfall more and solve again (at most `rounds` times).
-   Every block checkpointed in full (the usual manual answer) is predicted too, as a reference plan.
+   adds (forward ops run again; copies over the host link), from the base's predicted trace
+   (`checkpoint.module_costs`); choose the cheapest set freeing what the capacity asks (`solver.choose`);
+   predict the step with exactly that set applied. When the verified plan still misses, ask for the shortfall
+   more and solve again (at most `rounds` times). Every block checkpointed in full (the usual manual answer)
+   is predicted too, as a reference plan.
 3. Batch (with `batch`): the largest micro-batch that fits, as gradient accumulation keeping the global
    batch, each predicted.
 4. Precision and optimizer: autocast bf16, and the optimizer with ``foreach=False``, on the base and on its
@@ -32,10 +33,10 @@ class AdviceFailed(RuntimeError):
     """The step itself fails under prediction, so there is nothing to advise; the message says why."""
 
 
-def advise(build_model: Callable | str, step: Callable | list | None = None, gpu="H100", capacity="40GiB", world_size: int | None = None,
-           objective: str = "fit", *, optimizer=None, optimizer_kwargs: dict | None = None,
-           layers: Callable | None = None, batch: int | None = None, strategies=SHARDING, rounds: int = 4,
-           allocator: bool = True, precision: bool = True,
+def advise(build_model: Callable | str, step: Callable | list | None = None, gpu="H100", capacity="40GiB",
+           world_size: int | None = None, objective: str = "fit", *, optimizer=None,
+           optimizer_kwargs: dict | None = None, layers: Callable | None = None, batch: int | None = None,
+           strategies=SHARDING, rounds: int = 4, allocator: bool = True, precision: bool = True,
            max_accumulate: int = 8, **options) -> Advice:
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
@@ -45,9 +46,10 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
-    `strategies` is searched too (DDP is the baseline). `precision`: also try autocast bf16 and an optimizer without foreach temporaries;
-    `allocator`: also replay allocator settings. With `batch`: the largest micro-batch dividing it that fits,
-    with gradient accumulation keeping the global batch (at most `max_accumulate` micro-steps). `objective`: ``"fit"`` (fitting plans, fewest
+    `strategies` is searched too (DDP is the baseline). `precision`: also try autocast bf16 and an optimizer
+    without foreach temporaries; `allocator`: also replay allocator settings. With `batch`: the largest
+    micro-batch dividing it that fits, with gradient accumulation keeping the global batch (at most
+    `max_accumulate` micro-steps). `objective`: ``"fit"`` (fitting plans, fewest
     changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or ``"pareto"`` (only plans
     on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
     step fails as it is; a plan the step fails with is kept with its error and does not fit.

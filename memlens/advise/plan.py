@@ -15,9 +15,9 @@ class Plan:
     `memlens.predict_strategies` (None on one GPU); `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
     forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
     (``foreach=False``: no foreach temporaries); `micro_batch` and `accumulate`: the step runs on
-    `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept). `peak_allocated` / `peak_reserved` are per rank (the
-    largest over the ranks), `device_bytes_needed` adds the CUDA context and NCCL buffers; `fits` compares
-    that with the capacity; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
+    `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept).
+    `peak_allocated` / `peak_reserved` are per rank (the largest over the ranks), `device_bytes_needed` adds
+    the CUDA context and NCCL buffers; `fits`: the allocator replay at the capacity raises no OOM; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
     `recompute_ns` the solver's estimate of the time checkpointing adds; `freed` names what each change
     takes off the peak; `verified` is True once the prediction was re-run with the plan applied."""
 
@@ -127,7 +127,8 @@ class Plan:
         if self.strategy:
             lines += ["from memlens.predict.distributed.strategies import apply_strategy",
                       "# inside the initialised process group; torch.optim.AdamW stands for your optimizer class",
-                      f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, {kwargs})"]
+                      f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, "
+                      f"{kwargs})"]
         elif self.optimizer_kwargs:
             lines += [f"optimizer = torch.optim.AdamW(model.parameters(), **{kwargs})  # your optimizer, with these"]
         if self.micro_batch is not None:
