@@ -17,8 +17,9 @@ class Plan:
     (``foreach=False``: no foreach temporaries); `micro_batch` and `accumulate`: the step runs on
     `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept).
     `peak_allocated` / `peak_reserved` are per rank (the largest over the ranks), `device_bytes_needed` adds
-    the CUDA context and NCCL buffers; `fits`: the allocator replay at the capacity raises no OOM; `step_ns` is the modeled step time and `baseline_step_ns` the baseline's;
-    `recompute_ns` the solver's estimate of the time checkpointing adds; `freed` names what each change
+    the CUDA context and NCCL buffers; `fits`: the allocator replay at the capacity raises no OOM;
+    `step_ns` is the modeled step time and `baseline_step_ns` the baseline's; `recompute_ns` the solver's
+    estimate of the time checkpointing or offloading adds; `freed` names what each change
     takes off the peak; `verified` is True once the prediction was re-run with the plan applied."""
 
     checkpoint: dict = field(default_factory=dict)
