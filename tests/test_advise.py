@@ -151,6 +151,7 @@ def test_the_advised_plan_beats_checkpointing_every_block(tight):
     assert best["step_ns"] >= baseline["step_ns"]          # recomputation costs time, never saves it
 
 
+@pytest.mark.slow
 def test_a_capacity_no_plan_reaches_names_the_closest_plan_and_its_miss():
     r = run_child(ADVISE.format(capacity=200 << 20, objective="fit", precision=True))
     assert r["best"] is None
@@ -287,6 +288,7 @@ def test_cli_advises_a_script_with_build_model_and_step(tmp_path):
     assert ("torch.autocast('cuda', dtype=torch.bfloat16)" in out["best_snippet"]) == ("autocast bfloat16" in best)
 
 
+@pytest.mark.slow
 def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exit_1(tmp_path):
     plain = WORKLOAD + "\nm = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))\n"
     proc = _cli(tmp_path, plain, "--capacity", "40GiB")
@@ -300,6 +302,7 @@ def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exi
     assert unreachable.returncode == 3 and "no plan fits 100.0 MiB" in unreachable.stdout
 
 
+@pytest.mark.slow
 def test_fsdp2_on_8_ranks_the_advised_plan_fits_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
 from memlens.predict.distributed.strategies import apply_strategy
