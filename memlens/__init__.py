@@ -27,6 +27,8 @@ _LAZY = {
     "fake": ("memlens.predict", "fake"),
     "max_batch": ("memlens.predict.sweep", "max_batch"),
     "predict_strategies": ("memlens.predict.distributed.strategies", "predict_strategies"),
+    "advise": ("memlens.advise", "advise"),
+    "apply": ("memlens.advise", "apply"),
 }
 
 # On a CPU-only torch, `memlens.predict` needs its fake-CUDA shim loaded before torch initialises: when
@@ -66,4 +68,4 @@ def load_ipython_extension(ipython):
 
 
 __all__ = ["Trace", "InputError", "MemlensError", "load", "load_many", "RunSet", "record", "step", "report", "diff",
-           "categorize", "retime", "onto_kernel_clock", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "predict_strategies", "__version__"]
+           "categorize", "retime", "onto_kernel_clock", "gpus", "GPU", "calibrate", "predict", "fake", "max_batch", "predict_strategies", "advise", "apply", "__version__"]

@@ -76,3 +76,13 @@ def test_user_categories_sit_below_figures_reports_and_the_cli():
     bad = [f"categories/{f.name}: {m}" for f in (ROOT / "categories").glob("*.py") for m in imported_modules(f)
            if m.startswith("memlens") and not m.startswith(("memlens.categories", "memlens.errors"))]
     assert bad == []
+
+
+def test_the_advisor_sits_below_figures_reports_and_the_cli():
+    """`memlens.advise` combines the predictions, replays and planners beside it; the faces (figures, widgets,
+    reports, commands, MCP, magics) import it, never the other way round."""
+    above = ("memlens.viz", "memlens.widgets", "memlens.report", "memlens.commands", "memlens.mcp_server",
+             "memlens.magics", "memlens.cli")
+    bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advise").glob("*.py") for m in imported_modules(f)
+           if m.startswith(above)]
+    assert bad == []

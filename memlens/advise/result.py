@@ -1,0 +1,111 @@
+"""`Advice`: the verified plans of `memlens.advise`, ranked by the objective, with the table, the memory /
+time frontier and, when nothing fits, how far the closest plan misses."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+OBJECTIVES = ("fit", "fastest_fit", "pareto")
+
+
+def _n_changes(plan) -> int:
+    return (len(plan.checkpoint) + bool(plan.conf) + bool(plan.strategy) + bool(plan.autocast)
+            + len(plan.optimizer_kwargs) + (plan.micro_batch is not None))
+
+
+def frontier(plans: list) -> list:
+    """The plans no other plan beats on both device bytes needed and modeled step time (ties kept once),
+    fastest first; plans without both figures are left out."""
+    timed = [p for p in plans if p.error is None and p.step_ns is not None and p.device_bytes_needed is not None]
+    timed.sort(key=lambda p: (p.step_ns, p.device_bytes_needed, _n_changes(p)))
+    out, least = [], None
+    for p in timed:
+        if least is None or p.device_bytes_needed < least:
+            out.append(p)
+            least = p.device_bytes_needed
+    return out
+
+
+def rank(plans: list, objective: str) -> list:
+    """`plans` in the objective's order: fitting plans first (``"fit"``: fewest changes, then fastest;
+    ``"fastest_fit"``: fastest; ``"pareto"``: only frontier plans, fastest), then the others, closest to
+    fitting first, failed plans last."""
+    pool = frontier(plans) if objective == "pareto" else [p for p in plans if p.error is None]
+    fitting = [p for p in pool if p.fits]
+    if objective == "fit":
+        fitting.sort(key=lambda p: (_n_changes(p), p.step_ns or 0, p.device_bytes_needed))
+    else:
+        fitting.sort(key=lambda p: (p.step_ns or 0, p.device_bytes_needed))
+    missing = sorted((p for p in pool if not p.fits), key=lambda p: (p.device_bytes_needed, p.step_ns or 0))
+    failed = [p for p in plans if p.error is not None] if objective != "pareto" else []
+    return fitting + missing + failed
+
+
+@dataclass
+class Advice:
+    """The answer of `memlens.advise`: `plans` ranked by `objective`; `baseline` (the step as it is);
+    `capacity` (bytes of device memory per GPU); `notes` (what could not be searched, and why)."""
+
+    plans: list
+    baseline: object
+    capacity: int | None
+    objective: str
+    notes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.plans = rank(self.plans, self.objective)
+
+    @property
+    def best(self):
+        """The first plan that fits (None when none does: see `closest` and `miss_bytes`)."""
+        return next((p for p in self.plans if p.fits), None)
+
+    @property
+    def closest(self):
+        """The plan needing the least device memory (the one to report when nothing fits)."""
+        ok = [p for p in self.plans if p.error is None and p.device_bytes_needed is not None]
+        return min(ok, key=lambda p: p.device_bytes_needed) if ok else None
+
+    @property
+    def miss_bytes(self) -> int:
+        """Bytes by which the closest plan misses the capacity (0 when a plan fits or no capacity was given)."""
+        c = self.closest
+        if self.best is not None or c is None or self.capacity is None:
+            return 0
+        return max(int(c.device_bytes_needed - self.capacity), 0)
+
+    def frontier(self) -> list:
+        """The memory / time Pareto frontier of the verified plans, fastest first."""
+        return frontier(self.plans)
+
+    def table(self):
+        """One row per ranked plan (``pandas.DataFrame``): changes, peak_allocated, peak_reserved,
+        device_bytes_needed (bytes per rank, the largest over the ranks), fits, step_ns, baseline_step_ns,
+        delta_ns (modeled, ns), recompute_ns (the solver's estimate), error."""
+        import pandas as pd
+        return pd.DataFrame([{"changes": p.changes, "peak_allocated": p.peak_allocated,
+                              "peak_reserved": p.peak_reserved, "device_bytes_needed": p.device_bytes_needed,
+                              "fits": p.fits, "step_ns": p.step_ns, "baseline_step_ns": p.baseline_step_ns,
+                              "delta_ns": p.delta_ns, "recompute_ns": p.recompute_ns, "error": p.error}
+                             for p in self.plans])
+
+    def summary(self) -> str:
+        """The verdict in one or two sentences, from the same plans as `table`."""
+        from memlens.units import format_bytes
+        cap = "the GPU's memory" if self.capacity is None else format_bytes(self.capacity)
+        if self.best is not None:
+            b = self.best
+            retry = ("; past the limit the allocator frees its cached blocks and retries, as torch's does"
+                     if self.capacity is not None and b.device_bytes_needed > self.capacity else "")
+            step = ("" if b.step_ns is None else
+                    f"; modeled step {_ms(b.step_ns)} against {_ms(b.baseline_step_ns)} as it is")
+            return (f"fits {cap}: {b.changes} (peak allocated {format_bytes(b.peak_allocated)} per GPU, "
+                    f"{format_bytes(b.device_bytes_needed)} of device memory with no limit{retry}{step})")
+        c = self.closest
+        if c is None:
+            return "no plan could be predicted"
+        return (f"no plan fits {cap}: the closest, {c.changes}, needs {format_bytes(c.device_bytes_needed)} per "
+                f"GPU, {format_bytes(self.miss_bytes)} too much")
+
+
+def _ms(ns) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:.2f} ms"
