@@ -50,6 +50,10 @@ def _stacks(ctx) -> list:
     d = ctx.d
     frame = getattr(d, "stacks", None)
     if frame is None or len(frame) == 0:
+        from memlens.analysis.stack_diff import has_stacks
+        if d.trace_a is not None and not (has_stacks(d.trace_a) or has_stacks(d.trace_b)):
+            raise SectionUnavailable("neither trace records call stacks (the allocations per op compare where "
+                                     "blocks were made)")
         raise SectionUnavailable("no stack holds different bytes at the two peaks")
     from memlens.analysis.stack_diff import stack_sentence
     parts = [paragraph(stack_sentence(frame) + " A stack is its Python frames, innermost first ('<' reads "
