@@ -36,18 +36,18 @@ def run_ranks(args, argv: list[str]) -> int:
                     f"{', '.join(sorted(d.strategies)) or 'no sharding strategy memlens recognises'}; "
                     "memlens does not wrap the model, so the prediction is not one of that strategy")
     s["strategy_error"] = mismatch
-    written = []
+    written = {}
     if args.out and not d.errors:       # one rank: OUT itself; several: OUT/rank<r>.memlens per rank that ran
         import os
         for rank, p in sorted(d.predictions.items()):
             path = args.out if len(d.predictions) == 1 else os.path.join(args.out, f"rank{rank}.memlens")
             p.trace.save(path)
-            written.append(path)
-    s["traces"] = written
+            written[rank] = path
+    s["traces"] = list(written.values())
     report_path = getattr(args, "report", None)
     if report_path and not d.errors:
         from memlens.report.predicted_ranks import write_predicted_ranks_report
-        write_predicted_ranks_report(d, report_path)
+        write_predicted_ranks_report(d, report_path, saved=written)
         s["report"] = report_path
     timing = {} if d.errors else d.step_time()      # ns on the modeled GPU clock, collectives included
     s["step_time"] = {str(r): {k: v for k, v in t.items() if k != "schedule"} for r, t in timing.items()}
@@ -77,7 +77,7 @@ def run_ranks(args, argv: list[str]) -> int:
                 if t["note"]:
                     print(f"note:       rank {rank}: {t['note']}")
         if written:
-            print(f"traces:     {', '.join(written)}")
+            print(f"traces:     {', '.join(written.values())}")
         if s.get("report"):
             print(f"report:     {s['report']}")
         for note in d.notes:
