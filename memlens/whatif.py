@@ -69,10 +69,14 @@ def _swap_rows(trace, device, bandwidth, limit, max_live, plans: dict | None = N
                "lifetimes alone cannot tell when a block is idle")
         return [_row(device, "swapping", model.describe(), None, why, max_live),
                 _row(device, "infinite bandwidth", "", None, why, max_live)]
-    sp = plan_swaps(trace, bandwidth=model, limit=limit, device=device)
+    from memlens.swap.planner import DEFAULT_MIN_SIZE, PEAK_SHARE_FLOOR, size_floor
+
+    sp = plan_swaps(trace, bandwidth=model, limit=limit, device=device, min_size=size_floor(max_live))
     if plans is not None:
         plans[device] = sp
-    note = (f"{len(sp.swaps)} swaps ({sp.priority}) of blocks >= {format_bytes(sp.min_size)}, "
+    floor = (f" (1/{PEAK_SHARE_FLOOR} of the peak: its blocks are under the {format_bytes(DEFAULT_MIN_SIZE)} "
+             "floor of large models)" if sp.min_size < DEFAULT_MIN_SIZE else "")
+    note = (f"{len(sp.swaps)} swaps ({sp.priority}) of blocks >= {format_bytes(sp.min_size)}{floor}, "
             f"{format_bytes(sp.transfer_bytes)} copied, stall {format_ns(sp.stall_ns)}")
     return [_row(device, "swapping", model.describe(), sp.peak_after, note, max_live),
             _row(device, "infinite bandwidth", "", sp.infinite_bandwidth_peak,
