@@ -4,6 +4,7 @@ blocks), "(unknown)" included when it is the largest; a diff between traces with
 about stacks."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +13,7 @@ import pytest
 import memlens
 from memlens.analysis.findings import findings
 from memlens.analysis.peak import live_at, peak_breakdown
+from memlens.report.diff_page import diff_report
 from memlens.units import format_bytes
 
 SAMPLES = sorted(Path(__file__).resolve().parents[1].glob("sample_traces/*.memlens"))
@@ -68,7 +70,7 @@ def test_shared_summaries_match_their_tables(rel, shared):
     _check_peak_sentences(memlens.load(shared(rel)))
 
 
-def test_diff_without_stacks_says_nothing_about_stacks():
+def test_diff_without_stacks_says_nothing_about_stacks(tmp_path):
     root = Path(__file__).resolve().parents[1] / "sample_traces"
     a, b = memlens.load(root / "cnn_inference.memlens"), memlens.load(root / "transformer_train_adamw.memlens")
     assert (a.stacks is None or len(a.stacks) == 0) and (b.stacks is None or len(b.stacks) == 0)
@@ -76,6 +78,10 @@ def test_diff_without_stacks_says_nothing_about_stacks():
     assert len(d.stacks) == 0
     assert not any("stack" in s.lower() for s in d.summary())
     assert not any("stack" in c.lower() for c in d.cannot_compare)
+    # nor does the page (scripts aside: plotly's code says "stack" for its bar modes)
+    diff_report(d, tmp_path / "diff.html")
+    text = re.sub(r"<script.*?</script>", "", (tmp_path / "diff.html").read_text(), flags=re.S)
+    assert "stack" not in text.lower()
 
 
 def test_diff_with_stacks_on_one_side_counts_its_table():

@@ -50,10 +50,6 @@ def _stacks(ctx) -> list:
     d = ctx.d
     frame = getattr(d, "stacks", None)
     if frame is None or len(frame) == 0:
-        from memlens.analysis.stack_diff import has_stacks
-        if d.trace_a is not None and not (has_stacks(d.trace_a) or has_stacks(d.trace_b)):
-            raise SectionUnavailable("neither trace records call stacks (the allocations per op compare where "
-                                     "blocks were made)")
         raise SectionUnavailable("no stack holds different bytes at the two peaks")
     from memlens.analysis.stack_diff import stack_sentence
     parts = [paragraph(stack_sentence(frame) + " A stack is its Python frames, innermost first ('<' reads "
@@ -121,8 +117,13 @@ def diff_report(d, path, top: int = 20):
     """Write the HTML page of TraceDiff `d` to `path` (atomic); returns the `Report` written."""
     from memlens.report import Report
 
+    from memlens.analysis.stack_diff import has_stacks
+
     ctx = _DiffContext(d, top)
-    sections = [run_section(key, title, fn, ctx) for key, title, fn in DIFF_SECTIONS]
+    # without a stack in either trace the page says nothing about stacks (the blocks by op compare the sites)
+    no_stacks = d.trace_a is not None and not (has_stacks(d.trace_a) or has_stacks(d.trace_b))
+    sections = [run_section(key, title, fn, ctx) for key, title, fn in DIFF_SECTIONS
+                if not (key == "stacks" and no_stacks)]
     built = Report(title="memlens diff", subtitle=f"A: {d.name_a}  vs  B: {d.name_b}", sections=sections)
     built.write(path)
     return built
