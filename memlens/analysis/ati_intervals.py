@@ -93,15 +93,11 @@ def access_intervals(trace, device: str | None = None, *, steady_state: bool = F
                      "iteration_default": False, "period_ns": None, "window_ns": None, "iteration_source": None})
     if not steady_state and iteration is None:
         return iv
-    if iterations is None:
-        from memlens.analysis.iterations import split_iterations
-        iterations = split_iterations(trace)
-    default = iteration is None
-    if default:
-        from memlens.analysis.iterations import steady_iteration
-        iteration = steady_iteration(iterations)
-    out = _cyclic(trace, iv, iterations, steady_state, iteration)
-    out.attrs["iteration_default"] = default and iteration is not None
+    from memlens.analysis.iterations import split_iterations, steady_iteration
+    iterations = split_iterations(trace) if iterations is None else iterations
+    k = steady_iteration(iterations) if iteration is None else iteration
+    out = _cyclic(trace, iv, iterations, steady_state, k)
+    out.attrs["iteration_default"] = iteration is None and k is not None
     return out
 
 
