@@ -207,20 +207,33 @@ class MemlensMagics(Magics):
         return _user_errors(load, name_or_path)
 
     def _cli(self, verb: str, argv: list[str]):
-        """Run CLI verb `verb`, replacing arguments that name Trace variables by temporary copies."""
+        """Run CLI verb `verb`, replacing arguments that name Trace variables by temporary copies; what it
+        prints names the variables, never the copies (they are deleted when it returns)."""
+        import contextlib
+        import io
+
         from memlens.cli import main
         from memlens.trace import Trace
         with tempfile.TemporaryDirectory(prefix="memlens-magic-") as tmp:
-            resolved = []
+            resolved, copies = [], {}
             for i, arg in enumerate(argv):
                 value = self.shell.user_ns.get(arg) if arg.isidentifier() else None
                 if isinstance(value, Trace):
-                    arg = str(value.save(Path(tmp) / f"{arg}_{i}.memlens"))
+                    path = str(value.save(Path(tmp) / f"{arg}_{i}.memlens"))
+                    copies[path] = f"{arg} (a Trace variable)"
+                    arg = path
                 resolved.append(arg)
+            out, err = io.StringIO(), io.StringIO()
             try:
-                code = main([verb, *resolved])
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                    code = main([verb, *resolved])
             except SystemExit as exc:   # argparse --help / usage errors exit
                 code = exc.code if isinstance(exc.code, int) else 2
+            finally:
+                for stream, text in ((sys.stdout, out.getvalue()), (sys.stderr, err.getvalue())):
+                    for path, name in copies.items():
+                        text = text.replace(path, name)
+                    stream.write(text)
         if code:
             raise UsageError(f"memlens {verb} failed (exit {code}); see the message above")
         return None

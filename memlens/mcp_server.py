@@ -28,8 +28,9 @@ def require_mcp():
     try:
         import mcp.server.mcpserver as mcpserver
     except ImportError as exc:
+        from memlens.install_hint import extra_install_command
         raise InputError("memlens mcp needs the 'mcp' package (the Model Context Protocol SDK, version 2 or "
-                         "later): pip install 'memlens[mcp]'" + (f" ({exc})" if "mcpserver" in str(exc) else "")
+                         f"later): {extra_install_command('mcp')}" + (f" ({exc})" if "mcpserver" in str(exc) else "")
                          ) from None
     return mcpserver
 

@@ -256,7 +256,8 @@ class Trace:
         }
 
     def __repr__(self) -> str:
+        from memlens.units import format_ns
         s = self.summary()
         return (f"<memlens.Trace {s['source_kind']}: {s['blocks']} blocks, {s['accesses']} accesses, "
                 f"{s['ops']} ops on {', '.join(s['devices']) or 'no device'}, "
-                f"{s['duration_ns'] / 1e6:.1f} ms>")
+                f"{format_ns(s['duration_ns'])}>")

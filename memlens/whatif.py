@@ -21,6 +21,7 @@ import math
 import pandas as pd
 
 from memlens.errors import InputError
+from memlens.units import format_bytes, format_ns
 
 STAGES = ("recorded reserved", "caching allocator", "static plan", "max-live", "swapping", "infinite bandwidth")
 COLUMNS = ("device", "stage", "variant", "bytes", "ratio_to_max_live", "note")
@@ -68,11 +69,15 @@ def _swap_rows(trace, device, bandwidth, limit, max_live, plans: dict | None = N
                "lifetimes alone cannot tell when a block is idle")
         return [_row(device, "swapping", model.describe(), None, why, max_live),
                 _row(device, "infinite bandwidth", "", None, why, max_live)]
-    sp = plan_swaps(trace, bandwidth=model, limit=limit, device=device)
+    from memlens.swap.planner import DEFAULT_MIN_SIZE, PEAK_SHARE_FLOOR, size_floor
+
+    sp = plan_swaps(trace, bandwidth=model, limit=limit, device=device, min_size=size_floor(max_live))
     if plans is not None:
         plans[device] = sp
-    note = (f"{len(sp.swaps)} swaps ({sp.priority}) of blocks >= {sp.min_size:,} bytes, "
-            f"{sp.transfer_bytes:,} bytes copied, stall {sp.stall_ns:,} ns")
+    floor = (f" (1/{PEAK_SHARE_FLOOR} of the peak: its blocks are under the {format_bytes(DEFAULT_MIN_SIZE)} "
+             "floor of large models)" if sp.min_size < DEFAULT_MIN_SIZE else "")
+    note = (f"{len(sp.swaps)} swaps ({sp.priority}) of blocks >= {format_bytes(sp.min_size)}{floor}, "
+            f"{format_bytes(sp.transfer_bytes)} copied, stall {format_ns(sp.stall_ns)}")
     return [_row(device, "swapping", model.describe(), sp.peak_after, note, max_live),
             _row(device, "infinite bandwidth", "", sp.infinite_bandwidth_peak,
                  "every ATI (access->access interval) swapped at no cost", max_live)]
@@ -100,7 +105,7 @@ def compare(trace, bandwidth="pcie4", conf_variants=None, time_limit_s: float = 
         max_live = pr.max_live
         rows += _allocator_rows(trace, device, conf_variants, max_live)
         rows.append(_row(device, "static plan", pr.algorithm, pr.height,
-                         "proven optimal" if pr.optimal else f"lower bound {pr.lower_bound:,} bytes", max_live))
+                         "proven optimal" if pr.optimal else f"lower bound {format_bytes(pr.lower_bound)}", max_live))
         rows.append(_row(device, "max-live", "", max_live, "bound of any plan keeping every block resident",
                          max_live))
         rows += _swap_rows(trace, device, bandwidth, limit, max_live, plans)

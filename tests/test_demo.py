@@ -32,6 +32,26 @@ def test_demo_command_writes_trace_and_report(tmp_path, capsys):
         html = (out / "report.html").read_text()
         assert f"report: {out / 'report.html'}" in printed
         assert "<html" in html.lower() and len(html) > 10_000
+        # the what-if acts on the demo's own model: its swap row moves blocks, above the floor that follows it
+        from memlens.swap.planner import size_floor
+        from memlens.units import format_bytes
+        from memlens.whatif import compare
+        table = compare(trace, time_limit_s=0.2)
+        swap = table[table["stage"] == "swapping"].iloc[0]
+        max_live = int(table[table["stage"] == "max-live"]["bytes"].iloc[0])
+        plan = table.attrs["swap_plans"][swap["device"]]
+        assert plan.min_size == min(1 << 20, max_live // 64) and len(plan.swaps) > 0
+        assert int(swap["bytes"]) < max_live and (plan.swaps["size"] >= plan.min_size).all()
+        assert f"{len(plan.swaps)} swaps" in swap["note"] and f">= {format_bytes(plan.min_size)}" in swap["note"]
+        assert swap["note"] in html.replace("&gt;", ">")
+
+
+def test_size_floor_follows_the_peak():
+    from memlens.swap.planner import size_floor
+    mib = 1 << 20
+    assert size_floor(64 * mib) == mib and size_floor(10 * 64 * mib) == mib
+    assert size_floor(64 * mib - 64) == mib - 1 and size_floor(64 * 100) == 100
+    assert size_floor(0) == 1
 
 
 def test_demo_rejects_bad_steps(tmp_path, capsys):

@@ -114,7 +114,11 @@ def test_steady_state_wraps_equal_the_definition(trace, data):
     k = data.draw(st.one_of(st.none(), st.integers(0, len(starts) - 1)))
     steady = data.draw(st.booleans()) or k is None
     iv = access_intervals(trace, steady_state=steady, iteration=k, iterations=its)
-    expected, period = reference_cycle(trace, starts, k, steady)
+    # without k, the steady state is one iteration: the default steady one (the last after the warm-up)
+    from memlens.analysis.iterations import steady_iteration
+    ref_k = steady_iteration(its) if k is None else k
+    expected, period = reference_cycle(trace, starts, ref_k, steady)
+    assert iv.attrs["iteration"] == ref_k and iv.attrs["iteration_default"] == (k is None)
     assert iv.attrs["period_ns"] == period
     assert _rows(iv, ("wraps",)) == expected
 
@@ -151,10 +155,14 @@ def test_no_invented_wrap_when_the_next_iteration_was_recorded():
     invented = last[last["wraps"]].iloc[0]
     assert invented["kind"] == "access_to_access" and not invented["truncated"] and invented["length_ns"] == 850
     assert last.attrs["wraps_beyond_recording"] == 1 and first.attrs["wraps_beyond_recording"] == 0
-    # the whole recording in steady state: every interval, with the last iteration's wrap added
-    whole = access_intervals(trace, steady_state=True, iterations=its)
-    assert len(whole) == len(access_intervals(trace)) and whole.attrs["window_ns"] == (1000, 2000)
-    assert whole[whole["wraps"]][["block_id", "start_ns", "end_ns"]].values.tolist() == [[2, 1250, 2100]]
+    # steady state without an iteration: the default one, iteration 1 (iteration 0 is the warm-up), and
+    # only its intervals (none of the warm-up's)
+    default = access_intervals(trace, steady_state=True, iterations=its)
+    assert default.attrs["iteration"] == 1 and default.attrs["iteration_default"]
+    assert default.attrs["window_ns"] == (1000, 2000)
+    assert default[["block_id", "start_ns", "end_ns", "wraps"]].values.tolist() == \
+        last[["block_id", "start_ns", "end_ns", "wraps"]].values.tolist()
+    assert (default["start_ns"] >= 1000).all()
     assert last.attrs["period_source"] == "previous iteration" and last.attrs["period_ns"] == 1000
 
 
@@ -239,7 +247,8 @@ def test_frame_attrs_and_messages_exact():
     from memlens.analysis.clock import clock_of
     assert iv.attrs == {"accesses_outside_lifetime": 2, "overlapping_ops": 1, "accesses_of_unknown_blocks": 1,
                         "trace_span_ns": (0, 500), "clock": clock_of(trace), "steady_state": False,
-                        "iteration": None, "period_ns": None, "window_ns": None, "iteration_source": None}
+                        "iteration": None, "iteration_default": False, "period_ns": None, "window_ns": None,
+                        "iteration_source": None}
     rows = iv[["block_id", "kind", "start_ns", "end_ns"]].astype({"kind": str}).values.tolist()
     # block 1's lifetime widened to the write at 500; the nested op's interval is 0 at its start
     assert rows == [[1, "alloc_to_first", 0, 100], [1, "access_to_access", 120, 120],

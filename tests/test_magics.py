@@ -122,6 +122,11 @@ def test_load_info_save_and_cli_verbs(shell, shown, tmp_path, capsys):
     printed = json.loads(capsys.readouterr().out)
     assert printed["blocks"] == len(expected.blocks)
     assert printed["peak_live_bytes"] == {k: int(v) for k, v in expected.peak_live_bytes().items()}
+    # what it prints names the variable, never the deleted temporary copy
+    res = _run(shell, "%memlens info loaded")
+    assert res.error_in_exec is None
+    text = capsys.readouterr().out
+    assert "memlens-magic-" not in text and "loaded (a Trace variable)" in text
     res = _run(shell, "%memlens simulate loaded --json")
     assert res.error_in_exec is None
     simulated = json.loads(capsys.readouterr().out)

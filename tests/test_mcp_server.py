@@ -135,7 +135,8 @@ def test_missing_extra_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(builtins, "__import__", no_mcp)
     assert main(["mcp"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pip install 'memlens[mcp]'" in err[0]
+    from memlens.install_hint import extra_install_command
+    assert len(err) == 1 and extra_install_command("mcp") in err[0]
 
 
 def test_predict_runs_the_script_in_a_child(tmp_path):

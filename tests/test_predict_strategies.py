@@ -137,6 +137,7 @@ def test_cli_report_has_one_run_per_predicted_rank_with_the_predicted_peaks(tmp_
     assert html.count('class="memlens-run"') == 2
     assert "rank 0 stands for ranks 1, 2" in html
     assert "Predicted, not measured" in html and "modeled GPU clock" in html
+    assert "memlens-ranks-" not in html  # the ranks lived in a deleted directory: no path there is named
     table = html[html.index('id="runs"'):html.index('class="memlens-run"')]
     for r in (0, 3):
         row = s["ranks"][r]

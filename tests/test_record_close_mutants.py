@@ -66,7 +66,7 @@ def test_a_clock_offset_is_estimated_from_the_matched_blocks_and_removed():
     out = out.to_frame()
     assert stats["profiler"] == {"allocator_blocks": 4, "matched": 3, "allocator_only": 0, "dispatch_only": 0,
                                  "clock_offset_ns": 30 * US}
-    assert notes == ["profiler clock offset corrected by 30000 ns"]
+    assert notes == ["profiler clock offset corrected by 30.0 us"]
     assert out["alloc_ns"].tolist() == [1520 * US, 4000 * US, 6000 * US]
     assert out["free_ns"].tolist() == [3500 * US, 5500 * US, 7020 * US]
     assert out["source"].tolist() == ["dispatch+profiler"] * 3

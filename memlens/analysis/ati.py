@@ -56,6 +56,7 @@ def ati_stats(intervals: pd.DataFrame, *, exclude_truncated: bool = False) -> di
         "clock": dict(intervals.attrs.get("clock") or {"kind": "host"}),
         "steady_state": bool(intervals.attrs.get("steady_state", False)),
         "iteration": intervals.attrs.get("iteration"),
+        "iteration_default": bool(intervals.attrs.get("iteration_default", False)),
         "period_ns": intervals.attrs.get("period_ns"),
     })
     return out

@@ -80,21 +80,25 @@ def access_intervals(trace, device: str | None = None, *, steady_state: bool = F
     `iteration` (k): only the intervals that begin in iteration k (and, without `steady_state`, end in it).
     `steady_state`: the recording is a cycle (see the module docstring): intervals crossing an iteration
     boundary are marked ``wraps`` and blocks still alive at the end get their wrap-around interval, with the
-    period of iteration k (or of the last iteration when `iteration` is None). `iterations`: the frame from
-    `split_iterations`, when the caller has it. ``attrs`` hold ``clock``, ``steady_state``, ``iteration``,
+    period of iteration k; without `iteration`, k is the default steady iteration
+    (`memlens.analysis.iterations.steady_iteration`: the last after the warm-up, ``attrs["iteration_default"]``
+    True), so warm-up intervals never enter it. `iterations`: the frame from `split_iterations`, when the
+    caller has it. ``attrs`` hold ``clock``, ``steady_state``, ``iteration``, ``iteration_default``,
     ``period_ns``, ``window_ns`` and ``iteration_source``. Raises `memlens.errors.NeedsAccessesError` when
     the trace records no accesses and `InputError` for an iteration the trace does not have.
     """
     require_accesses(trace, "access time interval (ATI) analysis")
     iv = _linear_intervals(trace, device)
     iv.attrs.update({"clock": clock_of(trace), "steady_state": bool(steady_state), "iteration": iteration,
-                     "period_ns": None, "window_ns": None, "iteration_source": None})
+                     "iteration_default": False, "period_ns": None, "window_ns": None, "iteration_source": None})
     if not steady_state and iteration is None:
         return iv
-    if iterations is None:
-        from memlens.analysis.iterations import split_iterations
-        iterations = split_iterations(trace)
-    return _cyclic(trace, iv, iterations, steady_state, iteration)
+    from memlens.analysis.iterations import split_iterations, steady_iteration
+    iterations = split_iterations(trace) if iterations is None else iterations
+    k = steady_iteration(iterations) if iteration is None else iteration
+    out = _cyclic(trace, iv, iterations, steady_state, k)
+    out.attrs["iteration_default"] = iteration is None and k is not None
+    return out
 
 
 def period_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tuple[int, int, int]:

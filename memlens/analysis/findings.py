@@ -41,10 +41,9 @@ def _peak(trace) -> list[str]:
     out = []
     for p in peak_breakdown(trace).values():
         text = p.describe()
-        mods = p.by_module[p.by_module["module"] != "(unknown)"]
-        if len(mods):
-            m = mods.iloc[0]
-            text += f" The module holding most of it is {m['module']} ({format_bytes(m['bytes'])})."
+        module = p.module_sentence()
+        if module:
+            text += " " + module
         out.append(text)
     return out
 

@@ -57,8 +57,27 @@ class PeakBreakdown:
         known = self.by_category[self.by_category["category"] != "unknown"]
         if len(known) == 0:
             return head + " (the source does not say what the blocks hold)."
-        top = known.iloc[0]
-        return head + f"; {top['category']} holds {format_bytes(top['bytes'])} ({format_share(top['share'])}) of it."
+        top, first = known.iloc[0], self.by_category.iloc[0]
+        text = head + f"; {top['category']} holds {format_bytes(top['bytes'])} ({format_share(top['share'])}) of it"
+        if first["category"] == "unknown":  # the table's first row: say so before the largest known one
+            text = (head + f"; most of it, {format_bytes(first['bytes'])} ({format_share(first['share'])}), is "
+                    f"unknown (the source does not say what those blocks hold), then {top['category']} with "
+                    f"{format_bytes(top['bytes'])} ({format_share(top['share'])})")
+        return text + "."
+
+    def module_sentence(self) -> str:
+        """One sentence from `by_module`'s first row (the table the peak's chart by module draws): the module
+        holding the most bytes at the peak, "(unknown)" when blocks allocated outside any module hold the
+        most (and then the largest named module); "" when no live block has a module."""
+        named = self.by_module[self.by_module["module"] != "(unknown)"]
+        if len(named) == 0:
+            return ""
+        first = self.by_module.iloc[0]
+        text = f"The module holding most of it is {first['module']} ({format_bytes(first['bytes'])}"
+        if first["module"] == "(unknown)":
+            top = named.iloc[0]
+            return text + f": blocks no module allocated); next is {top['module']} ({format_bytes(top['bytes'])})."
+        return text + ")."
 
 
 def _group(live: pd.DataFrame, key: str, peak: int) -> pd.DataFrame:

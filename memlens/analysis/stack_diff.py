@@ -56,9 +56,12 @@ def stack_diff(a, b, pairs, peaks_a: dict, peaks_b: dict) -> pd.DataFrame:
     innermost user frame, as in the sites table), ``stack`` (the key, see the module docstring), ``bytes_a``,
     ``bytes_b``, ``delta`` (b - a, bytes) and ``blocks_a`` / ``blocks_b``; largest change first. `peaks_a` /
     `peaks_b` are {device: `PeakBreakdown`} of the two traces; `pairs` the (device of A, device of B) compared.
-    Stacks holding the same bytes at both peaks are left out."""
+    Stacks holding the same bytes at both peaks are left out; with no stack in either trace, nothing (every
+    key would be an allocation site, which the diff by op already compares)."""
     from memlens.analysis.peak import live_at
 
+    if not (has_stacks(a) or has_stacks(b)):
+        return pd.DataFrame(columns=COLUMNS)
     frames = []
     for dev_a, dev_b in pairs:
         if dev_a not in peaks_a or dev_b not in peaks_b:
@@ -99,11 +102,16 @@ def stack_sentence(frame: pd.DataFrame) -> str | None:
             f"{format_bytes(int(top['bytes_a']))} -> {format_bytes(int(top['bytes_b']))}.")
 
 
+def has_stacks(trace) -> bool:
+    """Whether `trace` records any call stack."""
+    return getattr(trace, "stacks", None) is not None and len(trace.stacks) > 0
+
+
 def stack_note(a, b) -> str | None:
-    """Why the stack diff says little, when a trace records no stacks; else None."""
-    missing = [n for n, t in (("A", a), ("B", b)) if getattr(t, "stacks", None) is None or len(t.stacks) == 0]
-    if not missing:
+    """Why the stack diff says little, when one trace records no stacks; else None (when neither does, the
+    diff has no stack rows and says nothing about stacks)."""
+    missing = [n for n, t in (("A", a), ("B", b)) if not has_stacks(t)]
+    if len(missing) != 1:
         return None
-    who = "neither trace records" if len(missing) == 2 else f"{missing[0]} records no"
-    return (f"stacks at the peak: {who} call stacks, so blocks are keyed by their allocation site (op or "
-            "'(no stack)') instead")
+    return (f"stacks at the peak: {missing[0]} records no call stacks, so its blocks are keyed by their allocation "
+            "site (op or '(no stack)') instead")

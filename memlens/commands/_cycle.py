@@ -25,7 +25,8 @@ def cycle_text(doc: dict) -> str:
         return "the recording as a straight line (no wrap-around)"
     parts = ["steady state" if doc.get("steady_state") else "one iteration"]
     if doc.get("iteration") is not None:
-        parts.append(f"iteration {doc['iteration']}")
+        parts.append(f"iteration {doc['iteration']}" + (" (the last after the warm-up; --iteration K picks "
+                                                         "another)" if doc.get("iteration_default") else ""))
     if doc.get("period_ns"):
         parts.append(f"period {format_ns(float(doc['period_ns']))}")
     return ", ".join(parts)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
+    from memlens.install_hint import extra_install_command
     p = sub.add_parser("mcp", help="serve memlens's analyses to AI assistants (Model Context Protocol, stdio)",
                        description="Run a Model Context Protocol server on stdin/stdout with the tools info, "
                                    "peak_cause, sites, diff, simulate and predict; each takes trace paths and "
-                                   "answers JSON (bytes, ns). Needs the mcp extra: pip install 'memlens[mcp]'.")
+                                   "answers JSON (bytes, ns). Needs the mcp extra: "
+                                   f"{extra_install_command('mcp')}.")
     p.set_defaults(func=run)
 
 

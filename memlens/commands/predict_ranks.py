@@ -25,6 +25,7 @@ def run_ranks(args, argv: list[str]) -> int:
     ``--strategy`` was not what the script used."""
     from memlens.commands._output import print_json
     from memlens.predict.distributed.ranks import predict_ranks
+    from memlens.units import format_bytes, format_ns
     options = {"conf": args.conf, "cudnn_workspace": args.cudnn_workspace,
                "kernel_scratch": not args.no_kernel_scratch}
     d = predict_ranks(argv[0], args.gpu, args.capacity, world_size=args.world_size, ranks=_ranks_option(args.ranks),
@@ -36,18 +37,18 @@ def run_ranks(args, argv: list[str]) -> int:
                     f"{', '.join(sorted(d.strategies)) or 'no sharding strategy memlens recognises'}; "
                     "memlens does not wrap the model, so the prediction is not one of that strategy")
     s["strategy_error"] = mismatch
-    written = []
+    written = {}
     if args.out and not d.errors:       # one rank: OUT itself; several: OUT/rank<r>.memlens per rank that ran
         import os
         for rank, p in sorted(d.predictions.items()):
             path = args.out if len(d.predictions) == 1 else os.path.join(args.out, f"rank{rank}.memlens")
             p.trace.save(path)
-            written.append(path)
-    s["traces"] = written
+            written[rank] = path
+    s["traces"] = list(written.values())
     report_path = getattr(args, "report", None)
     if report_path and not d.errors:
         from memlens.report.predicted_ranks import write_predicted_ranks_report
-        write_predicted_ranks_report(d, report_path)
+        write_predicted_ranks_report(d, report_path, saved=written)
         s["report"] = report_path
     timing = {} if d.errors else d.step_time()      # ns on the modeled GPU clock, collectives included
     s["step_time"] = {str(r): {k: v for k, v in t.items() if k != "schedule"} for r, t in timing.items()}
@@ -66,18 +67,17 @@ def run_ranks(args, argv: list[str]) -> int:
                   f"({d.nccl.get('formula', '')}; {d.nccl['source']})")
             print(f"fits:       {d.fits()}")
             for rank, t in sorted(timing.items()):
-                ms = 1e-6
-                print(f"step time:  rank {rank} {t['step_ns'] * ms:.3f} ms on the modeled GPU clock (compute "
-                      f"{t['compute_ns'] * ms:.3f} ms, {t['collectives']} collectives {t['comm_ns'] * ms:.3f} ms over "
-                      f"{t['link']}, exposed {t['exposed_comm_ns'] * ms:.3f} ms; modeled, not measured)")
+                print(f"step time:  rank {rank} {format_ns(t['step_ns'])} on the modeled GPU clock (compute "
+                      f"{format_ns(t['compute_ns'])}, {t['collectives']} collectives {format_ns(t['comm_ns'])} over "
+                      f"{t['link']}, exposed {format_ns(t['exposed_comm_ns'])}; modeled, not measured)")
                 if "pipeline_step_ns" in t:       # pipeline stages joined on one clock (pipeline_time)
-                    print(f"pipeline:   rank {rank} waited {t['wait_ns'] * ms:.3f} ms for its neighbours, received "
-                          f"{t['p2p_bytes']:,} bytes in {t['p2p_ns'] * ms:.3f} ms of transfers; whole step "
-                          f"{t['pipeline_step_ns'] * ms:.3f} ms, this rank idle {t['bubble_ns'] * ms:.3f} ms of it")
+                    print(f"pipeline:   rank {rank} waited {format_ns(t['wait_ns'])} for its neighbours, received "
+                          f"{format_bytes(t['p2p_bytes'])} in {format_ns(t['p2p_ns'])} of transfers; whole step "
+                          f"{format_ns(t['pipeline_step_ns'])}, this rank idle {format_ns(t['bubble_ns'])} of it")
                 if t["note"]:
                     print(f"note:       rank {rank}: {t['note']}")
         if written:
-            print(f"traces:     {', '.join(written)}")
+            print(f"traces:     {', '.join(written.values())}")
         if s.get("report"):
             print(f"report:     {s['report']}")
         for note in d.notes:

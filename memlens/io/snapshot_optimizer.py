@@ -17,7 +17,9 @@ activations can have a weight's size):
    lines) is a partner size.
 
 And it must outlive the run of optimizer-code events it was made in (temporaries of the step are freed
-within it; state stays, or is replaced by the next step).
+within it; state stays, or is replaced by the next step). A block alive before recording whose allocation
+stack is optimizer code has that stack from the snapshot's final state: it is alive at the end, so it
+outlived the run it was made in.
 """
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def optimizer_state_in_step(trace, stack_is_code: pd.Series, references: list[np
     """bool per row of ``trace.blocks``: state made by optimizer code (module docstring). `stack_is_code`:
     bool per stack_id (`optimizer_code`); `references`: bool masks over the blocks, each a set of
     parameter-sized blocks (made by model construction or alive before recording without a stack; the
-    gradients): the parameters of a size are as many as the largest set has of it."""
+    gradients): the parameters of a size are as many as the largest set has of it. Blocks alive before
+    recording count with the stack the final state gives them, as made before everything in the trace."""
     b = trace.blocks
     n = len(b)
     sid = pd.array(b["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
@@ -65,10 +68,13 @@ def optimizer_state_in_step(trace, stack_is_code: pd.Series, references: list[np
     size = b["size"].to_numpy(dtype=np.int64)
     alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
     free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
-    made = code & ~np.isnan(alloc_t)
+    before = np.isnan(alloc_t) & (b["allocated_before"].to_numpy(dtype=bool) if "allocated_before" in b.columns
+                                  else np.zeros(n, dtype=bool))
+    made = code & (~np.isnan(alloc_t) | before)
     if not made.any():
         return np.zeros(n, dtype=bool)
-    candidates = made & (free_t > _run_end(trace, stack_is_code, made, alloc_t))
+    candidates = made & (free_t > _run_end(trace, stack_is_code, made, alloc_t, before))
+    alloc_t = np.where(before, -np.inf, alloc_t)  # made before the recording: before everything in it
     counts = [pd.Series(size[m]).value_counts() for m in references if m.any()]
     if counts:
         per_size = pd.concat(counts, axis=1).max(axis=1)
@@ -85,16 +91,32 @@ def optimizer_state_in_step(trace, stack_is_code: pd.Series, references: list[np
     return candidates & np.isin(size, places.index[places >= 2].to_numpy())
 
 
-def _run_end(trace, stack_is_code: pd.Series, made: np.ndarray, alloc_t: np.ndarray) -> np.ndarray:
+def optimizer_temporaries(trace, stack_is_code: pd.Series) -> np.ndarray:
+    """bool per row of ``trace.blocks``: blocks an optimizer's code (`stack_is_code`, per stack_id) allocated
+    inside the trace and that were freed before that code's run of events ended (the step's temporaries,
+    what an optimizer step that no phase marks makes and frees)."""
+    b = trace.blocks
+    sid = pd.array(b["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
+    alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
+    free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
+    made = stack_is_code.reindex(sid).fillna(False).to_numpy(dtype=bool) & (sid >= 0) & ~np.isnan(alloc_t)
+    if not made.any():
+        return made
+    return made & (free_t <= _run_end(trace, stack_is_code, made, alloc_t, np.zeros(len(b), dtype=bool)))
+
+
+def _run_end(trace, stack_is_code: pd.Series, made: np.ndarray, alloc_t: np.ndarray,
+             before: np.ndarray) -> np.ndarray:
     """Per block made by optimizer code (`made`), the time (ns) of the last event of the run of
     optimizer-code events its allocation belongs to: events in order, a run broken by an event whose stack
     is not optimizer code (events without a stack do not break it). Without an event table, or for a block
-    whose alloc event is not in it, the allocation time itself."""
+    whose alloc event is not in it, the allocation time itself. A block alive before recording (`before`):
+    -inf (only the final state gives such a block a stack, so it outlives everything)."""
     b = trace.blocks
-    out = np.where(made, alloc_t, -np.inf)
+    out = np.where(made & ~before, alloc_t, -np.inf)
     ev = trace.events
     if ev is None or len(ev) == 0 or "block_id" not in ev.columns or "stack_id" not in ev.columns:
-        return out
+        return np.where(made, out, -np.inf)
     ev_sid = pd.array(ev["stack_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
     flag = stack_is_code.reindex(ev_sid).fillna(False).to_numpy(dtype=bool) & (ev_sid >= 0)
     run = np.cumsum((ev_sid >= 0) & ~flag)  # events between two breaking events share a run

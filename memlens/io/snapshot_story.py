@@ -16,7 +16,7 @@ Categories (parameter, buffer, gradient, activation, optimizer_state, input, tem
     ``KVCache`` class's methods, ``past_key_values``): inference state, neither activation nor parameter.
 3a. ``optimizer_state`` (optimizer code): made by an optimizer's code that no phase marks (the user's own
     AdamW, any file, any caller), parameter-sized and outliving that code's run of events
-    (`memlens.io.snapshot_optimizer`).
+    (`memlens.io.snapshot_optimizer`); ``temporary``: made by that code and freed within its run of events.
 3b. ``parameter``: made by model construction (a torch.nn module's ``__init__``, ``Module.to`` / ``_apply``,
     weight init or state-dict / checkpoint loading frames) and alive to the end; ``optimizer_state``:
     made under a function that builds an optimizer (Megatron's ``get_megatron_optimizer``...).
@@ -37,13 +37,17 @@ Categories (parameter, buffer, gradient, activation, optimizer_state, input, tem
 11. ``activation`` (free stack): allocation unseen, freed by the autograd engine (a saved tensor released
     by backward); ``temporary`` when freed in the forward or optimizer step.
 12. ``unknown``: nothing says.
+
+Blocks alive before recording that the final state gives an allocation stack go through the same rules:
+they were allocated in the phase their frames name, by the code their frames name (rule 3a counts them as
+made before every event of the trace), and are alive after it (only the final state gives them a stack).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.io.snapshot_optimizer import optimizer_state_in_step
+from memlens.io.snapshot_optimizer import optimizer_state_in_step, optimizer_temporaries
 from memlens.io.snapshot_phases import MIN_RUN, infer_phases, model_calls, phase_at  # noqa: F401  (MIN_RUN re-exported)
 from memlens.io.snapshot_stacks import PHASE_NAMES, stack_facts  # noqa: F401  (re-exported: the story's inputs)
 
@@ -109,6 +113,10 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     if seen.any():
         _, end = phase_at(alloc_t[seen].astype(np.int64), phases)
         phase_end[seen] = end
+    # alive before recording with an allocation stack (only the final state gives one, so alive at the end):
+    # allocated in the phase its frames name, and alive after it
+    told = b["allocated_before"].to_numpy(dtype=bool) & ~seen & (sid >= 0)
+    alloc_phase[told] = fact("phase", "").astype(object)[told]
     outlives = free_t >= np.where(phase_end < 0, np.inf, phase_end)
     outlives |= np.isinf(free_t)
     op = b["op"].astype(str).to_numpy() if "op" in b.columns else np.full(n, "")
@@ -129,6 +137,8 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
         state = optimizer_state_in_step(trace, f["optimizer_code"].astype(bool), [params, grads])
         assign(state, "optimizer_state", "made by an optimizer's code (frames: step, _init_group, adam, optimizer "
                "file ...), parameter-sized, alive after that code ran")
+        assign(optimizer_temporaries(trace, f["optimizer_code"].astype(bool)), "temporary",
+               "made and freed within a run of an optimizer's code (frames: step, _init_group, adam ...)")
     assign((setup == "parameter") & np.isinf(free_t), "parameter",
            "made by model construction, weight init/loading or Module.to (stack) and never freed")
     assign(setup == "optimizer_state", "optimizer_state", "made while building the optimizer (stack)")

@@ -63,7 +63,8 @@ def gpu_facts(gpu: str | GPUMemoryFacts, **overrides) -> GPUMemoryFacts:
     elif str(gpu).strip().lower().endswith(".json"):   # a calibrated GPU: the memory of the part it was fitted on
         from memlens.devicetime.gpus import load_gpu
         described = load_gpu(gpu)
-        return gpu_facts(described.calibration.get("base") or described.name, **overrides)
+        base = gpu_facts(described.calibration.get("base") or described.name)
+        return replace(base, name=described.name, **overrides)  # named by its own name, not the base's
     else:
         norm = str(gpu).upper().replace(" ", "")
         keys = {k.upper(): k for k in _TABLE}

@@ -24,6 +24,7 @@ import pandas as pd
 from memlens.record.columns import Columns, Nullable, first_occurrences, objects
 from memlens.record.instruments import AllocatorData
 from memlens.record.join_unmatched import MATCH_TOLERANCE_NS, allocator_only
+from memlens.units import format_ns
 
 _INT64_MAX = np.iinfo(np.int64).max
 _NO_ALLOC_KEY = -(2 ** 62)       # match_blocks' sort key of an allocation made before the instrument started
@@ -315,7 +316,7 @@ def join_allocator(blocks: Columns, accesses: Columns, ops: Columns, allocator: 
                 ev = ev.take(inside)
         blocks, stats[name] = _join_stream(blocks, accesses, ops, pair_events(ev), name)
         if stats[name]["clock_offset_ns"]:
-            notes.append(f"{name} clock offset corrected by {stats[name]['clock_offset_ns']} ns")
+            notes.append(f"{name} clock offset corrected by {format_ns(stats[name]['clock_offset_ns'])}")
     return blocks, stats
 
 

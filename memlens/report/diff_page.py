@@ -117,8 +117,13 @@ def diff_report(d, path, top: int = 20):
     """Write the HTML page of TraceDiff `d` to `path` (atomic); returns the `Report` written."""
     from memlens.report import Report
 
+    from memlens.analysis.stack_diff import has_stacks
+
     ctx = _DiffContext(d, top)
-    sections = [run_section(key, title, fn, ctx) for key, title, fn in DIFF_SECTIONS]
+    # without a stack in either trace the page says nothing about stacks (the blocks by op compare the sites)
+    no_stacks = d.trace_a is not None and not (has_stacks(d.trace_a) or has_stacks(d.trace_b))
+    sections = [run_section(key, title, fn, ctx) for key, title, fn in DIFF_SECTIONS
+                if not (key == "stacks" and no_stacks)]
     built = Report(title="memlens diff", subtitle=f"A: {d.name_a}  vs  B: {d.name_b}", sections=sections)
     built.write(path)
     return built

@@ -55,16 +55,31 @@ def bullet_list(items: Iterable) -> Safe:
 
 def table(df: pd.DataFrame, formats: dict[str, Callable] | None = None, headers: dict[str, str] | None = None,
           cls: str = "memlens-table") -> Safe:
-    """An HTML table of `df`; `formats` maps a column to a function turning a value into text."""
+    """An HTML table of `df`; `formats` maps a column to a function turning a value into text. Columns
+    without one whose name gives their unit read in it: ``*_ns`` (not a unix time) as a duration, ``bytes``
+    / ``*_bytes`` / ``size`` in bytes (`memlens.units`' formatters), so no table prints raw ns or bytes."""
     formats = formats or {}
     headers = headers or {}
     head = tag("tr", *[tag("th", headers.get(c, c)) for c in df.columns])
     columns = []
     for c in df.columns:
-        fmt = formats.get(c, _default_format)
+        fmt = formats.get(c) or _unit_format(str(c))
         columns.append([esc(fmt(v)) for v in df[c].tolist()])
     rows = [Safe("<tr>" + "".join(f"<td>{col[i]}</td>" for col in columns) + "</tr>") for i in range(len(df))]
     return Safe(f'<table class="{esc(cls)}"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table>')
+
+
+def _unit_format(column: str) -> Callable:
+    """The formatter a column's name implies for its numbers (see `table`); `_default_format` otherwise."""
+    import numbers
+
+    if column.endswith("_ns") and "unix" not in column:
+        unit = ns_text
+    elif column in ("bytes", "size") or column.endswith("_bytes"):
+        unit = bytes_text
+    else:
+        return _default_format
+    return lambda v: unit(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else _default_format(v)
 
 
 def key_values(pairs: Iterable[tuple[str, object]]) -> Safe:
@@ -77,7 +92,7 @@ def key_values(pairs: Iterable[tuple[str, object]]) -> Safe:
                 value = value[:MAX_VALUE_CHARS] + f"\n... ({len(value) - MAX_VALUE_CHARS:,} more characters)"
             rows.append(tag("tr", tag("th", key), tag("td", tag("pre", value))))
         else:
-            rows.append(tag("tr", tag("th", key), tag("td", _default_format(value))))
+            rows.append(tag("tr", tag("th", key), tag("td", _unit_format(str(key))(value))))
     return Safe(f'<table class="memlens-kv"><tbody>{"".join(rows)}</tbody></table>')
 
 

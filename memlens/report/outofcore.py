@@ -95,9 +95,9 @@ def summary(octx: OutOfCoreContext) -> list:
            f"with {what}."]
     for pb in octx.peaks().values():
         text = pb.describe()
-        mods = pb.by_module[pb.by_module["module"] != "(unknown)"]
-        if len(mods):
-            text += f" The module holding most of it is {mods.iloc[0]['module']} ({format_bytes(mods.iloc[0]['bytes'])})."
+        module = pb.module_sentence()
+        if module:
+            text += " " + module
         out.append(text)
     if "ati" in d:
         st, fs = d["ati"], d["outlier_summary"]

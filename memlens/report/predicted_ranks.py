@@ -22,21 +22,31 @@ def stands_for_notes(prediction) -> list[str]:
             f"(not run: {prediction.symmetry or 'assumed alike'})" for src, others in sorted(covered.items())]
 
 
-def build_predicted_ranks_report(prediction, *, directory: str, title: str | None = None, **options):
-    """Build the multi-run report of a `DistributedPrediction`: each rank that ran is saved to
-    ``directory/rank<r>.memlens`` (the report loads runs from files) and becomes one run of the page.
-    Returns the `memlens.report.runs_page.RunsReport`. `options` go to `build_runs_report`."""
+NOT_SAVED = "not saved (memlens predict --out DIR keeps the rank traces)"
+
+
+def build_predicted_ranks_report(prediction, *, directory: str, title: str | None = None, saved: dict | None = None,
+                                 temporary: bool = False, **options):
+    """Build the multi-run report of a `DistributedPrediction`: each rank that ran becomes one run of the
+    page, read from its saved trace (`saved`: {rank: path} the caller wrote) or else saved to
+    ``directory/rank<r>.memlens`` (the report loads runs from files). `temporary`: `directory` is deleted
+    once the page is built, so the page names no path there (`NOT_SAVED` instead). Returns the
+    `memlens.report.runs_page.RunsReport`. `options` go to `build_runs_report`."""
     from memlens.analysis.runs import Run, RunSet
     from memlens.errors import InputError
     from memlens.report.runs_page import build_runs_report
     if prediction.errors:
         raise InputError("no report: the code failed on rank(s) "
                          f"{', '.join(map(str, sorted(prediction.errors)))}, so nothing was predicted")
-    runs = []
+    runs, shown = [], {}
     for rank, p in sorted(prediction.predictions.items()):
-        path = os.path.join(directory, f"rank{rank}.memlens")
-        p.trace.metadata["rank"] = rank
-        p.trace.save(path)
+        path = (saved or {}).get(rank)
+        if path is None or not os.path.exists(path):
+            path = os.path.join(directory, f"rank{rank}.memlens")
+            p.trace.metadata["rank"] = rank
+            p.trace.save(path)
+            if temporary:
+                shown[path] = NOT_SAVED
         runs.append(Run(path, rank, "prediction"))
     runset = RunSet(runs)
     peaks = runset.peaks()
@@ -55,17 +65,21 @@ def build_predicted_ranks_report(prediction, *, directory: str, title: str | Non
             f"rank {r}: stage {', '.join(map(str, s))}" for r, s in sorted(stages.items())) + ".")
     notes += [f"note: {n}" for n in prediction.notes]
     report = build_runs_report(runset, title=title or f"memlens prediction: {prediction.world_size} ranks on "
-                                                      f"{prediction.gpu} (modeled clock)", **options)
+                                                      f"{prediction.gpu} (modeled clock)", shown_paths=shown,
+                               **options)
     report.notes, report.peaks = notes, peaks
     return report
 
 
-def write_predicted_ranks_report(prediction, path, *, title: str | None = None, **options) -> str:
-    """Write the report of `prediction` (a `DistributedPrediction`) to `path` (HTML, atomic); the ranks'
-    traces live in a temporary directory only while the page is built. Returns the path."""
+def write_predicted_ranks_report(prediction, path, *, title: str | None = None, saved: dict | None = None,
+                                 **options) -> str:
+    """Write the report of `prediction` (a `DistributedPrediction`) to `path` (HTML, atomic). The page names
+    the ranks' traces the caller saved (`saved`: {rank: path}); the others live in a temporary directory
+    only while the page is built, and the page says they were not saved. Returns the path."""
     directory = tempfile.mkdtemp(prefix="memlens-ranks-")
     try:
-        report = build_predicted_ranks_report(prediction, directory=directory, title=title, **options)
+        report = build_predicted_ranks_report(prediction, directory=directory, title=title, saved=saved,
+                                              temporary=True, **options)
         return report.write(path)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

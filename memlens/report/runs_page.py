@@ -54,6 +54,11 @@ class RunsReport:
     seconds: float = 0.0
     notes: list = field(default_factory=list)   # sentences shown above the comparison (e.g. "predicted")
     peaks: object = None   # a `RunSet.peaks()` frame to show instead of the runs' own (a prediction's numbers)
+    shown_paths: dict = field(default_factory=dict)  # run path -> what the page says instead (a deleted file)
+
+    def shown(self, path: str) -> str:
+        """What the page shows for a run's `path`: the path, or what `shown_paths` says instead."""
+        return self.shown_paths.get(path, path)
 
     def status(self) -> dict:
         """{run name: {section key: status}}."""
@@ -65,9 +70,10 @@ class RunsReport:
         from memlens.report.page import BOOT, STYLE, figure_block
         from memlens.analysis.runs import imbalance_sentence, imbalance_stats
         peaks = self.peaks if self.peaks is not None else self.runset.peaks()
+        peaks = peaks.assign(path=[self.shown(p) for p in peaks["path"]])
         overview = [*(tag("p", n) for n in self.notes), tag("p", imbalance_sentence(imbalance_stats(peaks))),
                     figure_block(peaks_figure(peaks), "memlens-runs-peaks"), _peaks_table(peaks)]
-        options = "".join(f'<option value="{i}">{esc(r.name)} - {esc(r.path)}</option>'
+        options = "".join(f'<option value="{i}">{esc(r.name)} - {esc(self.shown(r.path))}</option>'
                           for i, r in enumerate(self.runset.runs))
         selector = Safe(f'<label for="memlens-run-select"><b>Run shown below:</b></label> '
                         f'<select id="memlens-run-select">{options}</select>')
@@ -149,10 +155,12 @@ def _peaks_table(peaks) -> Safe:
                                                     "reserved_bytes": "peak reserved", "peak_ns": "when"})
 
 
-def build_runs_report(runs, *, title: str | None = None, sections=DEFAULT_SECTIONS, **options) -> RunsReport:
+def build_runs_report(runs, *, title: str | None = None, sections=DEFAULT_SECTIONS, shown_paths: dict | None = None,
+                      **options) -> RunsReport:
     """Build the multi-run report of `runs` (a `RunSet`, or paths / a glob for `load_many`). `sections` are
-    each run's report sections (default: summary, live memory, peak, largest blocks); `options` as
-    `memlens.report.build_report`."""
+    each run's report sections (default: summary, live memory, peak, largest blocks); `shown_paths` ({run
+    path: text}) says what the page shows instead of a path that will not exist (a temporary file);
+    `options` as `memlens.report.build_report`."""
     import time
 
     from memlens.analysis.runs import RunSet, load_many
@@ -160,7 +168,8 @@ def build_runs_report(runs, *, title: str | None = None, sections=DEFAULT_SECTIO
     runset = runs if isinstance(runs, RunSet) else load_many(runs)
     start = time.perf_counter()
     runset.peaks()  # parallel, once
-    reports = [build_report(runset.trace(r.rank), sections=list(sections), source_name=r.path, **options)
-               for r in runset.runs]
+    shown_paths = dict(shown_paths or {})
+    reports = [build_report(runset.trace(r.rank), sections=list(sections),
+                            source_name=shown_paths.get(r.path, r.path), **options) for r in runset.runs]
     return RunsReport(title=title or f"memlens report: {len(runset)} runs", runset=runset, reports=reports,
-                      seconds=time.perf_counter() - start)
+                      seconds=time.perf_counter() - start, shown_paths=shown_paths)

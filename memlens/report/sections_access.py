@@ -28,9 +28,7 @@ def ati(ctx: ReportContext) -> list:
     parts.append(ati_histogram(filtered, ctx.options.bandwidth, weight="bytes_ns"))
     parts.append(ati_ecdf(filtered, ctx.options.bandwidth))
     by_cat = ati_by(ctx.trace, "category", intervals=iv)
-    fmt = {c: ns_text for c in by_cat.columns if c.endswith("ns_text")}
-    fmt["bytes"] = bytes_text
-    parts += [tag("h3", "by category"), table(by_cat.reset_index() if by_cat.index.name else by_cat, fmt)]
+    parts += [tag("h3", "by category"), table(by_cat.reset_index() if by_cat.index.name else by_cat)]
     if ctx.recorded is not None:
         parts += two_clocks_ati(ctx)
     parts += _block_stability(ctx)

@@ -62,10 +62,13 @@ def _two_clocks_swap(ctx: ReportContext) -> list:
     """Swapping planned on the recorded clock beside the modeled GPU clock (same link, same limit)."""
     from memlens.clock import clock_label
     from memlens.swap import plan_swaps
+    from memlens.swap.planner import size_floor
 
     rows = []
+    floor = size_floor(max(ctx.trace.peak_live_bytes().values(), default=0))  # the what-if table's floor
     for trace in (ctx.recorded, ctx.trace):
-        sp = plan_swaps(trace, bandwidth=ctx.options.bandwidth or "pcie4", limit=ctx.options.memory_limit)
+        sp = plan_swaps(trace, bandwidth=ctx.options.bandwidth or "pcie4", limit=ctx.options.memory_limit,
+                        min_size=floor)
         rows.append({"clock": clock_label(trace), "device": sp.device, "peak before": sp.peak_before,
                      "peak after swapping": sp.peak_after, "swaps": len(sp.swaps),
                      "bytes copied": sp.transfer_bytes, "stall_ns": sp.stall_ns})

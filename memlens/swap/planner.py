@@ -26,6 +26,14 @@ from memlens.swap.schedule import LoadCurve, serial_schedule
 SWAP_COLUMNS = ("block_id", "size", "idle_from_ns", "idle_to_ns", "out_start_ns", "out_end_ns", "in_start_ns",
                 "in_end_ns", "saved_from_ns", "saved_to_ns", "stall_ns", "wraps", "crosses_boundary") + ATTRIBUTION
 DEFAULT_MIN_SIZE = ZHANG_MIN_SIZE  # Zhang et al. swap blocks of at least 1 MB; memlens uses 1 MiB
+PEAK_SHARE_FLOOR = 64  # on a model too small for that floor, a block of 1/64 of the peak is worth moving
+
+
+def size_floor(peak_bytes: int) -> int:
+    """The smallest block (bytes) a plan that follows the trace swaps: `DEFAULT_MIN_SIZE`, or 1/64 of the
+    peak live bytes when that is smaller (a small model's blocks are all under 1 MiB: a fixed 1 MiB floor
+    would swap nothing there)."""
+    return int(min(DEFAULT_MIN_SIZE, max(int(peak_bytes) // PEAK_SHARE_FLOOR, 1)))
 
 
 @dataclass

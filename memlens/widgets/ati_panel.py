@@ -54,5 +54,5 @@ def ati_summary_html(filtered: pd.DataFrame) -> str:
             f"{s['swappable']:,} swappable in {s['blocks_with_swappable']:,} blocks, holding "
             f"{'n/a' if share is None else format_share(share)} of the idle byte-time "
             f"(largest swappable block {safe(format_bytes(int(filtered.loc[filtered['swappable'], 'size'].max())) if s['swappable'] else '-')}); "
-            f"{safe(describe_clock(s['clock']))}, copy latency {bw.get('d2h_latency_ns', 0) / 1e3:g} us out / "
-            f"{bw.get('h2d_latency_ns', 0) / 1e3:g} us in.")
+            f"{safe(describe_clock(s['clock']))}, copy latency {format_ns(bw.get('d2h_latency_ns', 0))} out / "
+            f"{format_ns(bw.get('h2d_latency_ns', 0))} in.")

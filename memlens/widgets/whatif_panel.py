@@ -51,7 +51,8 @@ def whatif_table(trace, device: str, configs: dict | None = None, plan_seconds: 
                  "detail": f"{result.algorithm}, {result.ratio:.3f}x max-live"
                            + (" (optimal)" if result.optimal else "")})
     if trace.has_accesses:
-        swaps = plan_swaps(trace, bandwidth=bandwidth, device=device)
+        from memlens.swap.planner import size_floor
+        swaps = plan_swaps(trace, bandwidth=bandwidth, device=device, min_size=size_floor(result.max_live))
         rows.append({"scenario": "swapping", "peak_bytes": int(swaps.peak_after),
                      "detail": f"{len(swaps.swaps)} swaps of blocks >= {format_bytes(swaps.min_size)} over "
                                f"{swaps.bandwidth_text}, {format_bytes(swaps.transfer_bytes)} moved, "

@@ -238,7 +238,7 @@ def ati(path, runner: Runner, *, device: str | None = None, rows_per_bucket: int
         "wrap_around": 0,
         "edges": _edge_stats(parts, third, edge_needs),
         "clock": clock_of_files(files),
-        "steady_state": False, "iteration": None, "period_ns": None,
+        "steady_state": False, "iteration": None, "iteration_default": False, "period_ns": None,
         "histogram": hist,
         "accesses_outside_lifetime": int(sum(p["outside"] for p in parts)),
         "overlapping_ops": int(sum(p["overlapping"] for p in parts)),

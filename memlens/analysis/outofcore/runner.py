@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from memlens.errors import InputError
+from memlens.install_hint import extra_install_command
 
 
 def release_memory() -> None:
@@ -58,7 +59,7 @@ class Runner:
         try:
             import dask  # noqa: F401  (imported here, never at `import memlens`)
         except ImportError:
-            raise InputError("the dask engine needs dask: pip install 'memlens[dask]'") from None
+            raise InputError(f"the dask engine needs dask: {extra_install_command('dask')}") from None
         self.scheduler = scheduler
         self.workers = workers or max(os.cpu_count() or 1, 1)
         self._client = None
@@ -66,7 +67,7 @@ class Runner:
             try:
                 from distributed import Client
             except ImportError:
-                raise InputError("--scheduler needs dask.distributed: pip install 'memlens[dask]'") from None
+                raise InputError(f"--scheduler needs dask.distributed: {extra_install_command('dask')}") from None
             try:
                 self._client = Client(scheduler, timeout="10s", set_as_default=False)
             except (OSError, TimeoutError, ValueError) as exc:
