@@ -1,29 +1,23 @@
 """What fake tensors never see, per GPU: the numbers the prediction adds explicitly.
 
-Each figure is overridable (``memlens.predict(..., overrides={...})``). Sources:
+The per-GPU numbers (compute capability, SM count, threads per SM, CUDA context) are rows of the one GPU
+table, `memlens.devicetime.gpu_table`; `gpu_facts` reads them, and `memlens.predict(..., cuda_context=...)`
+overrides the context. Sources:
 - cuBLAS workspace: torch 2.13 ``c10/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``: with no
   ``CUBLAS_WORKSPACE_CONFIG``, 4096 KiB x 8 = 32 MiB on compute capability 9.x, else 4096 KiB x 2 + 16 KiB x 8
   = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training step has two (the
   forward's thread and autograd's device thread). It comes from the caching allocator at the first GEMM of
   that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
-- SM count and max resident threads per SM (what ATen's reduction kernels size their grid with, see
-  ``memlens.predict.scratch``): SM counts from NVIDIA's product pages / architecture whitepapers (H100 SXM5 132,
-  H200 132, A100 108, L4 58, A10G 80, RTX 4090 128, V100 80, T4 40); threads per SM from the CUDA C++
-  Programming Guide's per-compute-capability table (2048 on 7.0, 8.0 and 9.0; 1536 on 8.6 and 8.9; 1024 on 7.5).
-- CUDA context: the driver's per-process reservation outside the caching allocator (not in
-  ``memory_allocated``/``memory_reserved`` but it takes device memory); typical CUDA 12 values with lazy module
-  loading, measured with nvidia-smi by many users: ~500 MiB on H100/H200, ~420 MiB on A100, ~300 MiB on
-  consumer cards. An estimate: override it with your own measurement.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
 
+from memlens.devicetime.gpu import GPU
+from memlens.devicetime.gpu_table import BUILTIN
 from memlens.errors import InputError
 
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -43,43 +37,55 @@ class GPUMemoryFacts:
         return cublas_workspace_bytes(self.capability, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
-_TABLE = {
-    "H100": GPUMemoryFacts("NVIDIA H100 80GB HBM3", (9, 0), 80 * GiB, 500 * MiB, 132, 2048),
-    "H200": GPUMemoryFacts("NVIDIA H200", (9, 0), 141 * 10**9, 500 * MiB, 132, 2048),
-    "A100": GPUMemoryFacts("NVIDIA A100-SXM4-80GB", (8, 0), 80 * GiB, 420 * MiB, 108, 2048),
-    "A100-40GB": GPUMemoryFacts("NVIDIA A100-SXM4-40GB", (8, 0), 40 * GiB, 420 * MiB, 108, 2048),
-    "L4": GPUMemoryFacts("NVIDIA L4", (8, 9), 24 * GiB, 300 * MiB, 58, 1536),
-    "A10G": GPUMemoryFacts("NVIDIA A10G", (8, 6), 24 * GiB, 300 * MiB, 80, 1536),
-    "RTX4090": GPUMemoryFacts("NVIDIA GeForce RTX 4090", (8, 9), 24 * GiB, 300 * MiB, 128, 1536),
-    "V100": GPUMemoryFacts("Tesla V100-SXM2-32GB", (7, 0), 32 * GiB, 300 * MiB, 80, 2048),
-    "T4": GPUMemoryFacts("Tesla T4", (7, 5), 16 * GiB, 250 * MiB, 40, 1024),
-}
-
-
-def gpu_facts(gpu: str | GPUMemoryFacts, **overrides) -> GPUMemoryFacts:
-    """The facts of `gpu` (a name from the table, case-insensitive, or a `GPUMemoryFacts`), with overrides."""
+def gpu_facts(gpu, **overrides) -> GPUMemoryFacts:
+    """The memory facts of `gpu`: a name or alias from the one GPU table (`memlens.gpus()`, case, spaces and
+    '-'/'_' ignored; "H100", "h100-sxm", "A100-40GB"), a `memlens.GPU`, a calibrated GPU's JSON file (the
+    memory facts of the part it was fitted on, under its own name) or a `GPUMemoryFacts`; with overrides."""
     if isinstance(gpu, GPUMemoryFacts):
         facts = gpu
+    elif isinstance(gpu, GPU):
+        facts = _facts_of(gpu)
     elif str(gpu).strip().lower().endswith(".json"):   # a calibrated GPU: the memory of the part it was fitted on
         from memlens.devicetime.gpus import load_gpu
         described = load_gpu(gpu)
         base = gpu_facts(described.calibration.get("base") or described.name)
         return replace(base, name=described.name, **overrides)  # named by its own name, not the base's
     else:
-        norm = str(gpu).upper().replace(" ", "")
-        keys = {k.upper(): k for k in _TABLE}
-        key = keys.get(norm)
-        if key is None:   # "H100 SXM", "A100 SXM 80GB" (memlens.gpus() names): the longest table key they start with
-            prefixes = [k for k in keys if norm.startswith(k)]
-            key = keys[max(prefixes, key=len)] if prefixes else None
-        if key is None:
-            raise InputError(f"unknown gpu '{gpu}' (known: {', '.join(_TABLE)}; or pass a GPUMemoryFacts)")
-        facts = _TABLE[key]
+        facts = _facts_of(_table_row(gpu))
     return replace(facts, **overrides) if overrides else facts
 
 
+def _table_row(name):
+    """The row of the one GPU table called `name`, else the row whose name or alias `name` starts with
+    (longest first: "H100 80GB" is the H100 SXM, "H100 PCIe 80GB" the PCIe card)."""
+    from memlens.devicetime.gpus import gpu as table_gpu   # here: that module loads pandas (for its table)
+    try:
+        return table_gpu(name)
+    except InputError:
+        pass
+    norm = _squash(name)
+    spelled = [(_squash(s), g) for g in BUILTIN for s in (g.name, *g.aliases)]
+    prefixes = [(s, g) for s, g in spelled if s and norm.startswith(s)]
+    if not prefixes:
+        raise InputError(f"unknown gpu '{name}' (known: {', '.join(known_gpus())}; or pass a memlens.GPU)")
+    return max(prefixes, key=lambda sg: len(sg[0]))[1]
+
+
+def _squash(text) -> str:
+    return "".join(ch for ch in str(text).upper() if ch not in " -_")
+
+
+def _facts_of(g) -> GPUMemoryFacts:
+    if g.capability is None:
+        raise InputError(f"gpu '{g.name}': prediction on fake CUDA tensors models NVIDIA CUDA parts; this part has "
+                         f"no CUDA compute capability in the GPU table (known: {', '.join(known_gpus())})")
+    return GPUMemoryFacts(g.device_name or g.name, g.capability, g.memory_bytes, g.cuda_context, g.compute_units,
+                          g.max_threads_per_sm)
+
+
 def known_gpus() -> list[str]:
-    return list(_TABLE)
+    """The parts of the one GPU table that prediction models (those with a CUDA compute capability)."""
+    return [g.name for g in BUILTIN if g.capability is not None]
 
 
 def cublas_workspace_bytes(capability: tuple[int, int], config: str | None) -> int:
