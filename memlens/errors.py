@@ -74,3 +74,48 @@ def reading_file(path):
         raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
     except MemoryError:
         raise InputError("file is too large to read into memory", path) from None
+
+
+def _kind(mode: int) -> str:
+    import stat
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+
+
+def check_user_file(path, max_bytes: int | None = None, what: str = "file") -> int:
+    """Size in bytes of the regular file at `path` (symlinks followed), or `InputError` naming it: missing,
+    not a regular file (a FIFO blocks until a writer comes, a device such as /dev/zero never ends), or larger
+    than `max_bytes` (`what` names the file's kind in the message)."""
+    import stat
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"no such {what}", path) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read ({getattr(exc, 'strerror', None) or exc})", path) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"is a directory, not a {what}", path)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"is {_kind(st.st_mode)}, not a {what} memlens can read (save it to a file first)", path)
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise InputError(f"{st.st_size:,} bytes: a {what} holds at most {max_bytes:,}", path)
+    return st.st_size
+
+
+def read_user_file(path, max_bytes: int, what: str = "file") -> bytes:
+    """The bytes of the regular file at `path`, at most `max_bytes`; every other case an `InputError` naming
+    the file (see `check_user_file`). The file is opened without blocking and checked again on the open
+    descriptor, so a FIFO or device swapped in after the first check is refused too."""
+    import stat
+    check_user_file(path, max_bytes, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(f"is {_kind(os.fstat(fd).st_mode)}, not a {what} memlens can read", path)
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise InputError(f"over {max_bytes:,} bytes: a {what} holds at most {max_bytes:,}", path)
+    return data

@@ -36,7 +36,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memlens.errors import InputError
+from memlens.errors import InputError, read_user_file
 
 MATCH_FIELDS = ("frame", "function", "file", "stack", "module", "op", "annotation", "phase", "builtin")
 STACK_FIELDS = ("frame", "function", "file", "stack")
@@ -107,12 +107,8 @@ def read_rules_file(path) -> RuleSet:
     line of its ``[[rule]]`` header."""
     path = Path(path)
     try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path.stat().st_size:,} bytes: a rules file holds at most {MAX_FILE_BYTES:,}", path)
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such rules file", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_user_file(path, MAX_FILE_BYTES, "rules file").decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot read the rules file ({exc})", path) from None
     try:
         import tomllib

@@ -7,7 +7,7 @@ import os
 import zlib
 from pathlib import Path
 
-from memlens.errors import InputError
+from memlens.errors import InputError, check_user_file
 
 # format name -> (module, function) of its importer; each takes (path) and returns a Trace
 IMPORTERS = {
@@ -40,16 +40,8 @@ def _head(path: Path, nbytes: int = _SNIFF_BYTES) -> bytes:
 
 def check_regular(path) -> None:
     """`InputError` unless `path` is a regular file (after symlinks): opening a FIFO blocks until a writer
-    comes, and a device or socket never ends (issue 26)."""
-    import stat
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
-    if not stat.S_ISREG(mode):
-        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        raise InputError(f"is {kind}, not a file memlens can read (save it to a file first)", path)
+    comes, and a device or socket never ends."""
+    check_user_file(path)
 
 
 def detect_format(path) -> str:
