@@ -138,4 +138,8 @@ def check_input_file(path, what: str = "file") -> int:
     more than `max_decompressed` bytes (a file read whole or streamed into memory is bounded like a gzip's
     expansion)."""
     from memlens.errors import check_user_file
-    return check_user_file(path, max_decompressed(), what)
+    size, limit = check_user_file(path, None, what), max_decompressed()
+    if size > limit:
+        raise InputError(f"{size:,} bytes: a {what} is read up to {limit:,} (raise MEMLENS_MAX_DECOMPRESSED "
+                         "to read it)", path)
+    return size
