@@ -43,6 +43,41 @@ def visible_format_chars(text: str) -> str:
                    for ch in text)
 
 
+# ASCII controls other than tab and newline, as escapes: the fast path of `terminal_text`
+_ASCII_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(0, 9), *range(11, 32), 127]}
+_LINE_UNSAFE = {"Cc", "Cf", "Cs", "Zl", "Zp"}
+
+
+def terminal_text(text: str) -> str:
+    """`text` as it may reach a terminal: tabs and newlines kept, every other control character, format
+    character (bidi overrides, zero-width), lone surrogate and line/paragraph separator written as an escape.
+    The one escaping path of everything memlens prints (`EscapedStream`)."""
+    if text.isascii():
+        return text.translate(_ASCII_CONTROLS)
+    return "".join(ch if ch in "\t\n" or unicodedata.category(ch) not in _LINE_UNSAFE else
+                   (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
+                    else f"\\U{ord(ch):08x}") for ch in text)
+
+
+class EscapedStream:
+    """A text stream (the CLI's stdout) whose every write goes through `terminal_text`, so that no name read
+    from a trace or input file can print a raw control character. Other attributes (``buffer``, ``fileno``,
+    ``flush``) are the wrapped stream's: binary writers and the MCP transport bypass it."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text) -> int:
+        return self._stream.write(terminal_text(str(text)))
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 class MemlensError(Exception):
     """Base class of memlens's own errors."""
 

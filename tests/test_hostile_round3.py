@@ -207,3 +207,53 @@ def test_gpu_file_edges_that_are_fine(tmp_path):
 def test_a_bad_gpu_file_is_exit_2_on_the_command_line(tmp_path):
     path = _gpu_file(tmp_path, latency_ns="Infinity")
     assert_refused(run_memlens("ati", "--gpu", path, SAMPLE), "mygpu.json", "latency_ns must be finite")
+
+
+# ---------------------------------------------------------------- nothing prints a raw control character
+
+EVIL = "\x1b[2J\x1b]0;pwned\x07\u202eevil\u2028"
+
+
+def _raw_controls(text: str) -> list[str]:
+    import unicodedata
+    return sorted({repr(ch) for ch in text if ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")})
+
+
+def test_names_from_files_never_print_raw(tmp_path):
+    """Module, op and GPU names carrying terminal escapes, a bidi override and a line separator, through the
+    verbs that print them: each exits 0 or 2 and prints every such character as an escape."""
+    n = 6
+    blocks = pd.DataFrame([{"block_id": i, "device": "cuda:0", "size": 512 * (i + 1), "alloc_ns": 10 * i,
+                            "free_ns": 10 * i + 35, "op": EVIL + "op", "module": EVIL + "module"} for i in range(n)])
+    ops = pd.DataFrame([{"op_id": i, "name": EVIL + "op", "start_ns": 10 * i, "end_ns": 10 * i + 5,
+                         "module": EVIL + "module"} for i in range(2 * n)])
+    accesses = pd.DataFrame([{"block_id": i, "t_ns": 10 * i + d, "op_id": i + k, "is_write": k == 0}
+                             for i in range(n) for k, d in ((0, 1), (1, 12), (2, 30))])
+    path = tmp_path / "evil.memlens"
+    Trace.from_tables(blocks, accesses=accesses, ops=ops, metadata={"source_kind": "synthetic"}).save(path)
+    gpu_path = _gpu_file(tmp_path, name=json.dumps("H100" + EVIL))
+    runs = [("info", path), ("ati", "--by", "module", path), ("ati", "--by", "op", path), ("outliers", path),
+            ("ati", "--gpu", gpu_path, "--by", "op", path)]
+    for argv in runs:
+        out = run_memlens(*argv)
+        assert out.code in (0, 2), (argv, out.stderr[-500:])
+        assert _raw_controls(out.stdout) == [] and _raw_controls(out.stderr) == [], argv
+    shown = run_memlens("ati", "--by", "module", path).stdout
+    assert "\\x1b[2J" in shown and "\\u202eevil" in shown  # escaped, not dropped
+
+
+def test_unknown_snapshot_actions_are_escaped_in_the_import_note(tmp_path):
+    entries = [{"action": "alloc", "addr": 0, "size": 512, "stream": 0, "frames": []},
+               {"action": "x\x1b[31mred\u202e", "addr": 0, "size": 512, "stream": 0, "frames": []}]
+    src = tmp_path / "odd.pickle"
+    src.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    out = run_memlens("import", src, "-o", tmp_path / "odd.memlens")
+    assert out.code in (0, 2), out.stderr[-500:]
+    assert _raw_controls(out.stdout + out.stderr) == []
+
+
+def test_terminal_text_escapes_exactly_the_unsafe_characters():
+    from memlens.errors import terminal_text
+    assert terminal_text("a\tb\nc") == "a\tb\nc"
+    assert terminal_text("\x00\x1b\x7f") == "\\x00\\x1b\\x7f"
+    assert terminal_text("é漢\u202e\ud800\u2028\x85") == "é漢\\u202e\\ud800\\u2028\\x85"
