@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pandas as pd
@@ -257,3 +258,55 @@ def test_terminal_text_escapes_exactly_the_unsafe_characters():
     assert terminal_text("a\tb\nc") == "a\tb\nc"
     assert terminal_text("\x00\x1b\x7f") == "\\x00\\x1b\\x7f"
     assert terminal_text("é漢\u202e\ud800\u2028\x85") == "é漢\\u202e\\ud800\\u2028\\x85"
+
+
+# ---------------------------------------------------------------- saving over a symbolic link
+
+def test_overwriting_a_trace_through_a_symlink_leaves_nothing_behind(tmp_path):
+    trace = Trace.from_tables(pd.DataFrame([{"block_id": 1, "device": "cuda:0", "size": 512, "alloc_ns": 0,
+                                             "free_ns": 5}]), metadata={"source_kind": "synthetic"})
+    trace.save(tmp_path / "a.memlens")
+    (tmp_path / "l.memlens").symlink_to("a.memlens")
+    trace.save(tmp_path / "l.memlens", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.memlens", "l.memlens"]
+    assert (tmp_path / "l.memlens" / "manifest.json").is_file()
+    (tmp_path / "dangling.memlens").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(InputError, match="symbolic link to nothing"):
+        trace.save(tmp_path / "dangling.memlens", overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.memlens", "dangling.memlens", "l.memlens"]
+
+
+# ---------------------------------------------------------------- sizes and numbers that are not what they seem
+
+def _snapshot_with_size(path, size):
+    entries = [{"action": "alloc", "addr": 0, "size": size, "stream": 0, "frames": []},
+               {"action": "free_completed", "addr": 0, "size": size, "stream": 0, "frames": []}]
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [entries]}, protocol=4))
+    return path
+
+
+@pytest.mark.parametrize("size, shown", [(512.0, "float '512.0'"), ("512", "str '512'"), (True, "bool 'True'"),
+                                         (1e23, "float '1e+23'")])
+def test_snapshot_sizes_of_the_wrong_type_are_named(tmp_path, size, shown):
+    from memlens.io import load
+    with pytest.raises(InputError, match=re.escape(f"holds {shown} where an integer is expected")):
+        load(_snapshot_with_size(tmp_path / "s.pickle", size))
+
+
+def test_a_missing_snapshot_size_is_a_note(tmp_path):
+    from memlens.io import load
+    trace = load(_snapshot_with_size(tmp_path / "s.pickle", None))
+    assert trace.blocks["size"].tolist() == [0]
+    assert any("2 trace entries without a size (read as 0 bytes)" in n for n in trace.metadata["notes"])
+
+
+def test_numbers_past_their_range_are_bad_input(tmp_path):
+    csv = tmp_path / "big.csv"
+    csv.write_text("id,lower,upper,size\n1,0,10,1e23\n")
+    assert_refused(run_memlens("info", csv), "column 'size' holds 1e+23 on line 2")
+    csv.write_text(f"id,lower,upper,size,alignment\n1,0,10,512,{2 ** 66}\n")
+    assert_refused(run_memlens("info", csv), "column 'alignment' holds 7.3787e+19 on line 2")
+    csv.write_text(f"id,lower,upper,size\n1,0,10,{2 ** 62 - 1}\n")  # just under the bound: read
+    from memlens.io.lifetimes_csv import read_lifetimes_csv
+    assert read_lifetimes_csv(csv)["size"].tolist() == [2 ** 62 - 1]
+    assert_refused(run_memlens("simulate", "--capacity", "9" * 5000, SAMPLE), "(5,000 characters) as a size")
