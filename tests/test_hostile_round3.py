@@ -310,3 +310,17 @@ def test_numbers_past_their_range_are_bad_input(tmp_path):
     from memlens.io.lifetimes_csv import read_lifetimes_csv
     assert read_lifetimes_csv(csv)["size"].tolist() == [2 ** 62 - 1]
     assert_refused(run_memlens("simulate", "--capacity", "9" * 5000, SAMPLE), "(5,000 characters) as a size")
+
+
+def test_a_lone_surrogate_in_a_kineto_name_is_bad_input(tmp_path):
+    memory = {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "s": "t"}
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::empty\\ud800", "pid": 1, "tid": 1, "ts": 0, "dur": 10,
+               "args": {}},
+              {**memory, "ts": 1, "args": {"Device Type": 1, "Device Id": 0, "Addr": 1000, "Bytes": 512,
+                                           "Total Allocated": 512, "Total Reserved": 2097152}},
+              {**memory, "ts": 5, "args": {"Device Type": 1, "Device Id": 0, "Addr": 1000, "Bytes": -512,
+                                           "Total Allocated": 0, "Total Reserved": 2097152}}]
+    path = tmp_path / "surrogate.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}).replace("\\\\ud800", "\\ud800"))
+    assert "\\ud800" in path.read_text()
+    assert_refused(run_memlens("info", path), "surrogate.json", "not valid Unicode", "\\ud800")

@@ -108,7 +108,12 @@ def load(path, format: str | None = None):
     except (ImportError, AttributeError):
         raise InputError(f"format '{fmt}' is recognised but its importer is not available in this "
                          "version of memlens", path) from None
-    trace = importer(path)
+    try:
+        trace = importer(path)
+    except UnicodeEncodeError as exc:  # JSON "\ud800" or a pickled str: text no file or table can hold
+        bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+        raise InputError(f"holds text that is not valid Unicode ({bad.encode('unicode_escape').decode()!s} "
+                         "in a name: a lone surrogate)", path) from None
     if fmt != "memlens":  # load_trace validates its own; an import must pass the same checks, or a
         # trace would be accepted now and its saved copy refused on reload
         validated(trace, path)
