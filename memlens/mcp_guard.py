@@ -90,6 +90,8 @@ def check_arguments(tool: str, kwargs: dict, roots: Roots) -> None:
                 raise InputError(f"{name}: at most {MAX_ARG_CHARS} characters and no NUL, got {clip(value)!r}")
     for name in PATH_ARGS:
         if kwargs.get(name) is not None:
+            if not isinstance(kwargs[name], str):
+                raise InputError(f"{name} must be a path (a string), not {type(kwargs[name]).__name__}")
             roots.check(name, kwargs[name])
     if tool == "predict":
         script = str(kwargs.get("script", ""))
@@ -98,7 +100,7 @@ def check_arguments(tool: str, kwargs: dict, roots: Roots) -> None:
         if not script.endswith(".py") or not os.path.isfile(_real(script)):
             raise InputError(f"{clip(script)}: not a .py file (predict runs Python scripts only)")
         timeout_s = kwargs.get("timeout_s", 1)
-        if not 0 < timeout_s <= 3600:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
             raise InputError(f"timeout_s must be in (0, 3600] seconds, got {clip(timeout_s)}")
         gpu = kwargs.get("gpu")
         if isinstance(gpu, str) and gpu.strip().lower().endswith(".json"):
