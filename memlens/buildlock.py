@@ -2,7 +2,7 @@
 
 `torch.utils.cpp_extension.load` guards a build folder with a ``lock`` file that it deletes when the build
 ends; a build killed on the way (Ctrl-C, the OOM killer) leaves the file, and every later build waits for it
-forever, silently (issue 26). memlens therefore takes its own lock first: ``flock`` on
+forever, silently. memlens therefore takes its own lock first: ``flock`` on
 ``memlens-build.lock`` in the folder, which the kernel lets go when its holder dies, however it dies. Whoever
 holds it knows that no live memlens build is running, so a ``lock`` file found then is stale and is removed.
 A process that has to wait says so on stderr (what it waits for, which process holds it) and gives up after

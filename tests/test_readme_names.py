@@ -1,5 +1,6 @@
-"""Every dotted ``memlens.<...>`` name the README writes in code (blocks and inline) is reachable after a bare
-``import memlens``, in a fresh interpreter (issue 28: `memlens.widgets.Explorer` raised AttributeError)."""
+"""Every dotted ``memlens.<...>`` name the README and the documentation pages (docs/*.md) write in code (blocks
+and inline) is reachable after a bare ``import memlens``, in a fresh interpreter (issue 28:
+`memlens.widgets.Explorer` raised AttributeError)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_names() -> list[str]:
-    text = (ROOT / "README.md").read_text()
+    text = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     code = re.findall(r"```[a-z]*\n(.*?)```", text, re.S) + re.findall(r"`([^`\n]+)`", text)
     names = set()
     for chunk in code:
@@ -23,7 +24,7 @@ def readme_names() -> list[str]:
 
 def test_readme_names_resolve_after_import_memlens():
     names = readme_names()
-    assert len(names) >= 15  # the README names this many public objects today; the scan must find them
+    assert len(names) >= 15  # README and docs name this many public objects today; the scan must find them
     code = ("import json, memlens\nbad = []\nfor n in json.loads(input()):\n    obj = memlens\n    try:\n"
             "        for part in n.split('.')[1:]:\n            obj = getattr(obj, part)\n"
             "    except AttributeError as e:\n        bad.append(f'{n}: {e}')\nprint(json.dumps(bad))")

@@ -250,7 +250,7 @@ def test_custom_autograd_function_with_allocator_hook():
 
 def test_new_users_mlp_adamw_differs_only_as_documented():
     """A new user's first recording: an MLP, a fresh AdamW (its state made inside the recording), 3 steps,
-    each backend on its own fresh copy. The traces differ in exactly the ways README's recorder section
+    each backend on its own fresh copy. The traces differ in exactly the ways docs/record.md
     lists, with the numbers AdamW's algorithm gives (not read from either backend):
     - per step, the Python recorder lists 4 more `aten::detach` ops (a dispatch mode makes autograd detach
       the outputs it saves for backward, relu's and log_softmax's, when saving and when unpacking them;

@@ -82,14 +82,15 @@ def test_first_build_says_what_where_and_how_far(fresh, monkeypatch, capsys):
     folder = native.build_dir()
     assert calls == [folder]
     lines = capsys.readouterr().err.splitlines()
-    n_files = 1 + len(glob.glob(os.path.join(NATIVE_DIR, "*.h")))   # recorder.cpp and its 14 parts
-    assert lines[0] == (f"memlens: building the compiled recorder (C++, {n_files} files, about 3 min on 2 cores) "
-                        f"in {folder} ...")
+    n_headers = len(glob.glob(os.path.join(NATIVE_DIR, "*.h")))   # the parts recorder.cpp includes
+    assert n_headers >= 10
+    assert lines[0] == (f"memlens: building the compiled recorder (C++: 1 translation unit, recorder.cpp with "
+                        f"{n_headers} headers; about 3 min on 2 cores) in {folder} ...")
     ticks = lines[1:-1]
-    assert ticks and all(re.fullmatch(r"memlens:   \.\.\. 0:00 elapsed, (compiling \(0 of 1 object files "
-                                      r"done\)|linking)", t) for t in ticks), ticks
-    assert "compiling (0 of 1 object files done)" in ticks[0]   # the object file comes half way through
-    assert ticks[-1].endswith("linking")
+    assert ticks and all(re.fullmatch(r"memlens:   \.\.\. 0:00 elapsed, step (1 of 2: compiling recorder\.cpp|"
+                                      r"2 of 2: linking)", t) for t in ticks), ticks
+    assert ticks[0].endswith("step 1 of 2: compiling recorder.cpp")   # the object file comes half way through
+    assert ticks[-1].endswith("step 2 of 2: linking")
     assert lines[-1] == "memlens: built the compiled recorder in 0:00"
 
 
@@ -122,8 +123,18 @@ def test_a_failed_build_says_so_and_falls_back(fresh, monkeypatch, capsys):
     with pytest.raises(native.NativeUnavailable, match="Error building extension"):
         native.load()
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("memlens: building the compiled recorder (C++, ")
+    assert err[0].startswith("memlens: building the compiled recorder (C++: 1 translation unit, ")
     assert err[-1] == "memlens: building the compiled recorder failed after 0:00"
+
+
+def test_steps_count_each_unit_then_the_link(tmp_path):
+    units = [str(tmp_path / "a.cpp"), str(tmp_path / "sub" / "b.cpp")]
+    assert buildprogress._step(str(tmp_path), units) == "step 1 of 3: compiling a.cpp"
+    (tmp_path / "a.o").write_text("")
+    assert buildprogress._step(str(tmp_path), units) == "step 2 of 3: compiling b.cpp"
+    (tmp_path / "b.o").write_text("")
+    assert buildprogress._step(str(tmp_path), units) == "step 3 of 3: linking"
+    assert buildprogress._step(str(tmp_path), []) == "step 1 of 1: linking"
 
 
 def test_clock_reads_minutes_and_seconds():

@@ -1,6 +1,6 @@
 """Access time intervals (ATI): how long each block sits idle between the ops that touch it.
 
-One definition, used by every analysis, figure, widget and command (REFERENCE.md section 2, after Li et al.,
+One definition, used by every analysis, figure, widget and command (after Li et al.,
 "Pinpointing the Memory Behaviors of DNN Training"): the ATIs of a block are the intervals between its
 consecutive *accesses*, each from the **end of the op** that made the earlier access to the **start of the
 op** that makes the next one (an op's own run time is not idle). An access's place in time is its op's

@@ -2,7 +2,7 @@
 
 A transfer of `size` bytes in one direction costs ``latency + size / bandwidth`` (the linear model Zhang et
 al. fitted on PCIe 3.0, arXiv 1903.06631). An access interval is worth swapping only when it is at least
-as long as the round trip (REFERENCE.md section 2):
+as long as the round trip:
 
     round_trip_ns(size) = size / bw_out + size / bw_in + latency_out + latency_in
 

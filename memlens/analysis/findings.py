@@ -18,7 +18,7 @@ IDLE_SHARE = 0.4  # "idle for more than 40% of the step" - the share named in th
 
 
 def _pct(x: float) -> str:
-    from memlens.units import format_share  # one percentage format everywhere (issue 17: 100% vs 99.8%)
+    from memlens.units import format_share  # one percentage format everywhere (never 100% beside 99.8% of the same value)
     return format_share(x)
 
 

@@ -1,6 +1,6 @@
 """Fragmentation of the caching allocator, where the trace has allocator segments (snapshot imports).
 
-Three levels of bytes (PyTorch's CUDACachingAllocator, REFERENCE.md section 6):
+Three levels of bytes (PyTorch's CUDACachingAllocator):
 ``reserved`` (segments obtained with cudaMalloc) >= ``allocated`` (blocks handed out, rounded up by
 ``round_size``) >= ``requested`` (what the program asked for). From them:
 

@@ -1,6 +1,6 @@
 """What the memory consists of at its peak, per device.
 
-The peak is the max over time of the sum of live block sizes (max-live, REFERENCE.md section 2: the lower
+The peak is the max over time of the sum of live block sizes (max-live: the lower
 bound of any static plan), taken after the alloc/free event that reaches it first. The blocks live then are
 grouped by category, module and allocating op, and the largest are listed. Works on every trace (it needs
 lifetimes only, not accesses).

@@ -6,7 +6,7 @@ swap planner takes: the lifetime edges (alloc -> first access, last access -> fr
 must survive them to be copied back) and are reported beside the ATI, not here.
 
 An access interval is *swappable* when it lasts at least the round trip of its block over the link
-(`BandwidthModel.round_trip_ns`: ``size/bw_out + size/bw_in`` plus latencies; REFERENCE.md section 2).
+(`BandwidthModel.round_trip_ns`: ``size/bw_out + size/bw_in`` plus latencies).
 Swapping it frees ``size`` bytes over ``[start + swap_out_ns, end - swap_in_ns]``, so it holds
 ``size * (length - round_trip)`` swappable byte-nanoseconds. The transfer times include the fixed latency
 because the bytes are free only once the copy has completed.

@@ -1,4 +1,4 @@
-"""Text of an object read from a file, in time bounded by the text's length (issue 26).
+"""Text of an object read from a file, in time bounded by the text's length.
 
 ``str()`` of a container walks its whole expansion: a pickle of a few hundred bytes can hold a DAG of
 shared lists 40 levels deep, whose text is 2**40 items long, so ``str(frame)[:200]`` never returns. These

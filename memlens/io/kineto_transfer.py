@@ -3,7 +3,7 @@
 Memcpy activities name their direction: NVIDIA (CUPTI) ``"Memcpy HtoD (Pageable -> Device)"``,
 ``"Memcpy DtoH (Device -> Pinned)"``, ``"Memcpy DtoD (Device -> Device)"`` (2021 traces the same), ROCm
 ``"Memcpy HtoD (Host -> Device)"`` with ``args["kind"]`` ``"HtoD"`` / ``"DtoH"`` / ``"DtoD"`` (the real
-profiles in ``shared/traces/kineto/``), and roctracer's ``CopyHostToDevice`` / ``CopyDeviceToHost``. The
+real Kineto profiles), and roctracer's ``CopyHostToDevice`` / ``CopyDeviceToHost``. The
 kind argument decides when present, else the name. Device-to-device, host-to-host and peer copies are not
 host-link transfers.
 

@@ -83,7 +83,7 @@ def _raw(rows: np.ndarray, source: str, where):
     if not np.isin(action, (PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY)).all():
         raise InputError(f"unknown action code {int(action[~np.isin(action, (1, 2, 3, 4))][0])}", where)
     # the sign of the bytes is the action's: a CREATE that frees or a DESTROY that allocates would pair
-    # into blocks with wrong sizes and lifetimes (issue 26)
+    # into blocks with wrong sizes and lifetimes
     wrong = ((action == CREATE) | (action == PREEXISTING)) & (nbytes < 0) | (action == DESTROY) & (nbytes > 0)
     if wrong.any():
         i = int(np.flatnonzero(wrong)[0])

@@ -1,4 +1,4 @@
-"""What the streaming snapshot walkers refuse or hand back beyond the opcode loop (issue 26): tuples whose
+"""What the streaming snapshot walkers refuse or hand back beyond the opcode loop: tuples whose
 expansion through shared references is too large to hash or print, and a walked snapshot that still holds
 one of the walker's stand-ins (`StackRef`) where content is needed."""
 from __future__ import annotations

@@ -16,7 +16,8 @@ _MAX_LISTED = 50  # distinct user_metadata / compile_context values kept in meta
 
 
 def format_era(ev: EventColumns, final: FinalState, extras: dict) -> str:
-    """Which generation of the snapshot format the file is (see REFERENCE.md section 3)."""
+    """Which generation of the snapshot format the file is, read from what it carries: per-block history,
+    device-trace entries with or without `time_us`, allocator settings and annotations, or segments only."""
     if final.has_history:
         return "2023: blocks carry history, entries have no time_us"
     if len(ev) == 0:

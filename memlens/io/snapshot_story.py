@@ -5,7 +5,8 @@ A snapshot records no tensor roles, but its stacks and annotations tell them: wh
 is `memlens.io.snapshot_stacks`, the phases of the run (and of every event) and the model calls are
 `memlens.io.snapshot_phases`; `tell_story` puts them together and applies the rules below.
 
-Categories (REFERENCE section 4's names plus ``workspace``), each with the rule that decided it
+Categories (parameter, buffer, gradient, activation, optimizer_state, input, temporary, unknown, plus
+``workspace``), each with the rule that decided it
 (``category_rule``), first match wins:
 
 1. ``optimizer_state``: allocated in the optimizer step and alive when it ends (AdamW ``exp_avg`` ...).

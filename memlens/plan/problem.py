@@ -135,7 +135,7 @@ def problem_from_frame(df: pd.DataFrame, alignment: int = 1, source: str = "fram
             table[col] = df[col].to_numpy()
     align = _aligned(align, alignment)
     # offsets are int64: a layout of every buffer end to end, each padded to its alignment, must fit (an
-    # int64-max size would overflow into a wrong plan or a crash, issue 26)
+    # int64-max size would overflow into a wrong plan or a crash)
     if (align < 1).any():
         raise InputError("buffer table has an alignment below 1 byte")
     footprint = float(np.maximum(size, align).astype(np.float64).sum() + align.astype(np.float64).sum())

@@ -3,7 +3,7 @@
 Closing a recording joins and refines three small tables (ops, blocks, accesses) with a few hundred array
 operations. On pandas 3 every DataFrame step costs 10-300 us whatever the row count (a column lookup goes
 through an arrow-backed label index, a construction re-infers every text column), so a one-step close paid
-~15 ms of that fixed cost for ~1 ms of numpy work (issue 27). Here each table is a `Columns`: a dict of
+~15 ms of that fixed cost for ~1 ms of numpy work. Here each table is a `Columns`: a dict of
 numpy arrays of one length, text as object arrays, nullable integers as `Nullable` (values + missing mask),
 and becomes a DataFrame once, with the schema's dtypes, when the Trace is made (`to_frame`).
 """

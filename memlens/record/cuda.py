@@ -1,5 +1,5 @@
 """CUDA pieces of the recorder: read the caching allocator's snapshot into allocator events, segments
-and segment blocks (the snapshot layout is described in REFERENCE.md section 3).
+and segment blocks (the snapshot layout of `torch.cuda.memory._snapshot()`: segments, blocks, device traces).
 
 Only `alloc` and `free_completed` change what is allocated (`free_requested` is the deferred free of
 a block used on another stream: its memory stays taken until `free_completed`). Entries carry

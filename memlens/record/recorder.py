@@ -32,6 +32,7 @@ def choose_backend(requested: str | None) -> tuple[str, object, str | None]:
     name = (requested or os.environ.get("MEMLENS_RECORDER") or "compiled").strip().lower()
     if name not in BACKENDS:
         raise ValueError(f"recorder backend must be one of {BACKENDS}, not {name!r} (MEMLENS_RECORDER)")
+    _note_backend_use()
     if name == "python":
         return "python", None, None
     from memlens.record import native
@@ -43,6 +44,20 @@ def choose_backend(requested: str | None) -> tuple[str, object, str | None]:
             warnings.warn(f"memlens: compiled recorder unavailable ({exc}); using the Python recorder",
                           RuntimeWarning, stacklevel=3)
         return "python", None, f"compiled recorder unavailable ({exc})"
+
+
+def _note_backend_use() -> None:
+    """Append the running test's id to $MEMLENS_RECORDER_USE_LOG when both are set: the test suite's first
+    pass (.ci/run) learns which test files depend on the recorder backend, subprocesses included (they
+    inherit PYTEST_CURRENT_TEST), and reruns only those with the other backend. Never raises."""
+    log, test = os.environ.get("MEMLENS_RECORDER_USE_LOG"), os.environ.get("PYTEST_CURRENT_TEST")
+    if not (log and test):
+        return
+    try:   # one short O_APPEND write per line: concurrent writers do not interleave
+        with open(log, "a", encoding="utf-8") as out:
+            out.write(test.replace("\n", " ")[:2000] + "\n")
+    except OSError:   # a log that cannot be written only makes the second pass rerun less; never fail a record
+        pass
 
 
 class Recorder:

@@ -3,7 +3,7 @@
 One private directory per process (``tempfile.mkdtemp``: mode 0700, a name no one else can predict),
 made at the first recording and removed when the process exits; each recording writes its files under
 its own prefix there and removes them when it is done. A directory per recording cost a mkdir and an
-rmdir each time, ~1-3 ms of a one-step recording's close on this machine's file system (issue 27),
+rmdir each time, ~1-3 ms of a one-step recording's close on this machine's file system,
 for files that exist only when a recording outgrows its budget.
 """
 from __future__ import annotations

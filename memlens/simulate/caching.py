@@ -1,6 +1,6 @@
 """A replay of PyTorch's CUDACachingAllocator policy for one device (c10/cuda/CUDACachingAllocator.cpp).
 
-Rules (REFERENCE.md section 6): requests are rounded (`round_size`), served from the small pool (<= 1 MiB)
+Rules (PyTorch's CUDACachingAllocator): requests are rounded (`round_size`), served from the small pool (<= 1 MiB)
 or the large pool, per stream; the smallest cached block that fits is taken (best fit by size, then
 address), subject to ``max_split_size`` / ``max_non_split_rounding_size``; otherwise (after garbage
 collection when a threshold and a capacity are set) a new segment is reserved, and when the device is full

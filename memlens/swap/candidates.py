@@ -5,8 +5,8 @@ uses: from the end of the op that last touched a block to the start of the op th
 intervals between two accesses qualify (the data must survive them); the lifetime edges (alloc -> first
 access, last access -> free) are not swaps. In steady state the wrap-around interval of a block alive across
 the iteration boundary (last access in iteration k -> first access in k+1) is a candidate like any other.
-An interval of length L is swappable when ``L >= swap_out_ns(size) + swap_in_ns(size)`` (REFERENCE.md
-section 2); its duration of absence is ``DOA = L - swap_out_ns - swap_in_ns`` (Zhang et al.).
+An interval of length L is swappable when ``L >= swap_out_ns(size) + swap_in_ns(size)`` (the
+round trip over the host link); its duration of absence is ``DOA = L - swap_out_ns - swap_in_ns`` (Zhang et al.).
 """
 from __future__ import annotations
 

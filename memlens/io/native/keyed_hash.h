@@ -1,4 +1,4 @@
-// Keyed hashing for the walker's tables (issue 26): the stack and string tables are open-addressing sets
+// Keyed hashing for the walker's tables: the stack and string tables are open-addressing sets
 // whose probe cost a file could otherwise choose. With an unkeyed, invertible mix, a file could pick each
 // one-frame stack's line so that all stacks share one 32-bit tag and every insert probes one growing
 // cluster (160k crafted stacks: 110 s). The hash here is SipHash-1-3 under a 128-bit key drawn once per

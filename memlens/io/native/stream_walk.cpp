@@ -18,7 +18,7 @@
 // - Consumed pages of a read-only mmap'ed file are dropped from the resident set as the walk passes them.
 // - The entry columns are built here (`Walk::take_entries`), not by a Python callback per batch.
 //
-// Hostile files (issue 26): the tables hash with a per-process key (keyed_hash.h); the loose-object, MARK
+// Hostile files: the tables hash with a per-process key (keyed_hash.h); the loose-object, MARK
 // depth and tuple-expansion limits of the Python walker hold here too, checked before anything is made;
 // no C++ exception crosses into Python (`guarded`, frame_table.h).
 //

@@ -81,7 +81,8 @@ def load(verbose: bool = False):
             from torch.utils.cpp_extension import load as _load
             # one build at a time, no stale lock of a killed build, nothing half-built after Ctrl-C
             with build_lock(path, "the compiled recorder", library=library):
-                build = (build_progress("the compiled recorder", path, len(sources()), BUILD_ESTIMATE)
+                build = (build_progress("the compiled recorder", path, [_SOURCE], len(sources()) - 1,
+                                        BUILD_ESTIMATE)
                          if needs_build(library, sources()) else contextlib.nullcontext())
                 with build:   # a build never runs silently: what, where, how long so far
                     _module = _load(name="memlens_recorder", sources=[_SOURCE], build_directory=path,
