@@ -125,7 +125,7 @@ def check_user_file(path, max_bytes: int | None = None, what: str = "file") -> i
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise InputError(f"no such {what}", path) from None
+        raise InputError(f"no such {what if what.endswith('file') else 'file'}", path) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"cannot read ({getattr(exc, 'strerror', None) or exc})", path) from None
     if stat.S_ISDIR(st.st_mode):
