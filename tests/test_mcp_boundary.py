@@ -200,3 +200,22 @@ def test_guard_by_hand(tmp_path):
         check_arguments("predict", {"args": ["a"] * 257, "script": "x.py"}, roots)
     assert clip("abc", 3) == "abc" and clip("abcd", 3) == "abc... (1 more characters)"
     assert roots_from_uris(["file:///home/me/p%20q", "https://x/y", "file://host/z"]) == ["/home/me/p q"]
+
+
+@pytest.mark.slow  # three predictions, each a child process importing torch
+def test_predict_arguments_against_a_hand_reference(places):
+    """A script holding `argv[1]` x 1 MiB of float32 on fake CUDA, 44 MiB here: the caching allocator rounds a
+    request of 10 MiB or more up to a 2 MiB multiple (44 MiB reserved); expandable segments map the large pool
+    in 20 MiB pages (3 pages, 60 MiB). `args` reach the script, `gpu`, `conf` and `capacity` the prediction."""
+    work, _ = places
+    (work / "holds.py").write_text("import sys, torch\na = torch.empty(int(sys.argv[1]) << 18, device='cuda')\n")
+    answers = talk([("predict", {"script": "holds.py", "args": ["44"]}),
+                    ("predict", {"script": "holds.py", "args": ["44"], "gpu": "A100",
+                                 "conf": "expandable_segments:True"}),
+                    ("predict", {"script": "holds.py", "args": ["44"], "capacity": "8MiB"})], cwd=work)
+    assert not any(err for err, _ in answers), answers
+    plain, expandable, small = (json.loads(t) for _, t in answers)
+    assert (plain["peak_allocated"], plain["peak_reserved"], plain["fits"]) == (44 * MiB, 44 * MiB, True)
+    assert "H100" in plain["gpu"] and "A100" in expandable["gpu"]
+    assert (expandable["peak_allocated"], expandable["peak_reserved"]) == (44 * MiB, 60 * MiB)
+    assert (small["capacity"], small["fits"]) == (8 * MiB, False)
