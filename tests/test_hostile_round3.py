@@ -324,3 +324,11 @@ def test_a_lone_surrogate_in_a_kineto_name_is_bad_input(tmp_path):
     path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}).replace("\\\\ud800", "\\ud800"))
     assert "\\ud800" in path.read_text()
     assert_refused(run_memlens("info", path), "surrogate.json", "not valid Unicode", "\\ud800")
+
+
+def test_a_sparse_lifetime_csv_is_refused_by_its_size(tmp_path):
+    path = tmp_path / "huge.csv"
+    with open(path, "wb") as f:
+        f.write(b"id,lower,upper,size\n1,0,10,512\n")
+        f.truncate(3 << 30)
+    assert_refused(run_memlens("info", path), "huge.csv", "3,221,225,472 bytes", "MEMLENS_MAX_DECOMPRESSED")

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from memlens import limits
 from memlens.errors import InputError
 
 REQUIRED = ("id", "lower", "upper", "size")
@@ -25,6 +26,7 @@ def read_lifetimes_csv(path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path)
+    limits.check_input_file(path, "buffer-lifetime CSV")  # read whole: bounded before pandas holds it
     with _csv_errors(path):
         df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False)
     return _validated(df, path)
