@@ -10,13 +10,14 @@ Exit codes: 0 success, 2 bad input (one-line error on stderr), 1 internal error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import pkgutil
 import sys
 
 from memlens._version import __version__
 from memlens.commands._output import print_json  # noqa: F401  (memlens.cli.print_json, as before)
-from memlens.errors import InputError, printable
+from memlens.errors import EscapedStream, InputError, printable
 
 EXIT_OK, EXIT_INTERNAL, EXIT_INPUT = 0, 1, 2
 
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
     try:
         from memlens.limits import check_environment
         check_environment()
-        return int(args.func(args) or 0)
+        with contextlib.redirect_stdout(EscapedStream(sys.stdout)):  # names from files never print raw
+            return int(args.func(args) or 0)
     except InputError as exc:
         if args.debug:  # the one line stays last; the traceback (with its cause) comes before it
             import traceback

@@ -10,6 +10,7 @@ variable                       default     what it bounds
                                            saved trace's Parquet tables (a size, e.g. ``4GiB``)
 ``MEMLENS_MAX_FRAMES``         ``4096``    frames in one stack of a CUDA memory snapshot
 ``MEMLENS_MAX_NESTING``        ``100``     nesting depth of containers in a pickle or JSON document
+``MEMLENS_MAX_DEVICES``        ``64``      devices in one trace file (each costs its own analyses)
 =============================  ==========  =================================================================
 
 Going over a limit is bad input (`InputError`, exit code 2) with a message that names the variable.
@@ -23,6 +24,7 @@ from memlens.errors import InputError
 DEFAULT_MAX_DECOMPRESSED = 1 << 30
 DEFAULT_MAX_FRAMES = 4096
 DEFAULT_MAX_NESTING = 100
+DEFAULT_MAX_DEVICES = 64  # one process sees at most 8-16 GPUs; 64 leaves room for host and mixed devices
 
 
 def _env_int(name: str, default: int, *, size: bool = False) -> int:
@@ -115,3 +117,29 @@ def check_nesting(obj, where=None, limit: int | None = None, *, also_walk: tuple
                 stack.append((child, depth + 1))
             elif watch and kind in watch:
                 on_watched(item, child)
+
+
+def max_devices() -> int:
+    """Most devices one trace file may hold (``MEMLENS_MAX_DEVICES``, default 64)."""
+    return _env_int("MEMLENS_MAX_DEVICES", DEFAULT_MAX_DEVICES)
+
+
+def check_devices(count: int, where=None) -> None:
+    """`InputError` when a file holds more than `max_devices` devices (each device's analyses cost their own
+    work, so a small file naming thousands of devices would take minutes)."""
+    limit = max_devices()
+    if count > limit:
+        raise InputError(f"{count:,} devices: a trace holds at most {limit} (raise MEMLENS_MAX_DEVICES to "
+                         "read it)", where)
+
+
+def check_input_file(path, what: str = "file") -> int:
+    """Size in bytes of the regular file at `path`, or `InputError`: not a regular file (a FIFO, a device), or
+    more than `max_decompressed` bytes (a file read whole or streamed into memory is bounded like a gzip's
+    expansion)."""
+    from memlens.errors import check_user_file
+    size, limit = check_user_file(path, None, what), max_decompressed()
+    if size > limit:
+        raise InputError(f"{size:,} bytes: a {what} is read up to {limit:,} (raise MEMLENS_MAX_DECOMPRESSED "
+                         "to read it)", path)
+    return size

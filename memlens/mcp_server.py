@@ -11,16 +11,27 @@ messages, and a stray print (a library's progress line) would corrupt it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import sys
 
 from memlens.errors import InputError
+from memlens.mcp_guard import Roots, check_arguments, clip, roots_from_uris, start_roots
 
 SERVER_NAME = "memlens"
 MAX_ROWS = 200  # the most rows a tool returns in one table: an assistant's context is small
 _CACHE_SIZE = 2  # traces kept loaded between calls (an assistant asks several questions of one file)
 _cache: dict[tuple, object] = {}
+_START_ROOTS: list[str] = []  # `memlens mcp --root DIR`
+_ROOTS = contextvars.ContextVar("memlens_mcp_roots", default=None)  # the roots of the call being answered
+_BOUNDARY = ("\n\nReads only files inside the server's roots (the client's roots, else the server's working "
+             "directory, plus `memlens mcp --root DIR`); paths and options at most 4096 characters.")
+
+
+def current_roots() -> Roots:
+    """The roots of the tool call being answered (the working directory when called outside the server)."""
+    return _ROOTS.get() or Roots([os.getcwd(), *_START_ROOTS])
 
 
 def require_mcp():
@@ -67,7 +78,7 @@ def info(path: str) -> dict:
     top allocation sites, iterations, phases)."""
     from memlens.analysis.peak_story import peak_story
     trace = load_cached(path)
-    return {**trace.summary(), **peak_story(trace)}
+    return {**trace.summary(), **peak_story(trace, reader=_source_reader(None))}
 
 
 def peak_cause(path: str, device: str | None = None) -> dict:
@@ -90,7 +101,7 @@ def sites(path: str, device: str | None = None, top: int | None = 20, by: str = 
           source_root: str | None = None) -> dict:
     """{device: rows} of the allocation sites live at each device's peak, largest first: ``site``
     ("file.py:line function"), ``bytes``, ``blocks``, ``category``, ``op``; with `source_root` (or when the
-    frames' files exist) also ``source`` (the text of that line). `by` "stack" splits a line by caller."""
+    frames' files exist inside the server's roots) also ``source`` (the text of that line). `by` "stack" splits a line by caller."""
     from memlens.analysis.peak import live_at, peak_breakdown
     from memlens.analysis.peak_cause import sites as site_table
     if by not in ("site", "stack"):
@@ -110,12 +121,15 @@ def sites(path: str, device: str | None = None, top: int | None = 20, by: str = 
     return out
 
 
+def _source_reader(source_root):
+    """A `SourceReader` that reads only files inside the call's roots."""
+    from memlens.analysis.source import SourceReader
+    return SourceReader(source_root, within=current_roots().contains)
+
+
 def _with_source(trace, df, source_root):
-    try:
-        from memlens.analysis.source import add_source_lines
-    except ImportError:  # the source view is not part of this build
-        return df
-    return add_source_lines(trace, df, source_root)
+    from memlens.analysis.source import add_source_lines
+    return add_source_lines(trace, df, reader=_source_reader(source_root))
 
 
 def diff(path_a: str, path_b: str, top: int | None = 10) -> dict:
@@ -161,17 +175,20 @@ def simulate(path: str, allocator: str = "caching", conf: str | None = None, cap
 def predict(script: str, args: list[str] | None = None, gpu: str = "H100", capacity: str | None = None,
             conf: str | None = None, timeout_s: float = 600.0) -> dict:
     """`memlens predict --json -- python SCRIPT ARGS`: run a training/inference script on fake CUDA tensors
-    (no GPU) and predict its peak allocated / reserved bytes on `gpu`. The script runs in a child process (its
-    prints cannot reach the protocol stream), at most `timeout_s` seconds."""
+    (no GPU) and predict its peak allocated / reserved bytes on `gpu` (a GPU name, or a .json GPU file inside
+    the roots). Only a .py file inside the server's roots runs, in a child process (its prints cannot reach the
+    protocol stream), with `args` as its command-line arguments (data, never a shell), at most `timeout_s`
+    seconds."""
     import subprocess
     if not os.path.isfile(script):
-        raise InputError(f"{script}: no such script")
-    cmd = [sys.executable, "-m", "memlens", "predict", "--json", "--gpu", str(gpu)]
+        raise InputError(f"{clip(script)}: no such script")
+    # options as `--name=value` and the script as an absolute path: no value can be read as another option
+    cmd = [sys.executable, "-m", "memlens", "predict", "--json", f"--gpu={gpu}"]
     if capacity:
-        cmd += ["--capacity", str(capacity)]
+        cmd += [f"--capacity={capacity}"]
     if conf:
-        cmd += ["--conf", str(conf)]
-    cmd += ["--", "python", script, *[str(a) for a in (args or [])]]
+        cmd += [f"--conf={conf}"]
+    cmd += ["--", "python", os.path.realpath(script), *[str(a) for a in (args or [])]]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -192,38 +209,76 @@ _TITLES = {"info": "Summarise a memory trace", "peak_cause": "What caused the me
            "simulate": "Replay a trace through an allocator model", "predict": "Predict a script's GPU memory"}
 
 
-def _as_tool(fn, tool_error):
-    """`fn` wrapped for the server: JSON text out, stdout kept off the protocol stream, memlens's input
-    errors as the tool's error message (one line, naming the file)."""
-    import functools
+def _as_tool(fn, tool_error, context_type):
+    """`fn` wrapped for the server: its arguments checked against the roots (the client's, else the working
+    directory, plus ``--root`` ones) and their size limits, JSON text out, stdout kept off the protocol stream,
+    memlens's input errors as the tool's error message (one line, naming the file)."""
+    import inspect
 
-    @functools.wraps(fn)
-    def call(*args, **kwargs) -> str:
+    async def call(ctx, **kwargs) -> str:
+        roots = Roots([*await _client_roots(ctx), *_START_ROOTS])
+        token = _ROOTS.set(roots)
         try:
+            check_arguments(fn.__name__, kwargs, roots)
             with contextlib.redirect_stdout(sys.stderr):
-                return _dumps(fn(*args, **kwargs))
+                return _dumps(fn(**kwargs))
         except InputError as exc:
-            raise tool_error(str(exc)) from None
+            raise tool_error(clip(str(exc), 2000)) from None
         except (MemoryError, RecursionError) as exc:
             raise tool_error(f"the input is too large or malformed for this machine ({type(exc).__name__})") from None
-    call.__annotations__ = {**fn.__annotations__, "return": str}
+        finally:
+            _ROOTS.reset(token)
+    sig = inspect.signature(fn)
+    ctx_param = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=context_type)
+    call.__signature__ = sig.replace(parameters=[*sig.parameters.values(), ctx_param], return_annotation=str)
+    call.__annotations__ = {**fn.__annotations__, "ctx": context_type, "return": str}
+    call.__name__, call.__doc__ = fn.__name__, fn.__doc__
     return call
+
+
+async def _client_roots(ctx) -> list[str]:
+    """The client's root directories when it offers them (the roots capability), else the working directory."""
+    import warnings
+    try:
+        import anyio
+        session = ctx.session
+        caps = session.client_capabilities
+        if caps is not None and getattr(caps, "roots", None) is not None:
+            with warnings.catch_warnings(), anyio.fail_after(5):
+                warnings.simplefilter("ignore")
+                listed = await session.list_roots()
+            dirs = roots_from_uris(r.uri for r in listed.roots)
+            if dirs:
+                return dirs
+    except Exception:  # noqa: BLE001 - a client that fails to list its roots gets the working directory
+        pass
+    return [os.getcwd()]
 
 
 def build_server():
     """The `MCPServer` with memlens's tools (needs the ``mcp`` extra)."""
     mcpserver = require_mcp()
+    from mcp.server.mcpserver import Context
     from mcp.server.mcpserver.exceptions import ToolError
 
     from memlens._version import __version__
     server = mcpserver.MCPServer(SERVER_NAME, version=__version__, instructions=(
         "memlens answers questions about PyTorch GPU memory traces (CUDA snapshots .pickle, profiler JSON, "
-        ".memlens directories). Every tool takes file paths on this machine; sizes are bytes, times ns."))
+        ".memlens directories). Every tool takes file paths inside the server's roots (the client's roots, else "
+        "the server's working directory, plus directories named with --root); sizes are bytes, times ns."))
     for fn in TOOLS:
-        server.tool(name=fn.__name__, title=_TITLES[fn.__name__], description=fn.__doc__)(_as_tool(fn, ToolError))
+        server.tool(name=fn.__name__, title=_TITLES[fn.__name__], description=fn.__doc__ + _BOUNDARY)(
+            _as_tool(fn, ToolError, Context))
     return server
 
 
-def serve() -> None:
-    """Run the server over stdio until the client closes it."""
-    build_server().run("stdio")
+def serve(roots=()) -> None:
+    """Run the server over stdio until the client closes it; `roots`: directories the tools may read and run
+    inside besides the client's roots (or the working directory)."""
+    import anyio
+
+    from memlens.mcp_stdio import serve_stdio
+    _START_ROOTS[:] = start_roots(roots)
+    server = build_server()
+    # the bounded transport drives the low-level server that MCPServer.run("stdio") would drive itself
+    anyio.run(serve_stdio, server._lowlevel_server)

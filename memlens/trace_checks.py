@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens import limits
 from memlens.errors import InputError
 
 # metadata keys memlens itself reads, with the types it needs
@@ -77,6 +78,7 @@ def validate_trace(trace) -> None:
     b = trace.blocks
     if b["block_id"].duplicated().any():
         raise InputError("blocks: block_id values are not unique")
+    limits.check_devices(int(b["device"].nunique()))
     _check_ranges(trace)
     both = b["alloc_ns"].notna() & b["free_ns"].notna()
     if (b.loc[both, "free_ns"] < b.loc[both, "alloc_ns"]).any():

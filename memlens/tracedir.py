@@ -234,6 +234,8 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_gro
     if not path.exists() and any(_siblings(path, ".old")):
         with _dir_lock(path.parent, exclusive=True):
             _recover(path)
+    if path.is_symlink() and not path.exists():
+        raise InputError("is a symbolic link to nothing; refusing to replace it", path)
     if path.exists():
         if not overwrite:
             raise InputError("already exists (pass overwrite=True to replace it)", path)
@@ -288,11 +290,21 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_gro
                 os.replace(tmp, path)
             _fsync_dir(path.parent)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(tmp)
         raise
     return path
+
+
+def _remove(entry: Path) -> None:
+    """Remove a directory tree, or the symbolic link an exchange left in its place (replacing a trace whose
+    path was a link leaves the link under the temporary name; rmtree refuses links)."""
+    if entry.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            entry.unlink()
+    else:
+        shutil.rmtree(entry, ignore_errors=True)
 
 
 def write_chunks(name: str, chunks, fpath: Path) -> tuple[int, int, int, bool]:

@@ -25,6 +25,8 @@ def parse_bytes(text: str | int | float) -> int:
     if isinstance(text, (int, float)):
         value = float(text) if isinstance(text, float) else text
     else:
+        if len(str(text)) > 64:  # no size is written with this many characters; int() of 5,000 digits fails
+            raise InputError(f"cannot read '{str(text)[:32]}...' ({len(str(text)):,} characters) as a size")
         m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _BYTE_UNITS:
             raise InputError(f"cannot read '{text}' as a size (examples: 512MB, 80GB, 1.5GiB)")

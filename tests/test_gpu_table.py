@@ -87,3 +87,17 @@ def test_the_table_lists_what_prediction_needs():
     assert df.loc["T4", "capability"] == "7.5" and df.loc["T4", "max_threads_per_sm"] == 1024
     assert df.loc["T4", "cuda_context"] == 250 * MiB and df.loc["T4", "device_name"] == "Tesla T4"
     assert pd.isna(df.loc["MI300X", "capability"])
+
+
+def test_a_gpu_file_with_bad_memory_facts_is_refused_naming_the_field(tmp_path):
+    good = gpu("T4").to_dict()
+    for field, value, words in (("capability", [7], "capability"), ("capability", [True, 5], "capability"),
+                                ("capability", "7.5", "capability"), ("cuda_context", -1, "cuda_context"),
+                                ("max_threads_per_sm", 0, "max_threads_per_sm"), ("device_name", 5, "device_name")):
+        path = tmp_path / f"{field}.json"
+        path.write_text(json.dumps({**good, field: value}))
+        with pytest.raises(InputError, match=words):
+            load_gpu(path)
+    path = tmp_path / "none.json"
+    path.write_text(json.dumps({**good, "capability": None}))
+    assert load_gpu(path).capability is None

@@ -27,15 +27,16 @@ def _env() -> dict:
     return {"PYTHONPATH": os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 
 
-def talk(calls):
-    """Start `python -m memlens mcp` and run `calls` (a list of (tool, arguments)) through mcp's own client;
-    returns (tool names listed, [(is_error, text)])."""
+def talk(calls, roots=()):
+    """Start `python -m memlens mcp [--root R ...]` and run `calls` (a list of (tool, arguments)) through mcp's
+    own client; returns (tool names listed, [(is_error, text)])."""
     import anyio
     from mcp import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
     async def go():
-        params = StdioServerParameters(command=sys.executable, args=["-m", "memlens", "mcp"], env=_env())
+        params = StdioServerParameters(command=sys.executable, args=["-m", "memlens", "mcp", *[a for r in roots for a in ("--root", str(r))]],
+                                        env=_env())
         with open(os.devnull, "w") as errlog:
             async with stdio_client(params, errlog=errlog) as (read, write):
                 async with ClientSession(read, write) as session:
@@ -76,8 +77,13 @@ def _block(i, size, alloc, free):
 def test_tools_list_and_info_agree_with_the_cli(tmp_path):
     bad = tmp_path / "not_a_trace.pickle"
     bad.write_bytes(b"nonsense")
+    # the server reads source lines only inside its roots: name the directories of the sample's frames (where
+    # it was recorded) as roots, so that it shows the same lines as the CLI
+    frame_dirs = {os.path.dirname(f) for f in pd.read_parquet(SAMPLE / "stacks.parquet")["filename"]}
+    roots = [tmp_path, SAMPLE_TRACES, *[d for d in frame_dirs if os.path.isdir(d)]]
     names, answers = talk([("info", {"path": str(SAMPLE)}), ("info", {"path": str(bad)}),
-                           ("peak_cause", {"path": str(SAMPLE)}), ("sites", {"path": str(SAMPLE), "top": 3})])
+                           ("peak_cause", {"path": str(SAMPLE)}), ("sites", {"path": str(SAMPLE), "top": 3})],
+                          roots=roots)
     assert set(names) == TOOLS
     (err, text), (bad_err, bad_text), (_, cause_text), (_, sites_text) = answers
     assert not err
@@ -109,7 +115,7 @@ def test_diff_and_simulate_on_hand_made_traces(tmp_path):
     pa, pb = tmp_path / "a.memlens", tmp_path / "b.memlens"
     a.save(pa)
     b.save(pb)
-    _, answers = talk([("diff", {"path_a": str(pa), "path_b": str(pb)}),
+    _, answers = talk(roots=[tmp_path], calls=[("diff", {"path_a": str(pa), "path_b": str(pb)}),
                        ("simulate", {"path": str(pb), "allocator": "bump"}),
                        ("simulate", {"path": str(pb), "allocator": "nonsense"})])
     (derr, dtext), (serr, stext), (bad_err, bad_text) = answers
@@ -149,7 +155,7 @@ def test_predict_runs_the_script_in_a_child(tmp_path):
     failing.write_text("import torch\na = torch.empty(1 << 20, device='cuda')\nraise ValueError('bad batch')\n")
     _, answers = talk([("predict", {"script": str(script), "gpu": "H100"}),
                        ("predict", {"script": str(tmp_path / "missing.py")}),
-                       ("predict", {"script": str(failing)})])
+                       ("predict", {"script": str(failing)})], roots=[tmp_path])
     (err, text), (bad_err, bad_text), (failed_err, failed_text) = answers
     assert not err, text
     got = json.loads(text)

@@ -123,22 +123,100 @@ def breakdown_of_live(device: str, live: pd.DataFrame, peak: int, t_peak: int, s
 def peak_breakdown(trace, device: str | None = None, largest: int = 20) -> dict[str, PeakBreakdown]:
     """{device: PeakBreakdown} for every device of `trace` (only `device` when given); see `PeakBreakdown`.
 
-    `largest` is how many of the biggest live blocks to list.
+    `largest` is how many of the biggest live blocks to list. Every device is computed in one pass over the
+    blocks (one sort, one grouping per key), so the work grows with the blocks, not with blocks x devices.
     """
     devices = trace.devices if device is None else [device]
+    peaks = _device_peaks(trace, devices)
+    if not peaks:
+        return {}
+    lt = trace.lifetimes()
+    lt = lt[lt["device"].isin(list(peaks)).to_numpy()]
+    dev = lt["device"].astype(str).to_numpy()
+    t_peak = np.array([peaks[d][1] for d in dev], dtype=np.int64)
+    s_peak = np.array([peaks[d][2] for d in dev], dtype=np.int64)
+    start, end = lt["start_ns"].to_numpy(), lt["end_ns"].to_numpy()
+    started = (start < t_peak) | ((start == t_peak) & (lt["start_seq"].to_numpy() <= s_peak))
+    ended = lt["free_ns"].notna().to_numpy() & ((end < t_peak) | ((end == t_peak) & (lt["end_seq"].to_numpy() <= s_peak)))
+    live = lt[started & ~ended].sort_values("device", kind="stable")
+    groups = {key: _split(_group_all(live, key, peaks)) for key in ("category", "module", "op")}
+    cols = [c for c in LARGEST_COLUMNS if c in live.columns]
+    big = live.sort_values(["device", "size", "block_id"], ascending=[True, False, True], kind="stable")
+    big = big[big.groupby("device", sort=False).cumcount().to_numpy() < largest]
+    big_by_dev = _split(big, cols)
+    live_by_dev = _split(live, ["size"])
+    ops = trace.blocks.drop_duplicates("block_id").set_index("block_id")["op"]
     result = {}
-    for dev in devices:
-        curve = trace.live_bytes(dev)
-        if len(curve) == 0:
-            continue
-        i = int(np.argmax(curve["live"].to_numpy()))
-        peak = int(curve["live"].iloc[i])
-        t_peak, seq_peak = int(curve["t_ns"].iloc[i]), int(curve["seq"].iloc[i])
-        live = live_at(trace, dev, seq_peak, t_peak)
-        block_id = int(curve["block_id"].iloc[i]) if curve["delta"].iloc[i] > 0 else None
-        op = ""
-        if block_id is not None:
-            match = trace.blocks.loc[trace.blocks["block_id"] == block_id, "op"]
-            op = str(match.iloc[0]) if len(match) else ""
-        result[dev] = breakdown_of_live(dev, live, peak, t_peak, seq_peak, block_id, op, largest)
+    for d, (peak, t, seq, block_id) in peaks.items():
+        rows = live_by_dev.get(d)
+        live_sum = int(rows["size"].sum()) if rows is not None else 0
+        notes = [] if live_sum == peak else [f"live blocks sum to {live_sum} bytes, the curve to {peak}: the trace's "
+                                             "event order and timestamps disagree"]
+        op = str(ops.get(block_id, "")) if block_id is not None else ""
+        empty = {key: pd.DataFrame({key: pd.Series(dtype=object), "bytes": pd.Series(dtype=np.int64),
+                                    "blocks": pd.Series(dtype=np.int64), "share": pd.Series(dtype=float)})
+                 for key in groups}
+        result[d] = PeakBreakdown(
+            device=d, peak_bytes=peak, peak_ns=t, peak_seq=seq, peak_block_id=block_id,
+            live_blocks=0 if rows is None else len(rows),
+            by_category=groups["category"].get(d, empty["category"]), by_module=groups["module"].get(d, empty["module"]),
+            by_op=groups["op"].get(d, empty["op"]),
+            largest=big_by_dev.get(d, pd.DataFrame(columns=cols)), op_at_peak=op, notes=notes)
     return result
+
+
+def _device_peaks(trace, devices) -> dict[str, tuple[int, int, int, int | None]]:
+    """{device: (peak live bytes, t_ns, seq, block_id of the allocation that reached it or None)} for the
+    devices with events: the first maximum of each device's `Trace.live_bytes` curve, all in one sort."""
+    b = trace.blocks[trace.blocks["device"].isin(list(devices)).to_numpy()]
+    if len(b) == 0:
+        return {}
+    codes, names = pd.factorize(b["device"].astype(str))
+    size = b["size"].to_numpy(dtype=np.int64)
+    lo, _ = trace.time_span_ns()
+    freed = b["free_ns"].notna().to_numpy()
+    t = np.concatenate([b["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64),
+                        b["free_ns"].to_numpy(dtype="float64", na_value=0)[freed].astype(np.int64)])
+    seq = np.concatenate([b["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64),
+                          b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)[freed]])
+    delta = np.concatenate([size, -size[freed]])
+    dev = np.concatenate([codes, codes[freed]])
+    bid = np.concatenate([b["block_id"].to_numpy(), b["block_id"].to_numpy()[freed]])
+    order = np.lexsort((seq, t, dev))  # stable: each device's events in `live_bytes`'s order
+    t, seq, delta, dev, bid = t[order], seq[order], delta[order], dev[order], bid[order]
+    starts = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1]])
+    total = np.cumsum(delta)
+    before = np.r_[0, total[starts[1:] - 1]]  # bytes of the devices sorted before each group
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(dev)]))
+    live = total - before[group]
+    best = np.maximum.reduceat(live, starts)
+    at_max = np.flatnonzero(live == best[group])
+    _, first = np.unique(group[at_max], return_index=True)
+    out = {}
+    for g, i in enumerate(at_max[first]):
+        out[str(names[dev[i]])] = (int(live[i]), int(t[i]), int(seq[i]), int(bid[i]) if delta[i] > 0 else None)
+    return {d: out[d] for d in sorted(out)}
+
+
+def _group_all(live: pd.DataFrame, key: str, peaks: dict) -> pd.DataFrame:
+    """`_group` of every device at once: ``device``, `key`, ``bytes``, ``blocks``, ``share``; per device
+    largest first (ties by bytes, then blocks, kept in label order)."""
+    labels = live[key].astype(str).replace("", "(unknown)").to_numpy()
+    g = pd.DataFrame({"device": live["device"].astype(str).to_numpy(), key: labels,
+                      "size": live["size"].to_numpy(np.int64)}).groupby(["device", key], sort=True)["size"]
+    out = pd.DataFrame({"bytes": g.sum(), "blocks": g.size()}).reset_index()
+    out = out.iloc[np.lexsort((-out["blocks"].to_numpy(), -out["bytes"].to_numpy(),
+                               pd.factorize(out["device"], sort=True)[0]))]
+    peak = out["device"].map({d: p[0] for d, p in peaks.items()}).to_numpy(dtype=np.int64)
+    out["share"] = np.where(peak > 0, out["bytes"].to_numpy() / np.maximum(peak, 1), 0.0)
+    return out
+
+
+def _split(df: pd.DataFrame, cols=None) -> dict[str, pd.DataFrame]:
+    """{device: its rows of `df` (sorted by device; `cols`, else all but ``device``), index reset}."""
+    dev = df["device"].astype(str).to_numpy()
+    cols = cols or [c for c in df.columns if c != "device"]
+    starts = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1]]) if len(dev) else np.array([], dtype=int)
+    ends = np.r_[starts[1:], len(dev)]
+    body = df[cols]
+    return {str(dev[s]): body.iloc[s:e].reset_index(drop=True) for s, e in zip(starts, ends)}

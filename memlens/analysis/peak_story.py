@@ -5,11 +5,11 @@ iterations, the phases), kept here so that both the CLI and the MCP server read 
 from __future__ import annotations
 
 
-def peak_story(trace, source_root=None) -> dict:
+def peak_story(trace, source_root=None, reader=None) -> dict:
     """The ``peak`` / ``iterations`` / ``phases`` part of ``info --json`` (see the issue-17 contract):
     per device allocated and reserved bytes at the peak, bytes by category, the cause sentence and the top
     allocation sites (each with ``source``, its line's text, when the file is found under `source_root` or
-    where the frame points); the number of iterations; the phases (ns since the trace start)."""
+    where the frame points; `reader`, a `SourceReader`, replaces both); the number of iterations; the phases (ns since the trace start)."""
     from memlens.analysis.iterations import split_iterations
     from memlens.analysis.peak_cause import peak_cause
     from memlens.analysis.phases import trace_phases
@@ -19,7 +19,7 @@ def peak_story(trace, source_root=None) -> dict:
     phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
                "source": str(p.get("source", ""))} for p in trace_phases(trace)]
     peak = {dev: c.to_json() for dev, c in peak_cause(trace).items()}
-    reader = SourceReader(source_root)
+    reader = reader or SourceReader(source_root)
     for cause in peak.values():
         top_site_sources(trace, cause["top_sites"], reader=reader)
     return {"peak": peak,

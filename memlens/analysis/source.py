@@ -27,9 +27,11 @@ MAX_LINE_CHARS = 160
 
 class SourceReader:
     """Reads lines of the files a trace's frames name; `root` (a directory) or None (the frames' own paths).
-    Files are read once and kept for the reader's life."""
+    `within`: when given, a callable that says whether a local path may be read (a server's trust boundary);
+    files it refuses are treated as not found. Files are read once and kept for the reader's life."""
 
-    def __init__(self, root=None):
+    def __init__(self, root=None, within=None):
+        self.within = within
         self.root = None
         if root is not None:
             if not os.path.isdir(root):
@@ -42,7 +44,10 @@ class SourceReader:
         """The local path of the frame's file, or None (not found, not a .py file, or outside the root)."""
         filename = str(filename)
         if filename not in self._where:
-            self._where[filename] = self._resolve(filename)
+            found = self._resolve(filename)
+            if found is not None and self.within is not None and not self.within(found):
+                found = None
+            self._where[filename] = found
         return self._where[filename]
 
     def _resolve(self, filename: str) -> str | None:

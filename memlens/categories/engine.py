@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.categories.facts import BlockFacts
-from memlens.categories.rules import STACK_FIELDS, RuleSet, load_rules
+from memlens.categories.rules import STACK_FIELDS, RuleSet, TimedPattern, load_rules
 
 NO_RULE = "no rule matched (end the rules with {category = \"@builtin\"} to keep memlens's own categories)"
 
@@ -59,7 +59,8 @@ def assign(trace, ruleset: RuleSet) -> tuple[np.ndarray, np.ndarray]:
         if not open_.any():
             break
         hit = open_.copy()
-        for field, regex in rule.matchers.items():
+        for field, compiled in rule.matchers.items():
+            regex = TimedPattern(compiled, rule.where, field)
             if not hit.any():
                 break
             if field in STACK_FIELDS:

@@ -33,10 +33,13 @@ In Python, a rule is a dict (``{"category": "attention", "module": ".*attn.*"}``
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memlens.errors import InputError
+import regex
+
+from memlens.errors import InputError, read_user_file
 
 MATCH_FIELDS = ("frame", "function", "file", "stack", "module", "op", "annotation", "phase", "builtin")
 STACK_FIELDS = ("frame", "function", "file", "stack")
@@ -44,6 +47,30 @@ BUILTIN = "@builtin"
 MAX_RULES = 10_000
 MAX_PATTERN = 2_000  # characters: a longer "regex" is a pasted file, not a rule
 MAX_FILE_BYTES = 4 << 20  # a rules file past 4 MiB is not a rules file
+RULE_SECONDS = 2.0  # time one rule's pattern may spend searching one trace: real patterns take microseconds
+
+
+class TimedPattern:
+    """A rule's compiled pattern, applied to one trace: its searches share `RULE_SECONDS`; past that, an
+    `InputError` naming the rule (a pattern such as ``(a|aa)+$`` backtracks exponentially on some names)."""
+
+    def __init__(self, compiled, where: str, field: str):
+        self.compiled, self.where, self.field, self.used = compiled, where, field, 0.0
+
+    @property
+    def pattern(self) -> str:
+        return self.compiled.pattern
+
+    def search(self, text: str):
+        start = time.perf_counter()
+        try:
+            return self.compiled.search(text, timeout=max(RULE_SECONDS - self.used, 1e-3))
+        except TimeoutError:
+            raise InputError(f"{self.where}: {self.field} pattern {self.compiled.pattern[:80]!r} took over "
+                             f"{RULE_SECONDS:g} s on this trace's names (it backtracks without bound, e.g. a "
+                             "nested repeat like (a+)+); rewrite it") from None
+        finally:
+            self.used += time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -107,12 +134,8 @@ def read_rules_file(path) -> RuleSet:
     line of its ``[[rule]]`` header."""
     path = Path(path)
     try:
-        if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
-            raise InputError(f"{path.stat().st_size:,} bytes: a rules file holds at most {MAX_FILE_BYTES:,}", path)
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("no such rules file", path) from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_user_file(path, MAX_FILE_BYTES, "rules file").decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError(f"cannot read the rules file ({exc})", path) from None
     try:
         import tomllib
@@ -122,6 +145,8 @@ def read_rules_file(path) -> RuleSet:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"not valid TOML: {exc}", path) from None
+    except RecursionError:
+        raise InputError("not valid TOML for rules: nested too deeply", path) from None
     extra = sorted(set(data) - {"rule"})
     if extra:
         raise InputError(f"unknown top-level key{'s' if len(extra) > 1 else ''} {', '.join(extra)} (write each "
@@ -174,7 +199,7 @@ def _rule(item, where: str, path) -> Rule:
         if len(pattern) > MAX_PATTERN:
             fail(f"{key}: the pattern is {len(pattern):,} characters (at most {MAX_PATTERN:,})")
         try:
-            matchers[key] = re.compile(pattern)
-        except re.error as exc:
+            matchers[key] = regex.compile(pattern)  # Python's syntax, with a timeout per search (`TimedPattern`)
+        except (regex.error, RecursionError, OverflowError) as exc:
             fail(f"{key}: {pattern!r} is not a regular expression ({exc})")
     return Rule(category=category.strip(), matchers=matchers, where=where)

@@ -10,7 +10,9 @@ import pandas as pd
 
 from memlens.devicetime.gpu import DTYPE_KEYS, DTYPE_TO_KEY, GPU
 from memlens.devicetime.gpu_table import BUILTIN
-from memlens.errors import InputError
+from memlens.errors import InputError, read_user_file
+
+MAX_GPU_FILE_BYTES = 1 << 20  # a GPU description is a few kB; calibration residuals add tens
 
 __all__ = ["BUILTIN", "DTYPE_KEYS", "DTYPE_TO_KEY", "GPU", "gpu", "gpus", "load_gpu", "save_gpu", "with_link"]
 
@@ -29,12 +31,15 @@ def save_gpu(g: GPU, path) -> Path:
 def load_gpu(path) -> GPU:
     """The `GPU` saved in a JSON file (`save_gpu`, `memlens calibrate -o`). `InputError` if unreadable."""
     path = Path(path)
+    raw = read_user_file(path, MAX_GPU_FILE_BYTES, "GPU file")
     try:
-        d = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read a GPU from {path} ({type(exc).__name__}: {exc})") from None
+        d = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(f"cannot read a GPU from {path} ({type(exc).__name__}: {str(exc)[:200]})") from None
     if not isinstance(d, dict):
         raise InputError(f"{path}: not a GPU description (a JSON object written by memlens calibrate)")
+    from memlens.devicetime.gpu_schema import check_gpu_fields
+    d = check_gpu_fields(d, path)
     known = {f.name for f in fields(GPU)}
     args = {k: v for k, v in d.items() if k in known}
     for key in ("host_bw", "aliases"):

@@ -7,7 +7,7 @@ import os
 import zlib
 from pathlib import Path
 
-from memlens.errors import InputError
+from memlens.errors import InputError, check_user_file
 
 # format name -> (module, function) of its importer; each takes (path) and returns a Trace
 IMPORTERS = {
@@ -70,15 +70,7 @@ def require_kineto(path) -> None:
 def check_regular(path) -> None:
     """`InputError` unless `path` is a regular file (after symlinks): opening a FIFO blocks until a writer
     comes, and a device or socket never ends."""
-    import stat
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as exc:
-        raise InputError(f"cannot read ({exc.strerror or exc})", path) from None
-    if not stat.S_ISREG(mode):
-        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
-        raise InputError(f"is {kind}, not a file memlens can read (save it to a file first)", path)
+    check_user_file(path)
 
 
 def detect_format(path) -> str:
@@ -140,7 +132,12 @@ def load(path, format: str | None = None):
     except (ImportError, AttributeError):
         raise InputError(f"format '{fmt}' is recognised but its importer is not available in this "
                          "version of memlens", path) from None
-    trace = importer(path)
+    try:
+        trace = importer(path)
+    except UnicodeEncodeError as exc:  # JSON "\ud800" or a pickled str: text no file or table can hold
+        bad = exc.object[exc.start:exc.end] if isinstance(exc.object, str) else ""
+        raise InputError(f"holds text that is not valid Unicode ({bad.encode('unicode_escape').decode()!s} "
+                         "in a name: a lone surrogate)", path) from None
     if fmt != "memlens":  # load_trace validates its own; an import must pass the same checks, or a
         # trace would be accepted now and its saved copy refused on reload
         validated(trace, path)

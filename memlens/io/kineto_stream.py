@@ -145,6 +145,7 @@ def read_kineto_filtered(path, gpu=None):
     activity go to `gpu` (a `memlens.io.kineto_kernels.GpuEvents`) when given, else are dropped. Bad JSON
     raises `InputError` naming the file and the character where it stops making sense."""
     path = Path(path)
+    limits.check_input_file(path, "Kineto trace")
     with reading_file(path), open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
     with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as stream:

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from memlens import limits
 from memlens.errors import InputError
 
 REQUIRED = ("id", "lower", "upper", "size")
+_MAX_VALUE = 2 ** 62  # times, sizes, alignments and offsets: beyond this an int64 sum overflows
 OPTIONAL_INT = ("alignment", "offset")
 
 
@@ -24,6 +26,7 @@ def read_lifetimes_csv(path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path)
+    limits.check_input_file(path, "buffer-lifetime CSV")  # read whole: bounded before pandas holds it
     with _csv_errors(path):
         df = pd.read_csv(path, dtype={"id": str}, skipinitialspace=True, index_col=False)
     return _validated(df, path)
@@ -63,6 +66,10 @@ def _validated(df: pd.DataFrame, path, first_line: int = 2) -> pd.DataFrame:
         if bad.any() or (numeric.dropna() % 1 != 0).any():
             row = int(bad.idxmax()) + line if bad.any() else 0
             raise InputError(f"column '{col}' has a non-integer value" + (f" on line {row}" if row else ""), path)
+        huge = numeric.abs() >= _MAX_VALUE  # int64 casts would wrap (1e23 would read as a negative size)
+        if huge.any():
+            raise InputError(f"column '{col}' holds {numeric[huge].iloc[0]:.6g} on line {int(huge.idxmax()) + line}: "
+                             "values must be below 2**62", path)
         df[col] = numeric.astype("Int64" if col in OPTIONAL_INT else "int64")
     if (df["size"] < 0).any():
         raise InputError(f"negative size on line {int((df['size'] < 0).idxmax()) + line}", path)

@@ -46,9 +46,16 @@ class EventColumns:
         return len(self.seq)
 
 
+_INT_TYPES = (int, np.integer, type(None))
+
+
 def _int_column(values: list) -> tuple[np.ndarray, np.ndarray]:
-    """(int64 values with 0 for missing, missing mask) of a list of ints / None; any other value, or an
-    int beyond int64 (with or without None beside it), is an `InputError` naming it."""
+    """(int64 values with 0 for missing, missing mask) of a list of ints / None; any other value (a float,
+    a string such as "512", a boolean), or an int beyond int64 (with or without None beside it), is an
+    `InputError` naming it: numpy would convert those silently."""
+    odd = [v for v in values if not isinstance(v, _INT_TYPES) or isinstance(v, (bool, np.bool_))][:1]
+    if odd:
+        raise _not_int64(odd)
     try:
         return np.array(values, dtype=np.int64).reshape(len(values)), np.zeros(len(values), dtype=bool)
     except (TypeError, ValueError, OverflowError):
@@ -63,7 +70,7 @@ def _int_column(values: list) -> tuple[np.ndarray, np.ndarray]:
 def _not_int64(values: list) -> InputError:
     """The error for the first value of `values` that is not an int64."""
     for v in values:
-        if not isinstance(v, (int, np.integer)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
             return InputError(f"a device-trace entry holds {type(v).__name__} {short_str(v, 40)!r} "
                               "where an integer is expected")
         if not -(2**63) <= v < 2**63:
@@ -77,7 +84,7 @@ def _part_from_dicts(entries: list, index: int, interner: StackInterner) -> dict
     part = {
         "action": np.array([e.get("action") for e in entries] or [], dtype=object),
         "addr": _int_column([e.get("addr") for e in entries]),
-        "size": _int_column([e.get("size") for e in entries])[0],
+        "size": _int_column([e.get("size") for e in entries]),
         "stream": _int_column([e.get("stream") for e in entries])[0],
         "time": _int_column([e.get("time_us") for e in entries]),
         "device_free": _int_column([e.get("device_free") for e in entries]),
@@ -99,7 +106,7 @@ def _part_from_columns(cols: EntryColumns) -> dict:
 
     part = {
         "action": np.asarray(cols.names["action"] + [None], dtype=object)[np.frombuffer(cols.codes["action"], np.int32)],
-        "addr": ints("addr"), "size": ints("size")[0], "stream": ints("stream")[0], "time": ints("time_us"),
+        "addr": ints("addr"), "size": ints("size"), "stream": ints("stream")[0], "time": ints("time_us"),
         "device_free": ints("device_free"), "stack_id": np.frombuffer(cols.stack_id, dtype=np.int64),
     }
     for key in ("user_metadata", "compile_context"):
@@ -136,7 +143,7 @@ def read_device_traces(device_traces: list, interner: StackInterner, release: bo
     if not parts:
         parts.append({"device_code": np.empty(0, np.int64), "seq": np.empty(0, np.int64),
                       "index": np.empty(0, np.int64), "action": np.empty(0, dtype=object),
-                      "addr": (np.empty(0, np.int64), np.empty(0, bool)), "size": np.empty(0, np.int64),
+                      "addr": (np.empty(0, np.int64), np.empty(0, bool)), "size": (np.empty(0, np.int64), np.empty(0, bool)),
                       "stream": np.empty(0, np.int64), "time": (np.empty(0, np.int64), np.empty(0, bool)),
                       "device_free": (np.empty(0, np.int64), np.empty(0, bool)),
                       "stack_id": np.empty(0, np.int64)})
@@ -160,6 +167,9 @@ def read_device_traces(device_traces: list, interner: StackInterner, release: bo
         action = action.copy()
         action[odd] = "(no action)"
         repairs["trace entries without an action (kept as '(no action)')"] = int(odd.sum())
+    size, size_missing = cat_pair("size", 0), cat_pair("size", 1)
+    if size_missing.any():
+        repairs["trace entries without a size (read as 0 bytes)"] = int(size_missing.sum())
     device_code = cat("device_code")
     time_us, time_missing = cat_pair("time", 0), cat_pair("time", 1)
     clock, t0, clock_repairs = "none", None, 0
@@ -183,7 +193,7 @@ def read_device_traces(device_traces: list, interner: StackInterner, release: bo
             extras[key] = [v for p in parts for v in (p.get(key) or [""] * len(p["seq"]))]
     return EventColumns(
         seq=cat("seq"), t_ns=t_ns, device_code=device_code, devices=devices, action=action,
-        addr=cat_pair("addr", 0), addr_missing=cat_pair("addr", 1), size=cat("size"), stream=cat("stream"),
+        addr=cat_pair("addr", 0), addr_missing=cat_pair("addr", 1), size=size, stream=cat("stream"),
         stack_id=cat("stack_id"), device_free=cat_pair("device_free", 0),
         device_free_missing=cat_pair("device_free", 1), clock=clock, t0_unix_ns=t0, clock_repairs=clock_repairs,
         extras=extras, repairs=repairs)

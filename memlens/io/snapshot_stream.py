@@ -122,6 +122,8 @@ class EntryColumns:
             get = e.get
             for column, name in int_columns:
                 value = get(name)
+                if value is True or value is False:  # an int to array('q'); the dict path names it
+                    raise _Unsupported("entry field is a bool")
                 column.append(MISSING if value is None else value)
             for column, code_of, names, name in coded:
                 value = get(name)

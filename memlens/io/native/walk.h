@@ -247,7 +247,8 @@ bool Walk::take_entries(PyObject* target, PyObject* const* items, Py_ssize_t cou
             if (!v && PyErr_Occurred()) return false;
             int64_t value = kMissing;
             if (v && v != Py_None) {
-                if (!PyLong_Check(v)) return fail_b("entry field is not an int");  // array('q') TypeError
+                // a bool is an int to Python, not a size or address: the dict path names it in the error
+                if (!PyLong_Check(v) || PyBool_Check(v)) return fail_b("entry field is not an int");
                 int overflow = 0;
                 long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
                 if (x == -1 && PyErr_Occurred()) return false;
