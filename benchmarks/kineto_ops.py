@@ -3,7 +3,7 @@ carry (flops, bytes_read, bytes_written, dtype, shapes) and the device time its 
 
 This is benchmark glue, not the importer (memlens.io.kineto* does that for users): it reads each CPU
 op's ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, runs the op on meta tensors to learn its
-results' shapes, and feeds the signature through `memlens.record.costs.op_costs`, as the recorder does.
+results' shapes, and feeds the signature through `memlens.recording.costs.op_costs`, as the recorder does.
 Kernels, memcpys and memsets are given to the op whose ``External id`` they carry (both trace eras put
 it on the GPU event). The ops kept are the ones a dispatch recorder would see: ops that own GPU work, and
 leaf ops (no child op) that own none (views, metadata, CPU-side work).
@@ -91,7 +91,7 @@ def _literal(text):
 
 def _signature(row, default_dtype="float32"):
     """(args with tensors as (shape, dtype name), has concrete scalars)."""
-    from memlens.record.dtypes import dtype_name
+    from memlens.opfacts.dtypes import dtype_name
     dims, types = row["dims"] or [], row["types"] or []
     concrete = row["concrete"]
     args = []
@@ -111,7 +111,7 @@ def _common_float_dtype(ops) -> str:
     """The floating dtype most tensor arguments of the profile have (for TensorList arguments, whose
     element dtypes Kineto does not write)."""
     from collections import Counter
-    from memlens.record.dtypes import dtype_name, is_floating
+    from memlens.opfacts.dtypes import dtype_name, is_floating
     counts = Counter(dtype_name(t) for types in ops["types"].dropna() for t in types
                      if t not in _NOT_DTYPES and is_floating(dtype_name(t)))
     return counts.most_common(1)[0][0] if counts else "float32"
@@ -120,7 +120,7 @@ def _common_float_dtype(ops) -> str:
 def _meta_out(name, args, kwargs):
     """Results of the op run on meta tensors, as (shape, dtype name) / tuples of them; None if it fails."""
     import torch
-    from memlens.record.flops import resolve_op
+    from memlens.opfacts.flops import resolve_op
 
     def to_meta(a):
         if isinstance(a, tuple) and len(a) == 2 and isinstance(a[0], tuple) and isinstance(a[1], str):
@@ -183,7 +183,7 @@ def _overload(name, args):
 def _keywords(name, args):
     """(qualified name, positional args, keyword args): Kineto lists every schema argument in order;
     keyword-only ones (addmm's beta/alpha, mean's dtype) go back to keywords, as a Python call passes them."""
-    from memlens.record.flops import resolve_op
+    from memlens.opfacts.flops import resolve_op
     name = _overload(name, args)
     schema = getattr(resolve_op(name), "_schema", None)
     if schema is None or len(schema.arguments) < len(args):
@@ -215,7 +215,7 @@ def profile_ops(path) -> tuple[pd.DataFrame, dict]:
     """(ops, info) of a Kineto profile. ops: name, flops, bytes_read, bytes_written, dtype, shapes,
     measured_ns (device ns of the op's own kernels, memcpys and memsets), kernels, memcpy_bytes.
     info: gpu (device name), gpu_busy_ns (all GPU activity), attributed_ns, ops_without_facts."""
-    from memlens.record.costs import op_costs
+    from memlens.recording.costs import op_costs
     doc = load(path)
     ops, acts = _ops_and_activity(doc)
     parent = _parents(ops)

@@ -41,7 +41,7 @@ def with_memtracker(kind: str):
     """The same run with MemTracker tracking the measured step (its peak is live tensor bytes)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from memlens.predict.environment import fake_cuda
+    from memlens.prediction.environment import fake_cuda
     from tests.workloads import cs336_lm as w
     t = time.perf_counter()
     # FakeTensorMode as torch ships it (memlens's faster cache key is memlens's, not MemTracker's)

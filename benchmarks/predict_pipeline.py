@@ -8,7 +8,7 @@ microbatches of 1 x 2048 tokens, cross-entropy on the last stage, then ``opt.ste
 ``memlens.predict(step, world_size=stages)`` (torch's fake process group, every stage rank run). Prints the
 host wall seconds, this process's peak RSS, each stage's predicted peak allocated / reserved bytes and the
 pipeline step time on the modeled H100 clock (`d.step_time()`: stages joined with their waits and the p2p
-transfers over NVLink, `memlens.predict.distributed.pipeline_time`), with the textbook step
+transfers over NVLink, `memlens.prediction.distributed.pipeline_time`), with the textbook step
 ``(M + S - 1)(F + B)`` from the stages' mean forward and backward beside it. Nothing is allocated for real.
 
     python benchmarks/predict_pipeline.py [--stages 8] [--microbatches 16] [--layers 32]

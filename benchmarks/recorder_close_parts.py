@@ -33,7 +33,7 @@ import timeit
 import torch
 
 import memlens
-from memlens.record import assemble, compiled, join, recorder
+from memlens.recording import assemble, compiled, join, recorder
 
 from heldout_steps import HELDOUT
 from recorder_overhead import workload

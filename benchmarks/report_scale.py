@@ -87,7 +87,7 @@ def browser_draw_seconds(path) -> float | None:
 
 
 def run(trace: Trace, whatif: bool, browser: bool = False) -> dict:
-    from memlens.report import build_report
+    from memlens.reporting import build_report
 
     start = time.perf_counter()
     built = build_report(trace, whatif=whatif)

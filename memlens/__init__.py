@@ -11,10 +11,10 @@ from memlens.trace import Trace
 # name -> (module, attribute), resolved on first access so that `import memlens` stays cheap
 _LAZY = {
     "load": ("memlens.io.detect", "load"),
-    "record": ("memlens.record", "record"),
-    "step": ("memlens.record", "step"),
-    "report": ("memlens.report", "report"),
-    "diff": ("memlens.diff", "diff"),
+    "record": ("memlens.recording", "record"),
+    "step": ("memlens.recording", "step"),
+    "report": ("memlens.reporting", "report"),
+    "diff": ("memlens.analysis.diff", "diff"),
     "categorize": ("memlens.categories", "categorize"),
     "retime": ("memlens.devicetime.retiming", "retime"),
     "onto_kernel_clock": ("memlens.clock", "onto_kernel_clock"),
@@ -23,41 +23,28 @@ _LAZY = {
     "calibrate": ("memlens.devicetime.calibration", "calibrate"),
     "load_many": ("memlens.analysis.runs", "load_many"),
     "RunSet": ("memlens.analysis.runs", "RunSet"),
-    "predict": ("memlens.predict", "predict"),
-    "fake": ("memlens.predict", "fake"),
-    "max_batch": ("memlens.predict.sweep", "max_batch"),
-    "predict_strategies": ("memlens.predict.distributed.strategies", "predict_strategies"),
+    "predict": ("memlens.prediction", "predict"),
+    "fake": ("memlens.prediction", "fake"),
+    "max_batch": ("memlens.prediction.sweep", "max_batch"),
+    "predict_strategies": ("memlens.prediction.distributed.strategies", "predict_strategies"),
     "advise": ("memlens.advise", "advise"),
     "apply": ("memlens.advise", "apply"),
 }
 
 # On a CPU-only torch, `memlens.predict` needs its fake-CUDA shim loaded before torch initialises: when
-# memlens is imported first, load it just before torch (cheap; see memlens.predict.shim).
-from memlens.predict.shim import watch_torch_import as _watch_torch_import  # noqa: E402
+# memlens is imported first, load it just before torch (cheap; see memlens.prediction.shim).
+from memlens.prediction.shim import watch_torch_import as _watch_torch_import  # noqa: E402
 
 _watch_torch_import()
 
 
-# subpackages the README names as `memlens.<name>.<object>`, imported on first attribute access
-_LAZY_SUBPACKAGES = ("analysis", "devicetime", "io", "opfacts", "plan", "predict", "report", "simulate", "swap", "viz",
-                     "widgets", "whatif")
-
-
 def __getattr__(name):
-    if name in _LAZY_SUBPACKAGES:
-        import importlib
-        return importlib.import_module(f"memlens.{name}")
     if name in _LAZY:
         import importlib
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value
         return value
-    import importlib.util
-    if not name.startswith("_") and importlib.util.find_spec(f"memlens.{name}") is not None:
-        # any other module the README names (memlens.reserved, memlens.units, ...) loads on first access too
-        import importlib
-        return importlib.import_module(f"memlens.{name}")
     raise AttributeError(f"module 'memlens' has no attribute {name!r}")
 
 

@@ -1,4 +1,4 @@
-"""Where the compiled parts (the recorder, memlens.record.native; the snapshot walker, memlens.io.native) are
+"""Where the compiled parts (the recorder, memlens.recording.native; the snapshot walker, memlens.io.native) are
 cached: one folder for all of them, in which each build has its own subfolder named by what it was built from.
 """
 from __future__ import annotations

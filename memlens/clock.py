@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.schema import make_clock
-from memlens.trace import Trace, clock_of  # noqa: F401  (clock_of: re-exported)
+from memlens.trace import Trace, clock_of
 
 
 def clock_label(trace_or_clock) -> str:

@@ -91,7 +91,7 @@ def _train_steps(model, optimizer, steps: int, make_batch, loss_of, mark_steps: 
     """The shared loop: batch, loss, backward, optimizer step, zero_grad(set_to_none=True), and
     `memlens.step()` after each step when `mark_steps`. Returns the last loss."""
     torch = _torch()
-    from memlens.record import step
+    from memlens.recording import step
     loss = torch.zeros(())
     for _ in range(steps):
         loss = loss_of(model, make_batch())
@@ -127,7 +127,7 @@ def train_classifier_steps(model, optimizer, steps: int, make_batch, mark_steps:
 def record_demo_trace(steps: int = 4, seed: int = 0):
     """Record the small transformer trained for `steps` AdamW steps on CPU; returns the Trace."""
     torch = _torch()
-    from memlens.record import record
+    from memlens.recording import record
     torch.manual_seed(seed)
     model = make_transformer()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -145,7 +145,7 @@ def run_demo(out_dir, steps: int = 4, overwrite: bool = True) -> dict:
     trace_path = trace.save(out / "demo.memlens", overwrite=overwrite)
     result = {"trace": trace_path, "report": None, "report_error": None, "summary": trace.summary()}
     try:
-        from memlens.report import report
+        from memlens.reporting import report
     except ImportError as exc:
         result["report_error"] = f"the HTML report is unavailable in this build ({exc})"
         return result

@@ -117,7 +117,7 @@ class MemlensMagics(Magics):
 
     # ---- %%memlens -----------------------------------------------------------------------------
     def _record_cell(self, line: str, cell: str):
-        from memlens.record import record
+        from memlens.recording import record
 
         args = cell_parser().parse_args(shlex.split(line))
         if not args.output.isidentifier():

@@ -2,10 +2,10 @@
 # Create .venv (if needed) and install memlens editable with the given extra (e.g. "dev" or "notebook").
 # torch==2.13.0 is installed first and explicitly so that pip never pulls a multi-GB CUDA build on a CPU
 # machine; where .venv already has a torch (e.g. your own CUDA build) it is kept.
-# Then the compiled recorder (memlens/record/native) is built against that torch (once per machine,
+# Then the compiled recorder (memlens/recording/native) is built against that torch (once per machine,
 # cached; MEMLENS_BUILD_DIR moves the cache). Without a C++ compiler this says so and memlens records
 # with its Python recorder. Likewise the compiled snapshot-pickle walker (memlens/io/native, plain c++)
-# and, on a CPU-only torch, the fake-CUDA shim of `memlens predict` (memlens/predict/csrc).
+# and, on a CPU-only torch, the fake-CUDA shim of `memlens predict` (memlens/prediction/csrc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXTRA=${1:?usage: scripts/install.sh EXTRA}
@@ -18,7 +18,7 @@ PY=${PYTHON:-python3}
 echo "memlens: building the compiled parts against this torch (once per machine, cached; the compiled recorder" \
      "takes about 3 min on 2 cores)"
 .venv/bin/python - <<'PYEOF' || true
-from memlens.record import native
+from memlens.recording import native
 try:
     native.load()
     print(f"memlens: compiled recorder ready ({native.build_dir()})")
@@ -31,7 +31,7 @@ try:
 except io_native.NativeUnavailable as exc:
     print(f"memlens: compiled snapshot-pickle walker not built ({exc}); snapshots are read by the Python walker")
 # the fake-CUDA shim of `memlens predict` on a CPU-only torch: built here, so that no first use compiles
-from memlens.predict import shim
+from memlens.prediction import shim
 try:
     if not shim.torch_has_cuda_build():
         print(f"memlens: fake-CUDA shim ready ({shim.build()})")

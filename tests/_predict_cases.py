@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module", autouse=True)
 def built_shim():
     """Build the fake-CUDA shim once (a child process: building must not initialise torch here)."""
-    proc = subprocess.run([sys.executable, "-c", "import memlens.predict.shim as s; print(s.build())"],
+    proc = subprocess.run([sys.executable, "-c", "import memlens.prediction.shim as s; print(s.build())"],
                           capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

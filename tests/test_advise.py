@@ -305,7 +305,7 @@ def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exi
 @pytest.mark.slow
 def test_fsdp2_on_8_ranks_the_advised_plan_fits_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
-from memlens.predict.distributed.strategies import apply_strategy
+from memlens.prediction.distributed.strategies import apply_strategy
 cap = 1000 << 20
 a = memlens.advise(Net, step, gpu="H100", capacity=cap, world_size=8, strategies=("fsdp2",), ranks="first")
 best = a.best

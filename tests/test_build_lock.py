@@ -80,7 +80,7 @@ def test_recorder_build_removes_the_stale_torch_lock(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     import torch.utils.cpp_extension as cpp
 
-    from memlens.record import native
+    from memlens.recording import native
     monkeypatch.setenv("MEMLENS_BUILD_DIR", str(tmp_path))
     folder = native.build_dir()
     os.makedirs(folder)

@@ -25,7 +25,7 @@ def test_demo_command_writes_trace_and_report(tmp_path, capsys):
     assert (trace.ops["module"].str.startswith("model.layers.0.attn")).any()
     assert {"parameter", "gradient", "optimizer_state", "activation"} <= set(trace.blocks["category"])
     try:
-        from memlens.report import report  # noqa: F401
+        from memlens.reporting import report  # noqa: F401
     except ImportError:
         assert "report: not written" in printed
     else:

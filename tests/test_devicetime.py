@@ -308,15 +308,15 @@ def test_devicetime_sits_between_trace_and_the_analyses():
     import ast
     from pathlib import Path
     root = Path(memlens.__file__).resolve().parent
-    above = ("memlens.analysis", "memlens.viz", "memlens.report", "memlens.widgets", "memlens.commands",
+    above = ("memlens.analysis", "memlens.viz", "memlens.reporting", "memlens.widgets", "memlens.commands",
              "memlens.simulate", "memlens.plan", "memlens.swap", "memlens.whatif", "memlens.diff",
              "memlens.magics", "memlens.cli")
     rules = {root / "devicetime": above,
-             root / "record": ("memlens.devicetime",) + above,
+             root / "recording": ("memlens.devicetime",) + above,
              root / "io": ("memlens.devicetime",) + above}
     files = {f: banned for d, banned in rules.items() for f in d.glob("*.py")}
     files.update({root / "clock.py": ("memlens.devicetime",) + above,
-                  root / "gpu_activity.py": ("memlens.devicetime", "memlens.record") + above})
+                  root / "gpu_activity.py": ("memlens.devicetime", "memlens.recording") + above})
     bad = []
     for f, banned in files.items():
         for node in ast.walk(ast.parse(f.read_text())):

@@ -93,7 +93,7 @@ def test_simulate_states_the_clock(recorded, capsys):
 
 
 def test_report_on_a_gpu_clock_shows_both_clocks(recorded, tmp_path):
-    from memlens.report import build_report
+    from memlens.reporting import build_report
     built = build_report(memlens.load(recorded), sections=["summary", "ati", "whatif"], gpu="H100",
                          whatif_time_limit_s=0.2)
     assert all(s.status == "ok" for s in built.sections), [s.to_dict() for s in built.sections]

@@ -228,7 +228,7 @@ def test_gpu_json_round_trip(tmp_path):
     assert back == g and back.class_scale == g.class_scale and back.calibration == g.calibration
     assert load_gpu(path).host_bw == g.host_bw
     # a prediction on it: the base part's memory facts, under the calibrated GPU's own name
-    from memlens.predict.gpus import gpu_facts
+    from memlens.prediction.gpus import gpu_facts
     facts, base = gpu_facts(str(path)), gpu_facts("H100")
     assert facts.name == g.name and g.name != base.name
     assert (facts.total_memory, facts.capability, facts.cuda_context) == \

@@ -13,7 +13,7 @@ import pytest
 
 import memlens
 from memlens import Trace
-from memlens.diff import TraceDiff
+from memlens.analysis.diff import TraceDiff
 from _diff_refs import CS336, blocks_live_at_peak
 from test_report_support import brute_force_live, constructed_trace
 

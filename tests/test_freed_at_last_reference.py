@@ -1,4 +1,4 @@
-"""A tensor's block is freed when the program drops its last reference, in memlens.record and memlens.predict.
+"""A tensor's block is freed when the program drops its last reference, in memlens.record and memlens.prediction.
 
 The workload is a model head's bf16 logits and a loss made from ``logits.float()`` (the autograd graph saves no
 reference to the bf16 logits: the head's matmul saves its input and weight, ToCopyBackward nothing,

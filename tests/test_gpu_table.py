@@ -11,7 +11,7 @@ from memlens.devicetime.gpu import GPU
 from memlens.devicetime.gpu_table import BUILTIN
 from memlens.devicetime.gpus import gpu, gpus, load_gpu, save_gpu
 from memlens.errors import InputError
-from memlens.predict.gpus import GPUMemoryFacts, gpu_facts, known_gpus
+from memlens.prediction.gpus import GPUMemoryFacts, gpu_facts, known_gpus
 
 MiB, GiB = 1 << 20, 1 << 30
 ROOT = Path(__file__).resolve().parents[1] / "memlens"

@@ -244,7 +244,7 @@ def test_frame_attrs_and_messages_exact():
                         "op_id": [1, 2, 3, 3, 3, 3], "is_write": [False, False, True, True, False, False]})
     trace = Trace.from_tables(blocks, acc, ops)
     iv = access_intervals(trace)
-    from memlens.analysis.clock import clock_of
+    from memlens.trace import clock_of
     assert iv.attrs == {"accesses_outside_lifetime": 2, "overlapping_ops": 1, "accesses_of_unknown_blocks": 1,
                         "trace_span_ns": (0, 500), "clock": clock_of(trace), "steady_state": False,
                         "iteration": None, "iteration_default": False, "period_ns": None, "window_ns": None,

@@ -53,12 +53,6 @@ def test_expandable_segments_do_not_import_the_allocator_that_uses_them():
     assert not [m for m in imported_modules(ROOT / "simulate" / "expandable.py") if m == "memlens.simulate.caching"]
 
 
-def test_analyses_do_not_import_the_diff_face():
-    bad = [f"{f.name}: {m}" for f in (ROOT / "analysis").rglob("*.py") for m in imported_modules(f)
-           if m == "memlens.diff"]
-    assert bad == []
-
-
 def test_op_facts_sit_below_the_recorder_and_the_importers():
     """`memlens.opfacts` (per-op cost facts) is shared by the recorder and the importers: it imports no other
     memlens module above the errors, and the importers never import the recorder (they take the facts from
@@ -66,7 +60,7 @@ def test_op_facts_sit_below_the_recorder_and_the_importers():
     bad = [f"{f.name}: {m}" for f in (ROOT / "opfacts").glob("*.py") for m in imported_modules(f)
            if m.startswith("memlens") and not m.startswith(("memlens.opfacts", "memlens.errors"))]
     bad += [f"io/{f.name}: {m}" for f in (ROOT / "io").glob("*.py") for m in imported_modules(f)
-            if m.startswith("memlens.record")]
+            if m.startswith("memlens.recording")]
     assert bad == []
 
 
@@ -81,7 +75,7 @@ def test_user_categories_sit_below_figures_reports_and_the_cli():
 def test_the_advisor_sits_below_figures_reports_and_the_cli():
     """`memlens.advise` combines the predictions, replays and planners beside it; the faces (figures, widgets,
     reports, commands, MCP, magics) import it, never the other way round."""
-    above = ("memlens.viz", "memlens.widgets", "memlens.report", "memlens.commands", "memlens.mcp_server",
+    above = ("memlens.viz", "memlens.widgets", "memlens.reporting", "memlens.commands", "memlens.mcp_server",
              "memlens.magics", "memlens.cli")
     bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advise").glob("*.py") for m in imported_modules(f)
            if m.startswith(above)]

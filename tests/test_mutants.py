@@ -103,7 +103,7 @@ def test_validator_checks_alignment():
 # ---------------------------------------------------------------- report
 
 def test_script_json_cannot_end_the_element():
-    from memlens.report.markup import script_json
+    from memlens.reporting.markup import script_json
     hostile = {"message": "</script><script>alert(1)</script><!--", "sep": "\u2028"}
     text = script_json(json.dumps(hostile))
     assert "</" not in text and "<!--" not in text and "\u2028" not in text
@@ -111,7 +111,7 @@ def test_script_json_cannot_end_the_element():
 
 
 def test_report_status_json_with_a_closing_script_tag(tmp_path):
-    from memlens.report.page import document
+    from memlens.reporting.page import document
     statuses = [{"key": "live", "status": "error", "message": "boom </script><script>alert(1)</script>"}]
     page = document("t", "s", [("live", "Live", "")], statuses)
     status = re.search(r'<script type="application/json" id="memlens-report-status">(.*?)</script>', page, re.S)
@@ -123,7 +123,7 @@ def test_report_status_json_with_a_closing_script_tag(tmp_path):
 def test_report_ati_percentiles_are_the_real_ones(tmp_path):
     """The ATI text must give p50 as the median and p90 as the 90th percentile of the intervals, computed
     here with numpy from the trace's accesses."""
-    from memlens.report import build_report
+    from memlens.reporting import build_report
     from memlens.trace import Trace
     from memlens.units import format_ns
     # one block accessed at t = 0, 10, 30, 60, 100, ..., gaps 10, 20, 30, ..., 100 ns

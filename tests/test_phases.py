@@ -55,7 +55,7 @@ def test_a_recording_shows_its_phases_in_the_report_and_info():
         assert (run["start_ns"], run["end_ns"]) == (int(fwd["start_ns"].min()), int(fwd["end_ns"].max()))
     from memlens.analysis.peak_story import peak_story
     assert peak_story(trace)["phases"] == [{k: p[k] for k in ("name", "start_ns", "end_ns", "source")} for p in phases]
-    from memlens.report import build_report
+    from memlens.reporting import build_report
     report = build_report(trace, sections=["phases"])
     assert report.status() == {"phases": "ok"}
     assert f"{len(phases):,} phases: the forward pass" in report.html() and "host clock" in report.html()

@@ -268,7 +268,7 @@ result = {"casts": len(casts), "last_cast_free": int(casts.free_ns.iloc[-1]),
 
 
 def test_fast_cache_key_changes_nothing():
-    """memlens.predict.fastkey builds FakeTensorMode's cache keys faster; with torch's own keys the
+    """memlens.prediction.fastkey builds FakeTensorMode's cache keys faster; with torch's own keys the
     predicted blocks (sizes, ops, categories, order) and peaks must be identical."""
     r = run_child(HELD_OUT + """
 out = {}

@@ -1,4 +1,4 @@
-"""DDP's bucket all-reduces on the modeled clock (memlens.predict.distributed.steptime + ddp): each bucket
+"""DDP's bucket all-reduces on the modeled clock (memlens.prediction.distributed.steptime + ddp): each bucket
 issued when its last gradient is in, serialized on the all-reduce stream, the first op after backward waits for
 all; values by hand (ring all-reduce 2 (N-1)/N x bytes / (0.8 x 450 GB/s) + 2 (N-1) x 1 us on 4 H100s)."""
 import json
@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from memlens.devicetime.gpus import gpu
-from memlens.predict.distributed.ddp import all_reduce_rounds
-from memlens.predict.distributed.steptime import step_time
+from memlens.prediction.distributed.ddp import all_reduce_rounds
+from memlens.prediction.distributed.steptime import step_time
 
 H100 = gpu("H100")
 NVL = 0.8 * 450e9
@@ -109,7 +109,7 @@ tt = d.timed_trace(0)
 names = t.ops.set_index("op_id")["name"]
 ar = st["ddp_all_reduces"]
 import os, tempfile
-from memlens.predict.distributed.steptime import step_time
+from memlens.prediction.distributed.steptime import step_time
 with tempfile.TemporaryDirectory() as tmp:       # the record travels with a saved trace
     t.save(os.path.join(tmp, "rank0.memlens"))
     again = step_time(memlens.load(os.path.join(tmp, "rank0.memlens")), 4, "H100")["ddp_all_reduces"] == ar

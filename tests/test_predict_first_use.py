@@ -24,7 +24,7 @@ def test_first_prediction_in_a_fresh_build_dir_works_in_the_same_process(tmp_pat
             model = torch.nn.Linear(256, 128).cuda()
             model(torch.randn(8, 256, device="cuda")).sum().backward()
         p = memlens.predict(step, gpu="H100")
-        from memlens.predict import shim
+        from memlens.prediction import shim
         print("RESULT", p.peak_allocated, shim.library_path())
     """)
     build = tmp_path / "builds"

@@ -1,4 +1,4 @@
-"""`memlens.predict.oom.first_oom` against references written here: hand-made OOMs and a brute-force live
+"""`memlens.prediction.oom.first_oom` against references written here: hand-made OOMs and a brute-force live
 set over small random traces (hypothesis).
 
 The reference, from the docstrings: the failing request is the ``cuda:0`` block whose ``alloc_seq`` is the
@@ -16,7 +16,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from memlens.predict.oom import OOM, first_oom  # noqa: E402
+from memlens.prediction.oom import OOM, first_oom  # noqa: E402
 from memlens.trace import Trace  # noqa: E402
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])

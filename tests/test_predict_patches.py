@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import types
 
-from memlens.predict.patches import AttributePatches
+from memlens.prediction.patches import AttributePatches
 
 
 class Base:

@@ -1,4 +1,4 @@
-"""Pipeline step time (`memlens.predict.distributed.pipeline_time`): stages joined on one modeled clock.
+"""Pipeline step time (`memlens.prediction.distributed.pipeline_time`): stages joined on one modeled clock.
 
 Hand-built schedules are checked to the nanosecond against hand-worked timelines and the textbook formulas
 (GPipe and 1F1B: ``(M + S - 1)(F + B)`` with equal per-microbatch times and free transfers, bubble fraction
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from memlens.predict.distributed.pipeline_time import PipelineTimingError, p2p_ns, simulate
+from memlens.prediction.distributed.pipeline_time import PipelineTimingError, p2p_ns, simulate
 from _predict_cases import built_shim, interleaved_step, pipeline_step, run_child  # noqa: F401  (the shim fixture)
 
 

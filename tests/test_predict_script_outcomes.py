@@ -51,7 +51,7 @@ def test_cli_failed_script_exits_nonzero_with_no_verdict(tmp_path):
 
 def test_api_failed_code_raises_and_has_no_verdict():
     r = run_child("""
-import memlens.predict as mp
+import memlens.prediction as mp
 def step():
     model = torch.nn.Linear(256, 256).cuda()
     model(torch.randn(8, 256, device="cuda")).sum().backward()

@@ -75,7 +75,7 @@ result = {{"errors": {{str(k): v for k, v in d.errors.items()}}, "offsets": offs
 
 
 def test_the_fake_cuda_generator_packs_seed_and_offset_as_torch_does():
-    from memlens.predict.distributed.rng import FakeCudaGenerator
+    from memlens.prediction.distributed.rng import FakeCudaGenerator
     g = FakeCudaGenerator()
     g.manual_seed(2**64 - 5)               # a seed above int64, as torch.seed() may draw
     g.offset = 1_000_004

@@ -79,6 +79,6 @@ result = {"calls": len(calls), "left": p.first_step_left_bytes, "steps": p.step_
 @pytest.mark.parametrize("steps", [0, -1, 1.5, True, "2"])
 def test_steps_must_be_a_positive_count(steps):
     from memlens.errors import InputError
-    from memlens.predict.steps import check_steps
+    from memlens.prediction.steps import check_steps
     with pytest.raises(InputError, match="steps must be a positive number"):
         check_steps(steps)

@@ -1,10 +1,10 @@
-"""Step time on the modeled clock with collectives (memlens.predict.distributed.steptime), values by hand."""
+"""Step time on the modeled clock with collectives (memlens.prediction.distributed.steptime), values by hand."""
 import pandas as pd
 import pytest
 
 from _predict_cases import FSDP_MLP, FSDP_SCRIPT_STEP, ROOT, run_child
 from memlens.devicetime.gpus import gpu
-from memlens.predict.distributed.steptime import collective_ns, schedule, step_time
+from memlens.prediction.distributed.steptime import collective_ns, schedule, step_time
 
 H100 = gpu("H100")
 S = 48_000_000          # bytes gathered
@@ -69,7 +69,7 @@ def test_collectives_on_one_stream_queue_behind_each_other():
 
 
 def test_an_all_to_all_op_is_timed_on_its_own_stream():
-    from memlens.predict.distributed.steptime import collective_kind
+    from memlens.prediction.distributed.steptime import collective_kind
     # torch's names for it: c10d's ops and the functional collective
     for name in ("c10d::alltoall_", "c10d::alltoall_base_", "_c10d_functional::all_to_all_single"):
         assert collective_kind(name) == ("all_to_all", 1)
@@ -90,7 +90,7 @@ def test_gpu_without_network_bandwidth_is_a_clear_error():
 
 def test_fsdp2_predicted_rank_gets_collective_times_and_a_step_clock():
     r = run_child(FSDP_MLP + """
-from memlens.predict.distributed.steptime import collective_ns
+from memlens.prediction.distributed.steptime import collective_ns
 def step():
     fsdp_mlp_step()
 d = memlens.predict(step, gpu="H100", world_size=4)

@@ -149,7 +149,7 @@ def test_report_peaks_equal_the_prediction_per_rank(tmp_path):
     r = run_child(f"""
 import pathlib
 pathlib.Path({str(tmp_path / 'train.py')!r}).write_text({RANKS_SCRIPT!r})
-from memlens.report.predicted_ranks import build_predicted_ranks_report
+from memlens.reporting.predicted_ranks import build_predicted_ranks_report
 d = memlens.predict({str(tmp_path / 'train.py')!r}, gpu="H100", world_size=4)
 rep = build_predicted_ranks_report(d, directory={str(tmp_path)!r})
 gpu = rep.peaks[rep.peaks.device == "cuda:0"]

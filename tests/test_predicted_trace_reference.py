@@ -1,4 +1,4 @@
-"""`memlens.predict.predicted_trace` by hand: the allocator's sizes (c10's rounding worked out in the
+"""`memlens.prediction.predicted_trace` by hand: the allocator's sizes (c10's rounding worked out in the
 comments), each op's thread, and the reset marks moved onto a GPU clock (a stand-in `retime` whose new op
 starts are known, so that only this module's bookkeeping is under test)."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from memlens.predict.predicted_trace import allocator_sized, onto_gpu_clock
+from memlens.prediction.predicted_trace import allocator_sized, onto_gpu_clock
 from memlens.simulate.config import AllocatorConfig
 from memlens.trace import Trace
 

@@ -22,7 +22,7 @@ import torch
 
 import memlens
 from _record_backends_refs import _access_ops, _accumulations, _dispatch_blocks, assert_same
-from memlens.record import native
+from memlens.recording import native
 from record_workloads import Square, record_both, transformer_training
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")

@@ -29,7 +29,7 @@ def test_exception_inside_block_keeps_partial_trace():
 
 
 def test_internal_failure_warns_stops_and_keeps_trace(monkeypatch):
-    from memlens.record import session as session_mod
+    from memlens.recording import session as session_mod
     real = session_mod.classify
 
     def broken(func):
@@ -329,8 +329,8 @@ def test_a_recorder_that_cannot_start_warns_and_the_block_still_runs():
 def test_instruments_that_fail_to_stop_keep_the_dispatch_trace(monkeypatch, backend):
     """The allocator's instruments raising at stop (e.g. a profiler stopped from another thread) lose only
     their events: the ops, blocks and accesses recorded are kept, and the notes say what was lost."""
-    from memlens.record import native
-    from memlens.record.instruments import Instruments
+    from memlens.recording import native
+    from memlens.recording.instruments import Instruments
     if backend == "compiled" and not native.available():
         pytest.skip("compiled recorder does not build here")
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import memlens
-from memlens.record import build, compiled_signatures, join
-from memlens.record import recorder as recorder_module
-from memlens.record.assemble import assemble_trace
-from memlens.record.columns import Columns
+from memlens.recording import build, compiled_signatures, join
+from memlens.recording import recorder as recorder_module
+from memlens.recording.assemble import assemble_trace
+from memlens.recording.columns import Columns
 from record_workloads import transformer_training
 
 
@@ -232,7 +232,7 @@ def _assert_traces_equal(a, b):
 @pytest.mark.parametrize("backend", ["compiled", "python"])
 @pytest.mark.parametrize("workload", ["transformer", "conv"])
 def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backend, workload):
-    from memlens.record import native
+    from memlens.recording import native
     if backend == "compiled" and not native.available():
         pytest.skip("compiled recorder does not build here")
     run, model = transformer_training() if workload == "transformer" else _conv_training()
@@ -246,7 +246,7 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
             m.setattr(join, "match_blocks", _on_frames(reference_match_blocks))
             m.setattr(join, "_first_seen", _on_frames(reference_first_seen))
             m.setattr(build, "refine_autograd_seeds", _on_frames(reference_refine_autograd_seeds))
-            m.setattr("memlens.record.assemble.refine_autograd_seeds",
+            m.setattr("memlens.recording.assemble.refine_autograd_seeds",
                       _on_frames(reference_refine_autograd_seeds))
             m.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})
             m.setattr(compiled_signatures, "_FACTS_BY_SHAPES", {})
@@ -281,7 +281,7 @@ def test_conform_puts_extra_columns_after_the_schema_and_renumbers_rows():
 @pytest.mark.parametrize("backend", ["compiled", "python"])
 def test_recorded_tables_can_be_changed_in_place(backend):
     """The built frames own their arrays: no read-only view of the recorder's buffers ends up in a trace."""
-    from memlens.record import native
+    from memlens.recording import native
     if backend == "compiled" and not native.available():
         pytest.skip("compiled recorder does not build here")
     run, model = _conv_training()

@@ -9,7 +9,7 @@ import pytest
 
 
 def _op_records(dstart, dur, sig, nacc):
-    from memlens.record.compiled_drain import OP_DTYPE
+    from memlens.recording.compiled_drain import OP_DTYPE
     ops = np.zeros(len(dstart), dtype=OP_DTYPE)
     ops["dstart"], ops["dur"] = dstart, dur
     ops["sig_nacc"] = (np.asarray(sig, dtype=np.int64) << 8) | np.asarray(nacc, dtype=np.int64)
@@ -19,7 +19,7 @@ def _op_records(dstart, dur, sig, nacc):
 def test_decoded_op_times_with_and_without_escaped_records():
     """The C++ op records hold start deltas; an op whose start, duration, access count or signature does
     not fit its 16 bytes has a wide record (kind 0..3) that overrides it. Worked by hand."""
-    from memlens.record.compiled_drain import CTX_DTYPE, WIDE_DTYPE, CompiledDrain
+    from memlens.recording.compiled_drain import CTX_DTYPE, WIDE_DTYPE, CompiledDrain
     ops = _op_records([0, 10, 5, 7], [3, 4, 5, 6], [1, 2, 3, 4], [1, 0, 2, 1])
     ctxs = np.array([(0, 4), (2, 8), (2, 12)], dtype=CTX_DTYPE)      # the last change at an op wins
     no_wide = np.zeros(0, dtype=WIDE_DTYPE)
@@ -48,7 +48,7 @@ def test_decoded_op_times_with_and_without_escaped_records():
 def test_backward_ops_take_the_module_of_the_first_forward_op_of_their_node():
     """Forward ops read the autograd counter after their node was made: node s belongs to the first
     forward op reading s + 1; backward ops hold -2 - s. Worked by hand."""
-    from memlens.record.build import _backward_modules
+    from memlens.recording.build import _backward_modules
     module_idx = np.array([5, 6, 7, 8, 0, 0, 0], dtype=np.int64)
     aseq = np.array([3, 3, 4, 4, -2 - 2, -2 - 3, -2 - 9], dtype=np.int64)   # nodes 2, 3 and an unknown 9
     backward = aseq < 0
@@ -60,7 +60,7 @@ def test_backward_ops_take_the_module_of_the_first_forward_op_of_their_node():
 def test_backward_module_mapping_matches_a_brute_force_reference():
     """Many forward ops share counter values (a sort that is not stable would pick a later one), and the
     one-forward-op / one-backward-op edges."""
-    from memlens.record.build import _backward_modules
+    from memlens.recording.build import _backward_modules
     rng = np.random.default_rng(7)
     n_fwd, n_bwd = 400, 150
     fwd_seq = rng.integers(0, 40, n_fwd)       # (in op order counters grow; any order keeps the rule)
@@ -82,7 +82,7 @@ def test_signature_words_decode_to_each_tagged_value():
     outputs. Built by hand: every tag, a nested list, a double's bits, an unknown tag and a 0-d output."""
     import struct
 
-    from memlens.record.compiled_signatures import decode_signature
+    from memlens.recording.compiled_signatures import decode_signature
     o = ord
     bits = struct.unpack("<q", struct.pack("<d", -2.5))[0]
     words = [1, o("T"), 6, 2, 3, 4, o("T"), 6, -1, o("L"), 2, o("I"), 5, o("N"), o("W"), 7, o("D"), bits,
@@ -99,7 +99,7 @@ def test_signature_words_decode_to_each_tagged_value():
 def test_sort_based_unique_helpers_equal_numpy_unique(seed):
     """`first_occurrences` replaces `np.unique(return_index=True)` in the close: the same arrays, on
     repeated values, one value, and no values."""
-    from memlens.record.columns import first_occurrences
+    from memlens.recording.columns import first_occurrences
     rng = np.random.default_rng(seed)
     for values in (rng.integers(-5, 5, 300), rng.integers(0, 10 ** 12, 50), np.full(7, 3), np.empty(0, np.int64)):
         values = values.astype(np.int64)
@@ -113,7 +113,7 @@ def test_factorize_fast_path_equals_pandas():
     """One string device takes a path without pandas; everything else is pandas' own answer."""
     import pandas as pd
 
-    from memlens.record.join import _factorize
+    from memlens.recording.join import _factorize
     cases = [np.array(["cpu"] * 5, dtype=object), np.array(["cuda:0", "cpu", "cuda:0"], dtype=object),
              np.array([None, "cpu", None], dtype=object), np.array([np.nan, np.nan], dtype=object),
              np.array([3, 3], dtype=object), np.empty(0, dtype=object)]
@@ -134,8 +134,8 @@ def test_factorize_fast_path_equals_pandas():
 def test_clock_offset_is_the_median_distance_outside_the_ops(n):
     """estimate_offset = int(np.median(distance of each matched allocation outside its op's interval)),
     odd and even counts (the mean of the middle two, truncated toward zero), against numpy's median."""
-    from memlens.record.columns import Columns, Nullable
-    from memlens.record.join import estimate_offset
+    from memlens.recording.columns import Columns, Nullable
+    from memlens.recording.join import estimate_offset
     rng = np.random.default_rng(n)
     starts = np.sort(rng.integers(0, 10 ** 9, n))
     ops = Columns(n, {"start_ns": starts, "end_ns": starts + rng.integers(0, 1000, n)})
@@ -154,7 +154,7 @@ def test_clock_offset_is_the_median_distance_outside_the_ops(n):
 def test_one_string_device_is_factorized_without_pandas(monkeypatch):
     """The usual recording has one device: its codes come without a pandas call (the fast path's only
     purpose); two devices, a missing one or a non-string one go to pandas."""
-    from memlens.record import join
+    from memlens.recording import join
     calls = []
     real = join.pd.factorize
     monkeypatch.setattr(join.pd, "factorize", lambda *a, **k: (calls.append(1), real(*a, **k))[1])

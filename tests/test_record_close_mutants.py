@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from memlens.record.instruments import AllocatorData
-from memlens.record.join import MATCH_TOLERANCE_NS, join_allocator
+from memlens.recording.instruments import AllocatorData
+from memlens.recording.join import MATCH_TOLERANCE_NS, join_allocator
 from test_record_cuda_paths import _dispatch_blocks
 
 US = 1000   # ns per us
@@ -231,7 +231,7 @@ def test_event_order_ties_between_blocks_and_missing_times():
 
 
 def test_spill_directory_is_removed_only_by_the_process_that_made_it(tmp_path):
-    from memlens.record import spill
+    from memlens.recording import spill
     prefix = spill.spill_prefix()
     assert os.path.basename(os.path.dirname(prefix)).startswith("memlens-spill-")
     assert os.path.basename(prefix).startswith("rec")
@@ -261,7 +261,7 @@ def test_facts_cache_keys_on_inputs_and_is_reused_within_a_call(monkeypatch):
     """Two addcdiv_ signatures that differ only in the second tensor's shape ([4, 8] vs a broadcast [8]) have
     other facts (bytes read 3 * 128 vs 2 * 128 + 32); a signature met twice is decoded once."""
     from memlens.opfacts.costs import op_costs
-    from memlens.record import compiled_signatures as cs
+    from memlens.recording import compiled_signatures as cs
     monkeypatch.setattr(cs, "_FACTS_BY_SIGNATURE", {})
     monkeypatch.setattr(cs, "_FACTS_BY_SHAPES", {})
     decoded = [_addcdiv((4, 8)), _addcdiv((8,))]
@@ -282,7 +282,7 @@ def test_facts_cache_keys_on_inputs_and_is_reused_within_a_call(monkeypatch):
 
 def test_facts_caches_restart_past_their_limit(monkeypatch):
     """With a limit of 2: caches holding 2 entries are kept, holding 3 are emptied before the call adds its own."""
-    from memlens.record import compiled_signatures as cs
+    from memlens.recording import compiled_signatures as cs
     for held, kept in ((2, True), (3, False)):
         by_sig = {("old", bytes([i])): None for i in range(held)}
         by_shape = {("old", i): None for i in range(held)}
@@ -299,7 +299,7 @@ def test_shapes_only_is_computed_once_per_op(monkeypatch):
     """addcdiv_ has no flop formula (its facts read tensors only), addmm has one, mkldnn_convolution one
     through its alias (convolution_overrideable), an unknown op resolves to
     nothing (not shapes-only); each answer is kept, and a kept answer is used as it is."""
-    from memlens.record import compiled_signatures as cs
+    from memlens.recording import compiled_signatures as cs
     monkeypatch.setattr(cs, "_SHAPES_ONLY", {"aten::mm": True})          # a kept answer, deliberately wrong
     assert cs._shapes_only("aten::addcdiv_") is True
     assert cs._shapes_only("aten::addmm") is False
@@ -314,7 +314,7 @@ def test_one_spill_directory_per_process(monkeypatch):
     """Made at the first recording (its removal registered for this process), reused by the next, made again
     when it was removed or when it was another process's (a forked child's view of its parent's)."""
     import shutil
-    from memlens.record import spill
+    from memlens.recording import spill
     registered = []
     monkeypatch.setattr(spill.atexit, "register", lambda func, *args: registered.append((func, args)))
     monkeypatch.setattr(spill, "_directory", None)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import memlens
-from memlens.record import columns as columns_mod
-from memlens.record import spill
-from memlens.record.columns import Columns, Nullable
+from memlens.recording import columns as columns_mod
+from memlens.recording import spill
+from memlens.recording.columns import Columns, Nullable
 from memlens.trace import SCHEMA, Trace, event_order
 
 
@@ -101,7 +101,7 @@ def test_event_order_by_hand():
 @pytest.mark.parametrize("backend", ["compiled", "python"])
 def test_recorded_trace_is_what_from_tables_makes_of_its_tables(backend):
     """The recorder builds its frames once, without `conform`'s casts: the same frames as `from_tables`."""
-    from memlens.record import native
+    from memlens.recording import native
     if backend == "compiled" and not native.available():
         pytest.skip("compiled recorder does not build here")
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -142,7 +142,7 @@ def test_spill_files_go_with_their_recording_and_the_directory_is_private():
 
 
 def test_a_recording_that_spills_leaves_no_files(monkeypatch):
-    from memlens.record import native
+    from memlens.recording import native
     if not native.available():
         pytest.skip("compiled recorder does not build here")
     x = torch.randn(64, 64)
@@ -158,7 +158,7 @@ def test_a_recording_that_spills_leaves_no_files(monkeypatch):
 def test_spill_files_are_looked_for_only_when_the_recording_went_over_its_budget(monkeypatch):
     """A spill file exists only after the C++ side found the recording over its byte budget: a recording
     whose drained peak stays within it skips the directory listing; one over it (or not drained) looks."""
-    from memlens.record import compiled, native
+    from memlens.recording import compiled, native
     if not native.available():
         pytest.skip("compiled recorder does not build here")
     looked = []

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import memlens
-from memlens.record import native
-from memlens.record import recorder as recorder_mod
+from memlens.recording import native
+from memlens.recording import recorder as recorder_mod
 
 needs_native = pytest.mark.skipif(not native.available(), reason="compiled recorder does not build here")
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import memlens
-from memlens.record.costs import (CostCache, TensorMeta, dtype_name, facts_table, op_costs, resolve_op,
+from memlens.recording.costs import (CostCache, TensorMeta, dtype_name, facts_table, op_costs, resolve_op,
                                   shapes_string, signature_value)
 
 BF16, F32 = torch.bfloat16, torch.float32
@@ -178,7 +178,7 @@ def test_a_trace_saved_without_cost_columns_still_loads(tmp_path):
 
 
 def test_compiled_and_python_recorders_give_the_same_cost_facts():
-    from memlens.record import native
+    from memlens.recording import native
     if not native.available():
         pytest.skip("the compiled recorder cannot be built here")
     torch.manual_seed(0)

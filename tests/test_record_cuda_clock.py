@@ -11,7 +11,7 @@ import torch
 import memlens
 from memlens.clock import clock_label, onto_kernel_clock
 from memlens.errors import InputError
-from memlens.record.instruments import kernel_events
+from memlens.recording.instruments import kernel_events
 
 
 class _Event:
@@ -72,7 +72,7 @@ def _fake_kernels(ops: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_onto_kernel_clock_invariants(cpu_trace):
-    from memlens.record.cuda import kernel_times_per_op
+    from memlens.recording.cuda import kernel_times_per_op
     ops = cpu_trace.ops
     kernels = _fake_kernels(ops)
     per = kernel_times_per_op(kernels, ops)
@@ -111,11 +111,11 @@ def test_no_kernel_times_is_bad_input(cpu_trace):
 def test_recorder_moves_a_cuda_recording_onto_the_kernel_clock(monkeypatch):
     """The recorder's CUDA path, with the profiler's kernel activity replaced by stand-in kernels made from
     the recorded ops' own host times (a CPU build has no CUDA activity)."""
-    from memlens.record import assemble as assemble_mod
+    from memlens.recording import assemble as assemble_mod
     real_assemble = assemble_mod.assemble_trace
 
     def assemble_with_kernels(session, allocator, **kw):
-        from memlens.record.build import build_ops
+        from memlens.recording.build import build_ops
         ops = build_ops(session)[0].to_frame()
         wall0, perf0 = kw["clock"]
         to_trace_ns = perf0 - wall0 - session.t_start

@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import memlens  # noqa: E402
-from memlens.record.cuda import kernel_times_per_op, snapshot_events, snapshot_segments  # noqa: E402
-from memlens.record.instruments import AllocatorData, Instruments  # noqa: E402
-from memlens.record.join import join_allocator, pair_events  # noqa: E402
+from memlens.recording.cuda import kernel_times_per_op, snapshot_events, snapshot_segments  # noqa: E402
+from memlens.recording.instruments import AllocatorData, Instruments  # noqa: E402
+from memlens.recording.join import join_allocator, pair_events  # noqa: E402
 
 US = 1000   # ns per us
 

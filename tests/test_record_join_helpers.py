@@ -3,9 +3,9 @@ block ids that do not ascend (`_first_seen`), and allocator-only rows with no op
 op (`allocator_only`)."""
 import numpy as np
 
-from memlens.record.columns import Columns, Nullable
-from memlens.record.join import _first_seen
-from memlens.record.join_unmatched import MATCH_TOLERANCE_NS, allocator_only
+from memlens.recording.columns import Columns, Nullable
+from memlens.recording.join import _first_seen
+from memlens.recording.join_unmatched import MATCH_TOLERANCE_NS, allocator_only
 
 
 def _nullable(values, missing):

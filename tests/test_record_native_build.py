@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import torch.utils.cpp_extension as cpp  # noqa: E402
 
 from memlens import buildprogress  # noqa: E402
-from memlens.record import native  # noqa: E402
+from memlens.recording import native  # noqa: E402
 
 NATIVE_DIR = os.path.dirname(native.__file__)
 

@@ -1,4 +1,4 @@
-"""The Python recorder leaves its own time out of the trace's clock (memlens/record/own_clock.py): the union
+"""The Python recorder leaves its own time out of the trace's clock (memlens/recording/own_clock.py): the union
 of its logged intervals against a brute-force count, the move of a session's and its allocator's times worked
 by hand, and real recordings whose op records, free callbacks and module hooks are made slow on purpose."""
 from __future__ import annotations
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import memlens
-from memlens.record.attribution import Attribution
-from memlens.record.buffers import EventBuffers
-from memlens.record.instruments import AllocatorData
-from memlens.record.own_clock import OwnTime, session_onto_own_clock
-from memlens.record.session import Session
+from memlens.recording.attribution import Attribution
+from memlens.recording.buffers import EventBuffers
+from memlens.recording.instruments import AllocatorData
+from memlens.recording.own_clock import OwnTime, session_onto_own_clock
+from memlens.recording.session import Session
 
 
 def _spin(ns: int) -> None:

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import memlens
-from memlens.record import native
-from memlens.record.stacks import DEFAULT_MAX_DEPTH
+from memlens.recording import native
+from memlens.recording.stacks import DEFAULT_MAX_DEPTH
 from record_workloads import Square, assert_same_per_op, run_threads_per_backend, transformer_training
 from record_workloads import record_both as record_both_backends
 

@@ -19,8 +19,8 @@ import torch
 
 import memlens
 from memlens.io.store import load_trace
-from memlens.record import native, streamsave
-from memlens.record.recorder import Recorder
+from memlens.recording import native, streamsave
+from memlens.recording.recorder import Recorder
 
 try:
     native.load()
@@ -154,8 +154,8 @@ def test_unwritable_save_to_keeps_the_trace_in_memory(tmp_path):
 _CHILD = textwrap.dedent("""
     import json, sys
     import torch
-    from memlens.record import streamsave
-    from memlens.record.recorder import Recorder
+    from memlens.recording import streamsave
+    from memlens.recording.recorder import Recorder
 
     def kib(field):
         with open("/proc/self/status") as f:

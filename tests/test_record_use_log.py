@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from memlens.record import recorder
+from memlens.recording import recorder
 
 
 def test_choosing_a_backend_logs_the_running_test(tmp_path, monkeypatch):
@@ -17,7 +17,7 @@ def test_choosing_a_backend_logs_the_running_test(tmp_path, monkeypatch):
 def test_a_subprocess_inherits_the_test_id(tmp_path, monkeypatch):
     log = tmp_path / "use.log"
     monkeypatch.setenv("MEMLENS_RECORDER_USE_LOG", str(log))
-    code = "from memlens.record import recorder; recorder.choose_backend('python')"
+    code = "from memlens.recording import recorder; recorder.choose_backend('python')"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert log.read_text().startswith("tests/test_record_use_log.py::test_a_subprocess_inherits_the_test_id")
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import memlens
-from memlens.report import SECTIONS, build_report, report
+from memlens.reporting import SECTIONS, build_report, report
 from test_report_support import XSS_NAMES, big_trace, constructed_trace
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_sections_show_numbers_of_the_trace(tmp_path):
 
 
 def test_a_failing_section_is_shown_and_recorded_without_killing_the_rest(monkeypatch, tmp_path):
-    import memlens.report.sections_memory as mem
+    import memlens.reporting.sections_memory as mem
 
     def broken(ctx):
         raise RuntimeError("boom in largest")
@@ -190,7 +190,7 @@ def test_cli_report_bad_input_exits_2_with_one_line(tmp_path, capsys, args):
 
 def test_peak_window_keeps_the_peak_and_cuts_blocks_at_its_edges():
     from memlens.analysis.iterations import split_iterations
-    from memlens.report.window import peak_window
+    from memlens.reporting.window import peak_window
 
     trace = constructed_trace(n_iter=40)
     whole = peak_window(trace, max_blocks=10_000)

@@ -62,7 +62,7 @@ def test_hostile_names_execute_nothing(browser, artifacts_dir):
 
 
 def test_diff_page_with_hostile_names_renders_and_executes_nothing(browser, artifacts_dir):
-    from memlens.report.diff_page import diff_report
+    from memlens.reporting.diff_page import diff_report
 
     a = constructed_trace(names=XSS_NAMES)
     b = constructed_trace(n_iter=6, names=XSS_NAMES[::-1])

@@ -22,8 +22,8 @@ from memlens.viz.tables import largest_blocks, largest_of
 pytest.importorskip("dask")
 from memlens.analysis.outofcore import overview  # noqa: E402
 from memlens.analysis.outofcore.runner import Runner  # noqa: E402
-from memlens.report.outofcore import OutOfCoreContext, build_report_out_of_core  # noqa: E402
-from memlens.report.sections import ReportOptions  # noqa: E402
+from memlens.reporting.outofcore import OutOfCoreContext, build_report_out_of_core  # noqa: E402
+from memlens.reporting.sections import ReportOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_outofcore import two_device_trace  # noqa: E402
@@ -88,7 +88,7 @@ def assert_same_sites_and_sections(trace, saved, path, data) -> None:
 
     from memlens.analysis.peak import live_at
     from memlens.analysis.peak_cause import sites
-    from memlens.report import build_report
+    from memlens.reporting import build_report
 
     stand_in = SimpleNamespace(stacks=data["window"]["tables"].get("stacks"))
     for dev, pb in peak_breakdown(trace).items():
@@ -136,7 +136,7 @@ def test_section_data_equal_in_memory(saved):
 def test_window_around_the_peak_equals_in_memory_window(saved):
     """A trace larger than the window: the same allocation-count window as the in-memory report's
     `peak_window` (no iteration markers here), read from disk with Parquet filters."""
-    from memlens.report.window import peak_window
+    from memlens.reporting.window import peak_window
     trace, path = saved
     data = report_data(path, window_blocks=400, rows_per_bucket=3000)
     octx = OutOfCoreContext(data, ReportOptions())
@@ -210,7 +210,7 @@ CHILD = """
 import sys
 from memlens.analysis.outofcore import buckets, engine, overview
 from memlens.analysis.outofcore.runner import Runner
-from memlens.report.outofcore import build_report_out_of_core
+from memlens.reporting.outofcore import build_report_out_of_core
 rows = 10_000  # every batch and bucket small, so what grows with the trace's length shows
 buckets.BATCH_ROWS = buckets.BLOCK_BATCH_ROWS = engine.DEFAULT_ROWS_PER_BUCKET = overview.BLOCKS_PASS_ROWS = rows
 overview.WINDOW_BLOCKS, overview.WINDOW_ACCESSES = 2_000, 50_000

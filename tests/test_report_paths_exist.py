@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import memlens
-from memlens.report.predicted_ranks import NOT_SAVED, write_predicted_ranks_report
+from memlens.reporting.predicted_ranks import NOT_SAVED, write_predicted_ranks_report
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "mlp_train_sgd_stacks.memlens"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import memlens
 from memlens.analysis.ati import ati_by
-from memlens.report import build_report
+from memlens.reporting import build_report
 from memlens.units import format_bytes, format_ns
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_traces" / "transformer_train_adamw.memlens"

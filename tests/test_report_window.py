@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from memlens.report.window import peak_window
+from memlens.reporting.window import peak_window
 from memlens.trace import Trace
 
 

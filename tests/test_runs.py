@@ -196,7 +196,7 @@ def test_report_run_selector_in_a_browser(ranks_dir, tmp_path):
 def test_peaks_figure_uses_the_unit_that_suits_the_runs():
     import pandas as pd
 
-    from memlens.report.runs_page import peaks_figure
+    from memlens.reporting.runs_page import peaks_figure
     mib = pd.DataFrame({"run": ["rank 0", "rank 1"], "device": "cuda:0",
                         "allocated_bytes": [6 << 20, 3 << 19], "reserved_bytes": pd.array([8 << 20, None], "Int64")})
     fig = peaks_figure(mib)

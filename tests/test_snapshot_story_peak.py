@@ -117,7 +117,7 @@ def test_byte_axes_use_binary_units():
 
 
 def test_report_states_phases_cause_and_sites_with_stacks(shared):
-    from memlens.report import build_report
+    from memlens.reporting import build_report
 
     built = build_report(shared(TRAINING), sections=["phases", "peak", "timeline"])
     assert built.status() == {"phases": "ok", "peak": "ok", "timeline": "ok"}

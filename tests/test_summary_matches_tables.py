@@ -13,7 +13,7 @@ import pytest
 import memlens
 from memlens.analysis.findings import findings
 from memlens.analysis.peak import live_at, peak_breakdown
-from memlens.report.diff_page import diff_report
+from memlens.reporting.diff_page import diff_report
 from memlens.units import format_bytes
 
 SAMPLES = sorted(Path(__file__).resolve().parents[1].glob("sample_traces/*.memlens"))

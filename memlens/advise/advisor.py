@@ -54,7 +54,7 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
     step fails as it is; a plan the step fails with is kept with its error and does not fit.
     """
-    from memlens.predict.predictor import _capacity_bytes
+    from memlens.prediction.predictor import _capacity_bytes
     from memlens.trace import Trace
     if isinstance(build_model, Trace) or (isinstance(build_model, str) and not build_model.endswith(".py")):
         from memlens.advise.recorded import advise_trace     # a recording: allocator settings only
@@ -103,8 +103,8 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
 def _candidates(work: Workload) -> dict:
     """The model's candidate blocks (``named_modules`` names), from one build inside a prediction (the
     model may be too large to build for real)."""
-    from memlens.predict.api import predict
-    from memlens.predict.distributed.strategies import repeated_blocks
+    from memlens.prediction.api import predict
+    from memlens.prediction.distributed.strategies import repeated_blocks
     out = {"candidates": [], "notes": []}
 
     def look():

@@ -77,7 +77,7 @@ class Plan:
         (`memlens.advise.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
         allocator settings (`apply_conf`); with `autocast`, run its forward under ``torch.autocast``. The
         optimizer is the caller's: make it with `optimizer_kwargs`. Sharding is not applied here: call
-        ``memlens.predict.distributed.strategies.apply_strategy`` inside the initialised process group."""
+        ``memlens.prediction.distributed.strategies.apply_strategy`` inside the initialised process group."""
         from memlens.advise.checkpoint import wrap
         wrap(model, self.checkpoint)
         if self.autocast:
@@ -126,7 +126,7 @@ class Plan:
             lines += [f"model.forward = torch.autocast('cuda', dtype=torch.{self.autocast})(model.forward)"]
         kwargs = "{" + ", ".join(f"{k!r}: {v!r}" for k, v in sorted(self.optimizer_kwargs.items())) + "}"
         if self.strategy:
-            lines += ["from memlens.predict.distributed.strategies import apply_strategy",
+            lines += ["from memlens.prediction.distributed.strategies import apply_strategy",
                       "# inside the initialised process group; torch.optim.AdamW stands for your optimizer class",
                       f"model, optimizer = apply_strategy({self.strategy!r}, model.cuda(), torch.optim.AdamW, "
                       f"{kwargs})"]

@@ -18,7 +18,7 @@ def advise_trace(trace, capacity=None, objective: str = "fit", device: str | Non
     """`Advice` for `trace` (a `memlens.Trace` or a path any importer reads) on `device` (default: its first
     ``cuda`` device): the recording as it is under its recorded settings, and each candidate setting."""
     from memlens.io.detect import load
-    from memlens.predict.predictor import _capacity_bytes
+    from memlens.prediction.predictor import _capacity_bytes
     from memlens.trace import Trace
     if not isinstance(trace, Trace):
         trace = load(trace)

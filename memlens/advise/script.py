@@ -72,9 +72,9 @@ def _allocator_only(script, args, gpu, capacity, world_size, objective, options)
     """The script as it runs, and the best allocator setting replayed on its prediction."""
     from memlens.advise.allocator import best_conf
     from memlens.advise.verify import step_ns
-    from memlens.predict.api import predict
-    from memlens.predict.distributed.ranks import _runner
-    from memlens.predict.predictor import _capacity_bytes
+    from memlens.prediction.api import predict
+    from memlens.prediction.distributed.ranks import _runner
+    from memlens.prediction.predictor import _capacity_bytes
     cap = _capacity_bytes(capacity)
     target = _runner(script, args) if world_size is None else script
     extra = {} if world_size is None else {"world_size": int(world_size), "args": args}

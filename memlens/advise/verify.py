@@ -36,8 +36,8 @@ def run_plan(work: Workload, plan: Plan):
 
     from memlens.advise.checkpoint import wrap
     from memlens.advise.plan import autocast_forward
-    from memlens.predict.api import predict
-    from memlens.predict.distributed.strategies import apply_strategy
+    from memlens.prediction.api import predict
+    from memlens.prediction.distributed.strategies import apply_strategy
     opt_class = work.optimizer or torch.optim.AdamW
     keep: list = []
 
@@ -81,11 +81,11 @@ def accumulate(step, model, opt, micro_batch: int, times: int) -> None:
 
 def step_ns(prediction, world_size: int, gpu) -> int | None:
     """Modeled step time of one rank's prediction, ns: the end of its step schedule (collectives on their
-    own streams, `memlens.predict.distributed.steptime`) minus the start of its first forward op (building
+    own streams, `memlens.prediction.distributed.steptime`) minus the start of its first forward op (building
     the model and the optimizer before it are not part of the step; making the step's inputs is left out
     too, the same in every plan)."""
     from memlens.devicetime.gpus import gpu as resolve_gpu
-    from memlens.predict.distributed.steptime import step_time
+    from memlens.prediction.distributed.steptime import step_time
     trace = prediction.trace
     if trace is None or trace.metadata.get("clock", {}).get("kind") != "modeled":
         return None

@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.analysis.clock import clock_of
+from memlens.trace import clock_of
 from memlens.errors import InputError, NeedsAccessesError
 
 KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")  # pragma: no mutate

@@ -6,8 +6,6 @@ launch times, not kernel times, so an interval is only meaningful on the clock i
 """
 from __future__ import annotations
 
-from memlens.clock import clock_of  # noqa: F401  (one definition, shared with the recorder and retime)
-
 HOST_CLOCK = {"kind": "host"}
 
 

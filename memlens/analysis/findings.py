@@ -11,7 +11,7 @@ import html
 import numpy as np
 
 from memlens.analysis.bandwidth import DEFAULT, BandwidthModel
-from memlens.analysis.clock import clock_of
+from memlens.trace import clock_of
 from memlens.units import format_bytes, format_ns
 
 IDLE_SHARE = 0.4  # "idle for more than 40% of the step" - the share named in the sentence

@@ -33,7 +33,7 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-    from memlens.clock import clock_of
+    from memlens.trace import clock_of
     from memlens.commands._device import apply_gpu, file_clock, refuse_gpu_with_dask
 
     trace = None

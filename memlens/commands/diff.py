@@ -22,7 +22,7 @@ def run(args) -> int:
     import sys
 
     from memlens.commands._output import print_json
-    from memlens.diff import diff
+    from memlens.analysis.diff import diff
     from memlens.errors import InputError, printable
 
     if args.top < 1:
@@ -36,7 +36,7 @@ def run(args) -> int:
     d = diff(a, b, name_a=args.a, name_b=args.b)
     page = None
     if args.output:
-        from memlens.report.diff_page import diff_report
+        from memlens.reporting.diff_page import diff_report
         page = diff_report(d, args.output, top=args.top)
     if args.json:
         out = d.to_json(top=args.top)

@@ -69,7 +69,7 @@ def run(args) -> int:
 
     from memlens.commands._output import print_json
     from memlens.errors import InputError
-    from memlens.predict.predictor import Prediction
+    from memlens.prediction.predictor import Prediction
     from memlens.units import format_bytes
 
     argv = _script_argv(args.command)

@@ -1,6 +1,6 @@
 """`memlens predict --world-size 8 [--strategy fsdp2] -- python train.py`: the per-rank table.
 
-The script runs as each predicted rank under torch's fake process group (`memlens.predict.distributed`);
+The script runs as each predicted rank under torch's fake process group (`memlens.prediction.distributed`);
 it uses its strategy itself (``fully_shard``, ``DistributedDataParallel``, ``ZeroRedundancyOptimizer``,
 ``torch.distributed.pipelining`` stages and schedules: ``pp``, every stage rank runs):
 memlens never wraps the model. ``--strategy`` states what the script is expected to use, and the command
@@ -24,7 +24,7 @@ def run_ranks(args, argv: list[str]) -> int:
     0 when every rank ran to its end, 1 when the script failed on a rank (no verdict printed), 2 when
     ``--strategy`` was not what the script used."""
     from memlens.commands._output import print_json
-    from memlens.predict.distributed.ranks import predict_ranks
+    from memlens.prediction.distributed.ranks import predict_ranks
     from memlens.units import format_bytes, format_ns
     options = {"conf": args.conf, "cudnn_workspace": args.cudnn_workspace,
                "kernel_scratch": not args.no_kernel_scratch}
@@ -47,7 +47,7 @@ def run_ranks(args, argv: list[str]) -> int:
     s["traces"] = list(written.values())
     report_path = getattr(args, "report", None)
     if report_path and not d.errors:
-        from memlens.report.predicted_ranks import write_predicted_ranks_report
+        from memlens.reporting.predicted_ranks import write_predicted_ranks_report
         write_predicted_ranks_report(d, report_path, saved=written)
         s["report"] = report_path
     timing = {} if d.errors else d.step_time()      # ns on the modeled GPU clock, collectives included

@@ -82,7 +82,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from memlens.errors import printable
-    from memlens.record import record
+    from memlens.recording import record
     from memlens.units import format_bytes
 
     out = Path(args.output)
@@ -93,7 +93,7 @@ def run(args) -> int:
     sys.argv = [target] + script_args
     # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
     sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
-    # saved as it is built (memlens.record.streamsave): the accesses a window of ops at a time, so a long
+    # saved as it is built (memlens.recording.streamsave): the accesses a window of ops at a time, so a long
     # recording never has all its accesses in memory
     rec = record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer,
                  save_to=out, overwrite=args.force)

@@ -50,7 +50,7 @@ def run(args) -> int:
     import sys
 
     from memlens.io import load
-    from memlens.report import build_report
+    from memlens.reporting import build_report
 
     if len(args.trace) > 1:
         if args.categories is not None:
@@ -88,10 +88,10 @@ def run(args) -> int:
 
 
 def _run_out_of_core(args) -> int:
-    """The report of a saved trace larger than memory: `memlens.report.outofcore`."""
+    """The report of a saved trace larger than memory: `memlens.reporting.outofcore`."""
     from memlens.commands._device import refuse_gpu_with_dask
     from memlens.commands._engine import runner_for
-    from memlens.report.outofcore import build_report_out_of_core
+    from memlens.reporting.outofcore import build_report_out_of_core
 
     refuse_gpu_with_dask(args)
     report_options = {"x": args.x, "whatif": not args.no_whatif}
@@ -123,7 +123,7 @@ def _write(args, built) -> int:
 
 def _run_many(args) -> int:
     from memlens.commands._output import print_json
-    from memlens.report.runs_page import DEFAULT_SECTIONS, build_runs_report
+    from memlens.reporting.runs_page import DEFAULT_SECTIONS, build_runs_report
     from memlens.units import format_bytes
 
     sections = args.sections or DEFAULT_SECTIONS

@@ -19,7 +19,8 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from memlens.commands._output import print_json
-    from memlens.clock import clock_label, clock_of
+    from memlens.clock import clock_label
+    from memlens.trace import clock_of
     from memlens.devicetime.retiming import retime
     from memlens.io import load
     from memlens.units import format_ns

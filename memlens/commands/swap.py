@@ -31,7 +31,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from memlens.analysis.clock import describe_clock
     from memlens.commands._output import print_json
-    from memlens.clock import clock_of
+    from memlens.trace import clock_of
     from memlens.commands._device import apply_gpu, link_for
     from memlens.io import load
     from memlens.swap import plan_swaps

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from memlens.devicetime.gpus import GPU, gpu, gpus
 
-__all__ = ["GPU", "gpu", "gpus", "retime", "clock_of", "clock_label"]
+__all__ = ["GPU", "gpu", "gpus", "retime"]
 
 
 def __getattr__(name):
@@ -20,7 +20,4 @@ def __getattr__(name):
         from memlens.devicetime.retiming import retime
         globals()[name] = retime
         return retime
-    if name in ("clock_of", "clock_label"):
-        import memlens.clock
-        return getattr(memlens.clock, name)
     raise AttributeError(f"module 'memlens.devicetime' has no attribute {name!r}")

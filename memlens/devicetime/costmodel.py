@@ -3,7 +3,7 @@ people profile and checked against real profiles of several models on NVIDIA and
 (``benchmarks/device_time.py``).
 
 Inputs are the ops table's cost facts (`flops`, `bytes_read`, `bytes_written`, `dtype`, `shapes`, see
-`memlens.record.costs`), optional per-op columns (`causal`: the attention op masks causally;
+`memlens.recording.costs`), optional per-op columns (`causal`: the attention op masks causally;
 `transfer`: "h2d" / "d2h" for a copy over the host link; `strided`: an input is not contiguous;
 `device`: "cpu" for an op that ran on the host; an imported profile's `concrete_inputs` and
 `input_strides` stand in for `causal` and `strided`), and a `GPU`. Each op gets an op class, a kernel count and a duration in ns; the rules live in

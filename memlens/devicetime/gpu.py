@@ -71,7 +71,7 @@ class GPU:
     source: str = "user-defined"
     latency_source: str = "user-defined"
     aliases: tuple = field(default=(), compare=False)
-    # what prediction on fake CUDA tensors needs of the part (memlens.predict.gpus): the name torch reports,
+    # what prediction on fake CUDA tensors needs of the part (memlens.prediction.gpus): the name torch reports,
     # the CUDA compute capability (None: not a CUDA part, not predicted), threads per SM (reduction kernels
     # size their grid with it) and the driver's context reservation outside the caching allocator, bytes
     device_name: str = ""

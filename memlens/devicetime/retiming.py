@@ -27,7 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.clock import clock_label, clock_of, device_time_columns, restamp
+from memlens.clock import clock_label, device_time_columns, restamp
+from memlens.trace import clock_of
 from memlens.devicetime.costmodel import MODEL_NAME, device_times, has_cost_facts
 from memlens.devicetime.gpus import gpu as resolve_gpu
 from memlens.errors import InputError

@@ -19,7 +19,7 @@ torch at all. They are the bulk of a CNN's device time, so they are rebuilt here
   inferred from the sizes. Its backward logs grad_output and the input, so its result is the input's shape.
 
 Sizes are element counts per dimension; `memlens.opfacts.costs.op_costs` turns the rebuilt call into flops
-and bytes. Imports nothing from `memlens.record` (the importer stays independent of the recorder).
+and bytes. Imports nothing from `memlens.recording` (the importer stays independent of the recorder).
 """
 from __future__ import annotations
 

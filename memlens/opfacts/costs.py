@@ -25,7 +25,7 @@ What the numbers mean:
 The pieces: dtype spellings in `memlens.opfacts.dtypes`, signatures and their tensors in
 `memlens.opfacts.signatures`, op resolution and flops in `memlens.opfacts.flops`; the names they export are
 importable from here too. This package sits below both producers of traces: the recorder
-(`memlens.record`, which re-exports it as `memlens.record.costs`) and the Kineto importer
+(`memlens.recording`, which re-exports it as `memlens.recording.costs`) and the Kineto importer
 (`memlens.io.kineto_facts`) compute the same facts with it.
 """
 from __future__ import annotations

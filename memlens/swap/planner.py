@@ -132,7 +132,7 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
     without accesses and InputError for an iteration the trace does not have.
     """
     from memlens.analysis.bandwidth import BandwidthModel
-    from memlens.analysis.clock import clock_of
+    from memlens.trace import clock_of
     from memlens.plan.problem import pick_device
     from memlens.units import parse_bytes
 

@@ -29,7 +29,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     `align` "start" puts both trace starts at 0; "iteration" each trace's first iteration start (when both
     have iterations; otherwise the starts); "auto" is "iteration" when possible. `x` is "time" (unit chosen by the longer trace's span) or
     "event" (event index, always aligned at the start). `device_pairs` defaults to the pairing of
-    `memlens.diff.pair_devices`.
+    `memlens.analysis.diff.pair_devices`.
     """
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -39,7 +39,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
     if align not in ALIGNS:
         raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
     if device_pairs is None:
-        from memlens.diff import pair_devices
+        from memlens.analysis.diff import pair_devices
         device_pairs, _ = pair_devices(a, b)
     scale, x_title = time_axis(x, span_ns=max(a.duration_ns, b.duration_ns))
     off_a, how_a = _offset(a, "iteration" if align != "start" else "start", x)
@@ -77,7 +77,7 @@ def diff_overlay(a, b, device_pairs=None, align: str = "auto", x: str = "time", 
 
 
 def diff_figure(d, align: str = "auto", x: str = "time", max_points: int = 4000):
-    """The figure of a `memlens.diff.TraceDiff`: both runs' live memory overlaid (`diff_overlay`), on the
+    """The figure of a `memlens.analysis.diff.TraceDiff`: both runs' live memory overlaid (`diff_overlay`), on the
     device pairs the diff compared. (It lives here, not on TraceDiff, so that the analysis never imports
     figures.)"""
     return diff_overlay(d.trace_a, d.trace_b, device_pairs=d.device_pairs, align=align, x=x,

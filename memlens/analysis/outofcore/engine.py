@@ -280,7 +280,7 @@ def _edge_stats(parts, third, edge_needs) -> dict:
 
 def clock_of_files(files) -> dict:
     """The clock named in a saved trace's metadata (host when none)."""
-    from memlens.analysis.clock import clock_of
+    from memlens.trace import clock_of
 
     class _Meta:
         metadata = dict(files.metadata or {})
