@@ -38,7 +38,16 @@ from memlens.prediction.shim import watch_torch_import as _watch_torch_import  #
 _watch_torch_import()
 
 
+# the public subpackages, imported on first attribute access (as scipy does), so that `memlens.widgets.explore`
+# works after a bare `import memlens`; their modules are imported as in any package (`import memlens.analysis.ati`)
+_LAZY_SUBPACKAGES = ("analysis", "devicetime", "io", "opfacts", "plan", "prediction", "reporting", "simulate", "swap",
+                     "viz", "widgets", "whatif")
+
+
 def __getattr__(name):
+    if name in _LAZY_SUBPACKAGES:
+        import importlib
+        return importlib.import_module(f"memlens.{name}")
     if name in _LAZY:
         import importlib
         module, attr = _LAZY[name]

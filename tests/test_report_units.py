@@ -37,5 +37,6 @@ def test_whatif_notes_use_the_unit_formatters():
     df = compare(trace, time_limit_s=0.2)
     plan = df.attrs["swap_plans"]["cpu"]
     swap_note = df[df["stage"] == "swapping"]["note"].iloc[0]
-    assert f"of blocks >= {format_bytes(plan.min_size)}, {format_bytes(plan.transfer_bytes)} copied, stall " \
-           f"{format_ns(plan.stall_ns)}" in swap_note
+    # the floor (with why it is below 1 MiB on a small model), then the bytes copied and the stall, each formatted
+    assert f"of blocks >= {format_bytes(plan.min_size)} " in swap_note
+    assert swap_note.endswith(f", {format_bytes(plan.transfer_bytes)} copied, stall {format_ns(plan.stall_ns)}")

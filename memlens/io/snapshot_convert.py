@@ -145,7 +145,8 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
         parts.events = parts.block_of_row = ev = block_of_row = None
         _release_arrow_pool()  # the groups' Arrow buffers, kept for reuse by the pool: the story comes next
         with snapshot_errors(path):
-            tell_story(_TraceView(blocks, story_events, stacks, ops, meta), parts.stack_codes)
+            tell_story(_TraceView(blocks, story_events, stacks, ops, meta, parts.final.segments,
+                                  parts.final.segment_blocks), parts.stack_codes)
         del story_events
         w.metadata = dict(meta)  # with the phases and model calls the story added
         _add_in_groups(w, "blocks", blocks, rows_per_group)

@@ -15,7 +15,8 @@ import pandas as pd
 from memlens.io.bounded_text import safe_str
 from memlens.io.snapshot_frames import NO_STACK, StackInterner
 
-LIVE_STATES = ("active_allocated", "active_pending_free", "active_awaiting_free")
+PENDING_FREE_STATES = ("active_pending_free", "active_awaiting_free")  # freed, awaiting its streams' work
+LIVE_STATES = ("active_allocated", *PENDING_FREE_STATES)
 
 
 @dataclass

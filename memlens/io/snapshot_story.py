@@ -36,7 +36,14 @@ Categories (parameter, buffer, gradient, activation, optimizer_state, input, tem
     before and after recording, no stack (the model's weights and buffers).
 11. ``activation`` (free stack): allocation unseen, freed by the autograd engine (a saved tensor released
     by backward); ``temporary`` when freed in the forward or optimizer step.
+11b. ``temporary`` (pending free): the final allocator state lists the block as ``active_pending_free``
+    (``active_awaiting_free``): the program freed it, and the caching allocator holds its bytes until the
+    work queued on the streams that used it completes (``record_stream``, frees across streams). No live
+    tensor owns it any more; every stronger rule above still wins.
 12. ``unknown``: nothing says.
+
+A block is freed when the program asked for it (its ``free_requested`` entry), also when the allocator still
+held it at the end (pending free): "alive after" a phase means the program still held it.
 
 Blocks alive before recording that the final state gives an allocation stack go through the same rules:
 they were allocated in the phase their frames name, by the code their frames name (rule 3a counts them as
@@ -49,6 +56,7 @@ import pandas as pd
 
 from memlens.io.snapshot_optimizer import optimizer_state_in_step, optimizer_temporaries
 from memlens.io.snapshot_phases import MIN_RUN, infer_phases, model_calls, phase_at  # noqa: F401  (MIN_RUN re-exported)
+from memlens.io.snapshot_segments import PENDING_FREE_STATES
 from memlens.io.snapshot_stacks import PHASE_NAMES, stack_facts  # noqa: F401  (re-exported: the story's inputs)
 
 _COPY_OPS = {"to", "_to_copy", "copy_", "_copy_from", "pin_memory", "empty_strided", "empty", "to_dtype_layout",
@@ -106,6 +114,8 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
             free_phase[released] = "optimizer_step"
     alloc_t = b["alloc_ns"].to_numpy("float64", na_value=np.nan)
     free_t = b["free_ns"].to_numpy("float64", na_value=np.inf)
+    if "free_requested_ns" in b.columns:  # freed by the program, still pending in the allocator: freed then
+        free_t = np.where(np.isinf(free_t), b["free_requested_ns"].to_numpy("float64", na_value=np.inf), free_t)
     _, hi = trace.time_span_ns()
     # the end of the phase run each block was allocated in
     phase_end = np.full(n, -1.0)
@@ -204,7 +214,21 @@ def categorize(trace, phases: list[dict], event_phase: np.ndarray, facts: pd.Dat
     assign(free_in_bwd & np.isnan(alloc_t), "activation", "alloc unseen; freed by the backward pass (saved tensor)")
     assign(np.isnan(alloc_t) & np.isin(free_phase, ["forward", "optimizer_step", "zero_grad"]),
            "temporary", "alloc unseen; freed in the forward pass or optimizer step")
+    assign(pending_free(trace), "temporary", "freed by the program, held by the allocator until its streams' "
+           "queued work completes (pending free)")
     return pd.DataFrame({"category": cat, "category_rule": rule, "phase": alloc_phase})
+
+
+def pending_free(trace) -> np.ndarray:
+    """Per row of ``trace.blocks``: whether the final allocator state (``trace.segment_blocks``, linked by
+    ``block_id``) lists the block as pending free. All False without a final state."""
+    b = trace.blocks
+    sb = getattr(trace, "segment_blocks", None)
+    if sb is None or not len(sb) or "block_id" not in sb.columns:
+        return np.zeros(len(b), dtype=bool)
+    pending = sb["state"].isin(PENDING_FREE_STATES).to_numpy() & sb["block_id"].notna().to_numpy()
+    ids = sb["block_id"].to_numpy(dtype=np.float64, na_value=np.nan)[pending]
+    return b["block_id"].isin(ids.astype(np.int64)).to_numpy()
 
 
 def tell_story(trace, stack_codes=None) -> None:
