@@ -83,10 +83,13 @@ cap = {capacity}
 a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r}, precision={precision})
 rows = []
 for p in a.plans:
-    # predict each plan again, independently: a fresh model with plan.apply, the step, memlens.predict
-    def again(p=p):
-        model = p.apply(Net()).cuda()
-        step(model, torch.optim.AdamW(model.parameters()))
+    # predict each plan again, independently, as a training loop runs: a model with plan.apply and its optimizer
+    # built once, then the step (memlens.predict's default runs it again for the steady state)
+    def again(p=p, held=[]):
+        if not held:
+            model = p.apply(Net()).cuda()
+            held.append((model, torch.optim.AdamW(model.parameters())))
+        step(*held[0])
     if p.error is None:
         q = memlens.predict(again, gpu="H100", capacity=cap, conf=p.conf)
         independent = [q.peak_allocated, q.peak_reserved, q.device_bytes_needed, bool(q.fits())]
@@ -109,8 +112,11 @@ def tight():
     """Advice where the step as it is does not fit: 80% of the baseline's device bytes (checkpointing and
     allocator settings; precision is tested on its own)."""
     base = run_child(WORKLOAD + """
+held = []
 def run():
-    m = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))
+    if not held:
+        m = Net().cuda(); held.append((m, torch.optim.AdamW(m.parameters())))
+    step(*held[0])
 q = memlens.predict(run, gpu="H100")
 result = q.device_bytes_needed
 """)
@@ -149,6 +155,42 @@ def test_the_advised_plan_beats_checkpointing_every_block(tight):
     baseline = next(row for row in r["rows"] if row["changes"] == "no change")
     assert not baseline["fits"] and best["base"] == baseline["step_ns"]
     assert best["step_ns"] >= baseline["step_ns"]          # recomputation costs time, never saves it
+
+
+def test_plans_are_predicted_at_the_steady_state_and_steps_is_honoured():
+    """The advisor predicts a plan as memlens.predict predicts a training loop's step: the model and optimizer
+    built once, the step run again while the first left state alive (`steps` chooses, as in memlens.predict)."""
+    r = run_child(WORKLOAD + """
+calls = []
+def counted(model, opt):
+    calls.append(1); step(model, opt)
+held = []
+def loop():
+    if not held:
+        m = Net().cuda(); held.append((m, torch.optim.AdamW(m.parameters())))
+    step(*held[0])
+out = {}
+for steps in (None, 1, 2, 3):
+    calls.clear(); held.clear()
+    extra = {} if steps is None else {"steps": steps}
+    a = memlens.advise(Net, counted, capacity=8 << 30, precision=False, allocator=False, **extra)
+    n = len(calls); held.clear()
+    q = memlens.predict(loop, gpu="H100", **extra)
+    out[str(steps)] = dict(calls=n, plan=[a.baseline.peak_allocated, a.baseline.peak_reserved],
+                           independent=[q.peak_allocated, q.peak_reserved], step_ns=a.baseline.step_ns,
+                           step_peaks=q.step_peaks)
+result = out
+""")
+    assert [r[k]["calls"] for k in ("None", "1", "2", "3")] == [2, 1, 2, 3]
+    for k in ("None", "1", "2", "3"):
+        assert r[k]["plan"] == r[k]["independent"], k
+    # the steady state holds AdamW's moments through the forward and backward: above the first step's peak
+    assert r["None"]["plan"] == r["2"]["plan"] and r["None"]["plan"][0] > r["1"]["plan"][0]
+    assert r["None"]["plan"][0] == r["None"]["step_peaks"][-1]["peak_allocated"]
+    assert r["1"]["plan"][0] == r["None"]["step_peaks"][0]["peak_allocated"]
+    # the modeled step time is one step's (the last), not the sum of the steps run: the 2nd and 3rd are alike
+    assert r["3"]["step_ns"] == r["2"]["step_ns"] == r["None"]["step_ns"]
+    assert r["2"]["step_ns"] < 1.5 * r["1"]["step_ns"]
 
 
 @pytest.mark.slow
@@ -360,8 +402,11 @@ def test_batch_plan_is_gradient_accumulation_as_written_by_hand():
     r = run_child(batched + """
 a = memlens.advise(Net, step, capacity=800 << 20, batch=32, precision=False, allocator=False)
 plan = next(p for p in a.plans if p.micro_batch is not None and p.fits)
+held = []
 def by_hand():
-    model = Net().cuda(); opt = torch.optim.AdamW(model.parameters())
+    if not held:
+        model = Net().cuda(); held.append((model, torch.optim.AdamW(model.parameters())))
+    model, opt = held[0]
     for i in range(plan.accumulate):          # the earlier micro-batches' gradients are held
         model(torch.randn(plan.micro_batch, 256, 256, device="cuda")).backward()
     opt.step(); opt.zero_grad()
@@ -373,9 +418,11 @@ result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocat
 """)
     assert r["micro"] * r["k"] == 32 and not r["baseline_fits"]
     assert r["hand"] == [r["alloc"], r["reserved"], True]
-    # the largest micro-batch that fits: every larger divisor tried before it does not fit
-    assert sorted(r["tried"], key=lambda t: -t[0]) == r["tried"] and [f for _, f in r["tried"]][-1]
-    assert not any(f for _, f in r["tried"][:-1])
+    # the largest micro-batch that fits: every larger divisor was tried and does not fit, no smaller one was tried
+    # (the answer lists fitting plans first, so the order is read by size)
+    tried = sorted(r["tried"], key=lambda t: -t[0])
+    assert tried[-1] == [r["micro"], True] and not any(f for _, f in tried[:-1])
+    assert [m for m, _ in tried] == [32 // k for k in range(2, 33) if 32 % k == 0 and 32 // k >= r["micro"]]
 
 
 def test_an_offload_plan_is_predicted_lower_and_slower_and_an_independent_prediction_agrees():
@@ -385,9 +432,11 @@ from memlens.advise.verify import Workload, verify
 work = Workload(Net, step)
 base, off = Plan(), Plan(checkpoint={"layers.1": "offload", "layers.2": "offload"})
 verify(work, base); verify(work, off)
+held = []
 def again():
-    model = off.apply(Net()).cuda()
-    step(model, torch.optim.AdamW(model.parameters()))
+    if not held:
+        model = off.apply(Net()).cuda(); held.append((model, torch.optim.AdamW(model.parameters())))
+    step(*held[0])
 q = memlens.predict(again, gpu="H100")
 copies = q.trace.ops[q.trace.ops["name"].isin(["aten::copy_", "aten::_to_copy"])]
 result = dict(base=[base.peak_allocated, base.step_ns], off=[off.peak_allocated, off.step_ns],

@@ -143,7 +143,8 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
         host_bw = resolve_gpu(work.gpu).host_bw if isinstance(work.gpu, str) else None
     except Exception:           # a GPU the time model does not know: no offload estimate
         host_bw = None
-    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw)
+    from memlens.advise.verify import last_step_start
+    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw, from_op=last_step_start(first))
     options = [[(m, *c.option(m)) for m in MODES] for c in costs]
     cap = work.capacity if work.capacity is not None else first.gpu.total_memory
     need = base.device_bytes_needed - cap
