@@ -365,6 +365,46 @@ result = dict(strategy=best.strategy, fits=best.fits, alloc=best.peak_allocated,
     assert fits and abs(alloc - r["alloc"]) <= 0.005 * alloc and abs(reserved - r["reserved"]) <= 0.005 * reserved
 
 
+def test_sharding_candidates_are_the_three_zero_stages_and_an_unknown_name_is_refused():
+    from memlens.advise import Plan
+    from memlens.advise.advisor import SHARDING, advise
+    from memlens.errors import InputError
+    from memlens.predict.distributed.strategies import STRATEGIES
+    assert SHARDING == ("fsdp2", "zero2", "zero1") and set(SHARDING) <= set(STRATEGIES)
+    assert Plan(strategy="zero2").changes == (
+        "shard with zero2 (ZeRO-2: gradients and optimizer state sharded, parameters replicated)")
+    assert Plan(strategy="fsdp2+noreshard").changes.startswith("shard with fsdp2+noreshard (FSDP2 without resharding")
+    with pytest.raises(InputError, match=r"unknown strategies \['zero3'\].*fsdp2\+noreshard"):
+        advise(lambda: None, lambda m, o: None, world_size=2, strategies=("zero3",))
+
+
+@pytest.mark.slow
+def test_zero2_and_fsdp2_noreshard_plans_on_8_ranks_agree_with_an_independent_prediction():
+    r = run_child(WORKLOAD + """
+from memlens.predict.distributed.strategies import apply_strategy
+cap = 8 << 30
+a = memlens.advise(Net, step, gpu="H100", capacity=cap, world_size=8, strategies=("zero2", "fsdp2+noreshard"),
+                   ranks="first", precision=False, allocator=False)
+out = {}
+for plan in a.plans:
+    def again(plan=plan):
+        model = plan.apply(Net()).cuda()
+        module, opt = apply_strategy(plan.strategy, model, torch.optim.AdamW, {})
+        step(module, opt)
+    d = memlens.predict(again, gpu="H100", capacity=cap, world_size=8, ranks="first")
+    out[plan.strategy] = dict(plan=[plan.peak_allocated, plan.peak_reserved, plan.fits, plan.error],
+                              independent=[d.peak_allocated, d.peak_reserved, bool(d.fits())])
+result = out
+""")
+    assert sorted(r) == ["ddp", "fsdp2+noreshard", "zero2"]
+    for strategy, row in r.items():
+        alloc, reserved, fits = row["independent"]
+        assert row["plan"][3] is None and row["plan"][2] == fits, strategy
+        assert abs(alloc - row["plan"][0]) <= 0.005 * alloc and abs(reserved - row["plan"][1]) <= 0.005 * reserved
+    # ZeRO-2 shards the gradients and AdamW's two moments over 8 ranks: below DDP's full replica
+    assert r["zero2"]["plan"][0] < r["ddp"]["plan"][0]
+
+
 def test_objectives_rank_the_plans_by_hand():
     from memlens.advise import Plan
     from memlens.advise.result import Advice
