@@ -31,9 +31,10 @@ def run_plan(work: Workload, plan: Plan):
     """Predict `work` with `plan` applied; returns the `Prediction` (or `DistributedPrediction` with a world
     size). On one GPU the step runs as `memlens.predict` runs a step function: once, and again on the same
     model and optimizer when the first step left state alive (its peaks are the steady state's; the
-    ``steps`` option of `work.options` chooses the number of steps). With `plan.micro_batch`, the step runs `plan.accumulate` times on that batch, the optimizer's
-    ``step`` and ``zero_grad`` skipped in all but the last (gradient accumulation: the gradients of the
-    earlier micro-batches are held while the later ones run)."""
+    ``steps`` option of `work.options` chooses the number of steps). With `plan.micro_batch`, each step
+    runs `plan.accumulate` micro-steps on that batch, the optimizer's ``step`` and ``zero_grad`` skipped in
+    all but the last (gradient accumulation: the gradients of the earlier micro-batches are held while the
+    later ones run)."""
     import torch
 
     from memlens.advise.checkpoint import wrap
