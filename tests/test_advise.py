@@ -344,6 +344,25 @@ def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exi
     assert unreachable.returncode == 3 and "no plan fits 100.0 MiB" in unreachable.stdout
 
 
+def test_a_script_without_hooks_runs_once_as_memlens_predict_runs_it(tmp_path):
+    """A script is its own loop: advice on it predicts it run once, as `memlens predict -- python train.py`,
+    not called again for a steady state (its left-over garbage would make it run twice)."""
+    script = tmp_path / "plain.py"
+    script.write_text(WORKLOAD + "\nm = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))\n"
+                      "import os\nopen(os.environ['RUNS'], 'a').write('run\\n')\n")
+    runs = tmp_path / "runs.txt"
+    r = run_child(f"""
+import os, runpy
+os.environ['RUNS'] = {str(runs)!r}
+a = memlens.advise({str(script)!r}, [], capacity="40GiB")
+with memlens.predict(gpu="H100") as q:
+    runpy.run_path({str(script)!r}, run_name="__main__")
+result = dict(advised=[a.baseline.peak_allocated, a.baseline.peak_reserved],
+              cli=[q.peak_allocated, q.peak_reserved], runs=open({str(runs)!r}).read().count("run"))
+""")
+    assert r["runs"] == 2 and r["advised"] == r["cli"]     # once under the advice, once by hand
+
+
 @pytest.mark.slow
 def test_fsdp2_on_8_ranks_the_advised_plan_fits_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
