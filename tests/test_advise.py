@@ -178,7 +178,7 @@ for steps in (None, 1, 2, 3):
     q = memlens.predict(loop, gpu="H100", **extra)
     out[str(steps)] = dict(calls=n, plan=[a.baseline.peak_allocated, a.baseline.peak_reserved],
                            independent=[q.peak_allocated, q.peak_reserved], step_ns=a.baseline.step_ns,
-                           step_peaks=q.step_peaks)
+                           step_peaks=q.step_peaks, notes=a.notes)
 result = out
 """)
     assert [r[k]["calls"] for k in ("None", "1", "2", "3")] == [2, 1, 2, 3]
@@ -188,6 +188,9 @@ result = out
     assert r["None"]["plan"] == r["2"]["plan"] and r["None"]["plan"][0] > r["1"]["plan"][0]
     assert r["None"]["plan"][0] == r["None"]["step_peaks"][-1]["peak_allocated"]
     assert r["1"]["plan"][0] == r["None"]["step_peaks"][0]["peak_allocated"]
+    # the notes say which step the peaks are, in memlens.predict's words
+    assert any("steady-state peak (step 2)" in n for n in r["None"]["notes"])
+    assert any("one step only (steps=1)" in n for n in r["1"]["notes"])
     # the modeled step time is one step's (the last), not the sum of the steps run: the 2nd and 3rd are alike
     assert r["3"]["step_ns"] == r["2"]["step_ns"] == r["None"]["step_ns"]
     assert r["2"]["step_ns"] < 1.5 * r["1"]["step_ns"]

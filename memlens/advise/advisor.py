@@ -88,6 +88,8 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
         raise AdviceFailed(f"no advice: the step fails as it is ({baseline.error})")
     found = _candidates(work)
     plans, notes = [baseline], list(found["notes"])
+    if getattr(base_pred, "steps_note", None):     # which step's peaks every plan gives (one GPU)
+        notes.append(f"each plan predicted as memlens.predict predicts a step; as it is, {base_pred.steps_note}")
     closest: dict = {}       # strategy -> (plan, prediction) closest to fitting, for the allocator replay
     _keep(closest, baseline, base_pred)
     for base in bases:
