@@ -83,10 +83,13 @@ cap = {capacity}
 a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r}, precision={precision})
 rows = []
 for p in a.plans:
-    # predict each plan again, independently: a fresh model with plan.apply, the step, memlens.predict
-    def again(p=p):
-        model = p.apply(Net()).cuda()
-        step(model, torch.optim.AdamW(model.parameters()))
+    # predict each plan again, independently, as a training loop runs: a model with plan.apply and its optimizer
+    # built once, then the step (memlens.predict's default runs it again for the steady state)
+    def again(p=p, held=[]):
+        if not held:
+            model = p.apply(Net()).cuda()
+            held.append((model, torch.optim.AdamW(model.parameters())))
+        step(*held[0])
     if p.error is None:
         q = memlens.predict(again, gpu="H100", capacity=cap, conf=p.conf)
         independent = [q.peak_allocated, q.peak_reserved, q.device_bytes_needed, bool(q.fits())]
@@ -109,8 +112,11 @@ def tight():
     """Advice where the step as it is does not fit: 80% of the baseline's device bytes (checkpointing and
     allocator settings; precision is tested on its own)."""
     base = run_child(WORKLOAD + """
+held = []
 def run():
-    m = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))
+    if not held:
+        m = Net().cuda(); held.append((m, torch.optim.AdamW(m.parameters())))
+    step(*held[0])
 q = memlens.predict(run, gpu="H100")
 result = q.device_bytes_needed
 """)
@@ -149,6 +155,45 @@ def test_the_advised_plan_beats_checkpointing_every_block(tight):
     baseline = next(row for row in r["rows"] if row["changes"] == "no change")
     assert not baseline["fits"] and best["base"] == baseline["step_ns"]
     assert best["step_ns"] >= baseline["step_ns"]          # recomputation costs time, never saves it
+
+
+def test_plans_are_predicted_at_the_steady_state_and_steps_is_honoured():
+    """The advisor predicts a plan as memlens.predict predicts a training loop's step: the model and optimizer
+    built once, the step run again while the first left state alive (`steps` chooses, as in memlens.predict)."""
+    r = run_child(WORKLOAD + """
+calls = []
+def counted(model, opt):
+    calls.append(1); step(model, opt)
+held = []
+def loop():
+    if not held:
+        m = Net().cuda(); held.append((m, torch.optim.AdamW(m.parameters())))
+    step(*held[0])
+out = {}
+for steps in (None, 1, 2, 3):
+    calls.clear(); held.clear()
+    extra = {} if steps is None else {"steps": steps}
+    a = memlens.advise(Net, counted, capacity=8 << 30, precision=False, allocator=False, **extra)
+    n = len(calls); held.clear()
+    q = memlens.predict(loop, gpu="H100", **extra)
+    out[str(steps)] = dict(calls=n, plan=[a.baseline.peak_allocated, a.baseline.peak_reserved],
+                           independent=[q.peak_allocated, q.peak_reserved], step_ns=a.baseline.step_ns,
+                           step_peaks=q.step_peaks, notes=a.notes)
+result = out
+""")
+    assert [r[k]["calls"] for k in ("None", "1", "2", "3")] == [2, 1, 2, 3]
+    for k in ("None", "1", "2", "3"):
+        assert r[k]["plan"] == r[k]["independent"], k
+    # the steady state holds AdamW's moments through the forward and backward: above the first step's peak
+    assert r["None"]["plan"] == r["2"]["plan"] and r["None"]["plan"][0] > r["1"]["plan"][0]
+    assert r["None"]["plan"][0] == r["None"]["step_peaks"][-1]["peak_allocated"]
+    assert r["1"]["plan"][0] == r["None"]["step_peaks"][0]["peak_allocated"]
+    # the notes say which step the peaks are, in memlens.predict's words
+    assert any("steady-state peak (step 2)" in n for n in r["None"]["notes"])
+    assert any("one step only (steps=1)" in n for n in r["1"]["notes"])
+    # the modeled step time is one step's (the last), not the sum of the steps run: the 2nd and 3rd are alike
+    assert r["3"]["step_ns"] == r["2"]["step_ns"] == r["None"]["step_ns"]
+    assert r["2"]["step_ns"] < 1.5 * r["1"]["step_ns"]
 
 
 @pytest.mark.slow
@@ -302,6 +347,25 @@ def test_cli_script_without_hooks_gets_allocator_advice_and_a_failing_script_exi
     assert unreachable.returncode == 3 and "no plan fits 100.0 MiB" in unreachable.stdout
 
 
+def test_a_script_without_hooks_runs_once_as_memlens_predict_runs_it(tmp_path):
+    """A script is its own loop: advice on it predicts it run once, as `memlens predict -- python train.py`,
+    not called again for a steady state (its left-over garbage would make it run twice)."""
+    script = tmp_path / "plain.py"
+    script.write_text(WORKLOAD + "\nm = Net().cuda(); step(m, torch.optim.AdamW(m.parameters()))\n"
+                      "import os\nopen(os.environ['RUNS'], 'a').write('run\\n')\n")
+    runs = tmp_path / "runs.txt"
+    r = run_child(f"""
+import os, runpy
+os.environ['RUNS'] = {str(runs)!r}
+a = memlens.advise({str(script)!r}, [], capacity="40GiB")
+with memlens.predict(gpu="H100") as q:
+    runpy.run_path({str(script)!r}, run_name="__main__")
+result = dict(advised=[a.baseline.peak_allocated, a.baseline.peak_reserved],
+              cli=[q.peak_allocated, q.peak_reserved], runs=open({str(runs)!r}).read().count("run"))
+""")
+    assert r["runs"] == 2 and r["advised"] == r["cli"]     # once under the advice, once by hand
+
+
 @pytest.mark.slow
 def test_fsdp2_on_8_ranks_the_advised_plan_fits_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
@@ -321,6 +385,46 @@ result = dict(strategy=best.strategy, fits=best.fits, alloc=best.peak_allocated,
     assert r["baseline"] == ["ddp", False] and r["fits"] is True
     alloc, reserved, fits = r["independent"]
     assert fits and abs(alloc - r["alloc"]) <= 0.005 * alloc and abs(reserved - r["reserved"]) <= 0.005 * reserved
+
+
+def test_sharding_candidates_are_the_three_zero_stages_and_an_unknown_name_is_refused():
+    from memlens.advise import Plan
+    from memlens.advise.advisor import SHARDING, advise
+    from memlens.errors import InputError
+    from memlens.prediction.distributed.strategies import STRATEGIES
+    assert SHARDING == ("fsdp2", "zero2", "zero1") and set(SHARDING) <= set(STRATEGIES)
+    assert Plan(strategy="zero2").changes == (
+        "shard with zero2 (ZeRO-2: gradients and optimizer state sharded, parameters replicated)")
+    assert Plan(strategy="fsdp2+noreshard").changes.startswith("shard with fsdp2+noreshard (FSDP2 without resharding")
+    with pytest.raises(InputError, match=r"unknown strategies \['zero3'\].*fsdp2\+noreshard"):
+        advise(lambda: None, lambda m, o: None, world_size=2, strategies=("zero3",))
+
+
+@pytest.mark.slow
+def test_zero2_and_fsdp2_noreshard_plans_on_8_ranks_agree_with_an_independent_prediction():
+    r = run_child(WORKLOAD + """
+from memlens.prediction.distributed.strategies import apply_strategy
+cap = 8 << 30
+a = memlens.advise(Net, step, gpu="H100", capacity=cap, world_size=8, strategies=("zero2", "fsdp2+noreshard"),
+                   ranks="first", precision=False, allocator=False)
+out = {}
+for plan in a.plans:
+    def again(plan=plan):
+        model = plan.apply(Net()).cuda()
+        module, opt = apply_strategy(plan.strategy, model, torch.optim.AdamW, {})
+        step(module, opt)
+    d = memlens.predict(again, gpu="H100", capacity=cap, world_size=8, ranks="first")
+    out[plan.strategy] = dict(plan=[plan.peak_allocated, plan.peak_reserved, plan.fits, plan.error],
+                              independent=[d.peak_allocated, d.peak_reserved, bool(d.fits())])
+result = out
+""")
+    assert sorted(r) == ["ddp", "fsdp2+noreshard", "zero2"]
+    for strategy, row in r.items():
+        alloc, reserved, fits = row["independent"]
+        assert row["plan"][3] is None and row["plan"][2] == fits, strategy
+        assert abs(alloc - row["plan"][0]) <= 0.005 * alloc and abs(reserved - row["plan"][1]) <= 0.005 * reserved
+    # ZeRO-2 shards the gradients and AdamW's two moments over 8 ranks: below DDP's full replica
+    assert r["zero2"]["plan"][0] < r["ddp"]["plan"][0]
 
 
 def test_objectives_rank_the_plans_by_hand():
@@ -360,8 +464,11 @@ def test_batch_plan_is_gradient_accumulation_as_written_by_hand():
     r = run_child(batched + """
 a = memlens.advise(Net, step, capacity=800 << 20, batch=32, precision=False, allocator=False)
 plan = next(p for p in a.plans if p.micro_batch is not None and p.fits)
+held = []
 def by_hand():
-    model = Net().cuda(); opt = torch.optim.AdamW(model.parameters())
+    if not held:
+        model = Net().cuda(); held.append((model, torch.optim.AdamW(model.parameters())))
+    model, opt = held[0]
     for i in range(plan.accumulate):          # the earlier micro-batches' gradients are held
         model(torch.randn(plan.micro_batch, 256, 256, device="cuda")).backward()
     opt.step(); opt.zero_grad()
@@ -373,9 +480,11 @@ result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocat
 """)
     assert r["micro"] * r["k"] == 32 and not r["baseline_fits"]
     assert r["hand"] == [r["alloc"], r["reserved"], True]
-    # the largest micro-batch that fits: every larger divisor tried before it does not fit
-    assert sorted(r["tried"], key=lambda t: -t[0]) == r["tried"] and [f for _, f in r["tried"]][-1]
-    assert not any(f for _, f in r["tried"][:-1])
+    # the largest micro-batch that fits: every larger divisor was tried and does not fit, no smaller one was tried
+    # (the answer lists fitting plans first, so the order is read by size)
+    tried = sorted(r["tried"], key=lambda t: -t[0])
+    assert tried[-1] == [r["micro"], True] and not any(f for _, f in tried[:-1])
+    assert [m for m, _ in tried] == [32 // k for k in range(2, 33) if 32 % k == 0 and 32 // k >= r["micro"]]
 
 
 def test_an_offload_plan_is_predicted_lower_and_slower_and_an_independent_prediction_agrees():
@@ -385,9 +494,11 @@ from memlens.advise.verify import Workload, verify
 work = Workload(Net, step)
 base, off = Plan(), Plan(checkpoint={"layers.1": "offload", "layers.2": "offload"})
 verify(work, base); verify(work, off)
+held = []
 def again():
-    model = off.apply(Net()).cuda()
-    step(model, torch.optim.AdamW(model.parameters()))
+    if not held:
+        model = off.apply(Net()).cuda(); held.append((model, torch.optim.AdamW(model.parameters())))
+    step(*held[0])
 q = memlens.predict(again, gpu="H100")
 copies = q.trace.ops[q.trace.ops["name"].isin(["aten::copy_", "aten::_to_copy"])]
 result = dict(base=[base.peak_allocated, base.step_ns], off=[off.peak_allocated, off.step_ns],

@@ -26,6 +26,9 @@ from memlens.advise.result import OBJECTIVES, Advice
 from memlens.advise.verify import Workload, verify
 from memlens.errors import InputError
 
+# the three ZeRO stages, most sharded first: FSDP2 (stage 3), true ZeRO-2, ZeRO-1 (DDP is the baseline).
+# "fsdp2+ac" is left out because the checkpoint search on "fsdp2" chooses the blocks itself; "fsdp2+noreshard"
+# (held memory between steps as FSDP2's, more from forward to backward) is searched when `strategies` names it
 SHARDING = ("fsdp2", "zero2", "zero1")
 
 
@@ -46,13 +49,17 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
-    `strategies` is searched too (DDP is the baseline). `precision`: also try autocast bf16 and an optimizer
-    without foreach temporaries; `allocator`: also replay allocator settings. With `batch`: the largest
-    micro-batch dividing it that fits, with gradient accumulation keeping the global batch (at most
-    `max_accumulate` micro-steps). `objective`: ``"fit"`` (fitting plans, fewest
-    changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or ``"pareto"`` (only plans
-    on the memory/time frontier). `options` go to each `memlens.predict`. Raises `AdviceFailed` when the
-    step fails as it is; a plan the step fails with is kept with its error and does not fit.
+    `strategies` is searched too (DDP is the baseline; default `SHARDING`: FSDP2, ZeRO-2, ZeRO-1; any row
+    of `memlens.predict_strategies` may be named, ``"fsdp2+noreshard"`` included). `precision`: also try
+    autocast bf16 and an optimizer without foreach temporaries; `allocator`: also replay allocator
+    settings. With `batch`: the largest micro-batch dividing it that fits, with gradient accumulation
+    keeping the global batch (at most `max_accumulate` micro-steps). `objective`: ``"fit"`` (fitting
+    plans, fewest changes first), ``"fastest_fit"`` (fitting plans, fastest modeled step first) or
+    ``"pareto"`` (only plans on the memory/time frontier). `options` go to each `memlens.predict`
+    (``steps``: on one GPU each plan's model and optimizer are built once and the step runs as
+    `memlens.predict` runs a step function, by default again while the first step left state alive, so
+    the peaks are the steady state's). Raises `AdviceFailed` when the step fails as it is; a plan the step
+    fails with is kept with its error and does not fit.
     """
     from memlens.prediction.predictor import _capacity_bytes
     from memlens.trace import Trace
@@ -68,6 +75,10 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     cap = _capacity_bytes(capacity)
     if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
         raise InputError(f"world_size must be a positive integer, not {world_size!r}")
+    from memlens.prediction.distributed.strategies import STRATEGIES
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise InputError(f"unknown strategies {unknown}: choose from {', '.join(STRATEGIES)}")
     work = Workload(build_model, step, gpu, cap, world_size, optimizer, dict(optimizer_kwargs or {}), layers,
                     batch, options)
     bases = [None] if world_size is None else ["ddp", *[s for s in strategies if s != "ddp"]]
@@ -77,6 +88,8 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
         raise AdviceFailed(f"no advice: the step fails as it is ({baseline.error})")
     found = _candidates(work)
     plans, notes = [baseline], list(found["notes"])
+    if getattr(base_pred, "steps_note", None):     # which step's peaks every plan gives (one GPU)
+        notes.append(f"each plan predicted as memlens.predict predicts a step; as it is, {base_pred.steps_note}")
     closest: dict = {}       # strategy -> (plan, prediction) closest to fitting, for the allocator replay
     _keep(closest, baseline, base_pred)
     for base in bases:
@@ -143,7 +156,8 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
         host_bw = resolve_gpu(work.gpu).host_bw if isinstance(work.gpu, str) else None
     except Exception:           # a GPU the time model does not know: no offload estimate
         host_bw = None
-    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw)
+    from memlens.advise.verify import last_step_start
+    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw, from_op=last_step_start(first))
     options = [[(m, *c.option(m)) for m in MODES] for c in costs]
     cap = work.capacity if work.capacity is not None else first.gpu.total_memory
     need = base.device_bytes_needed - cap

@@ -137,17 +137,19 @@ def _root_prefix(paths: set, candidates: list[str]) -> str:
 
 
 def module_costs(trace, candidates: list[str], root: str | None = None,
-                 host_bw: tuple | None = None) -> list[ModuleCost]:
+                 host_bw: tuple | None = None, from_op: int = 0) -> list[ModuleCost]:
     """`ModuleCost` of each candidate (``named_modules`` names) from a predicted trace whose module paths
     start with `root` (default: what the recorder put before the model's names, `_root_prefix`).
     A module's saved activations
     are the ``cuda:0`` blocks allocated by its forward ops and still allocated at the allocated peak; the
     one allocated last (its output, which the next module keeps) is not counted as freed. `host_bw`: the
     host link's (device->host, host->device) bytes/s (the GPU table's); without it offloading is not offered
-    (0 bytes)."""
+    (0 bytes). `from_op`: the op id where the step to read begins (a steady-state prediction's last step;
+    the forward ops of the steps before it are not counted again)."""
     import numpy as np
     ops = trace.ops
     fwd = ops[ops["phase"] == "forward"] if "phase" in ops.columns else ops
+    fwd = fwd[fwd["op_id"] >= from_op]
     if root is None:
         root = _root_prefix(set(fwd["module"].unique()), candidates)
     b = trace.blocks

@@ -45,7 +45,9 @@ class Plan:
         """The changes in words ("no change" for the baseline)."""
         words = []
         if self.strategy:
-            words.append(f"shard with {self.strategy}")
+            from memlens.prediction.distributed.strategies import STRATEGY_WORDS
+            what = STRATEGY_WORDS.get(self.strategy)
+            words.append(f"shard with {self.strategy}" + (f" ({what})" if what else ""))
         full = sorted(n for n, m in self.checkpoint.items() if m == "full")
         selective = sorted(n for n, m in self.checkpoint.items() if m == "selective")
         offload = sorted(n for n, m in self.checkpoint.items() if m == "offload")

@@ -43,7 +43,7 @@ def rank(plans: list, objective: str) -> list:
 @dataclass
 class Advice:
     """The answer of `memlens.advise`: `plans` ranked by `objective`; `baseline` (the step as it is);
-    `capacity` (bytes of device memory per GPU); `notes` (what could not be searched, and why)."""
+    `capacity` (bytes of device memory per GPU); `notes` (what could not be searched, and why; which step of the step function the peaks are)."""
 
     plans: list
     baseline: object

@@ -76,10 +76,15 @@ def _allocator_only(script, args, gpu, capacity, world_size, objective, options)
     from memlens.prediction.distributed.ranks import _runner
     from memlens.prediction.predictor import _capacity_bytes
     cap = _capacity_bytes(capacity)
-    target = _runner(script, args) if world_size is None else script
-    extra = {} if world_size is None else {"world_size": int(world_size), "args": args}
     try:
-        p = predict(target, gpu=gpu, capacity=cap, conf="", **extra, **options)
+        if world_size is None:
+            # run once, as `memlens predict -- python train.py` runs it: a script is its own loop, not a step
+            # function to be called again for the steady state
+            p = predict(gpu=gpu, capacity=cap, conf="", **options)
+            with p:
+                _runner(script, args)()
+        else:
+            p = predict(script, gpu=gpu, capacity=cap, conf="", world_size=int(world_size), args=args, **options)
     except Exception as exc:
         raise AdviceFailed(f"no advice: {script} failed under prediction ({type(exc).__name__}: {exc})") from None
     preds = p.predictions if world_size is not None else {0: p}

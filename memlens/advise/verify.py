@@ -29,9 +29,12 @@ class Workload:
 
 def run_plan(work: Workload, plan: Plan):
     """Predict `work` with `plan` applied; returns the `Prediction` (or `DistributedPrediction` with a world
-    size). With `plan.micro_batch`, the step runs `plan.accumulate` times on that batch, the optimizer's
-    ``step`` and ``zero_grad`` skipped in all but the last (gradient accumulation: the gradients of the
-    earlier micro-batches are held while the later ones run)."""
+    size). On one GPU the step runs as `memlens.predict` runs a step function: once, and again on the same
+    model and optimizer when the first step left state alive (its peaks are the steady state's; the
+    ``steps`` option of `work.options` chooses the number of steps). With `plan.micro_batch`, each step
+    runs `plan.accumulate` micro-steps on that batch, the optimizer's ``step`` and ``zero_grad`` skipped in
+    all but the last (gradient accumulation: the gradients of the earlier micro-batches are held while the
+    later ones run)."""
     import torch
 
     from memlens.advise.checkpoint import wrap
@@ -41,20 +44,26 @@ def run_plan(work: Workload, plan: Plan):
     opt_class = work.optimizer or torch.optim.AdamW
     keep: list = []
 
-    def run():
+    def build():
         model = wrap(work.build_model(), plan.checkpoint).cuda()
         if plan.autocast:
             autocast_forward(model, plan.autocast)
         kwargs = {**work.optimizer_kwargs, **plan.optimizer_kwargs}
         if plan.strategy:
-            module, opt = apply_strategy(plan.strategy, model, opt_class, kwargs, work.layers)
-        else:
-            module, opt = model, opt_class(model.parameters(), **kwargs)
+            return apply_strategy(plan.strategy, model, opt_class, kwargs, work.layers)
+        return model, opt_class(model.parameters(), **kwargs)
+
+    def run():
+        # one GPU: the model and optimizer are built at the first call only, so that memlens.predict's second
+        # call (the steady state) is a second training step on them, as in a training loop; each rank of a
+        # world size builds its own
+        module, opt = keep[0] if keep and work.world_size is None else build()
         if plan.micro_batch is None:
             work.step(module, opt, *(() if work.batch is None else (work.batch,)))
         else:
             accumulate(work.step, module, opt, plan.micro_batch, plan.accumulate)
-        keep.append((module, opt))   # a rank holds its state after the step
+        if not keep or work.world_size is not None:
+            keep.append((module, opt))   # a rank holds its state after the step
 
     world = {} if work.world_size is None else {"world_size": int(work.world_size)}
     try:
@@ -79,11 +88,18 @@ def accumulate(step, model, opt, micro_batch: int, times: int) -> None:
                 del opt.step, opt.zero_grad
 
 
+def last_step_start(prediction) -> int:
+    """Op id at which the last call of the step function began (0 for a single call or a ``with`` block):
+    the steady-state step is the ops from there on."""
+    starts = getattr(prediction, "_step_starts", None) or [0]
+    return int(starts[-1])
+
+
 def step_ns(prediction, world_size: int, gpu) -> int | None:
     """Modeled step time of one rank's prediction, ns: the end of its step schedule (collectives on their
-    own streams, `memlens.prediction.distributed.steptime`) minus the start of its first forward op (building
-    the model and the optimizer before it are not part of the step; making the step's inputs is left out
-    too, the same in every plan)."""
+    own streams, `memlens.prediction.distributed.steptime`) minus the start of the last step's first forward op
+    (building the model and the optimizer, and the earlier steps of a steady-state prediction, are not part
+    of the step; making the step's inputs is left out too, the same in every plan)."""
     from memlens.devicetime.gpus import gpu as resolve_gpu
     from memlens.prediction.distributed.steptime import step_time
     trace = prediction.trace
@@ -94,7 +110,8 @@ def step_ns(prediction, world_size: int, gpu) -> int | None:
     sched = timing["schedule"]
     start = 0
     if "phase" in trace.ops.columns:
-        forward = trace.ops.loc[trace.ops["phase"] == "forward", "op_id"]
+        ops = trace.ops
+        forward = ops.loc[(ops["phase"] == "forward") & (ops["op_id"] >= last_step_start(prediction)), "op_id"]
         if len(forward) and "op_id" in sched.columns:
             first = sched.loc[sched["op_id"] == int(forward.min()), "start_ns"]
             start = int(first.iloc[0]) if len(first) else 0

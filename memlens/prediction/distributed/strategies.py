@@ -34,6 +34,15 @@ from memlens.errors import InputError
 
 STRATEGIES = ("ddp", "fsdp2", "fsdp2+ac", "zero1", "zero2", "fsdp2+noreshard")
 DEFAULT_STRATEGIES = ("ddp", "fsdp2", "fsdp2+ac", "zero1")
+# what each row keeps per rank, in the words a plan or table prints beside its name
+STRATEGY_WORDS = {
+    "ddp": "DDP: a full replica per rank",
+    "fsdp2": "FSDP2, ZeRO-3: parameters, gradients and optimizer state sharded",
+    "fsdp2+ac": "FSDP2 with every block checkpointed",
+    "zero1": "ZeRO-1: optimizer state sharded",
+    "zero2": "ZeRO-2: gradients and optimizer state sharded, parameters replicated",
+    "fsdp2+noreshard": "FSDP2 without resharding after forward: parameters gathered from forward to backward",
+}
 
 
 def repeated_blocks(model) -> list:
