@@ -27,8 +27,8 @@ _LAZY = {
     "fake": ("memlens.prediction", "fake"),
     "max_batch": ("memlens.prediction.sweep", "max_batch"),
     "predict_strategies": ("memlens.prediction.distributed.strategies", "predict_strategies"),
-    "advise": ("memlens.advise", "advise"),
-    "apply": ("memlens.advise", "apply"),
+    "advise": ("memlens.advice", "advise"),
+    "apply": ("memlens.advice", "apply"),
 }
 
 # On a CPU-only torch, `memlens.predict` needs its fake-CUDA shim loaded before torch initialises: when

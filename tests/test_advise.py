@@ -44,7 +44,7 @@ def brute_force(options, need):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_solver_equals_brute_force_on_small_cases(seed):
-    from memlens.advise.solver import choose
+    from memlens.advice.solver import choose
     rng = random.Random(seed)
     n = rng.randint(1, 6)
     options = []
@@ -67,7 +67,7 @@ def test_solver_equals_brute_force_on_small_cases(seed):
 
 
 def test_solver_takes_the_cheaper_modules_at_the_exact_boundary():
-    from memlens.advise.solver import choose
+    from memlens.advice.solver import choose
     opts = [[("full", 10, 5)], [("full", 10, 1)], [("full", 10, 3)]]
     assert choose(opts, 20)[0] == [None, "full", "full"]       # exactly 20 freed, cost 4
     assert choose(opts, 21) == (["full", "full", "full"], 30, 9)
@@ -77,8 +77,8 @@ def test_solver_takes_the_cheaper_modules_at_the_exact_boundary():
 # ---- advise end to end ----------------------------------------------------------------------------------------
 ADVISE = WORKLOAD + """
 import memlens
-from memlens.advise import Plan
-from memlens.advise.verify import Workload, run_plan
+from memlens.advice import Plan
+from memlens.advice.verify import Workload, run_plan
 cap = {capacity}
 a = memlens.advise(Net, step, gpu="H100", capacity=cap, objective={objective!r}, precision={precision})
 rows = []
@@ -208,7 +208,7 @@ def test_a_capacity_no_plan_reaches_names_the_closest_plan_and_its_miss():
 
 def test_a_failing_step_gives_no_advice():
     r = run_child(WORKLOAD + """
-from memlens.advise import AdviceFailed
+from memlens.advice import AdviceFailed
 def bad(model, opt):
     raise ValueError("broken data loader")
 try:
@@ -247,7 +247,7 @@ def _train(plan, steps=3):
 def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
     import torch
 
-    from memlens.advise import Plan
+    from memlens.advice import Plan
     plan = Plan(checkpoint={"layers.0": mode, "layers.2": mode})
     base_losses, base_grads, base_params = _train(None)
     losses, grads, params = _train(plan)
@@ -263,7 +263,7 @@ def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
 def test_a_module_the_policy_cannot_wrap_is_named():
     import torch.nn as nn
 
-    from memlens.advise import CannotWrap, Plan
+    from memlens.advice import CannotWrap, Plan
     model = nn.Sequential(nn.Linear(2, 2))
     with pytest.raises(CannotWrap, match="'blocks.7' is not in the model"):
         Plan(checkpoint={"blocks.7": "full"}).apply(model)
@@ -279,7 +279,7 @@ def test_snippet_applies_the_same_plan():
     import torch
     import torch.nn as nn
 
-    from memlens.advise import Plan
+    from memlens.advice import Plan
     plan = Plan(checkpoint={"1.0": "selective", "0": "full"}, conf="expandable_segments:True")
     model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
     namespace = {"model": model, "torch": torch}
@@ -388,8 +388,8 @@ result = dict(strategy=best.strategy, fits=best.fits, alloc=best.peak_allocated,
 
 
 def test_sharding_candidates_are_the_three_zero_stages_and_an_unknown_name_is_refused():
-    from memlens.advise import Plan
-    from memlens.advise.advisor import SHARDING, advise
+    from memlens.advice import Plan
+    from memlens.advice.entry import SHARDING, advise
     from memlens.errors import InputError
     from memlens.prediction.distributed.strategies import STRATEGIES
     assert SHARDING == ("fsdp2", "zero2", "zero1") and set(SHARDING) <= set(STRATEGIES)
@@ -428,8 +428,8 @@ result = out
 
 
 def test_objectives_rank_the_plans_by_hand():
-    from memlens.advise import Plan
-    from memlens.advise.result import Advice
+    from memlens.advice import Plan
+    from memlens.advice.result import Advice
     mk = lambda n, needed, ns, fits, **kw: Plan(checkpoint={f"l.{i}": "full" for i in range(n)},  # noqa: E731
                                                 device_bytes_needed=needed, step_ns=ns, fits=fits, **kw)
     base = mk(0, 100, 10, False)
@@ -489,8 +489,8 @@ result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocat
 
 def test_an_offload_plan_is_predicted_lower_and_slower_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
-from memlens.advise import Plan
-from memlens.advise.verify import Workload, verify
+from memlens.advice import Plan
+from memlens.advice.verify import Workload, verify
 work = Workload(Net, step)
 base, off = Plan(), Plan(checkpoint={"layers.1": "offload", "layers.2": "offload"})
 verify(work, base); verify(work, off)

@@ -77,6 +77,6 @@ def test_the_advisor_sits_below_figures_reports_and_the_cli():
     reports, commands, MCP, magics) import it, never the other way round."""
     above = ("memlens.viz", "memlens.widgets", "memlens.reporting", "memlens.commands", "memlens.mcp_server",
              "memlens.magics", "memlens.cli")
-    bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advise").glob("*.py") for m in imported_modules(f)
+    bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advice").glob("*.py") for m in imported_modules(f)
            if m.startswith(above)]
     assert bad == []

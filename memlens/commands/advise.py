@@ -39,13 +39,13 @@ def _remainder():
 
 
 def run(args) -> int:
-    from memlens.advise.advisor import AdviceFailed
-    from memlens.advise.script import advise_script
+    from memlens.advice.advisor import AdviceFailed
+    from memlens.advice.script import advise_script
     from memlens.commands.predict import _script_argv
     from memlens.errors import InputError
     rest = [a for a in args.command if a != "--"]
     if len(rest) == 1 and not rest[0].endswith(".py"):       # a recorded or imported trace
-        from memlens.advise.recorded import advise_trace
+        from memlens.advice.recorded import advise_trace
         advice = advise_trace(rest[0], args.capacity, args.objective)
     else:
         try:

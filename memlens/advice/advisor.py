@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from memlens.advise.plan import Plan
-from memlens.advise.result import OBJECTIVES, Advice
-from memlens.advise.verify import Workload, verify
+from memlens.advice.plan import Plan
+from memlens.advice.result import OBJECTIVES, Advice
+from memlens.advice.verify import Workload, verify
 from memlens.errors import InputError
 
 # the three ZeRO stages, most sharded first: FSDP2 (stage 3), true ZeRO-2, ZeRO-1 (DDP is the baseline).
@@ -36,16 +36,15 @@ class AdviceFailed(RuntimeError):
     """The step itself fails under prediction, so there is nothing to advise; the message says why."""
 
 
-def advise(build_model: Callable | str, step: Callable | list | None = None, gpu="H100", capacity="40GiB",
+def advise_step(build_model: Callable, step: Callable | None = None, gpu="H100", capacity="40GiB",
            world_size: int | None = None, objective: str = "fit", *, optimizer=None,
            optimizer_kwargs: dict | None = None, layers: Callable | None = None, batch: int | None = None,
            strategies=SHARDING, rounds: int = 4, allocator: bool = True, precision: bool = True,
            max_accumulate: int = 8, **options) -> Advice:
     """Advise changes that make `step` fit `capacity` on `gpu` (bytes or "40GiB" of device memory per GPU).
 
-    `build_model()` returns a fresh ``nn.Module`` (or give a script path and its argument list in place of
-    `build_model` and `step`: `memlens.advise.script`; or a recorded trace or its path, for allocator
-    settings only: `memlens.advise.recorded`); `step(model, optimizer)` runs one training step
+    `build_model()` returns a fresh ``nn.Module`` (`memlens.advise` also takes a script path or a recorded
+    trace in its place, see `memlens.advice.entry`); `step(model, optimizer)` runs one training step
     (``step(model, optimizer, batch)`` with `batch` given); `optimizer` (class, default AdamW) and
     `optimizer_kwargs` build the optimizer; `layers(model)` returns the blocks that may be checkpointed
     (default: the children of the largest ``nn.ModuleList``). With `world_size` every strategy of
@@ -62,14 +61,6 @@ def advise(build_model: Callable | str, step: Callable | list | None = None, gpu
     fails with is kept with its error and does not fit.
     """
     from memlens.prediction.predictor import _capacity_bytes
-    from memlens.trace import Trace
-    if isinstance(build_model, Trace) or (isinstance(build_model, str) and not build_model.endswith(".py")):
-        from memlens.advise.recorded import advise_trace     # a recording: allocator settings only
-        return advise_trace(build_model, capacity, objective, **options)
-    if isinstance(build_model, str):      # a script path: `memlens.advise.script`
-        from memlens.advise.script import advise_script
-        return advise_script(build_model, step, gpu=gpu, capacity=capacity, world_size=world_size,
-                             objective=objective, **options)
     if objective not in OBJECTIVES:
         raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
     cap = _capacity_bytes(capacity)
@@ -148,15 +139,15 @@ def _keep(closest: dict, plan: Plan, pred) -> None:
 def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rounds: int, notes,
                        closest: dict) -> list:
     """Checkpoint plans on top of `base` (see the module docstring, step 2)."""
-    from memlens.advise.checkpoint import MODES, module_costs
-    from memlens.advise.solver import choose
+    from memlens.advice.checkpoint import MODES, module_costs
+    from memlens.advice.solver import choose
     first = base_pred.predictions[min(base_pred.predictions)] if hasattr(base_pred, "predictions") else base_pred
     from memlens.devicetime.gpus import gpu as resolve_gpu
     try:
         host_bw = resolve_gpu(work.gpu).host_bw if isinstance(work.gpu, str) else None
     except Exception:           # a GPU the time model does not know: no offload estimate
         host_bw = None
-    from memlens.advise.verify import last_step_start
+    from memlens.advice.verify import last_step_start
     costs = module_costs(first.trace, found["candidates"], host_bw=host_bw, from_op=last_step_start(first))
     options = [[(m, *c.option(m)) for m in MODES] for c in costs]
     cap = work.capacity if work.capacity is not None else first.gpu.total_memory
@@ -230,7 +221,7 @@ def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
 def _allocator_plans(work, closest: dict, notes) -> list:
     """The best allocator setting on top of the closest plan to fitting of each strategy (replayed on that
     plan's prediction), as new plans."""
-    from memlens.advise.allocator import best_conf
+    from memlens.advice.allocator import best_conf
     out = []
     for plan, pred in closest.values():
         better = best_conf(plan, pred, work.capacity)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from memlens.advise.plan import Plan
+from memlens.advice.plan import Plan
 
 # each setting alone: the ones that change reserved bytes on a training step's requests
 CANDIDATE_CONFS = ("expandable_segments:True", "max_split_size_mb:256", "garbage_collection_threshold:0.8",

@@ -76,11 +76,11 @@ class Plan:
 
     def apply(self, model):
         """Apply the plan to `model` in place and return it: wrap the chosen modules for checkpointing
-        (`memlens.advise.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
+        (`memlens.advice.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
         allocator settings (`apply_conf`); with `autocast`, run its forward under ``torch.autocast``. The
         optimizer is the caller's: make it with `optimizer_kwargs`. Sharding is not applied here: call
         ``memlens.prediction.distributed.strategies.apply_strategy`` inside the initialised process group."""
-        from memlens.advise.checkpoint import wrap
+        from memlens.advice.checkpoint import wrap
         wrap(model, self.checkpoint)
         if self.autocast:
             autocast_forward(model, self.autocast)
@@ -110,7 +110,7 @@ class Plan:
                       "    CheckpointImpl, checkpoint_wrapper)",
                       "from torch.utils.checkpoint import checkpoint"]
             if "selective" in self.checkpoint.values():
-                lines += ["from memlens.advise.checkpoint import selective_context  # keeps GEMM/attention outputs"]
+                lines += ["from memlens.advice.checkpoint import selective_context  # keeps GEMM/attention outputs"]
             lines += ["", "def _wrap(model, name, **kw):",
                       "    parent_name, _, child = name.rpartition('.')",
                       "    parent = model.get_submodule(parent_name)",

@@ -4,9 +4,9 @@ the allocator's; each candidate ``PYTORCH_CUDA_ALLOC_CONF`` is replayed through 
 recording's own start state is taken as given by the replay, never checked against a smaller capacity."""
 from __future__ import annotations
 
-from memlens.advise.allocator import CANDIDATE_CONFS, replay
-from memlens.advise.plan import Plan
-from memlens.advise.result import Advice
+from memlens.advice.allocator import CANDIDATE_CONFS, replay
+from memlens.advice.plan import Plan
+from memlens.advice.result import Advice
 from memlens.errors import InputError
 
 CAPACITY_NOTE = ("a recorded trace: the capacity is compared with what the caching allocator reserves (the "

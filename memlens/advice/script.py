@@ -12,9 +12,9 @@ import os
 import runpy
 import sys
 
-from memlens.advise.advisor import AdviceFailed, advise
-from memlens.advise.plan import Plan
-from memlens.advise.result import Advice
+from memlens.advice.advisor import AdviceFailed, advise_step
+from memlens.advice.plan import Plan
+from memlens.advice.result import Advice
 from memlens.errors import InputError
 
 LOAD_NAME = "__memlens_advise__"
@@ -63,15 +63,15 @@ def advise_script(script: str, args: list[str] | None = None, gpu="H100", capaci
     if defines_hooks(script):
         namespace = load_functions(script, args)
         build_model, step = namespace.get("build_model"), namespace.get("step")
-        return advise(build_model, step, gpu=gpu, capacity=capacity, world_size=world_size, objective=objective,
+        return advise_step(build_model, step, gpu=gpu, capacity=capacity, world_size=world_size, objective=objective,
                       **options)
     return _allocator_only(script, args, gpu, capacity, world_size, objective, options)
 
 
 def _allocator_only(script, args, gpu, capacity, world_size, objective, options) -> Advice:
     """The script as it runs, and the best allocator setting replayed on its prediction."""
-    from memlens.advise.allocator import best_conf
-    from memlens.advise.verify import step_ns
+    from memlens.advice.allocator import best_conf
+    from memlens.advice.verify import step_ns
     from memlens.prediction.api import predict
     from memlens.prediction.distributed.ranks import _runner
     from memlens.prediction.predictor import _capacity_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from memlens.advise.plan import Plan
+from memlens.advice.plan import Plan
 
 
 @dataclass
@@ -37,8 +37,8 @@ def run_plan(work: Workload, plan: Plan):
     later ones run)."""
     import torch
 
-    from memlens.advise.checkpoint import wrap
-    from memlens.advise.plan import autocast_forward
+    from memlens.advice.checkpoint import wrap
+    from memlens.advice.plan import autocast_forward
     from memlens.prediction.api import predict
     from memlens.prediction.distributed.strategies import apply_strategy
     opt_class = work.optimizer or torch.optim.AdamW

@@ -1,0 +1,9 @@
+"""`memlens.advise`: changes that make a training step fit a GPU, each verified by predicting the step with
+it applied (`advisor`; `entry` takes a step function, a script or a trace), ranked (`result`), applicable to a model and printable as code (`plan`)."""
+from memlens.advice.advisor import AdviceFailed
+from memlens.advice.entry import advise
+from memlens.advice.checkpoint import CannotWrap
+from memlens.advice.plan import Plan, apply
+from memlens.advice.result import Advice
+
+__all__ = ["advise", "apply", "Advice", "Plan", "AdviceFailed", "CannotWrap"]
