@@ -9,13 +9,12 @@ access to the model, are searched on its predicted trace.
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 
 from memlens.advice.advisor import AdviceFailed, advise_step
 from memlens.advice.plan import Plan
 from memlens.advice.result import Advice
 from memlens.errors import InputError
+from memlens.script_runner import run_script
 
 LOAD_NAME = "__memlens_advise__"
 NO_HOOKS = ("the script defines no module-level build_model() and step(model, optimizer), so the model cannot be "
@@ -38,19 +37,14 @@ def defines_hooks(script: str) -> bool:
 
 def load_functions(script: str, args: list[str]) -> dict:
     """The script's module namespace, loaded without running its main block."""
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     try:
-        return runpy.run_path(script, run_name=LOAD_NAME)
+        return run_script(script, args, run_name=LOAD_NAME)
     except SystemExit as exc:
         if exc.code in (0, None):
             return {}
         raise AdviceFailed(f"no advice: {script} exited with {exc.code} while loading") from None
     except Exception as exc:
         raise AdviceFailed(f"no advice: {script} raised {type(exc).__name__}: {exc} while loading") from None
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
 
 
 def advise_script(script: str, args: list[str] | None = None, gpu="H100", capacity="40GiB",

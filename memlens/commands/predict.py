@@ -65,11 +65,11 @@ def _script_argv(command: list[str]) -> list[str]:
 
 def run(args) -> int:
     import os
-    import runpy
 
     from memlens.commands._output import print_json
     from memlens.errors import InputError
     from memlens.prediction.predictor import Prediction
+    from memlens.script_runner import run_script
     from memlens.units import format_bytes
 
     argv = _script_argv(args.command)
@@ -81,13 +81,10 @@ def run(args) -> int:
         return run_ranks(args, argv)
     p = Prediction(args.gpu, args.capacity, conf=args.conf, cudnn_workspace=args.cudnn_workspace,
                    kernel_scratch=not args.no_kernel_scratch)
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     failure = None
     try:
         with p:
-            runpy.run_path(script, run_name="__main__")
+            run_script(script, argv[1:])
     except SystemExit as exc:
         if exc.code not in (0, None):
             failure = f"the script exited with {exc.code}"
@@ -97,8 +94,6 @@ def run(args) -> int:
         import traceback
         traceback.print_exc()
         failure = f"the script raised {p.failure}"
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
     if failure is not None:
         # a run that did not complete has no peak to report and must never be said to fit
         print(f"memlens predict: {script}: no prediction: {failure}", file=sys.stderr)

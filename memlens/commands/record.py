@@ -77,22 +77,18 @@ def _fallback_path(out):
 
 
 def run(args) -> int:
-    import runpy
     import traceback
     from pathlib import Path
 
     from memlens.errors import printable
     from memlens.recording import record
+    from memlens.script_runner import run_script
     from memlens.units import format_bytes
 
     out = Path(args.output)
     _check_output(out, args.force)
     kind, target, script_args = _target(args.command)
     status, interrupted = 0, None
-    saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [target] + script_args
-    # as `python script.py` / `python -m module` would: the script's directory or the cwd comes first
-    sys.path.insert(0, os.path.dirname(os.path.abspath(target)) if kind == "path" else os.getcwd())
     # saved as it is built (memlens.recording.streamsave): the accesses a window of ops at a time, so a long
     # recording never has all its accesses in memory
     rec = record(stacks=args.stacks, allocator=args.allocator, max_buffer_bytes=args.max_buffer,
@@ -108,10 +104,7 @@ def run(args) -> int:
     try:
         rec.__enter__()
         try:
-            if kind == "path":
-                runpy.run_path(target, run_name="__main__")
-            else:
-                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            run_script(target, script_args, module=kind != "path")   # as `python script.py` / `python -m` would
         except SystemExit as exc:
             code = exc.code
             status = code if isinstance(code, int) else (0 if code is None else 1)
@@ -126,7 +119,6 @@ def run(args) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the recorder was fully started
         status, interrupted = 128 + signal.SIGINT, "SIGINT"
     finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
         # from here on, signals must not cost the recording: finish and save, then exit
         old_int = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
         if in_main:

@@ -20,11 +20,10 @@ rank stands for another), and each result says its stage (`RankResult.stages`).
 from __future__ import annotations
 
 import os
-import runpy
-import sys
 from dataclasses import dataclass, field
 
 from memlens.errors import InputError
+from memlens.script_runner import run_script
 
 
 @dataclass
@@ -150,18 +149,13 @@ def _runner(target, args):
     if not os.path.isfile(script):
         raise InputError(f"{script}: no such script")
 
-    def run_script():
-        saved_argv, saved_path = sys.argv, list(sys.path)
-        sys.argv = [script, *(args or [])]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    def run_rank_script():
         try:
-            runpy.run_path(script, run_name="__main__")
+            run_script(script, args or [])
         except SystemExit as exc:
             if exc.code not in (0, None):
                 raise RuntimeError(f"the script exited with {exc.code}") from None
-        finally:
-            sys.argv, sys.path[:] = saved_argv, saved_path
-    return run_script
+    return run_rank_script
 
 
 def _allocation_signature(prediction) -> tuple:
