@@ -84,10 +84,30 @@ def clock_of(trace) -> dict:
     """The clock a trace's times are on, as a plain dict (a copy) with every key of the contract
     (`memlens.schema.CLOCK_KEYS`: kind "host"|"cuda"|"modeled", gpu, model, ...); the host clock when the
     metadata names none, or only a unit string as importers did before the contract. Takes anything with a
-    ``metadata`` dict. (`memlens.clock` re-exports it beside the re-stamping that moves a trace between
-    clocks.)"""
+    ``metadata`` dict; its one home (`memlens.clock` holds the re-stamping that moves a trace between
+    clocks)."""
     clock = (getattr(trace, "metadata", None) or {}).get("clock") if trace is not None else None
     return conform_clock(clock)
+
+
+def live_events(blocks: pd.DataFrame, start_ns: int) -> tuple[np.ndarray, ...]:
+    """The one event order of the live-bytes curve: each block's alloc (at `start_ns` for blocks alive before
+    recording) and each freed block's free, sorted by time then event order (`alloc_seq` / `free_seq`;
+    an unknown free order after every known one). Returns (t_ns, seq, delta bytes (+ alloc / - free), row
+    of `blocks` each event belongs to, True for an alloc event), all in that order; ``np.cumsum(delta)``
+    is the live bytes after each event. `Trace.live_bytes` and `memlens.analysis.live.live_curve` are both
+    this curve."""
+    size = blocks["size"].to_numpy(dtype=np.int64)
+    freed = blocks["free_ns"].notna().to_numpy()
+    t = np.concatenate([blocks["alloc_ns"].fillna(start_ns).to_numpy(dtype=np.int64),
+                        blocks["free_ns"].to_numpy(dtype="float64", na_value=0)[freed].astype(np.int64)])
+    seq = np.concatenate([blocks["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64),
+                          blocks["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)[freed]])
+    delta = np.concatenate([size, -size[freed]])
+    row = np.concatenate([np.arange(len(size)), np.flatnonzero(freed)])
+    is_alloc = np.arange(len(row)) < len(size)
+    order = np.lexsort((seq, t))
+    return t[order], seq[order], delta[order], row[order], is_alloc[order]
 
 
 @dataclass
@@ -193,27 +213,15 @@ class Trace:
         return out
 
     def live_bytes(self, device: str) -> pd.DataFrame:
-        """Live bytes on `device` after every alloc/free, in event order.
+        """Live bytes on `device` after every alloc/free, in event order (`live_events`).
 
         Returns a DataFrame with `t_ns`, `seq`, `delta` (bytes, + alloc / - free), `live` (bytes live
         after the event) and `block_id`. Blocks allocated before recording count from the start.
         """
         b = self.blocks[self.blocks["device"] == device]
-        size = b["size"].to_numpy(dtype=np.int64)
-        lo, _ = self.time_span_ns()
-        a_t = b["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64)
-        a_s = b["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64)
-        freed = b["free_ns"].notna().to_numpy()
-        f_t = b["free_ns"].to_numpy(dtype="float64", na_value=0)[freed].astype(np.int64)
-        f_s = b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)[freed]
-        t = np.concatenate([a_t, f_t])
-        seq = np.concatenate([a_s, f_s])
-        delta = np.concatenate([size, -size[freed]])
-        bid = np.concatenate([b["block_id"].to_numpy(), b["block_id"].to_numpy()[freed]])
-        order = np.lexsort((seq, t))
-        delta = delta[order]
-        return pd.DataFrame({"t_ns": t[order], "seq": seq[order], "delta": delta,
-                             "live": np.cumsum(delta), "block_id": bid[order]})
+        t, seq, delta, row, _ = live_events(b, self.time_span_ns()[0])
+        return pd.DataFrame({"t_ns": t, "seq": seq, "delta": delta, "live": np.cumsum(delta),
+                             "block_id": b["block_id"].to_numpy()[row]})
 
     def peak_live_bytes(self) -> dict[str, int]:
         """Max over time of the sum of live block sizes, per device, in bytes."""

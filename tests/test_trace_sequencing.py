@@ -52,3 +52,25 @@ def test_a_zero_length_block_is_live_at_its_instant():
     live = Trace.from_tables(blocks).live_bytes("plan")
     assert live["live"].tolist() == [64, 0, 100, 0]
     assert int(live["live"].max()) == 100
+
+
+def test_one_live_curve_for_the_trace_and_the_analyses():
+    """`Trace.live_bytes` and `analysis.live.live_curve` walk the same events (`memlens.trace.live_events`): a
+    block alive before recording, a zero-size block, a block never freed and two events at one instant,
+    checked by hand."""
+    import pandas as pd
+    from memlens.analysis.live import live_curve
+    from memlens.trace import Trace
+    blocks = pd.DataFrame({"block_id": [1, 2, 3, 4], "device": "cpu", "size": [100, 0, 30, 7],
+                           "alloc_ns": [None, 10, 10, 20], "free_ns": [40, 15, None, 40]})
+    trace = Trace.from_tables(blocks, pd.DataFrame({"block_id": [], "t_ns": [], "op_id": [], "is_write": []}),
+                              pd.DataFrame({"op_id": [1], "name": "op", "start_ns": [0], "end_ns": [50]}))
+    lb = trace.live_bytes("cpu")
+    frame, alloc_at = live_curve(trace, "cpu")
+    assert lb["live"].tolist() == frame["live"].tolist() == [100, 100, 130, 130, 137, 37, 30]
+    assert lb["delta"].tolist() == [100, 0, 30, 0, 7, -100, -7]
+    assert lb["t_ns"].tolist() == frame["t_ns"].tolist() == [0, 10, 10, 15, 20, 40, 40]
+    # each block's alloc event position on the curve, in the blocks table's row order
+    rows = trace.blocks.set_index("block_id").index.get_indexer([1, 2, 3, 4])
+    assert [int(alloc_at[r]) for r in rows] == [0, 1, 2, 4]
+    assert trace.peak_live_bytes() == {"cpu": 137}

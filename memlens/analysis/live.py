@@ -1,13 +1,14 @@
 """Live bytes over time as plain arrays, for the analyses that walk the curve of a million blocks.
 
-The same curve as `Trace.live_bytes` (events ordered by time then event order; blocks alive before
-recording count from the trace start), optionally summed over every device, built without a pandas
-consolidation copy and returning where each block's allocation sits on it.
+The curve of `Trace.live_bytes` (one event order: `memlens.trace.live_events`), optionally summed over
+every device, returned with where each block's allocation sits on it.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from memlens.trace import live_events
 
 
 def live_curve(trace, device: str | None = None) -> tuple[pd.DataFrame, np.ndarray]:
@@ -17,17 +18,7 @@ def live_curve(trace, device: str | None = None) -> tuple[pd.DataFrame, np.ndarr
     block's alloc event, aligned with the selected rows of the blocks table).
     """
     b = trace.blocks if device is None else trace.blocks[trace.blocks["device"] == device]
-    n = len(b)
-    lo, _ = trace.time_span_ns()
-    size = b["size"].to_numpy(dtype=np.int64)
-    freed = b["free_ns"].notna().to_numpy()
-    t = np.concatenate([b["alloc_ns"].fillna(lo).to_numpy(np.int64),
-                        b["free_ns"].to_numpy("float64", na_value=0)[freed].astype(np.int64)])
-    seq = np.concatenate([b["alloc_seq"].fillna(-1).to_numpy(np.int64),
-                          b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(np.int64)[freed]])
-    delta = np.concatenate([size, -size[freed]])
-    order = np.lexsort((seq, t))
-    where = np.empty(len(order), dtype=np.int64)
-    where[order] = np.arange(len(order))
-    frame = pd.DataFrame({"t_ns": t[order], "seq": seq[order], "live": np.cumsum(delta[order])}, copy=False)
-    return frame, where[:n]
+    t, seq, delta, row, is_alloc = live_events(b, trace.time_span_ns()[0])
+    alloc_at = np.empty(len(b), dtype=np.int64)
+    alloc_at[row[is_alloc]] = np.flatnonzero(is_alloc)
+    return pd.DataFrame({"t_ns": t, "seq": seq, "live": np.cumsum(delta)}, copy=False), alloc_at
