@@ -90,7 +90,7 @@ def peak_cause(path: str, device: str | None = None) -> dict:
     out = {}
     for dev, c in causes(trace, top_sites=0).items():
         if device is None or dev == device:
-            out[dev] = {**c.to_json(), "pushed": dict(c.pushed)}
+            out[dev] = {**c.to_dict(), "pushed": dict(c.pushed)}
             out[dev].pop("top_sites", None)
     if device is not None and not out:
         raise InputError(f"{path}: no device {device} (it has: {', '.join(trace.devices) or 'none'})")
@@ -138,7 +138,7 @@ def diff(path_a: str, path_b: str, top: int | None = 10) -> dict:
     not be compared."""
     from memlens.analysis.diff import diff as compare
     d = compare(load_cached(path_a), load_cached(path_b), name_a=path_a, name_b=path_b)
-    out = d.to_json(top=_rows(top, 10))
+    out = d.to_dict(top=_rows(top, 10))
     out["summary"] = d.summary()
     return out
 
@@ -157,7 +157,7 @@ def simulate(path: str, allocator: str = "caching", conf: str | None = None, cap
         raise InputError(f"{path}: no device {device} (it has: {', '.join(trace.devices) or 'none'})")
     result = replay(trace, allocator=allocator, conf=conf, capacity=capacity, device=device)
     out = {}
-    for dev, s in result.to_json().items():
+    for dev, s in result.to_dict().items():
         s = dict(s)
         allocs = s.pop("segment_allocs")
         s.pop("segment_alloc_times_ns", None)

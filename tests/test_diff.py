@@ -74,7 +74,7 @@ def test_diff_of_constructed_runs_matches_hand_computation():
     assert d.ati is not None and d.ati["delta"]["count"] == 0
     assert d.iterations["count_a"] == d.iterations["count_b"] == 4
     assert (d.op_counts["delta"] == 0).all() and d.op_counts["count_a"].sum() == len(a.ops)
-    json.dumps(d.to_json())  # JSON-ready
+    json.dumps(d.to_dict())  # JSON-ready
     text = " ".join(d.summary())
     assert "from 5.2 KiB to 12.7 KiB" in text and "5 only in B" in text
 

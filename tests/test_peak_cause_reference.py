@@ -36,7 +36,7 @@ def test_peak_cause_record_defaults_to_no_sites():
     cause = PeakCause(device="cuda:0", allocated_bytes=5, reserved_bytes=None, peak_ns=7, by_category={"input": 5},
                       phase="", pushed={}, cause="x.")
     assert cause.top_sites == []
-    assert cause.to_json() == {"allocated_bytes": 5, "reserved_bytes": None, "by_category": {"input": 5},
+    assert cause.to_dict() == {"allocated_bytes": 5, "reserved_bytes": None, "by_category": {"input": 5},
                                "cause": "x.", "phase": "", "peak_ns": 7, "top_sites": []}
     # each record its own list
     other = PeakCause(device="cuda:1", allocated_bytes=0, reserved_bytes=None, peak_ns=0, by_category={},
@@ -99,14 +99,14 @@ def test_peak_cause_in_a_phase_by_hand():
                            {"site": "layer1 aten::mm", "bytes": 3 * MiB},
                            {"site": "train.py:12 backward_step", "bytes": 2 * MiB},
                            {"site": "aten::add (no Python frame)", "bytes": 1 * MiB}]
-    assert c.to_json() == {"allocated_bytes": 14 * MiB, "reserved_bytes": 20 * MiB, "by_category": c.by_category,
+    assert c.to_dict() == {"allocated_bytes": 14 * MiB, "reserved_bytes": 20 * MiB, "by_category": c.by_category,
                            "cause": c.cause, "phase": "backward", "peak_ns": 160, "top_sites": c.top_sites}
     # cuda:1: 1 MiB at 20, in the forward pass; all of it by aten::x; no allocator data
     c1 = causes["cuda:1"]
     assert c1.cause == ("The peak of cuda:1 (1.0 MiB) is reached in the forward pass: activations allocated in "
                         "it (1.0 MiB by aten::x).")
     assert (c1.reserved_bytes, c1.phase, c1.peak_ns, c1.allocated_bytes) == (None, "forward", 20, 1 * MiB)
-    assert c1.to_json()["reserved_bytes"] is None
+    assert c1.to_dict()["reserved_bytes"] is None
     # at most top_sites sites, the largest first
     assert peak_cause(_phased_trace(), top_sites=2)["cuda:0"].top_sites == c.top_sites[:2]
 

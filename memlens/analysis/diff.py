@@ -64,7 +64,7 @@ class TraceDiff:
     trace_a: object = field(default=None, repr=False)
     trace_b: object = field(default=None, repr=False)
 
-    def to_json(self, top: int = TOP) -> dict:
+    def to_dict(self, top: int = TOP) -> dict:
         """JSON-ready dict (tables cut to `top` rows)."""
         def rows(df):
             return [{k: _plain(v) for k, v in r.items()} for r in df.head(top).to_dict(orient="records")]

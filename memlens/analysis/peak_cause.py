@@ -166,7 +166,7 @@ class PeakCause:
     cause: str
     top_sites: list[dict] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_dict(self) -> dict:
         """The ``memlens info --json`` form."""
         return {"allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes,
                 "by_category": dict(self.by_category), "cause": self.cause, "phase": self.phase,

@@ -18,7 +18,7 @@ def peak_story(trace, source_root=None, reader=None) -> dict:
     its = split_iterations(trace)
     phases = [{"name": str(p["name"]), "start_ns": int(p["start_ns"]), "end_ns": int(p["end_ns"]),
                "source": str(p.get("source", ""))} for p in trace_phases(trace)]
-    peak = {dev: c.to_json() for dev, c in peak_cause(trace).items()}
+    peak = {dev: c.to_dict() for dev, c in peak_cause(trace).items()}
     reader = reader or SourceReader(source_root)
     for cause in peak.values():
         top_site_sources(trace, cause["top_sites"], reader=reader)

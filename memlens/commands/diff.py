@@ -39,7 +39,7 @@ def run(args) -> int:
         from memlens.reporting.diff_page import diff_report
         page = diff_report(d, args.output, top=args.top)
     if args.json:
-        out = d.to_json(top=args.top)
+        out = d.to_dict(top=args.top)
         if page is not None:
             out["html"] = str(args.output)
             out["html_sections"] = [s.to_dict() for s in page.sections]

@@ -46,7 +46,7 @@ def run(args) -> int:
     result = simulate(trace, allocator=args.allocator, conf=args.conf, capacity=args.capacity,
                       device=args.device, initial_state=args.initial_state)
     if args.json:
-        print_json(result.to_json())
+        print_json(result.to_dict())
         return 0
     conf = result.conf or "(defaults)" if args.allocator == "caching" else "-"
     print(f"trace:      {args.trace}")

@@ -106,7 +106,7 @@ class SimulationResult:
     capacity: int | None
     devices: dict[str, DeviceResult]
 
-    def to_json(self) -> dict[str, dict[str, Any]]:
+    def to_dict(self) -> dict[str, dict[str, Any]]:
         """device -> {peak_reserved, peak_allocated, segment_allocs, ...} (JSON-serialisable)."""
         return {dev: r.summary() for dev, r in self.devices.items()}
 
