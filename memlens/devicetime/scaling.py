@@ -1,0 +1,90 @@
+"""Putting a measured profile onto another GPU: each op's measured kernel time, scaled op by op.
+
+A trace on the measured kernel clock (``metadata["clock"]["kind"] == "cuda"``) already knows how long every
+op's kernels took on the GPU that ran them. Moving it to another GPU starts from that time, not from the
+op's shapes, so ops the cost rules do not price (compiled regions, triton and custom kernels) keep a time.
+
+Each op's own measured time (``device_self_ns``) is multiplied by the ratio of its roofline times on the two
+GPUs. On a GPU, an op of ``flops`` FLOPs moving ``bytes_read + bytes_written`` bytes is compute-bound when
+its arithmetic intensity (FLOP per byte) is above the GPU's ridge point, the achieved compute rate over the
+achieved memory rate, and memory-bound below it; its time is then flops / compute rate, else bytes / memory
+rate (equivalently: the larger of the two). The rates are achieved ones, peak times the GPU table's
+efficiency: ``peak_flops(dtype) * gemm_efficiency`` and ``mem_bw * mem_efficiency``. So an op compute-bound
+on both GPUs scales by the compute-rate ratio, one memory-bound on both by the memory-rate ratio, and one
+whose regime flips by (its time on the target's bound) / (its time on the source's bound).
+
+Ops without cost facts (no flops and no bytes) scale by the achieved memory-rate ratio: the kernels the
+rules cannot price are mostly fused elementwise or reduction kernels, which stream memory. Host <-> device
+copies (``transfer`` = "h2d"/"d2h") scale by the ratio of the host links in their direction.
+
+Only the part of an op's time above its kernels' launch floor scales (`scaled_ns`): the first ``launch_ns``
+of each kernel (the GPU table's smallest-kernel time) is the same for any amount of work, so it becomes the
+target's floor. Without it, a profile of small kernels would be scaled as if it streamed at full rate.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from memlens.devicetime.gpu import GPU
+
+
+def compute_rate(g: GPU, dtype: str, *, tf32: bool = False) -> float:
+    """Achieved FLOP/s of `g` for `dtype`: its dense peak times its GEMM efficiency."""
+    return g.peak_flops(dtype, tf32=tf32) * g.gemm_efficiency
+
+
+def memory_rate(g: GPU) -> float:
+    """Achieved bytes/s of `g`'s memory: its bandwidth times its streaming efficiency."""
+    return g.mem_bw * g.mem_efficiency
+
+
+def roofline_ns(g: GPU, flops, moved, dtypes, *, tf32: bool = False) -> np.ndarray:
+    """Per op, the larger of flops / compute rate and bytes moved / memory rate on `g`, ns (0 for an op with
+    neither)."""
+    flops = np.asarray(flops, dtype="float64")
+    moved = np.asarray(moved, dtype="float64")
+    rates = {d: compute_rate(g, d, tf32=tf32) for d in pd.unique(np.asarray(dtypes, dtype=object))}
+    rate = np.array([rates[d] for d in dtypes], dtype="float64")
+    return np.maximum(flops / rate, moved / memory_rate(g)) * 1e9
+
+
+def _host_ratio(src: GPU, dst: GPU, direction: str) -> float:
+    index = 0 if direction == "d2h" else 1          # host_bw = (device -> host, host -> device)
+    return float(src.host_bw[index]) / float(dst.host_bw[index])
+
+
+def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(factor, priced) per op row: the multiplier from its measured time on `src` to `dst` (module
+    docstring) and whether its cost facts decided it (False: the default memory-rate ratio or a host link)."""
+    n = len(ops)
+
+    def col(name, default):
+        return ops[name].to_numpy() if name in ops.columns else np.full(n, default)
+
+    flops = pd.to_numeric(pd.Series(col("flops", 0)), errors="coerce").fillna(0).to_numpy("float64")
+    moved = (pd.to_numeric(pd.Series(col("bytes_read", 0)), errors="coerce").fillna(0)
+             + pd.to_numeric(pd.Series(col("bytes_written", 0)), errors="coerce").fillna(0)).to_numpy("float64")
+    dtypes = np.array([d if isinstance(d, str) and d else "float32" for d in col("dtype", "float32")], dtype=object)
+    transfer = np.array([t if isinstance(t, str) else "" for t in col("transfer", "")], dtype=object)
+    before = roofline_ns(src, flops, moved, dtypes, tf32=tf32)
+    after = roofline_ns(dst, flops, moved, dtypes, tf32=tf32)
+    priced = before > 0
+    default = memory_rate(src) / memory_rate(dst)
+    factor = np.where(priced, after / np.where(priced, before, 1.0), default)
+    for direction in ("h2d", "d2h"):
+        copy = transfer == direction
+        factor[copy] = _host_ratio(src, dst, direction)
+        priced[copy] = False
+    return factor, priced
+
+
+def scaled_ns(measured, own_kernels, factor, src: GPU, dst: GPU) -> np.ndarray:
+    """Each op's time on `dst`, ns, from its measured own time on `src` (ns), the kernels it launched itself
+    and its `factor` (`scale_factors`). The first ``launch_ns`` of each kernel is the part's floor (the
+    smallest kernel's time, from the GPU table), which no FLOP or byte rate moves: it becomes `dst`'s floor;
+    the rest of the time scales by `factor`."""
+    measured = np.asarray(measured, dtype="float64")
+    kernels = np.clip(np.asarray(own_kernels, dtype="float64"), 0, None)
+    fixed = np.minimum(measured, kernels * src.launch_ns)
+    return fixed * (dst.launch_ns / src.launch_ns) + (measured - fixed) * np.asarray(factor, dtype="float64")
