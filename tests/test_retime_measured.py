@@ -79,6 +79,22 @@ def test_nested_ops_keep_the_busy_time_contract():
     assert o.loc[0, "device_self_ns"] == 0
 
 
+def test_class_efficiencies_and_facts_inherited_from_the_parent():
+    src = GPU(name="a", flops={"bf16": 100e12}, mem_bw=1e12, gemm_efficiency=1.0, attention_efficiency=0.5,
+              mem_efficiency=1.0, norm_efficiency=0.5, launch_ns=1000.0)
+    dst = GPU(name="b", flops={"bf16": 100e12}, mem_bw=1e12, gemm_efficiency=1.0, attention_efficiency=0.1,
+              mem_efficiency=1.0, norm_efficiency=0.25, launch_ns=1000.0)
+    rows = [("aten::_scaled_dot_product_flash_attention", 1000 * GB, 1 * GB, 0, 1, None),
+            ("aten::_flash_attention_forward", 0, 0, 1_001_000, 1, 0),   # facts on the parent: x 0.5 / 0.1
+            ("aten::native_layer_norm", 1 * GB, 1 * GB, 1_001_000, 1, None),   # memory at 0.5 vs 0.25: x 2
+            ("aten::mm", 1000 * GB, 1 * GB, 1_001_000, 1, None)]   # gemm efficiency equal: x 1
+    trace = measured_trace(rows)
+    trace.ops["dtype"] = "bfloat16"
+    r = memlens.retime(trace, gpu=dst, source_gpu=src)
+    assert r.ops["device_self_ns"].tolist() == [0, 1000 + 5_000_000, 1000 + 2_000_000, 1_001_000]
+    assert r.ops["scale_priced"].tolist() == [True, True, True, True]
+
+
 def test_same_gpu_both_ways_is_the_identity():
     rows = [("mm", 1000 * GB, 1 * GB, 10_000_000, 1, None), ("k", 0, 0, 7_000, 1, None)]
     r = memlens.retime(measured_trace(rows), gpu=SRC, source_gpu=SRC)
@@ -112,8 +128,8 @@ def test_shared_profiles_h100_and_mi300x_both_ways(shared, model):
         assert r.ops.loc[top, "device_ns"].sum() == clock["device_busy_ns"]
         assert clock["measured_gpu"] == {"h100": "H100 SXM", "mi300": "MI300X"}[src]
         ratio = clock["device_busy_ns"] / measured[dst].metadata["clock"]["device_busy_ns"]
-        # measured (this commit): bert 0.70 / 1.57, qwen 0.95 / 1.08, timesformer 0.94 / 1.06; the bert
-        # profiles are 60 small kernels whose cross-GPU ratio is not a rate ratio
-        assert 0.6 < ratio < 1.7, (model, src, ratio)
+        # measured: bert 0.74 / 1.35, qwen 0.99 / 1.01, timesformer 1.15 / 0.92 (H100 -> MI300X / back);
+        # the bert profiles are 60 small kernels, most near their launch floor
+        assert 0.6 < ratio < 1.5, (model, src, ratio)
         if model != "bert_small":
             assert abs(ratio - 1) <= 0.2, (model, src, ratio)

@@ -9,12 +9,17 @@ GPUs. On a GPU, an op of ``flops`` FLOPs moving ``bytes_read + bytes_written`` b
 its arithmetic intensity (FLOP per byte) is above the GPU's ridge point, the achieved compute rate over the
 achieved memory rate, and memory-bound below it; its time is then flops / compute rate, else bytes / memory
 rate (equivalently: the larger of the two). The rates are achieved ones, peak times the GPU table's
-efficiency: ``peak_flops(dtype) * gemm_efficiency`` and ``mem_bw * mem_efficiency``. So an op compute-bound
+efficiency for the op's class (`memlens.devicetime.rules.names.op_class`): fused attention computes at
+``attention_efficiency`` of the dtype's peak, every other op at ``gemm_efficiency``; row-wise norms and
+softmax stream at ``norm_efficiency`` of ``mem_bw``, every other op at ``mem_efficiency``. So an op compute-bound
 on both GPUs scales by the compute-rate ratio, one memory-bound on both by the memory-rate ratio, and one
 whose regime flips by (its time on the target's bound) / (its time on the source's bound).
 
-Ops without cost facts (no flops and no bytes) scale by the achieved memory-rate ratio: the kernels the
-rules cannot price are mostly fused elementwise or reduction kernels, which stream memory. Host <-> device
+An op without cost facts (no flops and no bytes) nested in one that has them takes its nearest such
+ancestor's ratio: the facts of ``aten::_scaled_dot_product_flash_attention`` describe the kernel its nested
+``aten::_flash_attention_forward`` launches. Other ops without cost facts scale by the achieved memory-rate
+ratio: the kernels the rules cannot price are mostly fused elementwise or reduction kernels, which stream
+memory. Host <-> device
 copies (``transfer`` = "h2d"/"d2h") scale by the ratio of the host links in their direction.
 
 Only the part of an op's time above its kernels' launch floor scales (`scaled_ns`): the first ``launch_ns``
@@ -26,27 +31,31 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.clock import op_parents
 from memlens.devicetime.gpu import GPU
+from memlens.devicetime.rules.names import op_class
 
 
-def compute_rate(g: GPU, dtype: str, *, tf32: bool = False) -> float:
-    """Achieved FLOP/s of `g` for `dtype`: its dense peak times its GEMM efficiency."""
-    return g.peak_flops(dtype, tf32=tf32) * g.gemm_efficiency
+def compute_rate(g: GPU, dtype: str, cls: str = "gemm", *, tf32: bool = False) -> float:
+    """Achieved FLOP/s of `g` for `dtype` in an op of class `cls`: its dense peak times the class's efficiency."""
+    eff = g.attention_efficiency if cls == "attention" else g.gemm_efficiency
+    return g.peak_flops(dtype, tf32=tf32) * eff
 
 
-def memory_rate(g: GPU) -> float:
-    """Achieved bytes/s of `g`'s memory: its bandwidth times its streaming efficiency."""
-    return g.mem_bw * g.mem_efficiency
+def memory_rate(g: GPU, cls: str = "elementwise") -> float:
+    """Achieved bytes/s of `g`'s memory in an op of class `cls`: its bandwidth times the class's efficiency."""
+    return g.mem_bw * (g.norm_efficiency if cls == "normalization" else g.mem_efficiency)
 
 
-def roofline_ns(g: GPU, flops, moved, dtypes, *, tf32: bool = False) -> np.ndarray:
-    """Per op, the larger of flops / compute rate and bytes moved / memory rate on `g`, ns (0 for an op with
-    neither)."""
+def roofline_ns(g: GPU, flops, moved, dtypes, classes, *, tf32: bool = False) -> np.ndarray:
+    """Per op, the larger of flops / compute rate and bytes moved / memory rate on `g` (rates of the op's
+    dtype and class), ns (0 for an op with neither)."""
     flops = np.asarray(flops, dtype="float64")
     moved = np.asarray(moved, dtype="float64")
-    rates = {d: compute_rate(g, d, tf32=tf32) for d in pd.unique(np.asarray(dtypes, dtype=object))}
-    rate = np.array([rates[d] for d in dtypes], dtype="float64")
-    return np.maximum(flops / rate, moved / memory_rate(g)) * 1e9
+    keys = list(zip(dtypes, classes))
+    rates = {k: (compute_rate(g, k[0], k[1], tf32=tf32), memory_rate(g, k[1])) for k in set(keys)}
+    per_op = np.array([rates[k] for k in keys], dtype="float64").reshape(len(keys), 2)
+    return np.maximum(flops / per_op[:, 0], moved / per_op[:, 1]) * 1e9
 
 
 def _host_ratio(src: GPU, dst: GPU, direction: str) -> float:
@@ -56,7 +65,8 @@ def _host_ratio(src: GPU, dst: GPU, direction: str) -> float:
 
 def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(factor, priced) per op row: the multiplier from its measured time on `src` to `dst` (module
-    docstring) and whether its cost facts decided it (False: the default memory-rate ratio or a host link)."""
+    docstring) and whether cost facts decided it, its own or an ancestor's (False: the default memory-rate
+    ratio or a host link)."""
     n = len(ops)
 
     def col(name, default):
@@ -67,11 +77,22 @@ def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) 
              + pd.to_numeric(pd.Series(col("bytes_written", 0)), errors="coerce").fillna(0)).to_numpy("float64")
     dtypes = np.array([d if isinstance(d, str) and d else "float32" for d in col("dtype", "float32")], dtype=object)
     transfer = np.array([t if isinstance(t, str) else "" for t in col("transfer", "")], dtype=object)
-    before = roofline_ns(src, flops, moved, dtypes, tf32=tf32)
-    after = roofline_ns(dst, flops, moved, dtypes, tf32=tf32)
+    names = col("name", "")
+    classes = [op_class(str(n), int(f), int(b)) for n, f, b in zip(names, flops, moved)]
+    before = roofline_ns(src, flops, moved, dtypes, classes, tf32=tf32)
+    after = roofline_ns(dst, flops, moved, dtypes, classes, tf32=tf32)
     priced = before > 0
-    default = memory_rate(src) / memory_rate(dst)
-    factor = np.where(priced, after / np.where(priced, before, 1.0), default)
+    factor = np.where(priced, after / np.where(priced, before, 1.0), memory_rate(src) / memory_rate(dst))
+    parent = op_parents(ops)
+    for row in np.flatnonzero(~priced & (parent >= 0)):
+        up = parent[row]
+        for _ in range(n):                    # bounded: a malformed (cyclic) nesting stops after n steps
+            if up < 0 or priced[up]:
+                break
+            up = parent[up]
+        if up >= 0 and priced[up]:
+            factor[row] = factor[up]
+            priced[row] = True
     for direction in ("h2d", "d2h"):
         copy = transfer == direction
         factor[copy] = _host_ratio(src, dst, direction)
