@@ -106,10 +106,10 @@ def _scale_measured(trace: Trace, g, source_gpu, *, tf32: bool) -> Trace:
     else:
         measured = device_time_columns(ops, inclusive=ops["device_ns"].to_numpy(dtype="float64", na_value=0)
                                        )[0]["device_self_ns"].astype("float64")
-    factor, priced = scale_factors(ops, src, g, tf32=tf32)
+    factor, priced, classes = scale_factors(ops, src, g, tf32=tf32)
     kernels = ops["kernels"].to_numpy(dtype="float64", na_value=0) if "kernels" in ops.columns else np.zeros(len(ops))
     own_kernels = self_ns_of(kernels.astype(np.int64), op_parents(ops))    # the column counts nested ops' too
-    new_self = scaled_ns(measured, own_kernels, factor, src, g)
+    new_self = scaled_ns(measured, own_kernels, factor, classes, src, g)
     times, busy = device_time_columns(ops, self_ns=np.rint(new_self).astype(np.int64))
     start, end = op_schedule(ops, times["device_self_ns"], times["device_ns"])
     clock = {"kind": "modeled", "gpu": g.name, "model": f"scaled from measured {src.name}", "tf32": bool(tf32),

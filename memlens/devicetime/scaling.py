@@ -22,9 +22,9 @@ ratio: the kernels the rules cannot price are mostly fused elementwise or reduct
 memory. Host <-> device
 copies (``transfer`` = "h2d"/"d2h") scale by the ratio of the host links in their direction.
 
-Only the part of an op's time above its kernels' launch floor scales (`scaled_ns`): the first ``launch_ns``
-of each kernel (the GPU table's smallest-kernel time) is the same for any amount of work, so it becomes the
-target's floor. Without it, a profile of small kernels would be scaled as if it streamed at full rate.
+Only the part of an op's time above its kernels' floors scales (`scaled_ns`): the first `floor_ns` of each
+kernel (the GPU table's fixed time of a GEMM or fused-attention kernel, else its smallest-kernel time) is the
+same for any amount of work, so it becomes the target's floor. Without it, a profile of small kernels would be scaled as if it streamed at full rate.
 """
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ def _host_ratio(src: GPU, dst: GPU, direction: str) -> float:
     return float(src.host_bw[index]) / float(dst.host_bw[index])
 
 
-def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(factor, priced) per op row: the multiplier from its measured time on `src` to `dst` (module
+def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(factor, priced, op class) per op row: the multiplier from its measured time on `src` to `dst` (module
     docstring) and whether cost facts decided it, its own or an ancestor's (False: the default memory-rate
     ratio or a host link)."""
     n = len(ops)
@@ -78,7 +79,7 @@ def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) 
     dtypes = np.array([d if isinstance(d, str) and d else "float32" for d in col("dtype", "float32")], dtype=object)
     transfer = np.array([t if isinstance(t, str) else "" for t in col("transfer", "")], dtype=object)
     names = col("name", "")
-    classes = [op_class(str(n), int(f), int(b)) for n, f, b in zip(names, flops, moved)]
+    classes = np.array([op_class(str(n), int(f), int(b)) for n, f, b in zip(names, flops, moved)], dtype=object)
     before = roofline_ns(src, flops, moved, dtypes, classes, tf32=tf32)
     after = roofline_ns(dst, flops, moved, dtypes, classes, tf32=tf32)
     priced = before > 0
@@ -91,21 +92,28 @@ def scale_factors(ops: pd.DataFrame, src: GPU, dst: GPU, *, tf32: bool = False) 
                 break
             up = parent[up]
         if up >= 0 and priced[up]:
-            factor[row] = factor[up]
+            factor[row], classes[row] = factor[up], classes[up]
             priced[row] = True
     for direction in ("h2d", "d2h"):
         copy = transfer == direction
         factor[copy] = _host_ratio(src, dst, direction)
         priced[copy] = False
-    return factor, priced
+    return factor, priced, classes
 
 
-def scaled_ns(measured, own_kernels, factor, src: GPU, dst: GPU) -> np.ndarray:
-    """Each op's time on `dst`, ns, from its measured own time on `src` (ns), the kernels it launched itself
-    and its `factor` (`scale_factors`). The first ``launch_ns`` of each kernel is the part's floor (the
-    smallest kernel's time, from the GPU table), which no FLOP or byte rate moves: it becomes `dst`'s floor;
-    the rest of the time scales by `factor`."""
+def floor_ns(g: GPU, classes) -> np.ndarray:
+    """Per op class, the fixed time of one kernel on `g`, ns (GPU table): ``gemm_floor_ns`` for a GEMM,
+    ``attention_floor_ns`` for fused attention, ``launch_ns`` (the smallest kernel) for the rest."""
+    table = {"gemm": g.gemm_floor_ns, "attention": g.attention_floor_ns}
+    return np.array([table.get(c, g.launch_ns) for c in classes], dtype="float64")
+
+
+def scaled_ns(measured, own_kernels, factor, classes, src: GPU, dst: GPU) -> np.ndarray:
+    """Each op's time on `dst`, ns, from its measured own time on `src` (ns), the kernels it launched itself,
+    its `factor` and class (`scale_factors`). The first `floor_ns` of each kernel is fixed work no FLOP or byte
+    rate moves: it becomes `dst`'s floor for the class; the rest of the time scales by `factor`."""
     measured = np.asarray(measured, dtype="float64")
     kernels = np.clip(np.asarray(own_kernels, dtype="float64"), 0, None)
-    fixed = np.minimum(measured, kernels * src.launch_ns)
-    return fixed * (dst.launch_ns / src.launch_ns) + (measured - fixed) * np.asarray(factor, dtype="float64")
+    src_floor, dst_floor = floor_ns(src, classes), floor_ns(dst, classes)
+    fixed = np.minimum(measured, kernels * src_floor)
+    return fixed * (dst_floor / src_floor) + (measured - fixed) * np.asarray(factor, dtype="float64")
