@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from memlens.errors import InputError, read_user_file
 
 MAX_GPU_FILE_BYTES = 1 << 20  # a GPU description is a few kB; calibration residuals add tens
 
-__all__ = ["BUILTIN", "DTYPE_KEYS", "DTYPE_TO_KEY", "GPU", "gpu", "gpus", "load_gpu", "save_gpu", "with_link"]
+__all__ = ["BUILTIN", "DTYPE_KEYS", "DTYPE_TO_KEY", "GPU", "gpu", "gpu_of_device", "gpus", "load_gpu", "save_gpu", "with_link"]
 
 
 def _key(text: str) -> str:
@@ -71,6 +72,21 @@ def gpu(name) -> GPU:
             return g
     raise InputError(f"unknown GPU '{name}' (known: {', '.join(g.name for g in BUILTIN)}; or build one with "
                      "memlens.GPU(name=..., flops={...}, mem_bw=...))")
+
+
+def gpu_of_device(device_name: str) -> GPU | None:
+    """The built-in GPU a profile's device name stands for ("NVIDIA H100 80GB HBM3" -> H100 SXM, "AMD
+    Instinct MI300X VF" -> MI300X): a table name or alias, the exact name torch reports, or the one GPU
+    whose name or alias is a word of the device name. None when no GPU, or more than one, fits."""
+    if not isinstance(device_name, str) or not device_name.strip():
+        return None
+    want = _key(device_name)
+    for g in BUILTIN:
+        if want in {_key(g.name), _key(g.device_name)} | {_key(a) for a in g.aliases}:
+            return g
+    words = {_key(w) for w in re.split(r"[\s\-_/]+", device_name) if w}
+    hits = [g for g in BUILTIN if words & ({_key(g.name)} | {_key(a) for a in g.aliases})]
+    return hits[0] if len(hits) == 1 else None
 
 
 def gpus() -> pd.DataFrame:

@@ -14,6 +14,9 @@ What changes (and why it stays a consistent trace):
   op, a time between ops lands at the boundary between them. Because the map never reverses order and
   op boundaries map exactly, every access stays inside its block's lifetime when it was inside before.
 - ``trace.metadata["clock"] = {"kind": "modeled", "gpu": ..., "model": ..., "from": <old clock kind>}``.
+- A trace on the measured kernel clock (kind "cuda") is not re-modeled from shapes: each op's measured own
+  time is scaled onto the target GPU by its compute- or memory-bound ratio (`memlens.devicetime.scaling`),
+  so ops the rules do not price keep a time; the clock's model reads "scaled from measured <GPU>".
 
 What the model cannot know: it times the ops that were recorded. A CPU recording runs what PyTorch runs
 on the CPU, which is not always what it would launch on a GPU: optimizers default to their per-parameter
@@ -27,20 +30,24 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from memlens.clock import clock_label, device_time_columns, restamp
-from memlens.trace import clock_of
+from memlens.clock import clock_label, device_time_columns, op_parents, restamp, self_ns_of
 from memlens.devicetime.costmodel import MODEL_NAME, device_times, has_cost_facts
 from memlens.devicetime.gpus import gpu as resolve_gpu
+from memlens.devicetime.gpus import gpu_of_device
+from memlens.devicetime.scaling import scale_factors, scaled_ns
 from memlens.errors import InputError
-from memlens.trace import Trace
+from memlens.trace import Trace, clock_of
 
 
-def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
+def retime(trace: Trace, gpu="H100", *, tf32: bool = False, source_gpu=None) -> Trace:
     """A new Trace on the modeled clock of `gpu` (a name from `memlens.gpus()` or a `memlens.GPU`).
 
     `tf32`: fp32 matmuls run at the TF32 tensor-core rate (``torch.backends.cuda.matmul.allow_tf32``;
     off by default in PyTorch). Needs the ops table's cost facts (recorded by memlens); raises
     `InputError` for a trace without them. The input trace is not modified.
+
+    A trace on the measured kernel clock is scaled from its measured times instead (module docstring);
+    `source_gpu` names the GPU that measured them when the clock's device name is not in the GPU table.
     """
     g = resolve_gpu(gpu)
     if not isinstance(trace, Trace):
@@ -50,6 +57,8 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
         raise InputError("the trace has no ops (an allocation-only source such as a snapshot, a profiler "
                          "memory timeline or a buffer list), so there is nothing to put on a device clock; "
                          "record the run with memlens.record")
+    if clock_of(trace).get("kind") == "cuda":
+        return _scale_measured(trace, g, source_gpu, tf32=tf32)
     if not has_cost_facts(ops):
         raise InputError("the trace has no per-op cost facts (flops/bytes per op), so it cannot be put on a "
                          "device clock; record it with memlens.record, or import a torch.profiler trace recorded "
@@ -73,6 +82,44 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False) -> Trace:
                                 "device_self_ns", "op_class"),
                   note=f"times are on the {clock_label(clock)} (retimed from the {old.get('kind', 'host')} "
                        "clock: ops back to back in recorded order, durations from the per-op cost model)")
+    out.metadata["gpu"] = g.to_dict()
+    return out
+
+
+def _measured_gpu(trace: Trace, source_gpu):
+    if source_gpu is not None:
+        return resolve_gpu(source_gpu)
+    name = clock_of(trace).get("gpu")
+    found = gpu_of_device(name) if name else None
+    if found is None:
+        raise InputError(f"the trace's kernels were measured on '{name or 'an unnamed GPU'}', which is not in the "
+                         "GPU table; pass source_gpu= (a name from memlens.gpus() or a memlens.GPU)")
+    return found
+
+
+def _scale_measured(trace: Trace, g, source_gpu, *, tf32: bool) -> Trace:
+    """`trace` (on the measured kernel clock) on `g`'s clock: measured own times scaled op by op."""
+    src = _measured_gpu(trace, source_gpu)
+    ops = trace.ops
+    if "device_self_ns" in ops.columns:
+        measured = ops["device_self_ns"].to_numpy(dtype="float64", na_value=0)
+    else:
+        measured = device_time_columns(ops, inclusive=ops["device_ns"].to_numpy(dtype="float64", na_value=0)
+                                       )[0]["device_self_ns"].astype("float64")
+    factor, priced, classes = scale_factors(ops, src, g, tf32=tf32)
+    kernels = ops["kernels"].to_numpy(dtype="float64", na_value=0) if "kernels" in ops.columns else np.zeros(len(ops))
+    own_kernels = self_ns_of(kernels.astype(np.int64), op_parents(ops))    # the column counts nested ops' too
+    new_self = scaled_ns(measured, own_kernels, factor, classes, src, g)
+    times, busy = device_time_columns(ops, self_ns=np.rint(new_self).astype(np.int64))
+    start, end = op_schedule(ops, times["device_self_ns"], times["device_ns"])
+    clock = {"kind": "modeled", "gpu": g.name, "model": f"scaled from measured {src.name}", "tf32": bool(tf32),
+             "device_busy_ns": busy, "kernels": clock_of(trace).get("kernels"), "measured_gpu": src.name}
+    out = restamp(trace, start, end, clock,
+                  op_columns={**times, "measured_self_ns": measured.astype(np.int64), "scale": factor,
+                              "scale_priced": priced},
+                  drop_columns=("kernel_start_ns", "kernel_end_ns", "device_ns", "device_self_ns"),
+                  note=f"times are on the {clock_label(clock)} (each op's measured {src.name} kernel time scaled "
+                       "by its compute- or memory-bound ratio; ops back to back in recorded order)")
     out.metadata["gpu"] = g.to_dict()
     return out
 
