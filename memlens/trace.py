@@ -90,13 +90,14 @@ def clock_of(trace) -> dict:
     return conform_clock(clock)
 
 
-def live_events(blocks: pd.DataFrame, start_ns: int) -> tuple[np.ndarray, ...]:
+def live_events(blocks: pd.DataFrame, start_ns: int, by: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """The one event order of the live-bytes curve: each block's alloc (at `start_ns` for blocks alive before
     recording) and each freed block's free, sorted by time then event order (`alloc_seq` / `free_seq`;
     an unknown free order after every known one). Returns (t_ns, seq, delta bytes (+ alloc / - free), row
     of `blocks` each event belongs to, True for an alloc event), all in that order; ``np.cumsum(delta)``
-    is the live bytes after each event. `Trace.live_bytes` and `memlens.analysis.live.live_curve` are both
-    this curve."""
+    is the live bytes after each event. With `by` (an integer code per row of `blocks`, e.g. the device),
+    the events are grouped by it first, each group in that order. `Trace.live_bytes`,
+    `memlens.analysis.live.live_curve` and the peak breakdown's per-device peaks are all this curve."""
     size = blocks["size"].to_numpy(dtype=np.int64)
     freed = blocks["free_ns"].notna().to_numpy()
     t = np.concatenate([blocks["alloc_ns"].fillna(start_ns).to_numpy(dtype=np.int64),
@@ -106,7 +107,7 @@ def live_events(blocks: pd.DataFrame, start_ns: int) -> tuple[np.ndarray, ...]:
     delta = np.concatenate([size, -size[freed]])
     row = np.concatenate([np.arange(len(size)), np.flatnonzero(freed)])
     is_alloc = np.arange(len(row)) < len(size)
-    order = np.lexsort((seq, t))
+    order = np.lexsort((seq, t)) if by is None else np.lexsort((seq, t, np.asarray(by)[row]))
     return t[order], seq[order], delta[order], row[order], is_alloc[order]
 
 

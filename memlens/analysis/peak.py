@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from memlens.trace import live_events
+
 from memlens.units import format_bytes, format_ns, format_share
 
 LARGEST_COLUMNS = ("block_id", "size", "category", "op", "module", "stack_id", "alloc_ns", "free_ns")
@@ -172,18 +174,9 @@ def _device_peaks(trace, devices) -> dict[str, tuple[int, int, int, int | None]]
     if len(b) == 0:
         return {}
     codes, names = pd.factorize(b["device"].astype(str))
-    size = b["size"].to_numpy(dtype=np.int64)
-    lo, _ = trace.time_span_ns()
-    freed = b["free_ns"].notna().to_numpy()
-    t = np.concatenate([b["alloc_ns"].fillna(lo).to_numpy(dtype=np.int64),
-                        b["free_ns"].to_numpy(dtype="float64", na_value=0)[freed].astype(np.int64)])
-    seq = np.concatenate([b["alloc_seq"].fillna(-1).to_numpy(dtype=np.int64),
-                          b["free_seq"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)[freed]])
-    delta = np.concatenate([size, -size[freed]])
-    dev = np.concatenate([codes, codes[freed]])
-    bid = np.concatenate([b["block_id"].to_numpy(), b["block_id"].to_numpy()[freed]])
-    order = np.lexsort((seq, t, dev))  # stable: each device's events in `live_bytes`'s order
-    t, seq, delta, dev, bid = t[order], seq[order], delta[order], dev[order], bid[order]
+    # each device's events in `Trace.live_bytes`'s order, the devices one after another (one sort)
+    t, seq, delta, row, _ = live_events(b, trace.time_span_ns()[0], by=codes)
+    dev, bid = codes[row], b["block_id"].to_numpy()[row]
     starts = np.flatnonzero(np.r_[True, dev[1:] != dev[:-1]])
     total = np.cumsum(delta)
     before = np.r_[0, total[starts[1:] - 1]]  # bytes of the devices sorted before each group
