@@ -40,7 +40,9 @@ talks to the GPUs of the same local rank on the other nodes: rail-aligned), hier
 - reduce-scatter: reduce-scatter of S over the node (NVLink), then of S/g over the M nodes (network);
 - broadcast: S over the M nodes (network), then S over the node (NVLink);
 - all-to-all, not staged: the ``(g-1)/N x S`` for the node's other GPUs go over NVLink in ``g-1`` rounds while
-  the ``(N-g)/N x S`` for the other nodes' GPUs go over the GPU's NIC in ``N-g`` rounds; it lasts the longer.
+  the ``(N-r)/N x S`` for the other nodes' GPUs go over the GPU's NIC in ``N-r`` rounds, r = N - g (M-1) the
+  GPUs of the last node (r = g when N is a multiple of g; its GPUs have the most remote peers); it lasts the
+  longer.
 """
 from __future__ import annotations
 
@@ -127,8 +129,11 @@ def collective_time(kind: str, nbytes: int, world_size: int, gpu) -> tuple[float
     node = lambda k, s: flat_ns(k, s, g, bw, INTRA_NODE_STEP_NS)          # noqa: E731
     across = lambda k, s: flat_ns(k, s, m, net, INTER_NODE_STEP_NS)       # noqa: E731
     if kind == "all_to_all":
+        # the slowest rank bounds it: one on the last node, partly filled when world_size is not a multiple
+        # of g, has the fewest node peers and so the most peers across the network
+        last_node = world_size - g * (m - 1)
         t = max(pairwise_ns(nbytes, g - 1, world_size, bw, INTRA_NODE_STEP_NS),
-                pairwise_ns(nbytes, world_size - g, world_size, net, INTER_NODE_STEP_NS))
+                pairwise_ns(nbytes, world_size - last_node, world_size, net, INTER_NODE_STEP_NS))
         return t, "pairwise: node (NVLink) alongside network"
     if kind == "all_reduce":
         stages = [node("reduce_scatter", nbytes), across("all_reduce", nbytes / g), node("all_gather", nbytes)]

@@ -109,9 +109,10 @@ def _run_end(trace, stack_is_code: pd.Series, made: np.ndarray, alloc_t: np.ndar
              before: np.ndarray) -> np.ndarray:
     """Per block made by optimizer code (`made`), the time (ns) of the last event of the run of
     optimizer-code events its allocation belongs to: events in order, a run broken by an event whose stack
-    is not optimizer code (events without a stack do not break it). Without an event table, or for a block
-    whose alloc event is not in it, the allocation time itself. A block alive before recording (`before`):
-    -inf (only the final state gives such a block a stack, so it outlives everything)."""
+    is not optimizer code (events without a stack, such as a free's completion, do not break it and count
+    in it). Without an event table, or for a block whose alloc event is not in it, the allocation time
+    itself. A block alive before recording (`before`): -inf (only the final state gives such a block a
+    stack, so it outlives everything)."""
     b = trace.blocks
     out = np.where(made & ~before, alloc_t, -np.inf)
     ev = trace.events
@@ -121,7 +122,9 @@ def _run_end(trace, stack_is_code: pd.Series, made: np.ndarray, alloc_t: np.ndar
     flag = stack_is_code.reindex(ev_sid).fillna(False).to_numpy(dtype=bool) & (ev_sid >= 0)
     run = np.cumsum((ev_sid >= 0) & ~flag)  # events between two breaking events share a run
     t = ev["t_ns"].to_numpy(dtype=np.int64)
-    end = pd.Series(np.where(flag, t, np.iinfo(np.int64).min)).groupby(run).max()
+    # a run lasts to its last event, stackless ones included: the completion of a free its code requested
+    # (stackless) comes after the request, so the step's last temporary was freed within the run
+    end = pd.Series(np.where(flag | (ev_sid < 0), t, np.iinfo(np.int64).min)).groupby(run).max()
     ev_end = end.reindex(run).to_numpy(dtype=np.int64)
     bid = pd.array(ev["block_id"], dtype="Int64").to_numpy(dtype=np.int64, na_value=-1)
     alloc = (ev["action"].astype(str).to_numpy() == "alloc") & (bid >= 0) & flag

@@ -1,0 +1,174 @@
+"""Interval edges at exact boundary instants, by hand and by brute force with boundary-seeking draws.
+
+Each hand-made case is aimed at one plausible bug (named in its docstring as "mutant"): the instants sit
+exactly on an iteration start, or an access's stamp lies outside its op's edges (a recorder's clock skew).
+Expectations are computed by hand from the definition: an ATI runs from the end of one access's op to the
+start of the next; an access's op edges are widened to cover its own stamp; iteration k is
+``[start_k, start_k + period)`` and an interval belongs to the iteration its start falls in.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from _interval_refs import DEVICE, SETTINGS, iterations_at, reference_intervals, traces  # noqa: E402
+from memlens.analysis.ati import access_intervals  # noqa: E402
+from memlens.trace import Trace  # noqa: E402
+from test_intervals_reference import _rows, reference_cycle  # noqa: E402
+
+
+def _trace(ops: list[tuple[int, int, int]], blocks: list[tuple[int, object, object]],
+           accesses: list[tuple[int, int, int, bool]]) -> Trace:
+    """ops (op_id, start, end); blocks (block_id, alloc, free; None = not recorded); accesses (block_id,
+    op_id, stamp, is_write). Every block is 64 bytes on one device."""
+    op = pd.DataFrame(ops, columns=["op_id", "start_ns", "end_ns"]).assign(name="op")
+    blk = pd.DataFrame(blocks, columns=["block_id", "alloc_ns", "free_ns"]).assign(device=DEVICE, size=64)
+    blk = blk.astype({"alloc_ns": "Int64", "free_ns": "Int64"})
+    acc = pd.DataFrame(accesses, columns=["block_id", "op_id", "t_ns", "is_write"])
+    return Trace.from_tables(blk, acc, op)
+
+
+def _table(iv: pd.DataFrame) -> list[list]:
+    cols = ["block_id", "kind", "start_ns", "end_ns", "truncated", "wraps"]
+    return sorted(iv[cols].astype({"kind": str}).values.tolist())
+
+
+def test_a_write_stamped_after_its_op_end_starts_the_next_interval_at_its_stamp():
+    """Op A [100, 150] writes X, stamped 180 (after A's end: skew); op B [400, 500] reads X, stamped 390
+    (before B's start). The op edges widen to the stamps: the ATI is 180 -> 390, not 150 -> 400.
+    Mutant killed: `access_op_edges` returning the op's own end (dropping ``np.maximum(op_end, t_ns)``), or
+    its own start (dropping ``np.minimum(op_start, t_ns)``)."""
+    t = _trace([(1, 100, 150), (2, 400, 500)], [(5, 50, 900)], [(5, 1, 180, True), (5, 2, 390, False)])
+    iv = access_intervals(t)
+    assert _table(iv) == [[5, "access_to_access", 180, 390, False, False],
+                          [5, "alloc_to_first", 50, 100, False, False],
+                          [5, "last_to_free", 500, 900, False, False]]
+    assert iv.attrs["accesses_outside_lifetime"] == 0
+
+
+def test_an_access_stamped_after_the_free_widens_the_lifetime_to_its_stamp():
+    """Block freed at 450, but op B [400, 500] reads it stamped 470: the lifetime widens to 470 (skew, counted
+    once in ``accesses_outside_lifetime``); last -> free is 0 ns at 500 (the free lies inside B, widened).
+    Mutant killed: the widening ``np.maximum(end, last_acc)`` removed (free stays 450: 450 -> 450)."""
+    t = _trace([(1, 100, 150), (2, 400, 500)], [(5, 50, 450)], [(5, 1, 100, False), (5, 2, 470, False)])
+    iv = access_intervals(t)
+    # by hand: free = max(450, 470) = 470; last_to_free = [min(500, 470), 470]
+    assert _table(iv) == [[5, "access_to_access", 150, 400, False, False],
+                          [5, "alloc_to_first", 50, 100, False, False],
+                          [5, "last_to_free", 470, 470, False, False]]
+    assert iv.attrs["accesses_outside_lifetime"] == 1
+
+
+def test_a_block_allocated_exactly_at_the_iteration_start_gets_no_invented_wrap():
+    """Iterations start at 0 and 1000; only iteration 1 ends the recording (period 1000 from iteration 0).
+    Block 1 is allocated at 1000 exactly, block 2 at 999; both are read by ops [1100, 1200] and [1500, 1600]
+    and never freed. Only block 2 lived across the whole window, so only it gets the wrap-around 1600 -> 2100
+    (its first access 1100 plus the period). Block 1's alloc edge starts exactly at the window start and is in it.
+    Mutants killed: ``alloc < w0`` -> ``alloc <= w0`` (block 1 would wrap too); ``start >= w0`` -> ``>``
+    (block 1's alloc edge would leave the window)."""
+    t = _trace([(1, 1100, 1200), (2, 1500, 1600)], [(1, 1000, None), (2, 999, None)],
+               [(1, 1, 1100, False), (1, 2, 1500, False), (2, 1, 1100, False), (2, 2, 1500, False)])
+    iv = access_intervals(t, steady_state=True, iteration=1, iterations=iterations_at([0, 1000], 1600))
+    assert iv.attrs["period_ns"] == 1000 and iv.attrs["window_ns"] == (1000, 2000)
+    assert _table(iv) == [[1, "access_to_access", 1200, 1500, False, False],
+                          [1, "alloc_to_first", 1000, 1100, False, False],
+                          [1, "last_to_free", 1600, 1600, True, False],
+                          [2, "access_to_access", 1200, 1500, False, False],
+                          [2, "access_to_access", 1600, 2100, False, True]]
+    assert iv.attrs["wraps_beyond_recording"] == 1
+
+
+def test_a_free_exactly_at_the_next_iteration_start_stays_in_the_iteration():
+    """Iterations start at 0 and 1000. Block 3 (alloc 50) is read by op [100, 200] and freed at 1000, exactly
+    when iteration 1 starts: its last -> free edge [200, 1000] lies within iteration 0 ``[0, 1000)`` up to its
+    end. Block 4, freed at 1001, runs past the window and is left out of iteration 0.
+    Mutant killed: ``end <= w1`` -> ``end < w1`` (block 3's free edge would be dropped)."""
+    t = _trace([(1, 100, 200), (2, 1100, 1200)], [(3, 50, 1000), (4, 50, 1001)],
+               [(3, 1, 100, False), (4, 1, 100, False)])
+    iv = access_intervals(t, iteration=0, iterations=iterations_at([0, 1000], 1200))
+    assert _table(iv) == [[3, "alloc_to_first", 50, 100, False, False],
+                          [3, "last_to_free", 200, 1000, False, False],
+                          [4, "alloc_to_first", 50, 100, False, False]]
+
+
+def test_an_alloc_exactly_at_an_iteration_start_belongs_to_that_iteration():
+    """Iterations start at 0 and 1000; block 7 is allocated at 1000 and read by op [1000, 1050] (the op that
+    made it): its alloc edge [1000, 1000] is in iteration 1, none of its intervals in iteration 0.
+    Mutant killed: ``start < w1`` -> ``start <= w1`` (the edge would also count in iteration 0)."""
+    t = _trace([(1, 10, 20), (2, 1000, 1050)], [(7, 1000, 1100)], [(7, 2, 1050, True)])
+    its = iterations_at([0, 1000], 1100)
+    assert _table(access_intervals(t, iteration=0, iterations=its)) == []
+    assert _table(access_intervals(t, iteration=1, iterations=its)) == [
+        [7, "alloc_to_first", 1000, 1000, False, False], [7, "last_to_free", 1050, 1100, False, False]]
+
+
+# ---- hypothesis: boundary instants and skewed stamps drawn on purpose ---------------------------------------
+
+@st.composite
+def skewed_traces(draw):
+    """A trace from `traces` whose access stamps are moved off their op's edges by up to 50 ns either way,
+    some exactly onto the neighbouring op's start or the block's alloc/free (clock skew)."""
+    t = draw(traces(max_ops=8, max_blocks=4))
+    acc = t.accesses.copy()
+    if len(acc) == 0:
+        return t
+    ops = t.ops.set_index("op_id")
+    blk = t.blocks.set_index("block_id")
+    stamps = acc["t_ns"].astype(np.int64).to_numpy().copy()
+    # only an op's single access of a block is moved: a read and a write of one block by one op skewed
+    # apart would give that op two different widened edges, which the reference does not define
+    single = ~acc.duplicated(["block_id", "op_id"], keep=False).to_numpy()
+    for i in range(len(acc)):
+        how = draw(st.sampled_from(["keep", "skew", "op_end", "op_start", "alloc", "free"]))
+        if not single[i]:
+            continue
+        op = ops.loc[int(acc["op_id"].iloc[i])]
+        b = blk.loc[int(acc["block_id"].iloc[i])]
+        if how == "skew":
+            stamps[i] += draw(st.integers(-50, 50))
+        elif how == "op_end":
+            stamps[i] = int(op["end_ns"]) + draw(st.integers(0, 3))
+        elif how == "op_start":
+            stamps[i] = int(op["start_ns"]) - draw(st.integers(0, 3))
+        elif how == "alloc" and not pd.isna(b["alloc_ns"]):
+            stamps[i] = int(b["alloc_ns"]) - draw(st.integers(0, 1))
+        elif how == "free" and not pd.isna(b["free_ns"]):
+            stamps[i] = int(b["free_ns"]) + draw(st.integers(0, 1))
+    acc["t_ns"] = stamps
+    return Trace.from_tables(t.blocks, acc.sort_values(["op_id", "block_id"], kind="stable"), t.ops)
+
+
+@SETTINGS
+@given(skewed_traces())
+def test_skewed_stamps_equal_the_op_edge_definition(trace):
+    iv = access_intervals(trace)
+    assert _rows(iv) == reference_intervals(trace)
+    assert (iv["length_ns"] >= 0).all()
+
+
+@SETTINGS
+@given(traces(max_ops=10), st.data())
+def test_iteration_starts_on_allocs_frees_and_op_ends_equal_the_definition(trace, data):
+    """Iteration starts drawn from the instants where an off-by-one matters: allocs, frees, op ends and op
+    starts (and one past each)."""
+    lo, hi = trace.time_span_ns()
+    b = trace.blocks
+    instants = sorted({int(v) + d for v in pd.concat([b["alloc_ns"].dropna(), b["free_ns"].dropna(),
+                                                      trace.ops["end_ns"], trace.ops["start_ns"]])
+                       for d in (0, 1) if lo < int(v) + d <= hi})
+    if not instants:
+        return
+    picks = sorted(set(data.draw(st.lists(st.sampled_from(instants), min_size=1, max_size=3))))
+    starts = [lo] + [p for p in picks if p > lo]
+    its = iterations_at(starts, hi)
+    k = data.draw(st.integers(0, len(starts) - 1))
+    steady = data.draw(st.booleans())
+    iv = access_intervals(trace, steady_state=steady, iteration=k, iterations=its)
+    expected, period = reference_cycle(trace, starts, k, steady)
+    assert iv.attrs["period_ns"] == period
+    assert _rows(iv, ("wraps",)) == expected
