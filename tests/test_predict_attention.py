@@ -56,9 +56,13 @@ def test_grouped_query_attention_in_bf16_takes_flash_and_allocates_what_it_does(
     # the peak, by hand: q, k, v, the output and logsumexp, the philox seed and offset that flash's fake
     # kernel returns (16 B and 8 B on the device: one 512 B block each), `out.sum()` and its gradient seed (one
     # 512 B block each), the three gradients and the two group buffers, all live at the end of the backward
-    # (the modelled reduction scratch of `sum` is freed before the backward: not at the peak)
-    peak = q + 2 * kv + q + lse + 2 * _block(16) + 2 * _block(2) + q + 2 * kv + 2 * group_buffer
-    assert bf16["peak"] == peak == 3_164_160
+    # (the modelled reduction scratch of `sum` is freed before the backward: not at the peak), and the flash
+    # backward's own fp32 scratch, alive with the group buffers: softmax_d (B, H, L rounded to 128) and
+    # dq_accum (B, L, H, D rounded to 32)
+    softmax_d, dq_accum = B * H * L * F32, B * L * H * D * F32
+    peak = (q + 2 * kv + q + lse + 2 * _block(16) + 2 * _block(2) + q + 2 * kv + 2 * group_buffer
+            + softmax_d + dq_accum)
+    assert bf16["peak"] == peak == 3_164_160 + 16_384 + 1_048_576
     # fp32: no fused CUDA kernel takes grouped heads (flash needs fp16/bf16, memory-efficient has no GQA),
     # so the math path runs, as on CUDA: the scores (B x H x L x L) are materialised
     fp32 = r["fp32"]

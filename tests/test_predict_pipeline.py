@@ -48,8 +48,10 @@ def expected_peak(schedule: str, stage: int) -> int:
     activations on every stage but the first, N x O for gradients on every stage but the last); the user's
     batch (first stage) or target (last stage), N x O. Per microbatch in flight: A + O (the ReLU output and
     the stage output kept for its backward); on the last stage A, its outputs are all kept (N x O by the end,
-    for merging), with one loss each and one backward seed. 1F1B keeps the previous backward's send ops
-    (and so one input gradient, O) alive during the next backward on every stage but the first.
+    for merging), with one loss each and one backward seed. On every stage but the first, an input gradient
+    stays alive until its send is waited (NCCL's stash): 1F1B waits each backward's send before the next,
+    so one (O) is alive during the next backward; GPipe waits on them only after its last backward, so
+    backward b holds b of them.
     Backward transients (autograd's order for Linear -> ReLU -> Linear): the first backward makes W2's
     gradient (W), the ReLU output's gradient (A) and the ReLU input's (A), then frees the first A and the
     microbatch's ReLU output and makes W1's gradient (W), then (not on the first stage) the input gradient
@@ -67,8 +69,8 @@ def expected_peak(schedule: str, stage: int) -> int:
             live += k * A + outputs * (O + LOSS) + LOSS
         else:
             live += k * (A + O)
-        if b and schedule == "1f1b" and not first:
-            live += O
+        if b and not first:
+            live += O if schedule == "1f1b" else b * O
         peaks.append(live + (max(W + 2 * A, 2 * W + (0 if first else O)) if b == 0 else W + A))
     return max(peaks)
 
@@ -101,8 +103,10 @@ def test_hand_numbers_for_one_stage():
     # parameters and gradients 2 x 2 x 524,288; gradient receive buffers and the batch 2 x 6 x 4,096;
     # 4 microbatches in flight x (131,072 + 4,096); the second backward's W2 gradient and ReLU-output gradient
     assert expected_peak("1f1b", 0) == 2_097_152 + 49_152 + 540_672 + 524_288 + 131_072 == 3_342_336
-    # GPipe's last stage: 5 ReLU outputs in flight at the second backward, 6 outputs and losses, one seed
-    assert expected_peak("gpipe", S - 1) == 2_097_152 + 49_152 + 655_360 + 6 * (4_096 + 512) + 512 + 655_360
+    # GPipe's last stage: 5 ReLU outputs in flight at the second backward, 6 outputs and losses, one seed, the
+    # first backward's input gradient (its send not waited yet)
+    assert expected_peak("gpipe", S - 1) == (2_097_152 + 49_152 + 655_360 + 6 * (4_096 + 512) + 512 + 655_360
+                                            + 4_096)
 
 
 def test_gpipe_minus_1f1b_per_stage_against_the_standard_analysis():
@@ -115,12 +119,14 @@ def test_gpipe_minus_1f1b_per_stage_against_the_standard_analysis():
       gradients (2 W, more than one microbatch's A + O) and freed one microbatch, so N - 1 are in flight then;
       1F1B's peak is in its second backward too, with S - s in flight (its warm-up ran S - s forwards, then one
       forward after each backward). So N - 1 - (S - s) microbatches, not N - (S - s).
-    - On every stage but the first, 1F1B keeps the previous backward's send (one input gradient, O) alive into
-      the next backward; GPipe waits on its sends only at the end: O less difference.
+    - On every stage but the first, an unwaited send keeps its input gradient (O) alive: 1F1B's previous
+      backward's, into the next backward; GPipe waits on its sends only at the end, so at its second backward
+      it holds one too: no difference from them at the peaks.
     - The last stage keeps every microbatch's output under both schedules (torch merges them for `step`'s
       return), so only the ReLU outputs (A) differ; 1F1B's peak there is its last backward, one microbatch in
-      flight against GPipe's N - 1 at its second: (N - 2) A - O.
-    So the step from stage 0 to 1 is A (one O smaller than a microbatch) and the step to the last stage A - 3 O."""
+      flight against GPipe's N - 1 at its second: (N - 2) A.
+    So the difference is one microbatch (A + O) below the standard analysis on every stage but the last,
+    A + 5 O below it there."""
     r = run_child(PIPELINE_STEP + f"""
 peaks = {{}}
 for name, cls in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
@@ -131,10 +137,10 @@ result = peaks
 """)
     A, O = M * H * F, M * D * F
     diff = [g - f for g, f in zip(r["gpipe"], r["1f1b"])]
-    by_hand = [(N - 1 - (S - s)) * (A + O) - (O if s else 0) for s in range(S - 1)] + [(N - 2) * A - O]
-    assert diff == by_hand == [135_168, 266_240, 401_408, 520_192]
+    by_hand = [(N - 1 - (S - s)) * (A + O) for s in range(S - 1)] + [(N - 2) * A]
+    assert diff == by_hand == [135_168, 270_336, 405_504, 524_288]
     standard = [(N - (S - s)) * (A + O) for s in range(S)]
-    assert [st - d for st, d in zip(standard, diff)] == [A + O, A + 2 * O, A + 2 * O, A + 6 * O]
+    assert [st - d for st, d in zip(standard, diff)] == [A + O, A + O, A + O, A + 5 * O]
 
 
 def test_the_first_stage_that_does_not_fit_is_named():

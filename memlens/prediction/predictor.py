@@ -194,7 +194,8 @@ class Prediction:
         trace, self.kernel_scratch_blocks = add_modelled_scratch(
             trace, self.gpu, lambda s: round_size(s, config), cublas_workspaces=self.cublas_workspaces,
             kernel_scratch=self.kernel_scratch, index_put_facts=self._session.index_put_facts,
-            reduction_facts=self._session.reduce_facts, cudnn_workspace=self.cudnn_workspace)
+            reduction_facts=self._session.reduce_facts, flash_facts=self._session.flash_facts,
+            cudnn_workspace=self.cudnn_workspace)
         trace.metadata.update({
             "source_kind": "memlens_predict",
             "clock": {"kind": "host", "gpu": self.gpu.name,

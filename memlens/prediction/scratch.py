@@ -11,6 +11,7 @@ allocated and freed inside the op's interval, in the order the CUDA code allocat
 Modelled, each in its own module with its sources:
 
 - the sorted accumulate of ``index_put`` (embedding backward): `memlens.prediction.scratch_index_put`;
+- flash attention backward's ``softmax_d`` and ``dq_accum``: `memlens.prediction.scratch_flash`;
 - CUDA reductions' global staging buffer and semaphores: `memlens.prediction.scratch_reduce`;
 - cuBLAS workspaces (one per thread and stream, kept) and the cuDNN convolution workspace allowance (off by
   default: cuDNN picks its algorithm on the real GPU): `memlens.prediction.scratch_workspaces`.
@@ -23,6 +24,7 @@ loads some half/bf16 reductions use.
 from __future__ import annotations
 
 from memlens.prediction.scratch_blocks import add_blocks, events_to_blocks, next_block_id
+from memlens.prediction.scratch_flash import flash_backward_scratch_blocks
 from memlens.prediction.scratch_index_put import (cub_sort_pairs_temp_bytes, index_put_sort_events, index_put_sort_facts,
                                                sort_scratch_blocks)
 from memlens.prediction.scratch_reduce import reduce_facts, reduce_global_bytes, reduce_op_table, reduce_scratch_blocks
@@ -36,12 +38,12 @@ __all__ = ["add_modelled_scratch", "conv_workspace_blocks", "cublas_workspace_bl
 
 def add_modelled_scratch(trace, gpu, round_size, *, cublas_workspaces: bool = True, kernel_scratch: bool = True,
                          index_put_facts: dict | None = None, reduction_facts: dict | None = None,
-                         cudnn_workspace=None) -> tuple:
+                         flash_facts: dict | None = None, cudnn_workspace=None) -> tuple:
     """(`trace` with the modelled blocks added, number of kernel temporaries added).
 
     `gpu` is the prediction's `GPUMemoryFacts` (cuBLAS workspace bytes, SM count, threads per SM);
     `round_size` maps requested bytes to the bytes the caching allocator gives. `index_put_facts` /
-    `reduction_facts` are what the prediction session saw (op_id -> facts); `cudnn_workspace` is bytes per
+    `reduction_facts` / `flash_facts` are what the prediction session saw (op_id -> facts); `cudnn_workspace` is bytes per
     convolution call, a callable ``op_row -> bytes``, or None (none added).
     """
     if cublas_workspaces:
@@ -50,6 +52,7 @@ def add_modelled_scratch(trace, gpu, round_size, *, cublas_workspaces: bool = Tr
     if kernel_scratch:
         scratch = sort_scratch_blocks(trace, index_put_facts or {}, round_size)
         scratch += reduce_scratch_blocks(trace, reduction_facts or {}, gpu.sm_count, gpu.max_threads_per_sm, round_size)
+        scratch += flash_backward_scratch_blocks(trace, flash_facts or {}, gpu.sm_count, round_size)
         first_id = next_block_id(trace)
         for i, row in enumerate(scratch):       # ids follow on from the trace's, in one sequence
             row["block_id"] = first_id + i

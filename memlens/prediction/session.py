@@ -14,6 +14,7 @@ from weakref import ref as _weakref
 
 import torch
 
+from memlens.prediction.scratch_flash import flash_backward_facts
 from memlens.prediction.scratch_index_put import index_put_sort_facts
 from memlens.prediction.scratch_reduce import reduce_facts, reduce_op_table
 from memlens.prediction.standins import (EQUAL, LOCAL_SCALAR_DENSE, VALUE_OPS, VALUE_SHAPED_OPS, StandIns, carry,
@@ -206,7 +207,7 @@ _INDEX_PUT_OPS = frozenset({torch.ops.aten.index_put.default, torch.ops.aten.ind
                             torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index_put.default})
 # ops whose CUDA kernel may need a global reduction buffer (memlens.prediction.scratch_reduce.reduce_global_bytes)
 _REDUCE_OPS = frozenset(reduce_op_table())
-_SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS
+_SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS | {_FLASH_BACKWARD}     # the last: memlens.prediction.scratch_flash
 
 
 def _to_dtype_call(run):
@@ -238,6 +239,7 @@ class PredictSession(Session):
         self.op_threads: list[int] = []   # per op: the thread that ran it (the cuBLAS workspace is per thread)
         self.index_put_facts: dict[int, tuple] = {}   # op index -> scratch_index_put.index_put_sort_facts
         self.reduce_facts: dict[int, tuple] = {}      # op index -> scratch_reduce.reduce_facts (reductions)
+        self.flash_facts: dict[int, tuple] = {}       # op index -> scratch_flash.flash_backward_facts
 
     def learn_op(self, func) -> tuple:
         entry = super().learn_op(func)
@@ -282,6 +284,10 @@ class PredictSession(Session):
                 facts = index_put_sort_facts(entry[6], args, kwargs)
                 if facts is not None:
                     self.index_put_facts[len(self.op_threads) - 1] = facts
+            elif entry[6] is _FLASH_BACKWARD:
+                facts = flash_backward_facts(args)
+                if facts is not None:
+                    self.flash_facts[len(self.op_threads) - 1] = facts
             else:
                 facts = reduce_facts(entry[6], args, kwargs)
                 if facts is not None:

@@ -25,10 +25,18 @@ this model allocates (through the recorder, so the allocator replay sees them):
   assignment is computed here with torch's function from the first pass's ready order and used for the
   timing of later passes.
 
+- the rebuild's memory: at the next forward with gradients enabled the construction buckets are replaced by
+  the rebuilt ones, as the Reducer's ``initialize_buckets`` does (torch/csrc/distributed/c10d/reducer.cpp):
+  it clears the old buckets, then allocates the new ones in the rebuilt order. With separate gradients
+  (``gradient_as_bucket_view=False``) or gradients set to None, the old buckets are freed before the new
+  ones exist (no transient); with ``gradient_as_bucket_view=True`` and gradients kept (accumulation, or
+  ``zero_grad(set_to_none=False)``) each gradient still views its old bucket until it is copied into its
+  new view, so old and new buckets are alive together (one extra copy of the trainable parameters' bytes
+  at most), then the old ones are freed. The steady state holds the rebuilt buckets (the same bytes).
+
 Not modelled: the all-reduce's memory (in place on the bucket, NCCL's own buffers are counted in
-`memlens.prediction.distributed.nccl`), the rebuild's memory (the same bytes regrouped; the old buckets are
-freed after the new ones are made, a transient this model leaves out: the construction buckets stay),
-``find_unused_parameters`` bookkeeping, buffer broadcasts (no new memory).
+`memlens.prediction.distributed.nccl`), ``find_unused_parameters`` bookkeeping, buffer broadcasts (no new
+memory).
 """
 from __future__ import annotations
 
@@ -96,7 +104,7 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
     record = {"param_bytes": [p.numel() * p.element_size() for p in params], "buckets": assignment,
               "rebuilds": bool(static_graph) or not bool(find_unused_parameters), "rebuilt_buckets": None,
               "rounds": []}
-    rebuild = rebuild_limits(bucket_cap_mb, kwargs.get("bucket_cap_mb_list"))
+    rebuilt_limits = rebuild_limits(bucket_cap_mb, kwargs.get("bucket_cap_mb_list"))
     if _memlens_session is not None:
         _records(_memlens_session).append(record)
     open_round: dict = {}
@@ -109,7 +117,7 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
         if record["rebuilds"] and record["rebuilt_buckets"] is None and rnd["ready"]:
             order = [i for i, _ in sorted(rnd["ready"], key=lambda x: (x[1], x[0]))]
             record["rebuilt_buckets"] = [list(b) for b in torch.distributed._compute_bucket_assignment_by_size(
-                [params[i] for i in order], rebuild, [False] * len(order), order)[0]]
+                [params[i] for i in order], rebuilt_limits, [False] * len(order), order)[0]]
 
     def ready(p):
         view = views.get(id(p))
@@ -131,8 +139,39 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
     hooks = [p.register_post_accumulate_grad_hook(ready) for p in params]
     object.__setattr__(self, "_memlens_hooks", hooks)
 
+    def rebuild() -> bool:
+        """The Reducer's ``rebuild_buckets`` (DDP's forward calls it, with gradients enabled, once a backward
+        pass gave the ready order): ``initialize_buckets`` first clears its buckets, then allocates the new
+        ones in the rebuilt order; with ``gradient_as_bucket_view`` each defined gradient is copied into its
+        new view and re-pointed there. An old bucket's storage is freed when nothing holds it any more: at the
+        clear when the gradients are separate tensors or None, else when its last gradient is re-pointed."""
+        order = record["rebuilt_buckets"]
+        if order is None or record.get("rebuilt"):
+            return False
+        record["rebuilt"] = True
+        buckets.clear()
+        views.clear()
+        for idx in order:
+            numel = sum(params[i].numel() for i in idx)
+            flat = torch.zeros(numel, dtype=params[idx[0]].dtype, device=params[idx[0]].device)
+            buckets.append(flat)
+            offset = 0
+            for i in idx:
+                n = params[i].numel()
+                view = flat[offset:offset + n].view(params[i].shape)
+                views[id(params[i])] = view
+                offset += n
+                if as_view and params[i].grad is not None:
+                    view.copy_(params[i].grad)
+                    params[i].grad = view
+            del flat
+        return True
+    object.__setattr__(self, "_memlens_rebuild", rebuild)
+
 
 def _modelled_forward(self, *args, **kwargs):
+    if torch.is_grad_enabled():      # where DDP's ``_pre_forward`` rebuilds, before the forward's activations
+        self._memlens_rebuild()
     return self.module(*args, **kwargs)
 
 

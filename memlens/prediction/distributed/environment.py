@@ -25,6 +25,8 @@ Inside `rank_world(rank, world_size, session)` (entered inside a `memlens.predic
   ops are not recorded (`memlens.prediction.session.shape_inference_only`).
 - ``torch.distributed.pipelining``: torch's schedules run; the stages' shape-agreement vote (which reads a
   received value) is replaced by `memlens.prediction.distributed.pipeline`.
+- Async sends (``isend``, ``batch_isend_irecv``, the pipeline schedules' ``P2POp``): the work keeps the sent
+  tensor alive until it is waited, as NCCL does (`memlens.prediction.distributed.p2p`).
 - Random ops on DTensors (``nn.init.normal_`` on a sharded parameter): DTensor's RNG operator and the CUDA
   generator's Philox offsets run as on a GPU (`memlens.prediction.distributed.rng`).
 Everything is restored on exit.
@@ -216,7 +218,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore   # registers the "fake" backend
 
-    from memlens.prediction.distributed import ddp, pipeline, rng
+    from memlens.prediction.distributed import ddp, p2p, pipeline, rng
     if dist.is_initialized():
         raise RuntimeError("a distributed prediction needs torch.distributed uninitialised at its start "
                            "(the prediction initialises the fake process group per rank)")
@@ -241,6 +243,7 @@ def rank_world(rank: int, world_size: int, session=None, notes: list | None = No
         _patch_fsdp_storage(patches, session)
         _patch_sharding_propagation(patches)
         ddp.patch(patches, session)
+        p2p.patch(patches)
         seen = seen if seen is not None else set()
         _patch_strategy_sightings(patches, seen)
         pipeline.patch(patches, seen, stages if stages is not None else [], notes, session)

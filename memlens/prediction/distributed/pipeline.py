@@ -42,10 +42,9 @@ its own fake copies of the parameters (seen as allocated before the step), so su
 ``PipelineStage`` by hand for a faithful answer. Pipeline x data parallel meshes are predicted rank by rank
 with no symmetry shortcut.
 
-Not modelled: the fake group's works hold no tensors, while a real process group may keep an async send's
-tensor referenced until its work is waited (recent ``ProcessGroupNCCL`` stashes them); GPipe waits on its
-backward sends only after the last backward, so a real stage after the first may hold up to one more input
-gradient per finished backward.
+An async send's tensor stays alive until its work is waited, as ``ProcessGroupNCCL``'s stash keeps it
+(`memlens.prediction.distributed.p2p`): GPipe waits on its backward sends only after the last backward, so a
+stage after the first holds one more input gradient per finished backward.
 
 For the step time (`pipeline_time`), `patch` also notes what each stage did and when, as op counts of the
 recording (the next op's id): every ``forward_one_chunk`` ("F"), ``backward_one_chunk`` ("B", or "I" when
