@@ -81,7 +81,7 @@ def write_snapshot(path: Path, megabytes: float) -> int:
 _CHILD = r"""
 import json, pickle, resource, sys, time, tracemalloc
 import memlens, numpy, pandas  # imported before measuring
-from memlens.io.snapshot import import_snapshot
+from memlens.io.snapshot.importer import import_snapshot
 path, mode, heap = sys.argv[1], sys.argv[2], sys.argv[3] == "heap"
 
 def rss_kb():
@@ -109,7 +109,7 @@ elif mode == "save":  # the in-memory import saved, what `memlens import` does b
     shutil.rmtree(path + ".memlens")
 else:  # "convert": convert_snapshot, what `memlens import` does from 256 MiB
     import shutil
-    from memlens.io.snapshot_convert import convert_snapshot
+    from memlens.io.snapshot.convert import convert_snapshot
     convert_snapshot(path, path + ".memlens")
     n = json.load(open(path + ".memlens/manifest.json"))["tables"]["events"]["rows"]
     shutil.rmtree(path + ".memlens")

@@ -1,7 +1,7 @@
 """Benchmark helper: each op of a real Kineto profile with the cost facts a memlens recording would
 carry (flops, bytes_read, bytes_written, dtype, shapes) and the device time its own kernels measured.
 
-This is benchmark glue, not the importer (memlens.io.kineto* does that for users): it reads each CPU
+This is benchmark glue, not the importer (memlens.io.kineto.importer* does that for users): it reads each CPU
 op's ``Input Dims`` / ``Input type`` / ``Concrete Inputs``, runs the op on meta tensors to learn its
 results' shapes, and feeds the signature through `memlens.recording.costs.op_costs`, as the recorder does.
 Kernels, memcpys and memsets are given to the op whose ``External id`` they carry (both trace eras put
@@ -9,7 +9,7 @@ it on the GPU event). The ops kept are the ones a dispatch recorder would see: o
 leaf ops (no child op) that own none (views, metadata, CPU-side work).
 
 2021-era traces (capitalised ``Operator``/``Kernel`` categories) carry no scalar arguments: their
-convolutions and max-pools are rebuilt as the importer rebuilds them (`memlens.io.kineto_legacy`: the
+convolutions and max-pools are rebuilt as the importer rebuilds them (`memlens.io.kineto.legacy`: the
 output from the next op on the thread that takes it, stride and padding inferred from the sizes).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from memlens.io.kineto_legacy import LEGACY_OPS, LOOKAHEAD, legacy_call
+from memlens.io.kineto.legacy import LEGACY_OPS, LOOKAHEAD, legacy_call
 
 GPU_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy", "gpu_memset": "memset",
                   "memset": "memset"}
@@ -148,7 +148,7 @@ def _meta_out(name, args, kwargs):
 
 def _legacy_record(ops, i, parent, name):
     """(name, args, out) of a 2021-era op logged without scalar arguments, rebuilt by the importer's
-    `memlens.io.kineto_legacy.legacy_call` from its shapes and the ops after it on its thread; None if unknown."""
+    `memlens.io.kineto.legacy.legacy_call` from its shapes and the ops after it on its thread; None if unknown."""
     end = ops.at[i, "ts"] + ops.at[i, "dur"]
     later = ops[(ops["tid"] == ops.at[i, "tid"]) & (ops["ts"] >= end)].sort_values("ts").head(LOOKAHEAD)["dims"]
     p = parent[i]

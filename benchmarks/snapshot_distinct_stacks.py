@@ -55,7 +55,7 @@ if mode == "pickle":
         obj = pickle.load(f)
     n = len(obj["device_traces"][0])
 else:
-    from memlens.io.snapshot import import_snapshot
+    from memlens.io.snapshot.importer import import_snapshot
     n = len(import_snapshot(path).blocks)
 print(time.perf_counter() - t, time.process_time() - cpu, vm_hwm_bytes(), n)
 """

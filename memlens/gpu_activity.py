@@ -32,7 +32,7 @@ LAUNCH_NAMES = frozenset({
 })
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # every era's spelling of GPU activity and runtime categories, lower-cased (2021 traces write Kernel,
-# Memcpy, Memset, Runtime; the Kineto importer, `memlens.io.kineto_kernels`, reads the same names)
+# Memcpy, Memset, Runtime; the Kineto importer, `memlens.io.kineto.kernels`, reads the same names)
 ACTIVITY_CATEGORIES = {"kernel": "kernel", "gpu_memcpy": "gpu_memcpy", "memcpy": "gpu_memcpy",
                        "gpu_memset": "gpu_memset", "memset": "gpu_memset"}
 RUNTIME_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "runtime", "driver"})

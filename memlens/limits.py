@@ -84,7 +84,7 @@ def check_nesting(obj, where=None, limit: int | None = None, *, also_walk: tuple
     """Raise `InputError` when dicts/lists/tuples in `obj` nest deeper than `limit` (iterative walk,
     so the check itself cannot overflow the stack; each container is visited once).
 
-    Hooks for walkers that check more on the same pass (`memlens.io.snapshot_limits.check_streamed`):
+    Hooks for walkers that check more on the same pass (`memlens.io.snapshot.limits.check_streamed`):
     objects of the types in `also_walk` are walked into too (passed to `visit`, never descended); `visit(item)`
     is called on every container and `also_walk` object before its children; `on_watched(parent, child)` on
     every child whose type is in `watch`. Hooks raise to refuse."""

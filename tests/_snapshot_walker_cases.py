@@ -3,7 +3,7 @@ tests/test_import_snapshot_frames.py): a user frame, a trace entry with given fr
 a streamed snapshot."""
 from __future__ import annotations
 
-from memlens.io.snapshot_stream import EntryColumns
+from memlens.io.snapshot.stream import EntryColumns
 
 FRAME = {"name": "forward", "filename": "/home/u/model.py", "line": 12}
 

@@ -83,8 +83,8 @@ def mutate(rng: random.Random, data: bytes, pool: list[bytes]) -> bytes:
 def outcome(data: bytes, walker: str):
     """("ok", digest) / ("fallback",) / ("refused", message) of one walker on `data`."""
     from memlens.errors import InputError
-    from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner
-    from memlens.io.snapshot_stream import EntryColumns, stream_snapshot
+    from memlens.io.snapshot.frames import CompiledStackInterner, StackInterner
+    from memlens.io.snapshot.stream import EntryColumns, stream_snapshot
     interner = CompiledStackInterner() if walker == "compiled" else StackInterner()
     saved = os.environ.get("MEMLENS_PICKLE_WALKER")
     os.environ["MEMLENS_PICKLE_WALKER"] = walker

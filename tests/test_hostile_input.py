@@ -155,7 +155,7 @@ def test_memory_ceiling_is_meaningful():
 def test_frames_limit_holds_for_in_memory_snapshots():
     # the C-unpickler path and snapshot_to_trace(dict) reach the interner without the streaming check
     from memlens.errors import InputError
-    from memlens.io.snapshot import snapshot_to_trace
+    from memlens.io.snapshot.importer import snapshot_to_trace
     frame = dict(FRAME)
     with pytest.raises(InputError, match="MEMLENS_MAX_FRAMES"):
         snapshot_to_trace(_snapshot([_entry(0, [frame] * 5000)]))

@@ -19,8 +19,8 @@ WALKERS = ["compiled", "python"]
 
 def _walk(data: bytes, walker: str, monkeypatch):
     """stream_snapshot with the chosen walker: the object, or None (handed to the general unpickler)."""
-    from memlens.io.snapshot_frames import CompiledStackInterner, StackInterner
-    from memlens.io.snapshot_stream import stream_snapshot
+    from memlens.io.snapshot.frames import CompiledStackInterner, StackInterner
+    from memlens.io.snapshot.stream import stream_snapshot
     if walker == "compiled":
         if not native.available():
             pytest.skip("no C++ compiler here")
@@ -39,7 +39,7 @@ def test_crafted_stack_hashes_cost_no_more_than_random_ones(tmp_path):
     script = textwrap.dedent(f"""
         import time
         from memlens.io.safe_pickle import pickle_buffer
-        from memlens.io.snapshot import _read
+        from memlens.io.snapshot.importer import _read
         for name in ("random", "crafted", "random", "crafted"):
             with pickle_buffer({str(tmp_path)!r} + "/" + name + ".pickle") as buf:
                 start = time.process_time()
@@ -101,8 +101,8 @@ def test_cpp_exceptions_never_abort(tmp_path):
         import resource
         from memlens.io import native
         from memlens.errors import InputError
-        from memlens.io.snapshot_frames import CompiledStackInterner
-        from memlens.io.snapshot_stream import _Unsupported, _RELEASED
+        from memlens.io.snapshot.frames import CompiledStackInterner
+        from memlens.io.snapshot.stream import _Unsupported, _RELEASED
         walk, table = native.load().walk, CompiledStackInterner().frame_table
         data = open({str(path)!r}, "rb").read()
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
@@ -140,7 +140,7 @@ def test_list_dag_frame_is_read_in_bounded_time(tmp_path, walker):
     path = tmp_path / "dag_frame.pickle"
     path.write_bytes(hp.dag_frame())
     script = textwrap.dedent(f"""
-        from memlens.io.snapshot import import_snapshot
+        from memlens.io.snapshot.importer import import_snapshot
         names = import_snapshot({str(path)!r}).stacks["name"].tolist()
         print(max(map(len, names)), names[0][:12])
     """)
@@ -157,7 +157,7 @@ def test_interned_list_used_as_a_frame_reads_its_content(tmp_path, walker):
     path = tmp_path / "placeholder.pickle"
     path.write_bytes(hp.placeholder_frame())
     script = textwrap.dedent(f"""
-        from memlens.io.snapshot import import_snapshot
+        from memlens.io.snapshot.importer import import_snapshot
         print(repr(import_snapshot({str(path)!r}).stacks["name"].tolist()))
     """)
     out = run_python(["-c", script], env={"MEMLENS_PICKLE_WALKER": walker})
@@ -168,7 +168,7 @@ def test_interned_list_used_as_a_frame_reads_its_content(tmp_path, walker):
 
 def test_placeholder_text_is_refused_everywhere():
     from memlens.io.bounded_text import PlaceholderSeen, short_str
-    from memlens.io.snapshot_frames import StackRef, read_odd_frame
+    from memlens.io.snapshot.frames import StackRef, read_odd_frame
     for value in (StackRef(3), [StackRef(3)], {"name": StackRef(3)}):
         with pytest.raises(PlaceholderSeen):
             read_odd_frame(value)

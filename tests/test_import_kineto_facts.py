@@ -15,7 +15,7 @@ import pytest
 
 import memlens
 from _kineto_cases import BF16, _memory, _op, by_name, hand_made
-from memlens.io.kineto import kineto_to_trace
+from memlens.io.kineto.importer import kineto_to_trace
 from memlens.schema import CLOCK_KEYS
 
 
@@ -95,7 +95,7 @@ def test_an_external_id_decides_over_the_enclosing_op():
 
 
 def test_nesting_of_ops():
-    from memlens.io.kineto_attrib import nesting
+    from memlens.io.kineto.attrib import nesting
     # thread 0: A [0,10] > B [1,2]; C [3,12] only overlaps A; D [11,13] only overlaps C; E [20,30] > F [20,30]
     # (same span: the first is the parent) > G [25,25] (zero length); thread 1: H [1,5] (alone on its thread)
     start = np.array([0, 1, 3, 11, 20, 20, 25, 1]) * 1000      # ns
@@ -106,7 +106,7 @@ def test_nesting_of_ops():
 
 
 def test_union_of_intervals():
-    from memlens.io.kineto_kernels import union_ns
+    from memlens.io.kineto.kernels import union_ns
     s, e = np.array([20, 0, 2, 8, -5]), np.array([25, 10, 5, 12, -3])
     assert union_ns(s, e) == 12 + 5 + 2 and union_ns(s[:0], e[:0]) == 0
 
@@ -163,7 +163,7 @@ def test_a_trace_without_kernels_is_refused_by_the_kernel_clock():
 
 
 def test_the_streamed_reader_builds_the_same_ops(tmp_path):
-    from memlens.io.kineto_stream import import_kineto_streamed
+    from memlens.io.kineto.stream import import_kineto_streamed
     path = tmp_path / "hand.json"
     path.write_text(json.dumps(hand_made()))
     whole, streamed = memlens.load(path), import_kineto_streamed(path)

@@ -1,4 +1,4 @@
-"""2021-era Kineto ops logged without scalars (memlens.io.kineto_legacy): the cost facts of convolutions,
+"""2021-era Kineto ops logged without scalars (memlens.io.kineto.legacy): the cost facts of convolutions,
 their backwards and max-pools rebuilt on import from the logged sizes (output shape from the consuming op,
 stride and padding from the sizes), each backward's facts counted once on the parent, checked on a hand-made
 2021-format ResNet stem with answers computed by hand here, and the real 2021-format ResNet-50 retimed within
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import memlens
 from _kineto_cases import _gpu, _launch, _memory, _op, by_name
-from memlens.io.kineto import kineto_to_trace
+from memlens.io.kineto.importer import kineto_to_trace
 
 ACT, W3 = [8, 64, 56, 56], [64, 64, 3, 3]
 CONV_FLOPS = 2 * 8 * 64 * 64 * 3 * 3 * 56 * 56        # 2 N K C R S P Q
@@ -81,7 +81,7 @@ def test_2021_convolution_backward_without_input_grad():
 
 
 def test_2021_legacy_stride_and_padding_from_sizes():
-    from memlens.io.kineto_legacy import conv_params
+    from memlens.io.kineto.legacy import conv_params
     assert conv_params((8, 64, 56, 56), (64, 64, 3, 3), (8, 64, 56, 56)) == ([1, 1], [1, 1])
     assert conv_params((32, 3, 224, 224), (64, 3, 7, 7), (32, 64, 112, 112)) == ([2, 2], [3, 3])
     assert conv_params((32, 256, 56, 56), (128, 256, 1, 1), (32, 128, 56, 56)) == ([1, 1], [0, 0])

@@ -84,7 +84,7 @@ def test_real_profile_facts_and_retime(shared, rel):
 
 
 def test_real_profile_streamed_reader_same_ops(shared):
-    from memlens.io.kineto_stream import import_kineto_streamed
+    from memlens.io.kineto.stream import import_kineto_streamed
     path = shared("kineto/tracelens_mi300_bert_small.json.gz")
     whole, streamed = memlens.load(path), import_kineto_streamed(path)
     pd.testing.assert_frame_equal(whole.ops, streamed.ops)

@@ -7,8 +7,8 @@ import pytest
 
 import memlens
 from memlens.devicetime.gpus import gpu as resolve_gpu
-from memlens.io.kineto import kineto_to_trace
-from memlens.io.kineto_transfer import direction_code
+from memlens.io.kineto.importer import kineto_to_trace
+from memlens.io.kineto.transfer import direction_code
 
 F32 = 4
 # the three spellings of a host-to-device copy in real profiles: CUPTI (2022+ and 2021 the same), ROCm (kind)

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 import memlens
-from memlens.io.kineto import kineto_to_trace
-from memlens.io.kineto_attrib import innermost_enclosing
+from memlens.io.kineto.importer import kineto_to_trace
+from memlens.io.kineto.attrib import innermost_enclosing
 from memlens.io.memory_timeline import memory_timeline_to_trace
 from memlens.io.size_pairing import pair_by_size_lifo
 

@@ -13,7 +13,7 @@ import pytest
 import memlens
 from memlens.cli import main
 from memlens.errors import InputError
-from memlens.io.snapshot import snapshot_to_trace
+from memlens.io.snapshot.importer import snapshot_to_trace
 
 SNAPSHOTS = ["snapshots/decomfl_memory.pickle", "snapshots/cs336_wedsonlin_medium_128_training.pickle",
              "snapshots/cs336_wedsonlin_medium_128_inference.pickle",
@@ -296,8 +296,8 @@ def _tables_equal(a, b):
 
 @pytest.mark.parametrize("rel", SNAPSHOTS)
 def test_streaming_reader_equals_full_unpickling(imported, rel):
-    from memlens.io.snapshot_frames import StackInterner
-    from memlens.io.snapshot_stream import EntryColumns, stream_snapshot
+    from memlens.io.snapshot.frames import StackInterner
+    from memlens.io.snapshot.stream import EntryColumns, stream_snapshot
     from conftest import shared_trace
     snap, _, trace = imported(rel)
     streamed = stream_snapshot(shared_trace(rel).read_bytes(), StackInterner())

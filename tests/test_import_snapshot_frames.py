@@ -15,9 +15,9 @@ import pytest
 
 from _snapshot_walker_cases import FRAME, _canonical, _entry
 from memlens.io import native
-from memlens.io.snapshot import import_snapshot
-from memlens.io.snapshot_frames import StackInterner
-from memlens.io.snapshot_stream import stream_snapshot
+from memlens.io.snapshot.importer import import_snapshot
+from memlens.io.snapshot.frames import StackInterner
+from memlens.io.snapshot.stream import stream_snapshot
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler: only the Python walker exists")
 
@@ -96,7 +96,7 @@ def test_compiled_walk_keeps_no_python_object_per_frame(monkeypatch):
         del loaded
         tracemalloc.reset_peak()
         base, _ = tracemalloc.get_traced_memory()
-        from memlens.io.snapshot_frames import new_stack_interner
+        from memlens.io.snapshot.frames import new_stack_interner
 
         interner = new_stack_interner()
         assert stream_snapshot(data, interner) is not None
@@ -112,7 +112,7 @@ def test_dropping_read_pages_of_an_mmap_changes_nothing(tmp_path, monkeypatch):
     # streams to the same result as the same bytes in memory (where nothing is dropped)
     import mmap
 
-    from memlens.io.snapshot_frames import new_stack_interner
+    from memlens.io.snapshot.frames import new_stack_interner
 
     monkeypatch.setenv("MEMLENS_PICKLE_WALKER", "compiled")
     data = _distinct_stacks_pickle(28000, 30)
@@ -130,7 +130,7 @@ def test_dropping_read_pages_of_an_mmap_changes_nothing(tmp_path, monkeypatch):
 
 
 def test_interning_ends_with_done_interning():
-    from memlens.io.snapshot_frames import CompiledStackInterner
+    from memlens.io.snapshot.frames import CompiledStackInterner
 
     for interner in (StackInterner(), CompiledStackInterner()):
         sid = interner.intern([dict(FRAME)])

@@ -1,5 +1,5 @@
 """Issue 18, item 17: the compiled snapshot-pickle walker (memlens/io/native/stream_walk.cpp) and the Python
-one (memlens/io/snapshot_stream.py) make the same decisions and give the same results: on the hostile
+one (memlens/io/snapshot/stream.py) make the same decisions and give the same results: on the hostile
 inputs of tests/test_hostile_input.py, on hand-made opcode sequences at each check, on seeded random
 mutations of real-looking snapshots, and on the shared real snapshots.
 How they read stack frames, and the compiled walk's memory, are checked in
@@ -22,10 +22,11 @@ from test_fuzz_inputs import HOSTILE_BYTES, _snapshot  # noqa: E402
 
 from _snapshot_walker_cases import FRAME, _canonical, _entry  # noqa: E402
 from memlens.errors import InputError  # noqa: E402
-from memlens.io import native, snapshot_stream  # noqa: E402
-from memlens.io.snapshot import import_snapshot  # noqa: E402
-from memlens.io.snapshot_frames import StackInterner  # noqa: E402
-from memlens.io.snapshot_stream import stream_snapshot  # noqa: E402
+from memlens.io import native  # noqa: E402
+from memlens.io.snapshot import stream as snapshot_stream  # noqa: E402
+from memlens.io.snapshot.importer import import_snapshot  # noqa: E402
+from memlens.io.snapshot.frames import StackInterner  # noqa: E402
+from memlens.io.snapshot.stream import stream_snapshot  # noqa: E402
 from memlens.trace import OPTIONAL_TABLES, REQUIRED_TABLES  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="no C++ compiler: only the Python walker exists")

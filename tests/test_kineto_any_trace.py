@@ -16,7 +16,7 @@ import pytest
 import memlens
 from _kineto_cases import _gpu, _launch, _memory, _op, by_name, hand_made
 from memlens.clock import device_time_columns, inclusive_ns, op_parents, self_ns_of
-from memlens.io.kineto import NO_MEMORY_NOTE, import_kineto, kineto_to_trace
+from memlens.io.kineto.importer import NO_MEMORY_NOTE, import_kineto, kineto_to_trace
 
 SMALL = ["kineto/tracelens_h100_bert_small.json.gz", "kineto/tracelens_mi300_bert_small.json.gz",
          "kineto/tracelens_h100_qwen_0.5b_chat.json.gz"]
@@ -92,11 +92,11 @@ def test_a_file_that_is_not_a_trace_is_refused_before_it_is_parsed(tmp_path, mon
 
     def never(*a, **k):
         raise AssertionError("parsed the whole file")
-    monkeypatch.setattr("memlens.io.kineto.load_json", never)
+    monkeypatch.setattr("memlens.io.kineto.importer.load_json", never)
     with pytest.raises(memlens.InputError, match="not a Kineto/Chrome trace"):
         import_kineto(path)
-    from memlens.io.kineto_stream import import_kineto_streamed
-    monkeypatch.setattr("memlens.io.kineto_stream._read_document", never)
+    from memlens.io.kineto.stream import import_kineto_streamed
+    monkeypatch.setattr("memlens.io.kineto.stream._read_document", never)
     with pytest.raises(memlens.InputError, match="not a Kineto/Chrome trace"):
         import_kineto_streamed(path)
 
@@ -230,7 +230,7 @@ def test_graph_replay_inside_an_op_belongs_to_that_op():
 
 
 def test_the_streamed_reader_makes_the_same_launch_ops(tmp_path):
-    from memlens.io.kineto_stream import import_kineto_streamed
+    from memlens.io.kineto.stream import import_kineto_streamed
     path = tmp_path / "graph.json"
     path.write_text(json.dumps(_graph_replay()))
     whole, streamed = import_kineto(path), import_kineto_streamed(path)
@@ -295,7 +295,7 @@ def test_collectives_are_priced_once_by_the_link_model():
 
 
 def test_the_streamed_reader_keeps_the_collective_arguments(tmp_path):
-    from memlens.io.kineto_stream import import_kineto_streamed
+    from memlens.io.kineto.stream import import_kineto_streamed
     path = tmp_path / "comms.json"
     path.write_text(json.dumps(_collectives()))
     pd.testing.assert_frame_equal(import_kineto(path).ops, import_kineto_streamed(path).ops)

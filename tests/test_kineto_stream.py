@@ -11,10 +11,10 @@ import sys
 import pandas as pd
 import pytest
 
-import memlens.io.kineto_stream as kineto_stream
+import memlens.io.kineto.stream as kineto_stream
 from memlens.errors import InputError
-from memlens.io.kineto import import_kineto
-from memlens.io.kineto_stream import import_kineto_streamed, read_kineto_filtered
+from memlens.io.kineto.importer import import_kineto
+from memlens.io.kineto.stream import import_kineto_streamed, read_kineto_filtered
 
 KINETO = ["kineto/hta_df_index_resolver.json.gz", "kineto/kineto_resnet50_2021format.pt.trace.json.gz",
           "kineto/tracelens_h100_bert_small.json.gz", "kineto/tracelens_mi300_bert_small.json.gz"]
@@ -116,8 +116,8 @@ def test_import_command_streams_a_large_kineto_trace(tmp_path, monkeypatch, caps
 
 CHILD = """
 import sys
-from memlens.io.kineto import import_kineto
-from memlens.io.kineto_stream import import_kineto_streamed
+from memlens.io.kineto.importer import import_kineto
+from memlens.io.kineto.stream import import_kineto_streamed
 (import_kineto_streamed if sys.argv[1] == "streamed" else import_kineto)(sys.argv[2])
 print([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1])
 """

@@ -59,7 +59,7 @@ def test_op_facts_sit_below_the_recorder_and_the_importers():
     opfacts, as the recorder does)."""
     bad = [f"{f.name}: {m}" for f in (ROOT / "opfacts").glob("*.py") for m in imported_modules(f)
            if m.startswith("memlens") and not m.startswith(("memlens.opfacts", "memlens.errors"))]
-    bad += [f"io/{f.name}: {m}" for f in (ROOT / "io").glob("*.py") for m in imported_modules(f)
+    bad += [f"io/{f.name}: {m}" for f in (ROOT / "io").rglob("*.py") for m in imported_modules(f)
             if m.startswith("memlens.recording")]
     assert bad == []
 

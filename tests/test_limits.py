@@ -210,9 +210,9 @@ def test_zlib_errors_are_covered():
 
 def test_streamed_snapshot_check_refuses_a_stack_ref_anywhere_but_as_frames(monkeypatch):
     from memlens.io.bounded_text import PlaceholderSeen
-    from memlens.io.snapshot_frames import StackRef
-    from memlens.io.snapshot_limits import check_streamed as check
-    from memlens.io.snapshot_stream import EntryColumns
+    from memlens.io.snapshot.frames import StackRef
+    from memlens.io.snapshot.limits import check_streamed as check
+    from memlens.io.snapshot.stream import EntryColumns
 
     def check_streamed(obj):
         check(obj, columns_type=EntryColumns)

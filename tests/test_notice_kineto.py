@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from _kineto_cases import _gpu, _launch, _memory, _op
-from memlens.io.kineto import kineto_to_trace
+from memlens.io.kineto.importer import kineto_to_trace
 
 B = 1_700_000_000_000.0  # us: Kineto stamps are epoch-based
 F32 = "float"

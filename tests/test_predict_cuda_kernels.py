@@ -119,7 +119,7 @@ result = {"bf16_h100": run(torch.bfloat16, "H100"), "fp32_h100": run(torch.float
 def test_sorted_index_put_temporaries_follow_atens_cuda_code():
     """index_put with accumulate (or under deterministic algorithms) sorts its indices on CUDA
     (Indexing.cu index_put_with_sort_kernel): its temporaries are modelled blocks, in the kernel's order.
-    Expectations worked out by hand from the ATen/cub source (memlens/prediction/scratch_index_put.py docstring)."""
+    Expectations worked out by hand from the ATen/cub source (memlens/prediction/scratch/index_put.py docstring)."""
     r = run_child("""
 def events(p):
     b = p.trace.blocks

@@ -4,7 +4,7 @@ seqlen_q rounded, heads, head dim rounded up to 32 at <= 128)."""
 from __future__ import annotations
 
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
-from memlens.prediction.scratch_flash import flash_backward_scratch_bytes
+from memlens.prediction.scratch.flash import flash_backward_scratch_bytes
 
 B, H, S, D = 2, 3, 200, 40       # 200 -> 256 rows; 40 -> 64 (a multiple of 32)
 

@@ -47,7 +47,7 @@ def test_sections_show_numbers_of_the_trace(tmp_path):
 
 
 def test_a_failing_section_is_shown_and_recorded_without_killing_the_rest(monkeypatch, tmp_path):
-    import memlens.reporting.sections_memory as mem
+    import memlens.reporting.sections.memory as mem
 
     def broken(ctx):
         raise RuntimeError("boom in largest")

@@ -23,7 +23,7 @@ pytest.importorskip("dask")
 from memlens.analysis.outofcore import overview  # noqa: E402
 from memlens.analysis.outofcore.runner import Runner  # noqa: E402
 from memlens.reporting.outofcore import OutOfCoreContext, build_report_out_of_core  # noqa: E402
-from memlens.reporting.sections import ReportOptions  # noqa: E402
+from memlens.reporting.sections.base import ReportOptions  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_outofcore import two_device_trace  # noqa: E402

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from memlens.errors import InputError
-from memlens.io.snapshot import snapshot_to_trace
+from memlens.io.snapshot.importer import snapshot_to_trace
 from memlens.simulate import simulate
 from memlens.simulate.replay import EMPTY_CACHE, FREE, FREE_COMPLETED, FREE_REQUESTED, RELEASE_BEFORE_RESERVE
 from memlens.simulate.replay import device_requests

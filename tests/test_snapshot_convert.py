@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from memlens.errors import InputError
-from memlens.io.snapshot import import_snapshot
-from memlens.io.snapshot_convert import convert_snapshot
+from memlens.io.snapshot.importer import import_snapshot
+from memlens.io.snapshot.convert import convert_snapshot
 from memlens.io.store import load_trace
 from memlens.trace import OPTIONAL_TABLES, REQUIRED_TABLES
 from test_import_snapshot import SNAPSHOTS, crafted
@@ -140,8 +140,8 @@ import sys
 import pyarrow  # one thread each: how many buffers are in flight at once must not depend on the machine's load
 pyarrow.set_cpu_count(1)
 pyarrow.set_io_thread_count(1)
-from memlens.io.snapshot import import_snapshot
-from memlens.io.snapshot_convert import convert_snapshot
+from memlens.io.snapshot.importer import import_snapshot
+from memlens.io.snapshot.convert import convert_snapshot
 if sys.argv[1] == "convert":  # row groups smaller than both sizes: their (bounded) buffers are in both
     convert_snapshot(sys.argv[2], sys.argv[3], rows_per_group=16384)
 else:

@@ -11,7 +11,7 @@ import pytest
 import memlens
 from memlens.analysis.peak import live_at, peak_breakdown
 from memlens.io.safe_pickle import load_pickle
-from memlens.io.snapshot_stacks import stack_facts
+from memlens.io.snapshot.stacks import stack_facts
 
 MODULE = "/x/torch/nn/modules/module.py"
 P1, P2 = 8192, 2048

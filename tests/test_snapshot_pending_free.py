@@ -7,7 +7,7 @@ from __future__ import annotations
 import pickle
 
 from memlens.analysis.peak import peak_breakdown
-from memlens.io.snapshot import import_snapshot, snapshot_to_trace
+from memlens.io.snapshot.importer import import_snapshot, snapshot_to_trace
 from memlens.io.store import load_trace
 from test_snapshot_convert import assert_same_saved_trace, converted_and_imported
 
@@ -118,7 +118,7 @@ def test_verl_pending_free_block_is_temporary_and_unknown_is_at_most_2_percent_o
     assert (largest["category"] == "temporary").all() and (largest["category_rule"] == PENDING_RULE).all()
     assert largest["block_size"].tolist() == [272_629_760]
     # the conversion says the same
-    from memlens.io.snapshot_convert import convert_snapshot
+    from memlens.io.snapshot.convert import convert_snapshot
     conv = load_trace(convert_snapshot(src, tmp_path / "verl.memlens"))
     assert conv.blocks["category"].tolist() == tr.blocks["category"].tolist()
     assert conv.blocks["category_rule"].tolist() == tr.blocks["category_rule"].tolist()

@@ -144,7 +144,7 @@ def test_sites_by_line_or_by_whole_stack_account_for_every_byte(shared):
 # ---- stack facts: Arrow kernels give the Python predicates' answers ----------------------------------
 def _python_only(monkeypatch):
     """Make every distinct string take the Python predicate (the reference) instead of Arrow's kernels."""
-    from memlens.io import snapshot_stacks
+    from memlens.io.snapshot import stacks as snapshot_stacks
 
     original = snapshot_stacks._Distinct.__init__
 
@@ -180,7 +180,7 @@ def _tricky_stacks() -> pd.DataFrame:
 
 @pytest.mark.parametrize("source", ["tricky", TRAINING, "snapshots/decomfl_memory.pickle"])
 def test_stack_facts_arrow_kernels_match_python_predicates(source, shared, monkeypatch):
-    from memlens.io.snapshot_story import stack_facts
+    from memlens.io.snapshot.story import stack_facts
 
     stacks = _tricky_stacks() if source == "tricky" else memlens.load(shared(source)).stacks
     fast = stack_facts(stacks)

@@ -63,7 +63,7 @@ def test_repeated_model_calls_are_iterations(shared):
     for c in ("alloc_seq", "free_seq"):
         seen[c] = seen[c] + 10**7
     both = Trace.from_tables(pd.concat([b, seen], ignore_index=True), stacks=trace.stacks)
-    from memlens.io.snapshot_story import model_calls, stack_facts
+    from memlens.io.snapshot.story import model_calls, stack_facts
     calls = model_calls(both, stack_facts(both.stacks))
     assert len(calls) == 2 and calls[1] >= span
     both.metadata.update(phases=[{"name": "forward", "start_ns": 0, "end_ns": 2 * span}], phases_from_frames=True,

@@ -8,7 +8,7 @@ on it). `split_iterations` takes the most explicit evidence the trace has:
    when it numbered them by this module's detection ("detected"), ``detected``.
 2. ``optimizer``: otherwise, ops named like the profiler's ``Optimizer.step#Adam.step`` (one is enough);
    each iteration ends where an optimizer step ends.
-2b. phases (CUDA snapshots, `memlens.io.snapshot_story`): optimizer steps seen in the stacks
+2b. phases (CUDA snapshots, `memlens.io.snapshot.story`): optimizer steps seen in the stacks
    (``optimizer``), else backward passes (``backward``), else repeated calls of the model itself
    (``model calls``); without steps or backward passes, two or more zero_grad calls start iterations
    (``zero_grad``). When the stacks tell phases, step 3 is never used: a pattern that repeats inside

@@ -2,7 +2,7 @@
 
 `DEFAULT_RULES` is the rule set memlens applies when the user gives none: every block keeps the category
 memlens's importer or recorder gave it. `FRAME_RULES` writes, in the user's rule format, the built-in snapshot
-rules that only read frames (`memlens.io.snapshot_story` rules 3, 3k and 4: a cuBLAS / cuDNN workspace, a
+rules that only read frames (`memlens.io.snapshot.story` rules 3, 3k and 4: a cuBLAS / cuDNN workspace, a
 key/value cache, a gradient made under autograd's AccumulateGrad) and ends with ``@builtin`` for the rest: categorising a snapshot with it
 gives every block the category memlens gives it. The other built-in rules need what a regex cannot say (how
 long a block lives against its phase, the sizes of parameters, what released a block alive before recording);

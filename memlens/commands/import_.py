@@ -25,9 +25,9 @@ _STREAMED_FORMATS = ("lifetimes_csv", "cuda_snapshot", "kineto")
 def _streamed(args) -> str | None:
     """The format of `args.src` when it is large enough to convert without building a `Trace` (a
     buffer-lifetime CSV a chunk at a time: the in-memory import holds ~200 bytes per buffer, the chunked
-    one 8; a CUDA snapshot with its events written in row groups: see `memlens.io.snapshot_convert`; a
+    one 8; a CUDA snapshot with its events written in row groups: see `memlens.io.snapshot.convert`; a
     Kineto trace read a piece at a time, keeping only the events the importer reads, then saved as
-    usual: `memlens.io.kineto_stream`), else None."""
+    usual: `memlens.io.kineto.stream`), else None."""
     import os
 
     from memlens.io.detect import detect_format
@@ -70,7 +70,7 @@ def run(args) -> int:
             from memlens.io.lifetimes_csv import convert_lifetimes_csv as convert
             how = "converted in chunks"
         else:
-            from memlens.io.snapshot_convert import convert_snapshot as convert
+            from memlens.io.snapshot.convert import convert_snapshot as convert
             how = "events written in row groups"
         written = convert(args.src, dst, overwrite=args.overwrite)
         manifest = json.loads((Path(written) / MANIFEST).read_text())
@@ -88,7 +88,7 @@ def run(args) -> int:
         return 0
     if kind == "kineto":
         from memlens.io.detect import validated
-        from memlens.io.kineto_stream import import_kineto_streamed
+        from memlens.io.kineto.stream import import_kineto_streamed
         trace = validated(import_kineto_streamed(args.src), args.src)
     else:
         trace = load(args.src, format=args.format)

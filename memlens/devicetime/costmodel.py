@@ -149,7 +149,7 @@ def has_cost_facts(ops: pd.DataFrame) -> bool:
 
 _FACTS = ["name", "flops", "bytes_read", "bytes_written", "dtype", "shapes", "causal", "transfer", "strided", "device",
           "collective", "collective_bytes", "group_size"]
-COLLECTIVE_FACTS = ("collective", "collective_bytes", "group_size")   # an imported trace's (`memlens.io.kineto_comms`)
+COLLECTIVE_FACTS = ("collective", "collective_bytes", "group_size")   # an imported trace's (`memlens.io.kineto.comms`)
 
 
 _DEFAULTS = {"name": "", "flops": 0, "bytes_read": 0, "bytes_written": 0, "dtype": "", "shapes": "",

@@ -17,7 +17,7 @@ class PlaceholderSeen(Exception):
 
 
 class Placeholder:
-    """Base of the readers' internal stand-ins (memlens.io.snapshot_frames.StackRef)."""
+    """Base of the readers' internal stand-ins (memlens.io.snapshot.frames.StackRef)."""
 
     __slots__ = ()
 

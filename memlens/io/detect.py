@@ -12,8 +12,8 @@ from memlens.errors import InputError, check_user_file
 # format name -> (module, function) of its importer; each takes (path) and returns a Trace
 IMPORTERS = {
     "memlens": ("memlens.io.store", "load_trace"),
-    "cuda_snapshot": ("memlens.io.snapshot", "import_snapshot"),
-    "kineto": ("memlens.io.kineto", "import_kineto"),
+    "cuda_snapshot": ("memlens.io.snapshot.importer", "import_snapshot"),
+    "kineto": ("memlens.io.kineto.importer", "import_kineto"),
     "memory_timeline": ("memlens.io.memory_timeline", "import_memory_timeline"),
     "lifetimes_csv": ("memlens.io.lifetimes_csv", "import_lifetimes_csv"),
 }

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memlens.io.snapshot_pairing import Pairing
+from memlens.io.snapshot.pairing import Pairing
 
 
 def pair_by_size_lifo(device: np.ndarray, size: np.ndarray, is_alloc: np.ndarray) -> Pairing:

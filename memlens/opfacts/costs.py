@@ -26,7 +26,7 @@ The pieces: dtype spellings in `memlens.opfacts.dtypes`, signatures and their te
 `memlens.opfacts.signatures`, op resolution and flops in `memlens.opfacts.flops`; the names they export are
 importable from here too. This package sits below both producers of traces: the recorder
 (`memlens.recording`, which re-exports it as `memlens.recording.costs`) and the Kineto importer
-(`memlens.io.kineto_facts`) compute the same facts with it.
+(`memlens.io.kineto.facts`) compute the same facts with it.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     Options: `conf` (``PYTORCH_CUDA_ALLOC_CONF``; default: the environment's), `model`
     (names modules and categorises parameters from the start), `stacks`, `nccl_bytes` (NCCL buffers, bytes),
     `cuda_context` (override the GPU table's CUDA-context bytes), `cublas_workspaces`, `kernel_scratch` (False:
-    leave out the modelled kernel temporaries of `memlens.prediction.scratch`), `cudnn_workspace` (bytes, "64MiB",
+    leave out the modelled kernel temporaries of `memlens.prediction.scratch.modelled`), `cudnn_workspace` (bytes, "64MiB",
     or ``fn(op_row) -> bytes``: an allowance per convolution call; default None adds none, since cuDNN's
     algorithm choice cannot be known without the GPU), `fast_cache_key` (False:
     FakeTensorMode's own dispatch-cache keys, see `memlens.prediction.fastkey`).

@@ -2,7 +2,7 @@
 allocator would give (`allocator_sized`) and the GPU's modeled clock (`onto_gpu_clock`).
 
 `memlens.prediction.predictor` runs these around the corrections (`memlens.prediction.corrections`) and the
-modelled scratch (`memlens.prediction.scratch`).
+modelled scratch (`memlens.prediction.scratch.modelled`).
 """
 from __future__ import annotations
 

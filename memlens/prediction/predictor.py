@@ -186,7 +186,7 @@ class Prediction:
         from memlens.prediction.corrections import apply_corrections
         from memlens.prediction.moved_in import categorise_moved_in
         from memlens.prediction.predicted_trace import allocator_sized, onto_gpu_clock
-        from memlens.prediction.scratch import add_modelled_scratch
+        from memlens.prediction.scratch.modelled import add_modelled_scratch
         from memlens.simulate.config import parse_conf, round_size
         config = parse_conf(self.conf or None)
         trace = apply_corrections(allocator_sized(trace, self._session.op_threads, config))

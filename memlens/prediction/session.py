@@ -14,9 +14,9 @@ from weakref import ref as _weakref
 
 import torch
 
-from memlens.prediction.scratch_flash import flash_backward_facts
-from memlens.prediction.scratch_index_put import index_put_sort_facts
-from memlens.prediction.scratch_reduce import reduce_facts, reduce_op_table
+from memlens.prediction.scratch.flash import flash_backward_facts
+from memlens.prediction.scratch.index_put import index_put_sort_facts
+from memlens.prediction.scratch.reduce import reduce_facts, reduce_op_table
 from memlens.prediction.standins import (EQUAL, LOCAL_SCALAR_DENSE, VALUE_OPS, VALUE_SHAPED_OPS, StandIns, carry,
                                      needs_shape)
 from memlens.recording.session import Session, _RecordingMode, _inner_tensors
@@ -202,12 +202,12 @@ class _PredictMode(_RecordingMode):
 
 
 _TO_DTYPE = torch.ops.aten.to.dtype
-# ops whose CUDA kernel may take the sorted-accumulate path with its own temporaries (memlens.prediction.scratch_index_put)
+# ops whose CUDA kernel may take the sorted-accumulate path with its own temporaries (memlens.prediction.scratch.index_put)
 _INDEX_PUT_OPS = frozenset({torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
                             torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index_put.default})
-# ops whose CUDA kernel may need a global reduction buffer (memlens.prediction.scratch_reduce.reduce_global_bytes)
+# ops whose CUDA kernel may need a global reduction buffer (memlens.prediction.scratch.reduce.reduce_global_bytes)
 _REDUCE_OPS = frozenset(reduce_op_table())
-_SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS | {_FLASH_BACKWARD}     # the last: memlens.prediction.scratch_flash
+_SCRATCH_OPS = _INDEX_PUT_OPS | _REDUCE_OPS | {_FLASH_BACKWARD}     # the last: memlens.prediction.scratch.flash
 
 
 def _to_dtype_call(run):

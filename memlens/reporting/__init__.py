@@ -11,22 +11,22 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memlens.reporting.sections import ReportContext, ReportOptions, Section, run_section
+from memlens.reporting.sections.base import ReportContext, ReportOptions, Section, run_section
 
 # (key, title, builder "module:function"), in page order
 SECTIONS = (
-    ("summary", "Summary", "memlens.reporting.sections_memory:summary"),
-    ("live", "Live memory over time", "memlens.reporting.sections_memory:live_memory"),
-    ("peak", "What is live at the peak", "memlens.reporting.sections_memory:peak"),
-    ("largest", "Largest blocks", "memlens.reporting.sections_memory:largest"),
-    ("allocator", "Allocator segments (recorded)", "memlens.reporting.sections_runs:allocator"),
-    ("timeline", "Block timeline", "memlens.reporting.sections_memory:timeline"),
-    ("ati", "Access time intervals (ATI)", "memlens.reporting.sections_access:ati"),
-    ("outliers", "Outliers: large blocks idle for long", "memlens.reporting.sections_access:outliers"),
-    ("phases", "Phases", "memlens.reporting.sections_runs:phases"),
-    ("iterations", "Iterations", "memlens.reporting.sections_runs:iterations"),
-    ("whatif", "What if: allocator settings, static plan, swapping", "memlens.reporting.sections_whatif:whatif"),
-    ("metadata", "Trace metadata", "memlens.reporting.sections_runs:metadata"),
+    ("summary", "Summary", "memlens.reporting.sections.memory:summary"),
+    ("live", "Live memory over time", "memlens.reporting.sections.memory:live_memory"),
+    ("peak", "What is live at the peak", "memlens.reporting.sections.memory:peak"),
+    ("largest", "Largest blocks", "memlens.reporting.sections.memory:largest"),
+    ("allocator", "Allocator segments (recorded)", "memlens.reporting.sections.runs:allocator"),
+    ("timeline", "Block timeline", "memlens.reporting.sections.memory:timeline"),
+    ("ati", "Access time intervals (ATI)", "memlens.reporting.sections.access:ati"),
+    ("outliers", "Outliers: large blocks idle for long", "memlens.reporting.sections.access:outliers"),
+    ("phases", "Phases", "memlens.reporting.sections.runs:phases"),
+    ("iterations", "Iterations", "memlens.reporting.sections.runs:iterations"),
+    ("whatif", "What if: allocator settings, static plan, swapping", "memlens.reporting.sections.whatif:whatif"),
+    ("metadata", "Trace metadata", "memlens.reporting.sections.runs:metadata"),
 )
 
 # sections whose figures and numbers are times: their headings name the clock

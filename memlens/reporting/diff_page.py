@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from memlens.reporting.markup import bullet_list, bytes_text, note, ns_text, paragraph, table
-from memlens.reporting.sections import SectionUnavailable, run_section
+from memlens.reporting.sections.base import SectionUnavailable, run_section
 from memlens.units import format_bytes
 
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from memlens.reporting import SECTIONS, TIMED_SECTIONS, Report, checked_options
 from memlens.reporting.markup import bullet_list, note, paragraph, tag
-from memlens.reporting.sections import ReportContext, ReportOptions, SectionUnavailable, run_section
+from memlens.reporting.sections.base import ReportContext, ReportOptions, SectionUnavailable, run_section
 from memlens.units import format_bytes, format_ns, format_share
 
 # the sections that run the in-memory builder on the window around the peak
@@ -165,7 +165,7 @@ def live(octx: OutOfCoreContext) -> list:
 
 def peak(octx: OutOfCoreContext) -> list:
     """What is live at each device's peak, from the blocks live then (collected a batch at a time)."""
-    from memlens.reporting.sections_memory import peak_parts
+    from memlens.reporting.sections.memory import peak_parts
 
     peaks = octx.peaks()
     if not peaks:
@@ -186,7 +186,7 @@ def peak(octx: OutOfCoreContext) -> list:
 
 def largest(octx: OutOfCoreContext) -> list:
     """The largest blocks of the whole trace (each batch's largest, merged)."""
-    from memlens.reporting.sections_memory import largest_parts
+    from memlens.reporting.sections.memory import largest_parts
     from memlens.viz.tables import largest_of
 
     if octx.data["largest"] is None:
@@ -199,7 +199,7 @@ def ati(octx: OutOfCoreContext) -> list:
     import plotly.graph_objects as go
 
     from memlens.analysis.outofcore.choose import BYTES_PER_ACCESS
-    from memlens.reporting.sections_access import ati_summary_parts
+    from memlens.reporting.sections.access import ati_summary_parts
 
     d = octx.data
     if "ati" not in d:
@@ -222,7 +222,7 @@ def ati(octx: OutOfCoreContext) -> list:
 
 def outliers(octx: OutOfCoreContext) -> list:
     """The blocks holding the most idle memory, ranked out of core (the first rows of the exact ranking)."""
-    from memlens.reporting.sections_access import outlier_parts
+    from memlens.reporting.sections.access import outlier_parts
 
     d = octx.data
     if "outliers" not in d:
@@ -237,7 +237,7 @@ MAX_PHASE_OPS = 2_000_000  # ops rows read whole for a recording's phases (5 col
 def phases(octx: OutOfCoreContext) -> list:
     """The phases the source tells: the trace metadata's, else (a recording) the runs of its ops' phases,
     read from five columns of the ops table when it has at most `MAX_PHASE_OPS` rows."""
-    from memlens.reporting.sections_runs import phases as phases_section
+    from memlens.reporting.sections.runs import phases as phases_section
     files = octx.files
     ops = None
     if not files.metadata.get("phases") and 0 < files.rows.get("ops", 0) <= MAX_PHASE_OPS:
@@ -250,7 +250,7 @@ def phases(octx: OutOfCoreContext) -> list:
 
 def metadata(octx: OutOfCoreContext) -> list:
     """Table sizes and metadata from the manifest, blocks by category from the blocks pass."""
-    from memlens.reporting.sections_runs import metadata_parts
+    from memlens.reporting.sections.runs import metadata_parts
     from memlens.trace import OPTIONAL_TABLES
 
     meta = dict(octx.window.trace.metadata) if octx.whole else dict(octx.files.metadata)

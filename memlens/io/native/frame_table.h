@@ -1,4 +1,4 @@
-// FrameTable: the compiled StackInterner of memlens/io/snapshot_frames.py (strings interned once, each
+// FrameTable: the compiled StackInterner of memlens/io/snapshot/frames.py (strings interned once, each
 // distinct stack a run of (name id, filename id, line) rows). Part of stream_walk.cpp's translation unit.
 #pragma once
 #include <Python.h>
@@ -117,7 +117,7 @@ bool read_frame(FrameTable* t, PyObject* f, Row* row, long long* unknown, long l
             }
         }
     }
-    // anything else is read by the Python rules (memlens/io/snapshot_frames.py `read_odd_frame`)
+    // anything else is read by the Python rules (memlens/io/snapshot/frames.py `read_odd_frame`)
     PyObject* r = PyObject_CallOneArg(t->read_odd_frame, f);
     if (!r) return false;
     bool ok = false;

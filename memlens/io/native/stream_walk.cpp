@@ -1,4 +1,4 @@
-// memlens compiled snapshot-pickle walker: the opcode loop of memlens/io/snapshot_stream.py `_parse` in C
+// memlens compiled snapshot-pickle walker: the opcode loop of memlens/io/snapshot/stream.py `_parse` in C
 // (the CPython API only, no torch headers), with the trace-entry conversion and the frame interning done
 // here too, so that no per-frame Python object outlives its batch.
 //
@@ -14,7 +14,7 @@
 //   the Python loop's memo holds every memoized string and frame dict to the end of the file, which for a
 //   snapshot whose stacks are all distinct is most of `pickle.load`'s memory.
 // - `FrameTable` interns strings once and each distinct stack as a run of (name id, filename id, line) rows
-//   in C++ vectors; the `stacks` table is built from them with numpy (memlens/io/snapshot_frames.py).
+//   in C++ vectors; the `stacks` table is built from them with numpy (memlens/io/snapshot/frames.py).
 // - Consumed pages of a read-only mmap'ed file are dropped from the resident set as the walk passes them.
 // - The entry columns are built here (`Walk::take_entries`), not by a Python callback per batch.
 //
@@ -367,7 +367,7 @@ PyObject* walk_(PyObject* args) {
 PyObject* walk(PyObject*, PyObject* args) { return guarded([&] { return walk_(args); }); }
 
 PyMethodDef methods[] = {
-    {"walk", walk, METH_VARARGS, "Interpret a snapshot pickle's opcodes (see memlens/io/snapshot_stream.py)."},
+    {"walk", walk, METH_VARARGS, "Interpret a snapshot pickle's opcodes (see memlens/io/snapshot/stream.py)."},
     {nullptr, nullptr, 0, nullptr},
 };
 
