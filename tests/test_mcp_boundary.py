@@ -176,7 +176,8 @@ def test_malformed_lines_get_json_rpc_errors(tmp_path):
     replies = [json.loads(ln) for ln in done.stdout.splitlines()]
     errors = [(r["id"], r["error"]["code"]) for r in replies if "error" in r]
     assert errors == [(None, -32700), (7, -32600), (None, -32600)]
-    assert replies[0]["id"] == 1 and "result" in replies[0]
+    # the reader answers bad lines at once and the server answers requests in its own task: order across them varies
+    assert [r for r in replies if r.get("id") == 1 and "result" in r]
     assert {"id": 2, "jsonrpc": "2.0", "result": {}} in replies
 
 
