@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -171,9 +173,20 @@ def test_malformed_lines_get_json_rpc_errors(tmp_path):
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     lines = [json.dumps(init), "not json", json.dumps({"id": 7}), "x" * (2 * MiB),
              json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"})]
-    done = subprocess.run([sys.executable, "-m", "memlens", "mcp"], input="\n".join(lines) + "\n", text=True,
-                          capture_output=True, cwd=tmp_path, env={**os.environ, **_env()}, timeout=60)
-    replies = [json.loads(ln) for ln in done.stdout.splitlines()]
+    # stdin stays open until the ping is answered: at EOF a client abandons what is in flight, and so may the server
+    proc = subprocess.Popen([sys.executable, "-m", "memlens", "mcp"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, cwd=tmp_path, env={**os.environ, **_env()})
+    out: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [out.put(ln) for ln in proc.stdout], daemon=True).start()
+    proc.stdin.write("\n".join(lines) + "\n")
+    proc.stdin.flush()
+    replies = []
+    try:
+        while not any(r.get("id") == 2 for r in replies):
+            replies.append(json.loads(out.get(timeout=60)))
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
     errors = [(r["id"], r["error"]["code"]) for r in replies if "error" in r]
     assert errors == [(None, -32700), (7, -32600), (None, -32600)]
     # the reader answers bad lines at once and the server answers requests in its own task: order across them varies
