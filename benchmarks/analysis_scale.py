@@ -4,7 +4,7 @@ The trace: ``--iterations`` steps (default 100) of ``--blocks-per-iteration`` al
 1,000,000 blocks), each block accessed ``--accesses-per-block`` times (default 10: 10,000,000 accesses).
 Every step repeats one template of (op, size) with jittered times, as a training loop does; every access has
 its op (1-20 us long; no iteration marks, the steps are detected), since an ATI runs from the end of one op to the start of the next.
-Goal (issue 5):
+Goal:
 under 5 s on a 2-core machine and under 4 GB of memory for the three analyses.
 
 Also times a naive per-block Python loop for ATI on a slice of the blocks, extrapolated to all of them, and

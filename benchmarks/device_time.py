@@ -17,7 +17,7 @@ Two checks:
 
     PYTHONPATH=. .venv/bin/python benchmarks/device_time.py [--only-profiles]
 
-Targets (issue 24): built-in constants within 20% in total on every profile and within 35% for every
+Targets: built-in constants within 20% in total on every profile and within 35% for every
 class holding >= 5% of a profile's time; calibrated on another model of the same GPU within 15% total.
 The measured table is in README.md (Time).
 """

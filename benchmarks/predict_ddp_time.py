@@ -1,4 +1,4 @@
-"""DDP step time on the modeled GPU clock with its bucket all-reduces (issue 29): a 166M-parameter LM under
+"""DDP step time on the modeled GPU clock with its bucket all-reduces: a 166M-parameter LM under
 `DistributedDataParallel`, predicted per rank on this CPU machine, two training steps.
 
 The model: 8 pre-norm ``nn.TransformerEncoderLayer`` (d 1024, 16 heads, ffn 4096) between a 32k-token embedding

@@ -1,4 +1,4 @@
-"""memlens's per-rank FSDP2 prediction beside torch's own FSDP2 memory tracker on the same model (issue 29).
+"""memlens's per-rank FSDP2 prediction beside torch's own FSDP2 memory tracker on the same model.
 
 The model: 8 x Linear(2048, 2048) (fp32), ``fully_shard`` per layer and at the root, AdamW (foreach), one step
 of batch 16, rank 0 of 4. Each tool's own flow:

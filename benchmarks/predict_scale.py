@@ -9,7 +9,7 @@ RMSNorm, no biases), one step of batch 1 x 2048 tokens, in two variants:
   fp32 gradients of the masters, torch.optim.AdamW (foreach) steps the masters with fp32 states, and the
   masters are copied back into the bf16 weights.
 
-- ``fsdp2`` (issue 29): the same model under FSDP2 on 8 ranks (``memlens.predict(step, world_size=8)``):
+- ``fsdp2``: the same model under FSDP2 on 8 ranks (``memlens.predict(step, world_size=8)``):
   built on the meta device, ``fully_shard`` per layer and at the root with bf16 compute and fp32 gradient
   reduction (``MixedPrecisionPolicy``), ``to_empty(device="cuda")``, fp32 sharded parameters and AdamW
   states; torch's fake process group, no weights anywhere. Prints host wall seconds, this process's peak

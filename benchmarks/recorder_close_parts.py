@@ -16,7 +16,7 @@ Also printed: the same parts warm (the same recording's state assembled again an
 which is what the code costs without the step's cache pollution, and the floor of the frames: the three
 tables' `to_frame` alone. The parts are timed by wrapping the stage functions (a ~1 us wrapper per call).
 
-Two floors are timed right after a step too (`floor_after_step`), against issue 27's budget of 5 us per recorded
+Two floors are timed right after a step too (`floor_after_step`), against an earlier budget of 5 us per recorded
 op at one step: the three tables made DataFrames alone, and the close of a recording in which no op ran. No
 faster build, join or drain can go below the first while the Trace holds pandas DataFrames made at exit.
 

@@ -11,12 +11,12 @@ interleaved over `--reps` rounds, in a rotated order, and the median is taken. T
 time (the headline: other processes on a shared machine do not inflate it) and wall time. Prints
 ratios to plain, the recorder's own memory per recorded access (trace.metadata["recorder_bytes"]),
 and the recorded step length on the trace's clock over the plain step (1.0 = the recorder's own
-time is not in the trace; issue 14 item 5).
+time is not in the trace).
 
     .venv/bin/python benchmarks/recorder_overhead.py [--workload gpt|cnn|both] [--reps 7] [--steps 3]
         [--whole 1,5,50] [--whole-reps 5] [--quick] [--only whole|steps]
 
-Whole block (issue 27): what a user pays from entering the block to a usable result, for 1, 5 and 50
+Whole block: what a user pays from entering the block to a usable result, for 1, 5 and 50
 steps (`--whole`): wall and process CPU time of the whole block -- enter, the steps, exit, and then
 `rec.trace` (memlens: the trace is built at exit) or `prof.key_averages()` (torch.profiler: the per-op
 table a user prints after the block; its exit already parses the Kineto events) -- against the same steps

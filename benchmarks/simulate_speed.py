@@ -1,4 +1,4 @@
-"""Speed of the caching-allocator simulator on a synthetic training-like trace (goal, issue 6: at least
+"""Speed of the caching-allocator simulator on a synthetic training-like trace (goal: at least
 1,000,000 events per 10 s on this machine).
 
 The trace repeats one step template of ``--blocks-per-iteration`` allocations (sizes 512 B .. 256 MiB,

@@ -1,4 +1,4 @@
-"""Import a big CUDA memory snapshot whose entries all have distinct stacks (issue 18, item 17), against
+"""Import a big CUDA memory snapshot whose entries all have distinct stacks, against
 plain `pickle.load` of the same file: peak RSS and time, each in a fresh child process.
 
     python benchmarks/snapshot_distinct_stacks.py [--mb 97]

@@ -73,7 +73,7 @@ MUTANTS = [
      "    if value >= MAX_BYTES:\n        raise InputError(f\"size",
      "    if value >= MAX_BYTES * 1024:\n        raise InputError(f\"size",
      ["tests/test_hostile_cli.py::test_option_helpers_values"]),
-    # ---- mutants the issue listed as surviving the suite (issue 18, item 18), and weak tests rewritten
+    # ---- mutants the issue listed as surviving the suite, and weak tests rewritten
     ("swap stall guard removed", "memlens/swap/optimise.py",
      ("        if max_stall is not None and stall > max_stall:", ("if s2 <= stall and p2 <= peak", 3)),
      ("        if False:", "if p2 <= peak"),
@@ -250,7 +250,7 @@ MUTANTS = [
      'return str(concrete_args[pos]).strip() in',
      'return False and str(concrete_args[pos]).strip() in',
      ['tests/test_devicetime_rules.py::test_causal_flag_read_from_an_imported_traces_scalar_arguments']),
-    # issue 24: imported profiles keep their facts and kernels; one clock contract
+    # imported profiles keep their facts and kernels; one clock contract
     ("kineto import: nested ops not summed into their parents", "memlens/io/kineto/kernels.py",
      "    for d in range(int(depth.max()) if len(depth) else 0, 0, -1):", "    for d in range(0):",
      ['tests/test_import_kineto_facts.py::test_hand_made_kernels_per_op_and_the_measured_clock']),

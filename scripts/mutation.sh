@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing, run on demand (slow; not part of scripts/test.sh).
 #   bash scripts/mutation.sh --spot   the known-mutant spot-check (scripts/mutants.py): each small plausible
-#                                     bug of issue 18 must make its tests fail; prints the score
+#                                     bug of the hostile-input round must make its tests fail; prints the score
 #   bash scripts/mutation.sh [--tests "TEST..."] [--patch DIFF] [MODULE...]  mutmut over MODULEs (default: the core
 #                                     input-handling modules), each mutant checked by TESTs (default: the
 #                                     hostile-input suites); installs mutmut into .venv if missing; prints

@@ -1,5 +1,5 @@
 """Shared by the interval and swap-plan reference tests: random traces with ops of known edges, and the
-brute-force intervals of REFERENCE.md section 2, recomputed block by block here, not from memlens:
+brute-force intervals of the definition, recomputed block by block here, not from memlens:
 - an ATI runs from the END of the op of one access to the START of the op of the next, whatever the
   accesses' own stamps (a write is stamped at its op's end);
 - alloc -> first access ends at the first op's start (0 when that op made the block), last access -> free

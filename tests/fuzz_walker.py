@@ -1,5 +1,5 @@
 """Fuzz target of the native snapshot-pickle parser (memlens/io/native/stream_walk.cpp, with its FrameTable)
-against its Python twin (issue 26).
+against its Python twin.
 
 Each case is a seed (a valid snapshot at pickle protocols 2 and 4, and the hostile files of
 tests/hostile_pickles.py) mutated by byte flips, truncations, deletions, duplications, splices and inserted

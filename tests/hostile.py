@@ -1,6 +1,6 @@
 """Run the memlens CLI in a child process and measure what it cost: exit code, stderr, peak RSS, seconds.
 
-The hostile-input tests build their files at test time and check the contract of issue 18: exit code 2,
+The hostile-input tests build their files at test time and check the hostile-input contract: exit code 2,
 one stderr line without control characters, peak memory well under 1 GiB, no hang.
 """
 from __future__ import annotations

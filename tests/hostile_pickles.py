@@ -1,4 +1,4 @@
-"""Small hand-made hostile snapshot pickles (issue 26), shared by the hostile tests and the fuzz seeds.
+"""Small hand-made hostile snapshot pickles, shared by the hostile tests and the fuzz seeds.
 
 Each builder returns the bytes of a file a few hundred bytes to a few MB long that once cost unbounded
 time or memory, crashed the process, or leaked an internal object into the output.

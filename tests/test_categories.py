@@ -1,4 +1,4 @@
-"""User categories (issue 28, item 1): `memlens.categorize` with ordered regex rules from Python or TOML,
+"""User categories: `memlens.categorize` with ordered regex rules from Python or TOML,
 first match wins, each block keeping the rule that decided it; ``--categories`` on info, diff and report.
 Every expected number is counted here by hand, row by row with Python's `re`, not by the engine."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CLI contract of issue 9, for every verb: listed in `memlens --help`, has --help, and bad input exits 2
+"""The CLI contract, for every verb: listed in `memlens --help`, has --help, and bad input exits 2
 with a one-line error (no traceback); a missing verb fails the test."""
 from __future__ import annotations
 

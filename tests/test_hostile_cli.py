@@ -125,7 +125,7 @@ def test_two_row_raw_memory_timeline(tmp_path):
     assert result.code == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["source_kind"] == "memory_timeline"
-    # the export does not say which device it describes: memlens does not pretend it was cuda:0 (issue 17)
+    # the export does not say which device it describes: memlens does not pretend it was cuda:0
     assert doc["blocks"] == 1 and doc["peak_live_bytes"] == {"unknown": 512}
 
 

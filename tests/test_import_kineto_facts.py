@@ -1,4 +1,4 @@
-"""Imported profiles keep their facts and their kernels (issue 24 items 2, 3, 5), on hand-made Kineto JSON
+"""Imported profiles keep their facts and their kernels, on hand-made Kineto JSON
 with answers computed by hand here: kernels, memcpys and memsets attributed to the ops that launched them in
 both eras and for both vendors' launch calls, the measured device clock built from them, cost facts from the
 logged shapes (counted once down a chain of ops), op nesting, the streamed reader and kineto_frames agreeing,

@@ -1,4 +1,4 @@
-"""Imported real Kineto profiles (issue 24) against their raw JSON events, recomputed here independently of
+"""Imported real Kineto profiles against their raw JSON events, recomputed here independently of
 memlens: the measured device clock equals the union of the launched kernel/memcpy/memset intervals on every
 profile (both eras, both vendors) and the top-level ops hold every attributed activity once; every GEMM carries
 its flops once and the profile retimes; the streamed reader builds the same ops; and the benchmarks'

@@ -1,6 +1,6 @@
 """Imported profiles say which ops copied over the host link (``transfer``) and which ran on the host only
 (``device`` "cpu"), so `memlens.retime` prices the copies at the host link and keeps host ops off the GPU
-clock (issue 24). Hand-made Kineto JSON; expected times computed by hand from the H100 constants."""
+clock. Hand-made Kineto JSON; expected times computed by hand from the H100 constants."""
 from __future__ import annotations
 
 import pytest

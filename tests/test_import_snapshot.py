@@ -338,7 +338,7 @@ def test_shared_objects_in_the_stream(tmp_path):
     assert int(live_b["stack_id"].iloc[0]) == int(got.events["stack_id"].iloc[1])
 
     # an entry object repeated: each repeat would be a row for 5 bytes of file (36M of them made gigabytes,
-    # issue 26), so a file that repeats one is refused; a snapshot built in memory may repeat entries
+    # a hostile file), so a file that repeats one is refused; a snapshot built in memory may repeat entries
     repeated = crafted()
     repeated["device_traces"][1].append(repeated["device_traces"][1][0])
     path.write_bytes(pickle.dumps(repeated, protocol=4))

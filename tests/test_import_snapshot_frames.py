@@ -1,4 +1,4 @@
-"""The snapshot-pickle walkers' stack frames and memory (issue 18, item 17): the interner reads the usual frame
+"""The snapshot-pickle walkers' stack frames and memory: the interner reads the usual frame
 and every odd one as the rules say (by hand), frame dicts shared across the streaming reader's batches make the
 same stacks and repairs as when nothing is freed, a repair counts once per stack as written (both walkers),
 the compiled walk keeps no Python object per frame (tracemalloc), dropping an mmap's read pages changes

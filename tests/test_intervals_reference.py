@@ -1,7 +1,7 @@
 """Intervals, steady-state wraps and the cycle helpers' exact values against brute-force references.
 
 Small random traces (hypothesis) are built with ops of known edges; every expectation is recomputed here or
-in _interval_refs, block by block and instant by instant, from REFERENCE.md section 2, not from memlens:
+in _interval_refs, block by block and instant by instant, from the definition, not from memlens:
 - an ATI runs from the END of the op of one access to the START of the op of the next, whatever the
   accesses' own stamps (a write is stamped at its op's end);
 - alloc -> first access ends at the first op's start (0 when that op made the block), last access -> free

@@ -65,7 +65,7 @@ def test_op_facts_sit_below_the_recorder_and_the_importers():
 
 
 def test_user_categories_sit_below_figures_reports_and_the_cli():
-    """`memlens.categories` reads a Trace and returns a Trace (issue 28): it imports only itself and the
+    """`memlens.categories` reads a Trace and returns a Trace: it imports only itself and the
     errors; the commands and the package face import it, never the other way round."""
     bad = [f"categories/{f.name}: {m}" for f in (ROOT / "categories").glob("*.py") for m in imported_modules(f)
            if m.startswith("memlens") and not m.startswith(("memlens.categories", "memlens.errors"))]

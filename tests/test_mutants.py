@@ -266,7 +266,7 @@ def test_kernel_attribution_matches_its_definition(seed):
 # ---------------------------------------------------------------- report: --bandwidth is used
 
 def test_report_uses_the_bandwidth_option(tmp_path):
-    """One 10 MB block idle for 3, 5, 30 and 100 ms. REFERENCE.md section 2: an interval is swappable when
+    """One 10 MB block idle for 3, 5, 30 and 100 ms. the definition: an interval is swappable when
     ATI >= size/bw_out + size/bw_in + 2 x latency. Over 1 GB/s the round trip is 20 ms plus latencies
     (well under 1 ms), so 2 of the 4 are long enough; over the default PCIe 4.0 link (25 GB/s, 0.8 ms) all
     4 are."""

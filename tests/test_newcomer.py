@@ -1,4 +1,4 @@
-"""A newcomer's trip (issue 28): the README's spellings work after a bare `import memlens`, a swap plan that
+"""A newcomer's trip: the README's spellings work after a bare `import memlens`, a swap plan that
 finds nothing under the default floor says what a lower one would find, and the demo's closing hint is a
 command that runs from the shell it was printed in."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The trace build at the end of a recording (issue 27 item 1) gives the same tables as before it was
+"""The trace build at the end of a recording gives the same tables as before it was
 vectorised: the as-of join of dispatch blocks to allocator blocks, the autograd-seed refinement and the
 per-process cost-facts cache are checked against the earlier pandas implementations, kept here as the
 reference, on generated inputs (ties, missing times, several devices) and on recorded workloads (the whole

@@ -1,6 +1,6 @@
 """The close's small decoding and array helpers, each against a hand-worked case or numpy's / pandas' own answer:
 op records and their wide escapes, signature words, backward-op module mapping, np.unique's first index as one
-sort, the device factorize and its no-pandas path, the clock-offset median (issue 27's second round of close
+sort, the device factorize and its no-pandas path, the clock-offset median (an earlier second round of close
 work; the join's cases themselves are in test_record_close_mutants.py)."""
 from __future__ import annotations
 

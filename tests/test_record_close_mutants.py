@@ -1,4 +1,4 @@
-"""Hand-computed cases for the recording's close that mutation testing (issue 27) showed no test pinned:
+"""Hand-computed cases for the recording's close that mutation testing showed no test pinned:
 the allocator join's clock-offset correction, the before-recording fix-up, a CUDA block kept until its
 allocator free, allocations only the allocator saw, the recording window; every expected value is worked
 out in the comments from the inputs."""

@@ -1,4 +1,4 @@
-"""The recording's close on numpy columns (issue 27): `Columns` makes the frames pandas would make, the Trace
+"""The recording's close on numpy columns: `Columns` makes the frames pandas would make, the Trace
 built from them is the one `Trace.from_tables` makes of the same tables, and spill files go with their
 recording."""
 from __future__ import annotations

@@ -257,7 +257,7 @@ def test_warm_start_rebuilds_mapped_pages_of_expandable_segments():
 
 @pytest.mark.parametrize("gap, absorbed", [(MiB, True), (MiB + 512, False)])
 def test_warm_start_gap_of_exactly_1mib_is_the_blocks_unsplit_remainder(gap, absorbed):
-    """REFERENCE.md section 6 rule 7: a large-pool block splits only when the remainder is > 1 MiB, so a gap
+    """the caching allocator's split rule: a large-pool block splits only when the remainder is > 1 MiB, so a gap
     of exactly 1 MiB after a block live at the start was its unsplit remainder (the block held 9 MiB); a
     gap of 1 MiB + 512 B would have been split off (the block held its rounded 8 MiB request)."""
     entries = [entry("free_requested", S_LARGE, 8 * MiB, 0), entry("free_completed", S_LARGE, 8 * MiB, 0)]

@@ -315,8 +315,8 @@ def test_expandable_best_fit_counts_the_room_a_block_can_grow_into():
     assert a.malloc(3, 7 * MiB, 0).addr == first_addr
 
 
-# ---- boundary values (issue 18: each of these survived a mutation spot-check) -------------------------
-# The expected outcomes follow REFERENCE.md section 6 (CUDACachingAllocator.cpp): "GC frees blocks whose
+# ---- boundary values (each of these survived a mutation spot-check) -------------------------
+# The expected outcomes follow PyTorch's caching allocator (CUDACachingAllocator.cpp): "GC frees blocks whose
 # age >= the mean age", "a request below max_split_size never takes a block >= it", "a request >= it takes a
 # block only if block < size + 20 MiB", "large pool splits if size < max_split_size and remainder > 1 MiB",
 # "small pool splits if the remainder >= 512 B"; the oversize blocks released on the OOM path are those

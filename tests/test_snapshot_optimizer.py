@@ -1,4 +1,4 @@
-"""Optimizer state found where the stacks say so (issue 28, item 2): blocks made by an optimizer's own code
+"""Optimizer state found where the stacks say so: blocks made by an optimizer's own code
 (any optimizer, any file, copies of torch's in user code), parameter-sized and outliving that code, are
 ``optimizer_state`` even when no ``torch/optim`` frame or annotation marks an optimizer step."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real CUDA snapshots tell the whole story (issue 17), items 1, 2 and 9: robust reading (frame lines out of
+"""Real CUDA snapshots tell the whole story, items 1, 2 and 9: robust reading (frame lines out of
 range, missing fields noted, `--debug` tracebacks), reserved memory (counting what was reserved before
 recording, never below live, agreeing across simulate, fragmentation and `info` on every real snapshot),
 and the one-way layers. Phases and iterations are checked in tests/test_snapshot_story_phases.py;

@@ -1,4 +1,4 @@
-"""Real CUDA snapshots tell the whole story (issue 17), items 4 to 7: categories (under 10% unknown at the
+"""Real CUDA snapshots tell the whole story, items 4 to 7: categories (under 10% unknown at the
 training snapshot's peak; AdamW's state and gradients by the parameters), the cause of the peak and its sites
 (by line or by whole stack, accounting for every byte), `info --json`'s contract, browsable stacks (Python
 first, C++ folded; in the timeline's and the explorer's hovers, and the report), binary byte axes, and the

@@ -1,4 +1,4 @@
-"""Real CUDA snapshots tell the whole story (issue 17), item 3: phases and iterations. The training snapshot
+"""Real CUDA snapshots tell the whole story, item 3: phases and iterations. The training snapshot
 gets forward, backward and optimizer-step phases (the step from its annotation, the backward from the first
 autograd frames) and one iteration per optimizer step, also when its stacks are Python-only; a forward-only
 snapshot gets no iterations from its repeating layers, while repeated model calls are iterations; zero_grad

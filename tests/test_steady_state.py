@@ -54,7 +54,7 @@ def loop(request) -> Trace:
 
 
 def _accesses_with_ops(trace: Trace) -> pd.DataFrame:
-    """Accesses with their op's start and end (REFERENCE.md section 2: an access's place in time is its op's
+    """Accesses with their op's start and end (the definition: an access's place in time is its op's
     edges, whatever its own stamp), one row per (block, op), by block then op start."""
     ops = trace.ops.set_index("op_id")
     acc = trace.accesses.drop_duplicates(["block_id", "op_id"]).copy()

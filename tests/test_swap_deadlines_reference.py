@@ -1,7 +1,7 @@
 """Periodic load curves and swap plans (deadlines, stalls, repeating plans) against brute-force references.
 
 Small random traces (hypothesis, from _interval_refs) are built with ops of known edges; every expectation is
-recomputed here, block by block and instant by instant, from REFERENCE.md section 2, not from memlens:
+recomputed here, block by block and instant by instant, from the definition, not from memlens:
 - a swapped block must be back by the start of the op that next accesses it, or the stall is reported;
 - a repeating plan is re-simulated over three periods: the load is counted instant by instant.
 """
