@@ -88,14 +88,8 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
     # torch reverses the assignment for its Reducer (the last parameters' gradients are ready first)
     assignment = list(reversed(bucket_assignment(params, limits)))
     for idx in assignment:
-        numel = sum(params[i].numel() for i in idx)
-        flat = torch.zeros(numel, dtype=params[idx[0]].dtype, device=params[idx[0]].device)
-        buckets.append(flat)
-        offset = 0
-        for i in idx:
-            n = params[i].numel()
-            views[id(params[i])] = flat[offset:offset + n].view(params[i].shape)
-            offset += n
+        for i, view in _bucket_views(params, idx, buckets):
+            views[id(params[i])] = view
     # a plain attribute (not a buffer): the Reducer's buckets are not in the module's state_dict
     object.__setattr__(self, "_memlens_buckets", buckets)
     as_view = self.gradient_as_bucket_view
@@ -152,21 +146,26 @@ def _modelled_init(self, module, device_ids=None, output_device=None, dim=0, bro
         buckets.clear()
         views.clear()
         for idx in order:
-            numel = sum(params[i].numel() for i in idx)
-            flat = torch.zeros(numel, dtype=params[idx[0]].dtype, device=params[idx[0]].device)
-            buckets.append(flat)
-            offset = 0
-            for i in idx:
-                n = params[i].numel()
-                view = flat[offset:offset + n].view(params[i].shape)
+            for i, view in _bucket_views(params, idx, buckets):
                 views[id(params[i])] = view
-                offset += n
                 if as_view and params[i].grad is not None:
                     view.copy_(params[i].grad)
                     params[i].grad = view
-            del flat
         return True
     object.__setattr__(self, "_memlens_rebuild", rebuild)
+
+
+def _bucket_views(params, idx, buckets):
+    """Allocate one flat bucket for the parameters `idx` (appended to `buckets`, as DDP's Reducer makes it)
+    and yield each parameter's index with its view into it, in bucket order."""
+    numel = sum(params[i].numel() for i in idx)
+    flat = torch.zeros(numel, dtype=params[idx[0]].dtype, device=params[idx[0]].device)
+    buckets.append(flat)
+    offset = 0
+    for i in idx:
+        n = params[i].numel()
+        yield i, flat[offset:offset + n].view(params[i].shape)
+        offset += n
 
 
 def _modelled_forward(self, *args, **kwargs):
