@@ -13,7 +13,7 @@ Two checks:
    reported apart. Then leave-one-model-out calibration: `memlens.calibrate` on one model's profile,
    predicting the other models on the same GPU.
 2. **bert-small recorded on CPU** with `memlens.record`, retimed to H100 / MI300X, against the same
-   model's real kernels (`compare`, used by tests/test_devicetime.py).
+   model's real kernels (`compare`, used by tests/integration/test_devicetime.py).
 
     PYTHONPATH=. .venv/bin/python benchmarks/device_time.py [--only-profiles]
 

@@ -24,7 +24,7 @@ PY="${PYTHON:-.venv/bin/python}"
 if [ "${1:-}" = "--spot" ]; then
   shift; exec "$PY" scripts/mutants.py "$@"
 fi
-tests="tests/test_hostile_input.py tests/test_hostile_store.py tests/test_hostile_cli.py tests/test_mutants.py"
+tests="tests/unit/test_hostile_input.py tests/integration/test_hostile_store.py tests/unit/test_hostile_cli.py tests/unit/test_mutants.py"
 extra=()
 each=0
 while [ $# -gt 0 ]; do

@@ -3,7 +3,7 @@
 #   bash scripts/mutation_sample.sh MODULE_GLOB "TEST_FILE..." [SAMPLE] [SEED]   (env MUTANT_FILTER: a regex on
 #   mutant names, e.g. "event_order", to score some functions of a module)
 #   e.g. bash scripts/mutation_sample.sh memlens/analysis/ati_intervals.py \
-#          "tests/test_intervals_reference.py tests/test_analysis_ati.py" 200 25
+#          "tests/unit/test_intervals_reference.py tests/unit/test_analysis_ati.py" 200 25
 # Why a sample: mutmut 3 generates ~1,000 mutants for a 380-line numpy module, and each runs the property
 # tests that cover its function; a seeded sample of 200 gives the score within about +-5 points (95%) in a
 # fraction of the time. SAMPLE=all runs every mutant.

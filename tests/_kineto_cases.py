@@ -1,4 +1,4 @@
-"""Shared by the Kineto import tests (tests/test_import_kineto_facts.py, tests/test_import_kineto_legacy_facts.py):
+"""Shared by the Kineto import tests (tests/integration/test_import_kineto_facts.py, tests/unit/test_import_kineto_legacy_facts.py):
 builders of hand-made Kineto JSON events (ops, launches, GPU activities, [memory] instants) in the 2022 and
 2021 spellings, the hand-made profile whose answers those tests compute by hand, and the ops table by name."""
 from __future__ import annotations

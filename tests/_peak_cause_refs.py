@@ -1,5 +1,5 @@
-"""Shared by the peak_cause reference tests (tests/test_peak_cause_reference.py, the cause sentence, and
-tests/test_peak_cause_sites_reference.py, the allocation sites): hand-built stacks tables, block rows and the
+"""Shared by the peak_cause reference tests (tests/unit/test_peak_cause_reference.py, the cause sentence, and
+tests/unit/test_peak_cause_sites_reference.py, the allocation sites): hand-built stacks tables, block rows and the
 Trace made from them."""
 from __future__ import annotations
 

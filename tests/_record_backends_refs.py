@@ -1,8 +1,8 @@
-"""Shared by the recorder-backend comparisons (tests/test_record_backends.py and
-tests/test_record_backends_threads.py): what a user reads from a trace, reduced to what both backends must
+"""Shared by the recorder-backend comparisons (tests/integration/test_record_backends.py and
+tests/integration/test_record_backends_threads.py): what a user reads from a trace, reduced to what both backends must
 agree on -- the ops that access memory, in order, with their accesses; the blocks tensors showed; the blocks
 only the allocator saw, above 8 bytes -- and `assert_same`, which compares two traces on all of it (see
-tests/test_record_backends.py's docstring for why backward's gradient accumulations and the 0-d number
+tests/integration/test_record_backends.py's docstring for why backward's gradient accumulations and the 0-d number
 tensors are left out)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from record_workloads import assert_same_per_op
 # Under a TorchDispatchMode autograd accumulates gradients out of place (`add`; the mode makes tensors
 # "subclass-like"); in the plain program -- and under the compiled recorder, which is no mode -- in
 # place (`add_`). These backward accumulations are compared by count only (see
-# test_grad_accumulation in tests/test_record_backends.py).
+# test_grad_accumulation in tests/integration/test_record_backends.py).
 _ACCUMULATE = ("aten::add", "aten::add_")
 
 

@@ -1,5 +1,5 @@
-"""Shared by the snapshot-walker tests (tests/test_import_snapshot_walkers.py and
-tests/test_import_snapshot_frames.py): a user frame, a trace entry with given frames, and the comparable form of
+"""Shared by the snapshot-walker tests (tests/integration/test_import_snapshot_walkers.py and
+tests/unit/test_import_snapshot_frames.py): a user frame, a trace entry with given frames, and the comparable form of
 a streamed snapshot."""
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ refusal message, or the same entry columns and the same stacks table.
     python tests/fuzz_walker.py --seconds 600 [--seed 1] [--out DIR]
 
 prints the cases run and writes any failing input to DIR (default: a temporary folder). A hang shows as a
-case that never ends: the last case is written to DIR/current.pickle before it runs. tests/test_fuzz_walker.py
+case that never ends: the last case is written to DIR/current.pickle before it runs. tests/unit/test_fuzz_walker.py
 runs this for a few seconds; docs/limits.md gives a longer run's figures and the one under ASan + UBSan
 (``MEMLENS_WALKER_SANITIZE=1``).
 """

@@ -38,7 +38,7 @@ def trace_of_columns(blocks: Columns, accesses: Columns | None, ops: Columns, me
                      extra: dict) -> Trace:
     """The Trace of a recording's tables, each made a DataFrame once with the schema's columns, order and
     dtypes (the tables `Trace.from_tables` would make of them, without its per-column casts: the columns
-    here already have the schema's dtypes; `tests/test_record_close.py` checks the two agree)."""
+    here already have the schema's dtypes; `tests/integration/test_record_close.py` checks the two agree)."""
     blocks = blocks.copy()
     if "stack_id" not in blocks:
         blocks["stack_id"] = Nullable.absent(len(blocks))

@@ -39,10 +39,13 @@ class Stream:
         self.data.frombytes(np.ascontiguousarray(table, dtype=np.int64).tobytes())
 
     def to_numpy(self) -> np.ndarray:
-        """The records as an (n, width) int64 array (a copy, so the buffer can be released)."""
+        """The records as an (n, width) int64 array (a copy: the stream may go on growing)."""
+        # Slice first (one copy, atomic under the GIL), never export the live buffer: a thread still inside
+        # an op may append to it, and an array that is exporting its buffer refuses to grow (BufferError).
         n = len(self.data) // self.width
-        flat = np.frombuffer(self.data, dtype=np.int64, count=n * self.width) if n else np.empty(0, np.int64)
-        return flat.reshape(n, self.width).copy()
+        records = self.data[:n * self.width]
+        flat = np.frombuffer(records, dtype=np.int64) if n else np.empty(0, np.int64)
+        return flat.reshape(n, self.width)
 
 
 class EventBuffers:

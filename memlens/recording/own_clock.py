@@ -48,6 +48,7 @@ class OwnTime:
     @classmethod
     def of_log(cls, log) -> "OwnTime":
         """From a flat int64 log of (start, end) pairs (an `array('q')`)."""
+        log = log[:len(log) // 2 * 2]         # a copy: a thread still in an op may append to the live log
         pairs = np.frombuffer(log, dtype=np.int64).reshape(-1, 2) if len(log) else np.empty((0, 2), np.int64)
         return cls(pairs[:, 0], pairs[:, 1])
 

@@ -99,10 +99,15 @@ class StorageBlocks:
         b = self._live.get(id(st))
         if b is None:
             return
-        blocks = np.frombuffer(self.buf.blocks.data, dtype=np.int64).reshape(-1, 7)
-        row = blocks[b] if b < len(blocks) and blocks[b, 0] == b else blocks[blocks[:, 0] == b][0]
-        addr, size = int(row[2]), int(row[3])
-        del blocks, row                       # release the buffer export before appending again
+        # read the array itself, or a copy of it (slicing is atomic under the GIL), never a numpy view: another
+        # thread may append a block now, and an array exporting its buffer refuses to grow (BufferError)
+        data = self.buf.blocks.data
+        if b * 7 + 7 <= len(data) and data[b * 7] == b:
+            addr, size = data[b * 7 + 2], data[b * 7 + 3]
+        else:
+            blocks = np.frombuffer(data[:len(data) // 7 * 7], dtype=np.int64).reshape(-1, 7)
+            row = blocks[blocks[:, 0] == b][0]
+            addr, size = int(row[2]), int(row[3])
         if st.nbytes() == size and (size == 0 or st.data_ptr() == addr):
             return
         for ref_id, (_, bid, _) in list(self._refs.items()):

@@ -10,7 +10,7 @@ group. What the blocks table needs from the accesses (each block's first access,
 another op than the one that made it) is kept per block as the windows pass (`FirstAccesses`, 32 bytes per
 block), then the blocks are finished exactly as `assemble.assemble_trace` finishes them.
 
-Memory at save (measured as a child's VmHWM growth, tests/test_record_streamsave.py and the notes):
+Memory at save (measured as a child's VmHWM growth, tests/integration/test_record_streamsave.py and the notes):
 - accesses: one window (at most `RECORDS_PER_WINDOW` records past its first op: ~25 bytes per row in the
   DataFrame, 25-60 MB at the window's peak with the sort and the Arrow conversion), a 64 KiB read buffer per
   recording thread, 8 bytes per op in the C++ window index and 32 bytes per block (`FirstAccesses`). The

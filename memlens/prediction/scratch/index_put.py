@@ -25,7 +25,7 @@ which (integer index tensors, broadcast to N elements):
 The embedding-style lookup ``weight[ids]`` has this in its backward (``index_backward`` calls
 ``_index_put_impl_(..., accumulate=True, unsafe=True)``), so a language model's training step has one per
 lookup. Checked against the real cs336 training snapshot (512 token ids): 4096, 4096 (remainder freed),
-4096, 4096, 4096, 1 bytes, in that order (``tests/test_predict_cuda_kernels.py``).
+4096, 4096, 4096, 1 bytes, in that order (``tests/integration/test_predict_cuda_kernels.py``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ TensorIterator layout, the block shape and the GPU's SM count and threads per SM
 allocator for the launch and frees them after it. Applied to sum / mean / prod / amax / amin /
 linalg_vector_norm (float accumulator; double for fp64) and max/min with ``dim`` / argmax / argmin (value + int64
 index pairs, 16 bytes). Reproduces the issue's real 157 MiB row-max buffer
-(tests/test_predict_cuda_kernels.py); the cs336 runs need none, as their snapshots show.
+(tests/integration/test_predict_cuda_kernels.py); the cs336 runs need none, as their snapshots show.
 """
 from __future__ import annotations
 

@@ -1,0 +1,82 @@
+"""Imports run one way: the data model below its storage, the package face above everything inside it."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "memlens"
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every module an ``import`` or ``from ... import`` in `path` names (function-level ones included);
+    ``from memlens import x`` counts as ``memlens.x``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            module = node.module or ""
+            out += [f"{module}.{a.name}" for a in node.names] if module == "memlens" else [module]
+    return out
+
+
+# the data model and what it stands on: only each other and the shared leaf modules
+DATA_MODEL = ("trace.py", "schema.py", "trace_checks.py", "tracedir.py")
+DATA_MODEL_MAY_IMPORT = ("memlens.errors", "memlens.limits", "memlens.units", "memlens.schema",
+                         "memlens.trace_checks", "memlens.tracedir")
+
+
+@pytest.mark.parametrize("name", DATA_MODEL)
+def test_the_data_model_imports_nothing_above_it(name):
+    inside = [m for m in imported_modules(ROOT / name) if m.startswith("memlens")]
+    assert [m for m in inside if not m.startswith(DATA_MODEL_MAY_IMPORT)] == []
+
+
+def test_no_module_inside_the_package_imports_its_face():
+    """`memlens/__init__.py` loads the IPython magics (the top layer), so a module inside that imported the
+    package face would import upward; they import the submodule they use instead."""
+    face_only = {"memlens", "memlens.__version__", "memlens.load_ipython_extension"}
+    bad = [f"{f.relative_to(ROOT)}: {m}" for f in ROOT.rglob("*.py") if f != ROOT / "__init__.py"
+           for m in imported_modules(f) if m in face_only]
+    assert bad == []
+
+
+def test_verbs_do_not_import_the_dispatcher_that_loads_them():
+    """`memlens.cli` discovers and imports the verbs; a verb printing JSON takes `print_json` from
+    `memlens.commands._output`."""
+    bad = [f.name for f in (ROOT / "commands").glob("*.py")
+           if any(m == "memlens.cli" for m in imported_modules(f))]
+    assert bad == []
+
+
+def test_expandable_segments_do_not_import_the_allocator_that_uses_them():
+    assert not [m for m in imported_modules(ROOT / "simulate" / "expandable.py") if m == "memlens.simulate.caching"]
+
+
+def test_op_facts_sit_below_the_recorder_and_the_importers():
+    """`memlens.opfacts` (per-op cost facts) is shared by the recorder and the importers: it imports no other
+    memlens module above the errors, and the importers never import the recorder (they take the facts from
+    opfacts, as the recorder does)."""
+    bad = [f"{f.name}: {m}" for f in (ROOT / "opfacts").glob("*.py") for m in imported_modules(f)
+           if m.startswith("memlens") and not m.startswith(("memlens.opfacts", "memlens.errors"))]
+    bad += [f"io/{f.name}: {m}" for f in (ROOT / "io").rglob("*.py") for m in imported_modules(f)
+            if m.startswith("memlens.recording")]
+    assert bad == []
+
+
+def test_user_categories_sit_below_figures_reports_and_the_cli():
+    """`memlens.categories` reads a Trace and returns a Trace: it imports only itself and the
+    errors; the commands and the package face import it, never the other way round."""
+    bad = [f"categories/{f.name}: {m}" for f in (ROOT / "categories").glob("*.py") for m in imported_modules(f)
+           if m.startswith("memlens") and not m.startswith(("memlens.categories", "memlens.errors"))]
+    assert bad == []
+
+
+def test_the_advisor_sits_below_figures_reports_and_the_cli():
+    """`memlens.advise` combines the predictions, replays and planners beside it; the faces (figures, widgets,
+    reports, commands, MCP, magics) import it, never the other way round."""
+    above = ("memlens.viz", "memlens.widgets", "memlens.reporting", "memlens.commands", "memlens.mcp_server",
+             "memlens.magics", "memlens.cli")
+    bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advice").glob("*.py") for m in imported_modules(f)
+           if m.startswith(above)]
+    assert bad == []
