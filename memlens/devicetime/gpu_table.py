@@ -277,7 +277,8 @@ BUILTIN: tuple[GPU, ...] = (
          mem_bw=8.0e12, memory_bytes=288 * 2**30, host_bw=_PCIE5, host_link="PCIe 5.0 x16",
          source="AMD Instinct MI355X data sheet (CDNA 4: 256 CUs at 2.4 GHz; FP16/BF16 2.5 PF, FP8 5 PF dense; "
                 "288 GB HBM3E, 8 TB/s). Not confirmed: that CDNA 4 has no TF32 matrix rate (none given here: fp32 "
-                "matmuls run at the FP32 rate), the exact dense figures (computed as CUs x clock x FLOP per clock: 4096 FP16, 8192 FP8, 256 FP32) "
+                "matmuls run at the FP32 rate), the exact dense figures (computed as CUs x clock x FLOP per "
+                "clock: 4096 FP16, 8192 FP8, 256 FP32) "
                 "and the Infinity Fabric link rate; library efficiencies are the MI300X's, not measured on CDNA 4",
          nvlink_bw=537.6 * _GB,
          interconnect_source="Infinity Fabric: 7 links x 153.6 GB/s bidirectional (1,075 GB/s aggregate) -> 537.6 "

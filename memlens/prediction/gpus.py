@@ -5,9 +5,9 @@ table, `memlens.devicetime.gpu_table`; `gpu_facts` reads them, and `memlens.pred
 overrides the context. Sources:
 - cuBLAS workspace: torch 2.13 ``c10/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``: with no
   ``CUBLAS_WORKSPACE_CONFIG``, 4096 KiB x 8 = 32 MiB on compute capability 9.x to 12.x (Hopper, Blackwell), else
-  4096 KiB x 2 + 16 KiB x 8 = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training step has two (the
-  forward's thread and autograd's device thread). It comes from the caching allocator at the first GEMM of
-  that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
+  4096 KiB x 2 + 16 KiB x 8 = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training
+  step has two (the forward's thread and autograd's device thread). It comes from the caching allocator at the
+  first GEMM of that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
 """
 from __future__ import annotations
 
