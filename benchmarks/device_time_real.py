@@ -159,7 +159,7 @@ def markdown(table: pd.DataFrame) -> str:
     lines = ["| profile (GPU, truth busy) | measured / truth | modeled / truth | retimed from the other GPU / "
              "truth | calibrated, leave-one-out / truth (fitted on) |", "|---|---|---|---|---|"]
     for r in table.to_dict("records"):
-        note = f" ({r['modeled_note']})" if r.get("modeled_note") else ""
+        note = f" ({r['modeled_note']})" if isinstance(r.get("modeled_note"), str) else ""
         retimed = (f"{_ratio(r.get('retimed'))} ({r['retimed_from']})" if isinstance(r.get("retimed_from"), str)
                    else "— (profiled on one GPU)")
         lines.append(f"| {r['profile']} ({r['gpu']}, {r['truth_ms']:.3f} ms) | {_ratio(r['measured'])} | "

@@ -230,7 +230,7 @@ BUILTIN: tuple[GPU, ...] = (
             source="NVIDIA A100 Tensor Core GPU datasheet (PCIe 40GB: 1,555 GB/s), dense rates",
             attention_efficiency=_FA2_AMPERE,
             interconnect_source="NVLink bridge (600 GB/s) joins pairs of cards only: not modeled, PCIe between GPUs",
-            aliases=("a100-40gb-pcie", "a100-pcie-40gb-card")),
+            aliases=("a100-pcie-40gb", "a100-40gb-pcie")),
     _nvidia("L40S", 2.52, ("NVIDIA L40S", (8, 9), 1536, 300),
             flops={"fp32": 91.6 * _T, "tf32": 183 * _T, "bf16": 362.05 * _T, "fp16": 362.05 * _T,
                    "fp8": 733 * _T, "int8": 733 * _T},
