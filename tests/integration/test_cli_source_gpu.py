@@ -100,9 +100,10 @@ def test_source_gpu_without_gpu_exits_2(verb, extra, measured, tmp_path, capsys)
     assert "--source-gpu" in err and "--gpu" in err and len(err.strip().splitlines()) == 1
 
 
-def test_a_trace_without_kernel_times_is_refused_with_its_file(tmp_path, capsys):
-    from test_report_support import constructed_trace
-    path = constructed_trace().save(tmp_path / "host.memlens")          # host clock, no kernels
+def test_a_trace_without_kernel_times_is_refused_with_its_file(measured, tmp_path, capsys):
+    host = memlens.load(measured)
+    host.metadata["clock"] = {"kind": "host"}                 # a recording on the host clock, no kernel times
+    path = host.save(tmp_path / "host.memlens")
     assert main(["retime", str(path), "-o", str(tmp_path / "o.memlens"), "--gpu", "H200",
                  "--source-gpu", "H100"]) == 2
     err = capsys.readouterr().err

@@ -15,7 +15,8 @@ import pytest
 from _kineto_cases import hand_made
 from memlens.clock import op_parents
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCHMARKS = next(p / "benchmarks" for p in Path(__file__).resolve().parents if (p / "benchmarks").is_dir())
+sys.path.insert(0, str(BENCHMARKS))
 try:
     import device_time_real as bench
 finally:
