@@ -11,18 +11,58 @@ def add_gpu_option(parser) -> None:
                              "first, and its host link is the default --bandwidth")
     parser.add_argument("--tf32", action="store_true",
                         help="with --gpu: fp32 matmuls run at the TF32 tensor-core rate")
+    add_source_gpu_option(parser)
+
+
+def add_source_gpu_option(parser) -> None:
+    """Add ``--source-gpu NAME``: the GPU a measured profile ran on."""
+    parser.add_argument("--source-gpu", default=None, metavar="NAME",
+                        help="with --gpu: the GPU the profile was measured on (a name from `memlens gpus` or a "
+                             "JSON file), when the trace's device name does not say it; the trace's measured "
+                             "kernel times are scaled op by op onto --gpu instead of modeled from shapes")
+
+
+def source_gpu_of(args):
+    """The GPU of ``--source-gpu`` (None when not given). InputError naming the known GPUs for an unknown name."""
+    name = getattr(args, "source_gpu", None)
+    if name is None:
+        return None
+    from memlens.devicetime import gpu
+    return gpu(name)
+
+
+def on_measured_clock(trace, source, path=None):
+    """`trace` on its measured kernel clock when ``--source-gpu`` is given (a CUDA recording already is; an
+    imported profile is moved onto the clock of its kernels), so that retime scales the measured times; as
+    it is otherwise. InputError naming `path` when the trace has no kernel times to scale."""
+    from memlens.trace import clock_of
+    if source is None or clock_of(trace).get("kind") == "cuda":
+        return trace
+    from memlens.clock import onto_kernel_clock
+    from memlens.errors import InputError
+    try:
+        return onto_kernel_clock(trace, gpu=source.name)
+    except InputError as exc:
+        raise InputError(f"--source-gpu scales measured kernel times onto --gpu, but {exc}", path) from None
 
 
 def apply_gpu(trace, args):
-    """(trace on the requested clock, the GPU or None). Raises InputError for an unknown GPU or a trace
-    without cost facts."""
+    """(trace on the requested clock, the GPU or None). With ``--source-gpu`` the measured kernel times are
+    scaled from that GPU (`memlens.retime`'s ``source_gpu``). Raises InputError for an unknown GPU, for
+    --source-gpu without --gpu, or for a trace without cost facts (or, with --source-gpu, kernel times)."""
     name = getattr(args, "gpu", None)
+    source = source_gpu_of(args)
     if not name:
+        if source is not None:
+            from memlens.errors import InputError
+            raise InputError("--source-gpu says which GPU measured the profile; give the GPU to retime it onto "
+                             "with --gpu")
         return trace, None
     from memlens.devicetime import gpu
     from memlens.devicetime.retiming import retime
     g = gpu(name)
-    return retime(trace, gpu=g, tf32=getattr(args, "tf32", False)), g
+    trace = on_measured_clock(trace, source, getattr(args, "trace", None))
+    return retime(trace, gpu=g, tf32=getattr(args, "tf32", False), source_gpu=source), g
 
 
 def link_for(args, g, default: str = "pcie4"):
@@ -46,7 +86,7 @@ def clock_line(trace_or_clock) -> str:
 
 def refuse_gpu_with_dask(args) -> None:
     """--gpu retimes the whole trace in memory: not combinable with the out-of-core engine (yet)."""
-    if getattr(args, "gpu", None):
+    if getattr(args, "gpu", None) or getattr(args, "source_gpu", None):
         from memlens.errors import InputError
         raise InputError("--gpu needs the trace in memory (it is retimed first); use --engine memory, or "
                          "`memlens retime` then the dask engine on the retimed trace")

@@ -64,6 +64,11 @@ def run(args) -> int:
         options.refuse_categories_out_of_core(args, "the report")
         return _run_out_of_core(args)
     require_in_memory(args.trace, "the report")
+    from memlens.commands._device import on_measured_clock, source_gpu_of
+    source = source_gpu_of(args)     # an unknown --source-gpu is refused before the trace is loaded
+    if source is not None and not args.gpu:
+        from memlens.errors import InputError
+        raise InputError("--source-gpu says which GPU measured the profile; give the GPU to retime it onto with --gpu")
     if args.source_root is not None:
         from memlens.analysis.source import SourceReader
         SourceReader(args.source_root)  # a bad --source-root is refused before the trace is loaded
@@ -80,6 +85,9 @@ def run(args) -> int:
     if args.gpu:
         report_options["gpu"] = args.gpu
         report_options["tf32"] = args.tf32
+    if source is not None:
+        report_options["source_gpu"] = source
+        trace = on_measured_clock(trace, source, args.trace)
     if args.source_root is not None:
         report_options["source_root"] = args.source_root
     built = build_report(trace, title=args.title, sections=sections, progress=progress,

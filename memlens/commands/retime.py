@@ -1,4 +1,5 @@
-"""`memlens retime TRACE -o OUT --gpu H100`: the trace on the modeled clock of a GPU, saved."""
+"""`memlens retime TRACE -o OUT --gpu H100 [--source-gpu A100]`: the trace on the modeled clock of a GPU, saved
+(a measured profile: its kernel times scaled from the GPU that measured them)."""
 from __future__ import annotations
 
 
@@ -12,6 +13,8 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, help="the .memlens directory to write")
     p.add_argument("--gpu", default="H100", help="GPU name (see `memlens gpus`; default H100) or a JSON file from `memlens calibrate`")
     p.add_argument("--tf32", action="store_true", help="fp32 matmuls run at the TF32 tensor-core rate")
+    from memlens.commands._device import add_source_gpu_option
+    add_source_gpu_option(p)
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it is a memlens trace")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -25,8 +28,10 @@ def run(args) -> int:
     from memlens.io import load
     from memlens.units import format_ns
 
-    trace = load(args.trace)
-    out = retime(trace, gpu=args.gpu, tf32=args.tf32)
+    from memlens.commands._device import on_measured_clock, source_gpu_of
+    source = source_gpu_of(args)     # an unknown name is refused before the trace is read
+    trace = on_measured_clock(load(args.trace), source, args.trace)
+    out = retime(trace, gpu=args.gpu, tf32=args.tf32, source_gpu=source)
     path = out.save(args.output, overwrite=args.overwrite)
     # a class's time is its ops' own time (device_self_ns): a nested op counts once, not once per parent
     by_class = (out.ops.groupby("op_class").agg(ops=("op_id", "size"), kernels=("kernels", "sum"),

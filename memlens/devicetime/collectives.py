@@ -98,9 +98,10 @@ def flat_ns(kind: str, nbytes: float, n: int, bw: float, step_ns: float) -> tupl
 
 
 def intra_link(gpu) -> tuple[float, str]:
-    """(bytes/s per GPU, name) of the link between GPUs of one node: NVLink, else the host link (PCIe)."""
+    """(bytes/s per GPU, name) of the link between GPUs of one node: NVLink (Infinity Fabric on AMD parts, the
+    same field), else the host link (PCIe)."""
     if gpu.nvlink_bw > 0:
-        return gpu.nvlink_bw, "NVLink"
+        return gpu.nvlink_bw, "Infinity Fabric" if gpu.vendor == "amd" else "NVLink"
     return min(gpu.host_bw), "PCIe"
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from memlens.devicetime.gpu import DTYPE_KEYS, DTYPE_TO_KEY, GPU
-from memlens.devicetime.gpu_table import BUILTIN
+from memlens.devicetime.gpu_table import BUILTIN, DATASHEETS
 from memlens.errors import InputError, read_user_file
 
 MAX_GPU_FILE_BYTES = 1 << 20  # a GPU description is a few kB; calibration residuals add tens
@@ -93,7 +93,8 @@ def gpus() -> pd.DataFrame:
     """The built-in GPUs, one row each: peaks (FLOP/s per dtype, dense), memory bandwidth (bytes/s), host
     link per direction (bytes/s), launch floor (ns), the other latency constants, the library efficiencies
     (fractions of a peak), the pageable copy rate (bytes/s), what prediction needs (the name torch reports,
-    compute capability "9.0", threads per SM, CUDA context bytes), and the sources."""
+    compute capability "9.0", threads per SM, CUDA context bytes), and the sources (the document and its figures,
+    the datasheet's address)."""
     rows = []
     for g in BUILTIN:
         row = {"name": g.name, "vendor": g.vendor}
@@ -111,7 +112,7 @@ def gpus() -> pd.DataFrame:
                     "clock_ghz": g.clock_ghz, "device_name": g.device_name,
                     "capability": None if g.capability is None else ".".join(map(str, g.capability)),
                     "max_threads_per_sm": g.max_threads_per_sm, "cuda_context": g.cuda_context,
-                    "source": g.source, "latency_source": g.latency_source})
+                    "source": g.source, "datasheet": DATASHEETS.get(g.name, ""), "latency_source": g.latency_source})
         rows.append(row)
     return pd.DataFrame(rows)
 

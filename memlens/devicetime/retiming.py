@@ -93,7 +93,8 @@ def _measured_gpu(trace: Trace, source_gpu):
     found = gpu_of_device(name) if name else None
     if found is None:
         raise InputError(f"the trace's kernels were measured on '{name or 'an unnamed GPU'}', which is not in the "
-                         "GPU table; pass source_gpu= (a name from memlens.gpus() or a memlens.GPU)")
+                         "GPU table; pass source_gpu= (a name from memlens.gpus() or a memlens.GPU; on the command "
+                         "line --source-gpu NAME)")
     return found
 
 
@@ -116,8 +117,8 @@ def _scale_measured(trace: Trace, g, source_gpu, *, tf32: bool) -> Trace:
              "device_busy_ns": busy, "kernels": clock_of(trace).get("kernels"), "measured_gpu": src.name}
     out = restamp(trace, start, end, clock,
                   op_columns={**times, "measured_self_ns": measured.astype(np.int64), "scale": factor,
-                              "scale_priced": priced},
-                  drop_columns=("kernel_start_ns", "kernel_end_ns", "device_ns", "device_self_ns"),
+                              "scale_priced": priced, "op_class": classes},
+                  drop_columns=("kernel_start_ns", "kernel_end_ns", "device_ns", "device_self_ns", "op_class"),
                   note=f"times are on the {clock_label(clock)} (each op's measured {src.name} kernel time scaled "
                        "by its compute- or memory-bound ratio; ops back to back in recorded order)")
     out.metadata["gpu"] = g.to_dict()

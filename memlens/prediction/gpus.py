@@ -4,10 +4,10 @@ The per-GPU numbers (compute capability, SM count, threads per SM, CUDA context)
 table, `memlens.devicetime.gpu_table`; `gpu_facts` reads them, and `memlens.predict(..., cuda_context=...)`
 overrides the context. Sources:
 - cuBLAS workspace: torch 2.13 ``c10/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``: with no
-  ``CUBLAS_WORKSPACE_CONFIG``, 4096 KiB x 8 = 32 MiB on compute capability 9.x, else 4096 KiB x 2 + 16 KiB x 8
-  = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training step has two (the
-  forward's thread and autograd's device thread). It comes from the caching allocator at the first GEMM of
-  that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
+  ``CUBLAS_WORKSPACE_CONFIG``, 4096 KiB x 8 = 32 MiB on compute capability 9.x to 12.x (Hopper, Blackwell), else
+  4096 KiB x 2 + 16 KiB x 8 = 8,320 KiB. One workspace per (handle, stream); handles are per thread, so a training
+  step has two (the forward's thread and autograd's device thread). It comes from the caching allocator at the
+  first GEMM of that (thread, stream) and is never freed. The real cs336 snapshots hold exactly such 8,519,680-byte blocks.
 """
 from __future__ import annotations
 
@@ -100,6 +100,6 @@ def cublas_workspace_bytes(capability: tuple[int, int], config: str | None) -> i
         if len(nums) % 2 == 0 and nums:
             return sum(nums[i] * 1024 * nums[i + 1] for i in range(0, len(nums), 2))
         raise InputError(f"CUBLAS_WORKSPACE_CONFIG '{config}' is not ':SIZE:COUNT' pairs")
-    if capability[0] == 9:
+    if capability[0] in (9, 10, 11, 12):     # Hopper and Blackwell ("use32mb" in torch)
         return 4096 * 1024 * 8
     return 4096 * 1024 * 2 + 16 * 1024 * 8

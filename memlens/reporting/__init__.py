@@ -117,7 +117,7 @@ def build_report(trace, *, title: str | None = None, sections: list[str] | None 
         from memlens.devicetime.gpus import gpu as resolve_gpu
         from memlens.devicetime.retiming import retime
         g = resolve_gpu(opts.gpu)
-        recorded, trace = trace, retime(trace, gpu=g, tf32=opts.tf32)
+        recorded, trace = trace, retime(trace, gpu=g, tf32=opts.tf32, source_gpu=opts.source_gpu)
         if opts.bandwidth is None:   # the GPU's own host link, unless the caller chose one
             from memlens.analysis.bandwidth import BandwidthModel
             opts.bandwidth = BandwidthModel(h2d_bytes_per_s=g.host_bw[1], d2h_bytes_per_s=g.host_bw[0],

@@ -50,6 +50,8 @@ class ReportOptions:
     ``memory_limit`` (bytes, for swapping what-ifs), ``gpu`` (put the trace on this GPU's modeled clock
     first: `memlens.retime`; the ATI and what-if sections then show the recorded clock beside it; the
     swap link defaults to the GPU's host link), ``tf32`` (with ``gpu``: fp32 matmuls at the TF32 rate),
+    ``source_gpu`` (with ``gpu``, a trace on the measured kernel clock: the GPU that measured it, when its device
+    name is not in the GPU table),
     ``source_root`` (a directory: the sites table shows each site's source line from the files found there; None:
     from the files where the frames point, when present)."""
 
@@ -64,6 +66,7 @@ class ReportOptions:
     memory_limit: int | None = None
     gpu: Any = None
     tf32: bool = False
+    source_gpu: Any = None
     source_root: Any = None
 
 
