@@ -35,6 +35,7 @@ from memlens.io.kineto.comms import comms_columns
 from memlens.io.kineto.facts import facts_columns
 from memlens.io.kineto.kernels import kernel_columns, launch_frames, launches_outside_ops
 from memlens.io.kineto.ops import OpTable, read_ops
+from memlens.io.kineto.settings import header_torch_settings
 from memlens.io.size_pairing import pair_by_size_lifo
 from memlens.io.snapshot.pairing import ALLOC, FREE_COMPLETED, Pairing, pair_blocks
 
@@ -279,6 +280,9 @@ def _metadata(obj: dict, said: dict | None, source, t0_us, n_ops) -> dict:
     for key in ("deviceProperties", "distributedInfo", "traceName"):
         if key in obj:
             meta[key] = obj[key]
+    settings = header_torch_settings(obj)
+    if settings:    # TF32 switches / torch version a wrapper wrote into the header (read by the modeled clock)
+        meta["torch_settings"] = settings
     meta["notes"] = [NO_MEMORY_NOTE] if said is None else _memory_notes(said, meta["device_types"], n_ops)
     return meta
 
