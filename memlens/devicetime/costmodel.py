@@ -94,6 +94,8 @@ def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, 
         return cls, kernels, ns + (kernels - 1) * g.launch_ns
     if cls == "normalization" and n in NORM:
         return cls, kernels, rowwise.rowwise_ns(g, n, kernels, inputs, outputs, moved)
+    if n == "aten::mse_loss":
+        return (cls,) + rowwise.mse_loss_ns(g, inputs, outputs, moved)
     if cls == "reduction":
         return cls, kernels, rowwise.reduction_ns(g, kernels, moved)
     if cls == "gather":

@@ -12,7 +12,18 @@ write). Batch norm in training (Normalization.cuh: ``batch_norm_collect_statisti
 activation three times forward (read for statistics, read to normalize, write) and five times backward
 (x and dy for the reductions, x and dy again, dx written) at the streaming rate; in eval mode it is one
 elementwise pass (read, write). MIOpen's batch norm kernels reach the row-wise efficiency, not the
-streaming one (AMD's parts use `norm_efficiency` for them too).
+streaming one (AMD's parts use `norm_efficiency` for them too), and MIOpen's spatial training kernels for
+large activations split each pass: forward ``MIOpenBatchNormFwdTrainSpatialMeanVariance``,
+``...FinalMeanVariance``, ``...Norm`` (3 launches), backward with the saved statistics
+``MIOpenBatchNormBwdSpatialDScaleDBias``, ``...FinalDScaleDBias``, ``...DX`` (3 launches).
+
+Layer norm backward (aten/src/ATen/native/cuda/layer_norm_kernel.cu) reads dy and x twice: once for the input
+gradient (``layer_norm_grad_input_kernel``; on ROCm ``cuComputeGradInput``) and once for the weight and bias
+gradients (``GammaBetaBackwardCUDAKernel``; on ROCm ``cuComputePartGradGammaBeta`` then
+``cuComputeGradGammaBeta``, one launch more): five passes over the activation (dy, x, dy, x, dx), where the
+logged bytes count three. MSE loss with a mean or sum (aten/src/ATen/native/Loss.cpp) writes the squared
+differences to a temporary (one elementwise kernel) and reduces it (a reduction and its finishing step): the
+temporary is written and read back, bytes the logged arguments do not show.
 """
 from __future__ import annotations
 
@@ -22,6 +33,10 @@ from memlens.devicetime.rules.gemm import ITEMSIZE
 from memlens.devicetime.rules.names import BATCH_NORM, SOFTMAX
 
 SOFTMAX_WARP_MAX = 1024     # PyTorch's persistent (warp-per-row) softmax handles rows up to this length
+MIOPEN_BATCH_NORM_KERNELS = 3
+LAYER_NORM_BACKWARD_PASSES = 5          # dy, x (input grad), dy, x (gamma/beta grads), dx written
+LAYER_NORM_BACKWARD = frozenset({"aten::native_layer_norm_backward"})
+MIOPEN_BATCH_NORM = frozenset({"aten::miopen_batch_norm", "aten::miopen_batch_norm_backward"})
 
 
 def _largest_bytes(tensors: list) -> float:
@@ -38,7 +53,14 @@ def rowwise_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: floa
     if n in BATCH_NORM:
         passes = 5 if "backward" in n else 3
         eff = g.mem_efficiency if g.vendor != "amd" else g.norm_efficiency
+        if n in MIOPEN_BATCH_NORM:      # 3 launches each way
+            floors = (MIOPEN_BATCH_NORM_KERNELS + 1) * g.launch_ns
         return floors + max(passes * _largest_bytes(inputs), moved) / (g.mem_bw * eff) * 1e9
+    if n in LAYER_NORM_BACKWARD:
+        if g.vendor == "amd":       # ROCm's partial gamma/beta sums then their reduction
+            floors += g.launch_ns
+        return floors + max(LAYER_NORM_BACKWARD_PASSES * _largest_bytes(inputs), moved) / \
+            (g.mem_bw * g.norm_efficiency) * 1e9
     if n == "aten::_native_batch_norm_legit_no_training":
         return g.launch_ns * 2 + moved / (g.mem_bw * g.mem_efficiency) * 1e9
     return floors + moved / (g.mem_bw * g.norm_efficiency) * 1e9
@@ -47,3 +69,14 @@ def rowwise_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: floa
 def reduction_ns(g, kernels: int, moved: float) -> float:
     """A reduction kernel then its dependent finishing step: two floors plus the bytes streamed once."""
     return (kernels + 1) * g.launch_ns + moved / (g.mem_bw * g.mem_efficiency) * 1e9
+
+
+def mse_loss_ns(g, inputs: list, outputs: list, moved: float) -> tuple[int, float]:
+    """(kernels, ns) of ``mse_loss``: the squared differences as one elementwise kernel writing a temporary
+    of the input's size; with a reduced (scalar) result, a reduction reads it back (two more floors).
+    Without a reduction the result is that elementwise output."""
+    temp = _largest_bytes(inputs[:1])
+    reduced = bool(inputs and outputs) and math.prod(outputs[0][1]) == 1 < math.prod(inputs[0][1])
+    if not reduced:
+        return 1, g.launch_ns + moved / (g.mem_bw * g.mem_efficiency) * 1e9
+    return 2, g.launch_ns + reduction_ns(g, 1, moved + 2.0 * temp)
