@@ -93,7 +93,7 @@ def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, 
         ns = attention.attention_ns(g, name, inputs, float(flops), dtype, backward=backward, causal=causal)
         return cls, kernels, ns + (kernels - 1) * g.launch_ns
     if cls == "normalization" and n in NORM:
-        return cls, kernels, rowwise.rowwise_ns(g, n, kernels, inputs, outputs, moved)
+        return cls, kernels, rowwise.rowwise_ns(g, n, kernels, inputs, outputs, moved, strided)
     if n == "aten::mse_loss":
         return (cls,) + rowwise.mse_loss_ns(g, inputs, outputs, moved)
     if cls == "reduction":

@@ -17,6 +17,12 @@ large activations split each pass: forward ``MIOpenBatchNormFwdTrainSpatialMeanV
 ``...FinalMeanVariance``, ``...Norm`` (3 launches), backward with the saved statistics
 ``MIOpenBatchNormBwdSpatialDScaleDBias``, ``...FinalDScaleDBias``, ``...DX`` (3 launches).
 
+PyTorch's own batch norm kernels for a contiguous (NCHW) activation reduce with one thread block per channel
+(``batch_norm_collect_statistics_kernel``, ``batch_norm_backward_kernel``: a grid of C blocks), so with fewer
+channels than compute units the reduction streams at C / units of the rate (ResNet's 64-channel layers on the
+304-CU MI300X: 0.21); the forward launches the statistics, their update and inversion, and the normalizing
+pass (three kernels), the backward one kernel over that same grid.
+
 Layer norm backward (aten/src/ATen/native/cuda/layer_norm_kernel.cu) reads dy and x twice: once for the input
 gradient (``layer_norm_grad_input_kernel``; on ROCm ``cuComputeGradInput``) and once for the weight and bias
 gradients (``GammaBetaBackwardCUDAKernel``; on ROCm ``cuComputePartGradGammaBeta`` then
@@ -37,14 +43,20 @@ MIOPEN_BATCH_NORM_KERNELS = 3
 LAYER_NORM_BACKWARD_PASSES = 5          # dy, x (input grad), dy, x (gamma/beta grads), dx written
 LAYER_NORM_BACKWARD = frozenset({"aten::native_layer_norm_backward"})
 MIOPEN_BATCH_NORM = frozenset({"aten::miopen_batch_norm", "aten::miopen_batch_norm_backward"})
+# PyTorch's own kernels (Normalization.cuh), which ROCm runs for bf16 too
+NATIVE_BATCH_NORM = frozenset({"aten::native_batch_norm", "aten::_native_batch_norm_legit",
+                               "aten::_batch_norm_with_update", "aten::native_batch_norm_backward",
+                               "aten::batch_norm_backward"})
+NATIVE_BATCH_NORM_KERNELS = 3       # statistics, their update and inversion, the normalizing pass
 
 
 def _largest_bytes(tensors: list) -> float:
     return max((ITEMSIZE.get(d, 4) * math.prod(s) for d, s in tensors), default=0.0)
 
 
-def rowwise_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: float) -> float:
-    """Device ns of a normalization or softmax op `n` (base name) moving `moved` bytes."""
+def rowwise_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: float, strided: bool = False) -> float:
+    """Device ns of a normalization or softmax op `n` (base name) moving `moved` bytes; `strided`: the input
+    is not contiguous (channels-last batch norm runs other kernels, with no per-channel grid)."""
     floors = (kernels + 1) * g.launch_ns
     if n in SOFTMAX:
         row = inputs[0][1][-1] if inputs and inputs[0][1] else 1
@@ -53,9 +65,18 @@ def rowwise_ns(g, n: str, kernels: int, inputs: list, outputs: list, moved: floa
     if n in BATCH_NORM:
         passes = 5 if "backward" in n else 3
         eff = g.mem_efficiency if g.vendor != "amd" else g.norm_efficiency
+        act = _largest_bytes(inputs)
+        rate = g.mem_bw * eff
+        if n in NATIVE_BATCH_NORM and not strided and inputs and len(inputs[0][1]) >= 3:
+            # one thread block per channel for the reductions: C blocks fill C of the compute units
+            reducing = rate * min(1.0, inputs[0][1][1] / g.compute_units)
+            if "backward" in n:     # one kernel: reductions and the input gradient, grid of C blocks
+                return floors + max(passes * act, moved) / reducing * 1e9
+            floors = (NATIVE_BATCH_NORM_KERNELS + 1) * g.launch_ns
+            return floors + (act / reducing + max(2 * act, moved - act) / rate) * 1e9
         if n in MIOPEN_BATCH_NORM:      # 3 launches each way
             floors = (MIOPEN_BATCH_NORM_KERNELS + 1) * g.launch_ns
-        return floors + max(passes * _largest_bytes(inputs), moved) / (g.mem_bw * eff) * 1e9
+        return floors + max(passes * act, moved) / rate * 1e9
     if n in LAYER_NORM_BACKWARD:
         if g.vendor == "amd":       # ROCm's partial gamma/beta sums then their reduction
             floors += g.launch_ns
