@@ -18,7 +18,8 @@ from memlens.devicetime.rules import gemm
 from memlens.devicetime.gpus import gpu
 from memlens.devicetime.tf32 import tf32_setting
 from memlens.io.kineto.facts import signature_facts
-from memlens.io.kineto.settings import header_torch_settings
+from memlens.io.kineto.importer import tf32_from_kernels
+from memlens.io.kineto.settings import header_torch_settings, kernel_tf32_evidence
 from memlens.opfacts.convshape import conv_output_shape
 from memlens.opfacts.costs import op_costs
 
@@ -87,6 +88,31 @@ def test_defaults_and_what_the_trace_says():
     assert tf32_setting(False, told, "nvidia") == {"matmul": False, "conv": False, "source": "given: tf32 argument"}
     amd = tf32_setting(None, told, "amd")       # ROCm: the switches alone turn nothing on
     assert (amd["matmul"], amd["conv"]) == (False, False) and "ROCm" in amd["source"]
+
+
+def test_kernel_names_say_which_products_ran_tf32():
+    assert kernel_tf32_evidence("sm80_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize128x128x16_stage4") == ("matmul", True)
+    assert kernel_tf32_evidence("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>") == \
+        ("matmul", True)
+    assert kernel_tf32_evidence("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_nn_align1>") \
+        is None                                                      # a bf16 product on the same MMA shape
+    assert kernel_tf32_evidence("cutlass_80_simt_sgemm_128x32_8x5_nn_align1") == ("matmul", False)
+    assert kernel_tf32_evidence("volta_scudnn_128x64_relu_interior_nn_v1") == ("conv", False)
+    assert kernel_tf32_evidence("sm80_xmma_fprop_implicit_gemm_tf32f32_tf32f32_f32_nhwckrsc_nchw") == ("conv", True)
+    assert kernel_tf32_evidence("void at::native::vectorized_elementwise_kernel<4>") is None
+    # one TF32 kernel proves the switch on even beside CUDA-core ones
+    events = type("Collected", (), {"kernel_names": {"ampere_sgemm_128x64_nn", "sm80_xmma_gemm_f32f32_tf32f32_f32"}})
+    assert tf32_from_kernels(events) == {"matmul": True}
+
+
+def test_h100_profile_kernels_say_matmul_tf32_was_off(shared):
+    """The H100 Qwen profile's one fp32 product ran ``cutlass_80_simt_sgemm_*``: on a part with TF32 that
+    says the matmul switch was off, and the clock names the kernels as its source."""
+    trace = memlens.load(shared("kineto/tracelens_h100_qwen_0.5b_chat.json.gz"))
+    assert trace.metadata["torch_settings"]["matmul_allow_tf32"] is False
+    tf32 = memlens.retime(trace, gpu="A100").metadata["clock"]["tf32"]
+    assert (tf32["matmul"], tf32["conv"]) == (False, True)
+    assert tf32["source"] == "matmul from the trace's kernel names; the other assumed: PyTorch 2.6.0 defaults"
 
 
 def test_profile_header_switches_are_read():

@@ -44,7 +44,8 @@ def tf32_setting(tf32, metadata: Mapping | None, vendor: str = "nvidia") -> dict
     trace `metadata` is given, under the user's `tf32` argument (None: not given).
 
     Order: the argument; the trace's own switches (``metadata["torch_settings"]``: ``matmul_allow_tf32``,
-    ``cudnn_allow_tf32``); else the defaults of the trace's PyTorch (``torch_version``) on NVIDIA parts. On
+    ``cudnn_allow_tf32``, with ``tf32_from`` naming a source other than the recording, e.g. an imported
+    profile's kernel names); else the defaults of the trace's PyTorch (``torch_version``) on NVIDIA parts. On
     AMD parts no TF32 unless the argument says so (ROCm's defaults; the environment variable that turns it
     on is in no trace). `source` says which, in words."""
     if tf32 is not None:
@@ -62,16 +63,20 @@ def tf32_setting(tf32, metadata: Mapping | None, vendor: str = "nvidia") -> dict
         default_matmul, default_conv = (True if old else TORCH_DEFAULTS["matmul"]), TORCH_DEFAULTS["conv"]
         why = f"PyTorch {version} defaults" if v else "PyTorch >= 1.12 defaults"
     out, from_trace = {}, []
+    via = said.get("tf32_from") if isinstance(said.get("tf32_from"), Mapping) else {}
     for key, switch, default in (("matmul", "matmul_allow_tf32", default_matmul),
                                  ("conv", "cudnn_allow_tf32", default_conv)):
         told = isinstance(said.get(switch), bool)
         out[key] = said[switch] if told else default
         if told:
-            from_trace.append(key)
-    if len(from_trace) == 2:
+            from_trace.append(f"{key} from the trace's {via[key]}" if key in via else key)
+    if len(from_trace) == 2 and not via:
         out["source"] = "from the trace"
+    elif len(from_trace) == 2:
+        out["source"] = "; ".join(p if " from " in p else f"{p} from the trace" for p in from_trace)
     elif from_trace:
-        out["source"] = f"{from_trace[0]} from the trace, the other assumed: {why}"
+        part = from_trace[0] if " from " in from_trace[0] else f"{from_trace[0]} from the trace"
+        out["source"] = f"{part}; the other assumed: {why}"
     else:
         out["source"] = f"assumed: {why}"
     return out

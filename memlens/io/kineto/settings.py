@@ -6,6 +6,12 @@ PyTorch's switches is taken: ``allow_tf32`` under a ``cudnn`` key or named ``cud
 convolution switch, otherwise the matmul one; ``float32_matmul_precision`` ``"highest"`` means matmul TF32
 off, ``"high"`` / ``"medium"`` on; the PyTorch version from a ``torch_version`` key or a ``torch==X`` entry
 of a package list.
+
+The kernels say it too (`kernel_tf32_evidence`): an fp32 product that ran on Tensor Cores has ``tf32`` in its
+kernel's name (``sm80_xmma_gemm_f32f32_tf32f32_*``, cuDNN's ``*tf32*`` convolutions) or is a 16x8x8 MMA kernel
+on fp32 data (``cutlass_80_tensorop_s1688gemm_*`` without a 16-bit type in the name); one on CUDA cores is an
+``sgemm`` / ``scudnn`` kernel. One TF32 kernel proves a switch on; CUDA-core fp32 kernels and no TF32 one say it
+was off.
 """
 from __future__ import annotations
 
@@ -55,4 +61,34 @@ def header_torch_settings(header: dict) -> dict:
                 stack.extend((path + (key,), v, k) for k, v in value.items())
             elif isinstance(value, list):
                 stack.extend((path + (key,), v, key) for v in value)
+    return out
+
+
+_CONV_MARKS = ("conv", "fprop", "dgrad", "wgrad", "winograd")
+_HALF_MARKS = ("f16", "bf16", "i8", "fp8", "e4m3", "e5m2")
+
+
+def kernel_tf32_evidence(name: str):
+    """("matmul" or "conv", True: it ran fp32 on Tensor Cores / False: fp32 on CUDA cores) for a GPU kernel's
+    name, None when the name says neither."""
+    n = str(name).lower()
+    conv = any(m in n for m in _CONV_MARKS) or "scudnn" in n
+    if not conv and "gemm" not in n:
+        return None
+    if "tf32" in n or ("s1688" in n and not any(m in n for m in _HALF_MARKS)):
+        return ("conv" if conv else "matmul", True)
+    if "sgemm" in n or "scudnn" in n:
+        return ("conv" if conv else "matmul", False)
+    return None
+
+
+def merge_kernel_evidence(settings: dict, evidence: dict) -> dict:
+    """`settings` (from the header) with ``matmul_allow_tf32`` / ``cudnn_allow_tf32`` filled in from the
+    kernels' `evidence` ({"matmul": bool, "conv": bool}) where the header did not say; ``tf32_from`` names
+    the source of each."""
+    out = dict(settings)
+    for key, switch in (("matmul", "matmul_allow_tf32"), ("conv", "cudnn_allow_tf32")):
+        if switch not in out and key in evidence:
+            out[switch] = bool(evidence[key])
+            out.setdefault("tf32_from", {})[key] = "kernel names"
     return out
