@@ -40,6 +40,20 @@ def clock_label(trace_or_clock) -> str:
     return "host clock"
 
 
+def tf32_label(setting) -> str:
+    """'TF32 matmul off, conv on (matmul assumed: PyTorch >= 1.12 defaults; ...)' for a modeled clock's
+    ``tf32`` entry (the dict `memlens.retime` writes, or a bool as older traces have it); "" for None."""
+    if setting is None:
+        return ""
+    if isinstance(setting, dict):
+        matmul, conv, source = bool(setting.get("matmul")), bool(setting.get("conv")), setting.get("source") or ""
+    else:
+        matmul = conv = bool(setting)
+        source = ""
+    text = f"TF32 matmul {'on' if matmul else 'off'}, conv {'on' if conv else 'off'}"
+    return text + (f" ({source})" if source else "")
+
+
 class ClockMap:
     """Monotone map from the old clock to the new one, defined by op intervals old [s, e] -> new [S, E]
     (new starts non-decreasing in old-start order)."""

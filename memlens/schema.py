@@ -53,7 +53,8 @@ OPTIONAL_COLUMNS: dict[str, frozenset] = {
 # own time ``device_self_ns`` and its inclusive time ``device_ns`` (children summed) and the top-level ops'
 # ``device_ns`` add up to device_busy_ns (`memlens.clock`, on the measured, modeled and calibrated clocks alike); source_units: how the
 # source file counted time when it was imported ("ts_us", "time_us", "event_index", "ns", "us",
-# "file_units"; None for recordings). Producers may add keys (retime adds "tf32").
+# "file_units"; None for recordings). Producers may add keys (retime adds "tf32": {"matmul": bool, "conv": bool,
+# "source": where the settings came from}, `memlens.devicetime.tf32`).
 CLOCK_KINDS = ("host", "cuda", "modeled")
 CLOCK_KEYS = ("kind", "gpu", "model", "from", "device_busy_ns", "kernels", "source_units")
 

@@ -11,11 +11,16 @@ HOST_CLOCK = {"kind": "host"}
 
 def describe_clock(clock: dict | None) -> str:
     """One phrase for people, built on `memlens.clock.clock_label`: 'host clock (times as the recording
-    process saw them)', 'modeled H100 SXM clock (model: ...)', 'measured CUDA kernel clock (NVIDIA H100 ...)'."""
+    process saw them)', 'modeled H100 SXM clock (model: ...); TF32 matmul off, conv on (...)', 'measured CUDA
+    kernel clock (NVIDIA H100 ...)'."""
     from memlens.clock import clock_label
     clock = clock or HOST_CLOCK
     label = clock_label(clock)
     if str(clock.get("kind", "host")) == "host":
         return label + " (times as the recording process saw them)"
     model = clock.get("model")
-    return label + (f" (model: {model})" if model and clock.get("kind") == "modeled" else "")
+    if clock.get("kind") != "modeled":
+        return label
+    from memlens.clock import tf32_label
+    tf32 = tf32_label(clock.get("tf32"))
+    return label + (f" (model: {model})" if model else "") + (f"; {tf32}" if tf32 else "")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 
 def add_gpu_option(parser) -> None:
-    """Add ``--gpu NAME`` and ``--tf32`` to a verb's parser."""
+    """Add ``--gpu NAME`` and ``--tf32`` / ``--no-tf32`` to a verb's parser."""
+    import argparse
     parser.add_argument("--gpu", default=None, metavar="NAME",
                         help="analyse on the modeled clock of this GPU (H100, H200, A100, L4, V100, MI300X ...; "
                              "see `memlens gpus`; or a JSON file from `memlens calibrate`): the trace is retimed "
                              "first, and its host link is the default --bandwidth")
-    parser.add_argument("--tf32", action="store_true",
-                        help="with --gpu: fp32 matmuls run at the TF32 tensor-core rate")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                        help="with --gpu: fp32 matmuls and convolutions run at the TF32 tensor-core rate "
+                             "(--no-tf32: neither); default: what the trace says, else PyTorch's defaults "
+                             "(matmul off, cuDNN convolutions on; ROCm neither), stated with the clock")
     add_source_gpu_option(parser)
 
 
@@ -62,7 +65,7 @@ def apply_gpu(trace, args):
     from memlens.devicetime.retiming import retime
     g = gpu(name)
     trace = on_measured_clock(trace, source, getattr(args, "trace", None))
-    return retime(trace, gpu=g, tf32=getattr(args, "tf32", False), source_gpu=source), g
+    return retime(trace, gpu=g, tf32=getattr(args, "tf32", None), source_gpu=source), g
 
 
 def link_for(args, g, default: str = "pcie4"):
@@ -78,10 +81,14 @@ def link_for(args, g, default: str = "pcie4"):
 
 
 def clock_line(trace_or_clock) -> str:
-    """'clock: modeled H100 SXM clock' - the first line of every time-based text output (a Trace, or a
-    clock dict as in ``metadata["clock"]``)."""
-    from memlens.clock import clock_label
-    return f"clock: {clock_label(trace_or_clock)}"
+    """'clock: modeled H100 SXM clock; TF32 matmul off, conv on (...)' - the first line of every time-based
+    text output (a Trace, or a clock dict as in ``metadata["clock"]``); a modeled clock says its TF32
+    settings and where they came from."""
+    from memlens.clock import clock_label, tf32_label
+    from memlens.trace import clock_of
+    clock = trace_or_clock if isinstance(trace_or_clock, dict) else clock_of(trace_or_clock)
+    tf32 = tf32_label(clock.get("tf32")) if clock.get("kind") == "modeled" else ""
+    return f"clock: {clock_label(clock)}" + (f"; {tf32}" if tf32 else "")
 
 
 def refuse_gpu_with_dask(args) -> None:

@@ -14,7 +14,10 @@ def register(sub) -> None:
     p.add_argument("-o", "--output", required=True, type=options.output_path, help="the JSON file to write (e.g. mygpu.json)")
     p.add_argument("--base", default="H100", help="the built-in GPU to start from (see `memlens gpus`; "
                                                   "default H100)")
-    p.add_argument("--tf32", action="store_true", help="fp32 matmuls ran at the TF32 tensor-core rate")
+    import argparse
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="fp32 matmuls and convolutions ran at the TF32 tensor-core rate (--no-tf32: neither; "
+                        "default: PyTorch's defaults, matmul off and cuDNN convolutions on)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 

@@ -2,6 +2,8 @@
 (a measured profile: its kernel times scaled from the GPU that measured them)."""
 from __future__ import annotations
 
+import argparse
+
 
 def register(sub) -> None:
     p = sub.add_parser("retime", help="put a trace on the modeled clock of a GPU and save it",
@@ -12,7 +14,9 @@ def register(sub) -> None:
     p.add_argument("trace", help="a .memlens directory recorded by memlens")
     p.add_argument("-o", "--output", required=True, help="the .memlens directory to write")
     p.add_argument("--gpu", default="H100", help="GPU name (see `memlens gpus`; default H100) or a JSON file from `memlens calibrate`")
-    p.add_argument("--tf32", action="store_true", help="fp32 matmuls run at the TF32 tensor-core rate")
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help="fp32 matmuls and convolutions run at the TF32 tensor-core rate (--no-tf32: neither); "
+                        "default: what the trace says, else PyTorch's defaults, stated with the clock")
     from memlens.commands._device import add_source_gpu_option
     add_source_gpu_option(p)
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it is a memlens trace")

@@ -55,7 +55,7 @@ def _measured_ops(profile_or_trace) -> tuple[pd.DataFrame, str, str]:
     return ops.assign(measured_ns=pd.to_numeric(ops[column], errors="coerce").fillna(0.0)), label, column
 
 
-def _parts(ops: pd.DataFrame, g: GPU, tf32: bool) -> tuple[np.ndarray, np.ndarray]:
+def _parts(ops: pd.DataFrame, g: GPU, tf32) -> tuple[np.ndarray, np.ndarray]:
     """(fixed ns, throughput ns) per op on uncalibrated `g`, computed once per distinct signature."""
     facts = op_facts(ops).drop(columns=["device", "collective", "collective_bytes", "group_size"])
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(facts))
@@ -108,7 +108,7 @@ def _blend(fitted: dict, cls_of: np.ndarray, fixed: np.ndarray, work: np.ndarray
     return 0.0
 
 
-def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
+def calibrate(profile_or_trace, base="H100", *, tf32=None) -> GPU:
     """A `GPU` like `base` whose per-class constants are fitted to the measured kernels of a profile.
 
     `profile_or_trace`: a profile path (anything `memlens.load` reads that keeps op shapes and kernel
@@ -118,7 +118,9 @@ def calibrate(profile_or_trace, base="H100", *, tf32: bool = False) -> GPU:
     ``class_scale`` = {class: (fixed factor, throughput factor)} and ``calibration`` = {"base", "source",
     "classes": {class: {ops, measured_ns, modeled_ns, calibrated_ns, ratio_before, ratio_after,
     median_abs_log_error, fixed_factor, throughput_factor, fitted (False: too few ops, kept at 1)}},
-    "total_ratio_before", "total_ratio_after", "blend" (module docstring)} (ratios are modeled / measured). Raises `InputError` without kernel times or cost facts.
+    "total_ratio_before", "total_ratio_after", "blend" (module docstring)} (ratios are modeled / measured).
+    `tf32`: as in `memlens.retime` (None: PyTorch's defaults for the base GPU's vendor). Raises `InputError`
+    without kernel times or cost facts.
     """
     g = resolve_gpu(base)
     g = replace(g, class_scale={}, calibration={})

@@ -42,6 +42,7 @@ from memlens.devicetime.rules import attention, gemm, memory, rowwise
 from memlens.devicetime.rules.gemm import GEMM_TILES, SPLIT_K
 from memlens.devicetime.rules.names import (CLASSES, CONV, MULTI_KERNEL, NORM, POOLING, base_name,
                                             causal_from_args, op_class)
+from memlens.devicetime.tf32 import flags, tf32_setting
 
 MODEL_NAME = ("memlens.devicetime v2 (per-op-class: GEMM/conv waves by shape and layout, causal attention, "
               "softmax by row length, host links, calibratable)")
@@ -64,8 +65,15 @@ def parse_shapes(shapes: str) -> tuple[list, list, int]:
     return tensors(left), tensors(right), more
 
 
+def tf32_flags(g: GPU, tf32) -> tuple[bool, bool]:
+    """(matmul, conv) TF32 flags on `g` of a `tf32` argument: a bool sets both, a mapping (a clock's
+    ``tf32`` entry) each, None takes the defaults for `g`'s vendor (`memlens.devicetime.tf32`)."""
+    return flags(tf32_setting(None, None, g.vendor) if tf32 is None else tf32)
+
+
 def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-            tf32: bool, causal: bool, transfer: str, strided: bool = False) -> tuple[str, int, float]:
+            tf32, causal: bool, transfer: str, strided: bool = False) -> tuple[str, int, float]:
+    tf32_matmul, tf32_conv = tf32_flags(g, tf32)
     moved = float(bytes_read + bytes_written)
     cls = op_class(name, flops, int(moved))
     if transfer in ("h2d", "d2h") and moved > 0:
@@ -78,14 +86,16 @@ def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, 
     kernels = MULTI_KERNEL.get(n, 1)
     if cls == "gemm":
         if n in CONV:
-            return (cls,) + gemm.conv_ns(g, n, float(flops), inputs, outputs, dtype, moved, tf32=tf32)
-        return cls, kernels, gemm.gemm_ns(g, float(flops), inputs, outputs, dtype, moved, tf32=tf32)
+            return (cls,) + gemm.conv_ns(g, n, float(flops), inputs, outputs, dtype, moved, tf32=tf32_conv)
+        return cls, kernels, gemm.gemm_ns(g, float(flops), inputs, outputs, dtype, moved, tf32=tf32_matmul)
     if cls == "attention":
         backward = "backward" in n
         ns = attention.attention_ns(g, name, inputs, float(flops), dtype, backward=backward, causal=causal)
         return cls, kernels, ns + (kernels - 1) * g.launch_ns
     if cls == "normalization" and n in NORM:
-        return cls, kernels, rowwise.rowwise_ns(g, n, kernels, inputs, outputs, moved)
+        return cls, kernels, rowwise.rowwise_ns(g, n, kernels, inputs, outputs, moved, strided)
+    if n == "aten::mse_loss":
+        return (cls,) + rowwise.mse_loss_ns(g, inputs, outputs, moved)
     if cls == "reduction":
         return cls, kernels, rowwise.reduction_ns(g, kernels, moved)
     if cls == "gather":
@@ -103,9 +113,13 @@ def _raw_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, 
 
 
 def model_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-             *, tf32: bool = False, causal: bool = False, transfer: str = "", strided: bool = False
+             *, tf32=None, causal: bool = False, transfer: str = "", strided: bool = False
              ) -> tuple[str, int, float]:
     """(op class, kernels launched, device ns) of one op on `g`.
+
+    `tf32`: fp32 matmuls and convolutions at the TF32 rate - a bool for both, ``{"matmul": bool, "conv":
+    bool}`` for each, None for PyTorch's defaults on `g`'s vendor (matmul off, cuDNN convolutions on; ROCm
+    neither).
 
     `causal`: a fused attention op with a causal mask; `transfer`: "h2d"/"d2h" for a copy over the host
     link; `strided`: an input is not contiguous (elementwise ops lose their vectorized path). On a calibrated GPU (`g.class_scale`), the class's fixed part (what the latency constants
@@ -122,7 +136,7 @@ def model_op(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int,
 
 
 def split_parts(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: int, dtype: str, shapes: str,
-                *, tf32: bool = False, causal: bool = False, transfer: str = "", strided: bool = False,
+                *, tf32=None, causal: bool = False, transfer: str = "", strided: bool = False,
                 total: float | None = None) -> tuple[float, float]:
     """(fixed ns, throughput ns) of one op on uncalibrated `g`: the throughput part is the op's time with
     every latency constant at 0, the fixed part what the constants add."""
@@ -134,7 +148,8 @@ def split_parts(g: GPU, name: str, flops: int, bytes_read: int, bytes_written: i
 
 
 def roofline_op(g: GPU, flops: int, bytes_moved: int, dtype: str, *, tf32: bool = False) -> float:
-    """Naive roofline: ``max(flops / dense peak, bytes / bandwidth)`` in ns (no floors, no efficiencies)."""
+    """Naive roofline: ``max(flops / dense peak, bytes / bandwidth)`` in ns (no floors, no efficiencies);
+    `tf32`: an fp32 op's peak is the TF32 one."""
     if flops == 0 and bytes_moved == 0:
         return 0.0
     return max(flops / g.peak_flops(dtype or "float32", tf32=tf32), bytes_moved / g.mem_bw) * 1e9
@@ -189,12 +204,15 @@ def op_facts(ops: pd.DataFrame) -> pd.DataFrame:
                          "device": str, "collective": str, "collective_bytes": "int64", "group_size": "int64"})
 
 
-def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataFrame:
+def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32=None) -> pd.DataFrame:
     """Per op of `ops`: op_class (str), kernels (int64), device_ns (int64, modeled duration on `gpu`) and
     roofline_ns (int64, the naive roofline), in the order of `ops`. Ops whose optional ``device`` column
     says "cpu" ran on the host: 0 ns, class "none". Without a ``causal`` column, an imported trace's
     ``concrete_inputs`` say which attention ops are causal, and its ``input_strides`` which operands are
-    not contiguous (`op_facts`). Computed once per distinct signature."""
+    not contiguous (`op_facts`). `tf32` as in `model_op` (None: PyTorch's defaults for `gpu`'s vendor).
+    Computed once per distinct signature."""
+    tf32_matmul, tf32_conv = tf32_flags(gpu, tf32)
+    resolved = {"matmul": tf32_matmul, "conv": tf32_conv}
     codes, uniques = pd.factorize(pd.MultiIndex.from_frame(op_facts(ops)))
     comms = "collective" in ops.columns     # the trace says which ops communicate
     rows = []
@@ -205,9 +223,10 @@ def device_times(ops: pd.DataFrame, gpu: GPU, *, tf32: bool = False) -> pd.DataF
         if comms and (coll or name.startswith(_COMM_PREFIXES) or name == "record_param_comms"):
             rows.append(communication_op(gpu, name, coll, coll_bytes, group) + (0.0,))
             continue
-        cls, kernels, ns = model_op(gpu, name, int(flops), int(br), int(bw), dtype, shapes, tf32=tf32,
+        cls, kernels, ns = model_op(gpu, name, int(flops), int(br), int(bw), dtype, shapes, tf32=resolved,
                                     causal=bool(causal), transfer=transfer, strided=bool(strided))
-        rows.append((cls, kernels, ns, roofline_op(gpu, int(flops), int(br) + int(bw), dtype, tf32=tf32)))
+        on_tf32 = tf32_conv if base_name(name) in CONV else tf32_matmul
+        rows.append((cls, kernels, ns, roofline_op(gpu, int(flops), int(br) + int(bw), dtype, tf32=on_tf32)))
     if not rows:
         return pd.DataFrame({"op_class": pd.Series(dtype=object), "kernels": pd.Series(dtype=np.int64),
                              "device_ns": pd.Series(dtype=np.int64), "roofline_ns": pd.Series(dtype=np.int64)})

@@ -35,15 +35,20 @@ from memlens.devicetime.costmodel import MODEL_NAME, device_times, has_cost_fact
 from memlens.devicetime.gpus import gpu as resolve_gpu
 from memlens.devicetime.gpus import gpu_of_device
 from memlens.devicetime.scaling import scale_factors, scaled_ns
+from memlens.devicetime.tf32 import tf32_setting
 from memlens.errors import InputError
 from memlens.trace import Trace, clock_of
 
 
-def retime(trace: Trace, gpu="H100", *, tf32: bool = False, source_gpu=None) -> Trace:
+def retime(trace: Trace, gpu="H100", *, tf32=None, source_gpu=None) -> Trace:
     """A new Trace on the modeled clock of `gpu` (a name from `memlens.gpus()` or a `memlens.GPU`).
 
-    `tf32`: fp32 matmuls run at the TF32 tensor-core rate (``torch.backends.cuda.matmul.allow_tf32``;
-    off by default in PyTorch). Needs the ops table's cost facts (recorded by memlens); raises
+    `tf32`: whether fp32 matmuls (``torch.backends.cuda.matmul.allow_tf32``) and convolutions
+    (``torch.backends.cudnn.allow_tf32``) run at the TF32 tensor-core rate: True / False for both,
+    ``{"matmul": bool, "conv": bool}`` for each, None (default) for what the trace says
+    (``metadata["torch_settings"]``), else PyTorch's defaults (matmul off, cuDNN convolutions on; neither on
+    ROCm). The clock's ``tf32`` entry records the settings used and their source
+    (`memlens.devicetime.tf32`). Needs the ops table's cost facts (recorded by memlens); raises
     `InputError` for a trace without them. The input trace is not modified.
 
     A trace on the measured kernel clock is scaled from its measured times instead (module docstring);
@@ -52,6 +57,7 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False, source_gpu=None) -> 
     g = resolve_gpu(gpu)
     if not isinstance(trace, Trace):
         raise InputError(f"retime needs a memlens.Trace, not {type(trace).__name__}")
+    tf32 = tf32_setting(tf32, trace.metadata, g.vendor)
     ops = trace.ops
     if len(ops) == 0:
         raise InputError("the trace has no ops (an allocation-only source such as a snapshot, a profiler "
@@ -74,7 +80,7 @@ def retime(trace: Trace, gpu="H100", *, tf32: bool = False, source_gpu=None) -> 
     times, busy = device_time_columns(ops, self_ns=dt["device_ns"].to_numpy())
     start, end = op_schedule(ops, times["device_self_ns"], times["device_ns"])
     old = clock_of(trace)
-    clock = {"kind": "modeled", "gpu": g.name, "model": MODEL_NAME, "tf32": bool(tf32),
+    clock = {"kind": "modeled", "gpu": g.name, "model": MODEL_NAME, "tf32": tf32,
              "device_busy_ns": busy, "kernels": int(dt["kernels"].sum())}
     out = restamp(trace, start, end, clock,
                   op_columns={**times, "op_class": dt["op_class"].to_numpy(), "kernels": dt["kernels"].to_numpy()},
@@ -98,7 +104,7 @@ def _measured_gpu(trace: Trace, source_gpu):
     return found
 
 
-def _scale_measured(trace: Trace, g, source_gpu, *, tf32: bool) -> Trace:
+def _scale_measured(trace: Trace, g, source_gpu, *, tf32: dict) -> Trace:
     """`trace` (on the measured kernel clock) on `g`'s clock: measured own times scaled op by op."""
     src = _measured_gpu(trace, source_gpu)
     ops = trace.ops
@@ -107,13 +113,13 @@ def _scale_measured(trace: Trace, g, source_gpu, *, tf32: bool) -> Trace:
     else:
         measured = device_time_columns(ops, inclusive=ops["device_ns"].to_numpy(dtype="float64", na_value=0)
                                        )[0]["device_self_ns"].astype("float64")
-    factor, priced, classes = scale_factors(ops, src, g, tf32=tf32)
+    factor, priced, classes = scale_factors(ops, src, g, tf32=bool(tf32["matmul"]))
     kernels = ops["kernels"].to_numpy(dtype="float64", na_value=0) if "kernels" in ops.columns else np.zeros(len(ops))
     own_kernels = self_ns_of(kernels.astype(np.int64), op_parents(ops))    # the column counts nested ops' too
     new_self = scaled_ns(measured, own_kernels, factor, classes, src, g)
     times, busy = device_time_columns(ops, self_ns=np.rint(new_self).astype(np.int64))
     start, end = op_schedule(ops, times["device_self_ns"], times["device_ns"])
-    clock = {"kind": "modeled", "gpu": g.name, "model": f"scaled from measured {src.name}", "tf32": bool(tf32),
+    clock = {"kind": "modeled", "gpu": g.name, "model": f"scaled from measured {src.name}", "tf32": tf32,
              "device_busy_ns": busy, "kernels": clock_of(trace).get("kernels"), "measured_gpu": src.name}
     out = restamp(trace, start, end, clock,
                   op_columns={**times, "measured_self_ns": measured.astype(np.int64), "scale": factor,

@@ -35,10 +35,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from memlens.opfacts.convshape import conv_arguments, conv_flops, infer_conv_result, is_forward_convolution
 from memlens.opfacts.dtypes import SCALAR_TYPE_NAMES, dtype_name, is_floating, itemsize
 from memlens.opfacts.flops import count_flops, resolve_op
 from memlens.opfacts.opinfo import METADATA, VIEW, classify
-from memlens.opfacts.signatures import (TensorMeta, results_of, shapes_string, signature_args,
+from memlens.opfacts.signatures import (TensorMeta, is_tensor_meta, results_of, shapes_string, signature_args,
                                        signature_value, tensor_metas, tensor_nbytes)
 
 # re-exported: callers import these from here (the recorder session, the trace builder, tests)
@@ -107,6 +108,9 @@ def op_costs(op, args, kwargs=None, out=None) -> CostFacts:
         name, kind, pos_writes, kw_writes, fresh = str(op), 0, (), frozenset(), ()
     else:
         name, kind, pos_writes, kw_writes, fresh = _op_facts(func)
+    if out is None and func is not None and is_forward_convolution(name):
+        # backend convolutions have no meta kernel, so a profile logs them without a result: work it out
+        out = infer_conv_result([a.name for a in func._schema.arguments], tuple(args), kwargs)
     shapes = shapes_string(args, kwargs, out)
     read_kwargs = tuple(v for k, v in kwargs.items() if k not in kw_writes)
     arg_metas = tensor_metas(tuple(args), []) + tensor_metas(read_kwargs, [])
@@ -134,7 +138,18 @@ def op_costs(op, args, kwargs=None, out=None) -> CostFacts:
     read = sum(tensor_nbytes(m) for m in arg_metas)
     # out= arguments are written, never read; written positional args (in-place self) are also read
     flops = count_flops(func if func is not None else op, args, kwargs, out)
+    if flops == 0 and func is not None and out is not None and is_forward_convolution(name):
+        flops = _convolution_flops(func, args, kwargs, out)     # a backend op the flop registry lacks
     return CostFacts(flops, read, written, dtype, shapes)
+
+
+def _convolution_flops(func, args, kwargs, out) -> int:
+    found = conv_arguments([a.name for a in func._schema.arguments], tuple(args), kwargs)
+    result = results_of(out)
+    if found is None or not result or not is_tensor_meta(result[0]):
+        return 0
+    return conv_flops(tuple(found["input"][0]), tuple(found["weight"][0]), tuple(result[0][0]),
+                      bool(found["transposed"]))
 
 
 def _dominant_dtype(arg_metas: list, out_metas: list) -> str:

@@ -11,6 +11,25 @@ from memlens.recording.session import Session
 from memlens.trace import SCHEMA, SCHEMA_VERSION, Trace, conform, event_order
 
 
+def torch_settings() -> dict:
+    """The switches that decide how fp32 products run on a GPU, as the recorded process had them:
+    ``matmul_allow_tf32`` (``torch.backends.cuda.matmul.allow_tf32``), ``cudnn_allow_tf32``
+    (``torch.backends.cudnn.allow_tf32``), ``float32_matmul_precision``; read by the modeled clock."""
+    import warnings
+
+    import torch
+    out = {}
+    with warnings.catch_warnings():     # newer torch steers towards its fp32_precision API with a warning
+        warnings.simplefilter("ignore")
+        for key, read in (("matmul_allow_tf32", lambda: torch.backends.cuda.matmul.allow_tf32),
+                          ("cudnn_allow_tf32", lambda: torch.backends.cudnn.allow_tf32),
+                          ("float32_matmul_precision", torch.get_float32_matmul_precision)):
+            try:
+                out[key] = read()
+            except (AttributeError, RuntimeError):
+                continue
+    return out
+
 def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict, clock: tuple[int, int],
                    exception: str | None = None) -> Trace:
     """Build the Trace of a finished session.
@@ -91,6 +110,7 @@ def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, o
     metadata = {
         "source_kind": "memlens_record",
         "torch_version": torch.__version__,
+        "torch_settings": torch_settings(),
         "devices": devices,
         "settings": settings,
         "sources": sources,

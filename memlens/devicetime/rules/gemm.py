@@ -15,6 +15,20 @@ Convolutional Neural Networks" (CVPR 2016): Winograd F(2x2, 3x3) does 16 multipl
 convolution does 36 (2.25x fewer); cuDNN picks it (``CUDNN_CONVOLUTION_*_ALGO_WINOGRAD*``) for 3x3
 stride-1 convolutions on CUDA cores, which is how the V100 fp32 profile's 3x3 layers run above the fp32
 peak when counted in direct-convolution flops.
+
+Alignment: NVIDIA's guide (Tensor Core requirements, cuBLAS >= 11) says Tensor Cores are used at every
+size but are most efficient when the dimensions are multiples of 8 for FP16/BF16 and of 4 for TF32, i.e.
+16 bytes. A kernel for a narrower alignment (``alignN``: N elements per load) issues 16 / (N x itemsize)
+times the loads of the 16-byte one, which is what slows it: the penalty grows with the loads per 16 bytes,
+from 1 (aligned) to the GPU's `misaligned_gemm_penalty` for 2-byte ``align1`` (8 loads; measured on the
+H100 TimeSformer profile's 3137-wide products); so TF32 ``align1`` (4 loads) pays 3/7 of that excess and
+BF16 ``align2`` (4 loads) the same (A100-class parts: ``cp.async`` copies 16, 8 or 4 bytes, so the kernel
+for each alignment loses in proportion). On Hopper (compute capability 9.x) the fast kernels load through
+the Tensor Memory Accelerator, whose tensor maps need 16-byte strides: any misalignment falls back to the
+previous generation's kernels (the H100 bert-small profile's 30522-wide product runs
+``cutlass_80_tensorop_bf16_s16816gemm_*_align2``, 41 us, as slow per flop as TimeSformer's ``align1``), so
+there the whole penalty applies. FP32 and FP64 products on CUDA cores (``simt_sgemm``, no TF32) are bound by
+their FMAs, not their loads: no penalty.
 """
 from __future__ import annotations
 
@@ -31,12 +45,38 @@ ITEMSIZE = {"f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 
             "c64": 8, "c128": 16, "f8e4m3": 1, "f8e5m2": 1}
 
 
+ALIGN_BYTES = 16          # a Tensor Core kernel's widest load; NVIDIA's "multiples of 8 (FP16) / 4 (TF32)"
+WORST_LOADS = 8           # loads per 16 bytes of the slowest kernel measured: 2-byte elements, align1
+
+
+def alignment_bytes(inputs: list, outputs: list) -> int:
+    """The widest load (bytes, a power of two up to 16) that every GEMM operand's innermost dimension
+    allows: the largest power of two dividing ``width x itemsize``, the smallest over the operands
+    (dimensions of size 1, vectors broadcast along a row, do not count)."""
+    widest = ALIGN_BYTES
+    for d, shape in inputs + outputs:
+        if len(shape) >= 1 and shape[-1] > 1:
+            row = shape[-1] * ITEMSIZE.get(d, 4)
+            widest = min(widest, row & -row)
+    return widest
+
+
 def aligned(inputs: list, outputs: list) -> bool:
     """Innermost dimensions of every GEMM operand are multiples of 16 bytes."""
-    for d, shape in inputs + outputs:
-        if len(shape) >= 1 and shape[-1] > 1 and (shape[-1] * ITEMSIZE.get(d, 4)) % 16:
-            return False
-    return True
+    return alignment_bytes(inputs, outputs) >= ALIGN_BYTES
+
+
+def misalignment_penalty(g, dtype: str, tf32: bool, align: int) -> float:
+    """Slowdown of a GEMM whose operands allow loads of `align` bytes: ``1 + (misaligned_gemm_penalty - 1)
+    x (16 / align - 1) / 7`` on matrix units (7 = the extra loads of 2-byte ``align1``), the whole
+    `misaligned_gemm_penalty` on Hopper (compute capability >= 9.0: no TMA kernel), 1 on CUDA cores (fp32
+    without TF32, fp64) and when aligned."""
+    if align >= ALIGN_BYTES or not tensor_core(g, dtype, tf32):
+        return 1.0
+    if g.capability is not None and g.capability >= (9, 0):     # no TMA kernel below 16 bytes
+        return g.misaligned_gemm_penalty
+    loads = ALIGN_BYTES / max(int(align), 1)
+    return 1.0 + (g.misaligned_gemm_penalty - 1.0) * min(loads - 1.0, WORST_LOADS - 1.0) / (WORST_LOADS - 1.0)
 
 
 def tiled_ns(g, m: int, n: int, batch: int, k: float, dtype: str, bytes_moved: float, *, tf32: bool,
@@ -67,8 +107,9 @@ def tiled_ns(g, m: int, n: int, batch: int, k: float, dtype: str, bytes_moved: f
 
 def gemm_ns(g, flops: float, inputs: list, outputs: list, dtype: str, bytes_moved: float, *, tf32: bool) -> float:
     """mm / addmm / bmm / baddbmm: the floor plus the tiled time; misaligned operands (innermost
-    dimension x element size not a multiple of 16 bytes) pay `misaligned_gemm_penalty` on compute and
-    memory alike (the ``align1``/``align2`` kernels)."""
+    dimension x element size not a multiple of 16 bytes) pay `misalignment_penalty` on compute and
+    memory alike (the ``align1``/``align2``/``align4`` kernels). `tf32`: an fp32 product runs at the TF32
+    rate."""
     out_shape = outputs[0][1] if outputs else ()
     if len(out_shape) >= 2:
         m, n, batch = out_shape[-2], out_shape[-1], math.prod(out_shape[:-2])
@@ -79,12 +120,13 @@ def gemm_ns(g, flops: float, inputs: list, outputs: list, dtype: str, bytes_move
         m, n, batch = (mats[0][-2], mats[-1][-1], math.prod(mats[0][:-2])) if mats else (1, 1, 1)
     m, n, batch = max(m, 1), max(n, 1), max(batch, 1)
     k = flops / (2.0 * batch * m * n)
-    penalty = 1.0 if aligned(inputs, outputs) else g.misaligned_gemm_penalty
+    penalty = misalignment_penalty(g, dtype, tf32, alignment_bytes(inputs, outputs))
     return g.gemm_floor_ns + tiled_ns(g, m, n, batch, k, dtype, bytes_moved, tf32=tf32, penalty=penalty)
 
 
-def _tensor_core(g, dtype: str, tf32: bool) -> bool:
-    """The dtype runs on matrix units here: a dense peak above the part's fp32 rate."""
+def tensor_core(g, dtype: str, tf32: bool) -> bool:
+    """The dtype runs on matrix units here: a dense peak above the part's fp32 rate (fp32 only with
+    `tf32` on a part with a TF32 rate; never fp64)."""
     from memlens.devicetime.gpus import DTYPE_TO_KEY
     key = DTYPE_TO_KEY.get(dtype, "fp32")
     return g.peak_flops(dtype, tf32=tf32) > g.flops.get("fp32", 0) * 1.01 and key != "fp64"
@@ -111,7 +153,7 @@ def conv_ns(g, name: str, flops: float, inputs: list, outputs: list, dtype: str,
     if w[1] == 1 and x[1] > 1 and w[0] % x[1] == 0:      # depthwise: a stencil, memory bound
         return 1, g.launch_ns + bytes_moved / stream * 1e9
     itemsize = ITEMSIZE.get({"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(dtype, "f32"), 4)
-    on_matrix_units = _tensor_core(g, dtype, tf32)
+    on_matrix_units = tensor_core(g, dtype, tf32)
     mma_k = MMA_K.get(itemsize, 8)
     channel_eff = w[1] / (math.ceil(w[1] / mma_k) * mma_k) if on_matrix_units else 1.0
     taps, out_pix, in_pix = math.prod(w[2:]), math.prod(y[2:]), math.prod(x[2:])

@@ -193,7 +193,10 @@ def _signature_facts(name: str, args: dict, list_dtype: str) -> tuple:
             out = _results(func(*meta_args, **meta_kwargs))
         except Exception:   # no meta kernel, or arguments the trace could not give exactly
             runnable = False
-    return op_costs(func, tuple(sig_args), sig_kwargs, out), own_kernel, runnable
+    facts = op_costs(func, tuple(sig_args), sig_kwargs, out)
+    # a backend convolution's result is worked out from its arguments when no meta kernel gives it
+    known = runnable or (out is None and "->" in facts.shapes and facts.flops > 0)
+    return facts, own_kernel, known
 
 
 def _common_dtype(op_args) -> str:

@@ -33,8 +33,9 @@ from memlens.io.jsonfile import load_json
 from memlens.io.kineto.attrib import innermost_enclosing, nesting
 from memlens.io.kineto.comms import comms_columns
 from memlens.io.kineto.facts import facts_columns
-from memlens.io.kineto.kernels import kernel_columns, launch_frames, launches_outside_ops
+from memlens.io.kineto.kernels import collect_gpu_events, kernel_columns, launch_frames, launches_outside_ops
 from memlens.io.kineto.ops import OpTable, read_ops
+from memlens.io.kineto.settings import header_torch_settings, kernel_tf32_evidence, merge_kernel_evidence
 from memlens.io.size_pairing import pair_by_size_lifo
 from memlens.io.snapshot.pairing import ALLOC, FREE_COMPLETED, Pairing, pair_blocks
 
@@ -107,7 +108,8 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
     else:
         raise InputError(f"JSON holds a {type(obj).__name__}, not a Kineto/Chrome trace", where)
     mem = _memory_columns(events, where)
-    frames = launch_frames(events if gpu_events is None else gpu_events)
+    collected = collect_gpu_events(events) if gpu_events is None else gpu_events
+    frames = launch_frames(collected)
     ops = read_ops(events, where)
     n_recorded_ops = len(ops)
     # a runtime call that started GPU work outside every op (a graph replayed from Python) is an op itself
@@ -139,7 +141,7 @@ def kineto_to_trace(obj, source: str = "<in-memory trace>", path=None, gpu_event
         else None
     ops_table = ops_table.assign(parent_op_id=pd.arrays.IntegerArray(parent.clip(0), parent < 0), depth=depth,
                                  **facts, **kernels, **comms_columns(ops.names, ops.args, world))
-    metadata = _metadata(obj, mem_meta, source, t0_us, len(ops_table))
+    metadata = _metadata(obj, mem_meta, source, t0_us, len(ops_table), tf32_from_kernels(collected))
     metadata.update(op_facts=fact_counts, gpu_activity=gpu_counts)
     metadata["notes"] += _gpu_notes(fact_counts, gpu_counts)
     return Trace.from_tables(blocks, ops=ops_table, metadata=metadata, events=events)
@@ -263,8 +265,28 @@ NO_MEMORY_NOTE = ("This profile has no [memory] events (recorded without torch.p
                   "memory analyses (live bytes, peak, blocks, planning, simulation) have nothing to show.")
 
 
-def _metadata(obj: dict, said: dict | None, source, t0_us, n_ops) -> dict:
-    """The trace's metadata; `said`: what `_memory_tables` found (None without [memory] events)."""
+def tf32_from_kernels(collected) -> dict:
+    """{"matmul": bool, "conv": bool} as far as the trace's kernel names tell (`kernel_tf32_evidence`): a
+    switch is on when one of its fp32 kernels ran on Tensor Cores, off when only CUDA-core ones did."""
+    seen: dict = {}
+    for name in getattr(collected, "kernel_names", ()):
+        said = kernel_tf32_evidence(name)
+        if said is not None:
+            seen[said[0]] = seen.get(said[0], False) or said[1]
+    return seen
+
+
+def _has_tf32(device_properties) -> bool:
+    """Every profiled device is an NVIDIA part with TF32 Tensor Cores (compute capability 8.0 or later)."""
+    if not isinstance(device_properties, list) or not device_properties:
+        return False
+    return all(isinstance(d, dict) and isinstance(d.get("computeMajor"), int) and d["computeMajor"] >= 8
+               and "AMD" not in str(d.get("name", "")) for d in device_properties)
+
+
+def _metadata(obj: dict, said: dict | None, source, t0_us, n_ops, kernel_tf32: dict | None = None) -> dict:
+    """The trace's metadata; `said`: what `_memory_tables` found (None without [memory] events);
+    `kernel_tf32`: what the kernel names say of the TF32 switches (`tf32_from_kernels`)."""
     mem = said["mem"] if said else None
     meta = {"source_kind": "kineto", "source_path": source, "clock": make_clock("host", source_units="ts_us"),
             "format_era": "no [memory] events" if said is None else "2022+: [memory] events with Addr and totals"
@@ -279,6 +301,12 @@ def _metadata(obj: dict, said: dict | None, source, t0_us, n_ops) -> dict:
     for key in ("deviceProperties", "distributedInfo", "traceName"):
         if key in obj:
             meta[key] = obj[key]
+    evidence = dict(kernel_tf32 or {})
+    if not _has_tf32(obj.get("deviceProperties")):     # CUDA-core kernels there say nothing of the switches
+        evidence = {k: v for k, v in evidence.items() if v}
+    settings = merge_kernel_evidence(header_torch_settings(obj), evidence)
+    if settings:    # TF32 switches / torch version a wrapper wrote into the header (read by the modeled clock)
+        meta["torch_settings"] = settings
     meta["notes"] = [NO_MEMORY_NOTE] if said is None else _memory_notes(said, meta["device_types"], n_ops)
     return meta
 

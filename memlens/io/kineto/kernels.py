@@ -53,6 +53,7 @@ class GpuEvents:
                                                 ("ext", "q"), ("name", "q"))}
         self.act = {k: array(t) for k, t in (("cat", "b"), ("ts", "d"), ("end", "d"), ("corr", "q"),
                                                ("stream", "q"), ("ext", "q"), ("dir", "b"))}
+        self.kernel_names: set = set()      # distinct kernel names (a few hundred), for what they tell
 
     def add(self, e) -> bool:
         """Collect `e` when it is a runtime call or a GPU activity; whether it was one."""
@@ -77,6 +78,8 @@ class GpuEvents:
                 self.launch[key].append(value)
         else:
             code = self._CATEGORIES.index(ACTIVITY_CATEGORIES[cat])
+            if code == 0:
+                self.kernel_names.add(str(e.get("name", "")))
             direction = direction_code(e.get("name"), args) if code == 1 else 0
             for key, value in (("cat", code), ("ts", ts), ("end", ts + dur), ("corr", _arg_int(args, "correlation")),
                                ("stream", _arg_int(args, "stream")), ("ext", ext), ("dir", direction)):
@@ -111,12 +114,17 @@ class GpuEvents:
         return launches, acts
 
 
-def gpu_events(events: list) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(launches, activity) of a trace's events (`GpuEvents.frames`)."""
+def collect_gpu_events(events: list) -> GpuEvents:
+    """The runtime calls and GPU activity of a trace's events, collected."""
     collected = GpuEvents()
     for e in events:
         collected.add(e)
-    return collected.frames()
+    return collected
+
+
+def gpu_events(events: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(launches, activity) of a trace's events (`GpuEvents.frames`)."""
+    return collect_gpu_events(events).frames()
 
 
 def attribute(acts: pd.DataFrame, launches: pd.DataFrame, op_external_id: np.ndarray, op_thread: np.ndarray,

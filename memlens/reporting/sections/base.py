@@ -49,9 +49,10 @@ class ReportOptions:
     None: 10,000 blocks for traces with accesses, 50,000 without),
     ``memory_limit`` (bytes, for swapping what-ifs), ``gpu`` (put the trace on this GPU's modeled clock
     first: `memlens.retime`; the ATI and what-if sections then show the recorded clock beside it; the
-    swap link defaults to the GPU's host link), ``tf32`` (with ``gpu``: fp32 matmuls at the TF32 rate),
-    ``source_gpu`` (with ``gpu``, a trace on the measured kernel clock: the GPU that measured it, when its device
-    name is not in the GPU table),
+    swap link defaults to the GPU's host link), ``tf32`` (with ``gpu``: True / False runs fp32 matmuls and
+    convolutions at the TF32 rate or not; None: what the trace says, else PyTorch's defaults, named in the
+    clock), ``source_gpu`` (with ``gpu``, a trace on the measured kernel clock: the GPU that measured it, when
+    its device name is not in the GPU table),
     ``source_root`` (a directory: the sites table shows each site's source line from the files found there; None:
     from the files where the frames point, when present)."""
 
@@ -65,7 +66,7 @@ class ReportOptions:
     whatif_max_blocks: int | None = None
     memory_limit: int | None = None
     gpu: Any = None
-    tf32: bool = False
+    tf32: Any = None
     source_gpu: Any = None
     source_root: Any = None
 
