@@ -6,7 +6,8 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
    ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the time it
    adds, from the base's predicted trace: forward ops run again (`checkpoint.module_costs`); the planned
    saved tensors moved to the host and prefetched back over the GPU table's host link, and the stall of
-   the copies back (`offload_plan`, from one more prediction naming every saved tensor; one GPU only); choose the cheapest set freeing what the capacity asks (`solver.choose`);
+   the copies back (`offload_plan`, from one more prediction naming every saved tensor; one GPU only);
+   choose the cheapest set freeing what the capacity asks (`solver.choose`);
    predict the step with exactly that set applied. When the verified plan still misses, ask for the shortfall
    more and solve again (at most `rounds` times). Every block checkpointed in full (the usual manual answer)
    is predicted too, as a reference plan.
@@ -233,7 +234,8 @@ def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
     for start in starts:
         for v in variants:
             plan = Plan(checkpoint=dict(start.checkpoint), offload=start.offload, strategy=start.strategy,
-                        recompute_ns=start.recompute_ns, micro_batch=start.micro_batch, accumulate=start.accumulate, freed=list(start.freed), **v)
+                        recompute_ns=start.recompute_ns, micro_batch=start.micro_batch,
+                        accumulate=start.accumulate, freed=list(start.freed), **v)
             _keep(closest, plan, verify(work, plan, baseline_step_ns))
             out.append(plan)
     return out

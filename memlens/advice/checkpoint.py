@@ -132,11 +132,11 @@ def _root_prefix(paths: set, candidates: list[str]) -> str:
 def module_costs(trace, candidates: list[str], root: str | None = None, from_op: int = 0) -> list[ModuleCost]:
     """`ModuleCost` of each candidate (``named_modules`` names) from a predicted trace whose module paths
     start with `root` (default: what the recorder put before the model's names, `_root_prefix`).
-    A module's saved activations
-    are the ``cuda:0`` blocks allocated by its forward ops and still allocated at the allocated peak; the
-    one allocated last (its output, which the next module keeps) is not counted as freed (offload: 0 bytes
-    here; the advisor fills it from the offload plan). `from_op`: the op id where the step to read begins (a steady-state prediction's last step;
-    the forward ops of the steps before it are not counted again)."""
+    A module's saved activations are the ``cuda:0`` blocks allocated by its forward ops and still allocated
+    at the allocated peak; the one allocated last (its output, which the next module keeps) is not counted
+    as freed (offload: 0 bytes here; the advisor fills it from the offload plan). `from_op`: the op id where
+    the step to read begins (a steady-state prediction's last step; the forward ops of the steps before it
+    are not counted again)."""
     import numpy as np
     ops = trace.ops
     fwd = ops[ops["phase"] == "forward"] if "phase" in ops.columns else ops

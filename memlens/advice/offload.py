@@ -138,7 +138,10 @@ class OffloadHooks(_ModuleHooks):
         if plan is None or tuple(tensor.shape) != tuple(plan.shape) or str(tensor.dtype) != plan.dtype:
             return tensor
         packed = self._offload(tensor)
-        self._waiting.setdefault(plan.prefetch_at, []).append(weakref.ref(packed))
+        waiting = self._waiting.setdefault(plan.prefetch_at, [])
+        if len(waiting) >= 4 * len(self._planned):     # forwards without a backward: drop the dead entries
+            waiting[:] = [ref for ref in waiting if ref() is not None]
+        waiting.append(weakref.ref(packed))
         self.offloaded += 1
         return packed
 

@@ -13,8 +13,8 @@ class Plan:
     `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"`` | ``"offload"``; `conf`: the
     ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
     `memlens.predict_strategies` (None on one GPU); `offload`: the planned saved tensors
-    (`memlens.advice.offload.OffloadTensor` rows) of the ``"offload"`` modules; `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
-    forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
+    (`memlens.advice.offload.OffloadTensor` rows) of the ``"offload"`` modules; `autocast`: ``"bfloat16"`` |
+    ``"float16"`` runs the model's forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
     (``foreach=False``: no foreach temporaries); `micro_batch` and `accumulate`: the step runs on
     `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept).
     `peak_allocated` / `peak_reserved` are per rank (the largest over the ranks), `device_bytes_needed` adds
