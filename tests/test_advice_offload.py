@@ -244,6 +244,30 @@ def test_the_snippet_runs_and_trains_the_same(planned):
                                    f"({sum(t.size for t in plan.offload):,} bytes) of layers.")
 
 
+def test_the_save_is_named_by_module_and_order_and_remove_restores_the_module():
+    import torch
+    import torch.nn as nn
+
+    from memlens.advice.offload import OffloadTensor, install
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1))
+    # Tanh's forward saves one tensor, its (2, 4) output; a wrong shape or a later index matches nothing
+    hooks = install(model, [OffloadTensor("1", 0, (2, 4), "torch.float32", 32),
+                            OffloadTensor("1", 1, (2, 4), "torch.float32", 32)])
+    x = torch.randn(2, 4)
+    model(x).sum().backward()
+    lone = nn.Sequential(nn.Tanh())
+    other = install(lone, [OffloadTensor("0", 0, (4, 2), "torch.float32", 32)])
+    lone(x.requires_grad_()).sum().backward()
+    assert other.offloaded == 0
+    assert (hooks.offloaded, hooks.prefetched, hooks.late) == (1, 1, 0)      # back at the model's output
+    want = model[0].weight.grad.clone()
+    hooks.remove()
+    model.zero_grad()
+    model(x).sum().backward()
+    assert hooks.offloaded == 1 and "forward" not in model[1].__dict__ and not hasattr(model[1], "_memlens_offload")
+    assert torch.equal(model[0].weight.grad, want)
+
+
 def test_an_offload_module_without_planned_tensors_or_inside_a_checkpoint_is_refused():
     import torch.nn as nn
 

@@ -81,14 +81,18 @@ class _ModuleHooks:
             hooks._count[name] = 0
             with torch.autograd.graph.saved_tensors_hooks(lambda t: hooks._pack(name, t), hooks._unpack):
                 return forward(*args, **kwargs)
+        own = module.__dict__.get("forward")      # a forward set on the instance before (else the class's)
         module.forward = counted
         setattr(module, self.attribute, True)
-        self._owners.append((module, forward))
+        self._owners.append((module, own))
 
     def remove(self) -> None:
         """Undo `install`: the owners' forwards and every hook handle are restored."""
-        for module, forward in self._owners:
-            module.forward = forward
+        for module, own in self._owners:
+            if own is None:
+                del module.forward
+            else:
+                module.forward = own
             if hasattr(module, self.attribute):
                 delattr(module, self.attribute)
         for handle in self._handles:
