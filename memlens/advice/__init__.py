@@ -1,5 +1,7 @@
 """`memlens.advise`: changes that make a training step fit a GPU, each verified by predicting the step with
-it applied (`advisor`; `entry` takes a step function, a script or a trace), ranked (`result`), applicable to a model and printable as code (`plan`)."""
+it applied (`advisor`; `entry` takes a step function, a script or a trace), ranked (`result`), applicable to a
+model and printable as code (`plan`); checkpointing in `checkpoint`, the planned activation offload in
+`offload_plan` (what moves, when it returns) and `offload` (the hooks that enact it)."""
 from memlens.advice.advisor import AdviceFailed
 from memlens.advice.entry import advise
 from memlens.advice.checkpoint import CannotWrap

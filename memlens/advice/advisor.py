@@ -4,8 +4,10 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
 1. Predict the base as it is (the baseline: no change on one GPU, DDP on N ranks).
 2. Activation checkpointing or offload: estimate per candidate block (the children of the model's largest
    ``nn.ModuleList``, or `layers(model)`) the activation bytes each mode takes off the peak and the time it
-   adds (forward ops run again; copies over the host link), from the base's predicted trace
-   (`checkpoint.module_costs`); choose the cheapest set freeing what the capacity asks (`solver.choose`);
+   adds, from the base's predicted trace: forward ops run again (`checkpoint.module_costs`); the planned
+   saved tensors moved to the host and prefetched back over the GPU table's host link, and the stall of
+   the copies back (`offload_plan`, from one more prediction naming every saved tensor; one GPU only);
+   choose the cheapest set freeing what the capacity asks (`solver.choose`);
    predict the step with exactly that set applied. When the verified plan still misses, ask for the shortfall
    more and solve again (at most `rounds` times). Every block checkpointed in full (the usual manual answer)
    is predicted too, as a reference plan.
@@ -19,6 +21,7 @@ Every plan in the answer carries the peaks and modeled step time of its own pred
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 from memlens.advice.plan import Plan
@@ -142,13 +145,11 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
     from memlens.advice.checkpoint import MODES, module_costs
     from memlens.advice.solver import choose
     first = base_pred.predictions[min(base_pred.predictions)] if hasattr(base_pred, "predictions") else base_pred
-    from memlens.devicetime.gpus import gpu as resolve_gpu
-    try:
-        host_bw = resolve_gpu(work.gpu).host_bw if isinstance(work.gpu, str) else None
-    except Exception:           # a GPU the time model does not know: no offload estimate
-        host_bw = None
     from memlens.advice.verify import last_step_start
-    costs = module_costs(first.trace, found["candidates"], host_bw=host_bw, from_op=last_step_start(first))
+    costs = module_costs(first.trace, found["candidates"], from_op=last_step_start(first))
+    offload = _offload_plan(work, base, found["candidates"], notes)
+    costs = [replace(c, offload_bytes=offload.by_module[c.name][0], offload_ns=offload.by_module[c.name][1])
+             if c.name in offload.by_module else c for c in costs]
     options = [[(m, *c.option(m)) for m in MODES] for c in costs]
     cap = work.capacity if work.capacity is not None else first.gpu.total_memory
     need = base.device_bytes_needed - cap
@@ -160,7 +161,8 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
         if not picked or key in tried:
             break
         tried.add(key)
-        plan = Plan(checkpoint=picked, strategy=base.strategy, recompute_ns=cost,
+        moved = tuple(t for t in offload.tensors if picked.get(t.module) == "offload")
+        plan = Plan(checkpoint=picked, offload=moved, strategy=base.strategy, recompute_ns=cost,
                     freed=[f"{c.name} ({m}): {c.option(m)[0]:,} bytes of activations off the peak (estimated)"
                            for c, m in zip(costs, choice) if m is not None])
         _keep(closest, plan, verify(work, plan, baseline_step_ns))
@@ -177,6 +179,26 @@ def _checkpoint_search(work, base: Plan, base_pred, found, baseline_step_ns, rou
     if not any(p.fits for p in out):
         notes.append(f"{base.changes}: checkpointing alone does not reach the capacity")
     return out
+
+
+def _offload_plan(work, base: Plan, candidates: list, notes: list):
+    """The offload plan of `base`'s step (`memlens.advice.offload_plan`), on one GPU and where the GPU
+    table gives the GPU a host link; an empty plan otherwise (its note added to `notes`)."""
+    from memlens.advice.offload_plan import OffloadPlan, census_prediction, host_link, plan_offload
+    from memlens.advice.verify import last_step_start
+    link = host_link(work.gpu)
+    if link is None or base.strategy is not None or base.micro_batch is not None:
+        if link is None:
+            notes.append("offload not searched: the GPU table has no host link for this GPU")
+        return OffloadPlan()
+    try:
+        pred, census = census_prediction(work, candidates)
+    except Exception as exc:      # the census run failing leaves offload out, the rest of the search stands
+        notes.append(f"offload not searched: the census of saved tensors failed ({type(exc).__name__}: {exc})")
+        return OffloadPlan()
+    found = plan_offload(pred.trace, census.last_call(), candidates, link, from_op=last_step_start(pred))
+    notes.extend(found.notes)
+    return found
 
 
 def _batch_plans(work, base: Plan, closest: dict, baseline_step_ns, max_accumulate: int) -> list:
@@ -211,8 +233,9 @@ def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
     out = []
     for start in starts:
         for v in variants:
-            plan = Plan(checkpoint=dict(start.checkpoint), strategy=start.strategy, recompute_ns=start.recompute_ns,
-                        micro_batch=start.micro_batch, accumulate=start.accumulate, freed=list(start.freed), **v)
+            plan = Plan(checkpoint=dict(start.checkpoint), offload=start.offload, strategy=start.strategy,
+                        recompute_ns=start.recompute_ns, micro_batch=start.micro_batch,
+                        accumulate=start.accumulate, freed=list(start.freed), **v)
             _keep(closest, plan, verify(work, plan, baseline_step_ns))
             out.append(plan)
     return out

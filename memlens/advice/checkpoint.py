@@ -7,9 +7,10 @@ Three modes per module:
 - ``"selective"``: the same wrapper with ``context_fn`` built by
   ``torch.utils.checkpoint.create_selective_checkpoint_contexts``: the outputs of the matrix products and
   attention kernels (`SAVED_OP_NAMES`, expensive to recompute) are kept, every other op is recomputed.
-- ``"offload"``: the module's forward runs under ``torch.autograd.graph.save_on_cpu`` (pinned host memory
-  when CUDA is there): every tensor it saves for backward is copied to the host and back when backward needs
-  it. The copies are synchronous on the compute stream, so their time is on the step's clock, unhidden.
+- ``"offload"``: the planned saved tensors of the module (large, idle from their last forward use to their
+  first backward use) move to host memory and come back at a planned point in backward; planned by
+  `memlens.advice.offload_plan`, enacted by `memlens.advice.offload` (not by `wrap`, which only checks
+  that an offloaded module is not inside a checkpointed one, nor contains one).
 """
 from __future__ import annotations
 
@@ -54,8 +55,10 @@ class CannotWrap(ValueError):
 
 def wrap(model, choices: dict[str, str]):
     """Wrap the modules of `model` named in `choices` (``named_modules`` names -> ``"full"`` or
-    ``"selective"``) with torch's ``checkpoint_wrapper`` in place; returns `model`. Raises `CannotWrap`
-    naming a module that is missing, is the model itself, or is already checkpointed."""
+    ``"selective"``) with torch's ``checkpoint_wrapper`` in place; returns `model`. ``"offload"`` names are
+    left to `memlens.advice.offload.install` (their planned tensors). Raises `CannotWrap` naming a module
+    that is missing, is the model itself, or is already checkpointed, or an offloaded module inside a
+    checkpointed one or around one (checkpointing would recompute the saves the offload counts)."""
     import functools
 
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl, CheckpointWrapper,
@@ -71,9 +74,13 @@ def wrap(model, choices: dict[str, str]):
             raise CannotWrap(f"module {name!r} is not in the model (its named_modules() do not include it)")
         if isinstance(modules[name], CheckpointWrapper) or getattr(modules[name], "_memlens_offload", False):
             raise CannotWrap(f"module {name!r} is already wrapped (checkpointed or offloaded)")
+    for off in (n for n, m in choices.items() if m == "offload"):
+        for name in (n for n, m in choices.items() if m != "offload"):
+            if off.startswith(name + ".") or name.startswith(off + "."):
+                raise CannotWrap(f"module {off!r} is offloaded and {name!r} checkpointed, one inside the other: "
+                                 "checkpointing recomputes the saves the offload plan counts")
     for name, mode in sorted(choices.items(), key=lambda kv: -kv[0].count(".")):
         if mode == "offload":
-            offload_forward(modules[name])
             continue
         parent_name, _, child = name.rpartition(".")
         parent = modules[parent_name]
@@ -82,21 +89,6 @@ def wrap(model, choices: dict[str, str]):
                                      checkpoint_fn=functools.partial(_checkpoint, **extra))
         setattr(parent, child, wrapped)
     return model
-
-
-def offload_forward(module):
-    """Run `module`'s forward under ``save_on_cpu`` (in place; pinned host memory when CUDA is available)."""
-    import torch
-    from torch.autograd.graph import save_on_cpu
-    forward = module.forward
-    pin = torch.cuda.is_available()
-
-    def offloaded(*args, **kwargs):
-        with save_on_cpu(pin_memory=pin):
-            return forward(*args, **kwargs)
-    module.forward = offloaded
-    module._memlens_offload = True
-    return module
 
 
 def _checkpoint(fn, *args, **kwargs):
@@ -109,7 +101,8 @@ class ModuleCost:
     """One candidate module's checkpointing options, estimated from the baseline's predicted trace: bytes of
     its forward's activations alive at the peak that each mode frees (`full_bytes`, `selective_bytes`,
     `offload_bytes`) and the modeled GPU time each mode adds: the forward ops run again (`full_ns`,
-    `selective_ns`), the copies to the host and back over the GPU's host link (`offload_ns`)."""
+    `selective_ns`), the copies back from the host that end after their use (`offload_ns`, the stall of
+    the planned tensors, `memlens.advice.offload_plan`; 0 bytes where nothing is planned)."""
 
     name: str
     full_bytes: int
@@ -136,16 +129,14 @@ def _root_prefix(paths: set, candidates: list[str]) -> str:
     return ""
 
 
-def module_costs(trace, candidates: list[str], root: str | None = None,
-                 host_bw: tuple | None = None, from_op: int = 0) -> list[ModuleCost]:
+def module_costs(trace, candidates: list[str], root: str | None = None, from_op: int = 0) -> list[ModuleCost]:
     """`ModuleCost` of each candidate (``named_modules`` names) from a predicted trace whose module paths
     start with `root` (default: what the recorder put before the model's names, `_root_prefix`).
-    A module's saved activations
-    are the ``cuda:0`` blocks allocated by its forward ops and still allocated at the allocated peak; the
-    one allocated last (its output, which the next module keeps) is not counted as freed. `host_bw`: the
-    host link's (device->host, host->device) bytes/s (the GPU table's); without it offloading is not offered
-    (0 bytes). `from_op`: the op id where the step to read begins (a steady-state prediction's last step;
-    the forward ops of the steps before it are not counted again)."""
+    A module's saved activations are the ``cuda:0`` blocks allocated by its forward ops and still allocated
+    at the allocated peak; the one allocated last (its output, which the next module keeps) is not counted
+    as freed (offload: 0 bytes here; the advisor fills it from the offload plan). `from_op`: the op id where
+    the step to read begins (a steady-state prediction's last step; the forward ops of the steps before it
+    are not counted again)."""
     import numpy as np
     ops = trace.ops
     fwd = ops[ops["phase"] == "forward"] if "phase" in ops.columns else ops
@@ -175,10 +166,8 @@ def module_costs(trace, candidates: list[str], root: str | None = None,
         in_fwd = in_fwd & (fwd_op_id <= last)
         sizes = mine["size"].to_numpy(dtype=np.int64)
         by_saved_op = mine["alloc_op_id"].map(op_name).isin(SAVED_OP_NAMES).to_numpy()
-        moved = int(sizes.sum()) if host_bw else 0
         out.append(ModuleCost(name, int(sizes.sum()), int(dur[in_fwd].sum()),
-                              int(sizes[~by_saved_op].sum()), int(dur[in_fwd & ~saved].sum()),
-                              moved, int((moved / host_bw[0] + moved / host_bw[1]) * 1e9) if host_bw else 0))
+                              int(sizes[~by_saved_op].sum()), int(dur[in_fwd & ~saved].sum())))
     return out
 
 

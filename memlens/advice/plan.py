@@ -12,8 +12,9 @@ class Plan:
 
     `checkpoint`: ``named_modules`` name -> ``"full"`` | ``"selective"`` | ``"offload"``; `conf`: the
     ``PYTORCH_CUDA_ALLOC_CONF`` it runs under ("" = torch's defaults); `strategy`: the sharding strategy of
-    `memlens.predict_strategies` (None on one GPU); `autocast`: ``"bfloat16"`` | ``"float16"`` runs the model's
-    forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
+    `memlens.predict_strategies` (None on one GPU); `offload`: the planned saved tensors
+    (`memlens.advice.offload.OffloadTensor` rows) of the ``"offload"`` modules; `autocast`: ``"bfloat16"`` |
+    ``"float16"`` runs the model's forward under ``torch.autocast("cuda", dtype)``; `optimizer_kwargs`: arguments the optimizer is made with
     (``foreach=False``: no foreach temporaries); `micro_batch` and `accumulate`: the step runs on
     `micro_batch` samples `accumulate` times, the optimizer stepping once (the global batch kept).
     `peak_allocated` / `peak_reserved` are per rank (the largest over the ranks), `device_bytes_needed` adds
@@ -23,6 +24,7 @@ class Plan:
     takes off the peak; `verified` is True once the prediction was re-run with the plan applied."""
 
     checkpoint: dict = field(default_factory=dict)
+    offload: tuple = ()
     conf: str = ""
     strategy: str | None = None
     autocast: str | None = None
@@ -56,7 +58,9 @@ class Plan:
         if selective:
             words.append(f"checkpoint {_names(selective)} (selective: GEMM and attention outputs kept)")
         if offload:
-            words.append(f"offload the saved activations of {_names(offload)} to host memory (save_on_cpu)")
+            moved = sum(t.size for t in self.offload)
+            words.append(f"offload {len(self.offload)} planned saved activations ({moved:,} bytes) of "
+                         f"{_names(offload)} to host memory, each prefetched at a planned module's backward")
         if self.micro_batch is not None:
             words.append(f"micro-batch {self.micro_batch} x {self.accumulate} accumulation steps")
         if self.autocast:
@@ -76,12 +80,22 @@ class Plan:
 
     def apply(self, model):
         """Apply the plan to `model` in place and return it: wrap the chosen modules for checkpointing
-        (`memlens.advice.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap) and set the
+        (`memlens.advice.checkpoint.wrap`; raises `CannotWrap` naming a module it cannot wrap), install the
+        offload of the planned tensors (`memlens.advice.offload.install`; an ``"offload"`` module without
+        planned tensors raises `CannotWrap`) and set the
         allocator settings (`apply_conf`); with `autocast`, run its forward under ``torch.autocast``. The
         optimizer is the caller's: make it with `optimizer_kwargs`. Sharding is not applied here: call
         ``memlens.prediction.distributed.strategies.apply_strategy`` inside the initialised process group."""
-        from memlens.advice.checkpoint import wrap
+        from memlens.advice.checkpoint import CannotWrap, wrap
+        from memlens.advice.offload import install
+        planned = {t.module for t in self.offload}
+        bare = sorted(n for n, m in self.checkpoint.items() if m == "offload" and n not in planned)
+        if bare:
+            raise CannotWrap(f"module {bare[0]!r} is to be offloaded but the plan names none of its saved tensors "
+                             "(make offload plans with memlens.advise or memlens.advice.offload_plan)")
         wrap(model, self.checkpoint)
+        if self.offload:
+            install(model, self.offload)
         if self.autocast:
             autocast_forward(model, self.autocast)
         if self.conf:
@@ -94,16 +108,15 @@ class Plan:
         lines = []
         if self.conf:
             lines += ["import os", f"os.environ['PYTORCH_CUDA_ALLOC_CONF'] = {self.conf!r}  # before torch uses CUDA"]
-        offload = sorted(n for n, m in self.checkpoint.items() if m == "offload")
-        if offload:
-            lines += ["from torch.autograd.graph import save_on_cpu", "",
-                      "def _offload(module):",
-                      "    forward = module.forward",
-                      "    def offloaded(*args, **kwargs):",
-                      "        with save_on_cpu(pin_memory=True):",
-                      "            return forward(*args, **kwargs)",
-                      "    module.forward = offloaded", ""]
-            lines += [f"_offload(model.get_submodule({n!r}))" for n in offload]
+        if self.offload:
+            lines += ["from memlens.advice.offload import OffloadHooks, OffloadTensor",
+                      "# the planned saved tensors: moved to host memory at the save, back at prefetch_at's backward",
+                      "offload = OffloadHooks(["]
+            lines += [f"    {t!r}," for t in self.offload]
+            lines += ["])"]
+            install = ["offload.install(model)"]
+        else:
+            install = []
         if any(m != "offload" for m in self.checkpoint.values()):
             lines += ["import functools",
                       "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (",
@@ -122,6 +135,7 @@ class Plan:
                     continue
                 kw = ", context_fn=selective_context" if mode == "selective" else ""
                 lines.append(f"_wrap(model, {name!r}{kw})")
+        lines += install
         if self.autocast or self.optimizer_kwargs or self.strategy:
             lines.insert(0, "import torch")
         if self.autocast:

@@ -27,17 +27,19 @@ class Workload:
     options: dict = field(default_factory=dict)
 
 
-def run_plan(work: Workload, plan: Plan):
+def run_plan(work: Workload, plan: Plan, prepare=None):
     """Predict `work` with `plan` applied; returns the `Prediction` (or `DistributedPrediction` with a world
     size). On one GPU the step runs as `memlens.predict` runs a step function: once, and again on the same
     model and optimizer when the first step left state alive (its peaks are the steady state's; the
     ``steps`` option of `work.options` chooses the number of steps). With `plan.micro_batch`, each step
     runs `plan.accumulate` micro-steps on that batch, the optimizer's ``step`` and ``zero_grad`` skipped in
     all but the last (gradient accumulation: the gradients of the earlier micro-batches are held while the
-    later ones run)."""
+    later ones run). The plan's offloaded tensors are installed with `memlens.advice.offload.install`;
+    `prepare(model)`, when given, runs on each model built, after the plan is applied."""
     import torch
 
     from memlens.advice.checkpoint import wrap
+    from memlens.advice.offload import install
     from memlens.advice.plan import autocast_forward
     from memlens.prediction.api import predict
     from memlens.prediction.distributed.strategies import apply_strategy
@@ -45,7 +47,12 @@ def run_plan(work: Workload, plan: Plan):
     keep: list = []
 
     def build():
-        model = wrap(work.build_model(), plan.checkpoint).cuda()
+        model = wrap(work.build_model(), plan.checkpoint)
+        if plan.offload:
+            install(model, plan.offload)
+        if prepare is not None:
+            prepare(model)
+        model = model.cuda()
         if plan.autocast:
             autocast_forward(model, plan.autocast)
         kwargs = {**work.optimizer_kwargs, **plan.optimizer_kwargs}

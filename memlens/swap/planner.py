@@ -119,7 +119,7 @@ def infinite_bandwidth_peak(trace, device: str, intervals: pd.DataFrame | None =
 
 def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device: str | None = None,
                min_size: int = DEFAULT_MIN_SIZE, *, steady_state: bool = False,
-               iteration: int | None = None) -> SwapPlan:
+               iteration: int | None = None, only=None) -> SwapPlan:
     """Choose ATIs to swap out to the host and prefetch back (one copy stream each way).
 
     `bandwidth`: a `memlens.analysis.bandwidth.BandwidthModel` or anything `BandwidthModel.parse` reads
@@ -129,7 +129,10 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
     smallest block worth swapping (bytes; default 1 MiB, Zhang et al.'s 1 MB floor). `iteration` (k): plan
     one period, iteration k, to be repeated (see the module docstring); `steady_state=True` without an
     iteration plans the default steady iteration (`steady_iteration`). Raises NeedsAccessesError on a trace
-    without accesses and InputError for an iteration the trace does not have.
+    without accesses and InputError for an iteration the trace does not have. `only`: a function of the
+    idle-interval table (`idle_intervals`' columns) returning a boolean mask: only those intervals are
+    candidates, and the infinite-bandwidth bound is theirs (an activation offload plans only the
+    forward-to-backward intervals of saved tensors).
     """
     from memlens.analysis.bandwidth import BandwidthModel
     from memlens.trace import clock_of
@@ -151,6 +154,10 @@ def plan_swaps(trace, bandwidth=None, limit=None, priority: str = "best", device
             iteration = steady_iteration(iterations)
     intervals = idle_intervals(trace, device, steady_state=periodic, iteration=iteration if periodic else None,
                                iterations=iterations)
+    if only is not None:
+        attrs = dict(intervals.attrs)
+        intervals = intervals[np.asarray(only(intervals), dtype=bool)].reset_index(drop=True)
+        intervals.attrs.update(attrs)
     if periodic:
         from memlens.swap.periodic import PeriodicLoadCurve, periodic_schedule
         window = tuple(intervals.attrs["window_ns"])

@@ -151,7 +151,7 @@ def test_the_advised_plan_beats_checkpointing_every_block(tight):
     best = next(row for row in r["rows"] if row["changes"] == r["best"])
     assert every["fits"]
     assert best["step_ns"] < every["step_ns"]
-    assert len(best["checkpoint"]) < 4 or "selective" in best["checkpoint"].values()
+    assert len(best["checkpoint"]) < 4 or set(best["checkpoint"].values()) != {"full"}   # not the manual answer
     baseline = next(row for row in r["rows"] if row["changes"] == "no change")
     assert not baseline["fits"] and best["base"] == baseline["step_ns"]
     assert best["step_ns"] >= baseline["step_ns"]          # recomputation costs time, never saves it
@@ -243,17 +243,14 @@ def _train(plan, steps=3):
                            for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("mode", ["full", "selective", "offload"])
+@pytest.mark.parametrize("mode", ["full", "selective"])
 def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
     import torch
 
     from memlens.advice import Plan
     plan = Plan(checkpoint={"layers.0": mode, "layers.2": mode})
     base_losses, base_grads, base_params = _train(None)
-    losses, grads, params = _train(plan)
-    if mode == "offload":        # nothing is recomputed: the same numbers, bit for bit
-        assert losses == base_losses
-        assert all(torch.equal(a, b) for a, b in zip(grads, base_grads))
+    losses, grads, params = _train(plan)     # offload, bit for bit: tests/test_advice_offload.py
     assert losses == pytest.approx(base_losses, rel=1e-6, abs=1e-6)
     for a, b in zip(grads, base_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -487,28 +484,34 @@ result = dict(micro=plan.micro_batch, k=plan.accumulate, alloc=plan.peak_allocat
     assert [m for m, _ in tried] == [32 // k for k in range(2, 33) if 32 % k == 0 and 32 // k >= r["micro"]]
 
 
-def test_an_offload_plan_is_predicted_lower_and_slower_and_an_independent_prediction_agrees():
+def test_an_offload_plan_is_predicted_lower_and_an_independent_prediction_agrees():
     r = run_child(WORKLOAD + """
 from memlens.advice import Plan
+from memlens.advice.advisor import _offload_plan
 from memlens.advice.verify import Workload, verify
 work = Workload(Net, step)
-base, off = Plan(), Plan(checkpoint={"layers.1": "offload", "layers.2": "offload"})
-verify(work, base); verify(work, off)
+base = Plan()
+verify(work, base)
+found = _offload_plan(work, base, ["layers.0", "layers.1", "layers.2", "layers.3"], [])
+off = Plan(checkpoint={m: "offload" for m in found.by_module}, offload=found.tensors)
+verify(work, off)
 held = []
 def again():
     if not held:
         model = off.apply(Net()).cuda(); held.append((model, torch.optim.AdamW(model.parameters())))
     step(*held[0])
 q = memlens.predict(again, gpu="H100")
-copies = q.trace.ops[q.trace.ops["name"].isin(["aten::copy_", "aten::_to_copy"])]
 result = dict(base=[base.peak_allocated, base.step_ns], off=[off.peak_allocated, off.step_ns],
-              independent=q.peak_allocated, snippet=off.snippet, changes=off.changes)
+              independent=q.peak_allocated, snippet=off.snippet, changes=off.changes,
+              planned=sum(b for b, _ in found.by_module.values()), n=len(found.tensors))
 """)
-    assert r["off"][0] < r["base"][0] and r["off"][1] > r["base"][1]
+    assert r["n"] > 0 and r["off"][0] < r["base"][0]
+    # the prediction has one stream: the copies are on the step's modeled clock, unhidden
+    assert r["off"][1] > r["base"][1]
     assert abs(r["independent"] - r["off"][0]) <= 0.005 * r["independent"]
-    assert "save_on_cpu(pin_memory=True)" in r["snippet"]
-    assert "_offload(model.get_submodule('layers.1'))" in r["snippet"]
-    assert r["changes"] == "offload the saved activations of layers.1-2 to host memory (save_on_cpu)"
+    assert abs((r["base"][0] - r["off"][0]) - r["planned"]) <= 0.005 * r["base"][0]
+    assert "offload = OffloadHooks([" in r["snippet"] and "offload.install(model)" in r["snippet"]
+    assert r["changes"].startswith(f"offload {r['n']} planned saved activations")
 
 
 def test_a_recorded_trace_gets_allocator_settings_replayed(shared):

@@ -97,6 +97,17 @@ def test_swapping_an_idle_block_removes_it_from_the_peak():
         assert simulate_and_check(trace, plan, model) == plan.peak_after
 
 
+def test_only_the_intervals_asked_for_are_candidates():
+    trace = two_block_trace()
+    model = BandwidthModel(10 * GB, 10 * GB, 10_000)
+    # B's only interval (200-299 ms, 2 GB) is too short to swap, A's is the one that lowers the peak
+    without_a = plan_swaps(trace, bandwidth=model, only=lambda iv: (iv["block_id"] != 0).to_numpy())
+    assert len(without_a.swaps) == 0 and without_a.peak_after == without_a.peak_before == 3 * GB
+    assert without_a.infinite_bandwidth_peak == 3 * GB and without_a.intervals == 1   # B's bound: nothing off
+    only_a = plan_swaps(trace, bandwidth=model, only=lambda iv: (iv["block_id"] == 0).to_numpy())
+    assert only_a.swaps["block_id"].tolist() == [0] and only_a.peak_after == 2 * GB
+
+
 def test_too_slow_a_link_cannot_swap():
     trace = two_block_trace()
     plan = plan_swaps(trace, bandwidth=BandwidthModel(1 * GB, 1 * GB, 0), priority="best")
