@@ -159,10 +159,13 @@ result = dict(tensors=[dataclasses.asdict(t) for t in off.tensors], by_module=of
 def test_the_applied_plan_is_predicted_at_the_advised_peak(planned):
     assert planned["tensors"] and not planned["notes"]
     assert abs(planned["independent"] - planned["advised"]) <= 0.005 * planned["advised"]
-    # the planned bytes off the peak are what the prediction with the plan applied takes off
-    off_peak = sum(b for b, _ in planned["by_module"].values())
-    assert off_peak > 0
-    assert abs((planned["base"] - planned["advised"]) - off_peak) <= 0.005 * planned["base"]
+    # the plan cannot take more off the peak than it moves; once the first block's tensors are away the peak may
+    # move to an instant where a later block's tensor is already back, so the drop lies between the first
+    # block's bytes (away from its forward to the last backward, the base peak included) and all planned bytes
+    moved = {m: b for m, (b, _) in planned["by_module"].items()}
+    drop = planned["base"] - planned["advised"]
+    assert moved["layers.0"] > 0
+    assert moved["layers.0"] <= drop <= sum(moved.values())
 
 
 def _train(tensors=None, steps=3, snippet=None, outer=False, checkpoint=None):

@@ -250,7 +250,7 @@ def test_applied_plan_trains_to_the_same_losses_and_gradients(mode):
     from memlens.advice import Plan
     plan = Plan(checkpoint={"layers.0": mode, "layers.2": mode})
     base_losses, base_grads, base_params = _train(None)
-    losses, grads, params = _train(plan)     # offload, bit for bit: tests/test_advice_offload.py
+    losses, grads, params = _train(plan)     # offload, bit for bit: tests/integration/test_advice_offload.py
     assert losses == pytest.approx(base_losses, rel=1e-6, abs=1e-6)
     for a, b in zip(grads, base_grads):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
