@@ -265,7 +265,7 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
 
 # ---- the tables' construction: one frame each, owned by the trace ----------------------------------------
 def test_conform_puts_extra_columns_after_the_schema_and_renumbers_rows():
-    from memlens.schema import SCHEMA, conform
+    from memlens.trace.schema import SCHEMA, conform
     df = pd.DataFrame({"extra": ["x", "y"], "is_write": [True, False], "t_ns": [5, 7], "op_id": [1, 0],
                        "block_id": [3, 4], "later": [9, 8]}, index=[10, 20])
     out = conform("accesses", df)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import memlens
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 from memlens.recording import native, streamsave
 from memlens.recording.recorder import Recorder
 

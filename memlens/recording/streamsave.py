@@ -39,7 +39,7 @@ from memlens.recording.build import accesses_of_ops, build_blocks, build_ops
 from memlens.recording.columns import Columns
 from memlens.recording.instruments import AllocatorData
 from memlens.recording.session import Session
-from memlens.tracedir import save_tables
+from memlens.trace.tracedir import save_tables
 
 OPS_PER_WINDOW = 1 << 17        # most ops in one window (each window's accesses are one Parquet row group)
 RECORDS_PER_WINDOW = 1 << 18    # most access records in one window past its first op (~25 MB at its peak)
