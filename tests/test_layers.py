@@ -124,3 +124,38 @@ def test_the_advisor_sits_below_figures_reports_and_the_cli():
     bad = [f"advise/{f.name}: {m}" for f in (ROOT / "advice").glob("*.py") for m in imported_modules(f)
            if m.startswith(above)]
     assert bad == []
+
+
+# the recording's build, one stage per module: drain (build), join (joining, on join and join_unmatched),
+# assemble, write (streamsave); `memlens.recording.pipeline.build_trace` calls them in that order
+BUILD_STAGES = {"build": "drain", "joining": "join", "join": "join", "join_unmatched": "join",
+                "assemble": "assemble", "streamsave": "write"}
+
+
+def test_no_build_stage_imports_another_stage_or_what_calls_it():
+    """A walk from `memlens.record()` to the saved trace goes recorder -> pipeline -> each stage in turn and
+    never comes back to a module it left: no stage module imports another stage's module, the pipeline or
+    the recorder."""
+    bad = []
+    for name, stage in BUILD_STAGES.items():
+        for m in imported_modules(ROOT / "recording" / f"{name}.py"):
+            other = m.removeprefix("memlens.recording.")
+            if other in ("pipeline", "recorder") or BUILD_STAGES.get(other, stage) != stage:
+                bad.append(f"recording/{name}.py ({stage}): {m}")
+    assert bad == []
+
+
+def test_build_trace_calls_the_stages_in_order():
+    """The body of `build_trace` names its stages top-down: the session's events, drain, join, assemble, write."""
+    import ast
+    tree = ast.parse((ROOT / "recording" / "pipeline.py").read_text())
+    for fn in [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("build_trace", "_build_windowed")]:
+        calls = [n.func.id for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)]
+        stages = [c for c in calls if c in ("with_session_events", "drain_tables", "drain_windowed", "join_tables",
+                                           "assemble_trace", "write_in_memory", "write_windowed")]
+        lines = {c: min(n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                        and n.func.id == c) for c in stages}
+        assert sorted(set(stages), key=lines.get) == ([
+            "with_session_events", "drain_tables", "join_tables", "assemble_trace", "write_in_memory"]
+            if fn.name == "build_trace" else
+            ["drain_windowed", "join_tables", "assemble_trace", "write_windowed"])
