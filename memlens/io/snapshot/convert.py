@@ -101,7 +101,8 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
     from memlens.io.safe_pickle import pickle_buffer
     from memlens.io.snapshot.importer import _normalize, _read, snapshot_errors, snapshot_parts
     from memlens.io.snapshot.story import tell_story
-    from memlens.trace import SCHEMA_VERSION, _fill_seq, conform
+    from memlens.trace import SCHEMA_VERSION, conform
+    from memlens.trace.model import _fill_seq
     from memlens.trace.checks import validate_trace
 
     path = Path(path)
