@@ -176,7 +176,7 @@ class StepTemplate:
 def generate(path: Path, accesses: int, *, layers: int = 24, ops_per_layer: int = 40, params_per_layer: int = 4,
              seed: int = 0, rows_per_group: int = 1 << 20) -> dict:
     """Write a trace of about `accesses` accesses (whole steps) to `path`; returns its facts."""
-    from memlens.io.partitioned import PartitionedTraceWriter
+    from memlens.trace.partitioned import PartitionedTraceWriter
     rng = np.random.default_rng(seed)
     tpl = StepTemplate(layers, ops_per_layer, params_per_layer, rng)
     steps = max(1, math.ceil(accesses / tpl.accesses_per_step))

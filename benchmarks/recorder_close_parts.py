@@ -6,9 +6,10 @@ median over `--rounds` recordings after `--warmup` ones, each right after its st
 user's close finds them):
 
     stop + drain     hooks removed, the C++ records decoded into int64 streams (compiled_drain)
-    build            ops, accesses and blocks tables from the streams (record/build.py)
-    finish           autograd seeds, the allocator join (record/join.py), metadata (record/assemble.py)
-      of which join  `join_allocator`
+    build            ops, accesses and blocks tables from the streams (recording/build.py, the drain stage)
+    join             autograd seeds, the allocator join (recording/joining.py)
+      of which join  `join_allocator` (recording/join.py)
+    finish           notes, metadata, optional tables (recording/assemble.py)
     frames           the three DataFrames and the event order (`trace_of_columns`)
     close            the whole exit, timed around `Recorder.__exit__`
 
@@ -33,15 +34,16 @@ import timeit
 import torch
 
 import memlens
-from memlens.recording import assemble, compiled, join, recorder
+from memlens.recording import assemble, build, compiled, join, joining, pipeline, recorder
+from memlens.recording.columns import FRAME_DTYPES
 
 from heldout_steps import HELDOUT
 from recorder_overhead import workload
 
-PARTS = [("stop + drain", compiled.CompiledSession, "stop"), ("build ops", assemble, "build_ops"),
-         ("build accesses", assemble, "build_accesses"), ("build blocks", assemble, "build_blocks"),
-         ("finish", assemble, "finish_tables"), ("  of which join", join, "join_allocator"),
-         ("frames", assemble, "trace_of_columns")]
+PARTS = [("stop + drain", compiled.CompiledSession, "stop"), ("build ops", build, "build_ops"),
+         ("build accesses", build, "build_accesses"), ("build blocks", build, "build_blocks"),
+         ("join", pipeline, "join_tables"), ("  of which join", joining, "join_allocator"),
+         ("finish", assemble, "finish_tables"), ("frames", assemble, "trace_of_columns")]
 
 
 class _Timer:
@@ -93,43 +95,44 @@ def warm_parts(model, step) -> tuple[dict, tuple]:
     """({part: us} of one recording's state assembled again (minimum of 5 x 50): the code without cold caches;
     that recording's three finished tables, ((name, `Columns`), ...), as the frames receive them)."""
     captured = {}
-    build = recorder.Recorder._build
+    original_build = recorder.Recorder._build
 
     def keep(self, session, allocator_data, exception):
         captured["args"] = (self, session, allocator_data, exception)
-        return build(self, session, allocator_data, exception)
+        return original_build(self, session, allocator_data, exception)
     recorder.Recorder._build = keep
     try:
         with memlens.record(model, backend="compiled"):
             step()
     finally:
-        recorder.Recorder._build = build
+        recorder.Recorder._build = original_build
     rec, session, allocator_data, _ = captured["args"]
-    allocator_data, settings = rec._allocator_and_settings(session, allocator_data)
+    allocator_data = build.with_session_events(session, allocator_data, rec._clock)
+    settings = rec._settings()
 
     def us(fn):
         return min(timeit.repeat(fn, number=50, repeat=5)) / 50 * 1e6
-    ops, module_idx, source = assemble.build_ops(session)
-    accesses = assemble.build_accesses(session, ops)
-    blocks = assemble.build_blocks(session, ops, module_idx)
-    finished = assemble.finish_tables(session, allocator_data, blocks, ops, accesses, source, settings=settings,
-                                      clock=rec._clock)
-    tables = (("blocks", finished[0]), ("accesses", accesses), ("ops", finished[1]))
-    seeded = assemble.refine_autograd_seeds(blocks, accesses, ops)
-    wall0, perf0 = rec._clock
+    ops, module_idx, source = build.build_ops(session)
+    accesses = build.build_accesses(session, ops)
+    blocks = build.build_blocks(session, ops, module_idx)
+    joined, notes, stats = joining.join_tables(session, allocator_data, blocks, accesses, ops, rec._clock)
+    finished = assemble.finish_tables(session, allocator_data, joined, ops, source, list(notes), stats,
+                                      settings=settings, clock=rec._clock)
+    tables = (("blocks", joined), ("accesses", accesses), ("ops", finished[0]))
+    seeded = joining.refine_autograd_seeds(blocks, accesses, ops)
     return {
-        "build ops": us(lambda: assemble.build_ops(session)),
-        "build accesses": us(lambda: assemble.build_accesses(session, ops)),
-        "build blocks": us(lambda: assemble.build_blocks(session, ops, module_idx)),
-        "finish": us(lambda: assemble.finish_tables(session, allocator_data, blocks, ops, accesses, source,
-                                                    settings=settings, clock=rec._clock)),
+        "build ops": us(lambda: build.build_ops(session)),
+        "build accesses": us(lambda: build.build_accesses(session, ops)),
+        "build blocks": us(lambda: build.build_blocks(session, ops, module_idx)),
+        "join": us(lambda: joining.join_tables(session, allocator_data, blocks, accesses, ops, rec._clock)),
         "  of which join": us(lambda: join.join_allocator(seeded, accesses, ops, allocator_data,
-                                                          perf0 - wall0 - session.t_start, [],
+                                                          session.unix_to_trace_ns(rec._clock), [],
                                                           window_ns=session.t_stop - session.t_start)),
-        "frames": us(lambda: assemble.trace_of_columns(finished[0], accesses, finished[1], finished[2],
-                                                       finished[3])),
-        "  to_frame x3 (floor)": us(lambda: [t.to_frame(assemble.FRAME_DTYPES[k]) for k, t in tables]),
-        "assemble (all but drain)": us(lambda: assemble.assemble_trace(session, allocator_data, settings=settings,
+        "finish": us(lambda: assemble.finish_tables(session, allocator_data, joined, ops, source, list(notes), stats,
+                                                    settings=settings, clock=rec._clock)),
+        "frames": us(lambda: assemble.trace_of_columns(joined, accesses, finished[0], finished[1], finished[2])),
+        "  to_frame x3 (floor)": us(lambda: [t.to_frame(FRAME_DTYPES[k]) for k, t in tables]),
+        "build_trace (all but drain)": us(lambda: pipeline.build_trace(session, allocator_data, settings=settings,
                                                                        clock=rec._clock)),
     }, tables
 
@@ -144,7 +147,7 @@ def floor_after_step(model, step, tables: tuple, rounds: int) -> dict:
         step()
         t0 = time.perf_counter_ns()
         for name, table in tables:
-            table.to_frame(assemble.FRAME_DTYPES[name])
+            table.to_frame(FRAME_DTYPES[name])
         frames.append(time.perf_counter_ns() - t0)
         step()
         rec = memlens.record(model, backend="compiled")
@@ -178,7 +181,7 @@ def main(argv=None):
             cold = statistics.median(parts[label]) / 1e3 if parts[label] else float("nan")
             hot = f"{warm[label]:7.0f} us" if label in warm else f"{'-':>7s}   "
             print(f"  {label:28s} {cold:12.0f} us {hot}")
-        for label in ("  to_frame x3 (floor)", "assemble (all but drain)"):
+        for label in ("  to_frame x3 (floor)", "build_trace (all but drain)"):
             print(f"  {label:28s} {'':>15s} {warm[label]:7.0f} us")
         floor = floor_after_step(model, step, tables, args.rounds)
         print(f"  floors right after a step, against a budget of 5 us per op = {5 * n_ops} us:")

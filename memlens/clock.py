@@ -1,7 +1,7 @@
 """Which clock a trace's times are on, and moving a trace from one clock to another.
 
 ``trace.metadata["clock"] = {"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``, the same keys on
-every trace (`memlens.schema.CLOCK_KEYS`).
+every trace (`memlens.trace.schema.CLOCK_KEYS`).
 
 Device time, one meaning on every device clock (measured, modeled, calibrated): each op has its own time,
 ``device_self_ns`` (what it launched itself, not what the ops nested in it launched), and its inclusive
@@ -24,7 +24,7 @@ import copy
 import numpy as np
 import pandas as pd
 
-from memlens.schema import make_clock
+from memlens.trace.schema import make_clock
 from memlens.trace import Trace, clock_of
 
 

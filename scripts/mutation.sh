@@ -37,8 +37,8 @@ while [ $# -gt 0 ]; do
 done
 modules=("$@")
 if [ ${#modules[@]} -eq 0 ]; then
-  modules=(memlens/io/safe_pickle.py memlens/io/gzipfile.py memlens/limits.py memlens/io/store.py
-           memlens/tracedir.py memlens/trace_checks.py
+  modules=(memlens/io/safe_pickle.py memlens/io/gzipfile.py memlens/limits.py memlens/trace/read.py
+           memlens/trace/tracedir.py memlens/trace/checks.py
            memlens/units.py memlens/commands/options.py memlens/plan/validate.py)
 fi
 "$PY" -c "import mutmut, whatthepatch" 2>/dev/null || "$PY" -m pip install -q "mutmut>=2.4,<3" whatthepatch

@@ -1,7 +1,7 @@
 """Which clock a trace's times are on, said in every output that shows a time.
 
 ``trace.metadata["clock"]`` is ``{"kind": "host"|"cuda"|"modeled", "gpu": ..., "model": ...}``, the same keys on
-every trace (`memlens.schema.CLOCK_KEYS`; host for a trace saved without one) (a CPU recording runs ~100x slower than a GPU, and on CUDA host timestamps are
+every trace (`memlens.trace.schema.CLOCK_KEYS`; host for a trace saved without one) (a CPU recording runs ~100x slower than a GPU, and on CUDA host timestamps are
 launch times, not kernel times, so an interval is only meaningful on the clock it was measured on).
 """
 from __future__ import annotations

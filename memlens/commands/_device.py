@@ -101,11 +101,11 @@ def refuse_gpu_with_dask(args) -> None:
 
 def file_clock(path) -> dict:
     """The clock of a saved .memlens trace from its manifest alone (for the out-of-core engine, which
-    never loads the whole trace), as the contract's dict (`memlens.schema.conform_clock`); host when unknown."""
+    never loads the whole trace), as the contract's dict (`memlens.trace.schema.conform_clock`); host when unknown."""
     import json
     from pathlib import Path
 
-    from memlens.schema import conform_clock
+    from memlens.trace.schema import conform_clock
     try:
         manifest = json.loads((Path(path) / "manifest.json").read_text())
         return conform_clock((manifest.get("metadata") or {}).get("clock"))

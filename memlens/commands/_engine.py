@@ -52,7 +52,7 @@ def require_in_memory(path, what: str, engine: str = "memory") -> None:
 
     from memlens.analysis.outofcore.choose import available_memory, memory_needed
     from memlens.errors import InputError
-    from memlens.io.store import is_trace_dir
+    from memlens.trace.tracedir import is_trace_dir
     from memlens.units import format_bytes
     if not is_trace_dir(path):
         if engine == "dask":

@@ -65,7 +65,7 @@ def run(args) -> int:
     if kind in ("lifetimes_csv", "cuda_snapshot"):
         import json
 
-        from memlens.tracedir import MANIFEST
+        from memlens.trace.tracedir import MANIFEST
         if kind == "lifetimes_csv":
             from memlens.io.lifetimes_csv import convert_lifetimes_csv as convert
             how = "converted in chunks"

@@ -60,7 +60,7 @@ class _Terminated(BaseException):
 def _check_output(out, force: bool) -> None:
     """Everything about OUT that would make the save fail, checked before the script runs."""
     from memlens.errors import InputError
-    from memlens.io.store import is_trace_dir
+    from memlens.trace.tracedir import is_trace_dir
     if out.exists():
         if not force:
             raise InputError("already exists (use --force to replace it)", out)

@@ -1,4 +1,5 @@
-"""Reading and writing traces: memlens's own format and every format users already have.
+"""Loading traces: memlens's own format (read and written by `memlens.trace`) and every format users already
+have (the importers here).
 
 `load(path)` detects the format from the file's content (not only its name) and returns a `Trace`.
 """

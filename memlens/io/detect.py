@@ -11,7 +11,7 @@ from memlens.errors import InputError, check_user_file
 
 # format name -> (module, function) of its importer; each takes (path) and returns a Trace
 IMPORTERS = {
-    "memlens": ("memlens.io.store", "load_trace"),
+    "memlens": ("memlens.trace.read", "load_trace"),
     "cuda_snapshot": ("memlens.io.snapshot.importer", "import_snapshot"),
     "kineto": ("memlens.io.kineto.importer", "import_kineto"),
     "memory_timeline": ("memlens.io.memory_timeline", "import_memory_timeline"),
@@ -79,10 +79,10 @@ def detect_format(path) -> str:
     Raises `InputError` when the path is missing, empty or of no known format.
     """
     path = Path(path)
-    from memlens.tracedir import _dir_lock, settle
+    from memlens.trace.tracedir import dir_lock, settle
     settle(path)  # a trace being re-saved, or whose save was killed: wait for it / recover it
     # the readers' shared lock: no save swaps a trace at this path between the checks below
-    with _dir_lock(path.parent, exclusive=False):
+    with dir_lock(path.parent, exclusive=False):
         if not path.exists():
             raise InputError("no such file or directory", path)
         if path.is_dir():
@@ -145,9 +145,9 @@ def load(path, format: str | None = None):
 
 
 def validated(trace, path):
-    """`trace` (imported from `path`) after the checks every import passes (`trace_checks.validate_trace`);
+    """`trace` (imported from `path`) after the checks every import passes (`memlens.trace.checks.validate_trace`);
     `InputError` naming `path` otherwise."""
-    from memlens.trace_checks import validate_trace
+    from memlens.trace.checks import validate_trace
     try:
         validate_trace(trace)
     except InputError as exc:

@@ -133,14 +133,14 @@ def _id_hashes(ids: pd.Series) -> "np.ndarray":
 
 def convert_lifetimes_csv(path, dst, *, rows_per_group: int = CHUNK_ROWS, overwrite: bool = False):
     """Convert a buffer-lifetime CSV to a saved ``NAME.memlens`` trace a chunk of `rows_per_group` rows at
-    a time (`io.partitioned.PartitionedTraceWriter`), never holding the whole table: the same blocks as
+    a time (`trace.partitioned.PartitionedTraceWriter`), never holding the whole table: the same blocks as
     `import_lifetimes_csv` saved (block ids in file order; alloc/free order at equal times the same, its
     seq values spaced as `ALLOC_SEQ_BASE` says). Duplicate ids are found from an 8-byte hash per row, then
     confirmed by re-reading the ids with a colliding hash. Returns the path written; bad input raises
     `InputError` naming the line and leaves nothing behind."""
     import numpy as np
 
-    from memlens.io.partitioned import PartitionedTraceWriter
+    from memlens.trace.partitioned import PartitionedTraceWriter
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path)

@@ -1,14 +1,14 @@
-"""Assemble the final Trace of a recording: dispatch-mode tables, joined allocator events, metadata."""
+"""The assemble stage of a recording's build: the Trace of its final tables (notes, metadata, kernel times,
+the optional tables, the DataFrames), moved onto the CUDA kernel clock when kernel times were recorded."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from memlens.recording.build import build_accesses, build_blocks, build_ops, refine_autograd_seeds
-from memlens.recording.columns import Columns, Nullable
+from memlens.recording.columns import FRAME_DTYPES, Columns, Nullable
 from memlens.recording.instruments import AllocatorData
 from memlens.recording.session import Session
-from memlens.trace import SCHEMA, SCHEMA_VERSION, Trace, conform, event_order
+from memlens.trace import SCHEMA_VERSION, Trace, conform, event_order
 
 
 def torch_settings() -> dict:
@@ -30,27 +30,22 @@ def torch_settings() -> dict:
                 continue
     return out
 
-def assemble_trace(session: Session, allocator: AllocatorData, *, settings: dict, clock: tuple[int, int],
-                   exception: str | None = None) -> Trace:
-    """Build the Trace of a finished session.
 
-    `clock` is (time.time_ns(), time.perf_counter_ns()) read together at the start: it places the
-    allocator's wall-clock events on the recorder's clock.
+def assemble_trace(session: Session, allocator: AllocatorData, blocks: Columns, accesses: Columns | None,
+                   ops: Columns, iteration_source: str, notes: list, join_stats: dict, *, settings: dict,
+                   clock: tuple[int, int], exception: str | None = None) -> Trace:
+    """The Trace of a stopped session from its final tables (`notes` and `join_stats`: the join's).
+
+    `accesses` None: they were written already, a window at a time (the windowed save), and the trace's
+    accesses table is empty. `clock` is (time.time_ns(), time.perf_counter_ns()) read together at the start:
+    it places the allocator's and the kernels' wall-clock times on the recorder's clock.
     """
-    ops, op_module_idx, iteration_source = build_ops(session)
-    accesses = build_accesses(session, ops)
-    blocks = build_blocks(session, ops, op_module_idx)
-    blocks, ops, metadata, extra = finish_tables(session, allocator, blocks, ops, accesses, iteration_source,
-                                                 settings=settings, clock=clock, exception=exception)
+    ops, metadata, extra = finish_tables(session, allocator, blocks, ops, iteration_source, notes, join_stats,
+                                         settings=settings, clock=clock, exception=exception)
     trace = trace_of_columns(blocks, accesses, ops, metadata, extra)
     if "kernel_start_ns" in trace.ops.columns and trace.ops["kernel_start_ns"].notna().any():
         trace = _onto_kernel_clock(trace)
     return trace
-
-
-# the frames' dtypes: the schema's, with "device" left to pandas' inference (its str dtype), as `conform`
-# casts it with astype(str)
-FRAME_DTYPES = {name: {c: ("str" if c == "device" else d) for c, d in cols.items()} for name, cols in SCHEMA.items()}
 
 
 def trace_of_columns(blocks: Columns, accesses: Columns | None, ops: Columns, metadata: dict,
@@ -77,26 +72,15 @@ def trace_of_columns(blocks: Columns, accesses: Columns | None, ops: Columns, me
 
 
 def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, ops: Columns,
-                  accesses: Columns, iteration_source: str, *, settings: dict, clock: tuple[int, int],
-                  exception: str | None = None) -> tuple[Columns, Columns, dict, dict]:
-    """(blocks, ops, metadata, optional tables) of a recording from its dispatch-mode tables: autograd seeds
-    refined, allocator events joined, kernel times added to the ops, metadata and the optional tables.
-
-    `accesses` is read for two facts per block only: its first access (time) and its first access by
-    another op than the one that made it (time, op), so the streaming save passes just those rows
-    (`memlens.recording.streamsave.FirstAccesses`) and gets the same blocks."""
+                  iteration_source: str, notes: list, join_stats: dict, *, settings: dict, clock: tuple[int, int],
+                  exception: str | None = None) -> tuple[Columns, dict, dict]:
+    """(ops, metadata, optional tables) of a recording from its final blocks and ops: the session's notes
+    after the join's, the metadata, kernel times added to the ops, the stacks and the CUDA snapshot's
+    segments."""
     import torch
 
-    from memlens.recording.join import join_allocator
-
-    blocks = refine_autograd_seeds(blocks, accesses, ops)
-    notes = list(allocator.notes)
     sources = ["dispatch"] + list(allocator.sources)
-    stats = {}
     wall0, perf0 = clock
-    to_trace_ns = perf0 - wall0 - session.t_start     # add to a unix ns time to get trace ns
-    blocks, stats = join_allocator(blocks, accesses, ops, allocator, to_trace_ns, notes,
-                                   window_ns=session.t_stop - session.t_start)
     if session.tensors_without_storage:
         notes.append(f"{session.tensors_without_storage} tensor arguments had no storage (sparse, nested or "
                      "wrapper subclasses) and are not in blocks/accesses")
@@ -130,7 +114,7 @@ def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, o
             "peak_tracked_storages": peak_tracked,
             "tracking_bytes_estimate": peak_tracked * TRACKING_BYTES_PER_STORAGE,
         },
-        "join": stats,
+        "join": join_stats,
         "recorder": getattr(session, "backend", "python"),
         # ns of the recorder's own time (its callbacks and hooks, in the recording thread) taken out of
         # the trace's clock: recording_ns + recorder_own_ns is the wall time the block took
@@ -146,7 +130,7 @@ def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, o
     if getattr(session, "spilled_bytes", 0):
         metadata["recorder_spilled_bytes"] = int(session.spilled_bytes)
     if allocator.kernels is not None and len(allocator.kernels) > 0:
-        ops = _with_kernel_times(ops, allocator.kernels, to_trace_ns)
+        ops = _with_kernel_times(ops, allocator.kernels, session.unix_to_trace_ns(clock))
     extra = {}
     if session.stack_table is not None:
         extra["stacks"] = session.stack_table.to_frame()
@@ -156,7 +140,7 @@ def finish_tables(session: Session, allocator: AllocatorData, blocks: Columns, o
     # without markers or optimizer steps the ops keep no iteration number: the analyses detect iterations
     # from the repeating allocation pattern when asked (memlens.analysis.iterations), so that recording
     # never depends on an analysis
-    return blocks, ops, metadata, extra
+    return ops, metadata, extra
 
 
 def event_buffer_bytes(session: Session) -> int:

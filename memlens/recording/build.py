@@ -1,4 +1,7 @@
-"""Turn a finished Session's int64 streams into the Trace tables (all vectorised numpy/pandas).
+"""The drain stage of a recording's build: a stopped Session's int64 streams as the Trace's tables (all
+vectorised numpy/pandas): `drain_tables` (every access in memory) or `drain_windowed` (the accesses a window of
+ops at a time, for the windowed save), and `with_session_events` (the compiled recorder's memory-hook events
+added to the allocator's).
 
 What is decided here, and how (the `category_rule` column says which rule gave each category):
 - Backward ops get the module of the forward op that created their autograd node (matched by the
@@ -13,11 +16,14 @@ What is decided here, and how (the `category_rule` column says which rule gave e
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from memlens.recording.attribution import (ITER_OPTIMIZER, ITER_STEP, MARK_BUFFER, MARK_GRADIENT, MARK_INPUT,
                                         MARK_OPTIMIZER_STATE, MARK_PARAMETER, PHASE_OPTIMIZER)
-from memlens.recording.columns import Columns, Nullable, first_occurrences, objects
+from memlens.recording.columns import FRAME_DTYPES, Columns, Nullable, first_occurrences, objects
+from memlens.recording.instruments import AllocatorData
 from memlens.recording.session import Session
 
 _MARK_CATEGORY = {
@@ -29,6 +35,74 @@ _MARK_CATEGORY = {
 }
 # lower wins when one block got several marks
 _MARK_PRIORITY = [MARK_PARAMETER, MARK_BUFFER, MARK_OPTIMIZER_STATE, MARK_GRADIENT, MARK_INPUT]
+
+OPS_PER_WINDOW = 1 << 17        # most ops in one window (each window's accesses are one Parquet row group)
+RECORDS_PER_WINDOW = 1 << 18    # most access records in one window past its first op (~25 MB at its peak)
+_NONE = np.iinfo(np.int64).max
+
+
+@dataclass
+class Drained:
+    """A stopped session's records as tables. The build hands each table on (`take`), so that each copy a
+    later stage makes can replace the table before it."""
+
+    ops: Columns | None
+    blocks: Columns | None
+    accesses: "Columns | AccessWindows | None"
+    iteration_source: str        # what numbered the iterations: "memlens.step", "optimizer.step" or "none"
+
+    def take(self, name: str):
+        """The table `name` ("ops", "blocks" or "accesses"), no longer held here."""
+        table = getattr(self, name)
+        setattr(self, name, None)
+        return table
+
+
+def drain_tables(session: Session) -> Drained:
+    """The ops, accesses and blocks tables of a stopped session, every access in memory."""
+    session.load_all_accesses()
+    ops, op_module_idx, iteration_source = build_ops(session)
+    accesses = build_accesses(session, ops)
+    blocks = build_blocks(session, ops, op_module_idx)
+    return Drained(ops, blocks, accesses, iteration_source)
+
+
+def drain_windowed(session: Session, ops_per_window: int | None = None,
+                   records_per_window: int | None = None) -> Drained:
+    """The ops and blocks tables of a stopped session, and its accesses as `AccessWindows` (decoded a window
+    of at most `ops_per_window` ops and `records_per_window` records at a time, defaults `OPS_PER_WINDOW`,
+    `RECORDS_PER_WINDOW`, as they are read)."""
+    ops, op_module_idx, iteration_source = build_ops(session)
+    blocks = build_blocks(session, ops, op_module_idx)
+    del op_module_idx
+    windows = AccessWindows(session, ops, blocks["alloc_op_id"].filled(-1), int(ops_per_window or OPS_PER_WINDOW),
+                            int(records_per_window or RECORDS_PER_WINDOW))
+    return Drained(ops, blocks, windows, iteration_source)
+
+
+def with_session_events(session: Session, allocator: AllocatorData | None, clock: tuple[int, int]) -> AllocatorData:
+    """The allocator data with the compiled recorder's memory-hook events (on the wall clock, unix ns: `clock`
+    is (time.time_ns(), time.perf_counter_ns()) read together at the start) and the session's notes added,
+    once per recording (a second build of the same recording finds them there). None (the instruments failed
+    to stop, warned) gives allocator data that says so: the dispatch-level trace is kept."""
+    if allocator is None:
+        allocator = AllocatorData(notes=["allocator events lost: the instruments failed to stop"])
+    if getattr(allocator, "_session_added", False):
+        return allocator
+    allocator._session_added = True
+    mem_events = getattr(session, "memory_events", None)
+    if mem_events is not None and (allocator.events is None or len(mem_events)):  # compiled hook
+        wall0, clock0 = clock
+        ev = session.memory_events
+        allocator.events = Columns(len(ev), {"t_unix_ns": ev["t_ns"] - clock0 + wall0,
+                                             "device": ev["device"], "addr": ev["addr"],
+                                             "delta": ev["delta"]})
+        allocator.sources.append("memory_hook")
+    if getattr(session, "memory_note", ""):
+        allocator.notes.append(session.memory_note)
+    if getattr(session, "backend_note", None):
+        allocator.notes.append(session.backend_note)
+    return allocator
 
 
 def build_ops(session: Session) -> tuple[Columns, np.ndarray, str]:
@@ -229,39 +303,69 @@ def _records_history(ops: Columns, safe_op: np.ndarray) -> np.ndarray:
     return created[safe_op]
 
 
-def refine_autograd_seeds(blocks: Columns, accesses: Columns, ops: Columns) -> Columns:
-    """Unknown blocks made during recording whose first reader (another op) runs in backward are
-    autograd's own tensors, e.g. the ``ones_like`` gradient seed of ``loss.backward()``."""
-    cand = (blocks["category"] == "unknown") & blocks["alloc_op_id"].present()
-    if not cand.any() or len(accesses) == 0:
-        return blocks
-    bid = blocks["block_id"]
-    made_by = blocks["alloc_op_id"].filled(-1)
-    # each access's candidate block row (block ids are unique); -1 where its block is no candidate
-    order = np.argsort(bid, kind="stable")
-    acc_bid = accesses["block_id"]
-    pos = np.minimum(np.searchsorted(bid[order], acc_bid), len(bid) - 1)
-    row = np.where(bid[order][pos] == acc_bid, order[pos], -1)
-    acc_op = accesses["op_id"]
-    keep = (row >= 0) & cand[np.maximum(row, 0)] & (acc_op != made_by[np.maximum(row, 0)])
-    row, acc_op, acc_t = row[keep], acc_op[keep], accesses["t_ns"][keep]
-    if len(row) == 0:
-        return blocks
-    # each candidate's first access by another op: the least (time, op)
-    first = np.lexsort((acc_op, acc_t, bid[row]))
-    head = np.ones(len(first), dtype=bool)
-    head[1:] = bid[row[first[1:]]] != bid[row[first[:-1]]]
-    first = first[head]
-    op_ids = ops["op_id"]
-    phases = ops["phase"]
-    at = np.minimum(np.searchsorted(op_ids, acc_op[first]), max(len(op_ids) - 1, 0))
-    found = (op_ids[at] == acc_op[first]) if len(op_ids) else np.zeros(len(first), bool)
-    seed_rows = row[first][found & (phases[at] == "backward" if len(op_ids) else found)]
-    if len(seed_rows) == 0:
-        return blocks
-    blocks = blocks.copy()
-    category, rule = blocks["category"].copy(), blocks["category_rule"].copy()
-    category[seed_rows] = "autograd_detail"
-    rule[seed_rows] = "made outside modules with no autograd history, first read by backward"
-    blocks["category"], blocks["category_rule"] = category, rule
-    return blocks
+class AccessWindows:
+    """A stopped session's accesses table a window of ops at a time (`frames`: one DataFrame per window, in op
+    order; the session's `access_windows` decodes each from its streams). As the windows pass it keeps what the
+    join reads of them (`first`: each block's first accesses) and counts their rows (`rows`). Read again, the
+    windows start over."""
+
+    def __init__(self, session: Session, ops: Columns, alloc_op: np.ndarray, ops_per_window: int,
+                 records_per_window: int):
+        self.session = session
+        self.start, self.end = ops["start_ns"].copy(), ops["end_ns"].copy()
+        self.ops_per_window, self.records_per_window = ops_per_window, records_per_window
+        self.first = FirstAccesses(alloc_op)
+        self.rows = 0
+
+    def frames(self):
+        acc_end = self.session.access_ends()
+        for lo, hi, packed in self.session.access_windows(self.ops_per_window, self.records_per_window):
+            window = accesses_of_ops(packed, np.diff(acc_end[lo:hi + 1]), lo, self.start, self.end)
+            self.first.add(window)
+            self.rows += len(window)
+            yield window.to_frame(FRAME_DTYPES["accesses"])
+
+
+class FirstAccesses:
+    """Per block, as windows of accesses pass: the first access (lowest (t_ns, op_id)) and the first
+    access by another op than `alloc_op` (the op that made the block, -1: none). 32 bytes per block.
+
+    `frame()` gives those rows as an accesses table: `joining.refine_autograd_seeds` and `join._first_seen`,
+    given it instead of every access, answer the same (they read exactly these two facts)."""
+
+    def __init__(self, alloc_op: np.ndarray):
+        n = len(alloc_op)
+        self.alloc_op = np.asarray(alloc_op, dtype=np.int64)
+        self.any_t, self.any_op = np.full(n, _NONE), np.full(n, _NONE)
+        self.other_t, self.other_op = np.full(n, _NONE), np.full(n, _NONE)
+
+    def add(self, accesses: Columns) -> None:
+        """Take in one window's accesses (any order)."""
+        block = np.asarray(accesses["block_id"], dtype=np.int64)
+        t = np.asarray(accesses["t_ns"], dtype=np.int64)
+        op = np.asarray(accesses["op_id"], dtype=np.int64)
+        self._lower(self.any_t, self.any_op, block, t, op)
+        other = op != self.alloc_op[block]
+        self._lower(self.other_t, self.other_op, block[other], t[other], op[other])
+
+    @staticmethod
+    def _lower(best_t, best_op, block, t, op) -> None:
+        if len(block) == 0:
+            return
+        order = np.lexsort((op, t, block))
+        block, t, op = block[order], t[order], op[order]
+        first = np.ones(len(block), dtype=bool)
+        first[1:] = block[1:] != block[:-1]
+        block, t, op = block[first], t[first], op[first]
+        lower = (t < best_t[block]) | ((t == best_t[block]) & (op < best_op[block]))
+        best_t[block[lower]] = t[lower]
+        best_op[block[lower]] = op[lower]
+
+    def frame(self) -> Columns:
+        """The rows kept, as an accesses table (is_write is not kept: False)."""
+        parts = []
+        for best_t, best_op in ((self.any_t, self.any_op), (self.other_t, self.other_op)):
+            rows = np.flatnonzero(best_t != _NONE)
+            parts.append(Columns(len(rows), {"block_id": rows.astype(np.int64), "t_ns": best_t[rows],
+                                             "op_id": best_op[rows], "is_write": np.zeros(len(rows), dtype=bool)}))
+        return Columns.concat(parts)

@@ -14,6 +14,11 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
+from memlens.trace.schema import SCHEMA
+
+# the frames' dtypes: the schema's, with "device" left to pandas' inference (its str dtype), as `conform`
+# casts it with astype(str)
+FRAME_DTYPES = {name: {c: ("str" if c == "device" else d) for c, d in cols.items()} for name, cols in SCHEMA.items()}
 
 class Nullable(NamedTuple):
     """An Int64 column: int64 `values` (meaningless where missing) and a bool `missing` mask."""

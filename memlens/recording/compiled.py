@@ -6,7 +6,7 @@ tracks the module stack itself (its own forward pre/post hooks, `Recording.enter
 met, marks a root module's inputs, and keeps what happens per step (categories from
 parameters/gradients/optimizer state, iteration marks: `Attribution`), exactly as the Python
 recorder does. At the end the records are drained with numpy into the same int64 streams the Python
-`Session` fills, so `assemble_trace` builds both backends' traces with the same code.
+`Session` fills, so `memlens.recording.pipeline.build_trace` builds both backends' traces with the same code.
 
 With stacks=True the C++ side also walks the Python frames of each op at its end (native/op_stacks.h:
 the same user frames, order, depth and dedup as stacks.StackTable); `_drain_stacks` (compiled_drain.py)

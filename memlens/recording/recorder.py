@@ -171,18 +171,16 @@ class Recorder:
 
     def _save(self, session, allocator_data, exception):
         """save_to: write the trace to `save_to` as it is built, its accesses a window of ops at a time
-        (`memlens.recording.streamsave`); `trace` stays None. When `save_to` cannot be written: to
+        (`memlens.recording.pipeline.build_trace`); `trace` stays None. When `save_to` cannot be written: to
         `save_fallback` if set, else the trace is built in memory (`trace`) and the error warned about."""
         from memlens.errors import InputError
-        from memlens.recording.assemble import assemble_trace
-        from memlens.recording.streamsave import save_recording
-        allocator_data, settings = self._allocator_and_settings(session, allocator_data)
-        options = {"settings": settings, "clock": self._clock, "exception": exception,
-                   "extra_metadata": self.save_metadata}
+        from memlens.recording.pipeline import build_trace
+        options = {"settings": self._settings(), "clock": self._clock, "exception": exception}
         keep = self._keep_trace
         try:
-            self.saved_path, self.saved_summary = save_recording(session, allocator_data, self.save_to,
-                                                                 overwrite=self.overwrite, **options)
+            built = build_trace(session, allocator_data, save_to=self.save_to, overwrite=self.overwrite,
+                                extra_metadata=self.save_metadata, **options)
+            self.saved_path, self.saved_summary = built.path, built.summary
         except (OSError, InputError) as exc:
             self.save_error = exc
             if self.save_fallback is None:
@@ -190,41 +188,16 @@ class Recorder:
                               "recorder.trace", RuntimeWarning, stacklevel=3)
                 keep = True
             else:
-                self.saved_path, self.saved_summary = save_recording(session, allocator_data, self.save_fallback,
-                                                                     overwrite=True, **options)
+                built = build_trace(session, allocator_data, save_to=self.save_fallback, overwrite=True,
+                                    extra_metadata=self.save_metadata, **options)
+                self.saved_path, self.saved_summary = built.path, built.summary
         if keep:
-            session.load_all_accesses()
-            self.trace = assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
-                                        exception=exception)
+            self.trace = build_trace(session, allocator_data, **options).trace
 
     def _build(self, session, allocator_data, exception):
-        from memlens.recording.assemble import assemble_trace
-        allocator_data, settings = self._allocator_and_settings(session, allocator_data)
-        return assemble_trace(session, allocator_data, settings=settings, clock=self._clock, exception=exception)
-
-    def _allocator_and_settings(self, session, allocator_data):
-        """The allocator data with the compiled recorder's memory-hook events and notes added (once per
-        recording), and the recorder's settings for the metadata."""
-        if allocator_data is None:   # the instruments failed to stop (warned): the dispatch-level trace is kept
-            from memlens.recording.instruments import AllocatorData
-            allocator_data = AllocatorData(notes=["allocator events lost: the instruments failed to stop"])
-        if getattr(allocator_data, "_session_added", False):
-            return allocator_data, self._settings()
-        allocator_data._session_added = True
-        from memlens.recording.columns import Columns
-        mem_events = getattr(session, "memory_events", None)
-        if mem_events is not None and (allocator_data.events is None or len(mem_events)):  # compiled hook
-            wall0, clock0 = self._clock
-            ev = session.memory_events
-            allocator_data.events = Columns(len(ev), {"t_unix_ns": ev["t_ns"] - clock0 + wall0,
-                                                      "device": ev["device"], "addr": ev["addr"],
-                                                      "delta": ev["delta"]})
-            allocator_data.sources.append("memory_hook")
-        if getattr(session, "memory_note", ""):
-            allocator_data.notes.append(session.memory_note)
-        if getattr(session, "backend_note", None):
-            allocator_data.notes.append(session.backend_note)
-        return allocator_data, self._settings()
+        from memlens.recording.pipeline import build_trace
+        return build_trace(session, allocator_data, settings=self._settings(), clock=self._clock,
+                           exception=exception).trace
 
     def _settings(self) -> dict:
         return {"stacks": self.stacks, "allocator": self.allocator,

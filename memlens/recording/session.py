@@ -154,6 +154,12 @@ class Session(Attribution, StorageBlocks):
         from memlens.recording.own_clock import session_onto_own_clock
         session_onto_own_clock(self, allocator, clock)
 
+    def unix_to_trace_ns(self, clock: tuple[int, int]) -> int:
+        """Nanoseconds to add to a unix-ns time (the allocator's and the kernels' clock) to get trace ns;
+        `clock` is (time.time_ns(), time.perf_counter_ns()) read together at the start."""
+        wall0, perf0 = clock
+        return perf0 - wall0 - self.t_start
+
     # ---- after stop: the accesses a window of ops at a time (the streaming save) -------------------
     def access_windows(self, max_ops: int, max_records: int):
         """Yield (first op, end op, packed accesses of ops [first, end): int64, block << 1 | write) in op

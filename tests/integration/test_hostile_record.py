@@ -15,7 +15,7 @@ import torch
 
 import memlens
 from hostile import ROOT, assert_refused, run_memlens
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 
 SCRIPT = textwrap.dedent("""
     import sys, time, torch

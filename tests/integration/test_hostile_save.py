@@ -13,16 +13,17 @@ import pandas as pd
 import pytest
 
 from hostile import ROOT
-from memlens.io.store import load_trace, save_trace
+from memlens.trace.read import load_trace
+from memlens.trace.tracedir import save_trace
 from memlens.trace import Trace
 
 _LOOP = textwrap.dedent("""
     import sys
     import numpy as np, pandas as pd
-    from memlens import tracedir
+    from memlens.trace import tracedir
     from memlens.trace import Trace
     from memlens.io import load
-    from memlens.io.store import save_trace
+    from memlens.trace.tracedir import save_trace
     from memlens.analysis.outofcore.files import TraceFiles
     path, role, count, exchange = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if exchange == "off":

@@ -16,7 +16,8 @@ import pytest
 
 from hostile import ROOT, assert_refused, run_memlens, run_python
 from memlens.errors import InputError
-from memlens.io.store import MANIFEST, load_trace, save_trace
+from memlens.trace.read import load_trace
+from memlens.trace.tracedir import MANIFEST, save_trace
 from memlens.trace import Trace
 
 
@@ -89,9 +90,9 @@ def test_sparse_terabyte_without_manifest_size_hits_the_limit(tmp_path):
 _KILL_AT_RENAME = textwrap.dedent("""
     import os, shutil, signal, sys
     import numpy as np, pandas as pd
-    from memlens import tracedir
+    from memlens.trace import tracedir
     from memlens.trace import Trace
-    from memlens.io.store import save_trace
+    from memlens.trace.tracedir import save_trace
     path, shift, kill_at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     exchange = sys.argv[4] if len(sys.argv) > 4 else "auto"
     blocks = pd.DataFrame({"block_id": np.arange(4), "device": "cuda:0", "size": 512 * (np.arange(4) + 1),
@@ -107,8 +108,8 @@ _KILL_AT_RENAME = textwrap.dedent("""
             return real(*args, **kwargs)
         return wrapped
     os.replace, os.fsync, shutil.rmtree = step(os.replace), step(os.fsync), step(shutil.rmtree)
-    tracedir._exchange, tracedir._fsync_dir, tracedir._sha256 = (
-        step(tracedir._exchange), step(tracedir._fsync_dir), step(tracedir._sha256))
+    tracedir._exchange, tracedir._fsync_dir, tracedir.file_sha256 = (
+        step(tracedir._exchange), step(tracedir._fsync_dir), step(tracedir.file_sha256))
     save_trace(Trace.from_tables(blocks), path, overwrite=True)
 """)
 
@@ -148,7 +149,8 @@ _LOOP = textwrap.dedent("""
     import sys, time
     import numpy as np, pandas as pd
     from memlens.trace import Trace
-    from memlens.io.store import save_trace, load_trace
+    from memlens.trace.read import load_trace
+    from memlens.trace.tracedir import save_trace
     path, role, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     failures = 0
     for i in range(count):
@@ -288,18 +290,18 @@ def test_what_is_imported_reloads_after_save(tmp_path):
 
 
 def test_load_trace_checks_sizes_before_hashing(tmp_path, monkeypatch):
-    import memlens.io.store as store
+    import memlens.trace.read as store
     path = save_trace(small_trace(), tmp_path / "order.memlens")
     with open(path / "ops.parquet", "r+b") as f:
         f.truncate(1 << 40)
 
-    real_sha256 = store._sha256
+    real_sha256 = store.file_sha256
 
     def no_hashing(p):
         if p.name == "ops.parquet":
             raise AssertionError(f"hashed {p} before checking its size")
         return real_sha256(p)
-    monkeypatch.setattr(store, "_sha256", no_hashing)
+    monkeypatch.setattr(store, "file_sha256", no_hashing)
     with pytest.raises(InputError, match="bytes"):
         load_trace(path)
 

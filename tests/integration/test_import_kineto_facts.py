@@ -16,7 +16,7 @@ import pytest
 import memlens
 from _kineto_cases import BF16, _memory, _op, by_name, hand_made
 from memlens.io.kineto.importer import kineto_to_trace
-from memlens.schema import CLOCK_KEYS
+from memlens.trace.schema import CLOCK_KEYS
 
 
 @pytest.mark.parametrize("era,launch", [(2022, "cudaLaunchKernel"), (2021, "cudaLaunchKernel"),

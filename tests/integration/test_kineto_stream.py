@@ -104,7 +104,7 @@ def test_not_utf8_and_missing_files_are_refused(tmp_path):
 def test_import_command_streams_a_large_kineto_trace(tmp_path, monkeypatch, capsys):
     from memlens.cli import main
     from memlens.commands import import_
-    from memlens.io.store import load_trace
+    from memlens.trace.read import load_trace
     src = tmp_path / "t.json"
     src.write_text(json.dumps(small_trace()))
     monkeypatch.setattr(import_, "STREAM_ABOVE_BYTES", 1)  # every trace counts as large

@@ -13,7 +13,7 @@ import pytest
 from memlens.analysis.peak import peak_breakdown
 from memlens.errors import InputError
 from memlens.io.lifetimes_csv import convert_lifetimes_csv, import_lifetimes_csv
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 
 
 def write_csv(path, n: int, seed: int = 0, offsets: bool = False) -> pd.DataFrame:

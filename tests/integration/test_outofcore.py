@@ -15,8 +15,8 @@ from memlens.analysis.ati import ati_only
 from memlens.analysis.distributions import log_histogram
 from memlens.analysis.outliers import outliers
 from memlens.errors import InputError
-from memlens.io.partitioned import PartitionedTraceWriter, save_partitioned
-from memlens.io.store import load_trace
+from memlens.trace.partitioned import PartitionedTraceWriter, save_partitioned
+from memlens.trace.read import load_trace
 from memlens.trace import Trace
 
 pytest.importorskip("dask")

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import memlens
-from memlens.recording import build, compiled_signatures, join
+from memlens.recording import compiled_signatures, join, joining
 from memlens.recording import recorder as recorder_module
-from memlens.recording.assemble import assemble_trace
+from memlens.recording.pipeline import build_trace
 from memlens.recording.columns import Columns
 from record_workloads import transformer_training
 
@@ -178,7 +178,7 @@ def test_refine_autograd_seeds_matches_the_pandas_version(seed):
                              "t_ns": rng.integers(0, 5, na).astype(np.int64) * 10,
                              "op_id": rng.integers(0, n_ops + 2, na).astype(np.int64)})
     expected = reference_refine_autograd_seeds(blocks, accesses, ops)
-    refined = build.refine_autograd_seeds(*(Columns.from_frame(t) for t in (blocks, accesses, ops)))
+    refined = joining.refine_autograd_seeds(*(Columns.from_frame(t) for t in (blocks, accesses, ops)))
     # (values; the traces' dtypes are compared in test_recorded_trace_is_the_same_as_with_the_pandas_build)
     pd.testing.assert_frame_equal(refined.to_frame(), expected, check_dtype=len(blocks) > 0)
 
@@ -241,17 +241,14 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
 
     def build_both(self, session, allocator_data, exception):
         trace = original_build(self, session, allocator_data, exception)
-        allocator_data, settings = self._allocator_and_settings(session, allocator_data)
         with monkeypatch.context() as m:      # the reference: pandas join/refine, no cached cost facts
             m.setattr(join, "match_blocks", _on_frames(reference_match_blocks))
             m.setattr(join, "_first_seen", _on_frames(reference_first_seen))
-            m.setattr(build, "refine_autograd_seeds", _on_frames(reference_refine_autograd_seeds))
-            m.setattr("memlens.recording.assemble.refine_autograd_seeds",
-                      _on_frames(reference_refine_autograd_seeds))
+            m.setattr(joining, "refine_autograd_seeds", _on_frames(reference_refine_autograd_seeds))
             m.setattr(compiled_signatures, "_FACTS_BY_SIGNATURE", {})
             m.setattr(compiled_signatures, "_FACTS_BY_SHAPES", {})
-            built["reference"] = assemble_trace(session, allocator_data, settings=settings, clock=self._clock,
-                                                exception=exception)
+            built["reference"] = build_trace(session, allocator_data, settings=self._settings(), clock=self._clock,
+                                             exception=exception).trace
         return trace
 
     monkeypatch.setattr(recorder_module.Recorder, "_build", build_both)
@@ -265,7 +262,7 @@ def test_recorded_trace_is_the_same_as_with_the_pandas_build(monkeypatch, backen
 
 # ---- the tables' construction: one frame each, owned by the trace ----------------------------------------
 def test_conform_puts_extra_columns_after_the_schema_and_renumbers_rows():
-    from memlens.schema import SCHEMA, conform
+    from memlens.trace.schema import SCHEMA, conform
     df = pd.DataFrame({"extra": ["x", "y"], "is_write": [True, False], "t_ns": [5, 7], "op_id": [1, 0],
                        "block_id": [3, 4], "later": [9, 8]}, index=[10, 20])
     out = conform("accesses", df)

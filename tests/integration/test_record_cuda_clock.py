@@ -111,22 +111,23 @@ def test_no_kernel_times_is_bad_input(cpu_trace):
 def test_recorder_moves_a_cuda_recording_onto_the_kernel_clock(monkeypatch):
     """The recorder's CUDA path, with the profiler's kernel activity replaced by stand-in kernels made from
     the recorded ops' own host times (a CPU build has no CUDA activity)."""
-    from memlens.recording import assemble as assemble_mod
-    real_assemble = assemble_mod.assemble_trace
+    from memlens.recording import pipeline
+    real_events = pipeline.with_session_events
 
-    def assemble_with_kernels(session, allocator, **kw):
+    def events_with_kernels(session, allocator, clock):
         from memlens.recording.build import build_ops
+        allocator = real_events(session, allocator, clock)
         ops = build_ops(session)[0].to_frame()
-        wall0, perf0 = kw["clock"]
+        wall0, perf0 = clock
         to_trace_ns = perf0 - wall0 - session.t_start
         k = _fake_kernels(ops)
         allocator.kernels = pd.DataFrame({"name": k["name"], "category": k["category"],
                                           "launch_unix_ns": k["launch_ns"] - to_trace_ns,
                                           "start_unix_ns": k["start_ns"] - to_trace_ns,
                                           "end_unix_ns": k["end_ns"] - to_trace_ns, "correlation": 0})
-        return real_assemble(session, allocator, **kw)
+        return allocator
 
-    monkeypatch.setattr(assemble_mod, "assemble_trace", assemble_with_kernels)
+    monkeypatch.setattr(pipeline, "with_session_events", events_with_kernels)
     x = torch.randn(8, 16)
     w = torch.randn(16, 4)
     with memlens.record() as rec:

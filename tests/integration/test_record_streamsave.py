@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import memlens
-from memlens.io.store import load_trace
-from memlens.recording import native, streamsave
+from memlens.trace.read import load_trace
+from memlens.recording import build, native
 from memlens.recording.recorder import Recorder
 
 try:
@@ -78,8 +78,8 @@ def _row_groups(path) -> int:
 @pytest.mark.parametrize("small_windows", [False, True])
 def test_streamed_save_equals_the_in_memory_trace(tmp_path, monkeypatch, backend, stacks, small_windows):
     if small_windows:   # many windows, some ending mid-step: rows must not depend on where windows end
-        monkeypatch.setattr(streamsave, "OPS_PER_WINDOW", 7)
-        monkeypatch.setattr(streamsave, "RECORDS_PER_WINDOW", 10)
+        monkeypatch.setattr(build, "OPS_PER_WINDOW", 7)
+        monkeypatch.setattr(build, "RECORDS_PER_WINDOW", 10)
     model, run = _train()
     streamed, in_memory = _saved_both_ways(tmp_path, run, model=model, backend=backend, stacks=stacks)
     assert len(streamed.accesses) > 100 and streamed.metadata["recorder"] == backend
@@ -92,7 +92,7 @@ def test_streamed_save_equals_the_in_memory_trace(tmp_path, monkeypatch, backend
 def test_streamed_save_reads_spilled_accesses(tmp_path, monkeypatch, small_windows):
     """A small budget spills the access streams to files: the windows read them back from there."""
     if small_windows:
-        monkeypatch.setattr(streamsave, "RECORDS_PER_WINDOW", 64)
+        monkeypatch.setattr(build, "RECORDS_PER_WINDOW", 64)
     model, run = _train(steps=40)
     streamed, in_memory = _saved_both_ways(tmp_path, run, model=model, backend="compiled",
                                            max_buffer_bytes=4 * 1024)
@@ -104,7 +104,7 @@ def test_streamed_save_reads_spilled_accesses(tmp_path, monkeypatch, small_windo
 def test_streamed_save_merges_threads_and_their_spill_files(tmp_path, monkeypatch):
     """Three threads record into one session (each its own access stream, spilled): each window takes every
     op's accesses from its thread's stream in op order."""
-    monkeypatch.setattr(streamsave, "RECORDS_PER_WINDOW", 100)
+    monkeypatch.setattr(build, "RECORDS_PER_WINDOW", 100)
     m = native.load()
     xs = [torch.ones(8 * (i + 1)) for i in range(3)]
 
@@ -154,7 +154,7 @@ def test_unwritable_save_to_keeps_the_trace_in_memory(tmp_path):
 _CHILD = textwrap.dedent("""
     import json, sys
     import torch
-    from memlens.recording import streamsave
+    from memlens.recording import build
     from memlens.recording.recorder import Recorder
 
     def kib(field):
@@ -162,7 +162,7 @@ _CHILD = textwrap.dedent("""
             return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
     mode, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    streamsave.RECORDS_PER_WINDOW = 1 << 16       # windows well below the smallest recording here
+    build.RECORDS_PER_WINDOW = 1 << 16       # windows well below the smallest recording here
     tensors = [torch.zeros(4) for _ in range(200)]  # each step: one op writing 200 blocks (200 accesses)
     rec = Recorder(allocator="none", backend="compiled", save_to=out if mode == "streamed" else None)
     with rec:

@@ -14,8 +14,8 @@ import pytest
 from memlens.analysis.ati import access_intervals, ati_stats
 from memlens.analysis.outliers import bandwidth_filter, filter_summary, outliers
 from memlens.analysis.peak import breakdown_of_live, peak_breakdown
-from memlens.io.partitioned import save_partitioned
-from memlens.io.store import load_trace
+from memlens.trace.partitioned import save_partitioned
+from memlens.trace.read import load_trace
 from memlens.viz.live import live_series
 from memlens.viz.tables import largest_blocks, largest_of
 

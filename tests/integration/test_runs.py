@@ -15,7 +15,7 @@ import pytest
 import memlens
 from memlens.analysis.runs import RunSet, rank_from_metadata, rank_from_name
 from memlens.errors import InputError
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"

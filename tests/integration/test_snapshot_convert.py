@@ -16,7 +16,7 @@ import pytest
 from memlens.errors import InputError
 from memlens.io.snapshot.importer import import_snapshot
 from memlens.io.snapshot.convert import convert_snapshot
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 from memlens.trace import OPTIONAL_TABLES, REQUIRED_TABLES
 from test_import_snapshot import SNAPSHOTS, crafted
 

@@ -8,7 +8,7 @@ import pickle
 
 from memlens.analysis.peak import peak_breakdown
 from memlens.io.snapshot.importer import import_snapshot, snapshot_to_trace
-from memlens.io.store import load_trace
+from memlens.trace.read import load_trace
 from test_snapshot_convert import assert_same_saved_trace, converted_and_imported
 
 PENDING_RULE = ("freed by the program, held by the allocator until its streams' queued work completes "

@@ -13,7 +13,7 @@ import pytest
 from memlens import Trace
 from memlens.errors import InputError
 from memlens.io import load
-from memlens.io.store import MANIFEST, save_trace
+from memlens.trace.tracedir import MANIFEST, save_trace
 
 
 def hand_trace() -> Trace:
@@ -130,7 +130,7 @@ def test_schema_errors(tmp_path):
     with pytest.raises(InputError, match="checksum"):
         load(path)
     with pytest.raises(InputError, match="lacks column 'size'"):
-        from memlens.io.store import load_trace
+        from memlens.trace.read import load_trace
         load_trace(path, verify_checksums=False)
 
 
@@ -190,7 +190,7 @@ def test_save_writes_row_groups_a_slice_at_a_time(tmp_path, monkeypatch):
     split into row groups of ROWS_PER_GROUP rows, a string column missing from the first slice keeps its
     type, the round trip is exact, and time-ordered accesses are marked so in the manifest."""
     import pyarrow.parquet as pq
-    from memlens import tracedir
+    from memlens.trace import tracedir
     monkeypatch.setattr(tracedir, "ROWS_PER_GROUP", 3)
     t = hand_trace()
     t.blocks["op"] = pd.Series([None, None, None, "aten::late"], dtype=object)

@@ -74,7 +74,7 @@ def test_a_snapshot_with_thousands_of_devices_is_refused(tmp_path):
 
 
 def test_the_device_limit_is_exact_and_can_be_raised(monkeypatch):
-    from memlens.trace_checks import validate_trace
+    from memlens.trace.checks import validate_trace
     rows = [{"block_id": i, "device": f"cuda:{i}", "size": 512, "alloc_ns": 0, "free_ns": 1} for i in range(65)]
     validate_trace(Trace.from_tables(pd.DataFrame(rows[:64]), metadata={"source_kind": "synthetic"}))
     with pytest.raises(InputError, match="65 devices"):

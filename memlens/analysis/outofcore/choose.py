@@ -49,7 +49,7 @@ def choose_engine(path, engine: str = "auto") -> str:
     core; "dask" on another file is bad input (convert it with `memlens import` first)."""
     if engine not in ENGINES:
         raise InputError(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    from memlens.io.store import is_trace_dir
+    from memlens.trace.tracedir import is_trace_dir
     if engine == "memory":
         return "memory"
     if not is_trace_dir(path):

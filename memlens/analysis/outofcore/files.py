@@ -1,7 +1,7 @@
 """A saved trace opened without reading it: its manifest, its Parquet files and their row groups.
 
 Every reader of the out-of-core engine goes through `TraceFiles`, which validates the manifest the same way
-`memlens.io.store.load_trace` does (and raises `InputError` naming the file) but reads table data only a
+`memlens.trace.read.load_trace` does (and raises `InputError` naming the file) but reads table data only a
 row group at a time, on whichever worker asks.
 """
 from __future__ import annotations
@@ -37,16 +37,18 @@ class TraceFiles:
         """Read and check the manifest of the trace directory `path` (no table data is read). Holds the
         shared lock of its folder meanwhile, as `load_trace` does, so that a concurrent save is seen whole
         (the tables read later are read as they are then)."""
-        from memlens.tracedir import _dir_lock, settle
+        from memlens.trace.tracedir import dir_lock, settle
         path = Path(path)
         settle(path)  # a save in progress or killed: wait for it / recover it
-        with _dir_lock(path.parent, exclusive=False):
+        with dir_lock(path.parent, exclusive=False):
             return cls._open_locked(path)
 
     @classmethod
     def _open_locked(cls, path: Path) -> "TraceFiles":
         import pyarrow.parquet as pq
-        from memlens.io.store import FORMAT_NAME, MANIFEST, check_metadata, check_table_file
+        from memlens.trace.checks import check_metadata
+        from memlens.trace.read import check_table_file
+        from memlens.trace.tracedir import FORMAT_NAME, MANIFEST
         if not path.exists():
             raise InputError("no such file or directory", path)
         mpath = path / MANIFEST

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.schema import empty_table, make_clock
+from memlens.trace.schema import empty_table, make_clock
 from memlens.io.detect import require_kineto
 from memlens.io.jsonfile import load_json
 from memlens.io.kineto.attrib import innermost_enclosing, nesting

@@ -5,7 +5,7 @@ field, a nullable array per optional integer) alongside everything else, and the
 table while it is written: its peak grows ~470 bytes per device-trace entry on synthetic snapshots (552 MB
 for 706k entries). `convert_snapshot` keeps the entries only as the numpy columns of
 `memlens.io.snapshot.importer.SnapshotParts` (~80 bytes per entry) and writes the ``events`` table from them a row
-group at a time (`memlens.io.partitioned.PartitionedTraceWriter`), so no per-row Python object and no
+group at a time (`memlens.trace.partitioned.PartitionedTraceWriter`), so no per-row Python object and no
 whole-table DataFrame or Arrow copy of the events is ever made.
 
 What still needs every entry at once, and why (so memory still grows with the file, by the columns'
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.io.partitioned import PartitionedTraceWriter
+from memlens.trace.partitioned import PartitionedTraceWriter
 from memlens.io.snapshot.events import EventColumns, events_table
 from memlens.io.snapshot.frames import NO_STACK
 
@@ -42,7 +42,7 @@ STREAM_ROWS_PER_GROUP = 1 << 17  # rows per row group; a group of events in memo
 
 
 class _TraceView:
-    """What `memlens.io.snapshot.story.tell_story` and `memlens.trace_checks.validate_trace` read of a trace
+    """What `memlens.io.snapshot.story.tell_story` and `memlens.trace.checks.validate_trace` read of a trace
     (blocks, some columns of the events, stacks, ops, allocator state, metadata, the time span), without a
     whole events DataFrame."""
 
@@ -101,8 +101,9 @@ def convert_snapshot(path, dst, *, rows_per_group: int = STREAM_ROWS_PER_GROUP, 
     from memlens.io.safe_pickle import pickle_buffer
     from memlens.io.snapshot.importer import _normalize, _read, snapshot_errors, snapshot_parts
     from memlens.io.snapshot.story import tell_story
-    from memlens.trace import SCHEMA_VERSION, _fill_seq, conform
-    from memlens.trace_checks import validate_trace
+    from memlens.trace import SCHEMA_VERSION, conform
+    from memlens.trace.model import _fill_seq
+    from memlens.trace.checks import validate_trace
 
     path = Path(path)
     if Path(dst).exists() and not overwrite:  # before the read, which is the slow part

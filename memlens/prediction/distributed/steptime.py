@@ -197,7 +197,7 @@ def onto_step_clock(trace, world_size: int, gpu, timing: dict | None = None):
     neighbour stages). The input trace is not modified."""
     from memlens.clock import restamp
     from memlens.devicetime.gpus import gpu as resolve_gpu
-    from memlens.schema import make_clock
+    from memlens.trace.schema import make_clock
     g = resolve_gpu(gpu)
     t = timing if timing is not None else step_time(trace, world_size, g)
     sched = t["schedule"]

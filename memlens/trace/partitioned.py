@@ -1,4 +1,4 @@
-"""Writing big traces in pieces: the same ``NAME.memlens/`` layout as `memlens.tracedir`, written row
+"""Writing big traces in pieces: the same ``NAME.memlens/`` layout as `memlens.trace.tracedir`, written row
 group by row group as the data arrives, so a trace larger than memory is never materialised.
 
 A trace written here is an ordinary memlens trace (`memlens.load` reads it whole when it fits in memory);
@@ -14,7 +14,7 @@ piece without reading it.
             w.add("accesses", chunk.accesses)  # time-ordered across chunks
             w.add("ops", chunk.ops)
 
-Writes are atomic like `store.save_trace`: everything goes to a hidden sibling directory that is renamed
+Writes are atomic like `tracedir.save_trace`: everything goes to a hidden sibling directory that is renamed
 into place by `close()`; an exception inside the ``with`` block discards it and leaves nothing behind.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.trace import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
+from memlens.trace.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
 
 DEFAULT_ROWS_PER_GROUP = 1 << 20  # 1 Mi rows: ~25 MB of accesses per piece in memory
 
@@ -43,7 +43,7 @@ class PartitionedTraceWriter:
                  overwrite: bool = False):
         if rows_per_group < 1:
             raise InputError(f"rows_per_group must be at least 1, got {rows_per_group}")
-        from memlens.tracedir import MANIFEST
+        from memlens.trace.tracedir import MANIFEST
         self.path = Path(path)
         if self.path.exists():
             if not overwrite:
@@ -131,7 +131,7 @@ class PartitionedTraceWriter:
     # ---- finishing ----------------------------------------------------------------------------
     def close(self) -> Path:
         """Flush, write the manifest and move the trace into place atomically; returns its path."""
-        from memlens.tracedir import FORMAT_NAME, MANIFEST, _jsonable, _sha256
+        from memlens.trace.tracedir import FORMAT_NAME, MANIFEST, jsonable, file_sha256
         if self._closed:
             return self.path
         for name in REQUIRED_TABLES:
@@ -141,16 +141,16 @@ class PartitionedTraceWriter:
             self._flush(name)
             if name in self._writers:
                 self._writers[name].close()
-            else:  # an empty table still gets its (empty) file, as store.save_trace writes it
+            else:  # an empty table still gets its (empty) file, as tracedir.save_trace writes it
                 self._empty.get(name, conform(name, None)).to_parquet(self._tmp / f"{name}.parquet", index=False, engine="pyarrow")
             fname = f"{name}.parquet"
-            tables[name] = {"file": fname, "rows": int(self._rows[name]), "sha256": _sha256(self._tmp / fname),
+            tables[name] = {"file": fname, "rows": int(self._rows[name]), "sha256": file_sha256(self._tmp / fname),
                             "row_groups": int(self._groups.get(name, 0)), "rows_per_group": self.rows_per_group}
         tables["accesses"]["sorted_by"] = "t_ns"
         meta = {"schema_version": SCHEMA_VERSION, "source_kind": "unknown", "notes": []}
         meta.update(self.metadata)
         meta.setdefault("devices", sorted(self._devices))
-        manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, "metadata": _jsonable(meta),
+        manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION, "metadata": jsonable(meta),
                     "tables": tables}
         with open(self._tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)

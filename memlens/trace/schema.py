@@ -1,6 +1,6 @@
 """The table schema of a trace: every table's columns and dtypes, and `conform`, which fills and casts a
 producer's DataFrame to them. `memlens.trace` describes the tables and re-exports these names; they live
-here, below the Trace class, so that the writer of saved traces (`memlens.tracedir`) can use them too.
+here, below the Trace class, so that the writer of saved traces (`memlens.trace.tracedir`) can use them too.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ writers that are no longer running are removed. Saved traces get the permissions
 (like any file the user creates), not ``drwx------``.
 
 Writing needs only the table schema, not the `memlens.trace.Trace` class, so this module sits below it and
-`Trace.save` calls `save_trace` here without a loop; reading back into a Trace is `memlens.io.store`.
+`Trace.save` calls `save_trace` here without a loop; reading back into a Trace is `memlens.trace.read`.
 """
 from __future__ import annotations
 
@@ -41,13 +41,14 @@ import numpy as np
 import pandas as pd
 
 from memlens.errors import InputError
-from memlens.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA_VERSION, conform
+from memlens.trace.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA_VERSION, conform
 
 MANIFEST = "manifest.json"
 FORMAT_NAME = "memlens-trace"
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of the file at `path`, read 1 MiB at a time (the manifest's ``sha256`` of each table)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -55,12 +56,12 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _jsonable(obj):
+def jsonable(obj):
     """Metadata must survive JSON: turn numpy scalars and other oddities into plain values."""
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, (np.floating,)):
@@ -73,7 +74,7 @@ def _jsonable(obj):
 
 
 @contextlib.contextmanager
-def _dir_lock(directory: Path, exclusive: bool):
+def dir_lock(directory: Path, exclusive: bool):
     """flock of `directory` (shared for readers, exclusive for the swap); a no-op where flock is missing
     or the directory cannot be opened (then no writer can swap there either)."""
     try:
@@ -134,7 +135,7 @@ def settle(path) -> None:
     leftovers = _siblings(path, ".old") + _siblings(path, ".tmp")
     if not leftovers or (path.exists() and all(_owner_alive(p, path) for p in leftovers)):
         return
-    with _dir_lock(path.parent, exclusive=True):
+    with dir_lock(path.parent, exclusive=True):
         _recover(path)
 
 
@@ -232,7 +233,7 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_gro
     path = Path(path)
     rows_per_group = int(rows_per_group or ROWS_PER_GROUP)
     if not path.exists() and any(_siblings(path, ".old")):
-        with _dir_lock(path.parent, exclusive=True):
+        with dir_lock(path.parent, exclusive=True):
             _recover(path)
     if path.is_symlink() and not path.exists():
         raise InputError("is a symbolic link to nothing; refusing to replace it", path)
@@ -262,17 +263,17 @@ def save_tables(path, metadata, tables, *, overwrite: bool = False, rows_per_gro
             with open(tmp / fname, "rb") as f:
                 os.fsync(f.fileno())
             written[name] = {"file": fname, "rows": int(rows), "bytes": (tmp / fname).stat().st_size,
-                             "sha256": _sha256(tmp / fname), "row_groups": groups, "rows_per_group": per_group}
+                             "sha256": file_sha256(tmp / fname), "row_groups": groups, "rows_per_group": per_group}
             if ordered:
                 written[name]["sorted_by"] = "t_ns"  # each row group one time range: the dask engine uses it
         meta = metadata() if callable(metadata) else metadata
         manifest = {"format": FORMAT_NAME, "schema_version": SCHEMA_VERSION,
-                    "metadata": _jsonable(meta), "tables": written}
+                    "metadata": jsonable(meta), "tables": written}
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        with _dir_lock(path.parent, exclusive=True):
+        with dir_lock(path.parent, exclusive=True):
             _recover(path)
             if path.exists():
                 if not overwrite:  # another writer created it meanwhile

@@ -1,4 +1,4 @@
-"""Loading traces saved by `memlens.tracedir.save_trace` (the ``NAME.memlens/`` directory of Parquet tables
+"""Loading traces saved by `memlens.trace.tracedir.save_trace` (the ``NAME.memlens/`` directory of Parquet tables
 plus ``manifest.json`` described there), and the checks every table file passes before it is read.
 
 Loading checks sizes before it reads or hashes anything: each table file's size against the manifest's
@@ -6,9 +6,8 @@ Loading checks sizes before it reads or hashes anything: each table file's size 
 against the limit and the manifest. Readers hold a shared lock of the parent directory for the whole load,
 so a concurrent save is seen whole or not at all.
 
-Saving lives below the Trace class (`memlens.tracedir`), so that `Trace.save` needs no import of this
-layer; `save_trace`, `validate_trace` and the format's names are re-exported here where callers always
-found them.
+Saving lives below the Trace class (`memlens.trace.tracedir`), so that `Trace.save` needs no import of this
+module; the format's names (`MANIFEST`, `FORMAT_NAME`, `is_trace_dir`) live there too.
 """
 from __future__ import annotations
 
@@ -20,14 +19,12 @@ import pandas as pd
 
 from memlens import limits
 from memlens.errors import InputError
-from memlens.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
-from memlens.trace import Trace
-from memlens.trace_checks import check_metadata, validate_trace
-from memlens.tracedir import (FORMAT_NAME, MANIFEST, ROWS_PER_GROUP, _dir_lock, _sha256, is_trace_dir, save_trace,
-                              settle, write_table)
+from memlens.trace.checks import check_metadata, validate_trace
+from memlens.trace.model import Trace
+from memlens.trace.schema import OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA, SCHEMA_VERSION, conform
+from memlens.trace.tracedir import FORMAT_NAME, MANIFEST, dir_lock, file_sha256, settle
 
-__all__ = ["FORMAT_NAME", "MANIFEST", "ROWS_PER_GROUP", "MAX_PARQUET_RATIO", "check_metadata", "check_table_file",
-           "is_trace_dir", "load_trace", "save_trace", "validate_trace", "write_table"]
+__all__ = ["MAX_PARQUET_RATIO", "check_table_file", "load_trace"]
 
 # uncompressed / on-disk bytes of a Parquet table beyond which it is treated as a bomb (real memlens tables
 # compress 2-30x; a table of one repeated value can reach ~100x)
@@ -43,7 +40,7 @@ def load_trace(path, *, verify_checksums: bool = True) -> Trace:
     """
     path = Path(path)
     settle(path)
-    with _dir_lock(path.parent, exclusive=False):
+    with dir_lock(path.parent, exclusive=False):
         return _load_locked(path, verify_checksums)
 
 
@@ -143,7 +140,7 @@ def _load_locked(path: Path, verify_checksums: bool) -> Trace:
         if not fpath.is_file():
             raise InputError("table file is missing (manifest lists it)", fpath)
         check_table_file(fpath, info, mpath, verify_checksums)
-        if verify_checksums and info.get("sha256") and _sha256(fpath) != info["sha256"]:
+        if verify_checksums and info.get("sha256") and file_sha256(fpath) != info["sha256"]:
             raise InputError("checksum mismatch: the file was modified or is corrupt", fpath)
         try:
             df = pd.read_parquet(fpath, engine="pyarrow")

@@ -34,11 +34,10 @@ import numpy as np
 import pandas as pd
 
 # the schema lives below this module (the saved-trace writer needs it, and Trace.save needs the writer);
-# its names stay importable from here, where producers and analyses have always taken them
-from memlens.schema import (CATEGORIES, OPTIONAL_COLUMNS, OPTIONAL_TABLES, REQUIRED_TABLES, SCHEMA,  # noqa: F401
-                            SCHEMA_VERSION, conform, conform_clock, empty_table)
-from memlens.trace_checks import validate_trace
-from memlens.tracedir import save_trace
+# `memlens.trace` re-exports its names, where producers and analyses have always taken them
+from memlens.trace.checks import validate_trace
+from memlens.trace.schema import OPTIONAL_TABLES, SCHEMA, SCHEMA_VERSION, conform, conform_clock
+from memlens.trace.tracedir import save_trace
 
 
 def event_order(block_id: np.ndarray, alloc_ns: np.ndarray, alloc_missing: np.ndarray, free_ns: np.ndarray,
@@ -82,7 +81,7 @@ def _fill_seq(blocks: pd.DataFrame) -> pd.DataFrame:
 
 def clock_of(trace) -> dict:
     """The clock a trace's times are on, as a plain dict (a copy) with every key of the contract
-    (`memlens.schema.CLOCK_KEYS`: kind "host"|"cuda"|"modeled", gpu, model, ...); the host clock when the
+    (`memlens.trace.schema.CLOCK_KEYS`: kind "host"|"cuda"|"modeled", gpu, model, ...); the host clock when the
     metadata names none, or only a unit string as importers did before the contract. Takes anything with a
     ``metadata`` dict; its one home (`memlens.clock` holds the re-stamping that moves a trace between
     clocks)."""
@@ -129,7 +128,7 @@ class Trace:
 
     def __post_init__(self):
         # one clock contract on every trace, however it was built or loaded (a saved trace of an older
-        # memlens may hold the clock as a unit string, or none): `memlens.schema.conform_clock`
+        # memlens may hold the clock as a unit string, or none): `memlens.trace.schema.conform_clock`
         if isinstance(self.metadata, dict):
             self.metadata["clock"] = conform_clock(self.metadata.get("clock"))
 
