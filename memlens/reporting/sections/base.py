@@ -51,7 +51,8 @@ class ReportOptions:
     first: `memlens.retime`; the ATI and what-if sections then show the recorded clock beside it; the
     swap link defaults to the GPU's host link), ``tf32`` (with ``gpu``: fp32 matmuls at the TF32 rate),
     ``source_root`` (a directory: the sites table shows each site's source line from the files found there; None:
-    from the files where the frames point, when present)."""
+    from the files where the frames point, when present), ``advice`` (an `Advice` of `memlens.advise`: the
+    report gets its "advice" section, the ranked plans and their memory / time frontier)."""
 
     bandwidth: Any = None
     max_points: int = 4000
@@ -65,6 +66,7 @@ class ReportOptions:
     gpu: Any = None
     tf32: bool = False
     source_root: Any = None
+    advice: Any = None
 
 
 class ReportContext:
