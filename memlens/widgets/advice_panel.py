@@ -34,10 +34,10 @@ def plan_html(advice, points, rank: int) -> str:
     against the baseline, its changes, what each frees, its error, and its snippet (all escaped)."""
     row = points.iloc[int(rank) - 1]
     plan = advice.plans[int(rank) - 1]
-    cap = "" if advice.capacity is None else f" of {format_bytes(advice.capacity)}"
-    verdict = "error" if row["error"] is not None else ("fits" if row["fits"] else "does not fit")
+    cap = "the GPU's memory" if advice.capacity is None else format_bytes(advice.capacity)
+    verdict = "error" if row["error"] is not None else (f"fits {cap}" if row["fits"] else f"does not fit {cap}")
     lines = [f"<b>#{int(row['rank'])}: {safe(row['changes'])}</b>",
-             f"{verdict}{safe(cap)}; needs {safe(format_bytes(row['device_bytes_needed']))} per rank "
+             f"{safe(verdict)}; needs {safe(format_bytes(row['device_bytes_needed']))} per rank "
              f"(peak allocated {safe(format_bytes(row['peak_allocated']))}, reserved "
              f"{safe(format_bytes(row['peak_reserved']))}); modeled step {_ms(row['step_ns'])} against "
              f"{_ms(row['baseline_step_ns'])} as it is"]

@@ -7,7 +7,7 @@ clock the report's trace is on; the heading says so.
 """
 from __future__ import annotations
 
-from memlens.reporting.markup import bullet_list, note, paragraph, table, tag
+from memlens.reporting.markup import bullet_list, bytes_text, note, paragraph, table, tag
 from memlens.reporting.sections.base import ReportContext, SectionUnavailable
 from memlens.units import format_bytes
 
@@ -39,10 +39,12 @@ def advice(ctx: ReportContext) -> list:
     if given.notes:
         parts.append(note(bullet_list(given.notes)))
     shown = points[list(TABLE_COLUMNS)]
+    size = {c: bytes_text for c in ("device_bytes_needed", "peak_allocated", "peak_reserved")}
     parts.append(table(shown, {"fits": lambda v: "error" if v is None else str(bool(v)), "delta_ns": _delta,
                                "on_frontier": lambda v: "yes" if v else "",
-                               "error": lambda v: "" if v is None else str(v)},
-                       {"rank": "#", "device_bytes_needed": "needs per rank", "step_ns": "step (modeled)",
+                               "error": lambda v: "" if v is None else str(v), **size},
+                       {"rank": "#", "device_bytes_needed": "needs per rank", "peak_allocated": "peak allocated",
+                        "peak_reserved": "peak reserved", "step_ns": "step (modeled)",
                         "baseline_step_ns": "as it is", "delta_ns": "vs as it is", "on_frontier": "frontier"}))
     if points["step_ms"].notna().any():
         parts.append(frontier_figure(points, given.capacity, clock))
