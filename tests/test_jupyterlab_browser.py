@@ -295,16 +295,25 @@ advice = memlens.advise(Net, step, gpu="H100", capacity="900MiB")''', "w = memle
 
 def _advice_target() -> dict:
     """The same advice in a child (prediction needs memlens imported before torch): a frontier plan the widget
-    does not show first, its point, its changes, and the timeline's trace count."""
+    does not show first, its point, its changes, and the timeline's trace count: the frontier plan (not the
+    baseline) farthest from every other point on the chart's axes, so that a click there picks it alone; the
+    notebook first shows the baseline (`select`), whose timeline has one curve."""
     from _predict_cases import run_child
     return run_child(ADVICE_CELLS[0].split("\n", 2)[2] + """
+import numpy as np
 from memlens.widgets.advice_panel import AdviceExplorer
 w = AdviceExplorer(advice)
+xs = np.concatenate([t.x for t in w.frontier.data]); ys = np.concatenate([t.y for t in w.frontier.data])
+span_x, span_y = np.ptp(xs) or 1.0, np.ptp(ys) or 1.0
+base = next(i for i, p in enumerate(advice.plans, 1) if p is advice.baseline)
 front = [t for t in w.frontier.data if t.name == "frontier"][0]
-i = next(k for k, r in enumerate(front.customdata) if int(r) != w.selected)
+def room(k):
+    d = np.hypot((xs - front.x[k]) / span_x, (ys - front.y[k]) / span_y)
+    return np.sort(d)[1]
+i = max((k for k, r in enumerate(front.customdata) if int(r) != base), key=room)
 rank = int(front.customdata[i])
 w.select(rank)
-result = dict(rank=rank, x=float(front.x[i]), y=float(front.y[i]), changes=advice.plans[rank - 1].changes,
+result = dict(rank=rank, base=base, x=float(front.x[i]), y=float(front.y[i]), changes=advice.plans[rank - 1].changes,
               timeline=len(w.timeline_figure.data))
 """)
 
@@ -317,7 +326,8 @@ def test_advice_frontier_click_shows_the_plans_timeline(tmp_path, artifacts_dir,
     root = tmp_path / "root"
     root.mkdir()
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in ADVICE_CELLS]
+    cells = [ADVICE_CELLS[0], ADVICE_CELLS[1].replace("\nw", f"\nw.select({target['base']})\nw")]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, root / "advice.ipynb")
     plots = "document.querySelectorAll('.memlens-advice .js-plotly-plot')"
@@ -345,6 +355,9 @@ def test_advice_frontier_click_shows_the_plans_timeline(tmp_path, artifacts_dir,
                                  ".map(e => e.innerText)")
             assert tabs == ["frontier", "ranked plans"], tabs
             assert page.locator(f".memlens-advice-plan[data-rank='{target['rank']}']").count() == 0
+            # the notebook's code cell is long: bring the frontier into the window before pointing at it
+            page.evaluate(f"() => {plots}[0].scrollIntoView({{block: 'center'}})")
+            page.wait_for_timeout(500)
             xy = page.evaluate(
                 f"([x, y]) => {{ const gd = {plots}[0]; const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
                 " const r = gd.getBoundingClientRect();"
@@ -354,7 +367,11 @@ def test_advice_frontier_click_shows_the_plans_timeline(tmp_path, artifacts_dir,
             page.mouse.move(xy[0], xy[1])
             page.wait_for_timeout(300)
             page.mouse.click(xy[0], xy[1])
-            page.wait_for_selector(f".memlens-advice-plan[data-rank='{target['rank']}']", timeout=60_000)
+            try:
+                page.wait_for_selector(f".memlens-advice-plan[data-rank='{target['rank']}']", timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(artifacts_dir / "jupyterlab_advice_failed.png"), full_page=True)
+                raise AssertionError(f"no plan #{target['rank']} after a click at {xy}: {target}") from None
             text = page.inner_text(".memlens-advice-plan")
             assert text.startswith(f"#{target['rank']}: {target['changes']}"), text
             # the clicked plan's timeline replaced the first plan's: its curves and peaks beside the baseline's

@@ -43,8 +43,10 @@ def frontier_figure(points: pd.DataFrame, capacity: int | None, clock: str = "mo
     import plotly.graph_objects as go
     timed = points[points["step_ms"].notna() & points["error"].isna()]
     fig = go.Figure()
-    for name, rows, mode in (("frontier", timed[timed["on_frontier"]].sort_values("step_ms"), "lines+markers"),
-                             ("other plans", timed[~timed["on_frontier"]], "markers")):
+    # the beaten plans first, so that the frontier is drawn (and picked by a click) on top of a beaten plan
+    # that lies almost on it (the same plan under other allocator settings)
+    for name, rows, mode in (("other plans", timed[~timed["on_frontier"]], "markers"),
+                             ("frontier", timed[timed["on_frontier"]].sort_values("step_ms"), "lines+markers")):
         fig.add_trace(go.Scatter(
             x=rows["step_ms"].to_numpy(dtype=float), y=rows["device_bytes_needed"].to_numpy(dtype=float),
             mode=mode, name=name, customdata=rows["rank"].to_numpy(),
