@@ -4,7 +4,8 @@ An MCP client (an AI assistant) is not the user: it may have read a hostile web 
 reads and runs only inside the server's *roots*: the directories the client announces as its roots (when it
 supports them), else the server's working directory, plus every directory named with ``memlens mcp --root
 DIR``. A path argument is resolved (symlinks followed) and refused unless it lies inside one of them; the
-``predict`` tool runs only a ``.py`` regular file inside them; source lines come only from files inside them.
+``predict`` and ``advise`` tools run only a ``.py`` regular file inside them; source lines come only from files
+inside them.
 
 String arguments are bounded (`MAX_ARG_CHARS`), and an error quotes at most `ECHO_CHARS` characters of what
 it was given, so that a huge argument cannot come back as a huge error.
@@ -17,7 +18,8 @@ from urllib.parse import unquote, urlparse
 from memlens.errors import InputError
 
 MAX_ARG_CHARS = 4096  # a path or option longer than this is not a real one
-MAX_SCRIPT_ARGS = 256  # arguments the predict tool passes to a script
+MAX_SCRIPT_ARGS = 256  # arguments the predict and advise tools pass to a script
+MAX_WORLD_SIZE = 4096  # ranks the advise tool predicts a step on (each rank is predicted on this machine)
 ECHO_CHARS = 120  # characters of an argument an error message quotes
 PATH_ARGS = ("path", "path_a", "path_b", "script", "source_root")
 
@@ -73,8 +75,9 @@ def roots_from_uris(uris) -> list[str]:
 
 def check_arguments(tool: str, kwargs: dict, roots: Roots) -> None:
     """Refuse, with an `InputError`, any argument of `tool` that is too large, of the wrong type, or a path
-    outside `roots`; the ``predict`` tool's script must be a ``.py`` regular file and its GPU a known name or a
-    ``.json`` file inside the roots."""
+    outside `roots`; the script of the ``predict`` and ``advise`` tools must be a ``.py`` regular file and its
+    GPU a known name or a ``.json`` file inside the roots; ``advise`` takes a world size of 1 to
+    `MAX_WORLD_SIZE` and one of its objectives."""
     for name, value in kwargs.items():
         if name == "args":
             if value is None:
@@ -93,12 +96,30 @@ def check_arguments(tool: str, kwargs: dict, roots: Roots) -> None:
             if not isinstance(kwargs[name], str):
                 raise InputError(f"{name} must be a path (a string), not {type(kwargs[name]).__name__}")
             roots.check(name, kwargs[name])
-    if tool == "predict":
+    if tool == "advise":
+        world_size = kwargs.get("world_size")
+        if world_size is not None and (isinstance(world_size, bool) or not isinstance(world_size, int)
+                                       or not 1 <= world_size <= MAX_WORLD_SIZE):
+            raise InputError(f"world_size must be a whole number from 1 to {MAX_WORLD_SIZE}, got {clip(world_size)}")
+        from memlens.advice.result import OBJECTIVES
+        if kwargs.get("objective", "fit") not in OBJECTIVES:
+            raise InputError(f"objective must be one of {', '.join(OBJECTIVES)}, got {clip(kwargs['objective'])!r}")
+        capacity = kwargs.get("capacity")
+        if capacity is not None:
+            from memlens.units import parse_bytes
+            try:
+                if parse_bytes(capacity) <= 0:
+                    raise ValueError("not more than 0 bytes")
+            except Exception:  # noqa: BLE001 - any unreadable size is the same bad input
+                raise InputError(f"capacity must be a size such as 40GiB, got {clip(capacity)!r}") from None
+        if kwargs.get("script") is None:
+            return          # a recorded trace: its path was checked above
+    if tool in ("predict", "advise"):
         script = str(kwargs.get("script", ""))
         if not os.path.exists(script):
             raise InputError(f"{clip(script)}: no such script")
         if not script.endswith(".py") or not os.path.isfile(_real(script)):
-            raise InputError(f"{clip(script)}: not a .py file (predict runs Python scripts only)")
+            raise InputError(f"{clip(script)}: not a .py file ({tool} runs Python scripts only)")
         timeout_s = kwargs.get("timeout_s", 1)
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 3600:
             raise InputError(f"timeout_s must be in (0, 3600] seconds, got {clip(timeout_s)}")

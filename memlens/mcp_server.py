@@ -179,34 +179,69 @@ def predict(script: str, args: list[str] | None = None, gpu: str = "H100", capac
     the roots). Only a .py file inside the server's roots runs, in a child process (its prints cannot reach the
     protocol stream), with `args` as its command-line arguments (data, never a shell), at most `timeout_s`
     seconds."""
+    options = [f"--gpu={gpu}"] + ([f"--capacity={capacity}"] if capacity else []) + ([f"--conf={conf}"] if conf else [])
+    return _child_json("predict", options, script, args, timeout_s, "prediction")
+
+
+def _child_json(verb: str, options: list[str], script: str, args, timeout_s: float, what: str) -> dict:
+    """`memlens VERB --json OPTIONS -- python SCRIPT ARGS` in a child process (the script's prints cannot
+    reach the protocol stream), its JSON document; `InputError` with the child's last error line when there
+    is none, or when it runs past `timeout_s` seconds."""
     import subprocess
     if not os.path.isfile(script):
         raise InputError(f"{clip(script)}: no such script")
     # options as `--name=value` and the script as an absolute path: no value can be read as another option
-    cmd = [sys.executable, "-m", "memlens", "predict", "--json", f"--gpu={gpu}"]
-    if capacity:
-        cmd += [f"--capacity={capacity}"]
-    if conf:
-        cmd += [f"--conf={conf}"]
-    cmd += ["--", "python", os.path.realpath(script), *[str(a) for a in (args or [])]]
+    cmd = [sys.executable, "-m", "memlens", verb, "--json", *options,
+           "--", "python", os.path.realpath(script), *[str(a) for a in (args or [])]]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        raise InputError(f"{script}: prediction did not finish within {timeout_s:g} s") from None
+        raise InputError(f"{clip(script)}: {what} did not finish within {timeout_s:g} s") from None
     # the script's own prints share the child's stdout; `--json` writes its document last, "{" on a line of its own
     out = done.stdout
     start = 0 if out.startswith("{\n") else out.rfind("\n{\n") + 1
     try:
         return json.loads(out[start:])
     except ValueError:
-        last = (done.stderr.strip().splitlines() or [f"no prediction (exit {done.returncode})"])[-1]
-        raise InputError(f"{script}: {last}") from None
+        last = (done.stderr.strip().splitlines() or [f"no {what} (exit {done.returncode})"])[-1]
+        raise InputError(f"{clip(script)}: {clip(last, 1000)}") from None
 
 
-TOOLS = (info, peak_cause, sites, diff, simulate, predict)
+def advise(script: str | None = None, args: list[str] | None = None, path: str | None = None,
+           gpu: str | None = None, capacity: str | None = None, world_size: int | None = None,
+           objective: str = "fit", timeout_s: float = 600.0) -> dict:
+    """`memlens advise --json`: changes that make a training step fit `capacity` (e.g. "40GiB" per GPU; default
+    the GPU's memory) on `gpu` (default H100), each verified by predicting the step with it applied. Give
+    `script` (a .py file inside the roots defining build_model() and step(model, optimizer) gets the whole
+    search: checkpointing, batch, precision, sharding with `world_size`, allocator settings; any other script,
+    allocator settings only), run in a child process with `args` as data, at most `timeout_s` seconds; or
+    `path`, a recorded trace (allocator settings replayed; no gpu or world_size). `objective`: fit,
+    fastest_fit or pareto. Returns ``plans`` (the ranked table: changes, peak_allocated, peak_reserved,
+    device_bytes_needed per rank, fits, step_ns, baseline_step_ns, delta_ns modeled, recompute_ns, error),
+    ``best`` (the first plan that fits, with its rank and code snippet; null when none does), ``summary``,
+    ``miss_bytes``, ``notes``."""
+    if (script is None) == (path is None):
+        raise InputError("advise takes exactly one of script (a .py file) or path (a recorded trace)")
+    if path is not None:
+        if gpu is not None or world_size is not None or args:
+            raise InputError("gpu, world_size and args apply to a script; a recorded trace is replayed as it ran")
+        from memlens.advice.entry import advise as advise_on
+        out = advise_on(load_cached(path), capacity=capacity, objective=objective).to_dict()
+    else:
+        options = [f"--gpu={gpu or 'H100'}", f"--objective={objective}"]
+        options += [f"--capacity={capacity}"] if capacity else []
+        options += [f"--world-size={int(world_size)}"] if world_size is not None else []
+        out = _child_json("advise", options, script, args, timeout_s, "advice")
+    out["plans"] = out["plans"][:MAX_ROWS]
+    out.pop("best_snippet", None)     # the same text as best["snippet"]
+    return out
+
+
+TOOLS = (info, peak_cause, sites, diff, simulate, predict, advise)
 _TITLES = {"info": "Summarise a memory trace", "peak_cause": "What caused the memory peak",
            "sites": "Allocation sites live at the peak", "diff": "Compare two memory traces",
-           "simulate": "Replay a trace through an allocator model", "predict": "Predict a script's GPU memory"}
+           "simulate": "Replay a trace through an allocator model", "predict": "Predict a script's GPU memory",
+           "advise": "Advise changes that make a training step fit a GPU"}
 
 
 def _as_tool(fn, tool_error, context_type):

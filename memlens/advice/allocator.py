@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from memlens.advice.plan import Plan
+from memlens.advice.timelines import plan_trace
 
 # each setting alone: the ones that change reserved bytes on a training step's requests
 CANDIDATE_CONFS = ("expandable_segments:True", "max_split_size_mb:256", "garbage_collection_threshold:0.8",
@@ -45,7 +46,8 @@ def with_conf(plan: Plan, prediction, conf: str, capacity: int | None) -> Plan:
     prediction: a `Prediction`, or a `DistributedPrediction` whose ranks are each replayed)."""
     preds = list(prediction.predictions.values()) if hasattr(prediction, "predictions") else [prediction]
     rows = [_replay(p, conf, capacity) for p in preds if p.trace is not None]
-    return replace(plan, conf=conf, peak_allocated=max(r[0] for r in rows), peak_reserved=max(r[1] for r in rows),
+    # settings move blocks, not requests: the plan's own trace is this plan's timeline too
+    return replace(plan, conf=conf, trace=plan_trace(prediction), peak_allocated=max(r[0] for r in rows), peak_reserved=max(r[1] for r in rows),
                    device_bytes_needed=max(r[2] for r in rows), fits=all(r[3] for r in rows), verified=True,
                    freed=list(plan.freed) + [f"allocator settings {conf} (replayed)"])
 

@@ -21,7 +21,9 @@ class Plan:
     the CUDA context and NCCL buffers; `fits`: the allocator replay at the capacity raises no OOM;
     `step_ns` is the modeled step time and `baseline_step_ns` the baseline's; `recompute_ns` the solver's
     estimate of the time checkpointing or offloading adds; `freed` names what each change
-    takes off the peak; `verified` is True once the prediction was re-run with the plan applied."""
+    takes off the peak; `verified` is True once the prediction was re-run with the plan applied; `trace` is
+    that prediction's trace (of the rank needing the most memory), kept only for the baseline and the plans
+    on the memory / time frontier (`memlens.advice.timelines`), else None."""
 
     checkpoint: dict = field(default_factory=dict)
     offload: tuple = ()
@@ -41,6 +43,7 @@ class Plan:
     freed: list = field(default_factory=list)
     verified: bool = False
     error: str | None = None
+    trace: object = field(default=None, repr=False, compare=False)
 
     @property
     def changes(self) -> str:

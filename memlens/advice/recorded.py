@@ -34,7 +34,8 @@ def advise_trace(trace, capacity=None, objective: str = "fit", device: str | Non
     def plan_for(conf):
         alloc, reserved, needed, fits = replay(trace, conf, cap, device=device)
         return Plan(conf=conf or "", peak_allocated=alloc, peak_reserved=reserved, device_bytes_needed=needed,
-                    fits=fits, verified=True, freed=[] if conf is None else [f"allocator settings {conf} (replayed)"])
+                    fits=fits, verified=True, freed=[] if conf is None else [f"allocator settings {conf} (replayed)"],
+                    trace=trace)
     baseline = plan_for(None)
     plans = [baseline] + [plan_for(c) for c in CANDIDATE_CONFS]
     return Advice(plans, baseline, cap, objective, [CAPACITY_NOTE])

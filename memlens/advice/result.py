@@ -52,6 +52,8 @@ class Advice:
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
+        from memlens.advice.timelines import keep_frontier_traces
+        keep_frontier_traces(self.plans, self.baseline)     # a trace is kept for the timeline of these only
         self.plans = rank(self.plans, self.objective)
 
     @property
@@ -82,11 +84,29 @@ class Advice:
         device_bytes_needed (bytes per rank, the largest over the ranks), fits, step_ns, baseline_step_ns,
         delta_ns (modeled, ns), recompute_ns (the solver's estimate), error."""
         import pandas as pd
-        return pd.DataFrame([{"changes": p.changes, "peak_allocated": p.peak_allocated,
-                              "peak_reserved": p.peak_reserved, "device_bytes_needed": p.device_bytes_needed,
-                              "fits": p.fits, "step_ns": p.step_ns, "baseline_step_ns": p.baseline_step_ns,
-                              "delta_ns": p.delta_ns, "recompute_ns": p.recompute_ns, "error": p.error}
-                             for p in self.plans])
+        return pd.DataFrame(self.rows())
+
+    def rows(self) -> list[dict]:
+        """The rows of `table` as plain Python values (None where a figure is missing)."""
+        def num(v):
+            return None if v is None else int(v)
+        return [{"changes": p.changes, "peak_allocated": num(p.peak_allocated), "peak_reserved": num(p.peak_reserved),
+                 "device_bytes_needed": num(p.device_bytes_needed), "fits": None if p.fits is None else bool(p.fits),
+                 "step_ns": num(p.step_ns), "baseline_step_ns": num(p.baseline_step_ns), "delta_ns": num(p.delta_ns),
+                 "recompute_ns": num(p.recompute_ns), "error": p.error} for p in self.plans]
+
+    def to_dict(self) -> dict:
+        """The advice as JSON-ready data (bytes, ns): ``summary``, ``capacity``, ``objective``, ``plans`` (`rows`, in
+        rank order), ``best`` (the best plan's row with ``rank``, 1-based,
+        and ``snippet``; None when no plan fits), ``best_snippet``, ``miss_bytes`` and ``notes``."""
+        rows = self.rows()
+        best = None
+        if self.best is not None:
+            i = next(i for i, p in enumerate(self.plans) if p is self.best)
+            best = {"rank": i + 1, **rows[i], "snippet": self.best.snippet}
+        return {"summary": self.summary(), "capacity": self.capacity, "objective": self.objective, "plans": rows,
+                "best": best, "best_snippet": None if best is None else best["snippet"],
+                "miss_bytes": self.miss_bytes, "notes": list(self.notes)}
 
     def summary(self) -> str:
         """The verdict in one or two sentences, from the same plans as `table`."""

@@ -13,6 +13,7 @@ import os
 from memlens.advice.advisor import AdviceFailed, advise_step
 from memlens.advice.plan import Plan
 from memlens.advice.result import Advice
+from memlens.advice.timelines import plan_trace
 from memlens.errors import InputError
 from memlens.script_runner import run_script
 
@@ -87,7 +88,7 @@ def _allocator_only(script, args, gpu, capacity, world_size, objective, options)
     times = [t for t in (step_ns(q, world_size or 1, gpu) for q in preds.values()) if t is not None]
     baseline = Plan(peak_allocated=p.peak_allocated, peak_reserved=p.peak_reserved,
                     device_bytes_needed=p.device_bytes_needed, fits=bool(p.fits()), verified=True,
-                    step_ns=max(times) if times else None)
+                    step_ns=max(times) if times else None, trace=plan_trace(p))
     baseline.baseline_step_ns = baseline.step_ns
     plans = [baseline]
     better = best_conf(baseline, p, cap)

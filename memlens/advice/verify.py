@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from memlens.advice.plan import Plan
+from memlens.advice.timelines import keep_frontier_traces, plan_trace
 
 
 @dataclass
@@ -13,7 +14,8 @@ class Workload:
     """What the advisor predicts: `build_model()` returns a fresh ``nn.Module``; `step(model, optimizer)` runs
     one training step (``step(model, optimizer, batch)`` when `batch` is given); `optimizer` is the optimizer
     class made with `optimizer_kwargs`; `layers(model)` returns the candidate blocks (default: the children of
-    the model's largest ``nn.ModuleList``). `options` go to `memlens.predict`."""
+    the model's largest ``nn.ModuleList``). `options` go to `memlens.predict`. `verified`: the plans verified
+    so far, the first the baseline (`verify` keeps traces only for it and the frontier among them)."""
 
     build_model: Callable
     step: Callable
@@ -25,6 +27,7 @@ class Workload:
     layers: Callable | None = None
     batch: int | None = None
     options: dict = field(default_factory=dict)
+    verified: list = field(default_factory=list)
 
 
 def run_plan(work: Workload, plan: Plan, prepare=None):
@@ -127,7 +130,9 @@ def step_ns(prediction, world_size: int, gpu) -> int | None:
 
 def verify(work: Workload, plan: Plan, baseline_step_ns: int | None = None):
     """Run `plan` (`run_plan`) and fill in its results in place; returns the prediction (None when the
-    step failed under the plan: then `plan.error` says why and `plan.fits` is False)."""
+    step failed under the plan: then `plan.error` says why and `plan.fits` is False). The plan keeps its
+    prediction's trace while it is the baseline or on the frontier of `work.verified`
+    (`memlens.advice.timelines`)."""
     try:
         p = run_plan(work, plan)
     except Exception as exc:  # a plan the step cannot run with is reported on the plan, not raised
@@ -149,4 +154,7 @@ def verify(work: Workload, plan: Plan, baseline_step_ns: int | None = None):
         times = [t for t in times if t is not None]
         plan.step_ns = max(times) if times else None
     plan.baseline_step_ns = baseline_step_ns if baseline_step_ns is not None else plan.step_ns
+    plan.trace = plan_trace(p)
+    work.verified.append(plan)
+    keep_frontier_traces(work.verified, work.verified[0])
     return p

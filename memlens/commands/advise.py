@@ -1,5 +1,6 @@
 """`memlens advise --gpu H100 --capacity 40GiB [--world-size 8] [--objective fit] -- python train.py ARGS`,
-or `memlens advise --capacity 40GiB TRACE` (a recording: allocator settings only).
+or `memlens advise --capacity 40GiB TRACE` (a recording: allocator settings only); `--report FILE` also writes
+the HTML report of the step as it is with the Advice section.
 
 Prints the ranked plans of `memlens.advise` (each verified by predicting the step with it applied), the best
 plan's code, or the closest plan and by how much it misses. Exit 0 with a plan that fits, 3 when none does,
@@ -29,6 +30,9 @@ def register(sub) -> None:
                    help="fit: fitting plans, fewest changes first (default); fastest_fit: fastest modeled step "
                         "first; pareto: only the memory/time frontier")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", type=options.output_path, default=None, metavar="FILE",
+                   help="also write the offline HTML report of the step as it is (its predicted trace, or the "
+                        "recording) with the Advice section: ranked plans, memory/time frontier, each plan's code")
     p.add_argument("command", nargs=_remainder(), help="-- python script.py [args], or a trace file")
     p.set_defaults(func=run)
 
@@ -47,6 +51,7 @@ def run(args) -> int:
     if len(rest) == 1 and not rest[0].endswith(".py"):       # a recorded or imported trace
         from memlens.advice.recorded import advise_trace
         advice = advise_trace(rest[0], args.capacity, args.objective)
+        source = rest[0]
     else:
         try:
             argv = _script_argv(args.command)
@@ -59,14 +64,17 @@ def run(args) -> int:
         except AdviceFailed as exc:
             print(f"memlens advise: {argv[0]}: {exc}", file=sys.stderr)
             return 1
+        source = argv[0]
+    if args.report is not None:
+        from memlens.reporting import report
+        # the what-ifs replay allocator settings the advice has already replayed: left out to keep it quick
+        report(advice.baseline.trace, args.report, advice=advice, whatif=False,
+               title=f"memlens advise: {source}", source_name=f"{source} (as it is, predicted)"
+               if source.endswith(".py") else source)
+        print(f"memlens advise: report written to {args.report}", file=sys.stderr)
     if args.json:
         from memlens.commands._output import print_json
-        table = advice.table()
-        print_json({"summary": advice.summary(), "capacity": advice.capacity, "objective": advice.objective,
-                    "plans": [{k: (None if v != v else v) for k, v in row.items()}
-                              for row in table.astype(object).to_dict("records")],
-                    "best_snippet": advice.best.snippet if advice.best is not None else None,
-                    "miss_bytes": advice.miss_bytes, "notes": advice.notes})
+        print_json(advice.to_dict())
     else:
         _print(advice)
     return 0 if advice.best is not None else EXIT_NO_FIT

@@ -26,8 +26,11 @@ SECTIONS = (
     ("phases", "Phases", "memlens.reporting.sections.runs:phases"),
     ("iterations", "Iterations", "memlens.reporting.sections.runs:iterations"),
     ("whatif", "What if: allocator settings, static plan, swapping", "memlens.reporting.sections.whatif:whatif"),
+    ("advice", "Advice: verified plans, modeled step times", "memlens.reporting.sections.advice:advice"),
     ("metadata", "Trace metadata", "memlens.reporting.sections.runs:metadata"),
 )
+# sections built only when their input is given (otherwise left out of the page, not shown as unavailable)
+GIVEN_ONLY = {"advice": "advice"}
 
 # sections whose figures and numbers are times: their headings name the clock
 TIMED_SECTIONS = frozenset({"live", "timeline", "ati", "outliers", "iterations", "whatif"})
@@ -94,13 +97,23 @@ def checked_options(sections, options: dict) -> ReportOptions:
         raise InputError(f"bad report option: {exc}") from None
 
 
+def _wanted(key: str, sections, opts: ReportOptions) -> bool:
+    """Whether the section `key` is built: the ones `sections` names, else every section whose input (see
+    `GIVEN_ONLY`) was given."""
+    if sections is not None:
+        return key in sections
+    needs = GIVEN_ONLY.get(key)
+    return needs is None or getattr(opts, needs) is not None
+
+
 def build_report(trace, *, title: str | None = None, sections: list[str] | None = None, progress: bool = False,
                  source_name: str | None = None, **options) -> Report:
     """Build every section of the report for `trace` (a Trace or a path `memlens.load` reads).
 
     `sections` limits it to those keys (see `SECTIONS`); `progress` shows a tqdm bar on stderr;
     `source_name` is the name shown in the header. Other keyword options are `ReportOptions` fields
-    (bandwidth, max_points, top, x, timeline_blocks, whatif, memory_limit).
+    (bandwidth, max_points, top, x, timeline_blocks, whatif, memory_limit, advice: an `Advice` of
+    `memlens.advise`, which adds its section).
     """
     from memlens.units import format_ns
 
@@ -126,7 +139,7 @@ def build_report(trace, *, title: str | None = None, sections: list[str] | None 
     clock = clock_label(trace)
     ctx = ReportContext(trace, opts, recorded=recorded)
     chosen = [(k, f"{h} - {clock}" if k in TIMED_SECTIONS else h, spec) for k, h, spec in SECTIONS
-              if sections is None or k in sections]
+              if _wanted(k, sections, opts)]
     if progress:
         from tqdm import tqdm
         chosen = tqdm(chosen, desc="report sections", unit="section", leave=False)

@@ -21,8 +21,9 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from memlens.reporting import SECTIONS, TIMED_SECTIONS, Report, checked_options
+from memlens.reporting import SECTIONS, TIMED_SECTIONS, Report, _wanted, checked_options
 from memlens.reporting.markup import bullet_list, note, paragraph, tag
+from memlens.reporting.sections.advice import advice as advice_section
 from memlens.reporting.sections.base import ReportContext, ReportOptions, SectionUnavailable, run_section
 from memlens.units import format_bytes, format_ns, format_share
 
@@ -281,6 +282,7 @@ def _on_window(key: str):
 
 BUILDERS = {"summary": summary, "live": live, "peak": peak, "largest": largest, "ati": ati, "outliers": outliers,
             "phases": phases, "metadata": metadata, **{k: _on_window(k) for k in WINDOW_SECTIONS}}
+BUILDERS["advice"] = advice_section  # reads only the options' advice, never the trace
 
 
 def build_report_out_of_core(path, runner, *, title: str | None = None, sections: list[str] | None = None,
@@ -303,7 +305,7 @@ def build_report_out_of_core(path, runner, *, title: str | None = None, sections
     clock = clock_label(SimpleNamespace(metadata=dict(octx.files.metadata)))
     built = []
     for key, heading, _ in SECTIONS:
-        if sections is not None and key not in sections:
+        if not _wanted(key, sections, opts):
             continue
         heading = f"{heading} - {clock}" if key in TIMED_SECTIONS else heading
         built.append(run_section(key, heading, BUILDERS[key], octx))

@@ -28,6 +28,7 @@ text-align:left;vertical-align:top}
 .memlens-unavailable{background:#fff8e1;border-left:4px solid #f9a825;padding:6px 10px;margin:8px 0}
 .memlens-error{background:#ffebee;border-left:4px solid #c62828;padding:6px 10px;margin:8px 0;font-family:monospace}
 .memlens-figure{width:100%;min-height:200px}
+.memlens-advice-snippet{background:#f5f5f5;border:1px solid #e0e0e0;padding:6px 10px;overflow:auto;font-size:12px}
 """
 
 BOOT = """

@@ -32,7 +32,7 @@ def _default_device(trace) -> str:
 class Explorer(ExplorerControls, W.VBox):
     """Interactive view of a Trace; see the module docstring. Build with `memlens.widgets.explore`."""
 
-    def __init__(self, trace, device: str | None = None):
+    def __init__(self, trace, device: str | None = None, advice=None):
         self.trace = trace
         self._geometry, self._marks, self._intervals = {}, {}, {}
         self._iterations = None
@@ -58,6 +58,12 @@ class Explorer(ExplorerControls, W.VBox):
                               layout=W.Layout(width=f"{DETAILS_WIDTH_PX}px", flex=f"0 0 {DETAILS_WIDTH_PX}px",
                                               max_height=f"{PLOT_HEIGHT_PX + 95}px", overflow="auto"))
         self._build_controls()
+        self.advice_panel = None
+        if advice is not None:       # the advisor's frontier as a third tab (`memlens.widgets.advice_panel`)
+            from memlens.widgets.advice_panel import explore_advice
+            self.advice_panel = explore_advice(advice)
+            self._panels.children = (*self._panels.children, self.advice_panel)
+            self._panels.set_title(len(self._panels.children) - 1, "advice")
         super().__init__([self.status, self._controls, W.HBox([self.timeline, self.details],
                                                                    layout=W.Layout(flex_flow="row wrap")),
                           self._panels])
@@ -230,10 +236,11 @@ class Explorer(ExplorerControls, W.VBox):
         show_figure(self.ati_output, self.ati_figure)
 
 
-def explore(trace, device: str | None = None) -> Explorer:
+def explore(trace, device: str | None = None, advice=None) -> Explorer:
     """The explorer widget for `trace` (a Trace or anything `memlens.load` reads), on `device` (default:
-    the device with the highest peak of live bytes)."""
+    the device with the highest peak of live bytes); with `advice` (of `memlens.advise`), its frontier in
+    an "advice" tab."""
     if not hasattr(trace, "blocks"):
         from memlens.io.detect import load
         trace = load(trace)
-    return Explorer(trace, device=device)
+    return Explorer(trace, device=device, advice=advice)

@@ -2,11 +2,14 @@
 
 Starts `jupyter lab` on a free port over a temporary directory holding a small notebook, opens it in
 Debian's chromium, runs every cell, and checks that the widget rendered: the timeline's plot exists with the
-number of traces the Python side built, and clicking a block shows that block's details. A screenshot goes
-to the test artifacts. Skips with the reason when chromium, Playwright or JupyterLab is missing.
+number of traces the Python side built, and clicking a block shows that block's details. A notebook of
+`memlens.advise` checks the advisor's frontier the same way: clicking a frontier point shows that plan's details
+and its timeline. Screenshots go to the test artifacts. Skips with the reason when chromium, Playwright or
+JupyterLab is missing.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -20,6 +23,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from _predict_cases import built_shim  # noqa: F401  (the shim fixture, for the advice notebook)
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_traces" / "transformer_train_adamw.memlens"
@@ -121,6 +126,13 @@ def lab(tmp_path):
     zoom_x, zoom_y = [], []
     target = _target(trace_path, zoom_x, zoom_y)
     _notebook(root / "explore.ipynb", trace_path, zoom_x, zoom_y)
+    with _running_lab(jupyter, root, tmp_path) as (base, token):
+        yield base, token, target, chromium, tmp_path
+
+
+@contextlib.contextmanager
+def _running_lab(jupyter, root: Path, tmp_path: Path):
+    """JupyterLab serving `root` on a free port with this checkout's memlens; yields (base url, token)."""
     port, token = _free_port(), secrets.token_hex(16)
     # the kernel must import this checkout's memlens whatever else the environment has installed
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp_path / "config"), JUPYTER_RUNTIME_DIR=str(tmp_path / "rt"),
@@ -141,7 +153,7 @@ def lab(tmp_path):
         except (RuntimeError, TimeoutError) as exc:
             log.flush()
             raise AssertionError(f"{exc}; server log tail:\n{(tmp_path / 'lab.log').read_text()[-3000:]}") from None
-        yield base, token, target, chromium, tmp_path
+        yield base, token
     finally:
         _stop(proc)
         log.close()
@@ -261,3 +273,113 @@ def test_explorer_renders_and_a_click_shows_block_details(lab, artifacts_dir):
         finally:
             context.close()
     (artifacts_dir / "jupyterlab_explorer.json").write_text(json.dumps(target, indent=1))
+
+
+# ---- the advisor's frontier widget: a click on a plan's point shows that plan ---------------------------------
+ADVICE_CELLS = ('''import memlens
+import torch
+import memlens.widgets
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(),
+                                                              torch.nn.Linear(1024, 256)) for _ in range(4))
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x.sum()
+def step(model, opt):
+    model(torch.randn(32, 256, 256, device="cuda")).backward(); opt.step(); opt.zero_grad()
+advice = memlens.advise(Net, step, gpu="H100", capacity="900MiB")''', "w = memlens.widgets.explore(advice)\nw")
+
+
+def _advice_target() -> dict:
+    """The same advice in a child (prediction needs memlens imported before torch): a frontier plan the widget
+    does not show first, its point, its changes, and the timeline's trace count: the frontier plan (not the
+    baseline) farthest from every other point on the chart's axes, so that a click there picks it alone; the
+    notebook first shows the baseline (`select`), whose timeline has one curve."""
+    from _predict_cases import run_child
+    return run_child(ADVICE_CELLS[0].split("\n", 2)[2] + """
+import numpy as np
+from memlens.widgets.advice_panel import AdviceExplorer
+w = AdviceExplorer(advice)
+xs = np.concatenate([t.x for t in w.frontier.data]); ys = np.concatenate([t.y for t in w.frontier.data])
+span_x, span_y = np.ptp(xs) or 1.0, np.ptp(ys) or 1.0
+base = next(i for i, p in enumerate(advice.plans, 1) if p is advice.baseline)
+front = [t for t in w.frontier.data if t.name == "frontier"][0]
+def room(k):
+    d = np.hypot((xs - front.x[k]) / span_x, (ys - front.y[k]) / span_y)
+    return np.sort(d)[1]
+i = max((k for k, r in enumerate(front.customdata) if int(r) != base), key=room)
+rank = int(front.customdata[i])
+w.select(rank)
+result = dict(rank=rank, base=base, x=float(front.x[i]), y=float(front.y[i]), changes=advice.plans[rank - 1].changes,
+              timeline=len(w.timeline_figure.data))
+""")
+
+
+def test_advice_frontier_click_shows_the_plans_timeline(tmp_path, artifacts_dir, built_shim):
+    import nbformat
+    from playwright.sync_api import sync_playwright
+    chromium, jupyter = _requirements()
+    target = _advice_target()
+    root = tmp_path / "root"
+    root.mkdir()
+    nb = nbformat.v4.new_notebook()
+    cells = [ADVICE_CELLS[0], ADVICE_CELLS[1].replace("\nw", f"\nw.select({target['base']})\nw")]
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, root / "advice.ipynb")
+    plots = "document.querySelectorAll('.memlens-advice .js-plotly-plot')"
+    with _running_lab(jupyter, root, tmp_path) as (base, token), sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=chromium, headless=True,
+            args=CHROMIUM_FLAGS, viewport={"width": 1500, "height": 1300})
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{base}/lab/tree/advice.ipynb?token={token}", timeout=120_000)
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                " return w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+                " && w.sessionContext.session.kernel.status === 'idle'; }", timeout=120_000)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
+            try:   # the frontier (a FigureWidget) and the first plan's timeline (an Output's figure)
+                page.wait_for_function(f"() => {{ const p = {plots}; return p.length >= 2 && p[0]._fullLayout; }}",
+                                       timeout=240_000)
+            except Exception:
+                page.screenshot(path=str(artifacts_dir / "jupyterlab_advice_failed.png"), full_page=True)
+                raise
+            tabs = page.evaluate("() => [...document.querySelectorAll('.memlens-advice .lm-TabBar-tabLabel')]"
+                                 ".map(e => e.innerText)")
+            assert tabs == ["frontier", "ranked plans"], tabs
+            assert page.locator(f".memlens-advice-plan[data-rank='{target['rank']}']").count() == 0
+            # the notebook's code cell is long: bring the frontier into the window before pointing at it
+            page.evaluate(f"() => {plots}[0].scrollIntoView({{block: 'center'}})")
+            page.wait_for_timeout(500)
+            xy = page.evaluate(
+                f"([x, y]) => {{ const gd = {plots}[0]; const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;"
+                " const r = gd.getBoundingClientRect();"
+                " return [r.left + xa._offset + xa.l2p(x), r.top + ya._offset + ya.l2p(y)]; }",
+                [target["x"], target["y"]])
+            page.mouse.move(xy[0] - 5, xy[1])
+            page.mouse.move(xy[0], xy[1])
+            page.wait_for_timeout(300)
+            page.mouse.click(xy[0], xy[1])
+            try:
+                page.wait_for_selector(f".memlens-advice-plan[data-rank='{target['rank']}']", timeout=60_000)
+            except Exception:
+                page.screenshot(path=str(artifacts_dir / "jupyterlab_advice_failed.png"), full_page=True)
+                raise AssertionError(f"no plan #{target['rank']} after a click at {xy}: {target}") from None
+            text = page.inner_text(".memlens-advice-plan")
+            assert text.startswith(f"#{target['rank']}: {target['changes']}"), text
+            # the clicked plan's timeline replaced the first plan's: its curves and peaks beside the baseline's
+            page.wait_for_function(
+                f"(n) => {{ const p = {plots}; return p.length >= 2 && p[1].data && p[1].data.length === n"
+                f" && p[1].data.some(t => (t.name || '').includes({json.dumps(target['changes'][:40])})); }}",
+                arg=target["timeline"], timeout=60_000)
+            page.screenshot(path=str(artifacts_dir / "jupyterlab_advice.png"), full_page=True)
+            assert not [e for e in errors if "memlens" in e.lower() or "plotly" in e.lower()], errors
+        finally:
+            context.close()

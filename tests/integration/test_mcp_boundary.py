@@ -233,3 +233,96 @@ def test_predict_arguments_against_a_hand_reference(places):
     assert "H100" in plain["gpu"] and "A100" in expandable["gpu"]
     assert (expandable["peak_allocated"], expandable["peak_reserved"]) == (44 * MiB, 60 * MiB)
     assert (small["capacity"], small["fits"]) == (8 * MiB, False)
+
+
+ADVISE_SCRIPT = """
+import sys, torch, torch.nn as nn
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 4      # blocks: the script's argument
+class Block(nn.Module):
+    def __init__(self, d=256):
+        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
+    def forward(self, x):
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
+class Net(nn.Module):
+    def __init__(self, n=4, d=256):
+        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x).sum()
+def build_model():
+    return Net(N)
+def step(model, opt):
+    model(torch.randn(32, 256, 256, device="cuda")).backward(); opt.step(); opt.zero_grad()
+if __name__ == "__main__":
+    print("the training loop would run here")
+"""
+
+
+@pytest.mark.slow  # six advice searches through the server, each a child process, and their references
+def test_advise_every_argument_against_memlens_advise(places):
+    """The advise tool against `memlens.advise` called directly with the same arguments: the script's args,
+    gpu, capacity (and the GPU's own memory without one), world_size, objective, and a recorded trace."""
+    from _predict_cases import run_child
+    from memlens.io import load
+    work, outside = places
+    script = work / "train.py"
+    script.write_text(ADVISE_SCRIPT)
+    (outside / "train.py").write_text(ADVISE_SCRIPT)
+    cases = [({"capacity": "900MiB"}, dict(args=[], capacity="900MiB")),
+             ({"args": ["2"], "capacity": "900MiB", "objective": "fastest_fit"},
+              dict(args=["2"], capacity="900MiB", objective="fastest_fit")),
+             ({"gpu": "A100", "capacity": "700MiB", "objective": "pareto"},
+              dict(args=[], gpu="A100", capacity="700MiB", objective="pareto")),
+             ({"world_size": 2, "capacity": "900MiB"}, dict(args=[], capacity="900MiB", world_size=2)),
+             ({}, dict(args=[], capacity=None))]
+    answers = talk([("advise", {"script": "train.py", **tool}) for tool, _ in cases] + [
+        ("advise", {"path": "near.memlens", "capacity": "13MiB", "objective": "pareto"}),
+        ("advise", {"path": "near.memlens", "capacity": "3KiB"}),
+        ("advise", {"script": "train.py", "path": "near.memlens"}),
+        ("advise", {"path": "near.memlens", "world_size": 2}),
+        ("advise", {"script": "train.py", "world_size": 0}),
+        ("advise", {"script": "train.py", "objective": "smallest"}),
+        ("advise", {"script": "train.py", "capacity": "x" * 3000}),
+        ("advise", {"script": str(outside / "train.py")}),
+        ("advise", {"script": "train.py", "gpu": "Z9000"}),
+    ], cwd=work)
+    assert not any(err for err, _ in answers[:7]), answers[:7]
+    got = [json.loads(t) for _, t in answers[:7]]
+    calls = [{"gpu": "H100", "objective": "fit", "world_size": None, **ref} for _, ref in cases]
+    want = run_child(f"""
+out = []
+for kw in {calls!r}:
+    d = memlens.advise({str(script)!r}, kw.pop("args"), **kw).to_dict()
+    d.pop("best_snippet")
+    out.append(json.loads(json.dumps(d, default=str)))
+result = out
+""")
+    for (tool, _), g, w in zip(cases, got, want):
+        assert g == w, tool
+    # the arguments reach the search: 2 blocks fit with fewer changes; A100 and world_size change the answer
+    assert got[1]["plans"] != got[0]["plans"] and got[2]["plans"] != got[0]["plans"]
+    assert "shard with" in " ".join(r["changes"] for r in got[3]["plans"])
+    assert got[4]["capacity"] is None and got[0]["capacity"] == 900 * MiB
+    assert got[0]["best"]["snippet"] and got[0]["best"] == {**got[0]["plans"][got[0]["best"]["rank"] - 1],
+                                                              "rank": got[0]["best"]["rank"],
+                                                              "snippet": got[0]["best"]["snippet"]}
+    # a recorded trace: allocator settings replayed on its first cuda device, as memlens.advise does
+    import memlens
+    for (_, kw), g in zip([({}, dict(capacity="13MiB", objective="pareto")), ({}, dict(capacity="3KiB"))], got[5:7]):
+        ref = memlens.advise(load(str(work / "near.memlens")), **kw).to_dict()
+        ref.pop("best_snippet")
+        assert g == json.loads(json.dumps(ref, default=str))
+    # pareto keeps only frontier plans, and no replay of a recording has a modeled step time: none is left
+    assert got[5]["plans"] == [] and len(got[6]["plans"]) == 5
+    assert got[6]["best"] is None and got[6]["miss_bytes"] > 0
+    errors = answers[7:]
+    assert all(err for err, _ in errors), errors
+    both, trace_ws, ws0, objective, capacity, outside_script, gpu = (t for _, t in errors)
+    assert "exactly one of script" in both
+    assert "apply to a script" in trace_ws
+    assert "world_size" in ws0 and "4096" in ws0
+    assert "objective" in objective and "fastest_fit" in objective
+    assert "capacity" in capacity and len(capacity) < 400 and "more characters" in capacity
+    assert "outside the directories" in outside_script
+    assert "Z9000" in gpu

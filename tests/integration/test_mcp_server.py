@@ -19,7 +19,7 @@ pytest.importorskip("mcp.client.stdio", reason="needs the mcp extra (pip install
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = SAMPLE_TRACES / "mlp_train_sgd_stacks.memlens"
-TOOLS = {"info", "peak_cause", "sites", "diff", "simulate", "predict"}
+TOOLS = {"info", "peak_cause", "sites", "diff", "simulate", "predict", "advise"}
 
 
 def _env() -> dict:

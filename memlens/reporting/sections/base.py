@@ -54,7 +54,8 @@ class ReportOptions:
     clock), ``source_gpu`` (with ``gpu``, a trace on the measured kernel clock: the GPU that measured it, when
     its device name is not in the GPU table),
     ``source_root`` (a directory: the sites table shows each site's source line from the files found there; None:
-    from the files where the frames point, when present)."""
+    from the files where the frames point, when present), ``advice`` (an `Advice` of `memlens.advise`: the
+    report gets its "advice" section, the ranked plans and their memory / time frontier)."""
 
     bandwidth: Any = None
     max_points: int = 4000
@@ -69,6 +70,7 @@ class ReportOptions:
     tf32: Any = None
     source_gpu: Any = None
     source_root: Any = None
+    advice: Any = None
 
 
 class ReportContext:
