@@ -136,7 +136,7 @@ def _schedule(ops, accesses, world_size, gpu, ddp_events, copy_in_ops=frozenset(
     clock = 0.0
     stream_free: dict[str, float] = {}
     pending: dict[int, float] = {}      # block written by a collective -> its end
-    last_write: dict[int, float] = {}   # block -> end of the compute op that last wrote it
+    last_write: dict[int, float] = {}   # block -> end of the op (compute or copy-in stream) that last wrote it
     fed: dict[int, float] = {}          # block written by an FSDP2 copy-in -> the copy-in's end
     copy_out_end = None                 # end of the latest FSDP2 all-gather copy-out (compute stream)
     # DDP: per DDP module its buckets in issue order (pass, then the Reducer's bucket order)
