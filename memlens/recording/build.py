@@ -152,7 +152,28 @@ def _cost_columns(session: Session, n: int) -> dict:
         sig = session.buf.op_sigs.to_numpy()[:n, 0]
         facts = session.costs.facts()
     sig = np.concatenate([sig, np.full(n - len(sig), -1, dtype=np.int64)])
-    return per_op_columns(facts, sig)
+    columns = per_op_columns(facts, sig)
+    causal = _causal_signatures(session)
+    if causal.any():        # only traces with a causal attention call carry the column (absent = False)
+        columns["causal"] = np.where(sig >= 0, causal[np.maximum(sig, 0)] if len(causal) else False, False)
+    return columns
+
+
+def _causal_signatures(session: Session) -> np.ndarray:
+    """Per cost signature: whether it is a fused attention call that masks causally (its scalar arguments,
+    `memlens.opfacts.attention`), so the cost model prices the key blocks a causal kernel visits."""
+    from memlens.opfacts.attention import CAUSAL_ARG, causal_call
+    if getattr(session, "backend", "python") == "compiled":
+        from memlens.recording.compiled_signatures import compiled_record
+        out = np.zeros(len(session.signatures), dtype=bool)
+        for i, raw in enumerate(session.signatures):
+            name = session.op_names[int.from_bytes(raw[:8], "little", signed=True)]
+            if name.split(".")[0] in CAUSAL_ARG:      # decode only the attention signatures
+                op, args, kwargs, _ = compiled_record(*session.decode_signature(i))
+                out[i] = causal_call(op, args, kwargs)
+        return out
+    return np.array([causal_call(op, args, kwargs or {}) for op, args, kwargs, _ in session.costs.records],
+                    dtype=bool)
 
 
 def _backward_modules(module_idx: np.ndarray, aseq: np.ndarray, backward: np.ndarray) -> np.ndarray:

@@ -42,21 +42,25 @@ def test_ring_all_gather_duration_by_hand_intra_and_inter_node():
 
 def test_compute_hides_the_all_gather_fully():
     t = step_time(FakeTrace(*tiny(200_000)), 4, H100)
-    # AG 10_000..113_000; mm 10_000..210_000; relu 210_000..215_000 with no wait
-    assert (t["step_ns"], t["compute_ns"], t["comm_ns"], t["exposed_comm_ns"]) == (215_000, 215_000, 103_000, 0)
+    # copy-in 0..10_000 on FSDP2's copy-in stream; AG 10_000..113_000; mm 0..200_000 on the compute stream
+    # (it waits for neither); relu 200_000..205_000 with no wait
+    assert (t["step_ns"], t["compute_ns"], t["comm_ns"], t["exposed_comm_ns"]) == (205_000, 205_000, 103_000, 0)
+    assert t["copy_in_ns"] == 10_000
     sched = t["schedule"].set_index("op_id")
     assert (sched.loc[1, "start_ns"], sched.loc[1, "end_ns"], sched.loc[1, "stream"]) == (10_000, 113_000,
                                                                                          "all_gather")
+    assert (sched.loc[0, "start_ns"], sched.loc[0, "end_ns"], sched.loc[0, "stream"]) == (0, 10_000,
+                                                                                         "all_gather_copy_in")
 
 
 def test_consumer_waits_for_the_all_gather_when_compute_is_short():
     t = step_time(FakeTrace(*tiny(50_000)), 4, H100)
-    # mm ends at 60_000; relu waits for the AG (ends 113_000): step 118_000, compute 65_000, exposed 53_000
-    assert (t["step_ns"], t["compute_ns"], t["exposed_comm_ns"]) == (118_000, 65_000, 53_000)
-    assert t["schedule"].set_index("op_id").loc[3, "wait_ns"] == 53_000
+    # mm 0..50_000; relu waits for the AG (ends 113_000): step 118_000, compute 55_000, exposed 63_000
+    assert (t["step_ns"], t["compute_ns"], t["exposed_comm_ns"]) == (118_000, 55_000, 63_000)
+    assert t["schedule"].set_index("op_id").loc[3, "wait_ns"] == 63_000
     t16 = step_time(FakeTrace(*tiny(50_000)), 16, H100)
-    # inter-node (hierarchical, 203_666.67 ns): AG 10_000..213_667; mm ends 60_000; relu 213_667..218_667
-    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (218_667, 153_667, "NVLink + network")
+    # inter-node (hierarchical, 203_666.67 ns): AG 10_000..213_667; mm ends 50_000; relu 213_667..218_667
+    assert (t16["step_ns"], t16["exposed_comm_ns"], t16["link"]) == (218_667, 163_667, "NVLink + network")
 
 
 def test_collectives_on_one_stream_queue_behind_each_other():
@@ -64,7 +68,8 @@ def test_collectives_on_one_stream_queue_behind_each_other():
     ops2 = pd.concat([ops.iloc[:2], ops.iloc[1:2].assign(op_id=9)], ignore_index=True)
     acc2 = acc[acc.op_id < 2]
     sched = schedule(ops2, acc2, 4, H100).set_index("op_id")
-    # both issued at 10_000 (after the copy-in); the second starts when the first ends
+    # the first starts when its copy-in ends (10_000); the second (fed by no copy-in: issued at the compute
+    # stream's time, 0) queues behind it on the all-gather stream
     assert (sched.loc[9, "start_ns"], sched.loc[9, "end_ns"]) == (113_000, 216_000)
 
 
@@ -102,7 +107,10 @@ result = {
     "names": sorted(coll.name.unique().tolist()),
     "comm_ns": st["comm_ns"], "step_ns": st["step_ns"], "compute_ns": st["compute_ns"],
     "exposed": st["exposed_comm_ns"], "n": st["collectives"],
-    "compute_by_hand": int((o.end_ns - o.start_ns)[~o.name.str.startswith("c10d::")].sum()),
+    "compute_by_hand": int((o.end_ns - o.start_ns)[~o.name.str.startswith("c10d::")
+                                                   & (o.name != "fsdp::all_gather_copy_in")].sum()),
+    "copy_in_by_hand": int((o.end_ns - o.start_ns)[o.name == "fsdp::all_gather_copy_in"].sum()),
+    "copy_in_ns": st["copy_in_ns"],
     "clock": tt.metadata["clock"], "tt_end": int(tt.ops.end_ns.max()),
     "tt_streams": sorted(tt.ops.stream.unique().tolist())}
 """)
@@ -114,11 +122,11 @@ result = {
     # by hand: 3/4 x S / (450 GB/s x 0.8) + 3 steps x 1 us per collective (rings: trees are for all-reduce)
     by_hand = sum(3 * round(0.75 * s / 360e9 * 1e9 + 3_000) for s in (big, small))
     assert abs(r["comm_ns"] - by_hand) <= 6
-    assert r["compute_ns"] == r["compute_by_hand"]
+    assert r["compute_ns"] == r["compute_by_hand"] and r["copy_in_ns"] == r["copy_in_by_hand"] > 0
     assert r["step_ns"] == r["compute_ns"] + r["exposed"] and r["exposed"] >= 0
     assert r["clock"]["kind"] == "modeled" and r["clock"]["gpu"] == "H100 SXM" and "ring" in r["clock"]["model"]
     assert r["tt_end"] == r["step_ns"]
-    assert r["tt_streams"] == ["all_gather", "compute", "reduce_scatter"]
+    assert r["tt_streams"] == ["all_gather", "all_gather_copy_in", "compute", "reduce_scatter"]
 
 
 def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
@@ -153,6 +161,7 @@ def test_cli_world_size_prints_the_modeled_step_time(tmp_path):
 def test_a_trace_without_collectives_says_communication_is_not_timed():
     ops, acc = tiny(1_000)
     keep = ops["op_id"] != 1
+    ops = ops.assign(name=ops["name"].replace("fsdp::all_gather_copy_in", "aten::copy_"))   # no FSDP2 copy-in
     t = step_time(FakeTrace(ops[keep].reset_index(drop=True), acc[acc.op_id != 1]), 8, H100)
     # compute only: 10_000 + 1_000 + 5_000 back to back, nothing waits
     assert (t["step_ns"], t["comm_ns"], t["exposed_comm_ns"], t["collectives"]) == (16_000, 0, 0, 0)

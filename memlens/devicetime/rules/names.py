@@ -1,6 +1,9 @@
 """Which op is in which class of the cost model, from its ATen name alone."""
 from __future__ import annotations
 
+# the causal flag's position per fused attention op lives with the op facts (the recorder reads it too)
+from memlens.opfacts.attention import CAUSAL_ARG, causal_value  # noqa: F401  (CAUSAL_ARG: re-exported)
+
 GEMM = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
                   "aten::_int_mm", "aten::mv", "aten::addmv", "aten::dot", "aten::vdot", "aten::matmul",
                   "aten::_addmm_activation"})
@@ -49,17 +52,6 @@ ZERO_COST = frozenset({"aten::_unsafe_view", "aten::_reshape_alias", "aten::alia
                        "aten::view_as", "aten::reshape_as", "aten::unflatten", "aten::is_nonzero",
                        "aten::item", "aten::size", "aten::stride", "aten::numel", "aten::dim"})
 
-# position of the causal flag among each fused attention op's schema arguments (``is_causal``; the
-# efficient-attention kernels take ``custom_mask_type``, 1 = causal from the top left), for traces that
-# keep the scalar arguments (Kineto's ``Concrete Inputs``)
-CAUSAL_ARG = {"aten::_scaled_dot_product_flash_attention": 4, "aten::_scaled_dot_product_flash_attention_for_cpu": 4,
-              "aten::_scaled_dot_product_efficient_attention": 6, "aten::_scaled_dot_product_cudnn_attention": 6,
-              "aten::_flash_attention_forward": 8, "aten::scaled_dot_product_attention": 5,
-              "aten::_flash_attention_backward": 11, "aten::_scaled_dot_product_flash_attention_backward": 11,
-              "aten::_scaled_dot_product_efficient_attention_backward": 11,
-              "aten::_efficient_attention_forward": 9, "aten::_efficient_attention_backward": 14}
-
-
 def logged_list(value):
     """A profile's logged argument list as a list: `value` itself, or its JSON text decoded (None when the
     text is not JSON)."""
@@ -81,7 +73,7 @@ def causal_from_args(name: str, concrete_args) -> bool:
     concrete_args = logged_list(concrete_args)
     if not isinstance(concrete_args, (list, tuple)) or len(concrete_args) <= pos:
         return False
-    return str(concrete_args[pos]).strip() in ("True", "true", "1", "2")   # mask types 1, 2: causal
+    return causal_value(concrete_args[pos])       # True, or mask types 1, 2
 
 
 # eager CUDA ops that launch more than one kernel (PyTorch's native CUDA implementations)

@@ -7,8 +7,22 @@ send buffer (all-to-all).
 
 Schedule (how FSDP2 overlaps): compute ops run in host order, back to back, for their modeled durations on
 the compute stream; each collective runs on its own stream per kind (all-gather, reduce-scatter, all-reduce)
-and starts when issued (the compute stream's time at its host position) and when the previous collective
-on its stream has ended; the first later op that touches a block the collective wrote waits for it.
+and starts when issued (the compute stream's time at its host position: NCCL's stream waits for the stream
+it is issued from) and when the previous collective on its stream has ended; the first later op that
+touches a block the collective wrote waits for it.
+
+FSDP2's all-gathers are the exception (prefetch): FSDP2 issues them from its own streams, so they wait for
+no compute the host issued before them. Its copy-in (``fsdp::all_gather_copy_in``) runs on the copy-in
+stream, with every op that writes a block allocated on that stream (FSDP2 computes the all-gather inputs
+there: the mixed-precision casts of the sharded parameters). They start when the blocks they read were last
+written (the sharded parameters: after the previous step's optimizer) and when the previous all-gather's
+copy-out (``fsdp::split_with_sizes_copy``, on the compute stream) has ended: the event FSDP2's ``unshard``
+waits on before reusing all-gather memory (forward: the ``all_gather_state`` event; backward: the copy-out
+event); before any copy-out, at the compute stream's time (FSDP2's root makes the copy-in stream wait for
+it). The all-gather a copy-in feeds starts when the copy-in ends. So the next group's all-gather overlaps
+the current group's compute, in forward and in backward, as the host runs ahead of the GPU. Assumed: the
+host is ahead (launch-bound steps are not modelled); copies on the copy-in stream take no bandwidth from
+compute.
 
 DDP (its C++ Reducer calls NCCL outside the dispatcher, so no c10d op is recorded): the bucket all-reduces
 come from the rank's ``metadata["prediction"]["ddp"]`` (`memlens.prediction.distributed.ddp`). Each bucket is
@@ -31,6 +45,8 @@ from memlens.devicetime.collectives import (EFFICIENCY, INTER_NODE_STEP_NS, INTR
 __all__ = ["collective_kind", "collective_ns", "collective_time", "link", "schedule", "step_time",
            "onto_step_clock", "EFFICIENCY", "SOURCE"]
 
+# FSDP2's all-gather copy-in (on its copy-in stream) and copy-out (on the compute stream)
+COPY_IN, COPY_OUT, COPY_IN_STREAM = "fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "all_gather_copy_in"
 # op name fragment -> (collective kind, ring factor)
 _KINDS = (("allgather", "all_gather", 1), ("all_gather", "all_gather", 1), ("reduce_scatter", "reduce_scatter", 1),
           ("allreduce", "all_reduce", 2), ("all_reduce", "all_reduce", 2), ("broadcast", "broadcast", 1),
@@ -70,15 +86,36 @@ def _ddp_events(metadata) -> list[dict]:
     return events
 
 
-def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu, ddp_events=None) -> pd.DataFrame:
+def schedule(ops: pd.DataFrame, accesses: pd.DataFrame, world_size: int, gpu, ddp_events=None,
+             blocks: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per-op (start_ns, end_ns, stream, wait_ns, algorithm) of the two-stream schedule, aligned with `ops`
     rows. Compute ops keep their modeled durations (``end_ns - start_ns``); collectives get
     `collective_time`. `ddp_events` (see `_ddp_events`): DDP bucket all-reduces to schedule too (their
-    times: `ddp_schedule`)."""
-    return _schedule(ops, accesses, world_size, gpu, ddp_events or [])[0]
+    times: `ddp_schedule`). `blocks` (the trace's, with ``stream``): which ops ran on FSDP2's copy-in stream
+    (`copy_in_stream_ops`)."""
+    return _schedule(ops, accesses, world_size, gpu, ddp_events or [],
+                     copy_in_stream_ops(ops, accesses, blocks))[0]
 
 
-def _schedule(ops, accesses, world_size, gpu, ddp_events):
+def copy_in_stream_ops(ops: pd.DataFrame, accesses: pd.DataFrame, blocks: pd.DataFrame | None) -> set:
+    """Op ids that ran on FSDP2's all-gather copy-in stream: the copy-ins, and every other op (not a
+    collective) that writes a block allocated on the stream the copy-ins' outputs were allocated on (FSDP2
+    computes the all-gather inputs there, e.g. the mixed-precision casts of the sharded parameters into the
+    copy-in's input buffer). Without a blocks table with streams: the copy-ins."""
+    ids = set(ops.loc[ops["name"] == COPY_IN, "op_id"].astype(int))
+    if blocks is None or not ids or not {"stream", "block_id"} <= set(blocks.columns) or not len(accesses):
+        return ids
+    writes = accesses[accesses["is_write"].astype(bool)]
+    stream_of = dict(zip(blocks["block_id"].astype(int), blocks["stream"].astype(int)))
+    side = {stream_of.get(int(b), 0) for b in writes.loc[writes["op_id"].isin(ids), "block_id"]} - {0}
+    if not side:
+        return ids
+    names = dict(zip(ops["op_id"].astype(int), ops["name"]))
+    writers = writes.loc[writes["block_id"].map(stream_of).isin(side), "op_id"].astype(int)
+    return ids | {int(i) for i in writers.unique() if collective_kind(names.get(int(i), "")) is None}
+
+
+def _schedule(ops, accesses, world_size, gpu, ddp_events, copy_in_ops=frozenset()):
     order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy()))
     names = ops["name"].to_numpy()
     ids = ops["op_id"].to_numpy()
@@ -99,6 +136,9 @@ def _schedule(ops, accesses, world_size, gpu, ddp_events):
     clock = 0.0
     stream_free: dict[str, float] = {}
     pending: dict[int, float] = {}      # block written by a collective -> its end
+    last_write: dict[int, float] = {}   # block -> end of the op (compute or copy-in stream) that last wrote it
+    fed: dict[int, float] = {}          # block written by an FSDP2 copy-in -> the copy-in's end
+    copy_out_end = None                 # end of the latest FSDP2 all-gather copy-out (compute stream)
     # DDP: per DDP module its buckets in issue order (pass, then the Reducer's bucket order)
     queues: dict[int, list] = {}
     for e in ddp_events:
@@ -123,10 +163,24 @@ def _schedule(ops, accesses, world_size, gpu, ddp_events):
     for i in order:
         if queues:
             issue_ready(int(ids[i]))
+        if names[i] == COPY_IN or int(ids[i]) in copy_in_ops:
+            # FSDP2's copy-in stream: after the blocks it reads were written and the previous copy-out
+            # (no copy-out yet: the first group, after FSDP2's root made the copy-in stream wait for compute)
+            ready = max([copy_out_end if copy_out_end is not None else clock]
+                        + [last_write.get(b, 0.0) for b in touched.get(ids[i], ())])
+            s = max(ready, stream_free.get(COPY_IN_STREAM, 0.0))
+            start[i], end[i], stream[i] = s, s + dur[i], COPY_IN_STREAM
+            stream_free[COPY_IN_STREAM] = end[i]
+            for b in written.get(ids[i], ()):
+                fed[b] = pending[b] = last_write[b] = end[i]
+            continue
         kc = collective_kind(names[i])
         if kc is not None:
             kind = kc[0]
-            s = max(clock, stream_free.get(kind, 0.0))
+            inputs = [fed[b] for b in touched.get(ids[i], ()) if b in fed]
+            # an FSDP2 all-gather waits for its copy-in only; any other collective for the compute stream too
+            issued_at = max(inputs) if kind == "all_gather" and inputs else clock
+            s = max(issued_at, stream_free.get(kind, 0.0))
             t, algorithm[i] = collective_time(kind, int(size[i]), world_size, gpu)
             start[i], end[i], stream[i] = s, s + t, kind
             stream_free[kind] = end[i]
@@ -143,6 +197,10 @@ def _schedule(ops, accesses, world_size, gpu, ddp_events):
         wait[i] = ready - clock
         start[i], end[i] = ready, ready + dur[i]
         clock = end[i]
+        for b in written.get(ids[i], ()):
+            last_write[b] = clock
+        if names[i] == COPY_OUT:
+            copy_out_end = clock
     if queues:
         issue_ready(np.iinfo(np.int64).max)             # buckets ready after the last op
     sched = pd.DataFrame({"op_id": ids, "name": names, "stream": stream, "start_ns": np.rint(start).astype(np.int64),
@@ -158,22 +216,27 @@ def _schedule(ops, accesses, world_size, gpu, ddp_events):
 def step_time(trace, world_size: int, gpu) -> dict:
     """Step time (ns, modeled clock) of one predicted rank's trace: ``step_ns`` (the last op's or collective's
     end), ``compute_ns`` (compute-stream busy), ``comm_ns`` (sum of collective durations, DDP's bucket
-    all-reduces included), ``exposed_comm_ns`` (``step_ns - compute_ns``: time the compute stream waited plus
-    collective time past the last compute op), ``ddp_all_reduces`` (one dict per DDP bucket all-reduce: bytes,
+    all-reduces included), ``copy_in_ns`` (FSDP2's all-gather copy-ins, on their own stream),
+    ``exposed_comm_ns`` (``step_ns - compute_ns``: time the compute stream waited plus collective time past
+    the last compute op), ``ddp_all_reduces`` (one dict per DDP bucket all-reduce: bytes,
     ready op, issue/start/end ns, algorithm), the link used and the schedule."""
     from memlens.devicetime.gpus import gpu as resolve_gpu
     g = resolve_gpu(gpu)
     events = _ddp_events(getattr(trace, "metadata", None))
-    sched, ddp = _schedule(trace.ops, trace.accesses, world_size, g, events)
+    sched, ddp = _schedule(trace.ops, trace.accesses, world_size, g, events,
+                           copy_in_stream_ops(trace.ops, trace.accesses, getattr(trace, "blocks", None)))
     comp = sched[sched["stream"] == "compute"]
-    coll = sched[sched["stream"] != "compute"]
+    coll = sched[~sched["stream"].isin(["compute", COPY_IN_STREAM])]
+    copy_in = sched[sched["stream"] == COPY_IN_STREAM]
     compute_end = int(comp["end_ns"].max()) if len(comp) else 0
-    step = max([compute_end, int(coll["end_ns"].max()) if len(coll) else 0] + [e["end_ns"] for e in ddp])
+    step = max([compute_end, int(coll["end_ns"].max()) if len(coll) else 0,
+                int(copy_in["end_ns"].max()) if len(copy_in) else 0] + [e["end_ns"] for e in ddp])
     compute_ns = int((comp["end_ns"] - comp["start_ns"]).sum())
     comm_ns = int((coll["end_ns"] - coll["start_ns"]).sum()) + sum(e["end_ns"] - e["start_ns"] for e in ddp)
     bw, lat, which = link(g, world_size)
     n_coll = len(coll) + len(ddp)
     return {"step_ns": step, "compute_ns": compute_ns, "comm_ns": comm_ns,
+            "copy_in_ns": int((copy_in["end_ns"] - copy_in["start_ns"]).sum()),
             "exposed_comm_ns": step - compute_ns, "collectives": n_coll, "ddp_all_reduces": ddp, "link": which,
             "link_bw": bw, "step_latency_ns": lat, "efficiency": EFFICIENCY, "clock": "modeled GPU clock",
             "source": SOURCE, "note": _NO_COLLECTIVES if world_size > 1 and not n_coll else "", "schedule": sched}
