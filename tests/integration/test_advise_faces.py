@@ -13,7 +13,7 @@ import pytest
 
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 from memlens.advice import Advice, Plan
-from memlens.schema import make_clock
+from memlens.trace.schema import make_clock
 from memlens.trace import Trace
 
 MiB = 1 << 20
