@@ -60,6 +60,7 @@ class DistributedPrediction:
     errors: dict = field(default_factory=dict)
     strategies: set = field(default_factory=set)   # what the code used: "fsdp2", "ddp", "zero", "pp"
     stages: dict = field(default_factory=dict)     # rank -> pipeline stage indices it built
+    process_note: str | None = None   # set when it ran in a child process (memlens.prediction.firstuse)
 
     def fits(self) -> bool | None:
         """True when every predicted rank fits; None when a rank's code failed (no verdict)."""
