@@ -123,10 +123,11 @@ def serve(request: str, answer: str) -> None:
     import traceback
 
     import cloudpickle
-    import memlens
+
+    from memlens.prediction.api import predict   # the package came first (the child's command imports it)
     fn, gpu, capacity, options = cloudpickle.loads(Path(request).read_bytes())
     try:
-        out = ("ok", memlens.predict(fn, gpu=gpu, capacity=capacity, **options), "")
+        out = ("ok", predict(fn, gpu=gpu, capacity=capacity, **options), "")
     except BaseException as exc:   # handed to the caller, which raises it
         out = ("error", exc, traceback.format_exc())
     try:
