@@ -94,7 +94,10 @@ def predict_in_child(fn, gpu, capacity, options: dict, reason: str):
                             f"function to a child process: {type(exc).__name__}: {exc}") from None
         env = {**os.environ, CHILD_ENV: "1",
                "PYTHONPATH": os.pathsep.join(p if p else os.getcwd() for p in sys.path)}
-        code = "import memlens.prediction.firstuse as f, sys; f.serve(sys.argv[1], sys.argv[2])"
+        # this very memlens first (not another checkout in the working directory), imported before torch
+        here = str(Path(__file__).resolve().parents[2])
+        code = (f"import sys; sys.path.insert(0, {here!r}); import memlens.prediction.firstuse as f; "
+                "f.serve(sys.argv[1], sys.argv[2])")
         proc = subprocess.run([sys.executable, "-c", code, str(request), str(answer)], env=env)
         if not answer.exists():
             raise ShimError(f"memlens.predict's child process (run because {reason}) ended with exit status "

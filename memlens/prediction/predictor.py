@@ -113,8 +113,10 @@ class Prediction:
     def __enter__(self) -> "Prediction":
         if getattr(_active, "prediction", None) is not None:
             raise RuntimeError("memlens.predict blocks do not nest")
-        from memlens.prediction import shim
-        shim.prepare()        # before anything below imports torch (first use in a fresh environment)
+        from memlens.prediction import firstuse
+        reason = firstuse.blocker()   # builds a missing shim before torch is imported (fresh environment)
+        if reason is not None:        # e.g. a backward ran before memlens came: say so, not torch's assert
+            raise firstuse.refuse_block(reason)
         from memlens.prediction.environment import fake_cuda
         from memlens.prediction.session import PredictSession
         from memlens.recording.recorder import Recorder
