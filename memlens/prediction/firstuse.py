@@ -31,7 +31,8 @@ CHILD_ENV = "MEMLENS_PREDICT_CHILD"   # set in the child: it never hands the pre
 
 
 def blocker() -> str | None:
-    """Why a prediction cannot run in this process (a sentence), or None when it can."""
+    """Why a prediction cannot run in this process (a sentence), or None when it can. Raises `ShimError` when
+    the shim cannot be built (no process can predict then)."""
     from memlens.prediction import shim
     if shim.torch_has_cuda_build():
         return None
@@ -40,6 +41,8 @@ def blocker() -> str | None:
     try:
         shim.require()
     except ShimError as exc:
+        if not shim.is_built():   # no shim to load (no compiler, say): a child process cannot help
+            raise
         return str(exc)
     if shim.loaded_after_torch():
         return _engine_blocker()
