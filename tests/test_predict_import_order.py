@@ -118,6 +118,7 @@ def test_child_route_raises_the_same_errors():
     assert r["block"][0] == "ShimError" and "step function" in r["block"][1] and "memlens predict" in r["block"][1]
 
 
+@pytest.mark.timeout(3600)      # two pip installs and a shim build: 10-20 min on a shared 2-core machine
 @pytest.mark.skipif(os.environ.get("MEMLENS_TEST_FRESH_VENV") != "1",
                     reason="builds a fresh venv (downloads torch, compiles): set MEMLENS_TEST_FRESH_VENV=1")
 def test_fresh_venv_torch_first_predicts(tmp_path):
