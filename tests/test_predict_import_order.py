@@ -17,11 +17,10 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _predict_cases import ROOT   # the repository root, wherever this file sits under tests/
 
 STEP = """
 def step():
