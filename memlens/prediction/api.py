@@ -32,9 +32,19 @@ def predict(fn: Callable | str | GPUMemoryFacts | None = None, /, gpu: str | GPU
     ``memlens.predict(step_fn_or_script, gpu=..., world_size=N)`` predicts sharded training per rank under
     torch's fake process group (FSDP2, DDP; options `ranks`, `args`, `nccl_channels`) and returns a
     `memlens.prediction.distributed.DistributedPrediction`: see `memlens.prediction.distributed.ranks`.
+
+    Import order does not matter: where this process cannot run fake `cuda` steps (a backward ran before
+    memlens was imported into a process that had torch first), a step function or script is predicted in a child
+    process and the result says so (`memlens.prediction.firstuse`).
     """
     if "world_size" in options and options["world_size"] is None:
         del options["world_size"]
+    from memlens.prediction import firstuse
+    reason = firstuse.blocker()     # None when this process can run it (memlens first, or no backward yet)
+    if reason is not None:
+        if fn is None or isinstance(fn, GPUMemoryFacts) or (isinstance(fn, str) and not fn.endswith(".py")):
+            raise firstuse.refuse_block(reason)
+        return firstuse.predict_in_child(fn, gpu, capacity, options, reason)
     if options.get("world_size") is not None:
         from memlens.prediction.distributed.ranks import predict_ranks
         if fn is None or (isinstance(fn, str) and not fn.endswith(".py")) or isinstance(fn, GPUMemoryFacts):

@@ -107,13 +107,16 @@ class Prediction:
         self.standin_note: str | None = None      # the sentence saying so (also in trace.metadata["notes"])
         self.steps_note: str | None = None        # which call of a step function the peaks come from (steps.py)
         self.wall_ns = 0
+        self.process_note: str | None = None      # set when the prediction ran in a child process (firstuse.py)
 
     # ---- the block --------------------------------------------------------------------------
     def __enter__(self) -> "Prediction":
         if getattr(_active, "prediction", None) is not None:
             raise RuntimeError("memlens.predict blocks do not nest")
-        from memlens.prediction import shim
-        shim.prepare()        # before anything below imports torch (first use in a fresh environment)
+        from memlens.prediction import firstuse
+        reason = firstuse.blocker()   # builds a missing shim before torch is imported (fresh environment)
+        if reason is not None:        # e.g. a backward ran before memlens came: say so, not torch's assert
+            raise firstuse.refuse_block(reason)
         from memlens.prediction.environment import fake_cuda
         from memlens.prediction.session import PredictSession
         from memlens.recording.recorder import Recorder
@@ -222,6 +225,14 @@ class Prediction:
         if self.standin_note is not None:
             trace.metadata["notes"].append(self.standin_note)
         return trace
+
+    def __getstate__(self) -> dict:
+        """A finished prediction pickles (it comes back from a child process: `memlens.prediction.firstuse`)
+        without the run's live machinery (fake mode, recorder, session), the caller's `model` and the cached
+        replays, which are recomputed from `trace` when read."""
+        state = dict(self.__dict__)
+        state.update({"_env": None, "_recorder": None, "_session": None, "mode": None, "model": None, "_sims": {}})
+        return state
 
     # ---- results ----------------------------------------------------------------------------
     def _need_trace(self):

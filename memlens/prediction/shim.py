@@ -3,15 +3,17 @@
 Fake tensors carry a CUDA device but own no memory. A CPU build of torch still needs two pieces of glue
 for them (see csrc/fake_cuda.cpp): a CUDA device guard (autograd's engine switches devices around every
 backward function; without one the process aborts) and CUDA hooks that report one device (so the engine
-starts its CUDA worker thread, as a real run does). torch creates its CUDA hooks object once, at first use,
-so the shim must be in the process before torch initialises:
+starts its CUDA worker thread, as a real run does). torch creates its CUDA hooks object once, during
+``import torch`` itself (torch._C's initialisation asks for it), and keeps it for the life of the process:
 
-- `import memlens` before `import torch` arranges that: memlens watches for the torch import and loads
-  the shim just before torch's own libraries initialise, building it there first when it is missing (once
-  per torch version, in a child process), so that the first prediction after an install works in the same
-  process;
-- where torch came first, `memlens.predict` says so and names the CLI route,
-  ``memlens predict -- python train.py``, which loads the shim before running the script.
+- `import memlens` before `import torch`: memlens watches for the torch import and loads the shim just
+  before torch's own libraries initialise (building it there first when it is missing, once per torch
+  version, in a child process), so torch creates the shim's hooks;
+- torch imported first: torch already holds its CPU-only hooks object, which has no state of its own; the
+  shim re-makes that object in place as its own hooks (`require`), so the prediction runs in this process
+  all the same. What cannot be undone is a backward pass that ran before the shim's device guard was there:
+  autograd's engine counts its device threads once, at the first backward. `memlens.prediction.firstuse`
+  finds that case and runs the prediction in a child process instead.
 
 On a CUDA build of torch the shim is never needed (real CUDA hooks exist) and never loaded. The shim is
 built once per torch version with torch.utils.cpp_extension (30 s to 2 min on two cores), in a separate
@@ -32,7 +34,7 @@ SOURCE = Path(__file__).with_name("csrc") / "fake_cuda.cpp"
 
 FAILED_MARK = "build-failed.txt"     # in the build folder: the last build's compiler output, when it failed
 
-_state = {"preloaded": False, "module": None, "error": None, "probing": False}
+_state = {"preloaded": False, "module": None, "error": None, "probing": False, "torch_first": False}
 
 
 class ShimError(MemlensError):
@@ -205,8 +207,8 @@ def require() -> None:
     """Make sure fake `cuda` training steps can run in this process, or raise `ShimError` saying how.
 
     On a CUDA build nothing is needed. On a CPU build: builds the shim when missing (normally done already
-    when torch was imported after memlens: `preload`); if torch was imported before memlens (so its CPU-only
-    CUDA hooks are fixed for the life of the process), raises with the two ways out.
+    when torch was imported after memlens: `preload`); if torch was imported before memlens, takes over
+    torch's CPU-only CUDA hooks object (see the module docstring) and raises when that is not possible.
     """
     if torch_has_cuda_build():
         return
@@ -214,17 +216,21 @@ def require() -> None:
     if not is_built():
         build()
     if torch_first:
-        # the device guard can still be added now; the hooks cannot, so check what torch uses
-        m = _module()
-        if m.install():
+        _state["torch_first"] = True
+        if _module().install():   # registers the guard and takes over torch's hooks object
             return
         raise ShimError(
-            "this CPU-only torch was imported before memlens, so memlens could not install its fake-CUDA "
-            "shim (torch fixes its CUDA hooks when it initialises). Import memlens before torch "
-            f"(`import memlens` as the first import), or run the script under prediction: `{CLI_ROUTE}`")
+            "this torch was imported before memlens and its CUDA hooks are not the plain CPU-only ones, so "
+            "memlens could not install its fake-CUDA shim. Import memlens before torch (`import memlens` as the "
+            f"first import), or run the script under prediction: `{CLI_ROUTE}`")
     if not status()["hooks_active"]:
         raise ShimError(f"the fake-CUDA shim is loaded but torch does not use it ({_state['error'] or 'unknown'}); "
                         f"run the script under prediction instead: `{CLI_ROUTE}`")
+
+
+def loaded_after_torch() -> bool:
+    """True when the shim came into this process after torch (torch imported before memlens)."""
+    return bool(_state.get("torch_first")) or ("torch" in sys.modules and not _state["preloaded"])
 
 
 def set_enabled(on: bool) -> None:
@@ -251,13 +257,28 @@ class _TorchImportWatcher(importlib.abc.MetaPathFinder):
         return None
 
 
+def _install_after_torch() -> None:
+    """torch came first: put the built shim in now (device guard registered, torch's hooks taken over, reporting
+    no device until a prediction starts), so that a backward the caller runs before predicting already finds
+    the guard (autograd's engine counts its devices at the first backward). Never raises: `require` reports."""
+    try:
+        if not torch_has_cuda_build() and is_built():
+            _state["torch_first"] = True
+            _module().install()
+    except Exception as exc:   # `import memlens` must not fail for the shim
+        _state["error"] = f"{type(exc).__name__}: {exc}"
+
+
 def watch_torch_import() -> None:
     """Arrange for the shim to load before torch initialises (called by ``import memlens``).
 
-    Cheap: no torch import, no file I/O beyond one stat when torch is imported later. Disabled with
-    MEMLENS_NO_SHIM=1.
+    Cheap: no torch import, no file I/O beyond one stat when torch is imported later. Where torch is imported
+    already, loads the built shim now (`_install_after_torch`). Disabled with MEMLENS_NO_SHIM=1.
     """
-    if os.environ.get("MEMLENS_NO_SHIM") == "1" or "torch" in sys.modules:
+    if os.environ.get("MEMLENS_NO_SHIM") == "1":
+        return
+    if "torch" in sys.modules:
+        _install_after_torch()
         return
     if not any(isinstance(f, _TorchImportWatcher) for f in sys.meta_path):
         sys.meta_path.insert(0, _TorchImportWatcher())

@@ -14,6 +14,8 @@
 
 #include <array>
 #include <atomic>
+#include <new>
+#include <typeinfo>
 
 namespace {
 
@@ -119,15 +121,33 @@ void register_fakes() {
   }
 }
 
-// Loading the library registers them: memlens loads it before `import torch` initialises torch, because
-// torch creates its CUDA hooks object once, at first use, and keeps it for the life of the process.
+// Loading the library registers them: when memlens loads it before `import torch` initialises torch, torch
+// creates its CUDA hooks object (once, at first use, during its own import) from this registration.
 struct RegisterAtLoad {
   RegisterAtLoad() { register_fakes(); }
 } g_register_at_load;
 
-// Returns true when torch uses our hooks (false when it had created its CPU-only hooks before we loaded).
+// torch was imported before the shim loaded: `import torch` itself (torch._C's module initialisation) asks for
+// the CUDA hooks, so on a CPU build torch already holds its own hooks object, a plain at::CUDAHooksInterface
+// that it keeps for the life of the process. That object has no state of its own (only its virtual table), and
+// FakeCUDAHooks adds none, so it is re-made in place as a FakeCUDAHooks: torch's pointer then reaches our
+// functions, exactly as if the shim had been loaded first. Anything else in that slot (a real CUDA build,
+// another library's hooks) is left alone and reported as not taken over.
+bool adopt_hooks() {
+  static_assert(sizeof(FakeCUDAHooks) == sizeof(at::CUDAHooksInterface), "FakeCUDAHooks must add no state");
+  static_assert(alignof(FakeCUDAHooks) == alignof(at::CUDAHooksInterface), "same alignment as torch's hooks");
+  const at::CUDAHooksInterface& hooks = at::detail::getCUDAHooks();
+  if (dynamic_cast<const FakeCUDAHooks*>(&hooks) != nullptr) return true;
+  if (typeid(hooks) != typeid(at::CUDAHooksInterface)) return false;
+  new (const_cast<at::CUDAHooksInterface*>(&hooks)) FakeCUDAHooks(at::CUDAHooksArgs{});
+  return true;
+}
+
+// Returns true when torch uses our hooks: registered before torch created its hooks object, or that CPU-only
+// object taken over (adopt_hooks) when torch came first.
 bool install() {
   register_fakes();
+  if (!hooks_active()) adopt_hooks();
   return hooks_active();
 }
 

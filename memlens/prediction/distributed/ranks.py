@@ -16,6 +16,10 @@ Which ranks run (`ranks`):
 Pipeline parallelism (``torch.distributed.pipelining``, `pipeline`): each stage is a rank with its own
 memory, so once a rank builds a ``PipelineStage`` every rank runs under ``"auto"`` and ``"first"`` too (no
 rank stands for another), and each result says its stage (`RankResult.stages`).
+
+``steps=N`` calls a step function N times on each rank (default: once, so that a step function that builds its
+own model each call is predicted as one step); each rank's `Prediction.step_peaks` then has every call's peak,
+the last being the steady state of a step function that keeps its model and optimizer between calls.
 """
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ class DistributedPrediction:
     errors: dict = field(default_factory=dict)
     strategies: set = field(default_factory=set)   # what the code used: "fsdp2", "ddp", "zero", "pp"
     stages: dict = field(default_factory=dict)     # rank -> pipeline stage indices it built
+    process_note: str | None = None   # set when it ran in a child process (memlens.prediction.firstuse)
 
     def fits(self) -> bool | None:
         """True when every predicted rank fits; None when a rank's code failed (no verdict)."""
@@ -170,6 +175,7 @@ def _allocation_signature(prediction) -> tuple:
 def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen, stages):
     from memlens.prediction.distributed.environment import rank_world
     from memlens.prediction.predictor import Prediction
+    from memlens.prediction.steps import run_steps
     from memlens.prediction.distributed.streams import apply_streams, track_allocation_streams
     p = Prediction(gpu, capacity, nccl_bytes=nccl["bytes"], **options)
     error = None
@@ -178,7 +184,8 @@ def _run_rank(run, rank, world_size, gpu, capacity, nccl, options, notes, seen, 
         with p:
             streams = track_allocation_streams(p._recorder._session)
             with rank_world(rank, world_size, p._recorder._session, notes, seen, stages):
-                run()
+                # `steps=N`: N calls, each call's peak in `step_peaks` (the last: the steady state); default one
+                run_steps(p, run, p.steps or 1)
     except Exception as exc:   # the user's code failed on this rank: report it, no verdict
         error = f"{type(exc).__name__}: {exc}"
     if p.trace is not None:
