@@ -6,7 +6,7 @@ materialises the shards on ``cuda`` and ``init_weights`` draws them with ``trunc
 (DTensor) parameters. A training step: forward, cross-entropy in fp32, backward, gradient-norm clipping over the
 sharded gradients, AdamW, ``zero_grad``.
 
-Used by tests/test_predict_framework.py (tiny shapes) and benchmarks/predict_framework_8b.py (Llama-3-8B
+Used by tests/integration/test_predict_framework.py (tiny shapes) and benchmarks/predict_framework_8b.py (Llama-3-8B
 shapes). Import it after memlens (torch is imported here).
 """
 from __future__ import annotations

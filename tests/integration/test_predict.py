@@ -87,7 +87,7 @@ result = {"fits_big": p.fits(need + 2**20), "fits_small": small, "oom": str(oom)
 
 def test_a_with_block_after_an_early_backward_gives_the_ways_out():
     # torch first and a backward before memlens: autograd's engine has no fake-GPU thread, and a `with` block
-    # cannot move to a child process (a step function would: tests/test_predict_import_order.py)
+    # cannot move to a child process (a step function would: tests/integration/test_predict_import_order.py)
     code = ("import torch\nx = torch.ones(2, requires_grad=True)\nx.sum().backward()\nimport memlens\n"
             "try:\n    memlens.predict(gpu='H100').__enter__()\n"
             "except Exception as e:\n    print(type(e).__name__, e)\n")
