@@ -60,21 +60,26 @@ def block_events(trace, block_ids: np.ndarray) -> BlockEvents:
         in_order = bool(np.all((step > 0) | ((step == 0) & (op[1:] >= op[:-1]))))
     order = _stable_by_row(row, len(block_ids)) if in_order else np.lexsort((op, row))
     row, op, start, end, stamp = row[order], op[order], start[order], end[order], stamp[order]
-    if n:
-        new = np.ones(n, dtype=bool)
-        new[1:] = (row[1:] != row[:-1]) | (op[1:] != op[:-1])
+    new = np.ones(n, dtype=bool)
+    new[1:] = (row[1:] != row[:-1]) | (op[1:] != op[:-1])
+    if not new.all():  # some op touched a block in several rows
         heads = np.flatnonzero(new)
         events = (row[heads], np.minimum.reduceat(start, heads), np.maximum.reduceat(end, heads),
                   np.minimum.reduceat(stamp, heads), np.maximum.reduceat(stamp, heads))
     else:
         events = (row, start, end, stamp, stamp)
     ev_row, ev_start, ev_end = events[:3]
-    if len(ev_row) > 1:  # widened edges may leave their op's place in the order: sort by (row, start, end)
-        same = ev_row[1:] == ev_row[:-1]
+    if len(ev_row) > 1:  # widened edges, or ops starting together, out of (start, end) order: sort those blocks
         back = (ev_start[1:] < ev_start[:-1]) | ((ev_start[1:] == ev_start[:-1]) & (ev_end[1:] < ev_end[:-1]))
-        if np.any(same & back):
-            resort = np.lexsort((ev_end, ev_start, ev_row))
-            events = tuple(column[resort] for column in events)
+        back &= ev_row[1:] == ev_row[:-1]
+        if back.any():
+            redo = np.zeros(len(block_ids), dtype=bool)
+            redo[ev_row[1:][back]] = True
+            at = np.flatnonzero(redo[ev_row])  # those blocks' events: contiguous runs, blocks in order
+            moved = at[np.lexsort((ev_end[at], ev_start[at], ev_row[at]))]
+            events = tuple(column.copy() for column in events)
+            for column in events:
+                column[at] = column[moved]
     return BlockEvents(*events, accesses=n, unknown=unknown)
 
 
