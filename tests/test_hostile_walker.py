@@ -256,3 +256,13 @@ def test_walkers_decide_a_batch_with_two_faults_alike(kinds, expected):
     data = _batch(kinds)
     assert outcome(data, "compiled") == expected
     assert outcome(data, "python") == expected
+
+
+@pytest.mark.parametrize("walker", WALKERS)
+def test_a_batch_with_a_stray_item_before_a_repeat_is_refused_the_same_way(tmp_path, walker):
+    """The batch [entry, 7, the entry again] end to end: whichever walker reads it, the general reader it
+    is handed to refuses the repeated entry, in the same words."""
+    path = tmp_path / "stray_then_repeat.pickle"
+    path.write_bytes(_batch("ene"))
+    line = assert_refused(run_memlens("info", path, env={"MEMLENS_PICKLE_WALKER": walker}), str(path))
+    assert "appears more than once" in line
