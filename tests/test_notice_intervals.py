@@ -186,6 +186,60 @@ def test_accesses_stamped_exactly_at_their_op_edges_and_an_op_starting_at_the_it
         [3, "alloc_to_first", 400, 400, False, False]]
 
 
+def test_an_op_listed_write_first_starts_at_its_read_stamped_before_it():
+    """Op 1 [100, 150] writes X (row first, stamped 150) and reads it stamped 95 (5 ns before op 1 began:
+    skew); op 2 [400, 500] reads X. Op 1's place is [95, 150]: alloc 0 -> 95, ATI 150 -> 400.
+    Mutant killed: the merged start taken from the op's first row (0 -> 100)."""
+    t = _trace([(1, 100, 150), (2, 400, 500)], [(5, 0, 900)],
+               [(5, 1, 150, True), (5, 1, 95, False), (5, 2, 400, False)])
+    assert _table(access_intervals(t)) == [[5, "access_to_access", 150, 400, False, False],
+                                           [5, "alloc_to_first", 0, 95, False, False],
+                                           [5, "last_to_free", 500, 900, False, False]]
+
+
+def test_the_op_that_makes_a_block_and_touches_it_twice_does_not_widen_its_lifetime():
+    """Op 1 [100, 200] allocates Y at 120, reads it (stamped 150) and writes it (stamped 200); op 2
+    [300, 350] reads it; Y is freed at 400. The lifetime widens to stamps only, never to the op's start:
+    alloc -> first is 0 at 120 and no access lies outside the lifetime.
+    Mutant killed: a merged event's stamps taken from its widened op edges (the lifetime from 100)."""
+    t = _trace([(1, 100, 200), (2, 300, 350)], [(7, 120, 400)],
+               [(7, 1, 150, False), (7, 1, 200, True), (7, 2, 300, False)])
+    iv = access_intervals(t)
+    assert _table(iv) == [[7, "access_to_access", 200, 300, False, False],
+                          [7, "alloc_to_first", 120, 120, False, False],
+                          [7, "last_to_free", 350, 400, False, False]]
+    assert iv.attrs["accesses_outside_lifetime"] == 0
+
+
+def test_ops_starting_together_are_ordered_by_end_whatever_the_row_order():
+    """Ops 1 [100, 300] and 2 [100, 150] start together (2 nested in 1) and both touch X, op 2 twice (a read
+    at 100, a write at 150); op 3 [400, 500] reads X; X lives [0, 900]. The rows come op 2, op 1, op 2. Events
+    by (start, end): op 2 [100, 150], op 1 [100, 300], op 3: the ATIs are a zero-length overlap at 100 and
+    300 -> 400; op 2 counts once.
+    Mutants killed: the in-order shortcut trusting equal op starts without looking at the op ids (op 2's
+    rows split: three events); no re-sort of events out of (start, end) order, or ties in start not ordered
+    by end (150 -> 400 instead of 300 -> 400)."""
+    t = _trace([(1, 100, 300), (2, 100, 150), (3, 400, 500)], [(5, 0, 900)],
+               [(5, 2, 100, False), (5, 1, 100, False), (5, 2, 150, True), (5, 3, 400, False)])
+    iv = access_intervals(t)
+    assert _table(iv) == [[5, "access_to_access", 100, 100, False, False],
+                          [5, "access_to_access", 300, 400, False, False],
+                          [5, "alloc_to_first", 0, 100, False, False],
+                          [5, "last_to_free", 500, 900, False, False]]
+    assert iv.attrs["overlapping_ops"] == 1
+
+
+def test_a_stamp_far_before_its_op_moves_the_op_before_an_earlier_one():
+    """Op 1 [100, 150] reads X at 100; op 2 [300, 400] reads X stamped 90 (skew: before op 1 began). Op 2's
+    place is [90, 400], so it comes first: alloc 0 -> 90, then op 1 starts inside op 2 (a zero-length overlap
+    at 100), and the last access's op (op 1) ends at 150 -> free 900. The rows are in time order of the ops.
+    Mutant killed: no re-sort after widening (0 -> 100, an ATI 150 -> 90 clipped to 90, and 400 -> 900)."""
+    t = _trace([(1, 100, 150), (2, 300, 400)], [(5, 0, 900)], [(5, 1, 100, False), (5, 2, 90, False)])
+    assert _table(access_intervals(t)) == [[5, "access_to_access", 100, 100, False, False],
+                                           [5, "alloc_to_first", 0, 90, False, False],
+                                           [5, "last_to_free", 150, 900, False, False]]
+
+
 # ---- hypothesis: boundary instants and skewed stamps drawn on purpose ---------------------------------------
 
 @st.composite
