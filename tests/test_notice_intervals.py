@@ -211,6 +211,25 @@ def test_the_op_that_makes_a_block_and_touches_it_twice_does_not_widen_its_lifet
     assert iv.attrs["accesses_outside_lifetime"] == 0
 
 
+def test_without_an_ops_table_an_op_spans_its_own_stamps():
+    """No ops recorded (an import that has accesses but no op edges): op 1 reads X at 100 and writes it at 150,
+    op 2 reads X at 400. Op 1's place is its stamps [100, 150]: alloc 0 -> 100, one ATI 150 -> 400, 400 ->
+    free 900. Mutant killed: the op edges looked up in an empty ops table (an IndexError)."""
+    t = _trace([], [(5, 0, 900)], [(5, 1, 100, False), (5, 1, 150, True), (5, 2, 400, False)])
+    assert _table(access_intervals(t)) == [[5, "access_to_access", 150, 400, False, False],
+                                           [5, "alloc_to_first", 0, 100, False, False],
+                                           [5, "last_to_free", 400, 900, False, False]]
+
+
+def test_each_access_on_its_own_sits_between_its_op_edges_widened_to_its_stamp():
+    """`access_op_edges`, row by row (no merging): op 3 [400, 500] stamped 390 (before it) and 450; op 8 is
+    not in the table (its stamp 77 both ways); op 1 [100, 300] stamped 320 (after it)."""
+    from memlens.analysis.ati_intervals import access_op_edges
+    t = _trace([(1, 100, 300), (3, 400, 500)], [(5, 0, 900)], [(5, 1, 100, False)])
+    start, end = access_op_edges(t, np.array([3, 3, 8, 1]), np.array([390, 450, 77, 320]))
+    assert start.tolist() == [390, 400, 77, 100] and end.tolist() == [500, 500, 77, 320]
+
+
 def test_ops_starting_together_are_ordered_by_end_whatever_the_row_order():
     """Ops 1 [100, 300] and 2 [100, 150] start together (2 nested in 1) and both touch X, op 2 twice (a read
     at 100, a write at 150); op 3 [400, 500] reads X; X lives [0, 900]. The rows come op 2, op 1, op 2. Events
