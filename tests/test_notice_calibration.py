@@ -139,3 +139,20 @@ def test_cost_facts_of_one_byte_are_facts():
                         "dtype": "bfloat16", "shapes": ["bf16[1]->bf16[1]"] * 3, "measured_ns": [3000.0, 2000.0, 2500.0]})
     g = calibrate(ops, base=TOY)
     assert sum(c["ops"] for c in g.calibration["classes"].values()) == 3
+
+
+def test_collectives_keep_the_link_models_price():
+    """Three all-reduces of 1 MB over 8 ranks measured at twice their modeled time: communication is priced
+    by the link model, never fitted, so no factor and no class appear for it, while the compute classes are
+    fitted as before. Mutant killed: the communication class let into the fit."""
+    ops, _ = _profile()
+    comm = pd.DataFrame({"name": "record_param_comms", "flops": 0, "bytes_read": 0, "bytes_written": 0,
+                         "dtype": "bfloat16", "shapes": "", "collective": "all_reduce",
+                         "collective_bytes": [1 << 20] * 3, "group_size": 8})
+    both = pd.concat([ops.assign(collective=""), comm], ignore_index=True)
+    modeled = cm.device_times(both, TOY)
+    assert (modeled["op_class"].iloc[-3:] == "communication").all() and (modeled["device_ns"].iloc[-3:] > 0).all()
+    both["measured_ns"] = both["measured_ns"].fillna(0.0)
+    both.loc[both.index[-3:], "measured_ns"] = 2.0 * modeled["device_ns"].iloc[-3:].to_numpy()
+    g = calibrate(both, base=TOY)
+    assert "communication" not in g.class_scale and set(g.calibration["classes"]) == {"elementwise", "gemm"}
