@@ -12,8 +12,7 @@ the entries and interns their frames there, and keeps only the memo slots that t
 
 Anything outside the supported subset (a global, a reduce, an unknown opcode), any inconsistency, or a
 corrupt stream makes `stream_snapshot` return None; the caller then uses the restricted C unpickler,
-which gives the canonical error for bad files. The result is therefore never different from a full load,
-only cheaper.
+which gives the canonical error for bad files. The result is therefore never different from a full load, only cheaper.
 """
 from __future__ import annotations
 
