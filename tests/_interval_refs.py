@@ -1,7 +1,10 @@
 """Shared by the interval and swap-plan reference tests: random traces with ops of known edges, and the
-brute-force intervals of the definition, recomputed block by block here, not from memlens:
+brute-force intervals of the definition, recomputed block by block here in plain Python (no memlens
+function is called; the trace's bounds are recomputed too):
 - an ATI runs from the END of the op of one access to the START of the op of the next, whatever the
   accesses' own stamps (a write is stamped at its op's end);
+- the rows of one op on one block (a read and a write) are one access, at the op's edges widened to cover
+  all their stamps (a recorder's clock skew);
 - alloc -> first access ends at the first op's start (0 when that op made the block), last access -> free
   starts at the last op's end (0 when the block was freed inside it).
 """
@@ -65,24 +68,42 @@ def traces(draw, max_ops: int = 9, max_blocks: int = 5, min_accesses: int = 0):
     return Trace.from_tables(blk, acc, ops)
 
 
+def reference_span(trace: Trace) -> tuple[int, int]:
+    """(first, last) instant in ns over every alloc, free, access stamp and op edge of `trace`: the bounds
+    of a block allocated before, or still alive after, the recording."""
+    values = [int(v) for v in trace.blocks["alloc_ns"].dropna()] + [int(v) for v in trace.blocks["free_ns"].dropna()]
+    values += [int(v) for v in trace.accesses["t_ns"]]
+    values += [int(v) for v in trace.ops["start_ns"]] + [int(v) for v in trace.ops["end_ns"]]
+    return (min(values), max(values)) if values else (0, 0)
+
+
+def reference_events(trace: Trace, block_id: int) -> list[tuple[int, int]]:
+    """(start, end) ns of each op touching `block_id`, sorted: one per op however many rows (stamps) it has,
+    spanning the op's edges widened to every stamp of that op on that block; an op the ops table lacks
+    spans its stamps."""
+    op_edges = {int(r.op_id): (int(r.start_ns), int(r.end_ns)) for r in trace.ops.itertuples()}
+    stamps: dict[int, list[int]] = {}
+    for a in trace.accesses.itertuples():
+        if int(a.block_id) == block_id:
+            stamps.setdefault(int(a.op_id), []).append(int(a.t_ns))
+    events = []
+    for op, ts in stamps.items():
+        edges = list(op_edges[op]) if op in op_edges else []
+        events.append((min(edges + ts), max(edges + ts)))
+    return sorted(events)
+
+
 def reference_intervals(trace: Trace) -> list[tuple]:
     """(block, kind, start, end, truncated) of every interval, block by block in plain Python."""
-    lo, hi = trace.time_span_ns()
-    op_edges = {int(r.op_id): (int(r.start_ns), int(r.end_ns)) for r in trace.ops.itertuples()}
+    lo, hi = reference_span(trace)
     out = []
     for blk in trace.blocks.itertuples():
-        mine = trace.accesses[trace.accesses["block_id"] == blk.block_id]
-        events = {}
-        for a in mine.itertuples():
-            s, e = op_edges.get(int(a.op_id), (int(a.t_ns), int(a.t_ns)))
-            s, e = min(s, int(a.t_ns)), max(e, int(a.t_ns))
-            events.setdefault(int(a.op_id), (s, e))
-        stamps = mine["t_ns"].astype(int).tolist()
+        b = int(blk.block_id)
+        seq = reference_events(trace, b)
+        stamps = [int(t) for t in trace.accesses.loc[trace.accesses["block_id"] == b, "t_ns"]]
         alloc = lo if pd.isna(blk.alloc_ns) else int(blk.alloc_ns)
         free = hi if pd.isna(blk.free_ns) else int(blk.free_ns)
         alloc, free = min([alloc] + stamps), max([free] + stamps)
-        seq = sorted(events.values())
-        b = int(blk.block_id)
         if not seq:
             out.append((b, "alloc_to_free", alloc, free, pd.isna(blk.alloc_ns) or pd.isna(blk.free_ns)))
             continue

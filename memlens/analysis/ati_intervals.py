@@ -5,8 +5,10 @@ One definition, used by every analysis, figure, widget and command (after Li et 
 consecutive *accesses*, each from the **end of the op** that made the earlier access to the **start of the
 op** that makes the next one (an op's own run time is not idle). An access's place in time is its op's
 edges (`access_op_edges`), never its own stamp: recorders stamp a read at its op's start and a write at its
-op's end, and an interval ending at a write's stamp would run through the op that makes it. Accesses are
-ordered by their op's start; an op whose edges the ``ops`` table lacks sits at the access's stamp. These
+op's end, and an interval ending at a write's stamp would run through the op that makes it. All accesses
+of a block by one op (a read and a write: two rows) are one event, at the op's edges widened to cover every
+one of their stamps (`memlens.analysis.access_events.block_events`); events are ordered by start, then end;
+an op whose edges the ``ops`` table lacks spans its stamps. These
 rows have kind ``access_to_access``; they are the headline distribution and the only intervals the
 bandwidth filter, the outliers and the swap planner consider (a swapped block must be back by the start of
 the op that next accesses it).
@@ -18,7 +20,7 @@ e.g. a temporary inside an op that only the allocator saw).
 
 Bounds: a block allocated before recording began starts at the trace start, and one still alive when
 recording stopped ends at the trace end (`Trace.time_span_ns`); its edge is then marked ``truncated`` (its
-true length is unknown). Several accesses of a block by the same op count once. An access stamped outside
+true length is unknown). An access stamped outside
 its block's recorded lifetime (a recorder's clock skew) widens the lifetime rather than producing a
 negative interval (``attrs["accesses_outside_lifetime"]``); an op that starts before the previous op on the
 same block ended (nested or overlapping ops) gives a zero-length interval at its start
@@ -45,8 +47,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from memlens.analysis.access_events import block_events, block_rows, count_distinct
+from memlens.analysis.access_events import access_op_edges, op_end_times  # noqa: F401  (re-exported)
 from memlens.trace import clock_of
 from memlens.errors import InputError, NeedsAccessesError
+
 
 KINDS = ("alloc_to_first", "access_to_access", "last_to_free", "alloc_to_free")  # pragma: no mutate
 ATI_KIND = "access_to_access"  # pragma: no mutate
@@ -146,14 +151,13 @@ def cycle_window(trace, iterations: pd.DataFrame, iteration: int | None) -> tupl
 
 def first_access_in_window(trace, window: tuple[int, int]) -> pd.Series:
     """Start (ns) of the first op that accesses each block within ``[w0, w1)``, by block_id (blocks not
-    accessed in the window are absent). An access belongs to the window its op starts in."""
+    accessed in the window are absent). An access belongs to the window its op starts in; an op's accesses
+    of one block are one event (`memlens.analysis.access_events.block_events`)."""
     w0, w1 = int(window[0]), int(window[1])
-    acc = trace.accesses
-    block = acc["block_id"].to_numpy(dtype=np.int64)
-    start, _ = access_op_edges(trace, acc["op_id"].to_numpy(dtype=np.int64),
-                               acc["t_ns"].to_numpy(dtype=np.int64))
-    inside = (start >= w0) & (start < w1)
-    return pd.Series(start[inside]).groupby(block[inside]).min()
+    block_ids = trace.blocks["block_id"].to_numpy(dtype=np.int64)
+    events = block_events(trace, block_ids)
+    inside = (events.start >= w0) & (events.start < w1)
+    return pd.Series(events.start[inside]).groupby(block_ids[events.row[inside]]).min()
 
 
 def _cyclic(trace, iv: pd.DataFrame, iterations: pd.DataFrame, steady_state: bool,
@@ -210,51 +214,15 @@ def _cyclic(trace, iv: pd.DataFrame, iterations: pd.DataFrame, steady_state: boo
     return out
 
 
-def access_op_edges(trace, op_id: np.ndarray, t_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) in ns of the op that made each access: the place of an access in time.
-
-    Recorders stamp a read at its op's start and a write at its op's end, so an access's own stamp is not
-    where its op began; every interval is measured at the op's edges instead (`access_intervals`). The
-    ``ops`` table gives both edges for `op_id`; the start is never after the stamp `t_ns` and the end never
-    before it (a recorder's clock skew). Accesses whose op the table does not have sit at their stamp
-    (start = end = `t_ns`).
-    """
-    ops = trace.ops
-    t_ns = np.asarray(t_ns, dtype=np.int64)
-    if len(ops) == 0 or len(t_ns) == 0:
-        return t_ns.copy(), t_ns.copy()
-    rows = block_rows(ops["op_id"].to_numpy(dtype=np.int64), np.asarray(op_id, dtype=np.int64))
-    known = rows >= 0
-    safe = np.maximum(rows, 0)
-    op_start = ops["start_ns"].to_numpy(dtype=np.int64)[safe]
-    op_end = ops["end_ns"].to_numpy(dtype=np.int64)[safe]
-    return (np.where(known, np.minimum(op_start, t_ns), t_ns),
-            np.where(known, np.maximum(op_end, t_ns), t_ns))
-
-
-def op_end_times(trace, op_id: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
-    """End (ns) of the op of each access (`access_op_edges`'s second half)."""
-    return access_op_edges(trace, op_id, t_ns)[1]
-
-
 def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
     """The intervals of the recording as one straight line (no cycle): see `access_intervals`."""
     blocks = trace.blocks if device is None else trace.blocks[trace.blocks["device"] == device]
     lo, hi = trace.time_span_ns()
 
     block_ids = blocks["block_id"].to_numpy(dtype=np.int64)
-    acc = trace.accesses
-    acc_block = acc["block_id"].to_numpy(dtype=np.int64)
-    acc_t = acc["t_ns"].to_numpy(dtype=np.int64)
-    acc_op = acc["op_id"].to_numpy(dtype=np.int64)
-    row = block_rows(block_ids, acc_block)
-    known = row >= 0
-    if not known.all():  # accesses of other devices' or unknown blocks
-        row, acc_t, acc_op = row[known], acc_t[known], acc_op[known]
-    # each access sits between its op's edges: intervals run from an op's end to the next op's start
-    acc_start, acc_end = access_op_edges(trace, acc_op, acc_t)
-    row, order = _group_by_row(row, acc_start, acc_op, len(block_ids))
-    acc_t, acc_start, acc_end, acc_op = acc_t[order], acc_start[order], acc_end[order], acc_op[order]
+    # one event per (block, op) at its op's edges: intervals run from an op's end to the next op's start
+    events = block_events(trace, block_ids)
+    row, acc_start, acc_end = events.row, events.start, events.end
     n_blocks = len(blocks)
     alloc_known = blocks["alloc_ns"].notna().to_numpy()
     free_known = blocks["free_ns"].notna().to_numpy()
@@ -263,28 +231,17 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
 
     # widen lifetimes to cover their accesses' own stamps (a recorder's clock skew); an op that began
     # before the block was allocated (the op that made it) is not skew: its edge is clipped below
-    stamps = np.bincount(row, minlength=n_blocks)  # every stamp counts, before duplicates are merged
-    has_acc = stamps > 0
-    stamp_offset = np.concatenate([[0], np.cumsum(stamps)])
+    counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
+    has_acc = counts > 0
+    acc_offset = np.concatenate([[0], np.cumsum(counts)])
     first_acc = np.full(n_blocks, np.iinfo(np.int64).max)
     last_acc = np.full(n_blocks, np.iinfo(np.int64).min)
-    if len(acc_t):
-        first_acc[has_acc] = np.minimum.reduceat(acc_t, stamp_offset[:-1][has_acc])
-        last_acc[has_acc] = np.maximum.reduceat(acc_t, stamp_offset[:-1][has_acc])
+    if len(row):
+        first_acc[has_acc] = np.minimum.reduceat(events.first_stamp, acc_offset[:-1][has_acc])
+        last_acc[has_acc] = np.maximum.reduceat(events.last_stamp, acc_offset[:-1][has_acc])
     outside = int(((first_acc < start) & has_acc).sum() + ((last_acc > end) & has_acc).sum())
     start = np.minimum(start, first_acc)
     end = np.maximum(end, last_acc)
-
-    if len(row) > 1:
-        # one event per (block, op): an op reading and writing a block touches it once
-        dup = (row[1:] == row[:-1]) & (acc_op[1:] == acc_op[:-1]) & (acc_start[1:] == acc_start[:-1])
-        if dup.any():
-            keep = np.ones(len(row), dtype=bool)
-            keep[1:] = ~dup
-            row, acc_t, acc_start, acc_end = row[keep], acc_t[keep], acc_start[keep], acc_end[keep]
-
-    counts = np.bincount(row, minlength=n_blocks).astype(np.int64)
-    acc_offset = np.concatenate([[0], np.cumsum(counts)])
 
     # block b's intervals occupy [iv_offset[b], iv_offset[b+1]): their starts are (alloc, end of each
     # access's op), their ends (start of each access's op, free). Accesses are grouped by row, so both are
@@ -331,7 +288,7 @@ def _linear_intervals(trace, device: str | None) -> pd.DataFrame:
     }, copy=False)  # no consolidation copy: 10M-row columns stay as built
     out.attrs["accesses_outside_lifetime"] = outside
     out.attrs["overlapping_ops"] = n_overlapping
-    out.attrs["accesses_of_unknown_blocks"] = int((~known).sum()) if device is None else 0
+    out.attrs["accesses_of_unknown_blocks"] = events.unknown if device is None else 0
     out.attrs["trace_span_ns"] = (lo, hi)
     return out
 
@@ -344,55 +301,3 @@ def ati_only(intervals: pd.DataFrame) -> pd.DataFrame:
     out = intervals[mask]
     out.attrs.update(intervals.attrs)
     return out
-
-
-def block_rows(block_ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Position in `block_ids` of each id in `wanted` (-1 when absent). A lookup table when the ids are
-    dense (recorders number blocks 0..n), binary search otherwise."""
-    n = len(block_ids)
-    if n == 0:
-        return np.full(len(wanted), -1, dtype=np.int64)
-    lo, hi = int(block_ids.min()), int(block_ids.max())
-    if hi - lo < 4 * n + 1024:
-        lookup = np.full(hi - lo + 1, -1, dtype=np.int64)
-        lookup[block_ids - lo] = np.arange(n, dtype=np.int64)
-        inside = (wanted >= lo) & (wanted <= hi)
-        if inside.all():
-            return lookup[wanted - lo]
-        out = np.full(len(wanted), -1, dtype=np.int64)
-        out[inside] = lookup[wanted[inside] - lo]
-        return out
-    order = np.argsort(block_ids, kind="stable")
-    sorted_ids = block_ids[order]
-    pos = np.minimum(np.searchsorted(sorted_ids, wanted), n - 1)
-    return np.where(sorted_ids[pos] == wanted, order[pos], -1)
-
-
-def _group_by_row(row: np.ndarray, t: np.ndarray, op: np.ndarray, n_rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """Accesses ordered by (row, time, op): returns (sorted rows, permutation).
-
-    Recorders write accesses in time order; then a stable grouping by row is enough, done as one sort of
-    packed int64 keys ``row << bits | position`` (several times faster than a lexsort of three keys; the
-    sorted rows come back from the keys without a gather). Accesses at the same time keep their recorded
-    order.
-    """
-    n = len(row)
-    if n > 1 and np.all(t[1:] >= t[:-1]):
-        bits = max(int(n - 1).bit_length(), 1)
-        if n_rows < (1 << (62 - bits)):
-            key = row << bits
-            key |= np.arange(n, dtype=np.int64)
-            key.sort()
-            return key >> bits, key & ((1 << bits) - 1)
-    order = np.lexsort((op, t, row))
-    return row[order], order
-
-
-def count_distinct(ids: np.ndarray) -> int:
-    """Number of distinct non-negative ints, by counting when the range is small."""
-    if len(ids) == 0:
-        return 0
-    lo, hi = int(ids.min()), int(ids.max())
-    if hi - lo < 4 * len(ids) + 1024:
-        return int(np.count_nonzero(np.bincount(ids - lo)))
-    return int(pd.unique(ids).size)

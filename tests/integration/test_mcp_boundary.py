@@ -216,6 +216,38 @@ def test_guard_by_hand(tmp_path):
     assert roots_from_uris(["file:///home/me/p%20q", "https://x/y", "file://host/z"]) == ["/home/me/p q"]
 
 
+def test_guard_edges_of_script_args_and_start_roots(tmp_path):
+    """Exactly `MAX_SCRIPT_ARGS` (256) arguments pass the args check (257 are refused above); a string with a
+    NUL is refused whatever its length; a predict timeout of exactly 3600 s is allowed, 0 and 3600.5 s are
+    not; a GPU file outside the roots is refused before it is read; ``--root`` must name a directory: a
+    regular file is refused, as is a path that does not exist.
+    Mutants killed: ``len(args) >= MAX_SCRIPT_ARGS``; the NUL check dropped; ``timeout_s < 3600``; the GPU
+    file's root check dropped; ``os.path.exists`` for ``os.path.isdir``."""
+    from memlens.errors import InputError
+    from memlens.mcp_guard import MAX_SCRIPT_ARGS, Roots, check_arguments, start_roots
+
+    assert MAX_SCRIPT_ARGS == 256
+    check_arguments("info", {"args": ["a"] * 256, "path": str(tmp_path)}, Roots([tmp_path]))
+    with pytest.raises(InputError) as err:  # a NUL in a short string: refused like an overlong one
+        check_arguments("simulate", {"conf": "a\x00b", "path": str(tmp_path)}, Roots([tmp_path]))
+    assert str(err.value) == "conf: at most 4096 characters and no NUL, got 'a\\x00b'"
+    (tmp_path / "file.txt").write_text("x")
+    script = tmp_path / "step.py"
+    script.write_text("pass\n")
+    check_arguments("predict", {"script": str(script), "timeout_s": 3600}, Roots([tmp_path]))  # an hour: allowed
+    for bad in (0, 3600.5):
+        with pytest.raises(InputError, match=r"timeout_s must be in \(0, 3600\] seconds"):
+            check_arguments("predict", {"script": str(script), "timeout_s": bad}, Roots([tmp_path]))
+    outside = tmp_path.parent / "gpu.json"
+    with pytest.raises(InputError, match=r"^gpu '.*gpu\.json' is outside the directories"):
+        check_arguments("predict", {"script": str(script), "gpu": str(outside)}, Roots([tmp_path]))
+    assert start_roots([str(tmp_path)]) == [str(tmp_path)]
+    for bad in (tmp_path / "file.txt", tmp_path / "missing"):
+        with pytest.raises(InputError) as err:
+            start_roots([str(bad)])
+        assert str(err.value) == f"--root {bad}: not a directory"
+
+
 @pytest.mark.slow  # three predictions, each a child process importing torch
 def test_predict_arguments_against_a_hand_reference(places):
     """A script holding `argv[1]` x 1 MiB of float32 on fake CUDA, 44 MiB here: the caching allocator rounds a

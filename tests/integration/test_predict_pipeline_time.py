@@ -143,6 +143,9 @@ result = {{"errors": d.errors, "ops": ops,
           "record": {{r: p.trace.metadata["prediction"]["pipeline"] for r, p in d.predictions.items()}},
           "time": {{r: {{k: v for k, v in x.items() if k not in ("schedule", "ddp_all_reduces")}}
                    for r, x in t.items()}},
+          "schedule": {{r: [[int(i), str(st), int(s), int(e), int(w)] for i, st, s, e, w in zip(
+              x["schedule"].op_id, x["schedule"].stream, x["schedule"].start_ns, x["schedule"].end_ns,
+              x["schedule"].wait_ns)] for r, x in t.items()}},
           "timed_end": int(tt.ops.end_ns.max()), "timed_clock": tt.metadata["clock"]["kind"],
           "timed_step": tt.metadata["prediction"]["step_time"]["step_ns"]}}
 """)
@@ -235,6 +238,103 @@ def test_real_1f1b_runs_torch_order_and_the_first_stage_waits_most():
         src = (s - 1, "F", m) if k == "F" else (s + 1, "B", m)
         if src in ends:
             assert a["start_ns"] >= ends[src]["end_ns"] + T - 1
+
+
+# ---- the shifted per-rank schedule against hand-made slot tables --------------------------------------------
+# Which microbatch each rank runs at each slot, worked by hand with every forward and backward one slot long
+# and free transfers (a forward on rank s waits for rank s - 1's forward of that microbatch, a backward for
+# rank s + 1's backward; a rank runs its own actions in torch's order), 2 stages, 4 microbatches.
+GPIPE_SLOTS_2x4 = [  # slot: (rank 0, rank 1)
+    ("F0", None), ("F1", "F0"), ("F2", "F1"), ("F3", "F2"), (None, "F3"),
+    (None, "B0"), ("B0", "B1"), ("B1", "B2"), ("B2", "B3"), ("B3", None)]
+ONE_F_ONE_B_SLOTS_2x4 = [
+    ("F0", None), ("F1", "F0"), (None, "B0"), ("B0", "F1"), ("F2", "B1"),
+    ("B1", "F2"), ("F3", "B2"), ("B2", "F3"), (None, "B3"), ("B3", None)]
+
+
+def unit_slots(order, S: int, M: int) -> list:
+    """The slot table of `order` (S ranks, M microbatches) with unit-length actions and free transfers:
+    each action in the first slot after its rank's previous action and after its sender's action."""
+    done, table = {}, []
+    todo = {s: list(order(s, S, M)) for s in range(S)}
+    while any(todo.values()):
+        row = [None] * S
+        for s in range(S):
+            if not todo[s]:
+                continue
+            kind, m = todo[s][0]
+            sender = (s - 1, "F", m) if kind == "F" else (s + 1, "B", m) if s < S - 1 else (s, "F", m)
+            if (sender[0] < 0 or sender in done) and done.get(sender, -1) < len(table):
+                row[s] = f"{kind}{m}"
+        for s, name in enumerate(row):
+            if name:
+                done[(s, name[0], int(name[1:]))] = len(table)
+                todo[s].pop(0)
+        table.append(tuple(row))
+    return table
+
+
+def test_the_slot_tables_by_hand_are_the_unit_recurrence():
+    assert unit_slots(gpipe_order, 2, 4) == GPIPE_SLOTS_2x4
+    assert unit_slots(one_f_one_b_order, 2, 4) == ONE_F_ONE_B_SLOTS_2x4
+
+
+def _shifted_actions(r: dict, s: int) -> list:
+    """(kind, mb, start, end) ns of rank s's actions read from its shifted schedule (the joined clock): an
+    action runs from its first compute op's start to the end of its last compute op."""
+    comp = sorted((i, b, e) for i, stream, b, e, _ in r["schedule"][str(s)] if stream == "compute")
+    out = []
+    for a in r["record"][str(s)]["actions"]:
+        mine = [(b, e) for i, b, e in comp if a["start"] <= i < a["end"]]
+        out.append((a["kind"], a["mb"], min(b for b, _ in mine), max(e for _, e in mine)))
+    return sorted(out, key=lambda x: x[2])
+
+
+@pytest.mark.parametrize("schedule, S", [("ScheduleGPipe", 2), ("Schedule1F1B", 2), ("ScheduleGPipe", 4),
+                                         ("Schedule1F1B", 4)])
+def test_real_shifted_schedule_runs_the_slot_table(schedule, S):
+    """The per-rank schedule shifted onto the joined clock, compared action by action: each rank runs the
+    slot table's actions in its order, and each starts exactly when the later of its rank's previous action
+    (plus the rank's own gap between them) and its sender's action plus one transfer lets it, walking the
+    table slot by slot (a recurrence on the ranks' own op times, read from their unshifted ops)."""
+    order = gpipe_order if schedule == "ScheduleGPipe" else one_f_one_b_order
+    table = unit_slots(order, S, N)
+    if S == 2:
+        assert table == (GPIPE_SLOTS_2x4 if schedule == "ScheduleGPipe" else ONE_F_ONE_B_SLOTS_2x4)
+    r = _real(schedule, S)
+    assert r["errors"] == {}
+    from memlens.devicetime.gpus import gpu
+    T = round(1000 + MB * D * 4 / (0.8 * gpu("H100").nvlink_bw) * 1e9)
+    got = {s: _shifted_actions(r, s) for s in range(S)}
+    for s in range(S):
+        assert [f"{k}{m}" for k, m, _, _ in got[s]] == [row[s] for row in table if row[s]]
+    # expected starts: the rank's own timeline (ops back to back, p2p free) delayed by the waits
+    own = {}
+    for s in range(S):
+        done_by, total = _own_clock(r["ops"][str(s)])
+        acts = sorted(r["record"][str(s)]["actions"], key=lambda a: a["start"])
+        starts = [done_by(a["start"]) for a in acts] + [total]
+        own[s] = {f"{a['kind']}{a['mb']}": (starts[k], done_by(a["end"]) - starts[k], starts[k + 1] - done_by(a["end"]))
+                  for k, a in enumerate(acts)}
+    clock = {s: None for s in range(S)}
+    end = {}
+    for row in table:
+        for s, name in enumerate(row):
+            if not name:
+                continue
+            first, dur, gap = own[s][name]
+            ready = first if clock[s] is None else clock[s]
+            kind, m = name[0], int(name[1:])
+            sender = (s - 1, f"F{m}") if kind == "F" and s > 0 else (s + 1, f"B{m}") if kind == "B" and s < S - 1 \
+                else None
+            begin = max(ready, end[sender] + T) if sender else ready
+            end[s, name] = begin + dur
+            clock[s] = begin + dur + gap
+    for s in range(S):
+        for k, m, b, e in got[s]:
+            assert b == pytest.approx(end[s, f"{k}{m}"] - own[s][f"{k}{m}"][1], abs=2 * N * S), (s, k, m)
+    waits = {s: sum(w for *_, w in r["schedule"][str(s)]) for s in range(S)}
+    assert waits == {s: r["time"][str(s)]["wait_ns"] for s in range(S)}
 
 
 @pytest.mark.parametrize("schedule", ["ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble"])

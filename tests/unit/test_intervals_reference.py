@@ -18,7 +18,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from _interval_refs import DEVICE, SETTINGS, iterations_at, reference_intervals, traces  # noqa: E402
+from _interval_refs import (DEVICE, SETTINGS, iterations_at, reference_events, reference_intervals,  # noqa: E402
+                            reference_span, traces)
 from memlens.analysis.ati import access_intervals  # noqa: E402
 from memlens.trace import Trace  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_first_access_by_the_op_that_made_the_block_is_not_idle():
 def reference_cycle(trace: Trace, starts: list[int], k: int | None, steady: bool) -> tuple[list[tuple], int]:
     """The intervals of iteration k (block, kind, start, end, truncated, wraps) and its period, by hand;
     k None: every interval of the recording, the last iteration's period."""
-    lo, hi = trace.time_span_ns()
+    lo, hi = reference_span(trace)
     whole = k is None
     k = len(starts) - 1 if whole else k
     w0 = starts[k]
@@ -80,16 +81,13 @@ def reference_cycle(trace: Trace, starts: list[int], k: int | None, steady: bool
         prev = w0 - starts[k - 1] if k > 0 else 0
         period = prev if prev > span else span
     w1 = w0 + period
-    op_edges = {int(r.op_id): (int(r.start_ns), int(r.end_ns)) for r in trace.ops.itertuples()}
     rows = []
     for b, kind, s, e, trunc in reference_intervals(trace):
         wraps = kind == "access_to_access" and any(s < x <= e for x in starts[1:])
         if steady and k == len(starts) - 1 and kind == "last_to_free" and trunc and w0 <= s < w1:
             blk = trace.blocks.set_index("block_id").loc[b]
             alive_before = pd.isna(blk["alloc_ns"]) or int(blk["alloc_ns"]) < w0
-            mine = trace.accesses[trace.accesses["block_id"] == b]
-            firsts = [min(op_edges[int(o)][0], int(t)) for o, t in zip(mine["op_id"], mine["t_ns"])]
-            firsts = [f for f in firsts if w0 <= f < w1]
+            firsts = [start for start, _ in reference_events(trace, b) if w0 <= start < w1]
             if alive_before and firsts:
                 kind, e, trunc, wraps = "access_to_access", max(min(firsts) + period, s), False, True
         if not whole and not (w0 <= s < w1):
@@ -100,11 +98,26 @@ def reference_cycle(trace: Trace, starts: list[int], k: int | None, steady: bool
     return sorted(rows), period
 
 
+def reference_steady_iteration(starts: list[int], hi: int) -> int:
+    """The default steady iteration by its rule, in plain Python: not the first; not shorter than half the
+    median period of the others (a period is start to next start, the last one's is its recorded span to
+    `hi`); preferably one whose successor was recorded; the last such."""
+    n = len(starts)
+    if n == 1:
+        return 0
+    dur = [b - a for a, b in zip(starts, starts[1:])] + [hi - starts[-1]]
+    rest = sorted(dur[1:])
+    median = (rest[(len(rest) - 1) // 2] + rest[len(rest) // 2]) / 2
+    long_enough = [pos for pos in range(1, n) if dur[pos] >= 0.5 * median]
+    complete = [pos for pos in long_enough if pos < n - 1]
+    return complete[-1] if complete else long_enough[-1] if long_enough else n - 1
+
+
 @SETTINGS
 @given(traces(max_ops=12), st.data())
 def test_steady_state_wraps_equal_the_definition(trace, data):
     ops = trace.ops
-    lo, hi = trace.time_span_ns()
+    lo, hi = reference_span(trace)
     op_starts = ops["start_ns"].astype(int).tolist()
     # iteration starts at op starts (an access starting exactly at a boundary) or between ops
     picks = sorted(set(data.draw(st.lists(st.sampled_from(op_starts[1:] + [s + 1 for s in op_starts[:-1]]),
@@ -115,8 +128,7 @@ def test_steady_state_wraps_equal_the_definition(trace, data):
     steady = data.draw(st.booleans()) or k is None
     iv = access_intervals(trace, steady_state=steady, iteration=k, iterations=its)
     # without k, the steady state is one iteration: the default steady one (the last after the warm-up)
-    from memlens.analysis.iterations import steady_iteration
-    ref_k = steady_iteration(its) if k is None else k
+    ref_k = reference_steady_iteration(starts, hi) if k is None else k
     expected, period = reference_cycle(trace, starts, ref_k, steady)
     assert iv.attrs["iteration"] == ref_k and iv.attrs["iteration_default"] == (k is None)
     assert iv.attrs["period_ns"] == period

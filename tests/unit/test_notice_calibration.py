@@ -78,3 +78,81 @@ def test_an_op_the_model_prices_at_0_is_left_out_of_the_fit():
     assert g.class_scale == without.class_scale
     for cls in ("elementwise", "gemm"):
         assert g.calibration["classes"][cls] == without.calibration["classes"][cls]
+
+
+def test_the_median_log_error_per_class_by_hand():
+    """Each class's ``median_abs_log_error`` is the median over its ops of |log(calibrated / measured)|, from
+    the factors solved here. Mutant killed: the key renamed (the report would lose it)."""
+    ops, _ = _profile()
+    g = calibrate(ops, base=TOY)
+    m = ops["measured_ns"].to_numpy(dtype="float64")
+    fixed, work = _parts(ops)
+    for cls, rows in (("elementwise", slice(0, 4)), ("gemm", slice(4, 8))):
+        a, b = _factors(fixed[rows], work[rows], m[rows])
+        after = np.maximum(a * fixed[rows] + b * work[rows], 1.0)
+        expected = float(np.median(np.abs(np.log(after / m[rows]))))
+        assert g.calibration["classes"][cls]["median_abs_log_error"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_op_that_launched_nothing_is_left_out_of_the_fit():
+    """A fifth add priced by the model but measured at 0 ns (it launched no kernel): the elementwise class
+    still counts 4 ops and gets the factors fitted without it. Mutant killed: ``measured >= 0`` (its
+    relative error divides by 0)."""
+    ops, _ = _profile()
+    idle = _adds([2_000_000]).assign(measured_ns=0.0)
+    g = calibrate(pd.concat([ops, idle], ignore_index=True), base=TOY)
+    without = calibrate(ops, base=TOY)
+    assert g.calibration["classes"]["elementwise"]["ops"] == 4
+    assert g.class_scale == without.class_scale
+
+
+def test_a_trace_its_file_and_a_wrong_type(tmp_path):
+    """The same ops as a memlens Trace (measured in ``kernel_busy_ns``, ops one after another) fit as the
+    table does; saved without kernel times, the refusal names the file; an int is refused by its type.
+    Mutants killed: the ops read from another attribute of the trace; the file's name dropped from the
+    message; the type named from None."""
+    from memlens.errors import InputError
+    from memlens.trace import Trace
+    from memlens.tracedir import save_trace
+    ops, _ = _profile()
+    n = len(ops)
+    timed = ops.assign(op_id=np.arange(n), start_ns=np.arange(n) * 10_000_000, end_ns=np.arange(n) * 10_000_000 + 1)
+    timed = timed.rename(columns={"measured_ns": "kernel_busy_ns"})
+    blocks = pd.DataFrame({"block_id": [1], "device": ["cuda:0"], "size": [64], "alloc_ns": [0], "free_ns": [1]})
+    acc = pd.DataFrame({"block_id": [1], "t_ns": [0], "op_id": [0], "is_write": [False]})
+    trace = Trace.from_tables(blocks, acc, timed)
+    assert calibrate(trace, base=TOY).class_scale == calibrate(ops, base=TOY).class_scale
+    path = save_trace(Trace.from_tables(blocks, acc, timed.drop(columns=["kernel_busy_ns"])),
+                      tmp_path / "no_kernels.memlens")
+    with pytest.raises(InputError) as err:
+        calibrate(path, base=TOY)
+    assert str(err.value).startswith("no_kernels.memlens: no measured kernel times per op")
+    with pytest.raises(InputError) as err:
+        calibrate(42, base=TOY)
+    assert str(err.value).endswith("a memlens.Trace or an ops table, not int")
+
+
+def test_cost_facts_of_one_byte_are_facts():
+    """Ops whose only cost fact is 1 byte read are still priced (at the launch floor) and fitted: the check
+    for cost facts is ``> 0``. Mutant killed: ``> 1`` (refused as carrying no cost facts)."""
+    ops = pd.DataFrame({"name": "aten::add", "flops": 0, "bytes_read": [1, 1, 1], "bytes_written": 0,
+                        "dtype": "bfloat16", "shapes": ["bf16[1]->bf16[1]"] * 3, "measured_ns": [3000.0, 2000.0, 2500.0]})
+    g = calibrate(ops, base=TOY)
+    assert sum(c["ops"] for c in g.calibration["classes"].values()) == 3
+
+
+def test_collectives_keep_the_link_models_price():
+    """Three all-reduces of 1 MB over 8 ranks measured at twice their modeled time: communication is priced
+    by the link model, never fitted, so no factor and no class appear for it, while the compute classes are
+    fitted as before. Mutant killed: the communication class let into the fit."""
+    ops, _ = _profile()
+    comm = pd.DataFrame({"name": "record_param_comms", "flops": 0, "bytes_read": 0, "bytes_written": 0,
+                         "dtype": "bfloat16", "shapes": "", "collective": "all_reduce",
+                         "collective_bytes": [1 << 20] * 3, "group_size": 8})
+    both = pd.concat([ops.assign(collective=""), comm], ignore_index=True)
+    modeled = cm.device_times(both, TOY)
+    assert (modeled["op_class"].iloc[-3:] == "communication").all() and (modeled["device_ns"].iloc[-3:] > 0).all()
+    both["measured_ns"] = both["measured_ns"].fillna(0.0)
+    both.loc[both.index[-3:], "measured_ns"] = 2.0 * modeled["device_ns"].iloc[-3:].to_numpy()
+    g = calibrate(both, base=TOY)
+    assert "communication" not in g.class_scale and set(g.calibration["classes"]) == {"elementwise", "gemm"}

@@ -48,3 +48,28 @@ def test_all_to_all_is_bounded_by_the_ranks_of_the_partly_filled_node():
     assert algo == "pairwise: node (NVLink) alongside network"
     # 16 ranks fill both nodes: 8 remote peers for everyone, 8/16 x 60 ms + 40 us
     assert collective_time("all_to_all", 1_200_000_000, 16, LINKS)[0] == pytest.approx(30_040_000, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind, nbytes, world, algo", [
+    ("all_gather", 8_000_000, 16, "hierarchical: ring (network) + ring (node)"),
+    ("reduce_scatter", 8_000_000, 16, "hierarchical: ring (node) + ring (network)"),
+    ("broadcast", 8_000_000, 16, "hierarchical: ring (network) + ring (node)"),
+    ("all_reduce", 8_000, 32, "hierarchical: ring (node) + tree (network) + ring (node)"),
+    ("all_to_all", 8_000, 12, "pairwise: node (NVLink) alongside network"),
+])
+def test_each_hierarchical_algorithm_names_its_stages_and_their_links(kind, nbytes, world, algo):
+    """The order of the stages and the link each runs on, by hand: an all-gather gathers the node shards
+    across the network first, a reduce-scatter reduces in the node first, a broadcast crosses the network
+    first. The all-reduce of 8 kB over 4 nodes takes the tree across them: 2 x 1 kB / 20 GB/s + 2 x 2 x 5 us
+    = 20.1 us against the ring's 2 x 3/4 x 1 kB / 20 GB/s + 2 x 3 x 5 us = 30.075 us.
+    Mutants killed: a stage's link label or its order changed (the time is the same sum)."""
+    assert collective_time(kind, nbytes, world, LINKS)[1] == algo
+
+
+def test_a_broadcast_across_nodes_sends_the_whole_message_on_each_link():
+    """8 MB from one rank to 16 (2 nodes): across the network a ring broadcast pipelines the whole message
+    (8 MB / 20 GB/s = 400 us + 1 x 5 us), then within each node (8 MB / 80 GB/s = 100 us + 7 x 1 us):
+    512 us, not the (n - 1) / n share of a gather.
+    Mutant killed: the network stage timed as another kind (a 1/2 share: 312 us)."""
+    t, _ = collective_time("broadcast", 8_000_000, 16, LINKS)
+    assert t == pytest.approx(405_000 + 107_000, rel=1e-12)

@@ -12,8 +12,7 @@ the entries and interns their frames there, and keeps only the memo slots that t
 
 Anything outside the supported subset (a global, a reduce, an unknown opcode), any inconsistency, or a
 corrupt stream makes `stream_snapshot` return None; the caller then uses the restricted C unpickler,
-which gives the canonical error for bad files. The result is therefore never different from a full load,
-only cheaper.
+which gives the canonical error for bad files. The result is therefore never different from a full load, only cheaper.
 """
 from __future__ import annotations
 
@@ -116,9 +115,13 @@ class EntryColumns:
         int_columns = [(self.ints[name], name) for name in _INT_FIELDS]
         coded = [(self.codes[name], self._code_of[name], self.names[name], name) for name in _CODED_FIELDS]
         stack_ids = self.stack_id
+        taken: set[int] = set()  # this batch's entries so far: the first fault decides, as in the compiled walker
         for e in entries:
             if type(e) is not dict:
                 raise _Unsupported("entry is not a dict")
+            if id(e) in taken:  # the same entry dict again (GETs of it): each copy would be one more row
+                raise InputError(DUPLICATE_ENTRY)
+            taken.add(id(e))
             get = e.get
             for column, name in int_columns:
                 value = get(name)
@@ -210,8 +213,6 @@ def _parse(data, interner: StackInterner):
                 raise _Unsupported("entries appended to a list that holds other items")
             cols = columns[id(target)] = EntryColumns()
             keep.append(target)
-        if len(items) > 1 and len(set(map(id, items))) != len(items):  # as the compiled take_entries
-            raise InputError(DUPLICATE_ENTRY)
         cols.add(items, interner, forget, (memo, memo_index))
 
     def need(count):
