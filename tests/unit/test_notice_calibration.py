@@ -113,7 +113,7 @@ def test_a_trace_its_file_and_a_wrong_type(tmp_path):
     message; the type named from None."""
     from memlens.errors import InputError
     from memlens.trace import Trace
-    from memlens.tracedir import save_trace
+    from memlens.trace.tracedir import save_trace
     ops, _ = _profile()
     n = len(ops)
     timed = ops.assign(op_id=np.arange(n), start_ns=np.arange(n) * 10_000_000, end_ns=np.arange(n) * 10_000_000 + 1)
@@ -156,3 +156,33 @@ def test_collectives_keep_the_link_models_price():
     both.loc[both.index[-3:], "measured_ns"] = 2.0 * modeled["device_ns"].iloc[-3:].to_numpy()
     g = calibrate(both, base=TOY)
     assert "communication" not in g.class_scale and set(g.calibration["classes"]) == {"elementwise", "gemm"}
+
+
+def test_a_fit_that_loses_its_class_total_falls_back_to_the_total_ratio(monkeypatch):
+    """When the two-factor fit puts a class's total further from the measured total than the built-in model,
+    both factors become measured / modeled of the class (elementwise measured 2x, GEMMs 0.5x: factors 2 and
+    0.5 exactly, and the calibrated totals then equal the measured ones, so the blend stays 1). Mutant killed:
+    ``m_total * before`` for ``m_total / before`` (clipped to 10)."""
+    import memlens.devicetime.calibration as calibration
+    monkeypatch.setattr(calibration, "fit_factors", lambda fixed, work, measured: (5.0, 5.0))
+    ops, _ = _profile()
+    g = calibrate(ops, base=TOY)
+    assert g.calibration["blend"] == 1.0
+    assert g.class_scale["elementwise"] == (pytest.approx(2.0, rel=1e-12), pytest.approx(2.0, rel=1e-12))
+    assert g.class_scale["gemm"] == (pytest.approx(0.5, rel=1e-12), pytest.approx(0.5, rel=1e-12))
+    for cls in ("elementwise", "gemm"):
+        info = g.calibration["classes"][cls]
+        assert info["ratio_after"] == pytest.approx(1.0, rel=1e-4)    # fixed + work: the model, to rounding
+
+
+def test_the_measured_total_of_nested_kernel_times_counts_top_level_ops_only():
+    """``kernel_busy_ns`` is inclusive (an op's kernels and its nested ops'), so the profile's measured total
+    is its top-level ops' sum: ops 0 (10 ns, holding op 1: 4 ns) and 2 (5 ns) measure 15 ns, not 19; an own
+    time column (``measured_ns``) sums every op. Mutant killed: the inclusive times of every op summed."""
+    from memlens.devicetime.calibration import _measured_total
+    ops = pd.DataFrame({"op_id": [0, 1, 2], "parent_op_id": [np.nan, 0, np.nan]})
+    measured = np.array([10.0, 4.0, 5.0])
+    assert _measured_total(ops, measured, "kernel_busy_ns") == 15.0
+    assert _measured_total(ops, measured, "measured_ns") == 19.0
+    flat = pd.DataFrame({"op_id": [0, 1, 2]})              # no nesting column: every op is top-level
+    assert _measured_total(flat, measured, "kernel_busy_ns") == 19.0
