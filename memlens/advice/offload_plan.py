@@ -190,24 +190,3 @@ def _stalls(rows, link) -> list:
         out[k] = (start, max(free_at - int(s.idle_to_ns), 0))
     return out
 
-
-def offload_only(build_model, step, gpu="H100", layers=None, **options):
-    """The offload-only `memlens.advice.Plan` of a step on one GPU, verified: `build_model`, `step` and
-    `layers` as `memlens.advise` takes them, `options` for `memlens.predict`. The plan's `offload` lists the
-    planned tensors, its peaks and modeled step time come from a prediction with the plan applied
-    (`baseline_step_ns` and `freed`: the step as it is, and the bytes each module's offload takes off its
-    peak, estimated, with the planning's notes)."""
-    from memlens.advice.advisor import _candidates, _offload_plan
-    from memlens.advice.plan import Plan
-    from memlens.advice.verify import Workload, verify
-    work = Workload(build_model, step, gpu, layers=layers, options=options)
-    base = Plan()
-    verify(work, base)
-    notes: list = []
-    found = _offload_plan(work, base, _candidates(work)["candidates"], notes)
-    freed = [f"{m} (offload): {b:,} bytes of activations off the peak of {base.peak_allocated:,} (estimated)"
-             for m, (b, _) in sorted(found.by_module.items())]
-    plan = Plan(checkpoint={m: "offload" for m in found.by_module}, offload=found.tensors, freed=freed + notes,
-                recompute_ns=sum(ns for _, ns in found.by_module.values()))
-    verify(work, plan, base.step_ns)
-    return plan

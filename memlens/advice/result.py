@@ -25,6 +25,16 @@ def frontier(plans: list) -> list:
     return out
 
 
+def keep_frontier_traces(plans: list, baseline) -> None:
+    """Drop (set to None) the trace of every plan of `plans` that is neither `baseline` nor on the memory /
+    time frontier of `plans`; in place. The search calls it after each verified plan, so a trace goes as soon as
+    a later plan beats its plan on both device memory and modeled step time (a beaten plan never returns to the
+    frontier): at any moment at most the frontier so far and the baseline hold traces."""
+    keep = {id(p) for p in frontier(plans)} | {id(baseline)}
+    for p in plans:
+        if id(p) not in keep:
+            p.trace = None
+
 def rank(plans: list, objective: str) -> list:
     """`plans` in the objective's order: fitting plans first (``"fit"``: fewest changes, then fastest;
     ``"fastest_fit"``: fastest; ``"pareto"``: only frontier plans, fastest), then the others, closest to
@@ -52,7 +62,6 @@ class Advice:
     notes: list = field(default_factory=list)
 
     def __post_init__(self):
-        from memlens.advice.timelines import keep_frontier_traces
         keep_frontier_traces(self.plans, self.baseline)     # a trace is kept for the timeline of these only
         self.plans = rank(self.plans, self.objective)
 

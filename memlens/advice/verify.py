@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from memlens.advice.plan import Plan
-from memlens.advice.timelines import keep_frontier_traces, plan_trace
+from memlens.advice.result import keep_frontier_traces
+from memlens.advice.timelines import plan_trace
 
 
 @dataclass

@@ -99,8 +99,8 @@ def predict_in_child(fn, gpu, capacity, options: dict, reason: str):
                "PYTHONPATH": os.pathsep.join(p if p else os.getcwd() for p in sys.path)}
         # this very memlens first (not another checkout in the working directory), imported before torch
         here = str(Path(__file__).resolve().parents[2])
-        code = (f"import sys; sys.path.insert(0, {here!r}); import memlens.prediction.firstuse as f; "
-                "f.serve(sys.argv[1], sys.argv[2])")
+        code = (f"import sys; sys.path.insert(0, {here!r}); import memlens.prediction.child as c; "
+                "c.serve(sys.argv[1], sys.argv[2])")
         proc = subprocess.run([sys.executable, "-c", code, str(request), str(answer)], env=env)
         if not answer.exists():
             raise ShimError(f"memlens.predict's child process (run because {reason}) ended with exit status "
@@ -123,27 +123,3 @@ def _add_note(result, note: str) -> None:
     elif getattr(result, "trace", None) is not None:
         result.trace.metadata.setdefault("notes", []).append(note)
 
-
-def serve(request: str, answer: str) -> None:
-    """The child's side: run the request, write ``(kind, result or exception, traceback text)``."""
-    import traceback
-
-    import cloudpickle
-
-    from memlens.prediction.api import predict   # the package came first (the child's command imports it)
-    fn, gpu, capacity, options = cloudpickle.loads(Path(request).read_bytes())
-    try:
-        out = ("ok", predict(fn, gpu=gpu, capacity=capacity, **options), "")
-    except BaseException as exc:   # handed to the caller, which raises it
-        out = ("error", exc, traceback.format_exc())
-    try:
-        data = cloudpickle.dumps(out)
-    except Exception as exc:
-        kind, value, tb = out
-        if kind == "ok":
-            value = ShimError(f"the prediction made in a child process could not be sent back: "
-                              f"{type(exc).__name__}: {exc}")
-        else:
-            value = RuntimeError(f"{type(value).__name__}: {value}")
-        data = cloudpickle.dumps(("error", value, tb))
-    Path(answer).write_bytes(data)

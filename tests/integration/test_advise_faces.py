@@ -63,7 +63,7 @@ def brute_frontier(plans):
 # ---- which plans keep their trace -------------------------------------------------------------------------------
 @pytest.mark.parametrize("seed", range(25))
 def test_traces_kept_during_the_search_are_the_frontier_so_far(seed):
-    from memlens.advice.timelines import keep_frontier_traces
+    from memlens.advice.result import keep_frontier_traces
     rng = random.Random(seed)
     seen = []
     for i in range(rng.randint(1, 14)):
