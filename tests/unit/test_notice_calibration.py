@@ -186,3 +186,21 @@ def test_the_measured_total_of_nested_kernel_times_counts_top_level_ops_only():
     assert _measured_total(ops, measured, "measured_ns") == 19.0
     flat = pd.DataFrame({"op_id": [0, 1, 2]})              # no nesting column: every op is top-level
     assert _measured_total(flat, measured, "kernel_busy_ns") == 19.0
+
+
+def test_host_device_copies_are_split_at_the_host_links_price():
+    """Host-to-device copies measured exactly at the model's price (pageable 11 GB/s plus the launch): the
+    transfer class's fit is (1, 1) and its calibrated time the measured one, since its fixed and throughput
+    parts add up to the modeled time. Mutant killed: the ``transfer=`` flag dropped from the split (the copies'
+    parts then priced as device-memory copies, 1 TB/s, and the factors pulled far from 1)."""
+    sizes = [1 << 16, 1 << 20, 1 << 24, 1 << 26]
+    ops = pd.DataFrame({"name": "aten::copy_", "flops": 0, "bytes_read": sizes, "bytes_written": sizes,
+                        "dtype": "float32", "shapes": [f"f32[{n // 4}]->f32[{n // 4}]" for n in sizes],
+                        "transfer": "h2d"})
+    modeled = cm.device_times(ops, TOY)
+    assert set(modeled["op_class"]) == {"transfer"}
+    g = calibrate(ops.assign(measured_ns=modeled["device_ns"].to_numpy(dtype="float64")), base=TOY)
+    info = g.calibration["classes"]["transfer"]
+    assert (info["fixed_factor"], info["throughput_factor"]) == (pytest.approx(1.0, rel=1e-6),
+                                                                 pytest.approx(1.0, rel=1e-6))
+    assert info["ratio_after"] == pytest.approx(1.0, rel=1e-6)
