@@ -14,8 +14,13 @@ def _n_changes(plan) -> int:
 
 def frontier(plans: list) -> list:
     """The plans no other plan beats on both device bytes needed and modeled step time (ties kept once),
-    fastest first; plans without both figures are left out."""
+    fastest first; plans without both figures are left out. When no plan has a modeled step time (a
+    recording's allocator settings, replayed: they leave its kernels as they were), memory alone decides: the
+    plan needing the least device memory (of equal ones, the one with the fewest changes)."""
     timed = [p for p in plans if p.error is None and p.step_ns is not None and p.device_bytes_needed is not None]
+    if not timed:
+        sized = [p for p in plans if p.error is None and p.device_bytes_needed is not None]
+        return [min(sized, key=lambda p: (p.device_bytes_needed, _n_changes(p)))] if sized else []
     timed.sort(key=lambda p: (p.step_ns, p.device_bytes_needed, _n_changes(p)))
     out, least = [], None
     for p in timed:
@@ -34,6 +39,7 @@ def keep_frontier_traces(plans: list, baseline) -> None:
     for p in plans:
         if id(p) not in keep:
             p.trace = None
+
 
 def rank(plans: list, objective: str) -> list:
     """`plans` in the objective's order: fitting plans first (``"fit"``: fewest changes, then fastest;

@@ -531,6 +531,13 @@ def test_a_recorded_trace_gets_allocator_settings_replayed(shared):
     tight = memlens.advise(str(path), capacity=rows[""].peak_allocated - (1 << 20))
     assert tight.best is None and tight.miss_bytes == tight.closest.device_bytes_needed - tight.capacity > 0
     assert "capacity is compared with what the caching allocator reserves" in tight.notes[0]
+    # replayed settings have no modeled step time: the frontier is the plan needing the least memory, by brute
+    # force over every replayed plan (of equal ones, the one with fewer changes: the recorded settings first)
+    pareto = memlens.advise(trace, capacity="40GiB", objective="pareto")
+    least = min(p.device_bytes_needed for p in advice.plans)
+    expected = min((p for p in advice.plans if p.device_bytes_needed == least), key=lambda p: p.conf != "")
+    assert [p.conf for p in pareto.plans] == [expected.conf]
+    assert pareto.best is pareto.plans[0] and pareto.summary().startswith("fits ")
 
 
 def test_cli_advises_a_recorded_trace(shared, capsys):
