@@ -191,8 +191,10 @@ def _offload_plan(work, base: Plan, candidates: list, notes: list):
         if link is None:
             notes.append("offload not searched: the GPU table has no host link for this GPU")
         return OffloadPlan()
+    # the census runs the step as `base` runs it (its autocast: the saves' dtypes and sizes are autocast's)
+    as_base = Plan(checkpoint={n: m for n, m in base.checkpoint.items() if m != "offload"}, autocast=base.autocast)
     try:
-        pred, census = census_prediction(work, candidates)
+        pred, census = census_prediction(work, candidates, as_base)
     except Exception as exc:      # the census run failing leaves offload out, the rest of the search stands
         notes.append(f"offload not searched: the census of saved tensors failed ({type(exc).__name__}: {exc})")
         return OffloadPlan()
@@ -236,9 +238,32 @@ def _precision_plans(work, base: Plan, closest: dict, baseline_step_ns) -> list:
             plan = Plan(checkpoint=dict(start.checkpoint), offload=start.offload, strategy=start.strategy,
                         recompute_ns=start.recompute_ns, micro_batch=start.micro_batch,
                         accumulate=start.accumulate, freed=list(start.freed), **v)
+            if plan.offload and plan.autocast:
+                _replan_offload(work, plan)
             _keep(closest, plan, verify(work, plan, baseline_step_ns))
             out.append(plan)
     return out
+
+
+def _replan_offload(work, plan: Plan) -> None:
+    """Plan `plan`'s offload again for its autocast step (in place): a save's dtype and size, and so which
+    tensors are worth moving, are autocast's, and tensors planned for the step without autocast would match
+    no save. An offload module left without planned tensors is dropped, and `freed` says so."""
+    owners = sorted({n for n, m in plan.checkpoint.items() if m == "offload"})
+    why: list = []
+    found = _offload_plan(work, plan, owners, why)
+    stalls_before = sum(t.stall_ns for t in plan.offload)
+    plan.offload = tuple(t for t in found.tensors if t.module in owners)
+    kept = {t.module for t in plan.offload}
+    plan.freed = [f for f in plan.freed if not any(f.startswith(f"{n} (offload)") for n in owners)]
+    plan.freed += [f"{n} (offload, planned again under autocast {plan.autocast}): {found.by_module[n][0]:,} bytes "
+                   "of activations off the peak (estimated)" for n in sorted(kept)]
+    for n in owners:
+        if n not in kept:
+            del plan.checkpoint[n]
+            plan.freed.append(f"{n}: offload dropped, no saved tensor of it is worth moving under autocast "
+                              f"{plan.autocast} ({'; '.join(why) or 'the planner picked none'})")
+    plan.recompute_ns += sum(t.stall_ns for t in plan.offload) - stalls_before
 
 
 def _allocator_plans(work, closest: dict, notes) -> list:

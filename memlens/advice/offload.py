@@ -113,7 +113,12 @@ class OffloadHooks(_ModuleHooks):
         self._waiting: dict = {}           # prefetch module name -> weak refs to packed tensors
         self._owners, self._handles = [], []
         self._stream_of: dict = {}
+        self._matched: set = set()
         self.offloaded = self.prefetched = self.late = 0
+
+    def unmatched(self) -> list:
+        """The planned `OffloadTensor` rows that no save has matched (module, order, shape, dtype) so far."""
+        return [t for t in self.tensors if (t.module, t.index) not in self._matched]
 
     def install(self, model):
         """Install on `model` in place; returns self. Raises `memlens.advice.checkpoint.CannotWrap` naming a
@@ -142,6 +147,7 @@ class OffloadHooks(_ModuleHooks):
         if plan is None or tuple(tensor.shape) != tuple(plan.shape) or str(tensor.dtype) != plan.dtype:
             return tensor
         packed = self._offload(tensor)
+        self._matched.add((owner, index))
         waiting = self._waiting.setdefault(plan.prefetch_at, [])
         if len(waiting) >= 4 * len(self._planned):     # forwards without a backward: drop the dead entries
             waiting[:] = [ref for ref in waiting if ref() is not None]
@@ -262,9 +268,8 @@ class SaveCensus(_ModuleHooks):
 
     def install(self, model):
         """Install on `model` in place; returns self."""
-        modules = dict(model.named_modules())
-        for name in self.owners:
-            self._wrap_owner(name, modules[name])
+        for name in self.owners:     # found through a checkpoint wrapper put around a sibling since
+            self._wrap_owner(name, _find(model, name))
         self._handles.append(model.register_forward_pre_hook(self._new_call))
         return self
 

@@ -50,13 +50,14 @@ def host_link(gpu):
                           latency_ns=float(getattr(g, "latency_ns", 0.0) or 0.0), name=g.host_link)
 
 
-def census_prediction(work, candidates: list[str]):
-    """Predict `work` as it is with a `SaveCensus` on `candidates`; returns (prediction, census)."""
+def census_prediction(work, candidates: list[str], plan=None):
+    """Predict `work` with `plan` applied (default: as it is; e.g. under its autocast, whose saves differ in
+    dtype and size) and a `SaveCensus` on `candidates`; returns (prediction, census)."""
     from memlens.advice.offload import SaveCensus
     from memlens.advice.plan import Plan
     from memlens.advice.verify import run_plan
     census = SaveCensus(candidates)
-    return run_plan(work, Plan(), prepare=census.install), census
+    return run_plan(work, plan if plan is not None else Plan(), prepare=census.install), census
 
 
 def saved_blocks(trace, saves: list, candidates: list[str], from_op: int = 0,

@@ -31,7 +31,7 @@ class Workload:
     verified: list = field(default_factory=list)
 
 
-def run_plan(work: Workload, plan: Plan, prepare=None):
+def run_plan(work: Workload, plan: Plan, prepare=None, installed: list | None = None):
     """Predict `work` with `plan` applied; returns the `Prediction` (or `DistributedPrediction` with a world
     size). On one GPU the step runs as `memlens.predict` runs a step function: once, and again on the same
     model and optimizer when the first step left state alive (its peaks are the steady state's; the
@@ -39,7 +39,8 @@ def run_plan(work: Workload, plan: Plan, prepare=None):
     runs `plan.accumulate` micro-steps on that batch, the optimizer's ``step`` and ``zero_grad`` skipped in
     all but the last (gradient accumulation: the gradients of the earlier micro-batches are held while the
     later ones run). The plan's offloaded tensors are installed with `memlens.advice.offload.install`;
-    `prepare(model)`, when given, runs on each model built, after the plan is applied."""
+    `prepare(model)`, when given, runs on each model built, after the plan is applied; `installed`, when
+    given, receives each model's `OffloadHooks` (their counters say what the step offloaded)."""
     import torch
 
     from memlens.advice.checkpoint import wrap
@@ -53,7 +54,9 @@ def run_plan(work: Workload, plan: Plan, prepare=None):
     def build():
         model = wrap(work.build_model(), plan.checkpoint)
         if plan.offload:
-            install(model, plan.offload)
+            hooks = install(model, plan.offload)
+            if installed is not None:
+                installed.append(hooks)
         if prepare is not None:
             prepare(model)
         model = model.cuda()
@@ -134,12 +137,14 @@ def verify(work: Workload, plan: Plan, baseline_step_ns: int | None = None):
     step failed under the plan: then `plan.error` says why and `plan.fits` is False). The plan keeps its
     prediction's trace while it is the baseline or on the frontier of `work.verified`
     (`memlens.advice.timelines`)."""
+    installed: list = []
     try:
-        p = run_plan(work, plan)
+        p = run_plan(work, plan, installed=installed)
     except Exception as exc:  # a plan the step cannot run with is reported on the plan, not raised
         plan.error, plan.fits, plan.verified = f"{type(exc).__name__}: {exc}", False, True
         return None
     plan.verified = True
+    _note_unmatched(plan, installed)
     if work.world_size is None:
         plan.peak_allocated, plan.peak_reserved = p.peak_allocated, p.peak_reserved
         plan.device_bytes_needed, plan.fits = p.device_bytes_needed, bool(p.fits())
@@ -159,3 +164,14 @@ def verify(work: Workload, plan: Plan, baseline_step_ns: int | None = None):
     work.verified.append(plan)
     keep_frontier_traces(work.verified, work.verified[0])
     return p
+
+
+def _note_unmatched(plan: Plan, installed: list) -> None:
+    """Say on `plan` (in `freed`) when planned offload tensors matched no save of the predicted step: they
+    stayed on the device, and the verified peak includes them."""
+    missed = {(t.module, t.index) for h in installed for t in h.unmatched()}
+    if not installed or not missed:
+        return
+    plan.freed.append(f"offload: {len(missed)} of the {len(plan.offload)} planned saved tensors matched no save "
+                      "of the predicted step (module, order of save, shape, dtype): they stayed on the device, "
+                      "in the verified peak")
