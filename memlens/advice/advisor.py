@@ -14,7 +14,7 @@ The search, per sharding base (one GPU; with a world size each strategy of `meml
 3. Batch (with `batch`): the largest micro-batch that fits, as gradient accumulation keeping the global
    batch, each predicted.
 4. Precision and optimizer: autocast bf16, and the optimizer with ``foreach=False``, on the base and on its
-   closest plan to fitting, each predicted.
+   closest plan to fitting, each predicted (an autocast variant's offload planned again on the autocast step).
 5. Allocator settings: the closest plan to fitting of each base replayed under each candidate
    ``PYTORCH_CUDA_ALLOC_CONF``.
 Every plan in the answer carries the peaks and modeled step time of its own prediction.
