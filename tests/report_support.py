@@ -49,13 +49,15 @@ class OfflineBrowser:
             self._pw.stop()
             self._profile.cleanup()
 
-    def open(self, path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
+    def open(self, path: Path, screenshot: Path | None = None, settle_ms: int = 500,
+             evaluate: dict[str, str] | None = None) -> dict:
         """Load `path` with every non-file request aborted; returns what the page did.
 
         Keys: ``console_errors``, ``page_errors``, ``blocked`` (URLs the page tried to fetch), ``dialogs``
         (alert/confirm/prompt messages), ``plots`` (per figure div: traces, points, svg count), ``status``
         (the report's section status JSON), ``pwned`` (``window.__pwned``), ``injected_nodes`` (img, iframe,
-        object or svg script elements inside the page's main content).
+        object or svg script elements inside the page's main content), and for each key of `evaluate` what
+        its JavaScript function returned once the figures were drawn.
         """
         result = {"console_errors": [], "page_errors": [], "blocked": [], "dialogs": []}
         page = self._context.new_page()
@@ -84,6 +86,8 @@ class OfflineBrowser:
             result["pwned"] = page.evaluate("() => window.__pwned === undefined ? null : window.__pwned")
             result["injected_nodes"] = page.evaluate(
                 "() => document.querySelectorAll('main img, main iframe, main svg script, main object').length")
+            for key, js in (evaluate or {}).items():
+                result[key] = page.evaluate(js)
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=True)
         finally:
