@@ -16,6 +16,8 @@ from report_support import XSS_NAMES, OfflineBrowser, constructed_trace, require
 pytestmark = pytest.mark.browser
 
 MiB = 1 << 20
+# markup plotly itself would draw (bold, a javascript: link) in a hover label or title
+PLOTLY_MARKUP = '<b>bold</b><a href="javascript:window.__pwned=\'link\'">link</a>'
 
 # The Advice section as the user sees it: table cells by column heading, the h3 headings, the snippets, and
 # per figure and per scatter trace the points plotly computed and the markers it drew.
@@ -140,7 +142,7 @@ def test_real_advice_section_shows_the_advice(built_shim, browser, artifacts_dir
 
 def hostile_advice():
     """Five hand-made plans whose module names, allocator settings, freed lines, error and note are the
-    XSS_NAMES (MiB per rank / ms of modeled step, capacity 850 MiB): baseline 1000 / 3.0; A 800 / 3.5 and
+    XSS_NAMES and PLOTLY_MARKUP (MiB per rank / ms of modeled step, capacity 850 MiB): baseline 1000 / 3.0; A 800 / 3.5 and
     C 700 / 5.0 on the frontier; B 900 / 6.0 beaten by A; D failed."""
     from memlens.advice import Advice, Plan
 
@@ -154,7 +156,7 @@ def hostile_advice():
     a = plan(800, 3.5, checkpoint={XSS_NAMES[0]: "full", XSS_NAMES[1]: "selective"},
              freed=[f"{XSS_NAMES[2]} (full): 100 MiB off the peak"])
     b = plan(900, 6.0, checkpoint={XSS_NAMES[2]: "full"})
-    c = plan(700, 5.0, checkpoint={XSS_NAMES[3]: "full"}, conf=XSS_NAMES[4])
+    c = plan(700, 5.0, checkpoint={XSS_NAMES[3]: "full", PLOTLY_MARKUP: "full"}, conf=XSS_NAMES[4])
     d = Plan(checkpoint={XSS_NAMES[4]: "offload"}, error=f"RuntimeError: {XSS_NAMES[0]}", verified=True)
     return Advice([baseline, a, c, b, d], baseline, 850 * MiB, "fit", [f"note {XSS_NAMES[1]}"])
 
@@ -170,6 +172,11 @@ def test_hostile_names_in_the_advice_render_as_text(browser, artifacts_dir):
         (700, 5_000_000), (800, 3_500_000), (1000, 3_000_000)]
     check_against_plans(shown, plans)
     # every hostile string reached the page as the characters it is made of
-    for name in XSS_NAMES:
+    for name in (*XSS_NAMES, PLOTLY_MARKUP):
         assert name in shown["text"], name
     assert f"note {XSS_NAMES[1]}" in shown["text"] and f"RuntimeError: {XSS_NAMES[0]}" in shown["text"]
+    # hovering a frontier point shows its plan's changes as the same characters, and runs nothing
+    front = sorted((dict(p, rank=i) for i, p in enumerate(plans, 1) if p["frontier"]), key=lambda p: p["step_ns"])
+    hovered = browser.hover_texts(out, "#advice .scatterlayer .trace:last-child path.point", "#advice .hoverlayer")
+    assert [t[:t.index("step ")] for t in hovered["labels"]] == [f"#{p['rank']}: {p['changes']}" for p in front]
+    assert hovered["injected_nodes"] == 0 and hovered["dialogs"] == [] and hovered["pwned"] is None
