@@ -142,8 +142,8 @@ def test_real_advice_section_shows_the_advice(built_shim, browser, artifacts_dir
 
 def hostile_advice():
     """Five hand-made plans whose module names, allocator settings, freed lines, error and note are the
-    XSS_NAMES and PLOTLY_MARKUP (MiB per rank / ms of modeled step, capacity 850 MiB): baseline 1000 / 3.0; A 800 / 3.5 and
-    C 700 / 5.0 on the frontier; B 900 / 6.0 beaten by A; D failed."""
+    XSS_NAMES and PLOTLY_MARKUP (MiB per rank / ms of modeled step, capacity 850 MiB): baseline 1000 / 3.0,
+    A 800 / 3.5 and C 700 / 5.0 on the frontier; B 900 / 6.0 beaten by A; D failed."""
     from memlens.advice import Advice, Plan
 
     trace = constructed_trace(names=XSS_NAMES)
