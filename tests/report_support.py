@@ -49,13 +49,15 @@ class OfflineBrowser:
             self._pw.stop()
             self._profile.cleanup()
 
-    def open(self, path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:
+    def open(self, path: Path, screenshot: Path | None = None, settle_ms: int = 500,
+             evaluate: dict[str, str] | None = None) -> dict:
         """Load `path` with every non-file request aborted; returns what the page did.
 
         Keys: ``console_errors``, ``page_errors``, ``blocked`` (URLs the page tried to fetch), ``dialogs``
         (alert/confirm/prompt messages), ``plots`` (per figure div: traces, points, svg count), ``status``
         (the report's section status JSON), ``pwned`` (``window.__pwned``), ``injected_nodes`` (img, iframe,
-        object or svg script elements inside the page's main content).
+        object or svg script elements inside the page's main content), and for each key of `evaluate` what
+        its JavaScript function returned once the figures were drawn.
         """
         result = {"console_errors": [], "page_errors": [], "blocked": [], "dialogs": []}
         page = self._context.new_page()
@@ -84,11 +86,43 @@ class OfflineBrowser:
             result["pwned"] = page.evaluate("() => window.__pwned === undefined ? null : window.__pwned")
             result["injected_nodes"] = page.evaluate(
                 "() => document.querySelectorAll('main img, main iframe, main svg script, main object').length")
+            for key, js in (evaluate or {}).items():
+                result[key] = page.evaluate(js)
             if screenshot is not None:
                 page.screenshot(path=str(screenshot), full_page=True)
         finally:
             page.close()
         return result
+
+    def hover_texts(self, path: Path, points: str, label: str) -> dict:
+        """Load `path` offline, move the mouse onto each element matching the CSS selector `points` in turn and
+        read the text of `label` (the hover label's layer) each time: what a user reads on hovering.
+
+        Keys: ``labels`` (one text per point), ``injected_nodes`` (img, script, iframe or object elements seen
+        in `label`), ``dialogs`` and ``pwned`` (``window.__pwned`` after the last hover)."""
+        page = self._context.new_page()
+        dialogs, injected = [], 0
+        try:
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file://") else r.abort())
+            page.goto(Path(path).resolve().as_uri(), wait_until="load", timeout=120_000)
+            page.wait_for_function("document.body.hasAttribute('data-figures-drawn')", timeout=120_000)
+            texts = []
+            found = page.locator(points)
+            for i in range(found.count()):
+                found.nth(i).scroll_into_view_if_needed()
+                box = found.nth(i).bounding_box()
+                page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+                page.wait_for_timeout(300)
+                texts.append(page.locator(label).first.evaluate("e => e.textContent"))
+                injected += page.locator(label).first.evaluate(
+                    "e => e.querySelectorAll('img, script, iframe, object').length")
+                page.mouse.move(1, 1)
+                page.wait_for_timeout(100)
+            pwned = page.evaluate("() => window.__pwned === undefined ? null : window.__pwned")
+            return {"labels": texts, "injected_nodes": injected, "dialogs": dialogs, "pwned": pwned}
+        finally:
+            page.close()
 
 
 def open_offline(path: Path, screenshot: Path | None = None, settle_ms: int = 500) -> dict:

@@ -202,6 +202,11 @@ def test_report_advice_section_from_the_same_table(tmp_path):
         assert html.escape(p.snippet, quote=True) in section
         assert html.escape(p.changes, quote=True) in section
     assert HOSTILE not in page and "a note &lt;b&gt;" in section
+    # one failed plan (D) turns the error column's missing values into NaN: the others still read as theirs
+    assert "<td>nan</td>" not in section and "nan TiB" not in section
+    assert "<p>error: RuntimeError: boom.</p>" in section
+    assert "<p>fits; needs 800.0 MiB per rank; modeled step 3.50 ms.</p>" in section          # A
+    assert "<p>does not fit; needs 1000.0 MiB per rank; modeled step 3.00 ms.</p>" in section  # baseline
     # the figure drawn is the frontier of the same rows
     spec = re.search(r'<script type="application/json" class="memlens-figure-spec" data-target="([^"]+)">(.*?)'
                      r"</script>", section, re.S).group(2)

@@ -15,6 +15,13 @@ TABLE_COLUMNS = ("rank", "fits", "changes", "device_bytes_needed", "peak_allocat
                  "baseline_step_ns", "delta_ns", "on_frontier", "error")
 
 
+def _missing(v) -> bool:
+    """True for a figure or text a plan lacks: None, or the NaN pandas puts in its place in a column where
+    other plans have one (the error column as soon as one plan failed, the bytes once one is missing)."""
+    import pandas as pd
+    return v is None or (not isinstance(v, str) and bool(pd.isna(v)))
+
+
 def _delta(v) -> str:
     from memlens.units import format_ns
     if v is None or v != v:
@@ -40,20 +47,25 @@ def advice(ctx: ReportContext) -> list:
         parts.append(note(bullet_list(given.notes)))
     shown = points[list(TABLE_COLUMNS)]
     size = {c: bytes_text for c in ("device_bytes_needed", "peak_allocated", "peak_reserved")}
-    parts.append(table(shown, {"fits": lambda v: "error" if v is None else str(bool(v)), "delta_ns": _delta,
+    parts.append(table(shown, {"fits": lambda v: "error" if _missing(v) else str(bool(v)), "delta_ns": _delta,
                                "on_frontier": lambda v: "yes" if v else "",
-                               "error": lambda v: "" if v is None else str(v), **size},
+                               "error": lambda v: "" if _missing(v) else str(v), **size},
                        {"rank": "#", "device_bytes_needed": "needs per rank", "peak_allocated": "peak allocated",
                         "peak_reserved": "peak reserved", "step_ns": "step (modeled)",
                         "baseline_step_ns": "as it is", "delta_ns": "vs as it is", "on_frontier": "frontier"}))
     if points["step_ms"].notna().any():
         parts.append(frontier_figure(points, given.capacity, clock))
     for plan, row in zip(given.plans, points.itertuples(index=False)):
-        verdict = "error" if row.error is not None else ("fits" if row.fits else "does not fit")
         parts.append(tag("h3", f"#{row.rank}: {row.changes}"))
-        parts.append(paragraph(f"{verdict}; needs {format_bytes(row.device_bytes_needed)} per rank"
-                               + ("" if row.step_ms is None or row.step_ms != row.step_ms
-                                  else f"; modeled step {row.step_ms:.2f} ms") + "."))
+        if not _missing(row.error):
+            words = [f"error: {row.error}"]
+        else:
+            words = ["fits" if row.fits else "does not fit"]
+            if not _missing(row.device_bytes_needed):
+                words.append(f"needs {format_bytes(int(row.device_bytes_needed))} per rank")
+            if not _missing(row.step_ms):
+                words.append(f"modeled step {row.step_ms:.2f} ms")
+        parts.append(paragraph("; ".join(words) + "."))
         if plan.freed:
             parts.append(bullet_list(plan.freed))
         parts.append(tag("pre", plan.snippet, cls="memlens-advice-snippet"))
