@@ -37,7 +37,8 @@ ARG_KEYS = ("Input Dims", "Input type", "Input Strides", "Concrete Inputs")
 _MEMORY_FORMATS = ("contiguous_format", "preserve_format", "channels_last", "channels_last_3d")
 _UNKNOWN = object()   # a scalar the trace did not log and the schema gives no default for
 _CACHE: dict = {}
-_NO_FACTS = (CostFacts(0, 0, 0, "", ""), False, False)
+KNOWN_BY_RUNNING = 2    # results known: 2 by running the meta kernel, 1 inferred (a backend convolution), 0 not
+_NO_FACTS = (CostFacts(0, 0, 0, "", ""), False, 0)
 
 
 def signature_key(args) -> tuple:
@@ -194,8 +195,10 @@ def _signature_facts(name: str, args: dict, list_dtype: str) -> tuple:
         except Exception:   # no meta kernel, or arguments the trace could not give exactly
             runnable = False
     facts = op_costs(func, tuple(sig_args), sig_kwargs, out)
-    # a backend convolution's result is worked out from its arguments when no meta kernel gives it
-    known = runnable or (out is None and "->" in facts.shapes and facts.flops > 0)
+    # a backend convolution's result is worked out from its arguments when no meta kernel gives it: known, but
+    # only by inference (1, not 2), so the 2021 format's rebuild, which reads the unlogged stride from the
+    # ops around it, still takes precedence over the default stride
+    known = KNOWN_BY_RUNNING if runnable else int(out is None and "->" in facts.shapes and facts.flops > 0)
     return facts, own_kernel, known
 
 
@@ -244,22 +247,23 @@ def facts_columns(names, op_args, parent: np.ndarray, depth: np.ndarray, thread=
         return np.asarray(values, dtype=dtype)[codes] if rows else np.zeros(0, dtype)
     own, known, logged = (per_op([r[1] for r in rows], bool), per_op([r[2] for r in rows], bool),
                           per_op(has_dims, bool))
+    ran = per_op([r[2] == KNOWN_BY_RUNNING for r in rows], bool)     # not merely inferred
     legacy = {}
     if thread is not None and n:
-        unpriced = np.flatnonzero(~known & np.isin(np.asarray(names, dtype=object), list(LEGACY_OPS)))
+        unpriced = np.flatnonzero(~ran & np.isin(np.asarray(names, dtype=object), list(LEGACY_OPS)))
         legacy = legacy_facts(unpriced, names, op_args, parent, np.asarray(thread), np.asarray(start),
                               np.asarray(end))
     rebuilt = np.fromiter(legacy, np.int64, len(legacy))
     if len(rebuilt):
-        own, known = own.copy(), known.copy()
-        own[rebuilt] = known[rebuilt] = True
+        own, known, ran = own.copy(), known.copy(), ran.copy()
+        own[rebuilt] = known[rebuilt] = ran[rebuilt] = True
         # an op around a rebuilt one that has a kernel of its own but no result (2021's aten::convolution /
         # aten::_convolution, stride unlogged) would carry facts without flops or output bytes: it yields
         # them to the rebuilt op, which has the same call's complete facts
         for i in rebuilt:
             p = parent[i]
             while p >= 0:
-                if own[p] and not known[p]:
+                if own[p] and not ran[p]:
                     own[p] = False
                 p = parent[p]
     # an op carries the facts when it has its own kernel and no op around it does
