@@ -8,26 +8,12 @@ import dataclasses
 import pandas as pd
 import pytest
 
+from _advice_cases import NET
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
 MiB = 1 << 20
 MS = 1_000_000
 
-NET = """
-import torch, torch.nn as nn
-class Block(nn.Module):
-    def __init__(self, d=256):
-        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
-    def forward(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-class Net(nn.Module):
-    def __init__(self, n=4, d=256):
-        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).sum()
-"""
 
 
 # ---- the selection on a hand-built trace -------------------------------------------------------------------

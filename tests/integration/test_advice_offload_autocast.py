@@ -6,23 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from _advice_cases import NET as _NET
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
-NET = """
-import torch, torch.nn as nn
-class Block(nn.Module):
-    def __init__(self, d=256):
-        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
-    def forward(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-class Net(nn.Module):
-    def __init__(self, n=4, d=256):
-        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).float().sum()
-"""
+# the 4-block net with its loss summed in fp32 (under autocast the head's output is bf16)
+NET = _NET.replace("return self.head(x).sum()", "return self.head(x).float().sum()")
 
 
 @pytest.fixture(scope="module")

@@ -7,26 +7,11 @@ import random
 
 import pytest
 
+from _advice_cases import NET, STEP
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 
 # A 4-block MLP-transformer-like model; `step` makes its own input on cuda (fake inside a prediction).
-WORKLOAD = """
-import torch, torch.nn as nn
-class Block(nn.Module):
-    def __init__(self, d=256):
-        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
-    def forward(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-class Net(nn.Module):
-    def __init__(self, n=4, d=256):
-        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).sum()
-def step(model, opt):
-    model(torch.randn(32, 256, 256, device="cuda")).backward(); opt.step(); opt.zero_grad()
-"""
+WORKLOAD = NET + STEP
 
 
 # ---- the solver against brute force --------------------------------------------------------------------------

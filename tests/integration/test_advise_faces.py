@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _advice_cases import NET, STEP
 from _predict_cases import built_shim, run_child  # noqa: F401  (the shim fixture)
 from memlens.advice import Advice, Plan
 from memlens.trace.schema import make_clock
@@ -220,23 +221,7 @@ def test_report_advice_section_from_the_same_table(tmp_path):
 
 
 # ---- a real advice: the kept traces are the plans' predictions ----------------------------------------------------
-WORKLOAD = """
-import torch, torch.nn as nn
-class Block(nn.Module):
-    def __init__(self, d=256):
-        super().__init__(); self.ln = nn.LayerNorm(d); self.fc1 = nn.Linear(d, 4 * d); self.fc2 = nn.Linear(4 * d, d)
-    def forward(self, x):
-        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln(x))))
-class Net(nn.Module):
-    def __init__(self, n=4, d=256):
-        super().__init__(); self.layers = nn.ModuleList(Block(d) for _ in range(n)); self.head = nn.Linear(d, 10)
-    def forward(self, x):
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(x).sum()
-def step(model, opt):
-    model(torch.randn(32, 256, 256, device="cuda")).backward(); opt.step(); opt.zero_grad()
-"""
+WORKLOAD = NET + STEP
 
 
 def test_real_advice_keeps_each_frontier_plans_own_trace(built_shim):
